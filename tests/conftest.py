@@ -1,0 +1,58 @@
+"""Database fixtures: every test that needs a database runs the real Alembic
+migrations against SQLite and, where named, a real PostgreSQL server."""
+
+from __future__ import annotations
+
+import os
+import uuid
+from collections.abc import Iterator
+
+import pytest
+from sqlalchemy import create_engine, text
+from sqlalchemy.engine import make_url
+
+from tests.support import require
+
+POSTGRES_ENV = "VMPLACER_TEST_POSTGRES_URL"
+
+
+@pytest.fixture
+def sqlite_url(tmp_path) -> str:
+    return f"sqlite:///{tmp_path / 'vmplacer.db'}"
+
+
+def _postgres_admin_url() -> str | None:
+    return os.environ.get(POSTGRES_ENV)
+
+
+@pytest.fixture
+def postgres_url() -> Iterator[str]:
+    """A fresh, empty PostgreSQL database for one test, dropped afterwards."""
+    admin_url = _postgres_admin_url()
+    require(bool(admin_url), f"{POSTGRES_ENV} is not set (make test starts PostgreSQL and sets it)")
+    assert admin_url is not None
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
+    name = f"vmplacer_test_{uuid.uuid4().hex[:12]}"
+    try:
+        with admin.connect() as connection:
+            connection.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as exc:  # noqa: BLE001 - any failure means the server is not usable
+        admin.dispose()
+        require(False, f"PostgreSQL at {make_url(admin_url).render_as_string()} unusable: {exc}")
+    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
+    try:
+        yield url
+    finally:
+        with admin.connect() as connection:
+            connection.execute(
+                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
+                {"n": name},
+            )
+            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
+        admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def database_url(request) -> str:
+    """Run the test once on SQLite and once on PostgreSQL."""
+    return request.getfixturevalue(f"{request.param}_url" if request.param == "sqlite" else "postgres_url")

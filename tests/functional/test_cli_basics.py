@@ -1,0 +1,95 @@
+"""The CLI skeleton through the real console script: exit codes 0/1/2, --format json."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
+
+
+def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    full_env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
+    full_env.update(env or {})
+    return subprocess.run([VMPLACER, *args], capture_output=True, text=True, env=full_env, timeout=120)
+
+
+def test_help_lists_commands():
+    result = run("--help")
+    assert result.returncode == 0
+    for command in ("version", "db", "hosts"):
+        assert command in result.stdout
+
+
+def test_version_json():
+    result = run("version", "--format", "json")
+    assert result.returncode == 0
+    from vmplacer import __version__
+
+    assert json.loads(result.stdout) == {"version": __version__}
+
+
+def test_unknown_command_is_usage_error():
+    assert run("frobnicate").returncode == 2
+
+
+@pytest.mark.parametrize(
+    ("content", "key"),
+    [
+        ("hosts:\n  - {name: a, uri: 'qemu:///system'}\nbogus: 1\n", "bogus"),
+        ("hosts:\n  - {name: a, uri: 'ftp://x'}\n", "hosts[0].uri"),
+    ],
+)
+def test_config_errors_exit_2_naming_the_key(tmp_path, content, key):
+    config = tmp_path / "vmplacer.yaml"
+    config.write_text(content)
+    result = run("--config", str(config), "hosts")
+    assert result.returncode == 2
+    assert key in result.stderr
+    result = run("hosts", env={"VMPLACER_CONFIG": str(config)})
+    assert result.returncode == 2
+    assert key in result.stderr
+
+
+def test_unreadable_config_exits_2(tmp_path):
+    config = tmp_path / "secret.yaml"
+    config.write_text("hosts: []\n")
+    result = run("--config", str(tmp_path / "missing.yaml"), "hosts")
+    assert result.returncode == 2 and "missing.yaml" in result.stderr
+    config.chmod(0)
+    result = run("--config", str(config), "hosts")
+    # root reads mode-0 files; then the empty host list is what is refused, by key
+    assert result.returncode == 2
+    assert "secret.yaml" in result.stderr
+
+
+def test_hosts_with_builtin_defaults_answers(tmp_path):
+    result = run("hosts", "--format", "json", env={"VMPLACER_DATA_DIR": str(tmp_path)})
+    assert result.returncode == 0, result.stderr
+    hosts = json.loads(result.stdout)
+    assert hosts[0]["name"] == "default" and hosts[0]["reachable"] is True
+    assert hosts[0]["driver"] == "TEST"
+
+
+def test_hosts_reports_unreachable_host_and_exits_1(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("hosts:\n  - {name: gone, uri: 'qemu+tcp://127.0.0.1:1/system'}\n")
+    result = run("--config", str(config), "hosts", "--format", "json")
+    assert result.returncode == 1
+    entry = json.loads(result.stdout)[0]
+    assert entry["reachable"] is False and "gone" in entry["error"]
+
+
+def test_db_upgrade_and_current(tmp_path):
+    env = {"VMPLACER_DATA_DIR": str(tmp_path)}
+    result = run("db", "upgrade", env=env)
+    assert result.returncode == 0, result.stderr
+    current = json.loads(run("db", "current", "--format", "json", env=env).stdout)
+    assert current["current"] == current["head"] is not None
+    assert (tmp_path / "vmplacer.db").exists()

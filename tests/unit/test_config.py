@@ -1,0 +1,83 @@
+"""Config loading: defaults, environment overrides, and errors that name the key."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from vmplacer.config import ConfigError, load_settings, settings_from_mapping
+
+
+def test_missing_config_means_test_driver_and_sqlite(tmp_path):
+    settings = load_settings(None, environ={"VMPLACER_DATA_DIR": str(tmp_path)})
+    assert [(h.name, h.uri) for h in settings.hosts] == [("default", "test:///default")]
+    assert settings.database_url == f"sqlite:///{tmp_path / 'vmplacer.db'}"
+    assert settings.data_dir == tmp_path
+
+
+def test_full_example_config_is_valid(tmp_path):
+    example = Path(__file__).resolve().parents[2] / "examples" / "vmplacer.yaml"
+    settings = load_settings(example, environ={})
+    assert settings.hosts and all(h.uri for h in settings.hosts)
+    assert settings.profiler.t_m_ms > 0
+
+
+def test_environment_overrides_file(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("database_url: sqlite:////tmp/a.db\ndata_dir: /tmp/x\n")
+    settings = load_settings(
+        config,
+        environ={"VMPLACER_DATABASE_URL": "postgresql://u:p@db/v", "VMPLACER_DATA_DIR": str(tmp_path)},
+    )
+    assert settings.database_url == "postgresql+psycopg://u:p@db/v"
+    assert settings.data_dir == tmp_path
+
+
+def test_config_found_through_environment_variable(tmp_path):
+    config = tmp_path / "c.yaml"
+    config.write_text("hosts:\n  - {name: h1, uri: 'qemu:///system', reserved_cpus: '0-1'}\n")
+    settings = load_settings(None, environ={"VMPLACER_CONFIG": str(config)})
+    assert settings.host("h1").reserved_cpus == frozenset({0, 1})
+
+
+@pytest.mark.parametrize(
+    ("document", "key"),
+    [
+        ({"databse_url": "sqlite://"}, "databse_url"),
+        ({"hosts": [{"name": "h", "uri": "http://example.com"}]}, "hosts[0].uri"),
+        ({"hosts": [{"name": "h", "uri": "qemu:///nowhere"}]}, "hosts[0].uri"),
+        ({"hosts": [{"name": "h"}]}, "hosts[0].uri"),
+        ({"hosts": [{"name": "bad name", "uri": "test:///default"}]}, "hosts[0].name"),
+        ({"hosts": [{"name": "h", "uri": "test:///default", "colour": 1}]}, "hosts[0].colour"),
+        ({"hosts": [{"name": "h", "uri": "test:///default", "reserved_cpus": "0-x"}]}, "hosts[0].reserved_cpus"),
+        ({"hosts": [{"name": "h", "uri": "test:///default"}, {"name": "h", "uri": "test:///default"}]}, "hosts"),
+        ({"database_url": "mysql://x"}, "database_url"),
+        ({"profiler": {"t_m_ms": -1}}, "profiler.t_m_ms"),
+        ({"profiler": {"freeze": 1}}, "profiler.freeze"),
+        ({"api": {"listen": "nowhere"}}, "api.listen"),
+        (["not", "a", "mapping"], ""),
+    ],
+)
+def test_errors_name_the_key(document, key):
+    with pytest.raises(ConfigError) as excinfo:
+        settings_from_mapping(document, "cfg.yaml", environ={})
+    assert f"key '{key}'" in str(excinfo.value)
+    assert "cfg.yaml" in str(excinfo.value)
+
+
+def test_unreadable_and_missing_files(tmp_path):
+    with pytest.raises(ConfigError, match="not found"):
+        load_settings(tmp_path / "nope.yaml", environ={})
+    with pytest.raises(ConfigError, match="unreadable"):
+        load_settings(tmp_path, environ={})  # a directory
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("hosts: [\n")
+    with pytest.raises(ConfigError, match="invalid YAML"):
+        load_settings(broken, environ={})
+
+
+def test_unknown_host_lookup_lists_configured_ones(tmp_path):
+    settings = load_settings(None, environ={"VMPLACER_DATA_DIR": str(tmp_path)})
+    with pytest.raises(ConfigError, match="configured: default"):
+        settings.host("missing")

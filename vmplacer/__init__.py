@@ -1,0 +1,3 @@
+"""vmplacer: interference-aware placement of libvirt/KVM guests."""
+
+__version__ = "0.1.0"

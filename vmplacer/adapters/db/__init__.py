@@ -1,0 +1,1 @@
+"""Database adapter: SQLAlchemy models, engine set-up, migrations, repositories."""

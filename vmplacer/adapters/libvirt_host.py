@@ -1,0 +1,303 @@
+"""A libvirt host behind the `Hypervisor` port (libvirt-python, no shell).
+
+Every libvirt failure becomes a `HypervisorError` naming the host and the
+domain, so callers (CLI, API, executor) can report it without knowing libvirt.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from typing import TypeVar
+
+import libvirt
+
+from vmplacer.config import HostSettings
+from vmplacer.core.topology import HostTopology
+from vmplacer.ports import DomainGone, DomainInfo, Hypervisor, HypervisorError
+
+T = TypeVar("T")
+
+# libvirt prints every error to stderr by default; we report them ourselves.
+libvirt.registerErrorHandler(lambda _ctx, _err: None, None)
+
+_STATE_NAMES = {
+    libvirt.VIR_DOMAIN_NOSTATE: "nostate",
+    libvirt.VIR_DOMAIN_RUNNING: "running",
+    libvirt.VIR_DOMAIN_BLOCKED: "blocked",
+    libvirt.VIR_DOMAIN_PAUSED: "paused",
+    libvirt.VIR_DOMAIN_SHUTDOWN: "shutdown",
+    libvirt.VIR_DOMAIN_SHUTOFF: "shutoff",
+    libvirt.VIR_DOMAIN_CRASHED: "crashed",
+    libvirt.VIR_DOMAIN_PMSUSPENDED: "pmsuspended",
+}
+_PAUSE_REASONS = {
+    libvirt.VIR_DOMAIN_PAUSED_UNKNOWN: "unknown",
+    libvirt.VIR_DOMAIN_PAUSED_USER: "user",
+    libvirt.VIR_DOMAIN_PAUSED_MIGRATION: "migration",
+    libvirt.VIR_DOMAIN_PAUSED_SAVE: "save",
+    libvirt.VIR_DOMAIN_PAUSED_DUMP: "dump",
+    libvirt.VIR_DOMAIN_PAUSED_IOERROR: "ioerror",
+    libvirt.VIR_DOMAIN_PAUSED_WATCHDOG: "watchdog",
+    libvirt.VIR_DOMAIN_PAUSED_FROM_SNAPSHOT: "snapshot",
+    libvirt.VIR_DOMAIN_PAUSED_SHUTTING_DOWN: "shutting-down",
+    libvirt.VIR_DOMAIN_PAUSED_SNAPSHOT: "snapshot",
+    libvirt.VIR_DOMAIN_PAUSED_CRASHED: "crashed",
+    libvirt.VIR_DOMAIN_PAUSED_STARTING_UP: "starting-up",
+    libvirt.VIR_DOMAIN_PAUSED_POSTCOPY: "postcopy",
+    libvirt.VIR_DOMAIN_PAUSED_POSTCOPY_FAILED: "postcopy-failed",
+}
+# Errors worth retrying: the daemon or the network hiccuped, the domain is busy.
+_RETRIABLE = {
+    libvirt.VIR_ERR_SYSTEM_ERROR,
+    libvirt.VIR_ERR_RPC,
+    libvirt.VIR_ERR_OPERATION_TIMEOUT,
+    libvirt.VIR_ERR_AGENT_UNRESPONSIVE,
+    libvirt.VIR_ERR_NO_CONNECT,
+    libvirt.VIR_ERR_INTERNAL_ERROR,
+}
+_GONE = {libvirt.VIR_ERR_NO_DOMAIN}
+
+
+def state_name(state: int) -> str:
+    return _STATE_NAMES.get(state, f"state-{state}")
+
+
+def pause_reason_name(reason: int) -> str:
+    return _PAUSE_REASONS.get(reason, f"reason-{reason}")
+
+
+class LibvirtHost(Hypervisor):
+    """One libvirt connection, opened lazily and reopened after the daemon restarts."""
+
+    def __init__(self, settings: HostSettings):
+        self.name = settings.name
+        self.uri = settings.uri
+        self.settings = settings
+        self._conn: libvirt.virConnect | None = None
+        self._lock = threading.Lock()
+
+    # ----- connection ----------------------------------------------------------------
+    def connection(self) -> libvirt.virConnect:
+        with self._lock:
+            if self._conn is not None:
+                try:
+                    if self._conn.isAlive():
+                        return self._conn
+                except libvirt.libvirtError:
+                    pass
+                self._close_quietly()
+            try:
+                self._conn = libvirt.open(self.uri)
+            except libvirt.libvirtError as exc:
+                raise HypervisorError(
+                    f"host {self.name}: cannot connect to {self.uri}: {exc.get_error_message()}",
+                    host=self.name,
+                    retriable=True,
+                ) from None
+            return self._conn
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_quietly()
+
+    def _close_quietly(self) -> None:
+        if self._conn is not None:
+            try:
+                self._conn.close()
+            except libvirt.libvirtError:
+                pass
+            self._conn = None
+
+    def _call(self, what: str, fn: Callable[[], T], domain: str = "") -> T:
+        try:
+            return fn()
+        except libvirt.libvirtError as exc:
+            code = exc.get_error_code()
+            subject = f"host {self.name}" + (f", domain {domain}" if domain else "")
+            message = f"{subject}: {what} failed: {exc.get_error_message()}"
+            if code in _GONE:
+                raise DomainGone(message, host=self.name, domain=domain) from None
+            raise HypervisorError(
+                message, host=self.name, domain=domain, retriable=code in _RETRIABLE
+            ) from None
+
+    def ping(self) -> dict[str, object]:
+        """Liveness facts for `vmplacer hosts` and /readyz; raises HypervisorError."""
+        conn = self.connection()
+        return {
+            "hostname": self._call("getHostname", conn.getHostname),
+            "libvirt_version": self._call("getLibVersion", conn.getLibVersion),
+            "driver": self._call("getType", conn.getType),
+            "domains": len(self._call("listAllDomains", conn.listAllDomains)),
+        }
+
+    # ----- topology and domains --------------------------------------------------------
+    def capabilities_xml(self) -> str:
+        conn = self.connection()
+        return self._call("getCapabilities", conn.getCapabilities)
+
+    def topology(self) -> HostTopology:
+        from vmplacer.adapters.capabilities import read_capabilities_live
+
+        conn = self.connection()
+        topology = self._call("read capabilities", lambda: read_capabilities_live(conn, self.name))
+        if self.settings.reserved_cpus:
+            try:
+                topology = topology.with_reserved(self.settings.reserved_cpus)
+            except ValueError as exc:
+                raise HypervisorError(f"host {self.name}: reserved_cpus: {exc}", host=self.name) from None
+        return topology
+
+    def _lookup(self, name: str) -> libvirt.virDomain:
+        conn = self.connection()
+        return self._call("lookup", lambda: conn.lookupByName(name), name)
+
+    def _info(self, dom: libvirt.virDomain, with_placement: bool = True) -> DomainInfo:
+        name = dom.name()
+        state, reason = self._call("state", dom.state, name)
+        info = self._call("info", dom.info, name)
+        placement = None
+        labels: dict[str, str] = {}
+        if with_placement:
+            from vmplacer.adapters.domain_xml import parse_placement, parse_labels
+
+            xml = self._call("XMLDesc", lambda: dom.XMLDesc(0), name)
+            placement = parse_placement(xml, self.name)
+            labels = parse_labels(xml)
+        return DomainInfo(
+            name=name,
+            uuid=dom.UUIDString(),
+            state=state_name(state),
+            pause_reason=pause_reason_name(reason) if state == libvirt.VIR_DOMAIN_PAUSED else None,
+            vcpus=int(info[3]),
+            memory_kib=int(info[2]),
+            placement=placement,
+            labels=labels,
+        )
+
+    def domains(self) -> list[DomainInfo]:
+        conn = self.connection()
+        result = []
+        for dom in self._call("listAllDomains", conn.listAllDomains):
+            try:
+                result.append(self._info(dom))
+            except DomainGone:
+                continue  # undefined while we listed: not ours to report
+        return sorted(result, key=lambda d: d.name)
+
+    def domain(self, name: str) -> DomainInfo:
+        return self._info(self._lookup(name))
+
+    def domain_state(self, name: str) -> tuple[str, str | None]:
+        """(state, pause reason) without parsing XML: cheap enough for freeze loops."""
+        dom = self._lookup(name)
+        state, reason = self._call("state", dom.state, name)
+        return state_name(state), (pause_reason_name(reason) if state == libvirt.VIR_DOMAIN_PAUSED else None)
+
+    def domain_xml(self, name: str, inactive: bool = False) -> str:
+        dom = self._lookup(name)
+        flags = libvirt.VIR_DOMAIN_XML_INACTIVE if inactive else 0
+        return self._call("XMLDesc", lambda: dom.XMLDesc(flags), name)
+
+    # ----- operations ------------------------------------------------------------------
+    def define(self, xml: str, name: str = "") -> str:
+        conn = self.connection()
+        dom = self._call("defineXML", lambda: conn.defineXML(xml), name)
+        return dom.UUIDString()
+
+    def start(self, name: str) -> None:
+        dom = self._lookup(name)
+        self._call("create", dom.create, name)
+
+    def destroy(self, name: str) -> None:
+        dom = self._lookup(name)
+        if dom.isActive():
+            self._call("destroy", dom.destroy, name)
+
+    def undefine(self, name: str) -> None:
+        dom = self._lookup(name)
+        self._call("undefine", dom.undefine, name)
+
+    def suspend(self, name: str) -> None:
+        dom = self._lookup(name)
+        self._call("suspend", dom.suspend, name)
+
+    def resume(self, name: str) -> None:
+        dom = self._lookup(name)
+        self._call("resume", dom.resume, name)
+
+    def _affect_flags(self, dom: libvirt.virDomain) -> int:
+        flags = libvirt.VIR_DOMAIN_AFFECT_CONFIG if dom.isPersistent() else 0
+        if dom.isActive():
+            flags |= libvirt.VIR_DOMAIN_AFFECT_LIVE
+        return flags
+
+    def _cpumap(self, cpus: frozenset[int]) -> tuple[bool, ...]:
+        conn = self.connection()
+        host_cpus = self._call("getCPUMap", lambda: conn.getCPUMap(0))[0]
+        bad = sorted(c for c in cpus if c >= host_cpus or c < 0)
+        if not cpus or bad:
+            raise HypervisorError(
+                f"host {self.name}: cpuset {sorted(cpus)} invalid (host has {host_cpus} CPUs)",
+                host=self.name,
+            )
+        return tuple(i in cpus for i in range(host_cpus))
+
+    def pin_vcpu(self, name: str, vcpu: int, cpus: frozenset[int]) -> None:
+        dom = self._lookup(name)
+        cpumap = self._cpumap(cpus)
+        self._call("pinVcpuFlags", lambda: dom.pinVcpuFlags(vcpu, cpumap, self._affect_flags(dom)), name)
+
+    def pin_emulator(self, name: str, cpus: frozenset[int]) -> None:
+        dom = self._lookup(name)
+        cpumap = self._cpumap(cpus)
+        self._call("pinEmulator", lambda: dom.pinEmulator(cpumap, self._affect_flags(dom)), name)
+
+    def migrate(
+        self,
+        name: str,
+        destination: Hypervisor,
+        *,
+        bandwidth_mib_s: int | None = None,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Live-migrate, persisting on the destination and undefining here.
+
+        The timeout is enforced by aborting the job: libvirt then leaves the
+        guest running on the source, which is the state we promise on failure.
+        """
+        if not isinstance(destination, LibvirtHost):
+            raise HypervisorError(f"host {self.name}: cannot migrate {name} to a non-libvirt host", host=self.name)
+        dom = self._lookup(name)
+        flags = (
+            libvirt.VIR_MIGRATE_LIVE
+            | libvirt.VIR_MIGRATE_PERSIST_DEST
+            | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE
+        )
+        params: dict[str, object] = {}
+        dest_host = destination.uri.split("://", 1)[1].split("/", 1)[0].split(":")[0]
+        if dest_host:
+            params[libvirt.VIR_MIGRATE_PARAM_URI] = f"tcp://{dest_host}"
+        if bandwidth_mib_s:
+            params[libvirt.VIR_MIGRATE_PARAM_BANDWIDTH] = int(bandwidth_mib_s)
+        timer = None
+        if timeout_s:
+            def _abort() -> None:
+                try:
+                    dom.abortJob()
+                except libvirt.libvirtError:
+                    pass
+
+            timer = threading.Timer(timeout_s, _abort)
+            timer.daemon = True
+            timer.start()
+        try:
+            self._call(
+                f"migrate to {destination.name}",
+                lambda: dom.migrateToURI3(destination.uri, params, flags),
+                name,
+            )
+        finally:
+            if timer is not None:
+                timer.cancel()

@@ -1,0 +1,58 @@
+"""Composition root: settings → adapters → application services.
+
+The only module that knows which concrete adapters exist; everything else
+receives them. Built lazily, so commands that need no host or database
+(help, dry runs on a capabilities file) never open one.
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+
+from sqlalchemy import Engine
+from sqlalchemy.orm import Session, sessionmaker
+
+from vmplacer.config import ConfigError, Settings
+
+
+class Container:
+    def __init__(self, settings: Settings):
+        self.settings = settings
+        self._hypervisors: dict[str, object] = {}
+
+    @cached_property
+    def engine(self) -> Engine:
+        from vmplacer.adapters.db.engine import make_engine
+
+        return make_engine(self.settings.database_url)
+
+    @cached_property
+    def sessions(self) -> sessionmaker[Session]:
+        from vmplacer.adapters.db.engine import make_session_factory
+
+        return make_session_factory(self.engine)
+
+    def upgrade_database(self) -> None:
+        from vmplacer.adapters.db.migrate import upgrade
+
+        upgrade(self.settings.database_url)
+
+    def hypervisor(self, name: str):  # -> LibvirtHost
+        """The libvirt adapter of a configured host (raises ConfigError if unknown)."""
+        if name not in self._hypervisors:
+            from vmplacer.adapters.libvirt_host import LibvirtHost
+
+            self._hypervisors[name] = LibvirtHost(self.settings.host(name))
+        return self._hypervisors[name]
+
+    def default_host_name(self) -> str:
+        if not self.settings.hosts:
+            raise ConfigError("no hosts configured")
+        return self.settings.hosts[0].name
+
+    def close(self) -> None:
+        for hypervisor in self._hypervisors.values():
+            hypervisor.close()  # type: ignore[attr-defined]
+        self._hypervisors.clear()
+        if "engine" in self.__dict__:
+            self.engine.dispose()

@@ -1,0 +1,91 @@
+"""Shared CLI plumbing: exit codes, errors, `--format table|json` output.
+
+Every command module exposes `register(subparsers)`; its handler takes
+`(args, ctx)` and returns an exit code. Errors raised as `UsageError` exit 2
+(bad input), `OperationalError` exit 1 (a host, the database, libvirt failed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+EXIT_OK = 0
+EXIT_OPERATIONAL = 1
+EXIT_USAGE = 2
+
+
+class UsageError(Exception):
+    """Bad input from the operator: exit 2, message names the field."""
+
+
+class OperationalError(Exception):
+    """The world failed (host unreachable, database down): exit 1."""
+
+
+@dataclass
+class CliContext:
+    """Lazily built settings and services, so `vmplacer --help` never touches a host."""
+
+    config_path: str | None
+    _settings: Any = None
+    _container: Any = None
+    extras: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def settings(self) -> Any:
+        if self._settings is None:
+            from vmplacer.config import ConfigError, load_settings
+
+            try:
+                self._settings = load_settings(self.config_path)
+            except ConfigError as exc:
+                raise UsageError(str(exc)) from exc
+        return self._settings
+
+    @property
+    def container(self) -> Any:
+        if self._container is None:
+            from vmplacer.bootstrap import Container
+
+            self._container = Container(self.settings)
+        return self._container
+
+
+def add_format_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--format",
+        choices=("table", "json"),
+        default="table",
+        help="output format (default: table)",
+    )
+
+
+def print_json(data: Any) -> None:
+    json.dump(data, sys.stdout, indent=2, sort_keys=False, default=str)
+    sys.stdout.write("\n")
+
+
+def emit(args: argparse.Namespace, data: Any, render_table: Callable[[Any], None]) -> None:
+    """Print `data` as JSON or through `render_table`, as `--format` asks."""
+    if getattr(args, "format", "table") == "json":
+        print_json(data)
+    else:
+        render_table(data)
+
+
+def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A rich table on a terminal, plain aligned text otherwise (stable for scripts and tests)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=title, show_lines=False)
+    for column in columns:
+        table.add_column(column)
+    for row in rows:
+        table.add_row(*("" if value is None else str(value) for value in row))
+    Console(width=200).print(table)

@@ -1,0 +1,86 @@
+"""Where one guest runs: vCPU→pCPU map, emulator cpuset, memory nodes, guest NUMA cells.
+
+The same value is produced by the allocator, rendered into domain XML, parsed
+back from live XML and compared by the rebalancer, so it is defined once here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from vmplacer.core.cpuset import format_cpuset
+
+MEM_MODES = ("strict", "preferred", "interleave", "restrictive")
+
+
+@dataclass(frozen=True)
+class GuestCell:
+    """One guest NUMA cell: its vCPUs, memory, and the host node backing it."""
+
+    id: int
+    vcpus: frozenset[int]
+    memory_kib: int
+    host_node: int
+
+
+@dataclass(frozen=True)
+class Placement:
+    guest: str
+    host: str
+    vcpupin: dict[int, frozenset[int]]  # vCPU index -> pCPUs it may run on
+    emulatorpin: frozenset[int] = frozenset()
+    memory_nodes: frozenset[int] = frozenset()
+    mem_mode: str = "strict"
+    cells: tuple[GuestCell, ...] = ()
+    memory_kib: int = 0
+    hugepage_kib: int | None = None  # page size backing guest memory; None = small pages
+    threads_per_core: int = 1  # guest <cpu><topology threads=…> (2 when on sibling pairs)
+    dedicated: bool = False  # vCPUs own their pCPUs exclusively
+    exclusive_cpus: frozenset[int] = field(default_factory=frozenset)  # pCPUs nobody else may use
+    score: float = 0.0
+
+    @property
+    def vcpus(self) -> int:
+        return len(self.vcpupin)
+
+    @property
+    def pcpus(self) -> frozenset[int]:
+        """Every pCPU the guest's vCPUs may run on."""
+        used: set[int] = set()
+        for cpus in self.vcpupin.values():
+            used |= cpus
+        return frozenset(used)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "guest": self.guest,
+            "host": self.host,
+            "vcpupin": {str(v): sorted(c) for v, c in sorted(self.vcpupin.items())},
+            "emulatorpin": sorted(self.emulatorpin),
+            "memory_nodes": sorted(self.memory_nodes),
+            "mem_mode": self.mem_mode,
+            "cells": [
+                {
+                    "id": cell.id,
+                    "vcpus": sorted(cell.vcpus),
+                    "memory_kib": cell.memory_kib,
+                    "host_node": cell.host_node,
+                }
+                for cell in self.cells
+            ],
+            "memory_kib": self.memory_kib,
+            "hugepage_kib": self.hugepage_kib,
+            "threads_per_core": self.threads_per_core,
+            "dedicated": self.dedicated,
+            "score": round(self.score, 6),
+        }
+
+    def describe_pinning(self) -> str:
+        """Short human form, e.g. "0→2 1→3 emu→0-1 mem→0"."""
+        parts = [f"{v}→{format_cpuset(c)}" for v, c in sorted(self.vcpupin.items())]
+        if self.emulatorpin:
+            parts.append(f"emu→{format_cpuset(self.emulatorpin)}")
+        if self.memory_nodes:
+            parts.append(f"mem→{format_cpuset(self.memory_nodes)}")
+        return " ".join(parts)
