@@ -138,10 +138,13 @@ class LibvirtHost(Hypervisor):
         return self._call("getCapabilities", conn.getCapabilities)
 
     def topology(self) -> HostTopology:
-        from vmplacer.adapters.capabilities import read_capabilities_live
+        from vmplacer.adapters.capabilities import CapabilitiesError, read_capabilities_live
 
         conn = self.connection()
-        topology = self._call("read capabilities", lambda: read_capabilities_live(conn, self.name))
+        try:
+            topology = self._call("read capabilities", lambda: read_capabilities_live(conn, self.name))
+        except CapabilitiesError as exc:
+            raise HypervisorError(f"host {self.name}: unreadable capabilities: {exc}", host=self.name) from None
         if self.settings.reserved_cpus:
             try:
                 topology = topology.with_reserved(self.settings.reserved_cpus)

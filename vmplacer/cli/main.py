@@ -22,6 +22,7 @@ COMMAND_MODULES = (
     "vmplacer.cli.version",
     "vmplacer.cli.db",
     "vmplacer.cli.hosts",
+    "vmplacer.cli.topology",
 )
 
 

@@ -73,6 +73,7 @@ class Placement:
             "hugepage_kib": self.hugepage_kib,
             "threads_per_core": self.threads_per_core,
             "dedicated": self.dedicated,
+            "exclusive_cpus": sorted(self.exclusive_cpus),
             "score": round(self.score, 6),
         }
 
@@ -84,3 +85,30 @@ class Placement:
         if self.memory_nodes:
             parts.append(f"mem→{format_cpuset(self.memory_nodes)}")
         return " ".join(parts)
+
+
+def placement_from_dict(data: dict[str, Any]) -> Placement:
+    """Inverse of `Placement.to_dict` (the stored and the API form)."""
+    return Placement(
+        guest=str(data["guest"]),
+        host=str(data["host"]),
+        vcpupin={int(v): frozenset(int(c) for c in cpus) for v, cpus in data.get("vcpupin", {}).items()},
+        emulatorpin=frozenset(int(c) for c in data.get("emulatorpin", [])),
+        memory_nodes=frozenset(int(n) for n in data.get("memory_nodes", [])),
+        mem_mode=str(data.get("mem_mode", "strict")),
+        cells=tuple(
+            GuestCell(
+                id=int(cell["id"]),
+                vcpus=frozenset(int(v) for v in cell["vcpus"]),
+                memory_kib=int(cell["memory_kib"]),
+                host_node=int(cell["host_node"]),
+            )
+            for cell in data.get("cells", [])
+        ),
+        memory_kib=int(data.get("memory_kib", 0)),
+        hugepage_kib=None if data.get("hugepage_kib") is None else int(data["hugepage_kib"]),
+        threads_per_core=int(data.get("threads_per_core", 1)),
+        dedicated=bool(data.get("dedicated", False)),
+        exclusive_cpus=frozenset(int(c) for c in data.get("exclusive_cpus", [])),
+        score=float(data.get("score", 0.0)),
+    )

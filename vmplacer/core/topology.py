@@ -7,6 +7,7 @@ CPUs, taking memory) returns a new object, so policies can explore freely.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
@@ -274,3 +275,189 @@ def uniform_topology(
         for n in range(nodes)
     }
     return HostTopology(nodes=node_map, cpus=cpus, name=name)
+
+
+# ----- building a topology from what a reader found -------------------------------------
+#
+# Readers (libvirt capabilities, sysfs) only collect facts; numbering cores and
+# cache groups happens here, once, so the same machine read two ways yields the
+# same HostTopology.
+
+
+class TopologyError(ValueError):
+    """Facts about a host that contradict each other; the message names the CPU or node."""
+
+
+@dataclass(frozen=True)
+class CpuFacts:
+    """What a reader learned about one logical CPU, before global numbering.
+
+    `core_id` is the hardware id, which repeats per package (and per die).
+    `package` and `core_id` are None when the host gives no topology for the
+    CPU — offline CPUs, whose topology the kernel forgets.
+    """
+
+    id: int
+    node: int
+    online: bool = True
+    package: int | None = None
+    die: int = 0
+    core_id: int | None = None
+    siblings: frozenset[int] | None = None  # SMT siblings as reported, itself included
+    kind: str | None = None
+
+
+@dataclass(frozen=True)
+class CacheFacts:
+    """One cache instance: its level and the CPUs sharing it."""
+
+    level: int
+    cpus: frozenset[int]
+
+
+def assemble_topology(
+    cpus: Iterable[CpuFacts],
+    nodes: Mapping[int, Node],
+    caches: Iterable[CacheFacts] = (),
+    *,
+    isolated: Iterable[int] = (),
+    name: str = "host",
+) -> HostTopology:
+    """Number cores and cache groups globally and build the HostTopology.
+
+    Cores: CPUs reporting the same SMT sibling set form one core (without a
+    sibling list: same package, die, hardware core id and node). Cores are
+    numbered by (package, die, hardware core id, lowest CPU); CPUs without
+    topology each get a core of their own, numbered after the others.
+    Caches: L2 groups come from level-2 caches, LLC groups from the highest
+    level >= 2 reported. When the host reports none, L2 falls back to one group
+    per core and the LLC to one group per package — the usual hardware, and the
+    safe assumption for the interference model (closer than same-node). Group
+    ids are numbered by lowest CPU. Offline CPUs get no cache group.
+    """
+    facts: dict[int, CpuFacts] = {}
+    for fact in cpus:
+        if fact.id in facts:
+            raise TopologyError(f"host {name}: CPU {fact.id} is listed twice")
+        if fact.node not in nodes:
+            raise TopologyError(
+                f"host {name}: CPU {fact.id} is in NUMA node {fact.node}, which the host does not list"
+            )
+        facts[fact.id] = fact
+    placed = {
+        i: f for i, f in facts.items() if f.online and f.package is not None and f.core_id is not None
+    }
+
+    cores = _ordered_cores(placed, name)
+    core_index = {cpu: index for index, members in enumerate(cores) for cpu in members}
+    for index, cpu in enumerate(sorted(set(facts) - set(placed)), start=len(cores)):
+        core_index[cpu] = index
+    packages = _packages(facts, placed)
+    l2_of, llc_of = _cache_groups(caches, facts, cores, packages, name)
+
+    result = {
+        i: Cpu(
+            id=i,
+            node=f.node,
+            package=packages[i],
+            die=max(f.die, 0),
+            core=core_index[i],
+            l2=l2_of.get(i),
+            llc=llc_of.get(i),
+            online=f.online,
+            kind=f.kind,
+        )
+        for i, f in sorted(facts.items())
+    }
+    return HostTopology(
+        nodes={k: nodes[k] for k in sorted(nodes)},
+        cpus=result,
+        isolated=frozenset(isolated) & frozenset(facts),
+        name=name,
+    )
+
+
+def _ordered_cores(placed: Mapping[int, CpuFacts], name: str) -> list[list[int]]:
+    """Cores (lists of CPU ids) in global order: package, die, hardware core id, lowest CPU."""
+
+    def order(members: list[int]) -> tuple[int, int, int, int]:
+        first = placed[members[0]]
+        return (first.package or 0, first.die, min(placed[c].core_id or 0 for c in members), members[0])
+
+    return sorted(_group_cores(placed, name), key=order)
+
+
+def _packages(facts: Mapping[int, CpuFacts], placed: Mapping[int, CpuFacts]) -> dict[int, int]:
+    """Package of every CPU; a CPU without topology (offline) gets its node's package."""
+    by_node: dict[int, set[int]] = {}
+    for fact in placed.values():
+        by_node.setdefault(fact.node, set()).add(max(fact.package or 0, 0))
+    everywhere = set().union(*by_node.values()) if by_node else {0}
+    return {
+        cpu: max(fact.package, 0) if fact.package is not None else min(by_node.get(fact.node) or everywhere)
+        for cpu, fact in facts.items()
+    }
+
+
+def _cache_groups(
+    caches: Iterable[CacheFacts],
+    facts: Mapping[int, CpuFacts],
+    cores: list[list[int]],
+    packages: Mapping[int, int],
+    name: str,
+) -> tuple[dict[int, int], dict[int, int]]:
+    """CPU -> L2 group id and CPU -> LLC group id, with the per-core / per-package fallbacks."""
+    known = [CacheFacts(c.level, frozenset(c.cpus).intersection(facts)) for c in caches]
+    known = [c for c in known if c.cpus and c.level >= 2]
+    top_level = max((c.level for c in known), default=None)
+    l2_sets = [c.cpus for c in known if c.level == 2] or [frozenset(m) for m in cores]
+    llc_sets = [c.cpus for c in known if c.level == top_level]
+    if not llc_sets:
+        by_package: dict[int, set[int]] = {}
+        for members in cores:
+            by_package.setdefault(packages[members[0]], set()).update(members)
+        llc_sets = [frozenset(s) for s in by_package.values()]
+    return _number_groups(l2_sets, "L2", name), _number_groups(llc_sets, "last-level", name)
+
+
+def _group_cores(placed: Mapping[int, CpuFacts], name: str) -> list[list[int]]:
+    """Group CPUs into cores and check the host's sibling lists agree with each other."""
+    groups: dict[tuple[Any, ...], list[int]] = {}
+    for cpu_id, fact in sorted(placed.items()):
+        if fact.siblings is not None:
+            key: tuple[Any, ...] = ("siblings", fact.siblings.intersection(placed) | {cpu_id})
+        else:
+            key = ("ids", fact.package, fact.die, fact.core_id, fact.node)
+        groups.setdefault(key, []).append(cpu_id)
+    for key, members in groups.items():
+        if key[0] == "siblings" and set(members) != key[1]:
+            other = min(key[1] - set(members))
+            raise TopologyError(
+                f"host {name}: CPU {members[0]} reports SMT siblings {sorted(key[1])}, "
+                f"but CPU {other} reports {sorted(placed[other].siblings or ())}"
+            )
+        first = placed[members[0]]
+        for cpu_id in members[1:]:
+            fact = placed[cpu_id]
+            if (fact.node, fact.package, fact.die) != (first.node, first.package, first.die):
+                raise TopologyError(
+                    f"host {name}: SMT siblings {members[0]} and {cpu_id} disagree on "
+                    f"node/package/die ({first.node}/{first.package}/{first.die} vs "
+                    f"{fact.node}/{fact.package}/{fact.die})"
+                )
+    return list(groups.values())
+
+
+def _number_groups(sets: Iterable[frozenset[int]], what: str, name: str) -> dict[int, int]:
+    """Map CPU -> group id, groups numbered by lowest CPU; overlapping groups are an error."""
+    distinct = sorted(set(sets), key=min)
+    group_of: dict[int, int] = {}
+    for index, members in enumerate(distinct):
+        for cpu in members:
+            if cpu in group_of:
+                raise TopologyError(
+                    f"host {name}: CPU {cpu} is in two different {what} caches "
+                    f"({sorted(distinct[group_of[cpu]])} and {sorted(members)})"
+                )
+            group_of[cpu] = index
+    return group_of
