@@ -83,3 +83,95 @@ class Sampler(Protocol):
 class Clock(Protocol):
     def now(self) -> float: ...
     def sleep(self, seconds: float) -> None: ...
+
+
+# ----- Freeze'nSense: freezing co-located domains, the freeze journal, profiles -------------
+
+
+@dataclass(frozen=True)
+class DomainStatus:
+    """A domain's run state, read without parsing XML (cheap enough for every freeze)."""
+
+    name: str
+    uuid: str
+    state: str  # "running", "paused", "shutoff", ...
+    pause_reason: str | None = None  # "user" for libvirt suspend, else the libvirt reason
+
+    @property
+    def running(self) -> bool:
+        return self.state == "running"
+
+
+@dataclass(frozen=True)
+class DomainFacts:
+    """What the profiler needs to know about a domain besides its state."""
+
+    pcpus: frozenset[int] | None  # pCPUs its vCPUs are pinned to; None when unpinned/unknown
+    labels: dict[str, str] = field(default_factory=dict)
+
+
+@runtime_checkable
+class FreezableHost(Protocol):
+    """The few host operations Freeze'nSense needs: list states, suspend, resume."""
+
+    name: str
+
+    def domain_states(self) -> dict[str, DomainStatus]: ...
+    def suspend(self, name: str) -> None: ...
+    def resume(self, name: str) -> None: ...
+    def domain_facts(self, names: list[str]) -> dict[str, DomainFacts]: ...
+
+
+@dataclass(frozen=True)
+class FreezeEntry:
+    """One freeze journal row: domains a vmplacer process suspended and must resume."""
+
+    id: int
+    host: str
+    domains: tuple[tuple[str, str], ...]  # (name, uuid)
+    owner: dict[str, object]  # identity of the freezing process (hostname, pid, start time)
+    created_at: float  # epoch seconds
+    deadline_at: float  # epoch seconds: the freezer's watchdog resumes everything by then
+
+
+@runtime_checkable
+class FreezeJournal(Protocol):
+    """Durable record of freezes in progress, written (committed) before any suspend."""
+
+    def open(self, host: str, domains: list[tuple[str, str]], max_freeze_s: float,
+             owner: dict[str, object]) -> int: ...
+    def close(self, entry_id: int) -> None: ...
+    def pending(self, host: str | None = None) -> list[FreezeEntry]: ...
+
+
+@dataclass(frozen=True)
+class Neighbour:
+    """A co-located domain at sample time and how close its pCPUs are to the sampled VM's."""
+
+    name: str
+    distance: str  # a DistanceClass value, or "unknown" when either side is unpinned
+    frozen: bool  # False: it kept running (excluded from freezing, or not ours to freeze)
+
+
+@dataclass(frozen=True)
+class ProfileSample:
+    """One stored Freeze'nSense measurement: ζ (shared) or ζb (neighbours frozen)."""
+
+    guest: str
+    kind: str  # "zeta" | "zeta_b"
+    metric: str
+    value: float
+    window_s: float
+    t_m_ms: float
+    at: float  # epoch seconds
+    neighbours: tuple[Neighbour, ...] = ()
+    freeze_ms: float | None = None  # ζb only: first suspend issued -> last resume returned
+
+
+@runtime_checkable
+class ProfileStore(Protocol):
+    """Where profiling runs and their samples go (the database in production)."""
+
+    def start_run(self, host: str, metric: str, parameters: dict[str, object]) -> int: ...
+    def add_samples(self, run_id: int, samples: list[ProfileSample]) -> None: ...
+    def finish_run(self, run_id: int, results: dict[str, object], status: str = "finished") -> None: ...

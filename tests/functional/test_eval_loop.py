@@ -1,0 +1,133 @@
+"""The Freeze'nSense measurement loop of the evaluation, run through the ports on simulated hosts."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pytest
+
+from vmplacer.adapters.simulator import INSTRUCTIONS_PER_CPU_SECOND, GroundTruth, SimCluster
+from vmplacer.app.evaluate import (
+    ProfileSettings,
+    evaluate_model,
+    freeze_and_sense,
+    parse_range,
+    profile_host,
+    random_placement,
+    simulated_topology,
+)
+from vmplacer.core.interference import InterferenceModel
+from vmplacer.core.pairs import parse_pairs
+from vmplacer.core.topology import uniform_topology
+from vmplacer.ports import HypervisorError
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "interference"
+E7600 = parse_pairs((DATA / "e7600_2core_pairs.csv").read_text(), "e7600_2core_pairs.csv")
+
+
+def populated(sim: SimCluster, cores: int, per_core: int, seed: int = 0):
+    topo = simulated_topology(cores)
+    host = sim.add_host(f"h{len(sim.hosts)}", topo)
+    for name, workload, cpus in random_placement(random.Random(seed), topo, E7600.workloads, per_core):
+        host.define_domain(name, workload=workload, vcpupin=sorted(cpus), workload_class="batch")
+    return host
+
+
+def test_freeze_and_sense_measures_the_isolated_speed_and_resumes_everyone():
+    sim = SimCluster(GroundTruth(E7600), noise=0.0)
+    host = populated(sim, cores=2, per_core=2)
+    target = host.domains()[0].name
+    sample = freeze_and_sense(host, sim.sampler(host), sim.clock, target, t_m=0.01)
+    # one vCPU that shares its pCPU with another VM: alone it has the whole pCPU
+    assert host.true_performance(target) < 0.5
+    assert sample.valid and sample.value == pytest.approx(INSTRUCTIONS_PER_CPU_SECOND)
+    assert all(d.state == "running" for d in host.domains())
+
+
+def test_frozen_domains_are_resumed_even_when_sampling_fails():
+    sim = SimCluster(GroundTruth(E7600), noise=0.0)
+    host = populated(sim, cores=2, per_core=2)
+    target = host.domains()[0].name
+
+    class BrokenSampler:
+        metric = "ips"
+
+        def begin(self, domains):
+            raise RuntimeError("counter read failed")
+
+        def end(self, token):
+            raise AssertionError("not reached")
+
+    with pytest.raises(RuntimeError):
+        freeze_and_sense(host, BrokenSampler(), sim.clock, target, t_m=0.01)
+    assert all(d.state == "running" for d in host.domains())
+
+
+def test_a_failing_resume_is_retried_then_reported_after_the_others():
+    sim = SimCluster(GroundTruth(E7600), noise=0.0)
+    host = populated(sim, cores=2, per_core=2)
+    names = [d.name for d in host.domains()]
+    sim.inject_failure("resume", names[1], times=1)
+    freeze_and_sense(host, sim.sampler(host), sim.clock, names[0], t_m=0.01)  # retry succeeds
+    assert all(d.state == "running" for d in host.domains())
+    sim.inject_failure("resume", names[1], times=2)
+    with pytest.raises(HypervisorError, match=names[1]):
+        freeze_and_sense(host, sim.sampler(host), sim.clock, names[0], t_m=0.01)
+    states = {d.name: d.state for d in host.domains()}
+    assert states[names[1]] == "paused"
+    assert all(state == "running" for name, state in states.items() if name != names[1])
+
+
+def test_profiling_without_noise_observes_the_true_ratio():
+    sim = SimCluster(GroundTruth(E7600), noise=0.0)
+    host = populated(sim, cores=8, per_core=2)
+    observations = profile_host(host, sim.sampler(host), sim.clock, ProfileSettings(rounds=2))
+    assert len(observations) == 2 * 16
+    by_key = {}
+    for domain in host.domains():
+        by_key.setdefault(domain.labels["workload"], []).append(host.true_performance(domain.name))
+    for obs in observations:
+        ratio = obs.zeta / obs.zeta_b
+        assert any(ratio == pytest.approx(t, abs=1e-9) for t in by_key[obs.key])
+        assert obs.own_share == pytest.approx(0.5)
+        assert sum(e.load for e in obs.neighbours) == pytest.approx(7 * 0.5)  # 7 other cores, full time
+
+
+def test_fitting_recovers_the_pair_matrix_from_noiseless_simulated_samples():
+    """One VM per core on a 2-core host: each observation is exactly one β."""
+    sim = SimCluster(GroundTruth(E7600), noise=0.0)
+    observations = []
+    for seed in range(150):
+        host = populated(sim, cores=2, per_core=1, seed=seed)
+        observations += profile_host(host, sim.sampler(host), sim.clock, ProfileSettings(rounds=1))
+    model = InterferenceModel().fit(observations)
+    errors = [
+        abs(model.beta(bg, fg) - loss)
+        for (_, bg, fg), loss in E7600.losses.items()
+    ]
+    assert max(errors) < 0.01
+
+
+def test_evaluation_beats_the_linear_predictor_and_is_reproducible():
+    def run(seed):
+        sim = SimCluster(GroundTruth(E7600), seed=seed)
+        return evaluate_model(sim, E7600, cores=8, vms_per_core=(1, 3), trials=15, seed=seed,
+                              settings=ProfileSettings(rounds=2))
+
+    first, again = run(4), run(4)
+    assert first.to_dict() == again.to_dict()
+    assert first.model_rrmse < first.linear_rrmse / 4
+    assert set(first.by_vms_per_core) <= {1, 2, 3}
+    assert first.predictions == sum(v["predictions"] for v in first.by_vms_per_core.values())
+
+
+def test_ranges_and_topologies():
+    assert parse_range("2", "--vms-per-core") == (2, 2)
+    assert parse_range("1-3", "--vms-per-core") == (1, 3)
+    for bad in ("0", "3-1", "x", "1-"):
+        with pytest.raises(ValueError, match="--vms-per-core"):
+            parse_range(bad, "--vms-per-core")
+    assert len(simulated_topology(2).cpus) == 2
+    assert len(simulated_topology(16).nodes) == 2
+    assert uniform_topology(nodes=1, cores_per_node=8).cpus.keys() == simulated_topology(8).cpus.keys()

@@ -1,0 +1,169 @@
+"""`vmplacer eval model|rank`: how good is the interference model, on data we have.
+
+`eval model` profiles random placements on simulated hosts with Freeze'nSense,
+fits the model and scores it on held-out placements against the linear
+predictor (relative RMSE, seed eq. 3.6). `eval rank` predicts each workload's
+sensitivity and interference from isolated counter profiles, leaving that
+workload out, and reports Spearman's correlation.
+"""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+from vmplacer.cli.common import CliContext, UsageError, add_format_argument, emit, print_table
+from vmplacer.core.pairs import PairFileError, PairTable, parse_distance, parse_pairs
+from vmplacer.core.counter_profiles import Profiles, parse_profiles
+from vmplacer.core.ranking import rank_workloads
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser("eval", help="evaluate the interference model on measured pair data")
+    commands = parser.add_subparsers(dest="eval_command", metavar="WHAT")
+    parser.set_defaults(func=_missing_subcommand(parser))
+
+    model = commands.add_parser("model", help="fit on profiled random placements, score held-out ones")
+    model.add_argument("--pairs", required=True, metavar="FILE", help="pair matrix or long pair list (CSV)")
+    model.add_argument("--cores", type=int, default=8, help="simulated host size: 2, 8 or 16 cores (default 8)")
+    model.add_argument("--vms-per-core", default="1-3", metavar="N|A-B",
+                       help="one-vCPU VMs per core, drawn per placement from A..B (default 1-3)")
+    model.add_argument("--trials", type=int, default=50,
+                       help="random placements profiled for training, and as many held out (default 50)")
+    model.add_argument("--rounds", type=int, default=3,
+                       help="Freeze'nSense rounds per training host (default 3)")
+    model.add_argument("--seed", type=int, default=0, help="random seed (default 0)")
+    model.add_argument("--noise", type=float, default=0.03,
+                       help="multiplicative noise of each simulated sample, σ (default 0.03)")
+    model.add_argument("--distance-factor", action="append", default=[], metavar="CLASS=F",
+                       help="simulator's loss scale at a distance class, e.g. remote-node=0.3 (repeatable)")
+    add_format_argument(model)
+    model.set_defaults(func=run_model)
+
+    rank = commands.add_parser("rank", help="predict sensitivity/interference ranks from counter profiles")
+    rank.add_argument("--pairs", required=True, metavar="FILE", help="pair matrix or long pair list (CSV)")
+    rank.add_argument("--profiles", required=True, metavar="FILE", help="workload,event,value counts (CSV)")
+    rank.add_argument("--top-k", type=int, default=2, help="counters used per prediction (default 2)")
+    add_format_argument(rank)
+    rank.set_defaults(func=run_rank)
+
+
+def _missing_subcommand(parser: argparse.ArgumentParser):
+    def run(args: argparse.Namespace, ctx: CliContext) -> int:
+        parser.print_help()
+        return 2
+
+    return run
+
+
+def _read(path: str, option: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError as exc:
+        raise UsageError(f"{option} {path}: cannot read ({exc.strerror or exc})") from None
+    except UnicodeDecodeError:
+        raise UsageError(f"{option} {path}: not a text file") from None
+
+
+def load_pairs(path: str) -> PairTable:
+    try:
+        return parse_pairs(_read(path, "--pairs"), source=path)
+    except PairFileError as exc:
+        raise UsageError(f"--pairs {exc}") from None
+
+
+def load_profiles(path: str) -> Profiles:
+    try:
+        return parse_profiles(_read(path, "--profiles"), source=path)
+    except PairFileError as exc:
+        raise UsageError(f"--profiles {exc}") from None
+
+
+def run_model(args: argparse.Namespace, ctx: CliContext) -> int:
+    # the simulator is this command's only host: built here, like a composition root would
+    from vmplacer.adapters.simulator import GroundTruth, SimCluster
+    from vmplacer.app.evaluate import ProfileSettings, evaluate_model, parse_range
+
+    if args.cores < 2:
+        raise UsageError(f"--cores must be >= 2, got {args.cores}")
+    if args.trials < 1:
+        raise UsageError(f"--trials must be >= 1, got {args.trials}")
+    if args.rounds < 1:
+        raise UsageError(f"--rounds must be >= 1, got {args.rounds}")
+    if not args.noise >= 0:
+        raise UsageError(f"--noise must be >= 0, got {args.noise}")
+    try:
+        vms_per_core = parse_range(args.vms_per_core, "--vms-per-core")
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    factors = {}
+    for item in args.distance_factor:
+        name, sep, value = item.partition("=")
+        try:
+            distance = parse_distance(name) if sep else None
+            factor = float(value)
+        except ValueError as exc:
+            raise UsageError(f"--distance-factor {item!r}: {exc}") from None
+        if distance is None or not factor >= 0:
+            raise UsageError(f"--distance-factor {item!r}: expected CLASS=FACTOR with a distance class "
+                             "and a factor >= 0")
+        factors[distance] = factor
+    table = load_pairs(args.pairs)
+    try:
+        truth = GroundTruth(table, factors)
+    except ValueError as exc:
+        raise UsageError(f"--distance-factor: {exc}") from None
+    cluster = SimCluster(truth, seed=args.seed, noise=args.noise)
+    evaluation = evaluate_model(
+        cluster, table, cores=args.cores, vms_per_core=vms_per_core, trials=args.trials, seed=args.seed,
+        settings=ProfileSettings(rounds=args.rounds),
+    )
+    data = evaluation.to_dict()
+    data["matrix"] = Path(table.source).name
+    data.update({
+        "seed": args.seed,
+        "rounds": args.rounds,
+        "noise": args.noise,
+        "distance_factors": {cls.value: value for cls, value in truth.factors.items()},
+        "truth": "noise-free simulator performance",
+    })
+    emit(args, data, _render_model)
+    return 0
+
+
+def _render_model(data: dict) -> None:
+    rows = [
+        ("matrix", data["matrix"]),
+        ("host", f"{data['cores']} cores, {data['vms_per_core']} VMs per core"),
+        ("trials", f"{data['trials']} profiled + {data['trials']} held out"),
+        ("observations", data["observations"]),
+        ("predictions", data["predictions"]),
+        ("model R_rmse", data["model_rrmse"]),
+        ("linear R_rmse", data["linear_rrmse"]),
+        ("mean confidence", data["mean_confidence"]),
+    ]
+    print_table("interference model on held-out placements", ("", "value"), rows)
+
+
+def run_rank(args: argparse.Namespace, ctx: CliContext) -> int:
+    if args.top_k < 1:
+        raise UsageError(f"--top-k must be >= 1, got {args.top_k}")
+    table = load_pairs(args.pairs)
+    profiles = load_profiles(args.profiles)
+    try:
+        result = rank_workloads(table, profiles, top_k=args.top_k)
+    except ValueError as exc:
+        raise UsageError(f"--profiles {exc}") from None
+    data = {"matrix": Path(table.source).name, "profiles": Path(profiles.source).name, **result.to_dict()}
+    emit(args, data, _render_rank)
+    return 0
+
+
+def _render_rank(data: dict) -> None:
+    rows = []
+    for target in ("sensitivity", "interference"):
+        part = data[target]
+        counters = ", ".join(f"{c['event']} ({c['chosen_in']}/{len(data['workloads'])})" for c in part["counters"])
+        rows.append((target, part["spearman"], counters))
+    print_table(f"leave-one-workload-out ranking: {data['matrix']} with {data['profiles']}",
+                ("score", "Spearman", "counters chosen (folds)"), rows)
