@@ -23,6 +23,7 @@ COMMAND_MODULES = (
     "vmplacer.cli.db",
     "vmplacer.cli.hosts",
     "vmplacer.cli.topology",
+    "vmplacer.cli.plan",
     "vmplacer.cli.eval",
 )
 

@@ -1,0 +1,236 @@
+"""`vmplacer plan`: place the guests of a request file on a host — a dry run, nothing changes.
+
+Guests are placed in file order, each seeing the ones before it (and, with
+--host, the host's existing domains and their pinning) as occupied. Prints a
+placement table and each guest's domain XML, or with `--format json` the
+stable contract:
+
+    {"host": str,
+     "placements": [{"index", "guest", "host", "nodes", "vcpupin": {"0": [cpus]},
+                     "emulatorpin": [cpus], "memory_nodes": [...], "mem_mode",
+                     "score", "xml"}],
+     "errors": [{"index", "guest", "kind", "message", "reasons": [...]}],
+     "repins": [{"guest", "vcpupin", "emulatorpin"}]}
+
+"repins" lists domains already on the host whose floating (shared) vCPUs must
+narrow because planned guests take pCPUs out of the shared pool.
+
+Exit codes: 0 every guest placed; 1 some guest does not fit (its NoFit reasons
+are in "errors", later guests are still placed) or the host failed; 2 bad input
+(request file, capabilities file, a base XML that does not validate).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vmplacer.cli.common import (
+    EXIT_OK,
+    EXIT_OPERATIONAL,
+    EXIT_USAGE,
+    CliContext,
+    OperationalError,
+    UsageError,
+    add_format_argument,
+    emit,
+    print_table,
+)
+from vmplacer.core.cpuset import format_cpuset
+from vmplacer.core.placement import Placement
+from vmplacer.core.topology import HostTopology
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "plan",
+        help="dry run: place the guests of a request file and show pinning and domain XML",
+        description="Place the guests of a YAML request file on a host and print the placement "
+        "and domain XML of each; nothing is changed. Without --host/--caps: the first configured host.",
+    )
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--host", metavar="NAME", help="a configured host; its domains count as occupied")
+    source.add_argument("--caps", metavar="FILE", help="a libvirt capabilities XML file (an idle host)")
+    parser.add_argument("--request", metavar="FILE", required=True, help="YAML request file (guests: [...])")
+    parser.add_argument("--domain-type", choices=("kvm", "qemu"),
+                        help="domain type of guests without base XML (default: the host's domain_type, else kvm)")
+    add_format_argument(parser)
+    parser.set_defaults(func=run)
+
+
+@dataclass
+class HostState:
+    name: str
+    topology: HostTopology
+    existing: list[Placement] = field(default_factory=list)
+    domain_type: str = "kvm"
+
+
+@dataclass
+class PlanResult:
+    host: str
+    placements: list[dict[str, Any]] = field(default_factory=list)
+    errors: list[dict[str, Any]] = field(default_factory=list)
+    repins: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "placements": self.placements, "errors": self.errors,
+                "repins": self.repins}
+
+
+def run(args: argparse.Namespace, ctx: CliContext) -> int:
+    from vmplacer.adapters.request_file import RequestFileError, load_request_file
+
+    try:
+        requests = load_request_file(args.request)
+    except RequestFileError as exc:
+        raise UsageError(f"--request: {exc}") from None
+    state = _host_state(args, ctx)
+    if args.domain_type:
+        state.domain_type = args.domain_type
+    result = make_plan(state, requests)
+    emit(args, result.to_dict(), _print_table)
+    kinds = {error["kind"] for error in result.errors}
+    if "invalid-xml" in kinds:
+        return EXIT_USAGE
+    return EXIT_OPERATIONAL if kinds else EXIT_OK
+
+
+def make_plan(state: HostState, requests: list) -> PlanResult:
+    """Place each request in order; render XML of the final (pool-refreshed) placements."""
+    from vmplacer.adapters.domain_xml import DomainXmlError, render_domain
+    from vmplacer.core.allocate import NoFit, allocate, refresh_shared_pins
+
+    result = PlanResult(state.name)
+    occupied: list[Placement] = list(state.existing)
+    anti_affinity: dict[str, tuple[str, ...]] = {}
+    planned: dict[str, Any] = {}  # guest -> request
+    for request in requests:
+        spec = request.spec
+        try:
+            placement = allocate(state.topology, spec, occupied, anti_affinity_of_others=anti_affinity)
+            # Render now: a base XML that cannot take the placement must not hold resources.
+            render_domain(spec, placement, base_xml=request.base_xml, domain_type=state.domain_type)
+        except NoFit as exc:
+            result.errors.append({
+                "index": request.index, "guest": spec.name, "kind": "no-fit", "message": str(exc),
+                "reasons": [r.to_dict() for r in exc.reasons],
+            })
+            continue
+        except DomainXmlError as exc:
+            result.errors.append({
+                "index": request.index, "guest": spec.name, "kind": "invalid-xml", "message": str(exc),
+                "reasons": [],
+            })
+            continue
+        occupied.append(placement)
+        anti_affinity[spec.name] = spec.anti_affinity
+        planned[spec.name] = request
+
+    refreshed = {p.guest: p for p in refresh_shared_pins(state.topology, occupied)}
+    for before in state.existing:
+        after = refreshed[before.guest]
+        if after != before:
+            result.repins.append({
+                "guest": after.guest,
+                "vcpupin": {str(v): sorted(c) for v, c in sorted(after.vcpupin.items())},
+                "emulatorpin": sorted(after.emulatorpin),
+            })
+    for name, request in planned.items():
+        placement = refreshed[name]
+        xml = render_domain(request.spec, placement, base_xml=request.base_xml, domain_type=state.domain_type)
+        nodes = sorted({state.topology.cpus[c].node for c in placement.pcpus if c in state.topology.cpus})
+        result.placements.append({
+            "index": request.index,
+            "guest": name,
+            "host": placement.host,
+            "nodes": nodes,
+            "vcpupin": {str(v): sorted(c) for v, c in sorted(placement.vcpupin.items())},
+            "emulatorpin": sorted(placement.emulatorpin),
+            "memory_nodes": sorted(placement.memory_nodes),
+            "mem_mode": placement.mem_mode,
+            "hugepage_kib": placement.hugepage_kib,
+            "threads_per_core": placement.threads_per_core,
+            "score": placement.score,
+            "xml": xml,
+        })
+    return result
+
+
+# ----- where the host comes from -------------------------------------------------------------------
+def _host_state(args: argparse.Namespace, ctx: CliContext) -> HostState:
+    if args.caps:
+        return _from_caps(Path(args.caps))
+    return _from_host(ctx, args.host)
+
+
+def _from_caps(path: Path) -> HostState:
+    from vmplacer.adapters.capabilities import CapabilitiesError, read_capabilities_file
+
+    if not path.is_file():
+        raise UsageError(f"--caps {path}: no such file")
+    try:
+        topology = read_capabilities_file(path)
+    except CapabilitiesError as exc:
+        raise UsageError(f"--caps: {exc}") from None
+    return HostState(topology.name, topology)
+
+
+def _from_host(ctx: CliContext, name: str | None) -> HostState:
+    from vmplacer.adapters.domain_xml import DomainXmlError
+    from vmplacer.ports import HypervisorError
+
+    hosts = list(ctx.settings.hosts)
+    if not hosts:
+        raise UsageError("no host configured: add one to the config file, or pass --caps FILE")
+    known = [h.name for h in hosts]
+    if name is None:
+        name = known[0]
+    elif name not in known:
+        raise UsageError(f"--host {name!r}: unknown host (configured: {', '.join(known)})")
+    settings = hosts[known.index(name)]
+    try:
+        hypervisor = ctx.container.hypervisor(name)
+        topology = hypervisor.topology()
+        domains = hypervisor.domains()
+    except HypervisorError as exc:
+        raise OperationalError(str(exc)) from None
+    except DomainXmlError as exc:
+        raise OperationalError(f"host {name}: a domain's XML cannot be read: {exc}") from None
+    existing = [_occupied(d, name) for d in domains]
+    return HostState(name, topology, existing, getattr(settings, "domain_type", "kvm"))
+
+
+def _occupied(domain: Any, host: str) -> Placement:
+    """A domain's placement; one read without pinning floats anywhere with its vCPUs and memory."""
+    if domain.placement is not None:
+        return domain.placement
+    return Placement(
+        guest=domain.name, host=host, vcpupin={v: frozenset() for v in range(domain.vcpus)},
+        memory_kib=domain.memory_kib,
+    )
+
+
+# ----- table output -----------------------------------------------------------------------------------
+def _print_table(data: dict[str, Any]) -> None:
+    rows = []
+    for entry in data["placements"]:
+        pins = " ".join(f"{v}→{format_cpuset(c)}" for v, c in entry["vcpupin"].items())
+        rows.append((
+            entry["guest"], entry["host"], format_cpuset(entry["nodes"]), pins,
+            format_cpuset(entry["emulatorpin"]), format_cpuset(entry["memory_nodes"]),
+            entry["mem_mode"], f"{entry['score']:.3f}",
+        ))
+    print_table(f"placement plan for host {data['host']} (dry run)",
+                ("guest", "host", "node(s)", "vcpupin", "emulatorpin", "memory nodes", "mode", "score"), rows)
+    for repin in data["repins"]:
+        pins = " ".join(f"{v}→{format_cpuset(c)}" for v, c in repin["vcpupin"].items())
+        print(f"existing guest {repin['guest']}: floating vCPUs narrow to {pins}")
+    for entry in data["placements"]:
+        print(f"\n<!-- domain XML of guest {entry['guest']} -->")
+        sys.stdout.write(entry["xml"])
+    for error in data["errors"]:
+        sys.stderr.write(f"vmplacer: guest #{error['index']} ({error['guest']}): {error['message']}\n")
