@@ -21,6 +21,11 @@ for pkg in "${PACKAGES[@]}"; do
     missing+=("$pkg")
   fi
 done
+# The testbed downloads a kernel package with apt: it needs package lists even when
+# every package above is already installed.
+if ! compgen -G "/var/lib/apt/lists/*_Packages*" >/dev/null && [[ $(id -u) -eq 0 ]]; then
+  need_update=1
+fi
 if ((${#missing[@]})); then
   if [[ $(id -u) -ne 0 ]]; then
     echo "setup: missing Debian packages: ${missing[*]}" >&2
@@ -30,7 +35,13 @@ if ((${#missing[@]})); then
   echo "setup: installing ${missing[*]}"
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
+  need_update=0
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+if [[ ${need_update:-0} -eq 1 ]]; then
+  echo "setup: apt-get update (package lists are empty)"
+  apt-get update -qq
 fi
 
 PYTHON=${PYTHON:-python3}

@@ -45,6 +45,32 @@ class Container:
             self._hypervisors[name] = LibvirtHost(self.settings.host(name))
         return self._hypervisors[name]
 
+    @cached_property
+    def placement_store(self):  # -> SqlPlacementStore
+        from vmplacer.adapters.db.placements import SqlPlacementStore
+
+        return SqlPlacementStore(self.sessions)
+
+    def placement_service(self):  # -> PlacementService
+        from vmplacer.adapters.domain_xml import render_domain
+        from vmplacer.app.placement_service import PlacementService
+
+        def render(spec, placement, base_xml):  # type: ignore[no-untyped-def]
+            host = self.settings.host(placement.host)
+            return render_domain(spec, placement, base_xml=base_xml, domain_type=host.domain_type)
+
+        return PlacementService(self.placement_store, render)
+
+    @cached_property
+    def model_repository(self):  # -> SqlModelRepository
+        from vmplacer.adapters.db.models_repo import SqlModelRepository
+
+        return SqlModelRepository(self.sessions)
+
+    def load_model(self):  # -> InterferenceModel
+        """The learned interference model (the linear predictor until samples exist)."""
+        return self.model_repository.load()[0]
+
     def default_host_name(self) -> str:
         if not self.settings.hosts:
             raise ConfigError("no hosts configured")

@@ -175,3 +175,117 @@ class ProfileStore(Protocol):
     def start_run(self, host: str, metric: str, parameters: dict[str, object]) -> int: ...
     def add_samples(self, run_id: int, samples: list[ProfileSample]) -> None: ...
     def finish_run(self, run_id: int, results: dict[str, object], status: str = "finished") -> None: ...
+
+
+# ----- placements -----------------------------------------------------------------------------
+
+
+class ClaimConflict(RuntimeError):
+    """Another writer claimed some of the same pCPUs first; re-plan and retry."""
+
+
+@runtime_checkable
+class PlacementStore(Protocol):
+    """Where vmplacer records the placements it made and the pCPUs they own exclusively."""
+
+    def occupied(self, host: str) -> list[Placement]: ...
+    def record(self, host: str, uri: str, placement: Placement, spec: dict[str, object]) -> None:
+        """Raises ClaimConflict when an exclusive pCPU is already claimed."""
+        ...
+    def set_state(self, guest: str, state: str, domain_uuid: str | None = None) -> None: ...
+    def forget(self, guest: str) -> None: ...
+    def get(self, guest: str) -> dict[str, object] | None: ...
+    def audit(self, *, action: str, outcome: str, host: str | None, guest: str | None,
+              message: str = "", detail: dict[str, object] | None = None) -> None: ...
+
+
+# ----- background jobs (REST API) ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    """A background job as stored: what it does, on which hosts, and how far it got."""
+
+    id: str
+    kind: str
+    hosts: tuple[str, ...]
+    status: str  # queued | running | succeeded | failed
+    progress: float  # 0..1
+    message: str
+    parameters: dict[str, object]
+    result: dict[str, object] | None = None
+    error: dict[str, object] | None = None
+    created_by: str = ""
+    owner: str | None = None  # the vmplacer instance running it
+    created_at: float = 0.0  # epoch seconds
+    started_at: float | None = None
+    finished_at: float | None = None
+    heartbeat_at: float | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.status in ("succeeded", "failed")
+
+
+@runtime_checkable
+class JobStore(Protocol):
+    """Durable job rows shared by every vmplacer instance on one database."""
+
+    def create(self, kind: str, hosts: list[str], parameters: dict[str, object],
+               created_by: str) -> JobRecord: ...
+    def get(self, job_id: str) -> JobRecord | None: ...
+    def queued(self, limit: int) -> list[JobRecord]: ...
+    def claim(self, job_id: str, owner: str) -> bool:
+        """queued -> running for `owner`; False when another instance claimed it first."""
+        ...
+    def progress(self, job_id: str, owner: str, fraction: float, message: str) -> None: ...
+    def finish(self, job_id: str, owner: str, status: str, result: dict[str, object] | None,
+               error: dict[str, object] | None) -> bool: ...
+    def heartbeat(self, owner: str, job_ids: list[str]) -> None: ...
+    def reap(self, stale_s: float) -> list[str]:
+        """Fail running jobs whose runner stopped sending heartbeats; their ids."""
+        ...
+
+
+# ----- rebalancing: plans, leases, placement rows, live memory moves -------------------------------
+
+
+@runtime_checkable
+class PlanStore(Protocol):
+    """Where plans and the outcome of each action are kept (the database in production)."""
+
+    def save(self, plan: object, created_by: str = "") -> object: ...  # Plan -> Plan with its id
+    def get(self, plan_id: int) -> object | None: ...
+    def transition(self, plan_id: int, from_state: str, to_state: str, message: str = "") -> bool:
+        """Move a plan on only if it is still in `from_state` (one of two racing callers wins)."""
+        ...
+    def record_action(self, plan_id: int, action: object, *, started: bool = False,
+                      finished: bool = False) -> None: ...
+    def last_moved(self, guests: list[str] | None = None) -> dict[str, float]: ...
+
+
+@runtime_checkable
+class LeaseStore(Protocol):
+    """Per-host leases: a run acts on a host only while it holds the host's lease."""
+
+    def acquire(self, hosts: list[str], holder: str, ttl_s: float) -> bool:
+        """Every host or none; False when another holder has a live lease on any."""
+        ...
+    def renew(self, hosts: list[str], holder: str, ttl_s: float) -> bool: ...
+    def release(self, hosts: list[str], holder: str) -> None: ...
+
+
+@runtime_checkable
+class PlacementUpdates(Protocol):
+    """Recorded placements follow repins and migrations (guests never recorded are skipped)."""
+
+    def apply(self, placements: list[Placement]) -> list[str]:
+        """Raises ClaimConflict when a new exclusive pCPU is claimed by someone else."""
+        ...
+
+
+@runtime_checkable
+class MemoryTuning(Protocol):
+    """A host that can move a running guest's memory to other NUMA nodes."""
+
+    def set_memory_nodes(self, name: str, nodes: frozenset[int]) -> None: ...

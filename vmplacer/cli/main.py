@@ -24,6 +24,7 @@ COMMAND_MODULES = (
     "vmplacer.cli.hosts",
     "vmplacer.cli.topology",
     "vmplacer.cli.plan",
+    "vmplacer.cli.place",
     "vmplacer.cli.eval",
 )
 
@@ -74,6 +75,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except OperationalError as exc:
         sys.stderr.write(f"vmplacer: failed: {exc}\n")
         return EXIT_OPERATIONAL
+    except BrokenPipeError:
+        # Output piped into `head` and the like: not an error of ours.
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         sys.stderr.write("vmplacer: interrupted\n")
         return 130

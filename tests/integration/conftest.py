@@ -1,0 +1,122 @@
+"""Fixtures for tests on real libvirt hosts: the two-host testbed and its guests.
+
+`testbed` brings both hosts up once per session (starting only what is not
+running), builds or reuses the guest image, and at the end stops only the
+daemons it started itself. Missing libvirt/QEMU fails the run under CI=true
+and skips it elsewhere.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from tests.support import require
+from vmplacer.testbed import daemons, guests
+from vmplacer.testbed.guests import GuestHandle
+from vmplacer.testbed.image import GuestImage, build_image
+from vmplacer.testbed.paths import StateDirs
+
+_TOOLS = ("libvirtd", "virtlogd", "virsh", "qemu-system-x86_64", "unshare", "cpio", "apt-get", "dpkg-deb")
+
+
+@dataclass(frozen=True)
+class Testbed:
+    __test__ = False  # not a test class
+
+    dirs: StateDirs
+    image: GuestImage
+    host1_uri: str
+    host2_uri: str
+    up: daemons.UpResult
+
+
+def _missing() -> list[str]:
+    search = os.pathsep.join([os.environ.get("PATH", ""), "/usr/sbin", "/sbin"])
+    missing = [tool for tool in _TOOLS if shutil.which(tool, path=search) is None]
+    if not Path("/bin/busybox").exists():
+        missing.append("/bin/busybox (busybox-static)")
+    try:
+        import libvirt  # noqa: F401
+    except ImportError:
+        missing.append("libvirt-python")
+    if os.geteuid() != 0:
+        missing.append("root (the testbed starts system daemons)")
+    return missing
+
+
+@pytest.fixture(scope="session")
+def testbed() -> Iterator[Testbed]:
+    missing = _missing()
+    require(not missing, f"the libvirt testbed needs: {', '.join(missing)}")
+    dirs = StateDirs.default()
+    result = daemons.up(dirs)  # a daemon that is installed but will not start is a failure, not a skip
+    try:
+        image = build_image(dirs)
+        import libvirt
+
+        for uri in (daemons.HOST1_URI, daemons.HOST2_URI):
+            conn = libvirt.open(uri)
+            try:
+                guests.cleanup_orphans(conn)  # leftovers of runs that died
+            finally:
+                conn.close()
+        guests.prune_consoles(dirs)
+        yield Testbed(dirs, image, daemons.HOST1_URI, daemons.HOST2_URI, result)
+    finally:
+        daemons.down(dirs, only=result.started)
+
+
+# One connection per test (cheap): a test may restart a daemon, which ends its connections.
+@pytest.fixture
+def host1_conn(testbed: Testbed):
+    import libvirt
+
+    conn = libvirt.open(testbed.host1_uri)
+    yield conn
+    conn.close()
+
+
+@pytest.fixture
+def host2_conn(testbed: Testbed):
+    import libvirt
+
+    conn = libvirt.open(testbed.host2_uri)
+    yield conn
+    conn.close()
+
+
+GuestFactory = Callable[..., GuestHandle]
+
+
+@pytest.fixture
+def make_guest(testbed: Testbed, host1_conn, host2_conn, request) -> Iterator[GuestFactory]:
+    """`make_guest(label, conn=host1_conn, start=True, **define_guest_args) -> GuestHandle`.
+
+    Names are `vmpt-<pid>-<test>-<digest>-<label>`; every guest made here is removed from
+    both hosts after the test, wherever it migrated to.
+    """
+    made: list[str] = []
+
+    def factory(label: str, conn=None, *, start: bool = True, **kwargs) -> GuestHandle:
+        conn = conn or host1_conn
+        # Test names are long and share prefixes: a short digest of the node id keeps names unique.
+        digest = hashlib.sha1(request.node.nodeid.encode()).hexdigest()[:6]
+        name = guests.owned_name(f"{request.node.name[:20]}-{digest}-{label}")
+        handle = guests.define_guest(conn, name, image=testbed.image, dirs=testbed.dirs, **kwargs)
+        made.append(name)
+        if start:
+            guests.start(conn, handle)
+        return handle
+
+    yield factory
+    for name in made:
+        for conn in (host1_conn, host2_conn):
+            guests.destroy_and_undefine(conn, name)
+        guests.console_path(name, testbed.dirs).unlink(missing_ok=True)

@@ -1,0 +1,148 @@
+"""Placements vmplacer made, and the exclusive pCPU claims that guard them."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import delete, select
+from sqlalchemy.orm import Session
+
+from vmplacer.adapters.db.models import CpuClaimRow, HostRow, PlacementRow
+from vmplacer.adapters.db.repositories import ensure_host
+from vmplacer.core.occupancy import exclusive_of
+from vmplacer.core.placement import Placement, placement_from_dict
+
+ACTIVE_STATES = ("planned", "defined", "running")
+
+
+def placements_on_host(session: Session, host: str) -> list[Placement]:
+    """Placements recorded for `host` that still hold resources."""
+    rows = session.scalars(
+        select(PlacementRow)
+        .join(HostRow)
+        .where(HostRow.name == host, PlacementRow.state.in_(ACTIVE_STATES))
+        .order_by(PlacementRow.id)
+    )
+    return [placement_from_dict(row.placement) for row in rows]
+
+
+def get_placement_row(session: Session, guest: str) -> PlacementRow | None:
+    return session.scalar(select(PlacementRow).where(PlacementRow.guest == guest))
+
+
+def record_placement(
+    session: Session,
+    *,
+    host: str,
+    uri: str,
+    placement: Placement,
+    spec: dict[str, Any],
+    state: str = "planned",
+) -> PlacementRow:
+    """Insert the placement and one claim row per exclusive pCPU.
+
+    The caller commits; a concurrent writer that claimed any of the same pCPUs
+    makes the commit fail with an IntegrityError, so nothing is double-booked.
+    """
+    host_row = ensure_host(session, host, uri)
+    row = PlacementRow(
+        guest=placement.guest,
+        host_id=host_row.id,
+        state=state,
+        vcpus=placement.vcpus,
+        memory_kib=placement.memory_kib,
+        spec=spec,
+        placement=placement.to_dict(),
+    )
+    row.claims = [CpuClaimRow(host_id=host_row.id, cpu=cpu) for cpu in sorted(exclusive_of(placement))]
+    session.add(row)
+    session.flush()
+    return row
+
+
+def update_placement(session: Session, row: PlacementRow, placement: Placement) -> None:
+    """Replace a row's placement and its claims (repin, migration)."""
+    session.execute(delete(CpuClaimRow).where(CpuClaimRow.placement_id == row.id))
+    host_row = session.get(HostRow, row.host_id)
+    if host_row is None or host_row.name != placement.host:
+        raise ValueError(f"guest {row.guest}: placement host {placement.host} differs from row host")
+    row.placement = placement.to_dict()
+    session.flush()
+    for cpu in sorted(exclusive_of(placement)):
+        session.add(CpuClaimRow(host_id=row.host_id, cpu=cpu, placement_id=row.id))
+    session.flush()
+
+
+def remove_placement(session: Session, row: PlacementRow) -> None:
+    """Free the claims and forget the placement (the row is deleted, the audit log keeps the story)."""
+    session.delete(row)
+    session.flush()
+
+
+class SqlPlacementStore:
+    """`PlacementStore` on SQLAlchemy: one short transaction per call."""
+
+    def __init__(self, sessions, actor: str = "vmplacer"):  # sessionmaker[Session]
+        self._sessions = sessions
+        self._actor = actor
+
+    def occupied(self, host: str) -> list[Placement]:
+        with self._sessions() as session:
+            return placements_on_host(session, host)
+
+    def record(self, host: str, uri: str, placement: Placement, spec: dict[str, Any]) -> None:
+        from sqlalchemy.exc import IntegrityError
+
+        from vmplacer.ports import ClaimConflict
+
+        with self._sessions() as session:
+            try:
+                record_placement(session, host=host, uri=uri, placement=placement, spec=spec)
+                session.commit()
+            except IntegrityError as exc:
+                session.rollback()
+                raise ClaimConflict(
+                    f"guest {placement.guest}: a pCPU or the name is already taken on host {host}"
+                ) from exc
+
+    def set_state(self, guest: str, state: str, domain_uuid: str | None = None) -> None:
+        with self._sessions() as session:
+            row = get_placement_row(session, guest)
+            if row is None:
+                raise KeyError(guest)
+            row.state = state
+            if domain_uuid:
+                row.domain_uuid = domain_uuid
+            session.commit()
+
+    def forget(self, guest: str) -> None:
+        with self._sessions() as session:
+            row = get_placement_row(session, guest)
+            if row is not None:
+                remove_placement(session, row)
+                session.commit()
+
+    def get(self, guest: str) -> dict[str, Any] | None:
+        with self._sessions() as session:
+            row = get_placement_row(session, guest)
+            if row is None:
+                return None
+            host_row = session.get(HostRow, row.host_id)
+            return {
+                "guest": row.guest,
+                "host": host_row.name if host_row else None,
+                "state": row.state,
+                "domain_uuid": row.domain_uuid,
+                "spec": row.spec,
+                "placement": row.placement,
+                "claims": sorted(c.cpu for c in row.claims),
+            }
+
+    def audit(self, *, action: str, outcome: str, host: str | None, guest: str | None,
+              message: str = "", detail: dict[str, Any] | None = None) -> None:
+        from vmplacer.adapters.db.repositories import record_audit
+
+        with self._sessions() as session:
+            record_audit(session, actor=self._actor, action=action, outcome=outcome, host=host,
+                         guest=guest, message=message, detail=detail)
+            session.commit()

@@ -1,0 +1,192 @@
+"""Place a guest on a real host: allocate, record the claim, define, start.
+
+Ordering is what keeps the promises: the placement and its exclusive pCPU
+claims are committed *before* libvirt sees the domain, so a racing caller
+either loses the claim (and re-plans) or sees our guest as occupied; a
+failure after the claim undoes everything done so far, so no half-defined
+domain and no orphan claim are left behind.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from vmplacer.core.allocate import allocate, refresh_shared_pins
+from vmplacer.core.guest import GuestSpec
+from vmplacer.core.placement import Placement
+from vmplacer.core.topology import HostTopology
+from vmplacer.ports import ClaimConflict, DomainInfo, HypervisorError, PlacementStore
+
+MAX_CLAIM_ATTEMPTS = 8
+
+
+class PlacingHost(Protocol):
+    """What placing needs from a host beyond the `Hypervisor` port."""
+
+    name: str
+    uri: str
+
+    def topology(self) -> HostTopology: ...
+    def domains(self) -> list[DomainInfo]: ...
+    def define(self, xml: str, name: str = "") -> str: ...
+    def start(self, name: str) -> None: ...
+    def destroy(self, name: str) -> None: ...
+    def undefine(self, name: str) -> None: ...
+    def pin_vcpu(self, name: str, vcpu: int, cpus: frozenset[int]) -> None: ...
+
+
+Renderer = Callable[[GuestSpec, Placement, str | None], str]
+
+
+@dataclass
+class PlaceResult:
+    placement: Placement
+    xml: str
+    state: str  # planned (dry run) | defined | running
+    domain_uuid: str | None = None
+    narrowed: list[str] = field(default_factory=list)  # floating domains whose pins narrowed
+
+    def to_dict(self) -> dict[str, Any]:
+        data = self.placement.to_dict()
+        data.update({"xml": self.xml, "state": self.state, "domain_uuid": self.domain_uuid,
+                     "narrowed": self.narrowed})
+        return data
+
+
+_host_locks: dict[str, threading.Lock] = {}
+_host_locks_guard = threading.Lock()
+
+
+def host_lock(host: str) -> threading.Lock:
+    """One lock per host in this process: placements on a host are serialized."""
+    with _host_locks_guard:
+        return _host_locks.setdefault(host, threading.Lock())
+
+
+def _floating(domain: DomainInfo, host: str) -> Placement:
+    if domain.placement is not None:
+        return domain.placement
+    return Placement(guest=domain.name, host=host,
+                     vcpupin={v: frozenset() for v in range(domain.vcpus)},
+                     memory_kib=domain.memory_kib)
+
+
+class PlacementService:
+    def __init__(self, store: PlacementStore, render: Renderer):
+        self._store = store
+        self._render = render
+
+    def occupied(self, host: PlacingHost) -> tuple[HostTopology, list[Placement]]:
+        """The host's topology and everything on it: live domains, plus placements
+        recorded but not (yet) visible in libvirt."""
+        topology = host.topology()
+        live = {d.name: _floating(d, host.name) for d in host.domains()}
+        for recorded in self._store.occupied(host.name):
+            live.setdefault(recorded.guest, recorded)
+        return topology, list(live.values())
+
+    def plan(self, host: PlacingHost, spec: GuestSpec, base_xml: str | None = None) -> PlaceResult:
+        """Dry run: the placement and XML vmplacer would use now; nothing is written."""
+        topology, others = self.occupied(host)
+        placement = allocate(topology, spec, others)
+        return PlaceResult(placement, self._render(spec, placement, base_xml), "planned")
+
+    def place(
+        self,
+        host: PlacingHost,
+        spec: GuestSpec,
+        base_xml: str | None = None,
+        *,
+        start: bool = False,
+        actor_detail: dict[str, Any] | None = None,
+    ) -> PlaceResult:
+        if self._store.get(spec.name) is not None:
+            from vmplacer.core.nofit import NoFit, NoFitReason
+
+            raise NoFit(spec.name, host.name, [NoFitReason(
+                "name", "fleet", "a guest name not yet placed", f"guest {spec.name} is already placed")])
+        with host_lock(host.name):
+            placement, xml, others, topology = self._claim(host, spec, base_xml)
+            try:
+                uuid = host.define(xml, spec.name)
+            except HypervisorError as exc:
+                self._store.forget(spec.name)
+                self._audit("define", "failed", host, spec, str(exc), actor_detail)
+                raise
+            self._store.set_state(spec.name, "defined", uuid)
+            state = "defined"
+            if start:
+                try:
+                    host.start(spec.name)
+                except HypervisorError as exc:
+                    self._undo_define(host, spec.name)
+                    self._audit("start", "failed", host, spec, str(exc), actor_detail)
+                    raise
+                self._store.set_state(spec.name, "running", uuid)
+                state = "running"
+            narrowed = self._narrow_floating(host, topology, others + [placement])
+        self._audit("place", "ok", host, spec, placement.describe_pinning(),
+                    {**(actor_detail or {}), "placement": placement.to_dict(), "state": state})
+        return PlaceResult(placement, xml, state, uuid, narrowed)
+
+    def _claim(self, host: PlacingHost, spec: GuestSpec, base_xml: str | None):
+        """Allocate and commit the claim; on a lost race, re-read the host and try again."""
+        last_conflict: ClaimConflict | None = None
+        for _ in range(MAX_CLAIM_ATTEMPTS):
+            topology, others = self.occupied(host)
+            placement = allocate(topology, spec, others)
+            xml = self._render(spec, placement, base_xml)
+            try:
+                self._store.record(host.name, host.uri, placement, spec.to_dict())
+            except ClaimConflict as exc:
+                last_conflict = exc
+                continue
+            return placement, xml, others, topology
+        assert last_conflict is not None
+        raise last_conflict
+
+    def _undo_define(self, host: PlacingHost, guest: str) -> None:
+        for step in (host.destroy, host.undefine):
+            try:
+                step(guest)
+            except HypervisorError:
+                pass
+        self._store.forget(guest)
+
+    def _narrow_floating(self, host: PlacingHost, topology: HostTopology,
+                         placements: list[Placement]) -> list[str]:
+        """Floating (shared) vCPUs of running domains leave pCPUs that became exclusive."""
+        before = {p.guest: p for p in placements}
+        narrowed = []
+        for after in refresh_shared_pins(topology, placements):
+            old = before.get(after.guest)
+            if old is None or old.vcpupin == after.vcpupin:
+                continue
+            try:
+                for vcpu, cpus in after.vcpupin.items():
+                    if cpus and old.vcpupin.get(vcpu) != cpus:
+                        host.pin_vcpu(after.guest, vcpu, cpus)
+                narrowed.append(after.guest)
+                self._store.audit(action="narrow-shared-pins", outcome="ok", host=host.name,
+                                  guest=after.guest, message=after.describe_pinning())
+            except HypervisorError as exc:
+                self._store.audit(action="narrow-shared-pins", outcome="failed", host=host.name,
+                                  guest=after.guest, message=str(exc))
+        return narrowed
+
+    def remove(self, host: PlacingHost, guest: str, *, undefine: bool = True) -> None:
+        """Forget a placement (and by default destroy + undefine its domain)."""
+        with host_lock(host.name):
+            if undefine:
+                self._undo_define(host, guest)
+            else:
+                self._store.forget(guest)
+        self._store.audit(action="remove", outcome="ok", host=host.name, guest=guest)
+
+    def _audit(self, action: str, outcome: str, host: PlacingHost, spec: GuestSpec, message: str,
+               detail: dict[str, Any] | None) -> None:
+        self._store.audit(action=action, outcome=outcome, host=host.name, guest=spec.name,
+                          message=message, detail=detail)

@@ -1,0 +1,124 @@
+"""`vmplacer place`: define (and optionally start) guests on a host, recording their placement.
+
+Unlike `vmplacer plan` this changes the host. Placements on one host are
+serialized, and exclusive pCPUs are claimed in the database before libvirt
+sees the domain, so concurrent `place` calls never double-book a pCPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from vmplacer.cli.common import (
+    EXIT_OK,
+    EXIT_OPERATIONAL,
+    CliContext,
+    OperationalError,
+    UsageError,
+    add_format_argument,
+    emit,
+    print_table,
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "place",
+        help="place, define (and optionally start) the guests of a request file on a host",
+        description="Place each guest of a YAML request file on a configured host, define its domain "
+        "and record the placement. Exit 1 if any guest could not be placed (the others still are).",
+    )
+    parser.add_argument("--host", metavar="NAME", help="a configured host (default: the first)")
+    parser.add_argument("--request", metavar="FILE", required=True, help="YAML request file (guests: [...])")
+    parser.add_argument("--start", action="store_true", help="start each domain after defining it")
+    add_format_argument(parser)
+    parser.set_defaults(func=run)
+
+    listing = subparsers.add_parser("placements", help="list the placements vmplacer recorded")
+    listing.add_argument("--host", metavar="NAME", help="only this host")
+    add_format_argument(listing)
+    listing.set_defaults(func=run_list)
+
+
+def run(args: argparse.Namespace, ctx: CliContext) -> int:
+    from vmplacer.adapters.domain_xml import DomainXmlError
+    from vmplacer.adapters.request_file import RequestFileError, load_request_file
+    from vmplacer.config import ConfigError
+    from vmplacer.core.nofit import NoFit
+    from vmplacer.ports import ClaimConflict, HypervisorError
+
+    try:
+        requests = load_request_file(args.request)
+    except RequestFileError as exc:
+        raise UsageError(f"--request: {exc}") from None
+    container = ctx.container
+    try:
+        host_name = args.host or container.default_host_name()
+        host = container.hypervisor(host_name)
+    except ConfigError as exc:
+        raise UsageError(f"--host: {exc}") from None
+    container.upgrade_database()
+    service = container.placement_service()
+    placed: list[dict[str, Any]] = []
+    errors: list[dict[str, Any]] = []
+    for request in requests:
+        spec = request.spec
+        try:
+            result = service.place(host, spec, request.base_xml, start=args.start,
+                                   actor_detail={"via": "cli"})
+            placed.append(result.to_dict())
+        except NoFit as exc:
+            errors.append({"index": request.index, "guest": spec.name, "kind": "no-fit",
+                           "message": str(exc), "reasons": [r.to_dict() for r in exc.reasons]})
+        except DomainXmlError as exc:
+            errors.append({"index": request.index, "guest": spec.name, "kind": "invalid-xml",
+                           "message": str(exc), "reasons": []})
+        except ClaimConflict as exc:
+            errors.append({"index": request.index, "guest": spec.name, "kind": "conflict",
+                           "message": str(exc), "reasons": []})
+        except HypervisorError as exc:
+            if not placed and not errors and exc.retriable and not exc.domain:
+                raise OperationalError(str(exc)) from None
+            errors.append({"index": request.index, "guest": spec.name, "kind": "libvirt",
+                           "message": str(exc), "reasons": []})
+    data = {"host": host_name, "placements": placed, "errors": errors}
+
+    def table(d: dict[str, Any]) -> None:
+        print_table(f"placed on host {d['host']}", ("guest", "state", "pinning", "uuid"),
+                    [(p["guest"], p["state"], _pins(p), p["domain_uuid"]) for p in d["placements"]])
+        for e in d["errors"]:
+            sys.stderr.write(f"vmplacer: guest #{e['index']} ({e['guest']}): {e['message']}\n")
+
+    emit(args, data, table)
+    return EXIT_OPERATIONAL if errors else EXIT_OK
+
+
+def _pins(entry: dict[str, Any]) -> str:
+    from vmplacer.core.placement import placement_from_dict
+
+    return placement_from_dict(entry).describe_pinning()
+
+
+def run_list(args: argparse.Namespace, ctx: CliContext) -> int:
+    from sqlalchemy import select
+
+    from vmplacer.adapters.db.models import HostRow, PlacementRow
+
+    container = ctx.container
+    container.upgrade_database()
+    with container.sessions() as session:
+        query = select(PlacementRow, HostRow.name).join(HostRow).order_by(PlacementRow.id)
+        if args.host:
+            query = query.where(HostRow.name == args.host)
+        rows = [
+            {"guest": row.guest, "host": host, "state": row.state, "domain_uuid": row.domain_uuid,
+             "placement": row.placement, "claims": sorted(c.cpu for c in row.claims)}
+            for row, host in session.execute(query)
+        ]
+    emit(args, rows, lambda d: print_table(
+        "placements", ("guest", "host", "state", "pinning", "exclusive pCPUs"),
+        [(r["guest"], r["host"], r["state"], _pins(r["placement"]),
+          ",".join(map(str, r["claims"]))) for r in d]))
+    return 0
