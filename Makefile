@@ -1,5 +1,5 @@
 # The two commands of a fresh Debian machine (as root):
-#   make demo   set everything up, then run vmplacer on an embedded example host
+#   make demo   set everything up, then vmplacer on an example host and on real guests
 #   make test   set everything up, then run every test
 SHELL := /bin/bash
 VENV := .venv
@@ -16,12 +16,10 @@ setup:
 postgres: setup
 	@bash scripts/postgres.sh >/dev/null
 
+# Dry run on an example host, then real guests badly placed on the local two-host
+# testbed, one `vmplacer rebalance`, and each guest's throughput before and after.
 demo: setup
-	@echo "== vmplacer topology: $(DEMO_HOST)"
-	@$(BIN)/vmplacer topology --caps $(DEMO_HOST)
-	@echo
-	@echo "== vmplacer plan (dry run): $(DEMO_REQUEST) on $(DEMO_HOST)"
-	@$(BIN)/vmplacer plan --caps $(DEMO_HOST) --request $(DEMO_REQUEST)
+	@DEMO_HOST=$(DEMO_HOST) DEMO_REQUEST=$(DEMO_REQUEST) bash scripts/demo.sh
 
 test: setup
 	@export VMPLACER_TEST_POSTGRES_URL="$$(bash scripts/postgres.sh)" && \

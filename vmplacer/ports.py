@@ -102,12 +102,16 @@ class DomainStatus:
         return self.state == "running"
 
 
+# The label key under which DomainFacts carries a domain's workload class.
+WORKLOAD_CLASS_LABEL = "workload_class"
+
+
 @dataclass(frozen=True)
 class DomainFacts:
     """What the profiler needs to know about a domain besides its state."""
 
     pcpus: frozenset[int] | None  # pCPUs its vCPUs are pinned to; None when unpinned/unknown
-    labels: dict[str, str] = field(default_factory=dict)
+    labels: dict[str, str] = field(default_factory=dict)  # operator labels + WORKLOAD_CLASS_LABEL
 
 
 @runtime_checkable

@@ -267,6 +267,8 @@ class LibvirtHost(Hypervisor):
     ) -> None:
         """Live-migrate, persisting on the destination and undefining here.
 
+        Peer to peer: the QEMU driver refuses client-driven ("direct")
+        migration, so the source libvirtd connects to the destination itself.
         The timeout is enforced by aborting the job: libvirt then leaves the
         guest running on the source, which is the state we promise on failure.
         """
@@ -277,9 +279,10 @@ class LibvirtHost(Hypervisor):
             libvirt.VIR_MIGRATE_LIVE
             | libvirt.VIR_MIGRATE_PERSIST_DEST
             | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE
+            | libvirt.VIR_MIGRATE_PEER2PEER
         )
         params: dict[str, object] = {}
-        dest_host = destination.uri.split("://", 1)[1].split("/", 1)[0].split(":")[0]
+        dest_host = destination.uri.split("://", 1)[1].split("/", 1)[0].rsplit("@", 1)[-1].split(":")[0]
         if dest_host:
             params[libvirt.VIR_MIGRATE_PARAM_URI] = f"tcp://{dest_host}"
         if bandwidth_mib_s:

@@ -40,6 +40,23 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_format_argument(model)
     model.set_defaults(func=run_model)
 
+    rebalance = commands.add_parser(
+        "rebalance", help="one rebalancing case on simulated hosts: vmplacer vs no action, the seed's "
+                          "relocation, blind spreading and the optimum")
+    rebalance.add_argument("--pairs", required=True, metavar="FILE", help="pair matrix or long pair list (CSV)")
+    rebalance.add_argument("--seed", type=int, default=0, help="random seed: workloads and placement (default 0)")
+    rebalance.add_argument("--start", choices=("siblings", "random"), default="siblings",
+                           help="VMs packed on SMT siblings of the first host (the seed's worst case), or random")
+    rebalance.add_argument("--hosts", type=int, default=1, help="simulated hosts (default 1)")
+    rebalance.add_argument("--vms", type=int, default=4, help="one-vCPU VMs (default 4)")
+    rebalance.add_argument("--shape", default="1x4x2", metavar="NODESxCORESxTHREADS",
+                           help="each host: NUMA nodes x cores per node x threads per core (default 1x4x2)")
+    rebalance.add_argument("--rounds", type=int, default=5,
+                           help="rebalancing runs (profile, learn, plan, apply) for vmplacer (default 5)")
+    rebalance.add_argument("--noise", type=float, default=0.03, help="σ of each simulated sample (default 0.03)")
+    add_format_argument(rebalance)
+    rebalance.set_defaults(func=run_rebalance)
+
     rank = commands.add_parser("rank", help="predict sensitivity/interference ranks from counter profiles")
     rank.add_argument("--pairs", required=True, metavar="FILE", help="pair matrix or long pair list (CSV)")
     rank.add_argument("--profiles", required=True, metavar="FILE", help="workload,event,value counts (CSV)")
@@ -167,3 +184,41 @@ def _render_rank(data: dict) -> None:
         rows.append((target, part["spearman"], counters))
     print_table(f"leave-one-workload-out ranking: {data['matrix']} with {data['profiles']}",
                 ("score", "Spearman", "counters chosen (folds)"), rows)
+
+
+def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
+    from vmplacer.app.rebalance_eval import Case, HostShape, evaluate_case
+
+    try:
+        nodes, cores, threads = (int(part) for part in args.shape.lower().split("x"))
+        shape = HostShape(nodes, cores, threads)
+    except ValueError:
+        raise UsageError(f"--shape: expected NODESxCORESxTHREADS like 1x4x2, got {args.shape!r}") from None
+    if min(nodes, cores, threads) < 1:
+        raise UsageError(f"--shape: every part must be >= 1, got {args.shape!r}")
+    for option, value, low in (("--hosts", args.hosts, 1), ("--vms", args.vms, 1), ("--rounds", args.rounds, 1)):
+        if value < low:
+            raise UsageError(f"{option} must be >= {low}, got {value}")
+    if not args.noise >= 0:
+        raise UsageError(f"--noise must be >= 0, got {args.noise}")
+    if args.start == "siblings" and args.vms > shape.pcpus:
+        raise UsageError(f"--vms {args.vms}: the siblings start packs every VM on the first host, "
+                         f"which has {shape.pcpus} pCPUs")
+    from vmplacer.adapters.simulator import SimCluster  # this command's only hosts
+
+    table = load_pairs(args.pairs)
+    row = evaluate_case(table, Case(args.start, args.hosts, args.vms, shape, args.seed),
+                        simulator=lambda truth, seed, noise: SimCluster(truth, seed=seed, noise=noise),
+                        matrix=Path(table.source).name, rounds=args.rounds, noise=args.noise)
+    emit(args, row, _render_rebalance)
+    return 0
+
+
+def _render_rebalance(row: dict) -> None:
+    policies = ("none", "seed_policy", "blind_spread", "vmplacer", "optimum")
+    print_table(
+        f"{row['matrix']}: {row['vms']} VMs on {row['hosts']} host(s), start {row['start']}, seed {row['seed']}",
+        ("policy", "mean perf", "worst VM", "actions"),
+        [(p, "-" if row[p] is None else f"{row[p]:.4f}",
+          "-" if row["min_vm"][p] is None else f"{row['min_vm'][p]:.4f}", row["actions"].get(p, "-"))
+         for p in policies])

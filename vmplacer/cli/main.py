@@ -25,7 +25,12 @@ COMMAND_MODULES = (
     "vmplacer.cli.topology",
     "vmplacer.cli.plan",
     "vmplacer.cli.place",
+    "vmplacer.cli.profile",
+    "vmplacer.cli.rebalance",
+    "vmplacer.cli.model",
     "vmplacer.cli.eval",
+    "vmplacer.cli.serve",
+    "vmplacer.cli.token",
 )
 
 

@@ -54,7 +54,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     source = parser.add_mutually_exclusive_group()
     source.add_argument("--host", metavar="NAME", help="a configured host; its domains count as occupied")
     source.add_argument("--caps", metavar="FILE", help="a libvirt capabilities XML file (an idle host)")
-    parser.add_argument("--request", metavar="FILE", required=True, help="YAML request file (guests: [...])")
+    source.add_argument("--all", action="store_true", help="with --rebalance: every configured host")
+    parser.add_argument("--request", metavar="FILE", help="YAML request file (guests: [...]); required unless --rebalance")
+    parser.add_argument("--rebalance", action="store_true",
+                        help="plan live repins/migrations of the running guests instead (dry run, stored as proposed)")
+    from vmplacer.cli.rebalance import add_policy_arguments
+
+    add_policy_arguments(parser, host_group=False)
     parser.add_argument("--domain-type", choices=("kvm", "qemu"),
                         help="domain type of guests without base XML (default: the host's domain_type, else kvm)")
     add_format_argument(parser)
@@ -83,6 +89,15 @@ class PlanResult:
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
     from vmplacer.adapters.request_file import RequestFileError, load_request_file
+
+    if args.rebalance:
+        from vmplacer.cli.rebalance import run_rebalance_plan
+
+        return run_rebalance_plan(args, ctx)
+    if not args.request:
+        raise UsageError("--request: required (or --rebalance to plan moves of running guests)")
+    if args.all:
+        raise UsageError("--all: only with --rebalance")
 
     try:
         requests = load_request_file(args.request)

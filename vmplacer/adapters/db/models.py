@@ -8,6 +8,7 @@ from datetime import datetime, timezone
 from sqlalchemy import (
     JSON,
     DateTime,
+    Float,
     ForeignKey,
     Integer,
     MetaData,
@@ -100,3 +101,208 @@ class AuditRow(Base):
     outcome: Mapped[str] = mapped_column(String(16))  # ok|failed|skipped|rolled_back
     detail: Mapped[dict] = mapped_column(JSON, default=dict)
     message: Mapped[str] = mapped_column(Text, default="")
+
+
+# ----- Freeze'nSense ---------------------------------------------------------------------
+
+
+class FreezeJournalRow(Base):
+    """A freeze in progress: committed before the first suspend, deleted after the last
+    resume. A row left behind names domains a dead process may have left paused."""
+
+    __tablename__ = "freeze_journal"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host: Mapped[str] = mapped_column(String(64), index=True)
+    domains: Mapped[list] = mapped_column(JSON)  # [{"name": ..., "uuid": ...}]
+    owner: Mapped[dict] = mapped_column(JSON)  # {"hostname", "pid", "started", "instance"}
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    deadline_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+class ProfileRunRow(Base):
+    """One profiling run on one host: its parameters and, once finished, its results
+    (per-VM distributions of ζ, ζb and degradation; measured and formula overhead)."""
+
+    __tablename__ = "profile_runs"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host: Mapped[str] = mapped_column(String(64), index=True)
+    metric: Mapped[str] = mapped_column(String(16))
+    status: Mapped[str] = mapped_column(String(16), default="running")  # running|finished|failed
+    parameters: Mapped[dict] = mapped_column(JSON, default=dict)
+    results: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    samples: Mapped[list[ProfileSampleRow]] = relationship(
+        back_populates="run", cascade="all, delete-orphan", passive_deletes=True
+    )
+
+
+class ProfileSampleRow(Base):
+    """One ζ (shared) or ζb (neighbours frozen) sample, with the neighbours at sample time
+    and their distance class: the interference model learns from these."""
+
+    __tablename__ = "profile_samples"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    run_id: Mapped[int] = mapped_column(ForeignKey("profile_runs.id", ondelete="CASCADE"), index=True)
+    guest: Mapped[str] = mapped_column(String(64), index=True)
+    kind: Mapped[str] = mapped_column(String(8))  # zeta | zeta_b
+    metric: Mapped[str] = mapped_column(String(16))
+    value: Mapped[float] = mapped_column(Float)
+    window_s: Mapped[float] = mapped_column(Float)
+    t_m_ms: Mapped[float] = mapped_column(Float)
+    freeze_ms: Mapped[float | None] = mapped_column(Float, nullable=True)
+    neighbours: Mapped[list] = mapped_column(JSON, default=list)  # [{"name", "distance", "frozen"}]
+    at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+    run: Mapped[ProfileRunRow] = relationship(back_populates="samples")
+
+
+# ----- interference model ------------------------------------------------------------------
+
+
+class InterferenceModelRow(Base):
+    """The learned interference model (its to_dict() state), one row per model name."""
+
+    __tablename__ = "interference_models"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    state: Mapped[dict] = mapped_column(JSON)
+    observations: Mapped[int] = mapped_column(Integer, default=0)
+    last_run_id: Mapped[int | None] = mapped_column(Integer, nullable=True)  # newest profile run learned
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+
+# ----- rebalancing: plans, their actions, host leases ----------------------------------------------
+
+
+class PlanRow(Base):
+    """A rebalancing plan: proposed → approved → running → succeeded | failed | rolled_back."""
+
+    __tablename__ = "plans"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    state: Mapped[str] = mapped_column(String(16), default="proposed", index=True)
+    hosts: Mapped[list] = mapped_column(JSON, default=list)
+    objective_before: Mapped[float] = mapped_column(Float, default=0.0)
+    objective_after: Mapped[float] = mapped_column(Float, default=0.0)
+    predicted: Mapped[dict] = mapped_column(JSON, default=dict)  # guest -> {"before", "after"}
+    settings: Mapped[dict] = mapped_column(JSON, default=dict)
+    summary: Mapped[str] = mapped_column(Text, default="")
+    message: Mapped[str] = mapped_column(Text, default="")
+    created_by: Mapped[str] = mapped_column(String(128), default="")
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+
+    actions: Mapped[list[PlanActionRow]] = relationship(
+        back_populates="plan", cascade="all, delete-orphan", passive_deletes=True,
+        order_by="PlanActionRow.seq",
+    )
+
+
+class PlanActionRow(Base):
+    """One action of a plan, with what the planner expected (before/after) and what happened."""
+
+    __tablename__ = "plan_actions"
+    __table_args__ = (UniqueConstraint("plan_id", "seq"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    plan_id: Mapped[int] = mapped_column(ForeignKey("plans.id", ondelete="CASCADE"), index=True)
+    seq: Mapped[int] = mapped_column(Integer)
+    kind: Mapped[str] = mapped_column(String(24))  # repin | set_memory_nodes | migrate | probe
+    host: Mapped[str] = mapped_column(String(64))
+    guest: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    target_host: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    before: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    after: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    predicted_gain: Mapped[float] = mapped_column(Float, default=0.0)
+    cost: Mapped[dict] = mapped_column(JSON, default=dict)
+    confidence: Mapped[float] = mapped_column(Float, default=1.0)
+    depends_on: Mapped[list] = mapped_column(JSON, default=list)
+    parameters: Mapped[dict] = mapped_column(JSON, default=dict)
+    state: Mapped[str] = mapped_column(String(16), default="pending")
+    message: Mapped[str] = mapped_column(Text, default="")
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    plan: Mapped[PlanRow] = relationship(back_populates="actions")
+
+
+class HostLeaseRow(Base):
+    """Who may act on a host until when: one rebalancing run per host at a time."""
+
+    __tablename__ = "host_leases"
+
+    host: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    acquired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+# ----- REST API: tokens, idempotency keys, jobs ---------------------------------------------
+
+
+class ApiTokenRow(Base):
+    """A bearer token of the REST API. Only its SHA-256 is stored: the token itself is
+    shown once, when created, and cannot be read back from the database."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    name: Mapped[str] = mapped_column(String(64), unique=True)
+    scope: Mapped[str] = mapped_column(String(8))  # read | admin
+    token_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    last_used_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class IdempotencyKeyRow(Base):
+    """The first answer to a POST sent with an Idempotency-Key, replayed to retries.
+
+    `fingerprint` (SHA-256 of method, path and body) tells a retry from a
+    different request reusing the key; `response_status` is NULL while the
+    first request is still being served."""
+
+    __tablename__ = "idempotency_keys"
+    __table_args__ = (UniqueConstraint("principal", "key"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    principal: Mapped[str] = mapped_column(String(64))  # the token name
+    key: Mapped[str] = mapped_column(String(255))
+    fingerprint: Mapped[str] = mapped_column(String(64))
+    method: Mapped[str] = mapped_column(String(8))
+    path: Mapped[str] = mapped_column(String(512))
+    response_status: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    response_type: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    response_body: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+
+
+class JobRow(Base):
+    """Long work (profiling, applying a plan) run in the background, with its progress.
+
+    Queued rows are picked up by whichever vmplacer instance first holds the
+    lease of every host in `hosts`; `heartbeat_at` shows the runner is alive."""
+
+    __tablename__ = "jobs"
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(32))
+    hosts: Mapped[list] = mapped_column(JSON, default=list)
+    status: Mapped[str] = mapped_column(String(16), default="queued", index=True)  # queued|running|succeeded|failed
+    progress: Mapped[float] = mapped_column(Float, default=0.0)
+    message: Mapped[str] = mapped_column(Text, default="")
+    parameters: Mapped[dict] = mapped_column(JSON, default=dict)
+    result: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    error: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    created_by: Mapped[str] = mapped_column(String(64), default="")
+    owner: Mapped[str | None] = mapped_column(String(128), nullable=True)  # instance running it
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)

@@ -1,0 +1,203 @@
+"""Rebalancing benchmark on simulated hosts: vmplacer against no action, the seed's relocation
+policy, interference-blind spreading and the exhaustive optimum; and planning time at scale.
+
+    python benchmarks/rebalance.py [--out benchmarks/results/rebalance.json] [--seeds 3] [--quick]
+
+For each pair matrix in tests/data/interference/*_pairs.csv (the simulator's hidden truth), for
+each host shape and starting point (the seed's worst case — VMs packed on SMT sibling threads of
+the first host — and random pCPUs), for each seed: see vmplacer/app/rebalance_eval.py for the
+policies. Performance = mean fraction of isolated performance over all VMs, from the simulator's
+noise-free truth; the optimum enumerates every 1:1 assignment of VMs to pCPUs when there are at
+most 50,000 (else null).
+
+Planning time: 100 hosts (2 nodes × 12 cores × 2 threads) × 40 one-vCPU VMs each, placed at
+random, a model learned from Freeze'nSense samples, default settings (at most 8 actions).
+
+Targets: vmplacer ≥ 95 % of the optimum where computed; vmplacer's mean gain ≥ the seed policy's
+on every matrix; the 100×40 plan in < 5 s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from vmplacer.adapters.simulator import SimCluster  # noqa: E402
+from vmplacer.app.evaluate import ProfileSettings, profile_host  # noqa: E402
+from vmplacer.app.rebalance_eval import DISTANCE_PRIOR, Case, HostShape, evaluate_case  # noqa: E402
+from vmplacer.core.interference import InterferenceModel, ModelConfig  # noqa: E402
+from vmplacer.core.pairs import parse_pairs  # noqa: E402
+from vmplacer.core.placement import Placement  # noqa: E402
+from vmplacer.core.policies.rebalance import plan_rebalance  # noqa: E402
+from vmplacer.core.policies.rebalance_state import (  # noqa: E402
+    ClusterState,
+    HostState,
+    RebalanceSettings,
+    describe_guest,
+)
+from vmplacer.core.topology import uniform_topology  # noqa: E402
+
+OPTIMUM_SHARE_TARGET = 0.95
+PLAN_TARGET_S = 5.0
+SHAPES = (
+    ("1 host, 4 cores x 2 threads, 4 VMs", 1, 4, HostShape(1, 4, 2)),  # the seed's relocation experiment
+    ("2 hosts, 2 cores x 2 threads, 4 VMs", 2, 4, HostShape(1, 2, 2)),  # migrations count
+    ("1 host, 2 nodes x 4 cores x 2 threads, 8 VMs", 1, 8, HostShape(2, 4, 2)),  # NUMA, no optimum
+)
+
+
+def machine() -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return (f"{model}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
+            f"Python {platform.python_version()}")
+
+
+def matrices() -> list[Path]:
+    return sorted((ROOT / "tests" / "data" / "interference").glob("*_pairs.csv"))
+
+
+def simulator(table, seed: int, noise: float) -> SimCluster:
+    return SimCluster(table, seed=seed, noise=noise)
+
+
+def run_cases(seeds: int) -> list[dict]:
+    rows = []
+    for path in matrices():
+        table = parse_pairs(path.read_text(), path.name)
+        for label, hosts, vms, shape in SHAPES:
+            for start in ("siblings", "random"):
+                for seed in range(seeds):
+                    began = time.perf_counter()
+                    row = evaluate_case(table, Case(start, hosts, vms, shape, seed), matrix=path.name,
+                                        simulator=simulator)
+                    row["shape"] = label
+                    row["seconds"] = round(time.perf_counter() - began, 2)
+                    rows.append(row)
+                    print(f"{path.name:34s} {start:8s} {label:45s} seed {seed}: none {row['none']:.3f} "
+                          f"seed {row['seed_policy']:.3f} blind {row['blind_spread']:.3f} "
+                          f"vmplacer {row['vmplacer']:.3f} optimum "
+                          f"{'-' if row['optimum'] is None else format(row['optimum'], '.3f')}", flush=True)
+    return rows
+
+
+def summarize(rows: list[dict]) -> dict:
+    summary: dict[str, dict] = {}
+    for matrix in sorted({r["matrix"] for r in rows}):
+        mine = [r for r in rows if r["matrix"] == matrix]
+        gains = {p: statistics.mean(r[p] - r["none"] for r in mine)
+                 for p in ("seed_policy", "blind_spread", "vmplacer")}
+        with_opt = [r for r in mine if r["optimum"] is not None]
+        shares = [r["vmplacer"] / r["optimum"] for r in with_opt]
+        summary[matrix] = {
+            "cases": len(mine),
+            "mean_gain": {p: round(g, 4) for p, g in gains.items()},
+            "vmplacer_share_of_optimum_min": round(min(shares), 4) if shares else None,
+            "vmplacer_share_of_optimum_mean": round(statistics.mean(shares), 4) if shares else None,
+            "cases_vmplacer_below_seed": sum(1 for r in mine if r["vmplacer"] < r["seed_policy"] - 1e-9),
+            "targets": {
+                "vmplacer_ge_95pct_optimum": all(s >= OPTIMUM_SHARE_TARGET for s in shares),
+                "vmplacer_gain_ge_seed_gain": gains["vmplacer"] >= gains["seed_policy"],
+            },
+        }
+    return summary
+
+
+def trained_model(seed: int = 1) -> InterferenceModel:
+    """A model learned the production way: Freeze'nSense samples of random simulated hosts."""
+    path = matrices()[0]
+    table = parse_pairs(path.read_text(), path.name)
+    cluster = SimCluster(table, seed=seed)
+    rng = random.Random(seed)
+    observations = []
+    for index in range(20):
+        topology = uniform_topology(nodes=2, cores_per_node=4, threads_per_core=2, name=f"t{index}")
+        host = cluster.add_host(f"t{index}", topology)
+        for vm in range(8):
+            host.define_domain(f"t{index}-{vm}", workload=rng.choice(table.workloads),
+                               vcpupin=[rng.randrange(16)], workload_class="batch")
+        observations += profile_host(host, cluster.sampler(host), cluster.clock, ProfileSettings(rounds=2))
+    return InterferenceModel(ModelConfig(distance_prior=DISTANCE_PRIOR)).fit(observations)
+
+
+def plan_at_scale(hosts: int = 100, vms: int = 40, repeats: int = 3) -> dict:
+    model = trained_model()
+    workloads = list(model.known_keys())
+    rng = random.Random(2)
+    host_states, guests = {}, {}
+    for h in range(hosts):
+        name = f"h{h:03d}"
+        topology = uniform_topology(nodes=2, cores_per_node=12, threads_per_core=2, name=name)
+        host_states[name] = HostState(name, topology)
+        for v in range(vms):
+            guest = f"{name}-vm{v:02d}"
+            placement = Placement(guest=guest, host=name, vcpupin={0: frozenset({rng.randrange(48)})},
+                                  memory_kib=2 * 1024 * 1024)
+            guests[guest] = describe_guest(placement, labels={"workload": rng.choice(workloads),
+                                                              "workload_class": "batch"})
+    state = ClusterState(host_states, guests)
+    times, plan = [], None
+    for _ in range(repeats):
+        began = time.perf_counter()
+        plan = plan_rebalance(state, model, RebalanceSettings(), now=0.0)
+        times.append(time.perf_counter() - began)
+    assert plan is not None
+    return {
+        "seconds": [round(t, 3) for t in times],
+        "median_s": round(statistics.median(times), 3),
+        "actions": len(plan.actions),
+        "objective_before": round(plan.objective_before, 3),
+        "objective_after": round(plan.objective_after, 3),
+        "model_observations": model.observations,
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rebalance.json"))
+    parser.add_argument("--seeds", type=int, default=3, help="seeds per matrix, shape and start (default 3)")
+    parser.add_argument("--quick", action="store_true", help="one seed, no planning-time run")
+    args = parser.parse_args(argv)
+    began = time.perf_counter()
+    rows = run_cases(1 if args.quick else args.seeds)
+    scale = None if args.quick else plan_at_scale()
+    summary = summarize(rows)
+    result = {
+        "machine": machine(),
+        "cases": rows,
+        "plan_100x40_s": None if scale is None else scale["median_s"],
+        "plan_100x40": scale,
+        "summary": summary,
+        "targets": {
+            "vmplacer_ge_95pct_optimum": all(s["targets"]["vmplacer_ge_95pct_optimum"] for s in summary.values()),
+            "vmplacer_gain_ge_seed_gain_every_matrix": all(s["targets"]["vmplacer_gain_ge_seed_gain"]
+                                                          for s in summary.values()),
+            "plan_100x40_under_5s": None if scale is None else scale["median_s"] < PLAN_TARGET_S,
+        },
+        "total_s": round(time.perf_counter() - began, 1),
+    }
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
+    print(json.dumps({"summary": summary, "plan_100x40": scale, "targets": result["targets"]}, indent=2))
+    ok = all(v is not False for v in result["targets"].values())
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

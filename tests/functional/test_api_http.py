@@ -1,0 +1,305 @@
+"""The REST API over real HTTP: `vmplacer serve` in a subprocess, on SQLite and PostgreSQL.
+
+Hosts: libvirt's built-in test driver ("t", whose memory is full, so every
+placement there is a NoFit: nothing changes) and a host whose libvirtd is not
+there ("down", a closed port on loopback).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import json
+
+import httpx
+import pytest
+
+from tests.functional.test_api_helpers import (
+    Server,
+    free_port,
+    scratch_database,
+    vmplacer,
+    wait_job,
+    write_config,
+)
+
+LIMIT = 64 * 1024
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def server(request, tmp_path_factory):
+    directory = tmp_path_factory.mktemp(f"api-{request.param}")
+    with scratch_database(request.param, directory) as url:
+        config = write_config(directory, url, [
+            {"name": "t", "uri": "test:///default", "domain_type": "qemu"},
+            {"name": "down", "uri": f"qemu+tcp://127.0.0.1:{free_port()}/system"},
+        ], max_request_bytes=LIMIT)
+        instance = Server(config, directory, instance=f"http-{request.param}").start()
+        try:
+            yield instance
+        finally:
+            code = instance.stop()
+            # SIGTERM: graceful shutdown, then uvicorn re-raises the signal (systemd: a clean exit)
+            assert code in (0, -15), instance.log()
+            assert "Application shutdown complete" in instance.log()
+
+
+@pytest.fixture
+def api(server):
+    with server.client() as client:
+        yield client
+
+
+def _error(response: httpx.Response) -> dict:
+    body = response.json()
+    assert set(body) == {"error"}, body
+    assert {"code", "message", "details"} <= set(body["error"])
+    return body["error"]
+
+
+def test_openapi_document_lists_the_routes_and_bearer_auth(server, api):
+    assert httpx.get(f"{server.url}/openapi.json").status_code == 401
+    document = api.get("/openapi.json").json()
+    assert document["openapi"].startswith("3.")
+    for path in ("/v1/hosts", "/v1/hosts/{host}/topology", "/v1/placements", "/v1/placements/{guest}",
+                 "/v1/profiles", "/v1/profiles/{guest}", "/v1/jobs/{job_id}", "/v1/audit", "/readyz",
+                 "/metrics", "/healthz"):
+        assert path in document["paths"], path
+    schemes = document["components"]["securitySchemes"]
+    assert any(s.get("scheme") == "bearer" for s in schemes.values())
+    assert document["paths"]["/healthz"]["get"]["security"] == []
+
+
+def test_hosts_and_topology(api):
+    hosts = {h["name"]: h for h in api.get("/v1/hosts").json()["hosts"]}
+    assert hosts["t"]["reachable"] is True and hosts["t"]["driver"] == "TEST"
+    assert hosts["down"]["reachable"] is False and "host down" in hosts["down"]["error"]
+    topology = api.get("/v1/hosts/t/topology").json()
+    assert topology["name"] == "t"
+    assert len(topology["nodes"]) == 2
+    missing = api.get("/v1/hosts/nowhere/topology")
+    assert missing.status_code == 404 and "nowhere" in _error(missing)["message"]
+
+
+def test_validation_errors_name_every_field(api):
+    response = api.post("/v1/placements", json={"name": "g1", "vcpus": "4", "memory_mib": 0,
+                                                 "cpu_policy": "dedicatd", "dry_run": True})
+    assert response.status_code == 422
+    fields = {p["field"] for p in _error(response)["details"]}
+    assert {"vcpus", "memory_mib", "cpu_policy"} <= fields
+    # a rule only the guest spec knows, through an OpenStack extra spec
+    response = api.post("/v1/placements", json={
+        "name": "g1", "vcpus": 2, "memory_mib": 64, "cpu_policy": "shared",
+        "extra_specs": {"hw:cpu_policy": "dedicated", "hw:cpu_thread_policy": "sometimes"}, "dry_run": True})
+    assert response.status_code == 422
+    error = _error(response)
+    fields = {p["field"] for p in error["details"]}
+    assert "extra_specs.hw:cpu_policy" in fields and "thread_policy" in fields
+    assert "guest g1" in error["message"]
+    unknown = api.post("/v1/placements", json={"name": "g1", "vcpus": 1, "memory_mib": 64, "colour": "red",
+                                               "dry_run": True})
+    assert unknown.status_code == 422 and _error(unknown)["details"][0]["field"] == "colour"
+    start_without_define = api.post("/v1/placements", json={"name": "g1", "vcpus": 1, "memory_mib": 64,
+                                                            "define": False, "start": True})
+    assert start_without_define.status_code == 422
+    assert _error(start_without_define)["details"][0]["field"] == "start"
+    bad_host = api.post("/v1/placements", json={"name": "g1", "vcpus": 1, "memory_mib": 64, "host": "elsewhere"})
+    assert bad_host.status_code == 422 and _error(bad_host)["details"][0]["field"] == "host"
+
+
+def test_no_fit_is_409_with_every_reason(api):
+    response = api.post("/v1/placements", json={"name": "big", "vcpus": 2, "memory_mib": 512,
+                                                 "cpu_policy": "dedicated", "host": "t", "dry_run": True})
+    assert response.status_code == 409
+    error = _error(response)
+    assert error["code"] == "no-fit"
+    assert error["details"]["guest"] == "big" and error["details"]["host"] == "t"
+    reasons = error["details"]["reasons"]
+    assert reasons and all({"constraint", "where", "need", "have"} <= set(r) for r in reasons)
+    assert any(r["constraint"] == "memory" for r in reasons)
+    # a real placement on the same host: also refused, nothing recorded
+    placed = api.post("/v1/placements", json={"name": "big", "vcpus": 2, "memory_mib": 512, "host": "t"})
+    assert placed.status_code == 409
+    assert api.get("/v1/placements/big").status_code == 404
+
+
+def test_unreachable_host_is_503_naming_it(api):
+    response = api.post("/v1/placements", json={"name": "g2", "vcpus": 1, "memory_mib": 64, "host": "down",
+                                                 "dry_run": True})
+    assert response.status_code == 503
+    error = _error(response)
+    assert error["code"] == "host-unavailable" and error["details"]["host"] == "down"
+    assert "host down" in error["message"]
+    assert response.headers["retry-after"]
+    # without a host: both tried, one full, one down -> 409 listing both
+    response = api.post("/v1/placements", json={"name": "g2", "vcpus": 1, "memory_mib": 64, "dry_run": True})
+    assert response.status_code == 409
+    candidates = {c["host"]: c for c in _error(response)["details"]["candidates"]}
+    assert candidates["t"]["reasons"] and "cannot connect" in candidates["down"]["error"]
+    ready = api.get("/readyz")
+    assert ready.status_code == 503
+    checks = {c["name"]: c for c in ready.json()["checks"]}
+    assert checks["database"]["ok"] is True
+    assert checks["host t"]["ok"] is True
+    assert checks["host down"]["ok"] is False and "down" in checks["host down"]["detail"]
+    assert api.get("/v1/hosts/down/topology").status_code == 503
+
+
+def test_request_body_limit_is_413(server, api):
+    padding = "x" * (LIMIT + 1)
+    response = api.post("/v1/placements", json={"name": "g3", "vcpus": 1, "memory_mib": 64,
+                                                 "base_xml": padding})
+    assert response.status_code == 413 and _error(response)["code"] == "too-large"
+
+    def chunks():
+        yield b'{"name": "g3", "vcpus": 1, "memory_mib": 64, "labels": {"pad": "'
+        for _ in range(LIMIT // 1024 + 2):
+            yield b"y" * 1024
+        yield b'"}}'
+
+    streamed = api.post("/v1/placements", content=chunks(), headers={"Content-Type": "application/json"})
+    assert streamed.status_code == 413
+    # also with an Idempotency-Key (that middleware reads the body itself)
+    keyed = api.post("/v1/placements", content=chunks(),
+                     headers={"Content-Type": "application/json", "Idempotency-Key": "big-1"})
+    assert keyed.status_code == 413
+
+
+def test_caller_xml_cannot_inject(api):
+    doctype = ("<?xml version='1.0'?><!DOCTYPE d [<!ENTITY x SYSTEM 'file:///etc/shadow'>]>"
+               "<domain type='qemu'><name>&x;</name></domain>")
+    response = api.post("/v1/placements", json={"name": "g4", "vcpus": 1, "memory_mib": 64, "host": "t",
+                                                 "dry_run": True, "base_xml": doctype})
+    assert response.status_code == 422
+    assert _error(response)["details"][0]["field"] == "base_xml"
+    commandline = ("<domain type='qemu' xmlns:qemu='http://libvirt.org/schemas/domain/qemu/1.0'>"
+                   "<name>g4</name><qemu:commandline><qemu:arg value='-monitor'/></qemu:commandline></domain>")
+    response = api.post("/v1/placements", json={"name": "g4", "vcpus": 1, "memory_mib": 64, "host": "t",
+                                                 "dry_run": True, "base_xml": commandline})
+    assert response.status_code == 422 and "commandline" in _error(response)["message"]
+    for name in ("g4</name><devices>", "../etc", "a b", "-rf", "$(reboot)"):
+        response = api.post("/v1/placements", json={"name": name, "vcpus": 1, "memory_mib": 64, "dry_run": True})
+        assert response.status_code == 422, name
+        assert any(p["field"] == "name" for p in _error(response)["details"])
+
+
+def test_idempotency_key_replays_the_first_answer(api):
+    body = {"name": "idem", "vcpus": 1, "memory_mib": 64, "host": "t"}
+    first = api.post("/v1/placements", json=body, headers={"Idempotency-Key": "place-idem-1"})
+    again = api.post("/v1/placements", json=body, headers={"Idempotency-Key": "place-idem-1"})
+    assert first.status_code == again.status_code == 409
+    assert again.json() == first.json()
+    assert again.headers.get("idempotent-replayed") == "true"
+    assert "idempotent-replayed" not in first.headers
+    other = api.post("/v1/placements", json={**body, "vcpus": 2}, headers={"Idempotency-Key": "place-idem-1"})
+    assert other.status_code == 422
+    assert _error(other)["code"] == "idempotency-key-reused"
+    assert _error(other)["details"][0]["field"] == "Idempotency-Key"
+    bad = api.post("/v1/placements", json=body, headers={"Idempotency-Key": "has space"})
+    assert bad.status_code == 422
+
+
+def test_profile_job_runs_in_the_background_once_per_key(server, api):
+    body = {"host": "t", "duration_s": 1.5, "t_sleep_s": 0.2, "t_m_ms": 5}
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        answers = list(pool.map(lambda _: api.post("/v1/profiles", json=body,
+                                                   headers={"Idempotency-Key": "profile-t-1"}), range(4)))
+    accepted = [a for a in answers if a.status_code == 202]
+    assert accepted, [a.text for a in answers]
+    assert accepted[0].json()["job"]["status"] == "queued"  # answered at once; the work runs later
+    assert {a.json()["job"]["id"] for a in accepted} == {accepted[0].json()["job"]["id"]}  # one job
+    for answer in answers:
+        assert answer.status_code in (202, 409)
+        if answer.status_code == 409:
+            assert _error(answer)["code"] == "idempotency-key-in-use"
+    job_id = accepted[0].json()["job"]["id"]
+    assert accepted[0].headers["location"] == f"/v1/jobs/{job_id}"
+    busy = api.post("/v1/profiles", json=body)
+    assert busy.status_code == 409 and _error(busy)["code"] == "busy"
+    job = wait_job(api, job_id, timeout=60)
+    assert job["status"] == "succeeded", job
+    assert job["progress"] == 1.0 and job["owner"] == server.instance
+    assert job["result"]["host"] == "t" and job["result"]["stopped_because"] == "duration reached"
+    assert job["hosts"] == ["t"] and job["created_by"] == f"admin-{server.instance}"
+    listed = api.get("/v1/jobs", params={"kind": "profile"}).json()["jobs"]
+    assert job_id in [j["id"] for j in listed]
+    replay = api.post("/v1/profiles", json=body, headers={"Idempotency-Key": "profile-t-1"})
+    assert replay.status_code == 202 and replay.json()["job"]["id"] == job_id
+    # the test driver gives no run-queue delay, so no sample was kept: said so, naming the guest
+    missing = api.get("/v1/profiles/test")
+    assert missing.status_code == 404 and "test" in _error(missing)["message"]
+    unknown_vm = api.post("/v1/profiles", json={"host": "t", "vms": ["ghost"], "samples": 1})
+    assert unknown_vm.status_code == 422 and _error(unknown_vm)["details"][0]["field"] == "vms"
+    too_long = api.post("/v1/profiles", json={"host": "t", "t_m_ms": 900, "max_freeze_ms": 500})
+    assert too_long.status_code == 422 and _error(too_long)["details"][0]["field"] == "t_m_ms"
+    assert api.get("/v1/jobs/00000000-0000-4000-8000-000000000000").status_code == 404
+
+
+def test_audit_and_metrics(api):
+    entries = api.get("/v1/audit", params={"action": "token-create", "limit": 10}).json()["entries"]
+    assert entries and all(e["action"] == "token-create" for e in entries)
+    assert api.get("/v1/audit", params={"since": "2000-01-01T00:00:00"}).status_code == 200
+    assert api.get("/v1/audit", params={"since": "yesterday"}).status_code == 422
+    api.post("/v1/placements", json={"name": "m1", "vcpus": 1, "memory_mib": 64, "host": "t", "dry_run": True})
+    api.post("/v1/placements", json={"name": "m1", "vcpus": 1, "memory_mib": 64, "host": "down", "dry_run": True})
+    text = api.get("/metrics").text
+    assert 'vmplacer_placements_total{host="t",mode="dry_run",outcome="no_fit"}' in text
+    assert 'vmplacer_libvirt_errors_total{host="down"}' in text
+    assert 'vmplacer_http_requests_total{method="POST",route="/v1/placements",status="409"}' in text
+    assert "vmplacer_placement_duration_seconds_bucket" in text
+    assert "vmplacer_freeze_duration_seconds" in text and "vmplacer_jobs{" in text
+
+
+def test_unknown_placements_are_404(api):
+    assert api.get("/v1/placements/nobody").status_code == 404
+    response = api.delete("/v1/placements/nobody")
+    assert response.status_code == 404 and "nobody" in _error(response)["message"]
+    assert api.get("/v1/placements").json() == {"placements": []}
+
+
+def test_serve_refuses_an_outdated_schema(tmp_path):
+    url = f"sqlite:///{tmp_path / 'old.db'}"
+    config = write_config(tmp_path, url, [{"name": "t", "uri": "test:///default"}])
+    assert vmplacer(config, "db", "upgrade", "0001").returncode == 0
+    result = vmplacer(config, "serve", "--listen", f"127.0.0.1:{free_port()}", timeout=60)
+    assert result.returncode == 1
+    assert "vmplacer db upgrade" in result.stderr
+
+
+def test_token_cli(tmp_path):
+    config = write_config(tmp_path, f"sqlite:///{tmp_path / 'tokens.db'}", [{"name": "t", "uri": "test:///default"}])
+    created = vmplacer(config, "token", "create", "ci", "--scope", "read")
+    assert created.returncode == 0 and created.stdout.strip().startswith("vmp_")
+    again = vmplacer(config, "token", "create", "ci", "--scope", "admin")
+    assert again.returncode == 2 and "exists" in again.stderr
+    assert vmplacer(config, "token", "create", "bad name", "--scope", "read").returncode == 2
+    listing = json.loads(vmplacer(config, "token", "list", "--format", "json").stdout)
+    assert [(t["name"], t["scope"]) for t in listing] == [("ci", "read")]
+    assert created.stdout.strip() not in json.dumps(listing)
+    assert vmplacer(config, "token", "revoke", "ci").returncode == 0
+    assert vmplacer(config, "token", "revoke", "ci").returncode == 2
+
+
+def test_plans_dry_run_read_and_apply_once(api):
+    created = api.post("/v1/plans", json={"hosts": ["t"]})
+    assert created.status_code == 201, created.text
+    plan = created.json()
+    assert plan["state"] == "proposed" and plan["hosts"] == ["t"]
+    assert created.headers["location"] == f"/v1/plans/{plan['id']}"
+    assert api.get(f"/v1/plans/{plan['id']}").json()["summary"] == plan["summary"]
+    assert plan["id"] in [p["id"] for p in api.get("/v1/plans").json()["plans"]]
+    # racing applies of one plan: exactly one is accepted
+    with concurrent.futures.ThreadPoolExecutor(6) as pool:
+        answers = list(pool.map(lambda _: api.post(f"/v1/plans/{plan['id']}/apply"), range(6)))
+    accepted = [a for a in answers if a.status_code == 202]
+    assert len(accepted) == 1, [a.text for a in answers]
+    assert all(a.status_code == 409 and _error(a)["code"] == "conflict" for a in answers if a not in accepted)
+    job = wait_job(api, accepted[0].json()["job"]["id"], timeout=60)
+    assert job["status"] == "succeeded", job
+    assert job["result"]["state"] == "succeeded"
+    assert api.get(f"/v1/plans/{plan['id']}").json()["state"] == "succeeded"
+    again = api.post(f"/v1/plans/{plan['id']}/apply")
+    assert again.status_code == 409 and "succeeded" in _error(again)["message"]
+    assert api.post("/v1/plans/999999/apply").status_code == 404
+    assert api.get("/v1/plans/999999").status_code == 404
+    unknown = api.post("/v1/plans", json={"hosts": ["nowhere"]})
+    assert unknown.status_code == 422 and _error(unknown)["details"][0]["field"] == "hosts"

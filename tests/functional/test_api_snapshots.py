@@ -1,0 +1,80 @@
+"""Host snapshots for dry runs: shared within their TTL, dropped by writes, never stalling a burst."""
+
+from __future__ import annotations
+
+import threading
+
+from vmplacer.api.hostcache import HostSnapshots
+
+
+class _Host:
+    """Counts reads; `gate` can hold a domains() call to look at concurrent readers."""
+
+    name = "h1"
+    uri = "test:///default"
+
+    def __init__(self) -> None:
+        self.reads = {"topology": 0, "domains": 0}
+        self.gate: threading.Event | None = None
+        self.entered = threading.Event()
+
+    def topology(self):  # type: ignore[no-untyped-def]
+        self.reads["topology"] += 1
+        return f"topology-{self.reads['topology']}"
+
+    def domains(self):  # type: ignore[no-untyped-def]
+        self.reads["domains"] += 1
+        self.entered.set()
+        if self.gate is not None:
+            self.gate.wait(5)
+        return [f"domains-{self.reads['domains']}"]
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def _snapshots(host: _Host, clock: _Clock, recorded: list[int]) -> HostSnapshots:
+    def read_recorded(_name: str) -> list:
+        recorded[0] += 1
+        return [f"recorded-{recorded[0]}"]
+
+    return HostSnapshots(lambda _name: host, read_recorded, topology_ttl_s=60, domains_ttl_s=2,
+                         recorded_ttl_s=1, clock=clock)
+
+
+def test_reads_are_shared_within_their_ttl_and_writes_drop_them():
+    host, clock, recorded = _Host(), _Clock(), [0]
+    snapshots = _snapshots(host, clock, recorded)
+    view = snapshots.view("h1")
+    for _ in range(5):
+        view.topology(), view.domains(), snapshots.recorded("h1")
+    assert host.reads == {"topology": 1, "domains": 1} and recorded[0] == 1
+    clock.now = 1.5  # recorded placements expire first
+    assert snapshots.recorded("h1") == ["recorded-2"] and view.domains() == ["domains-1"]
+    clock.now = 2.5
+    assert view.domains() == ["domains-2"] and view.topology() == "topology-1"
+    snapshots.invalidate("h1")  # a placement through this instance
+    assert view.domains() == ["domains-3"] and snapshots.recorded("h1") == ["recorded-3"]
+    assert view.topology() == "topology-1"  # the topology does not change with placements
+
+
+def test_a_refresh_does_not_stall_the_others_and_a_write_wins_over_it():
+    host, clock, recorded = _Host(), _Clock(), [0]
+    snapshots = _snapshots(host, clock, recorded)
+    assert snapshots.domains("h1") == ["domains-1"]
+    clock.now = 3.0  # due: the next reader refreshes, the others keep the previous list
+    host.gate, host.entered = threading.Event(), threading.Event()
+    slow = threading.Thread(target=snapshots.domains, args=("h1",))
+    slow.start()
+    assert host.entered.wait(5)
+    assert snapshots.domains("h1") == ["domains-1"]  # served at once, not behind the refresh
+    snapshots.invalidate("h1")  # a write while the refresh reads the old state
+    host.gate.set()
+    slow.join(5)
+    host.gate = None
+    assert snapshots.domains("h1") == ["domains-3"]  # the refresh begun before the write was not kept

@@ -1,0 +1,75 @@
+"""Distributions, degradation and the overhead formula of Freeze'nSense results."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from vmplacer.core.profile_stats import Distribution, degradation, overhead_formula, t_quantile_975
+
+
+def test_distribution_percentiles_and_confidence_interval():
+    rng = np.random.default_rng(7)
+    values = rng.normal(0.8, 0.05, size=200)
+    dist = Distribution.of(values)
+    assert dist is not None and dist.n == 200
+    assert dist.p50 == pytest.approx(float(np.median(values)))
+    assert dist.p10 < dist.p25 < dist.p50 < dist.p75 < dist.p90
+    half = 1.96 * values.std(ddof=1) / np.sqrt(200)
+    assert dist.ci95_high - dist.mean == pytest.approx(half)
+    assert dist.ci95_low < dist.mean < dist.ci95_high
+    assert dist.cv == pytest.approx(values.std(ddof=1) / values.mean())
+    assert Distribution.of([]) is None
+    single = Distribution.of([0.5])
+    assert single is not None and single.ci95_low == single.ci95_high == 0.5
+
+
+def test_confidence_interval_covers_the_true_mean_95_percent_of_the_time():
+    rng = np.random.default_rng(11)
+    draws = [Distribution.of(rng.normal(0.8, 0.1, size=12)) for _ in range(2000)]
+    covered = sum(d.ci95_low <= 0.8 <= d.ci95_high for d in draws) / len(draws)
+    assert 0.93 <= covered <= 0.97
+
+
+def test_small_samples_use_student_t():
+    assert t_quantile_975(1) == pytest.approx(12.706)
+    assert t_quantile_975(9) == pytest.approx(2.262)
+    assert t_quantile_975(500) == pytest.approx(1.96)
+    dist = Distribution.of([1.0, 2.0, 3.0])
+    assert dist.ci95_high - dist.mean == pytest.approx(4.303 * 1.0 / np.sqrt(3))
+
+
+def test_degradation_of_half_speed_with_interval():
+    rng = np.random.default_rng(3)
+    alone = rng.normal(1.0, 0.03, size=60)
+    shared = rng.normal(0.5, 0.03, size=60)
+    loss = degradation(shared, alone)
+    assert loss is not None
+    expected = 1 - np.median(shared) / np.median(alone)
+    assert loss.estimate == pytest.approx(expected)
+    assert loss.ci95_low < loss.estimate < loss.ci95_high
+    assert loss.ci95_high - loss.ci95_low < 0.05
+    assert loss.by_mean == pytest.approx(1 - shared.mean() / alone.mean())
+    assert loss.per_round is not None and loss.per_round.n == 60
+
+
+def test_degradation_ignores_a_few_wild_samples():
+    alone = [1.0] * 30 + [0.01, 0.02]
+    shared = [0.5] * 30 + [5.0]
+    assert degradation(shared, alone).estimate == pytest.approx(0.5)
+
+
+def test_degradation_needs_both_series():
+    assert degradation([], [1.0]) is None
+    assert degradation([0.5], []) is None
+    assert degradation([0.5], [0.0]) is None
+
+
+@pytest.mark.parametrize(
+    ("k_s", "t_m", "t_sleep", "expected"),
+    [(10, 0.010, 10.0, 0.1 / 10.1), (1, 0.010, 10.0, 0.01 / 10.01), (0, 0.01, 1.0, 0.0), (2, 0.1, 0.0, 1.0)],
+)
+def test_overhead_formula(k_s, t_m, t_sleep, expected):
+    assert overhead_formula(k_s, t_m, t_sleep) == pytest.approx(expected)
+    # the seed's claim: t_m = 10 ms, t_sleep = 10 s and K_s <= 10 keep the overhead under 1 %
+    assert overhead_formula(10, 0.010, 10.0) <= 0.01

@@ -1,0 +1,350 @@
+"""Plans, their actions, host leases, and placement rows that follow repins and migrations.
+
+Every method is one short transaction, committed before it returns: the
+executor records an action's outcome before it starts the next one, so a
+crash leaves the database saying what happened up to that point.
+
+Leases: one row per host in `host_leases` (holder, expiry). On PostgreSQL the
+rows are taken with SELECT … FOR UPDATE SKIP LOCKED — a second run does not
+queue behind the first's transaction, it sees the row locked and backs off;
+on SQLite (one writer at a time anyway) a conditional UPDATE takes a host
+only when it is free, expired or already ours. Either way a run gets every
+host it asked for or none.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import uuid
+from collections.abc import Iterable, Sequence
+from datetime import datetime, timedelta, timezone
+from typing import Any
+
+from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session, sessionmaker
+
+from vmplacer.adapters.db.models import (
+    CpuClaimRow,
+    HostLeaseRow,
+    HostRow,
+    PlacementRow,
+    PlanActionRow,
+    PlanRow,
+    utcnow,
+)
+from vmplacer.adapters.db.repositories import ensure_host
+from vmplacer.core.occupancy import exclusive_of
+from vmplacer.core.placement import Placement
+from vmplacer.core.plan import Action, Plan, PlanError
+from vmplacer.ports import ClaimConflict
+
+MOVING_KINDS = ("repin", "set_memory_nodes", "migrate")
+
+
+def _epoch(moment: datetime | None) -> float | None:
+    if moment is None:
+        return None
+    if moment.tzinfo is None:  # SQLite hands back naive datetimes; everything is stored in UTC
+        moment = moment.replace(tzinfo=timezone.utc)
+    return moment.timestamp()
+
+
+def _from_epoch(seconds: float | None) -> datetime | None:
+    return None if seconds is None else datetime.fromtimestamp(seconds, tz=timezone.utc)
+
+
+def new_holder(what: str = "rebalance") -> str:
+    """An identity for one run: machine, process and a random suffix (unique per run)."""
+    return f"{what}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
+
+
+class SqlPlanStore:
+    """Plans and actions (the `PlanStore` port)."""
+
+    def __init__(self, sessions: sessionmaker[Session]):
+        self.sessions = sessions
+
+    # ----- writing --------------------------------------------------------------------------
+    def save(self, plan: Plan, created_by: str = "") -> Plan:
+        """Insert a new plan and its actions; the plan comes back with its id."""
+        if plan.id is not None:
+            raise PlanError(f"plan {plan.id} is already stored")
+        with self.sessions.begin() as session:
+            row = PlanRow(
+                state=plan.state, hosts=list(plan.hosts), objective_before=plan.objective_before,
+                objective_after=plan.objective_after,
+                predicted={g: dict(p) for g, p in plan.predicted.items()},
+                settings=_jsonable(plan.settings), summary=plan.summary, message=plan.message,
+                created_by=created_by,
+            )
+            if plan.created_at is not None:
+                row.created_at = _from_epoch(plan.created_at)
+            row.actions = [_action_row(a) for a in plan.actions]
+            session.add(row)
+            session.flush()
+            plan_id = row.id
+        return self.get(plan_id)  # type: ignore[return-value]
+
+    def transition(self, plan_id: int, from_state: str, to_state: str, message: str = "") -> bool:
+        """Move a plan from one state to the next, only if it is still in `from_state`.
+
+        A conditional UPDATE: of two callers racing to run one plan, exactly one wins.
+        """
+        plan = self.get(plan_id)
+        if plan is None:
+            raise PlanError(f"plan {plan_id} does not exist")
+        if plan.state == from_state:
+            plan.moved_to(to_state)  # validates the transition
+        with self.sessions.begin() as session:
+            values: dict[str, Any] = {"state": to_state, "updated_at": utcnow()}
+            if message:
+                values["message"] = message
+            result = session.execute(
+                update(PlanRow).where(PlanRow.id == plan_id, PlanRow.state == from_state).values(**values)
+            )
+            return result.rowcount == 1
+
+    def record_action(self, plan_id: int, action: Action, *, started: bool = False, finished: bool = False) -> None:
+        with self.sessions.begin() as session:
+            row = session.scalar(select(PlanActionRow).where(
+                PlanActionRow.plan_id == plan_id, PlanActionRow.seq == action.index))
+            if row is None:
+                raise PlanError(f"plan {plan_id} has no action {action.index}")
+            row.state = action.state
+            row.message = action.message
+            if started:
+                row.started_at = utcnow()
+            if finished:
+                row.finished_at = utcnow()
+
+    # ----- reading --------------------------------------------------------------------------
+    def get(self, plan_id: int) -> Plan | None:
+        with self.sessions() as session:
+            row = session.get(PlanRow, plan_id)
+            if row is None:
+                return None
+            return _plan_of(row)
+
+    def recent(self, limit: int = 20) -> list[dict[str, Any]]:
+        with self.sessions() as session:
+            rows = session.scalars(select(PlanRow).order_by(PlanRow.id.desc()).limit(limit))
+            return [{"id": r.id, "state": r.state, "hosts": r.hosts, "summary": r.summary,
+                     "created_at": _epoch(r.created_at), "actions": len(r.actions)} for r in rows]
+
+    def last_moved(self, guests: Iterable[str] | None = None) -> dict[str, float]:
+        """Guest -> epoch seconds its latest move (repin, memory, migration) finished."""
+        query = (select(PlanActionRow.guest, func.max(PlanActionRow.finished_at))
+                 .where(PlanActionRow.state == "succeeded", PlanActionRow.kind.in_(MOVING_KINDS),
+                        PlanActionRow.guest.is_not(None), PlanActionRow.finished_at.is_not(None))
+                 .group_by(PlanActionRow.guest))
+        if guests is not None:
+            query = query.where(PlanActionRow.guest.in_(list(guests)))
+        with self.sessions() as session:
+            return {guest: _epoch(moment) for guest, moment in session.execute(query) if moment is not None}
+
+    def audit_rows(self, plan_id: int) -> list[dict[str, Any]]:
+        """The audit-log entries of one plan's actions (oldest first)."""
+        from vmplacer.adapters.db.models import AuditRow
+
+        with self.sessions() as session:
+            rows = session.scalars(select(AuditRow).order_by(AuditRow.id))
+            return [{"action": r.action, "outcome": r.outcome, "host": r.host, "guest": r.guest,
+                     "message": r.message, "detail": r.detail}
+                    for r in rows if (r.detail or {}).get("plan_id") == plan_id]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple, set, frozenset)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, float) and value != value:
+        return None
+    return value
+
+
+def _action_row(action: Action) -> PlanActionRow:
+    data = action.to_dict()
+    return PlanActionRow(
+        seq=action.index, kind=action.kind, host=action.host, guest=action.guest,
+        target_host=action.target_host, before=data["before"], after=data["after"], reason=action.reason,
+        predicted_gain=action.predicted_gain, cost=data["cost"], confidence=action.confidence,
+        depends_on=list(action.depends_on), parameters=_jsonable(dict(action.parameters)),
+        state=action.state, message=action.message,
+    )
+
+
+def _plan_of(row: PlanRow) -> Plan:
+    actions = [Action.from_dict({
+        "index": a.seq, "kind": a.kind, "host": a.host, "guest": a.guest, "target_host": a.target_host,
+        "before": a.before, "after": a.after, "reason": a.reason, "predicted_gain": a.predicted_gain,
+        "cost": a.cost, "confidence": a.confidence, "depends_on": a.depends_on, "parameters": a.parameters,
+        "state": a.state, "message": a.message,
+    }) for a in sorted(row.actions, key=lambda a: a.seq)]
+    return Plan(
+        actions=tuple(actions), hosts=tuple(row.hosts), state=row.state, id=row.id,
+        objective_before=row.objective_before, objective_after=row.objective_after,
+        predicted=row.predicted or {}, summary=row.summary, settings=row.settings or {},
+        created_at=_epoch(row.created_at), message=row.message,
+    )
+
+
+# ----- leases ----------------------------------------------------------------------------------
+class SqlLeaseStore:
+    """Per-host leases (the `LeaseStore` port): all requested hosts or none."""
+
+    def __init__(self, sessions: sessionmaker[Session]):
+        self.sessions = sessions
+
+    def _dialect(self) -> str:
+        bind = self.sessions.kw.get("bind")
+        return bind.dialect.name if bind is not None else "sqlite"
+
+    def _ensure_rows(self, hosts: Sequence[str]) -> None:
+        dialect = self._dialect()
+        with self.sessions.begin() as session:
+            if dialect == "postgresql":
+                from sqlalchemy.dialects.postgresql import insert
+            else:
+                from sqlalchemy.dialects.sqlite import insert
+            for host in hosts:
+                session.execute(insert(HostLeaseRow).values(host=host).on_conflict_do_nothing())
+
+    def acquire(self, hosts: Sequence[str], holder: str, ttl_s: float) -> bool:
+        hosts = sorted(set(hosts))
+        if not hosts:
+            return True
+        self._ensure_rows(hosts)
+        now = utcnow()
+        expires = now + timedelta(seconds=ttl_s)
+        if self._dialect() == "postgresql":
+            return self._acquire_skip_locked(hosts, holder, now, expires)
+        return self._acquire_conditional(hosts, holder, now, expires)
+
+    def _acquire_skip_locked(self, hosts: list[str], holder: str, now: datetime, expires: datetime) -> bool:
+        with self.sessions() as session:
+            rows = list(session.scalars(
+                select(HostLeaseRow).where(HostLeaseRow.host.in_(hosts)).order_by(HostLeaseRow.host)
+                .with_for_update(skip_locked=True)))
+            if len(rows) != len(hosts):
+                session.rollback()
+                return False  # another run holds some of the rows locked right now
+            if any(self._taken(row, holder, now) for row in rows):
+                session.rollback()
+                return False
+            for row in rows:
+                if row.holder != holder:
+                    row.acquired_at = now
+                row.holder = holder
+                row.expires_at = expires
+            session.commit()
+            return True
+
+    @staticmethod
+    def _taken(row: HostLeaseRow, holder: str, now: datetime) -> bool:
+        return row.holder not in (None, holder) and row.expires_at is not None and _aware(row.expires_at) > now
+
+    def _acquire_conditional(self, hosts: list[str], holder: str, now: datetime, expires: datetime) -> bool:
+        with self.sessions() as session:
+            for host in hosts:
+                result = session.execute(
+                    update(HostLeaseRow)
+                    .where(HostLeaseRow.host == host,
+                           or_(HostLeaseRow.holder.is_(None), HostLeaseRow.holder == holder,
+                               HostLeaseRow.expires_at < now))
+                    .values(holder=holder, acquired_at=now, expires_at=expires))
+                if result.rowcount != 1:
+                    session.rollback()
+                    return False
+            session.commit()
+            return True
+
+    def renew(self, hosts: Sequence[str], holder: str, ttl_s: float) -> bool:
+        """Push the expiry of leases we hold; False if any was lost (expired and taken)."""
+        expires = utcnow() + timedelta(seconds=ttl_s)
+        with self.sessions.begin() as session:
+            result = session.execute(update(HostLeaseRow)
+                                     .where(HostLeaseRow.host.in_(list(hosts)), HostLeaseRow.holder == holder)
+                                     .values(expires_at=expires))
+            return result.rowcount == len(set(hosts))
+
+    def release(self, hosts: Sequence[str], holder: str) -> None:
+        with self.sessions.begin() as session:
+            session.execute(update(HostLeaseRow)
+                            .where(HostLeaseRow.host.in_(list(hosts)), HostLeaseRow.holder == holder)
+                            .values(holder=None, expires_at=None, acquired_at=None))
+
+    def holders(self, hosts: Sequence[str] | None = None) -> dict[str, dict[str, Any]]:
+        query = select(HostLeaseRow)
+        if hosts is not None:
+            query = query.where(HostLeaseRow.host.in_(list(hosts)))
+        now = utcnow()
+        with self.sessions() as session:
+            return {
+                row.host: {"holder": row.holder, "expires_at": _epoch(row.expires_at),
+                           "live": row.holder is not None and row.expires_at is not None
+                           and _aware(row.expires_at) > now}
+                for row in session.scalars(query)
+            }
+
+
+def _aware(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
+# ----- placement rows follow the guests --------------------------------------------------------------
+class SqlPlacementUpdates:
+    """Rewrite recorded placements after repins and migrations (guests never recorded are skipped).
+
+    All rows of one call change in one transaction with their exclusive pCPU
+    claims: the old claims of every row go first, then the new ones, so two
+    guests swapping pCPUs do not trip over each other's claims.
+    """
+
+    def __init__(self, sessions: sessionmaker[Session], uris: dict[str, str] | None = None):
+        self.sessions = sessions
+        self.uris = dict(uris or {})
+
+    def recorded(self, guests: Iterable[str]) -> set[str]:
+        with self.sessions() as session:
+            return set(session.scalars(select(PlacementRow.guest).where(PlacementRow.guest.in_(list(guests)))))
+
+    def apply(self, placements: Sequence[Placement]) -> list[str]:
+        """Store these placements for the guests that have rows; returns the guests updated.
+
+        Raises ClaimConflict (and changes nothing) when a new exclusive pCPU is
+        claimed by a guest outside this call.
+        """
+        if not placements:
+            return []
+        with self.sessions() as session:
+            try:
+                with session.begin():
+                    rows = {r.guest: r for r in session.scalars(
+                        select(PlacementRow).where(PlacementRow.guest.in_([p.guest for p in placements])))}
+                    if not rows:
+                        return []
+                    session.execute(delete(CpuClaimRow).where(CpuClaimRow.placement_id.in_(
+                        [r.id for r in rows.values()])))
+                    session.flush()
+                    for placement in placements:
+                        row = rows.get(placement.guest)
+                        if row is None:
+                            continue
+                        host_row = session.get(HostRow, row.host_id)
+                        if host_row is None or host_row.name != placement.host:
+                            uri = self.uris.get(placement.host) or (host_row.uri if host_row else "")
+                            host_row = ensure_host(session, placement.host, uri)
+                            row.host_id = host_row.id
+                        row.placement = placement.to_dict()
+                        session.flush()
+                        for cpu in sorted(exclusive_of(placement)):
+                            session.add(CpuClaimRow(host_id=row.host_id, cpu=cpu, placement_id=row.id))
+                    session.flush()
+                    return sorted(rows)
+            except IntegrityError as exc:
+                raise ClaimConflict(
+                    f"guests {', '.join(sorted(p.guest for p in placements))}: a new exclusive pCPU is "
+                    "claimed by another guest") from exc

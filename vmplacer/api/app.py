@@ -1,0 +1,148 @@
+"""The FastAPI application: `create_app(container)`; `vmplacer serve` runs it under uvicorn.
+
+Layers of a request, outside in: body size limit → Idempotency-Key handling →
+routing → bearer-token check (one dependency on the whole app) → the route.
+"""
+
+from __future__ import annotations
+
+import gc
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from typing import Any
+
+from fastapi import Depends, FastAPI
+from fastapi.responses import JSONResponse
+
+from vmplacer import __version__
+from vmplacer.api.auth import PUBLIC_PATHS, authorize
+from vmplacer.api.errors import install_error_handlers
+from vmplacer.api.idempotency import IdempotencyMiddleware
+from vmplacer.api.limits import BodySizeLimit
+from vmplacer.api.services import ApiOptions, ApiServices
+from vmplacer.bootstrap import Container
+from vmplacer.ports import LeaseStore
+
+DESCRIPTION = """\
+Placement controller for libvirt/KVM hosts: topology-aware placement with pinning,
+Freeze'nSense interference profiling, rebalancing plans.
+
+Every route except `/healthz` needs `Authorization: Bearer <token>` (`vmplacer token
+create NAME --scope read|admin`). GET needs a read or admin token; anything else needs
+admin. POSTs accept an `Idempotency-Key` header: a retry returns the first answer.
+Errors have one shape: `{"error": {"code", "message", "details"}}`.
+"""
+
+
+def create_app(container: Container, options: ApiOptions | None = None,
+               leases: LeaseStore | None = None) -> FastAPI:
+    services = ApiServices(container, options)
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        from starlette.concurrency import run_in_threadpool
+
+        await run_in_threadpool(services.start, leases)
+        # Everything loaded so far lives as long as the process: keep the cyclic garbage
+        # collector from walking it again and again (shorter pauses under load).
+        gc.collect()
+        gc.freeze()
+        try:
+            yield
+        finally:
+            await run_in_threadpool(services.stop)
+
+    app = FastAPI(
+        title="vmplacer",
+        version=__version__,
+        description=DESCRIPTION,
+        openapi_url=None,  # served below, behind the token check like everything else
+        docs_url=None,
+        redoc_url=None,
+        dependencies=[Depends(authorize)],
+        lifespan=lifespan,
+    )
+    app.state.services = services
+    install_error_handlers(app, on_libvirt_error=services.metrics.libvirt_error)
+
+    from vmplacer.api.routes import audit, health, hosts, jobs, placements, plans, profiles
+
+    for module in (health, hosts, placements, profiles, plans, jobs, audit):
+        app.include_router(module.router)
+
+    _finish_schema(app, services.host_names, services.base_xml_limit)
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi_document() -> JSONResponse:
+        return JSONResponse(app.openapi())
+
+    # add_middleware wraps: the last added is the outermost.
+    app.add_middleware(IdempotencyMiddleware, services=lambda: services)
+    app.add_middleware(BodySizeLimit, max_bytes=container.settings.api.max_request_bytes)
+    app.add_middleware(RequestMetrics, metrics=services.metrics)
+    return app
+
+
+def _finish_schema(app: FastAPI, hosts: list[str], base_xml_limit: int) -> None:
+    """Facts of this deployment the generated schema cannot know: public paths need no
+    token (the token check is app-wide, so every operation is marked as needing one),
+    which hosts exist (request bodies naming a host list them as an enum), and how long
+    a base XML may be under api.max_request_bytes."""
+    build = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            schema = build()
+            for path in PUBLIC_PATHS:
+                for operation in schema.get("paths", {}).get(path, {}).values():
+                    operation["security"] = []
+            for option in _options(schema, "PlanRequest", "hosts", "array"):
+                if hosts:
+                    option.setdefault("items", {})["enum"] = list(hosts)
+            for model in ("PlacementRequest", "ProfileRequest"):
+                for option in _options(schema, model, "host", "string"):
+                    if hosts:
+                        option["enum"] = list(hosts)
+            for option in _options(schema, "PlacementRequest", "base_xml", "string"):
+                option["maxLength"] = base_xml_limit
+            app.openapi_schema = schema
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def _options(schema: dict[str, Any], model: str, field: str, kind: str) -> list[dict[str, Any]]:
+    """The `kind` alternatives of an optional field (`anyOf: [{type: kind}, {type: null}]`)."""
+    prop = schema.get("components", {}).get("schemas", {}).get(model, {}).get("properties", {}).get(field, {})
+    return [option for option in prop.get("anyOf", [prop]) if option.get("type") == kind]
+
+
+class RequestMetrics:
+    """Counts requests by route template and status, and their latency (pure ASGI: cheap)."""
+
+    def __init__(self, app: Any, metrics: Any):
+        self.app = app
+        self.metrics = metrics
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def recording_send(message: dict[str, Any]) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = int(message["status"])
+            await send(message)
+
+        try:
+            await self.app(scope, receive, recording_send)
+        finally:
+            route = scope.get("route")
+            template = getattr(route, "path", "unmatched")
+            method = scope.get("method", "")
+            self.metrics.http_requests.labels(method, template, str(status)).inc()
+            self.metrics.http_latency.labels(method, template).observe(time.perf_counter() - started)

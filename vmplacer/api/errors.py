@@ -1,0 +1,176 @@
+"""One error shape for every failure, and the mapping from domain errors to HTTP.
+
+    {"error": {"code": "no-fit", "message": "...", "details": ...}}
+
+- bad input (request validation, guest spec problems, invalid base XML) → 422, each
+  problem naming its field;
+- a guest that does not fit → 409 with every NoFit reason; a lost race → 409;
+- a host that cannot be reached → 503 naming the host; a host refusing an
+  operation → 502 naming the host and the domain;
+- the database unreachable → 503.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel, Field
+from sqlalchemy.exc import OperationalError as DatabaseOperationalError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from vmplacer.adapters.domain_xml import DomainXmlError
+from vmplacer.config import ConfigError
+from vmplacer.core.guest import GuestSpecError
+from vmplacer.core.nofit import NoFit
+from vmplacer.ports import ClaimConflict, HypervisorError
+
+log = logging.getLogger(__name__)
+
+
+class ErrorDetail(BaseModel):
+    code: str = Field(description="stable machine-readable kind, e.g. validation, no-fit, host-unavailable")
+    message: str = Field(description="what went wrong, naming the guest, host, field")
+    details: Any = Field(default=None, description="structured data: fields, NoFit reasons, host, …")
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+class ApiError(Exception):
+    """An answer other than success, raised anywhere below a route."""
+
+    def __init__(self, status: int, code: str, message: str, details: Any = None,
+                 headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message
+        self.details = details
+        self.headers = headers
+
+
+def error_response(status: int, code: str, message: str, details: Any = None,
+                   headers: dict[str, str] | None = None) -> JSONResponse:
+    return JSONResponse({"error": {"code": code, "message": message, "details": details}},
+                        status_code=status, headers=headers)
+
+
+def field_problems(problems: list[tuple[str, str]]) -> list[dict[str, str]]:
+    return [{"field": f, "reason": r} for f, r in problems]
+
+
+def _describe(status: int, text: str) -> dict[str, Any]:
+    return {"model": ErrorBody, "description": text}
+
+
+# Documented on every route (the OpenAPI schema lists what a client may see).
+COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
+    401: _describe(401, "no bearer token, or an unknown one"),
+    403: _describe(403, "the token's scope does not allow this (read tokens cannot change anything)"),
+    413: _describe(413, "request body larger than api.max_request_bytes"),
+    422: _describe(422, "invalid request: each problem names its field"),
+    503: _describe(503, "the database or a host is unreachable (the host is named)"),
+}
+NOT_FOUND = {404: _describe(404, "no such object")}
+CONFLICT = {409: _describe(409, "conflicts with the current state (no fit, already exists, busy)")}
+HOST_ERROR = {502: _describe(502, "a host refused the operation (the host and domain are named)")}
+
+
+def _validation_field(loc: tuple[Any, ...]) -> str:
+    parts = [str(p) for p in loc]
+    if parts and parts[0] == "body":
+        parts = parts[1:]
+    return ".".join(parts) or "body"
+
+
+def _allowed_methods(request: Request) -> list[str]:
+    """Every method some route offers on this path (the framework names only the first route's)."""
+    from fastapi.routing import iter_route_contexts
+    from starlette.routing import Match
+
+    methods: set[str] = set()
+    for route in iter_route_contexts(request.app.routes):
+        try:
+            match, _ = route.matches(request.scope)
+        except Exception:  # noqa: BLE001 - a route that cannot say is not one of ours
+            continue
+        if match in (Match.FULL, Match.PARTIAL) and route.methods:
+            methods |= set(route.methods)
+    return sorted(methods)
+
+
+def install_error_handlers(app: FastAPI, on_libvirt_error=None) -> None:  # type: ignore[no-untyped-def]
+    @app.exception_handler(ApiError)
+    async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
+        return error_response(exc.status, exc.code, exc.message, exc.details, exc.headers)
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        problems = []
+        for item in exc.errors():
+            loc = tuple(item.get("loc", ()))
+            where = loc[0] if loc else "body"
+            field = _validation_field(loc) if where == "body" else ".".join(str(p) for p in loc)
+            problems.append((field, str(item.get("msg", "invalid"))))
+        message = "; ".join(f"field {f}: {r}" for f, r in problems) or "invalid request"
+        return error_response(422, "validation", message, field_problems(problems))
+
+    @app.exception_handler(GuestSpecError)
+    async def _guest_spec(_request: Request, exc: GuestSpecError) -> JSONResponse:
+        problems = [(p.field, p.reason) for p in exc.problems]
+        return error_response(422, "validation", str(exc), field_problems(problems))
+
+    @app.exception_handler(DomainXmlError)
+    async def _domain_xml(_request: Request, exc: DomainXmlError) -> JSONResponse:
+        # rendering merges the caller's base XML and validates the result against libvirt's schema
+        return error_response(422, "invalid-xml", str(exc), field_problems([("base_xml", str(exc))]))
+
+    @app.exception_handler(NoFit)
+    async def _no_fit(_request: Request, exc: NoFit) -> JSONResponse:
+        return error_response(409, "no-fit", str(exc), exc.to_dict())
+
+    @app.exception_handler(ClaimConflict)
+    async def _claim(_request: Request, exc: ClaimConflict) -> JSONResponse:
+        return error_response(409, "conflict", str(exc))
+
+    @app.exception_handler(HypervisorError)
+    async def _hypervisor(_request: Request, exc: HypervisorError) -> JSONResponse:
+        if on_libvirt_error is not None:
+            on_libvirt_error(exc)
+        details = {"host": exc.host or None, "domain": exc.domain or None, "retriable": exc.retriable}
+        if exc.retriable:
+            return error_response(503, "host-unavailable", str(exc), details, {"Retry-After": "5"})
+        return error_response(502, "host-error", str(exc), details)
+
+    @app.exception_handler(DatabaseOperationalError)
+    async def _database(_request: Request, exc: DatabaseOperationalError) -> JSONResponse:
+        log.error("database unavailable: %s", exc.orig if exc.orig is not None else exc)
+        return error_response(503, "database-unavailable", "the database is unreachable or busy; retry later",
+                              None, {"Retry-After": "5"})
+
+    @app.exception_handler(ConfigError)
+    async def _config(_request: Request, exc: ConfigError) -> JSONResponse:
+        return error_response(422, "validation", str(exc), field_problems([("host", str(exc))]))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        codes = {401: "unauthorized", 403: "forbidden", 404: "not-found", 405: "method-not-allowed",
+                 413: "too-large"}
+        headers = dict(exc.headers) if exc.headers else {}
+        if exc.status_code == 400:  # the framework could not even decode the body (e.g. not UTF-8)
+            return error_response(422, "validation", "request body is not valid JSON (UTF-8)",
+                                  field_problems([("body", str(exc.detail))]))
+        if exc.status_code == 405:
+            headers["Allow"] = ", ".join(_allowed_methods(request))
+        return error_response(exc.status_code, codes.get(exc.status_code, "http"), str(exc.detail),
+                              None, headers or None)
+
+    @app.exception_handler(Exception)
+    async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("%s %s failed", request.method, request.url.path)
+        return error_response(500, "internal", f"internal error ({exc.__class__.__name__}); see the server log")

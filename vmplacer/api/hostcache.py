@@ -1,0 +1,134 @@
+"""Short-lived snapshots of each host for dry runs.
+
+A dry-run placement needs the host's topology, its domains (with their
+pinning, parsed from XML) and the placements recorded in the database.
+Reading all of that costs ~10 ms on a real libvirtd plus a database round
+trip, which would cap dry runs at a few dozen per second, so bursts share a
+snapshot: the topology is kept for TOPOLOGY_TTL_S, the domain list for
+DOMAINS_TTL_S, the recorded placements for RECORDED_TTL_S. When a domain list
+is due, one request refreshes it while the others go on with the previous
+one (never older than twice its TTL), so a refresh never stalls a burst.
+
+Only dry runs read snapshots. Placements that change a host read everything
+live and claim their pCPUs in the database (the unique key that makes double
+booking impossible), and every write through this instance drops the host's
+snapshot. So a dry run may lag behind by at most DOMAINS_TTL_S for domains
+created outside vmplacer, and RECORDED_TTL_S for placements made by another
+instance; a real placement never does.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from vmplacer.core.placement import Placement
+from vmplacer.core.topology import HostTopology
+from vmplacer.ports import DomainInfo
+
+TOPOLOGY_TTL_S = 60.0
+DOMAINS_TTL_S = 2.0
+RECORDED_TTL_S = 1.0
+
+
+@dataclass
+class _Cached:
+    """One cached value with its age; `refreshing` marks a refresh in flight."""
+
+    value: Any = None
+    at: float = -float("inf")
+    generation: int = 0
+    refreshing: bool = False
+
+
+@dataclass
+class _Entry:
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    topology: _Cached = field(default_factory=_Cached)
+    domains: _Cached = field(default_factory=_Cached)
+    recorded: _Cached = field(default_factory=_Cached)
+
+
+class HostSnapshots:
+    def __init__(self, hosts: Callable[[str], Any], recorded: Callable[[str], list[Placement]], *,
+                 topology_ttl_s: float = TOPOLOGY_TTL_S, domains_ttl_s: float = DOMAINS_TTL_S,
+                 recorded_ttl_s: float = RECORDED_TTL_S, clock: Callable[[], float] = time.monotonic):
+        self._hosts = hosts
+        self._recorded = recorded
+        self.ttl = {"topology": topology_ttl_s, "domains": domains_ttl_s, "recorded": recorded_ttl_s}
+        self._clock = clock
+        self._entries: dict[str, _Entry] = {}
+        self._guard = threading.Lock()
+
+    def _entry(self, name: str) -> _Entry:
+        with self._guard:
+            return self._entries.setdefault(name, _Entry())
+
+    def _get(self, name: str, what: str, load: Callable[[], Any]) -> Any:
+        entry = self._entry(name)
+        cached: _Cached = getattr(entry, what)
+        ttl = self.ttl[what]
+        with entry.lock:
+            age = self._clock() - cached.at
+            if cached.value is not None and (age < ttl or (cached.refreshing and age < 2 * ttl)):
+                return cached.value  # fresh, or someone is refreshing a still usable one
+            cached.refreshing = True
+            generation = cached.generation
+        try:
+            value = load()
+        finally:
+            with entry.lock:
+                cached.refreshing = False
+        with entry.lock:
+            if generation == cached.generation:  # not invalidated by a write meanwhile
+                cached.value, cached.at = value, self._clock()
+        return value
+
+    def topology(self, name: str) -> HostTopology:
+        return self._get(name, "topology", lambda: self._hosts(name).topology())
+
+    def domains(self, name: str) -> list[DomainInfo]:
+        return self._get(name, "domains", lambda: self._hosts(name).domains())
+
+    def recorded(self, name: str) -> list[Placement]:
+        return self._get(name, "recorded", lambda: self._recorded(name))
+
+    def invalidate(self, name: str) -> None:
+        """Forget what a write changes (domains, recorded placements); the topology stays."""
+        entry = self._entry(name)
+        with entry.lock:
+            for cached in (entry.domains, entry.recorded):
+                cached.generation += 1
+                cached.value = None
+
+    def view(self, name: str) -> CachedHost:
+        host = self._hosts(name)
+        return CachedHost(host.name, host.uri, self)
+
+
+@dataclass(frozen=True)
+class CachedHost:
+    """The read side of a host, served from the snapshot (what `PlacementService.plan` needs)."""
+
+    name: str
+    uri: str
+    snapshots: HostSnapshots
+
+    def topology(self) -> HostTopology:
+        return self.snapshots.topology(self.name)
+
+    def domains(self) -> list[DomainInfo]:
+        return self.snapshots.domains(self.name)
+
+
+class SnapshotStore:
+    """The one `PlacementStore` read a dry run makes (`occupied`), from the snapshot."""
+
+    def __init__(self, snapshots: HostSnapshots):
+        self.snapshots = snapshots
+
+    def occupied(self, host: str) -> list[Placement]:
+        return self.snapshots.recorded(host)

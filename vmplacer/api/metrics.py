@@ -1,0 +1,120 @@
+"""Prometheus metrics at /metrics.
+
+Two kinds:
+- counters and histograms of what *this instance* did (requests, placements,
+  freezes and their duration, libvirt errors); sum them across instances;
+- gauges read from the database at scrape time, the same on every instance
+  (degradation per VM from the newest profiling run of each host, jobs by
+  state, plan actions by outcome).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable
+from typing import Any
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+log = logging.getLogger(__name__)
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
+FREEZE_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
+
+
+class _DatabaseGauges(Collector):
+    """Gauges computed from the database on each scrape; a failing query drops only its family."""
+
+    def __init__(self, sources: Iterable[Callable[[], Iterable[GaugeMetricFamily]]]):
+        self.sources = list(sources)
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        for source in self.sources:
+            try:
+                yield from list(source())
+            except Exception as exc:  # noqa: BLE001 - /metrics must answer even with the database down
+                log.warning("metrics: %s skipped: %s", getattr(source, "__name__", source), exc)
+
+
+class ApiMetrics:
+    def __init__(self) -> None:
+        disable_created_metrics()  # the *_created series only double what a scraper needs
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.http_requests = Counter("vmplacer_http_requests", "HTTP requests served",
+                                     ("method", "route", "status"), registry=r)
+        self.http_latency = Histogram("vmplacer_http_request_duration_seconds", "HTTP request latency",
+                                      ("method", "route"), buckets=LATENCY_BUCKETS, registry=r)
+        self.placements = Counter("vmplacer_placements", "placement requests by host, mode and outcome",
+                                  ("host", "mode", "outcome"), registry=r)
+        self.placement_latency = Histogram("vmplacer_placement_duration_seconds",
+                                           "time to plan or make one placement", ("mode",),
+                                           buckets=LATENCY_BUCKETS, registry=r)
+        self.freezes = Counter("vmplacer_freezes", "Freeze'nSense freezes (co-located domains suspended)",
+                               ("host",), registry=r)
+        self.freeze_time = Histogram("vmplacer_freeze_duration_seconds",
+                                     "how long neighbours stayed frozen per freeze (first suspend to last resume)",
+                                     ("host",), buckets=FREEZE_BUCKETS, registry=r)
+        self.libvirt_errors = Counter("vmplacer_libvirt_errors", "libvirt operations that failed",
+                                      ("host",), registry=r)
+        self.jobs_finished = Counter("vmplacer_jobs_finished", "background jobs this instance finished",
+                                     ("kind", "status"), registry=r)
+
+    def add_database_gauges(self, *sources: Callable[[], Iterable[GaugeMetricFamily]]) -> None:
+        self.registry.register(_DatabaseGauges(sources))
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)
+
+    # ----- recording helpers ----------------------------------------------------------------------
+    def libvirt_error(self, exc: Any) -> None:
+        self.libvirt_errors.labels(getattr(exc, "host", "") or "unknown").inc()
+
+    def profile_finished(self, host: str, span_ms: Iterable[float]) -> None:
+        spans = list(span_ms)
+        self.freezes.labels(host).inc(len(spans))
+        for span in spans:
+            self.freeze_time.labels(host).observe(span / 1e3)
+
+
+def degradation_gauges(latest_results: Callable[[], list[tuple[str, dict[str, Any]]]]):
+    """vmplacer_vm_degradation{host, guest} from (host, results) of the newest finished run per host."""
+
+    def vm_degradation() -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily(
+            "vmplacer_vm_degradation",
+            "1 - zeta/zeta_b of each VM in the newest finished profiling run of its host (0 = no loss)",
+            labels=("host", "guest"))
+        for host, results in latest_results():
+            for guest, summary in sorted((results.get("vms") or {}).items()):
+                loss = (summary or {}).get("degradation") or {}
+                estimate = loss.get("estimate")
+                if isinstance(estimate, (int, float)):
+                    family.add_metric((host, guest), float(estimate))
+        yield family
+
+    return vm_degradation
+
+
+def job_gauges(counts: Callable[[], dict[tuple[str, str], int]]):
+    def jobs() -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily("vmplacer_jobs", "background jobs in the database by kind and status",
+                                   labels=("kind", "status"))
+        for (kind, status), n in sorted(counts().items()):
+            family.add_metric((kind, status), n)
+        yield family
+
+    return jobs
+
+
+def plan_action_gauges(counts: Callable[[], dict[str, int]]):
+    def plan_actions() -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily("vmplacer_plan_actions", "plan actions in the database by outcome",
+                                   labels=("outcome",))
+        for outcome, n in sorted(counts().items()):
+            family.add_metric((outcome,), n)
+        yield family
+
+    return plan_actions

@@ -1,0 +1,265 @@
+"""Placement requests: pick the host, plan or place, and say why when nothing fits.
+
+- dry run: every candidate host is planned on its snapshot (see hostcache), the
+  best score wins; nothing is written.
+- place: candidates are tried best first, live: the placement service takes
+  the host's lock, claims the exclusive pCPUs in the database (a unique key,
+  so no pCPU is ever double-booked, whatever other instances do), then defines
+  (and starts) the domain. `define=false` stops after the claim: the pCPUs are
+  reserved and the caller defines the domain from the returned XML.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from lxml import etree
+
+from vmplacer.adapters.domain_xml import DomainXmlError, parse_domain
+from vmplacer.api.errors import ApiError, field_problems
+from vmplacer.app.placement_service import MAX_CLAIM_ATTEMPTS, PlaceResult, host_lock
+from vmplacer.core.allocate import refresh_shared_pins
+from vmplacer.core.guest import GuestSpec
+from vmplacer.core.nofit import NoFit
+from vmplacer.ports import ClaimConflict, DomainGone, HypervisorError
+
+# libvirt's QEMU namespace passes raw arguments to the emulator: not something an API
+# caller may inject into a host, whatever its token.
+FORBIDDEN_NAMESPACES = ("http://libvirt.org/schemas/domain/qemu/1.0",
+                        "http://libvirt.org/schemas/domain/lxc/1.0",
+                        "http://libvirt.org/schemas/domain/bhyve/1.0")
+
+
+def check_base_xml(text: str | None, guest: str) -> str | None:
+    """A caller's domain XML, parsed safely (no DTD, no entities) and free of
+    hypervisor pass-through elements; 422 naming the field otherwise."""
+    if text is None:
+        return None
+    try:
+        root = parse_domain(text, f"base_xml of guest {guest}")
+    except DomainXmlError as exc:
+        raise ApiError(422, "invalid-xml", str(exc), field_problems([("base_xml", str(exc))])) from None
+    for element in root.iter():
+        tag = element.tag if isinstance(element.tag, str) else ""
+        namespace = etree.QName(tag).namespace if tag.startswith("{") else None
+        if namespace in FORBIDDEN_NAMESPACES:
+            reason = (f"<{etree.QName(tag).localname}> of namespace {namespace} passes raw arguments to the "
+                      "hypervisor and is not accepted through the API")
+            raise ApiError(422, "invalid-xml", f"guest {guest}: base_xml: {reason}",
+                           field_problems([("base_xml", reason)]))
+    return text
+
+
+@dataclass
+class Outcome:
+    result: PlaceResult
+    host: str
+    dry_run: bool
+    candidates: list[dict[str, Any]] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "guest": self.result.placement.guest,
+            "host": self.host,
+            "state": self.result.state,
+            "dry_run": self.dry_run,
+            "placement": self.result.placement.to_dict(),
+            "xml": self.result.xml,
+            "domain_uuid": self.result.domain_uuid,
+            "narrowed": list(self.result.narrowed),
+            "candidates": self.candidates,
+        }
+
+
+class Placer:
+    def __init__(self, services: Any):
+        self.services = services
+        self.service = services.placement
+        self.metrics = services.metrics
+
+    def candidates(self, host: str | None) -> list[str]:
+        names = self.services.host_names
+        if host is None:
+            if not names:
+                raise ApiError(503, "no-hosts", "no hosts are configured")
+            return names
+        if host not in names:
+            reason = f"host {host!r} is not configured (configured: {', '.join(names)})"
+            raise ApiError(422, "validation", reason, field_problems([("host", reason)]))
+        return [host]
+
+    # ----- dry run ---------------------------------------------------------------------------------
+    def plan(self, spec: GuestSpec, hosts: list[str], base_xml: str | None) -> Outcome:
+        started = time.perf_counter()
+        planned: list[tuple[str, PlaceResult]] = []
+        report: list[dict[str, Any]] = []
+        failures: list[tuple[str, Exception]] = []
+        for name in hosts:
+            try:
+                result = self.services.dry_runs.plan(self.services.snapshots.view(name), spec, base_xml)
+            except NoFit as exc:
+                failures.append((name, exc))
+                report.append({"host": name, "reasons": [r.to_dict() for r in exc.reasons]})
+                continue
+            except HypervisorError as exc:
+                self.metrics.libvirt_error(exc)
+                failures.append((name, exc))
+                report.append({"host": name, "error": str(exc)})
+                continue
+            planned.append((name, result))
+            report.append({"host": name, "score": result.placement.score})
+        self.metrics.placement_latency.labels("dry_run").observe(time.perf_counter() - started)
+        if not planned:
+            self._count(hosts, "dry_run", failures)
+            raise self._nothing_fits(spec, failures, report)
+        best_host, best = max(planned, key=lambda item: item[1].placement.score)
+        self.metrics.placements.labels(best_host, "dry_run", "planned").inc()
+        return Outcome(best, best_host, True, report)
+
+    # ----- placing -----------------------------------------------------------------------------------
+    def place(self, spec: GuestSpec, hosts: list[str], base_xml: str | None, *, define: bool, start: bool,
+              actor: dict[str, Any]) -> Outcome:
+        mode = "define" if define else "reserve"
+        started = time.perf_counter()
+        if self.services.container.placement_store.get(spec.name) is not None:
+            self.metrics.placements.labels(hosts[0] if len(hosts) == 1 else "any", mode, "exists").inc()
+            raise ApiError(409, "exists", f"guest {spec.name} is already placed "
+                           f"(DELETE /v1/placements/{spec.name} first)", {"guest": spec.name})
+        order, report = self._ranked(spec, hosts, base_xml)
+        failures: list[tuple[str, Exception]] = []
+        try:
+            for name in order:
+                host = self.services.container.hypervisor(name)
+                try:
+                    self._refuse_existing_domain(host, spec.name)
+                    if define:
+                        result = self.service.place(host, spec, base_xml, start=start, actor_detail=actor)
+                    else:
+                        result = self._reserve(host, spec, base_xml, actor)
+                except NoFit as exc:
+                    failures.append((name, exc))
+                    continue
+                except HypervisorError as exc:
+                    self.metrics.libvirt_error(exc)
+                    if not exc.retriable or len(hosts) == 1:
+                        self.metrics.placements.labels(name, mode, "error").inc()
+                        raise
+                    failures.append((name, exc))
+                    continue
+                except ClaimConflict:
+                    self.metrics.placements.labels(name, mode, "conflict").inc()
+                    raise
+                finally:
+                    self.services.snapshots.invalidate(name)
+                self.metrics.placements.labels(name, mode, "placed").inc()
+                return Outcome(result, name, False, report)
+        finally:
+            self.metrics.placement_latency.labels(mode).observe(time.perf_counter() - started)
+        self._count(hosts, mode, failures)
+        raise self._nothing_fits(spec, failures, report)
+
+    def _ranked(self, spec: GuestSpec, hosts: list[str], base_xml: str | None) -> tuple[list[str], list[dict]]:
+        """Hosts best first by a dry run on their snapshots; those that seemed full come
+        last (a snapshot may be a second old), unreachable ones are still tried."""
+        if len(hosts) == 1:
+            return hosts, []
+        scored, rest, report = [], [], []
+        for name in hosts:
+            try:
+                result = self.services.dry_runs.plan(self.services.snapshots.view(name), spec, base_xml)
+                scored.append((result.placement.score, name))
+                report.append({"host": name, "score": result.placement.score})
+            except NoFit as exc:
+                rest.append(name)
+                report.append({"host": name, "reasons": [r.to_dict() for r in exc.reasons]})
+            except HypervisorError as exc:
+                rest.append(name)
+                report.append({"host": name, "error": str(exc)})
+        scored.sort(key=lambda item: -item[0])
+        return [name for _, name in scored] + rest, report
+
+    def _reserve(self, host: Any, spec: GuestSpec, base_xml: str | None, actor: dict[str, Any]) -> PlaceResult:
+        """Claim the pCPUs and record the placement as `planned`, without defining the domain."""
+        store = self.services.container.placement_store
+        conflict: ClaimConflict | None = None
+        with host_lock(host.name):
+            for _ in range(MAX_CLAIM_ATTEMPTS):
+                result = self.service.plan(host, spec, base_xml)
+                try:
+                    store.record(host.name, host.uri, result.placement, spec.to_dict())
+                except ClaimConflict as exc:
+                    conflict = exc
+                    continue
+                break
+            else:
+                assert conflict is not None
+                raise conflict
+            result.narrowed = self._narrow_running(host, store)
+        store.audit(action="reserve", outcome="ok", host=host.name, guest=spec.name,
+                    message=result.placement.describe_pinning(),
+                    detail={**actor, "placement": result.placement.to_dict(), "state": "planned"})
+        return result
+
+    def _narrow_running(self, host: Any, store: Any) -> list[str]:
+        """Reserved pCPUs are exclusive from now on: domains whose shared vCPUs float over
+        them are narrowed (live and in their configuration), as defining would do."""
+        topology, placements = self.service.occupied(host)
+        defined = {d.name for d in host.domains()}
+        before = {p.guest: p for p in placements}
+        narrowed = []
+        for after in refresh_shared_pins(topology, placements):
+            old = before.get(after.guest)
+            if after.guest not in defined or old is None or old.vcpupin == after.vcpupin:
+                continue
+            try:
+                for vcpu, cpus in after.vcpupin.items():
+                    if cpus and old.vcpupin.get(vcpu) != cpus:
+                        host.pin_vcpu(after.guest, vcpu, cpus)
+                narrowed.append(after.guest)
+                store.audit(action="narrow-shared-pins", outcome="ok", host=host.name, guest=after.guest,
+                            message=after.describe_pinning())
+            except HypervisorError as exc:
+                store.audit(action="narrow-shared-pins", outcome="failed", host=host.name, guest=after.guest,
+                            message=str(exc))
+        return narrowed
+
+    @staticmethod
+    def _refuse_existing_domain(host: Any, name: str) -> None:
+        """libvirt's define replaces an existing domain of the same name: never do that."""
+        try:
+            host.domain_state(name)
+        except DomainGone:
+            return
+        raise NoFit(name, host.name, [_exists_reason(name, host.name)])
+
+    def _count(self, hosts: list[str], mode: str, failures: list[tuple[str, Exception]]) -> None:
+        for name, exc in failures:
+            self.metrics.placements.labels(name, mode, "no_fit" if isinstance(exc, NoFit) else "error").inc()
+
+    def _nothing_fits(self, spec: GuestSpec, failures: list[tuple[str, Exception]],
+                      report: list[dict[str, Any]]) -> Exception:
+        unreachable = [(h, e) for h, e in failures if isinstance(e, HypervisorError)]
+        if len(failures) == 1:
+            return failures[0][1]  # the handlers answer 409 (NoFit) or 502/503 (libvirt), naming the host
+        if failures and len(unreachable) == len(failures):
+            names = ", ".join(h for h, _ in unreachable)
+            return ApiError(503, "host-unavailable", f"guest {spec.name}: no host answered ({names})",
+                            {"hosts": [{"host": h, "error": str(e)} for h, e in unreachable]},
+                            {"Retry-After": "5"})
+        lines = [f"guest {spec.name} fits on no configured host:"]
+        for name, exc in failures:
+            lines.append(f"  host {name}: " + ("; ".join(str(r) for r in exc.reasons)
+                                               if isinstance(exc, NoFit) else str(exc)))
+        return ApiError(409, "no-fit", "\n".join(lines), {
+            "guest": spec.name, "host": None, "reasons": [],
+            "candidates": [{"host": h, "reasons": [r.to_dict() for r in e.reasons]} if isinstance(e, NoFit)
+                           else {"host": h, "error": str(e)} for h, e in failures]})
+
+
+def _exists_reason(name: str, host: str):  # type: ignore[no-untyped-def]
+    from vmplacer.core.nofit import NoFitReason
+
+    return NoFitReason("name", f"host {host}", "a domain name not in use on the host",
+                       f"a domain named {name} exists", "libvirt would replace its definition")

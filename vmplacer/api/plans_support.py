@@ -1,0 +1,122 @@
+"""Rebalancing plans through the API: build the rebalancer, plan (dry run), apply as a job.
+
+Planning observes the hosts and runs the policy: seconds at most, so POST
+/v1/plans answers with the stored plan. Applying changes hosts (repins, live
+migrations of minutes), so it is a job: the runner takes the leases of every
+host the plan touches (sources and targets) before the executor starts, and
+the rebalancer renews them while it works — the same leases `vmplacer
+rebalance` takes, so an API apply and a CLI run never act on one host at once.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import func, select
+
+from vmplacer.api.errors import ApiError
+from vmplacer.app.jobs import Handler, JobContext, JobFailed
+
+APPLY_JOB = "apply-plan"
+
+
+def build_rebalancer(services: Any, holder: str):  # -> Rebalancer
+    """The rebalancer as the CLI builds it (stored model, learning, vCPU demand, probes),
+    acting under `holder` in the host leases."""
+    from vmplacer.bootstrap_rebalance import build_rebalancer as compose
+
+    return compose(services.container, holder=holder)
+
+
+def plan_store(services: Any):  # -> SqlPlanStore
+    from vmplacer.adapters.db.plans import SqlPlanStore
+
+    return SqlPlanStore(services.container.sessions)
+
+
+def plan_hosts(plan: Any) -> list[str]:
+    """Every host a plan acts on: action hosts and migration targets."""
+    return sorted({a.host for a in plan.actions} | {a.target_host for a in plan.actions if a.target_host})
+
+
+def make_plan(services: Any, hosts: list[str] | None, max_actions: int | None, scope: list[str],
+              created_by: str) -> dict[str, Any]:
+    from vmplacer.app.rebalance import RebalanceError
+
+    names = list(dict.fromkeys(hosts)) if hosts else services.host_names  # each host once
+    unknown = sorted(set(names) - set(services.host_names))
+    if unknown:
+        reason = f"not configured: {', '.join(unknown)} (configured: {', '.join(services.host_names)})"
+        raise ApiError(422, "validation", f"field hosts: {reason}", [{"field": "hosts", "reason": reason}])
+    notes: list[str] = []
+    rebalancer = build_rebalancer(services, f"api:{created_by}@{services.instance}")
+    try:
+        plan = rebalancer.make_plan(names, max_actions=max_actions, scope=scope or ("*",), notes=notes)
+    except RebalanceError as exc:
+        if exc.bad_input:
+            raise ApiError(422, "validation", str(exc), [{"field": "hosts", "reason": str(exc)}]) from None
+        raise ApiError(409, "conflict", str(exc)) from None
+    data = plan.to_dict()
+    data["notes"] = notes
+    return data
+
+
+def start_apply(services: Any, plan_id: int, created_by: str) -> Any:
+    """Approve the plan and queue the job that applies it (one of racing callers wins); 409 otherwise."""
+    from vmplacer.adapters.db.api import ApplyRefused, queue_plan_apply
+
+    plan = plan_store(services).get(plan_id)
+    if plan is None:
+        raise ApiError(404, "not-found", f"plan {plan_id} does not exist", {"plan": plan_id})
+    hosts = plan_hosts(plan)
+    unknown = sorted(set(hosts) - set(services.host_names))
+    if unknown:
+        raise ApiError(409, "conflict", f"plan {plan_id} acts on hosts no longer configured: {', '.join(unknown)}",
+                       {"plan": plan_id, "hosts": unknown})
+    try:
+        return queue_plan_apply(services.container.sessions, plan_id, hosts, created_by, APPLY_JOB)
+    except LookupError:
+        raise ApiError(404, "not-found", f"plan {plan_id} does not exist", {"plan": plan_id}) from None
+    except ApplyRefused as exc:
+        raise ApiError(409, "conflict", str(exc), {"plan": plan_id, "state": exc.state, "job": exc.job}) from None
+
+
+def apply_handler(services: Any) -> Handler:
+    def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        from vmplacer.app.rebalance import RebalanceError
+
+        plan_id = int(params["plan_id"])
+        ctx.progress(0.0, f"applying plan {plan_id}")
+        rebalancer = build_rebalancer(services, services.instance)  # the runner's lease holder
+        ttl = services.options.lease_ttl_s
+        try:
+            plan = rebalancer.apply(plan_id, lease_ttl_s=ttl, wait_s=0.0)
+        except RebalanceError as exc:
+            raise JobFailed(str(exc), code="invalid" if exc.bad_input else "conflict",
+                            details={"plan": plan_id}) from None
+        finally:
+            for host in ctx.job.hosts:
+                services.snapshots.invalidate(host)
+        result = plan.to_dict()
+        if plan.state != "succeeded":
+            raise JobFailed(f"plan {plan_id} {plan.state}: {plan.message}", code=plan.state, details=result)
+        return result
+
+    return run
+
+
+def job_handlers(services: Any) -> dict[str, Handler]:
+    try:
+        import vmplacer.app.rebalance  # noqa: F401
+    except ImportError:
+        return {}
+    return {APPLY_JOB: apply_handler(services)}
+
+
+def action_counts(container: Any) -> dict[str, int]:
+    """Plan actions in the database by state (their outcome once final)."""
+    from vmplacer.adapters.db.models import PlanActionRow
+
+    with container.sessions() as session:
+        rows = session.execute(select(PlanActionRow.state, func.count()).group_by(PlanActionRow.state))
+        return {state: int(n) for state, n in rows}

@@ -1,0 +1,72 @@
+"""Liveness, readiness and metrics."""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
+
+from fastapi import APIRouter, Request, Response
+from fastapi.responses import JSONResponse
+from sqlalchemy import text
+from prometheus_client import CONTENT_TYPE_LATEST
+
+from vmplacer.api.errors import COMMON_RESPONSES
+from vmplacer.api.schemas import Health, Readiness, ReadyCheck
+
+router = APIRouter(tags=["operations"])
+HOST_CHECK_TIMEOUT_S = 5.0
+
+
+@router.get("/healthz", response_model=Health, summary="liveness: the process answers (no token needed)")
+def healthz() -> Health:
+    return Health(status="ok")
+
+
+@router.get("/readyz", response_model=Readiness, summary="readiness: the database and every host's libvirt answer",
+            responses={**COMMON_RESPONSES, 503: {"model": Readiness, "description": "a check failed"}})
+def readyz(request: Request) -> JSONResponse:
+    services = request.app.state.services
+    checks = [_database_check(services)]
+    hosts = services.host_names
+    pool = ThreadPoolExecutor(max_workers=max(1, min(8, len(hosts))), thread_name_prefix="readyz")
+    try:
+        futures = {name: pool.submit(services.container.hypervisor(name).ping) for name in hosts}
+        for name, future in futures.items():
+            try:
+                facts = future.result(timeout=HOST_CHECK_TIMEOUT_S)
+                checks.append(ReadyCheck(name=f"host {name}", ok=True,
+                                         detail=f"{facts.get('driver')} on {facts.get('hostname')}, "
+                                                f"{facts.get('domains')} domains"))
+            except FutureTimeout:
+                checks.append(ReadyCheck(name=f"host {name}", ok=False,
+                                         detail=f"host {name}: no answer within {HOST_CHECK_TIMEOUT_S:g} s"))
+            except Exception as exc:  # noqa: BLE001 - each failure is reported, not raised
+                services.metrics.libvirt_error(exc)
+                checks.append(ReadyCheck(name=f"host {name}", ok=False, detail=str(exc)))
+    finally:
+        pool.shutdown(wait=False, cancel_futures=True)  # a hung host must not hang the probe
+    ready = all(check.ok for check in checks)
+    body = Readiness(ready=ready, checks=checks)
+    return JSONResponse(body.model_dump(), status_code=200 if ready else 503)
+
+
+def _database_check(services) -> ReadyCheck:  # type: ignore[no-untyped-def]
+    from vmplacer.adapters.db.migrate import current_revision, head_revision
+
+    try:
+        with services.container.engine.connect() as connection:
+            connection.execute(text("SELECT 1"))
+        current, head = current_revision(services.container.engine), head_revision()
+    except Exception as exc:  # noqa: BLE001
+        return ReadyCheck(name="database", ok=False, detail=f"{exc.__class__.__name__}: {exc}"[:500])
+    if current != head:
+        return ReadyCheck(name="database", ok=False,
+                          detail=f"schema at revision {current}, this vmplacer needs {head}: run `vmplacer db upgrade`")
+    return ReadyCheck(name="database", ok=True, detail=f"schema at revision {current}")
+
+
+@router.get("/metrics", summary="Prometheus metrics", response_class=Response,
+            responses={**COMMON_RESPONSES, 200: {"content": {"text/plain": {"schema": {"type": "string"}}},
+                                                 "description": "Prometheus text format"}})
+def metrics(request: Request) -> Response:
+    services = request.app.state.services
+    return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -1,0 +1,40 @@
+"""Background jobs: GET their state and progress."""
+
+from __future__ import annotations
+
+from dataclasses import asdict
+from typing import Any, Literal
+
+from fastapi import APIRouter, Path, Query, Request
+
+from vmplacer.api.errors import COMMON_RESPONSES, NOT_FOUND, ApiError
+from vmplacer.api.schemas import JobList, JobView
+from vmplacer.ports import JobRecord
+
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+JOB_ID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+
+
+def job_view(job: JobRecord) -> dict[str, Any]:
+    data = asdict(job)
+    data["hosts"] = list(job.hosts)
+    data.pop("heartbeat_at", None)
+    return data
+
+
+@router.get("/{job_id}", response_model=JobView, summary="a job's state, progress and result",
+            responses={**COMMON_RESPONSES, **NOT_FOUND})
+def get_job(request: Request, job_id: str = Path(pattern=JOB_ID, max_length=36)) -> dict[str, Any]:
+    job = request.app.state.services.jobs.get(job_id)
+    if job is None:
+        raise ApiError(404, "not-found", f"job {job_id} does not exist", {"job": job_id})
+    return job_view(job)
+
+
+@router.get("", response_model=JobList, summary="recent jobs, newest first", responses=COMMON_RESPONSES)
+def list_jobs(request: Request,
+              status: Literal["queued", "running", "succeeded", "failed"] | None = None,
+              kind: str | None = Query(default=None, pattern=r"^[a-z-]{1,32}$"),
+              limit: int = Query(default=100, ge=1, le=1000)) -> dict[str, Any]:
+    jobs = request.app.state.services.jobs.list(limit=limit, status=status, kind=kind)
+    return {"jobs": [job_view(job) for job in jobs]}

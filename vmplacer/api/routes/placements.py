@@ -1,0 +1,110 @@
+"""POST/GET/DELETE placements."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Path, Query, Request, Response
+
+from vmplacer.adapters.db.api import placement_records
+from vmplacer.api.auth import require_principal
+from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, HOST_ERROR, NOT_FOUND, ApiError
+from vmplacer.api.placing import Placer, check_base_xml
+from vmplacer.api.schemas import (
+    GUEST_NAME,
+    HOST_NAME,
+    PlacementList,
+    PlacementRecord,
+    PlacementRequest,
+    PlacementView,
+    Removed,
+)
+from vmplacer.core.guest import GuestSpec
+
+router = APIRouter(prefix="/v1/placements", tags=["placements"])
+
+
+@router.post(
+    "",
+    response_model=PlacementView,
+    summary="place a guest: pinning, memory nodes and domain XML (dry run, reserve, define, start)",
+    responses={**COMMON_RESPONSES, **CONFLICT, **HOST_ERROR,
+               201: {"model": PlacementView, "description": "placed (reserved, defined or running)"}},
+)
+def create_placement(request: Request, body: PlacementRequest, response: Response) -> dict[str, Any]:
+    services = request.app.state.services
+    principal = require_principal(request)
+    spec = GuestSpec.from_mapping(body.guest_fields())
+    if body.base_xml is not None and len(body.base_xml) > services.base_xml_limit:
+        reason = f"at most {services.base_xml_limit} characters (half of api.max_request_bytes)"
+        raise ApiError(422, "validation", f"field base_xml: {reason}", [{"field": "base_xml", "reason": reason}])
+    base_xml = check_base_xml(body.base_xml, spec.name)
+    placer = Placer(services)
+    hosts = placer.candidates(body.host)
+    if body.start and not body.define:
+        raise ApiError(422, "validation", "start needs define (a reserved guest is defined by the caller)",
+                       [{"field": "start", "reason": "start=true requires define=true"}])
+    if body.dry_run:
+        return placer.plan(spec, hosts, base_xml).to_dict()
+    outcome = placer.place(spec, hosts, base_xml, define=body.define, start=body.start,
+                           actor={"via": "api", "token": principal.name, "instance": services.instance})
+    response.status_code = 201
+    response.headers["Location"] = f"/v1/placements/{spec.name}"
+    return outcome.to_dict()
+
+
+@router.get("", response_model=PlacementList, summary="placements vmplacer recorded",
+            responses=COMMON_RESPONSES)
+def list_placements(request: Request,
+                    host: str | None = Query(default=None, pattern=HOST_NAME, max_length=63),
+                    limit: int = Query(default=1000, ge=1, le=10_000)) -> dict[str, Any]:
+    services = request.app.state.services
+    return {"placements": placement_records(services.container.sessions, host, limit)}
+
+
+@router.get("/{guest}", response_model=PlacementRecord, summary="one recorded placement",
+            responses={**COMMON_RESPONSES, **NOT_FOUND})
+def get_placement(request: Request, guest: str = Path(pattern=GUEST_NAME, max_length=64)) -> dict[str, Any]:
+    record = request.app.state.services.container.placement_store.get(guest)
+    if record is None:
+        raise ApiError(404, "not-found", f"guest {guest}: no placement recorded", {"guest": guest})
+    return record
+
+
+@router.delete("/{guest}", response_model=Removed,
+               summary="forget a placement and free its pCPUs; by default also destroy and undefine the domain",
+               responses={**COMMON_RESPONSES, **NOT_FOUND, **HOST_ERROR})
+def delete_placement(request: Request, guest: str = Path(pattern=GUEST_NAME, max_length=64),
+                     undefine: bool = Query(default=True, description="destroy and undefine the domain too "
+                                            "(never for a reservation: its domain belongs to the caller)")
+                     ) -> dict[str, Any]:
+    services = request.app.state.services
+    store = services.container.placement_store
+    record = store.get(guest)
+    if record is None:
+        raise ApiError(404, "not-found", f"guest {guest}: no placement recorded", {"guest": guest})
+    host_name = record["host"]
+    do_undefine = undefine and record["state"] != "planned"
+    if host_name in services.host_names:
+        host = services.container.hypervisor(host_name)
+        if do_undefine:
+            _reachable(host, guest)
+        services.placement.remove(host, guest, undefine=do_undefine)
+        services.snapshots.invalidate(host_name)
+    else:  # the host left the configuration: only the record can go
+        store.forget(guest)
+        store.audit(action="remove", outcome="ok", host=host_name, guest=guest,
+                    message="host no longer configured; record only")
+        do_undefine = False
+    return {"guest": guest, "host": host_name, "undefined": do_undefine}
+
+
+def _reachable(host: Any, guest: str) -> None:
+    """Undefining on a host that does not answer would forget the record but leave the
+    domain: answer 503 (naming the host) and keep the record instead."""
+    from vmplacer.ports import DomainGone
+
+    try:
+        host.domain_state(guest)
+    except DomainGone:
+        pass

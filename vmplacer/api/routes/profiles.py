@@ -1,0 +1,51 @@
+"""Freeze'nSense: start a profiling job, read a VM's distributions."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from fastapi import APIRouter, Path, Query, Request, Response
+
+from vmplacer.api.auth import require_principal
+from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, HOST_ERROR, NOT_FOUND, ApiError
+from vmplacer.api.placing import Placer
+from vmplacer.api.profiling import PROFILE_JOB, check_vms, profiler_config, stored_profile
+from vmplacer.api.routes.jobs import job_view
+from vmplacer.api.schemas import GUEST_NAME, HOST_NAME, JobAccepted, ProfileRequest, ProfileView
+
+router = APIRouter(prefix="/v1/profiles", tags=["profiles"])
+
+
+@router.post("", status_code=202, response_model=JobAccepted,
+             summary="start Freeze'nSense on a host (a background job; poll GET /v1/jobs/{id})",
+             responses={**COMMON_RESPONSES, **CONFLICT, **HOST_ERROR})
+def start_profile(request: Request, body: ProfileRequest, response: Response) -> dict[str, Any]:
+    services = request.app.state.services
+    principal = require_principal(request)
+    host = Placer(services).candidates(body.host)[0]  # 422 for an unknown host; default: the first
+    params = body.model_dump()
+    params["host"] = host
+    profiler_config(params, services.settings)  # 422 now rather than a failed job later
+    if body.vms:
+        check_vms(services.container.hypervisor(host), body.vms)
+    busy = services.jobs.active_on(PROFILE_JOB, host)
+    if busy:
+        raise ApiError(409, "busy", f"host {host}: profiling job {busy[0].id} is already {busy[0].status}",
+                       {"host": host, "job": busy[0].id})
+    if services.runner is None and services.options.run_jobs:
+        raise ApiError(503, "not-ready", "the job runner is not running")
+    job = services.jobs.create(PROFILE_JOB, [host], params, principal.name)
+    if services.runner is not None:
+        services.runner.wake()
+    location = f"/v1/jobs/{job.id}"
+    response.headers["Location"] = location
+    return {"job": job_view(job), "location": location}
+
+
+@router.get("/{guest}", response_model=ProfileView,
+            summary="a VM's ζ (shared), ζb (neighbours frozen) and degradation distributions",
+            responses={**COMMON_RESPONSES, **NOT_FOUND})
+def get_profile(request: Request, guest: str = Path(pattern=GUEST_NAME, max_length=64),
+                run_id: int | None = Query(default=None, ge=1, le=2**31 - 1),
+                host: str | None = Query(default=None, pattern=HOST_NAME, max_length=63)) -> dict[str, Any]:
+    return stored_profile(request.app.state.services, guest, run_id, host)

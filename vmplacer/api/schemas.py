@@ -1,0 +1,276 @@
+"""Request and response bodies (the OpenAPI contract).
+
+Guest fields are the ones of a plan request file (`vmplacer plan --request`):
+native names, or OpenStack flavor `extra_specs` with `hw:*` keys, validated by
+`GuestSpec.from_mapping` so the API, the CLI and request files agree on every
+rule and every message. Types here are strict (no "4" for 4) so a client's
+mistake is reported, not guessed at.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from vmplacer.core.guest import (
+    CPU_POLICIES,
+    EMULATOR_POLICIES,
+    MAX_MEMORY_MIB,
+    MAX_NUMA_NODES,
+    MAX_VCPUS,
+    THREAD_POLICIES,
+    WORKLOAD_CLASSES,
+)
+from vmplacer.core.placement import MEM_MODES
+
+GUEST_NAME = r"^[A-Za-z0-9_.+][A-Za-z0-9_.+-]{0,63}$"
+HOST_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
+MAX_BASE_XML = 256 * 1024
+ROUTING_FIELDS = ("host", "dry_run", "define", "start", "base_xml")
+
+CpuPolicy = Literal[CPU_POLICIES]  # type: ignore[valid-type]
+ThreadPolicy = Literal[THREAD_POLICIES]  # type: ignore[valid-type]
+EmulatorPolicy = Literal[EMULATOR_POLICIES]  # type: ignore[valid-type]
+WorkloadClass = Literal[WORKLOAD_CLASSES]  # type: ignore[valid-type]
+MemMode = Literal[MEM_MODES]  # type: ignore[valid-type]
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(strict=True, extra="forbid")
+
+
+class PlacementRequest(BaseModel):
+    """A guest to place, plus where and how. Extra keys `numa_cpus.N` / `numa_mem.N`
+    (flat form of the request file) are accepted too."""
+
+    model_config = ConfigDict(strict=True, extra="allow", json_schema_extra={"additionalProperties": True})
+
+    name: str = Field(pattern=GUEST_NAME, max_length=64, description="the domain name")
+    vcpus: int = Field(ge=1, le=MAX_VCPUS)
+    memory_mib: int = Field(ge=1, le=MAX_MEMORY_MIB)
+    cpu_policy: CpuPolicy | None = None
+    thread_policy: ThreadPolicy | None = None
+    dedicated_vcpus: str | list[int] | None = Field(
+        default=None, description="cpu_policy mixed: vCPUs with a pCPU of their own, e.g. '0-1' or '^0'")
+    numa_nodes: int | None = Field(default=None, ge=1, le=MAX_NUMA_NODES)
+    numa_cpus: dict[str, str | list[int]] | None = Field(default=None, description="cell -> vCPU list")
+    numa_mem: dict[str, int] | None = Field(default=None, description="cell -> MiB")
+    mem_mode: MemMode | None = None
+    mem_page_size: str | int | None = Field(default=None, description="small, large, any, 2MB, 1GB or KiB")
+    emulator_threads: EmulatorPolicy | None = None
+    workload_class: WorkloadClass | None = None
+    labels: dict[str, str | int | float] | None = None
+    affinity: list[str] | None = None
+    anti_affinity: list[str] | None = None
+    extra_specs: dict[str, str | int] | None = Field(
+        default=None, description="OpenStack flavor extra specs; hw:* keys are applied, others ignored")
+
+    host: str | None = Field(default=None, pattern=HOST_NAME,
+                             description="a configured host; omitted: every host is tried, the best score wins")
+    dry_run: bool = Field(default=False, description="compute placement and XML only; nothing is recorded")
+    define: bool = Field(default=True, description="define the domain in libvirt; false: only reserve the "
+                         "pCPUs and return the XML for the caller to define")
+    start: bool = Field(default=False, description="start the domain after defining it")
+    base_xml: str | None = Field(default=None, max_length=MAX_BASE_XML,
+                                 description="the caller's domain XML; vmplacer replaces only what it owns")
+
+    def guest_fields(self) -> dict[str, Any]:
+        data = self.model_dump(exclude_none=True, exclude=set(ROUTING_FIELDS))
+        data.update({k: v for k, v in (self.model_extra or {}).items()})
+        return data
+
+
+class Candidate(BaseModel):
+    host: str
+    score: float | None = None
+    reasons: list[dict[str, str]] | None = None
+    error: str | None = None
+
+
+class PlacementView(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    guest: str
+    host: str
+    state: str = Field(description="planned (dry run or reserved) | defined | running")
+    dry_run: bool
+    placement: dict[str, Any]
+    xml: str
+    domain_uuid: str | None = None
+    narrowed: list[str] = Field(default_factory=list,
+                                description="running domains whose shared vCPUs were narrowed")
+    candidates: list[Candidate] = Field(default_factory=list)
+
+
+class PlacementRecord(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    guest: str
+    host: str | None
+    state: str
+    domain_uuid: str | None = None
+    spec: dict[str, Any]
+    placement: dict[str, Any]
+    claims: list[int]
+
+
+class PlacementList(BaseModel):
+    placements: list[PlacementRecord]
+
+
+class Removed(BaseModel):
+    guest: str
+    host: str | None
+    undefined: bool
+
+
+class Lease(BaseModel):
+    holder: str = Field(description="the vmplacer instance acting on the host")
+    acquired_at: float | None = None
+    expires_at: float | None = None
+
+
+class HostView(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    uri: str
+    reachable: bool
+    error: str | None = None
+    lease: Lease | None = Field(default=None, description="held while a job acts on the host")
+
+
+class HostList(BaseModel):
+    hosts: list[HostView]
+
+
+class JobView(BaseModel):
+    id: str
+    kind: str
+    hosts: list[str]
+    status: str = Field(description="queued | running | succeeded | failed")
+    progress: float
+    message: str
+    parameters: dict[str, Any]
+    result: dict[str, Any] | None = None
+    error: dict[str, Any] | None = None
+    created_by: str
+    owner: str | None = None
+    created_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+
+
+class JobList(BaseModel):
+    jobs: list[JobView]
+
+
+class JobAccepted(BaseModel):
+    job: JobView
+    location: str
+
+
+class ProfileRequest(_Strict):
+    host: str | None = Field(default=None, pattern=HOST_NAME, description="default: the first configured host")
+    vms: list[str] = Field(default_factory=list, max_length=256,
+                           description="sensitive VMs (sampled with neighbours frozen); empty: all running")
+    sensitive: str = Field(default="all", max_length=200,
+                           description="all, label:KEY=VALUE or class:NAME (e.g. class:latency-critical)")
+    t_m_ms: float | None = Field(default=None, gt=0, le=10_000)
+    t_sleep_s: float | None = Field(default=None, ge=0, le=86_400)
+    max_freeze_ms: float | None = Field(default=None, gt=0, le=60_000)
+    samples: int | None = Field(default=None, ge=1, le=100_000)
+    duration_s: float | None = Field(default=None, gt=0, le=86_400)
+    metric: Literal["auto", "ipc", "cpu"] | None = None
+    exclude: list[str] = Field(default_factory=list, max_length=256, description="never frozen (glob patterns)")
+    scope: list[str] = Field(default_factory=list, max_length=256, description="domains considered (globs)")
+    adaptive: bool = False
+
+
+class Distribution(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    n: int
+    mean: float
+    p50: float
+
+
+class VmProfile(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    zeta: dict[str, Any] | None
+    zeta_b: dict[str, Any] | None
+    degradation: dict[str, Any] | None
+    neighbours: list[dict[str, Any]]
+
+
+class ProfileView(BaseModel):
+    guest: str
+    run: dict[str, Any]
+    profile: VmProfile
+
+
+class AuditEntry(BaseModel):
+    id: int
+    at: float | None
+    actor: str
+    action: str
+    host: str | None
+    guest: str | None
+    outcome: str
+    message: str
+    detail: dict[str, Any]
+
+
+class AuditList(BaseModel):
+    entries: list[AuditEntry]
+
+
+class Health(BaseModel):
+    status: str
+
+
+class ReadyCheck(BaseModel):
+    name: str
+    ok: bool
+    detail: str = ""
+
+
+class Readiness(BaseModel):
+    ready: bool
+    checks: list[ReadyCheck]
+
+
+class PlanRequest(_Strict):
+    hosts: list[str] | None = Field(default=None, max_length=256,
+                                    description="hosts to rebalance (default: every configured host)")
+    max_actions: int | None = Field(default=None, ge=0, le=1000)
+    scope: list[str] = Field(default_factory=list, max_length=256,
+                             description="glob patterns of guests that may move (default: all)")
+
+
+class PlanView(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: int | None
+    state: str = Field(description="proposed | approved | running | succeeded | failed | rolled_back")
+    hosts: list[str]
+    predicted_gain: float
+    summary: str
+    actions: list[dict[str, Any]]
+    diff: list[dict[str, Any]]
+
+
+class PlanSummary(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: int
+    state: str
+    hosts: list[str]
+    summary: str
+    actions: int
+
+
+class PlanList(BaseModel):
+    plans: list[PlanSummary]

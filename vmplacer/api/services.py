@@ -1,0 +1,188 @@
+"""What the routes use, built once per application from the composition root.
+
+Kept apart from the routes so tests and the benchmark can build an app on any
+settings, and so `vmplacer serve` wires exactly what the tests exercise.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import threading
+import uuid
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from sqlalchemy import Engine, func, select
+
+from vmplacer.adapters.db.api import SqlIdempotencyStore, SqlJobStore, SqlTokenStore
+from vmplacer.api.auth import TokenVerifier
+from vmplacer.api.hostcache import HostSnapshots, SnapshotStore
+from vmplacer.api.metrics import ApiMetrics, degradation_gauges, job_gauges, plan_action_gauges
+from vmplacer.app.jobs import DEFAULT_LEASE_TTL_S, JobRunner
+from vmplacer.app.placement_service import PlacementService
+from vmplacer.bootstrap import Container
+from vmplacer.ports import LeaseStore
+
+log = logging.getLogger(__name__)
+
+HOUSEKEEPING_EVERY_S = 600.0
+REQUEST_THREADS = 40  # anyio's default limit for synchronous routes
+POOL_SIZE = 10  # kept open
+POOL_OVERFLOW = 30  # opened for bursts: up to REQUEST_THREADS requests at once, each one connection
+
+
+def instance_name() -> str:
+    """host:pid:random — unique per process, readable in lease rows and job owners."""
+    return f"{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:6]}"
+
+
+@dataclass
+class ApiOptions:
+    instance: str = field(default_factory=instance_name)
+    lease_ttl_s: float = DEFAULT_LEASE_TTL_S
+    run_jobs: bool = True  # False: this instance only queues jobs, others run them
+    job_workers: int = 4
+    replay_freeze_journal: bool = True
+
+
+class ApiServices:
+    def __init__(self, container: Container, options: ApiOptions | None = None):
+        self.container = container
+        self.settings = container.settings
+        self.options = options or ApiOptions()
+        self.instance = self.options.instance
+        self.metrics = ApiMetrics()
+        self.placement = container.placement_service()
+        self.snapshots = HostSnapshots(container.hypervisor, container.placement_store.occupied)
+        self.dry_runs = PlacementService(SnapshotStore(self.snapshots), self._render)  # type: ignore[arg-type]
+        token_store = SqlTokenStore(container.sessions)
+        self.token_store = token_store
+        self.tokens = TokenVerifier(token_store.verify)
+        self.idempotency = SqlIdempotencyStore(container.sessions)
+        self.jobs = SqlJobStore(container.sessions)
+        self.runner: JobRunner | None = None
+        self._housekeeping_stop = threading.Event()
+        self._housekeeping: threading.Thread | None = None
+        self.metrics.add_database_gauges(
+            degradation_gauges(self.latest_profile_results),
+            job_gauges(self.jobs.counts),
+            plan_action_gauges(self.plan_action_counts),
+        )
+
+    def _render(self, spec: Any, placement: Any, base_xml: str | None) -> str:
+        from vmplacer.adapters.domain_xml import render_domain
+
+        host = self.settings.host(placement.host)
+        return render_domain(spec, placement, base_xml=base_xml, domain_type=host.domain_type)
+
+    @property
+    def base_xml_limit(self) -> int:
+        """Longest base XML accepted: half the request limit leaves room for the rest of the body."""
+        from vmplacer.api.schemas import MAX_BASE_XML
+
+        return min(MAX_BASE_XML, self.settings.api.max_request_bytes // 2)
+
+    @property
+    def host_names(self) -> list[str]:
+        return [h.name for h in self.settings.hosts]
+
+    # ----- background work -------------------------------------------------------------------
+    def start(self, leases: LeaseStore | None = None) -> None:
+        """Replay the freeze journal, then start taking jobs."""
+        if self.options.replay_freeze_journal:
+            self._replay_freeze_journal()
+        self._housekeeping = threading.Thread(target=self._housekeep, name="vmplacer-housekeeping", daemon=True)
+        self._housekeeping.start()
+        if not self.options.run_jobs:
+            return
+        from vmplacer.api.job_handlers import handlers
+
+        self.runner = JobRunner(
+            self.jobs, leases or self.host_leases(), handlers(self),
+            owner=self.instance, lease_ttl_s=self.options.lease_ttl_s,
+            max_workers=self.options.job_workers, on_finished=self._job_finished)
+        self.runner.start()
+
+    def stop(self) -> None:
+        self._housekeeping_stop.set()
+        if self.runner is not None:
+            self.runner.stop()
+            self.runner = None
+
+    def _housekeep(self) -> None:
+        """Forget idempotency keys past their retention, now and then."""
+        while not self._housekeeping_stop.wait(HOUSEKEEPING_EVERY_S):
+            try:
+                purged = self.idempotency.purge()
+                if purged:
+                    log.info("purged %d expired idempotency keys", purged)
+            except Exception as exc:  # noqa: BLE001 - next round
+                log.warning("housekeeping failed: %s", exc)
+
+    def host_leases(self) -> LeaseStore:
+        from vmplacer.api.leases import host_leases
+
+        return host_leases(self.container)
+
+    def _replay_freeze_journal(self) -> None:
+        """Resume domains a killed vmplacer process left paused, before serving anything."""
+        try:
+            from vmplacer.bootstrap_profiler import replay_freeze_journal
+
+            report = replay_freeze_journal(self.container)
+        except Exception as exc:  # noqa: BLE001 - report it; the API still serves
+            log.error("freeze journal replay failed: %s", exc)
+            return
+        for host, domain in report.resumed:
+            log.warning("resumed %s on %s: left paused by an interrupted freeze", domain, host)
+        for error in report.errors:
+            log.error("freeze journal replay: %s", error)
+
+    def _job_finished(self, job: Any, status: str, result: dict[str, Any] | None) -> None:
+        self.metrics.jobs_finished.labels(job.kind, status).inc()
+        for host in job.hosts:
+            self.snapshots.invalidate(host)
+
+    # ----- database-derived metrics -----------------------------------------------------------
+    def latest_profile_results(self) -> list[tuple[str, dict[str, Any]]]:
+        from vmplacer.adapters.db.models import ProfileRunRow
+
+        with self.container.sessions() as session:
+            newest = (select(ProfileRunRow.host, func.max(ProfileRunRow.id).label("id"))
+                      .where(ProfileRunRow.status == "finished", ProfileRunRow.results.is_not(None))
+                      .group_by(ProfileRunRow.host).subquery())
+            rows = session.execute(select(ProfileRunRow.host, ProfileRunRow.results)
+                                   .join(newest, ProfileRunRow.id == newest.c.id))
+            return [(host, results or {}) for host, results in rows]
+
+    def plan_action_counts(self) -> dict[str, int]:
+        from vmplacer.api import plans_support
+
+        return plans_support.action_counts(self.container)
+
+
+class ApiContainer(Container):
+    """The composition root for a server process: an engine pool sized for concurrent requests.
+
+    The default pool (5 connections + 10 overflow, closed after use) makes a busy
+    server open and close PostgreSQL connections all the time; requests run on
+    up to REQUEST_THREADS threads, each holding at most one connection at a time.
+    (Several instances on one server: POOL_SIZE + POOL_OVERFLOW each, mind
+    PostgreSQL's max_connections.)
+    """
+
+    @cached_property
+    def engine(self) -> Engine:
+        from sqlalchemy import create_engine
+        from sqlalchemy.engine import make_url
+
+        from vmplacer.adapters.db.engine import make_engine
+
+        url = self.settings.database_url
+        if make_url(url).get_backend_name() != "postgresql":
+            return make_engine(url)  # SQLite: local file, opening a connection is cheap
+        return create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW,
+                             pool_timeout=30)

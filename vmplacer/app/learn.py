@@ -1,0 +1,116 @@
+"""Online fitting: every Freeze'nSense sample pair becomes one model observation.
+
+A ζb sample (neighbours frozen) next to the ζ sample taken closest in time
+(neighbours running) is one equation in the β's of the neighbours that were
+frozen: ζ/ζb = own_share − Σ β·load. Neighbours that share the VM's pCPU
+are time sharing, not interference, so they lower `own_share` instead of
+adding an exposure. Samples whose neighbours' distance is unknown (unpinned
+guests) are skipped and counted: guessing a distance would teach the model
+the wrong class.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from vmplacer.core.interference import UNKNOWN_CLASS, Exposure, InterferenceModel, Observation
+from vmplacer.core.topology import DistanceClass
+
+SAME_CPU = DistanceClass.SAME_CPU.value
+
+
+class ModelRepository(Protocol):
+    def load(self, name: str = "default") -> tuple[InterferenceModel, int | None]: ...
+    def save(self, model: InterferenceModel, last_run_id: int | None, name: str = "default") -> None: ...
+
+
+class SampleSource(Protocol):
+    def samples(self, run_id: int, guest: str | None = None) -> list[dict[str, Any]]: ...
+
+
+@dataclass
+class LearnReport:
+    runs: list[int] = field(default_factory=list)
+    observations: int = 0
+    skipped: Counter[str] = field(default_factory=Counter)
+    total_observations: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"runs": self.runs, "observations": self.observations,
+                "skipped": dict(self.skipped), "total_observations": self.total_observations}
+
+
+def observations_from_samples(
+    samples: Iterable[Mapping[str, Any]],
+    workload_classes: Mapping[str, str] | None = None,
+    skipped: Counter[str] | None = None,
+) -> list[Observation]:
+    """Pair each ζb with the nearest-in-time ζ of the same guest (same metric)."""
+    classes = workload_classes or {}
+    skipped = skipped if skipped is not None else Counter()
+    by_guest: dict[tuple[str, str], dict[str, list[Mapping[str, Any]]]] = {}
+    for sample in samples:
+        slot = by_guest.setdefault((sample["guest"], sample["metric"]), {"zeta": [], "zeta_b": []})
+        if sample["kind"] in slot:
+            slot[sample["kind"]].append(sample)
+    result: list[Observation] = []
+    for (guest, _metric), kinds in sorted(by_guest.items()):
+        shared = sorted(kinds["zeta"], key=lambda s: s["at"])
+        if not shared:
+            skipped["no-zeta"] += len(kinds["zeta_b"])
+            continue
+        for alone in kinds["zeta_b"]:
+            if alone["value"] <= 0:
+                skipped["zero-zeta-b"] += 1
+                continue
+            nearest = min(shared, key=lambda s: abs(s["at"] - alone["at"]))
+            frozen = [n for n in alone.get("neighbours", []) if n.get("frozen", True)]
+            if any(n["distance"] == "unknown" for n in frozen):
+                skipped["unknown-distance"] += 1
+                continue
+            same_cpu = sum(1 for n in frozen if n["distance"] == SAME_CPU)
+            exposures = tuple(
+                Exposure(key=n["name"], distance=DistanceClass(n["distance"]), load=1.0,
+                         workload_class=classes.get(n["name"], UNKNOWN_CLASS))
+                for n in frozen if n["distance"] != SAME_CPU
+            )
+            result.append(Observation(
+                key=guest,
+                zeta=float(nearest["value"]),
+                zeta_b=float(alone["value"]),
+                neighbours=exposures,
+                own_share=1.0 / (1 + same_cpu),
+                workload_class=classes.get(guest, UNKNOWN_CLASS),
+            ))
+    return result
+
+
+def learn_from_runs(
+    runs: Iterable[int],
+    source: SampleSource,
+    repository: ModelRepository,
+    workload_classes: Mapping[str, str] | None = None,
+    name: str = "default",
+) -> LearnReport:
+    """Update the stored model with the samples of `runs` (older runs first); idempotent
+    per run: a run at or before the model's last learned run is not learned twice."""
+    model, last_run = repository.load(name)
+    report = LearnReport()
+    newest = last_run
+    for run_id in sorted(set(runs)):
+        if last_run is not None and run_id <= last_run:
+            report.skipped["already-learned-run"] += 1
+            continue
+        observations = observations_from_samples(source.samples(run_id), workload_classes, report.skipped)
+        for observation in observations:
+            model.update(observation)
+        report.observations += len(observations)
+        report.runs.append(run_id)
+        newest = run_id if newest is None else max(newest, run_id)
+    if report.runs:
+        repository.save(model, newest, name)
+    report.total_observations = model.observations
+    return report

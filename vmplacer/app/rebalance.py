@@ -1,0 +1,334 @@
+"""Rebalancing, end to end: lease → profile → learn → observe → plan → apply → release.
+
+`plan` observes the hosts and stores a proposed plan (a dry run: nothing
+changes); `apply` runs a stored plan; `run` does the whole loop while holding
+a lease on every host it may touch, so two runs never act on one host (the
+second finds the hosts busy, waits up to `wait_s`, then gives up).
+
+Every outside service is injected: hosts (the Hypervisor port), stores
+(plans, leases, placement rows, audit), and the optional steps — profile
+(Freeze'nSense), learn (refit the interference model from the samples),
+load the model, measure vCPU demand, probe. A step that is not available is
+skipped with its reason in the report; without a learned model the policy
+uses the linear predictor (time sharing only).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from vmplacer.app.executor import Auditor, Executor, ExecutorError, ExecutorSettings
+from vmplacer.core.guest import GuestSpec, GuestSpecError
+from vmplacer.core.interference import InterferenceModel
+from vmplacer.core.plan import Plan
+from vmplacer.core.policies.rebalance import plan_rebalance
+from vmplacer.core.policies.rebalance_state import (
+    ClusterState,
+    GuestState,
+    HostState,
+    RebalanceInputError,
+    RebalanceSettings,
+    describe_guest,
+)
+from vmplacer.ports import Clock, Hypervisor, HypervisorError, LeaseStore, PlacementUpdates, PlanStore
+
+log = logging.getLogger(__name__)
+
+RUN_STATUSES = ("applied", "planned", "nothing-to-do", "busy", "failed")
+
+
+class RebalanceError(RuntimeError):
+    """A run or an apply that cannot proceed; `bad_input` marks the operator's mistakes."""
+
+    def __init__(self, message: str, *, bad_input: bool = False):
+        super().__init__(message)
+        self.bad_input = bad_input
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    hosts: tuple[str, ...] | None = None  # None: every host
+    dry_run: bool = False
+    max_actions: int | None = None
+    scope: tuple[str, ...] = ("*",)  # glob patterns of guests that may move (others still count as load)
+    profile_seconds: float = 0.0  # 0: no profiling step
+    lease_ttl_s: float = 900.0
+    wait_s: float = 0.0  # how long to wait for busy hosts
+
+
+@dataclass
+class Step:
+    name: str
+    status: str  # ok | skipped | failed
+    seconds: float
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "status": self.status, "seconds": round(self.seconds, 3),
+                "message": self.message}
+
+
+@dataclass
+class RunReport:
+    status: str
+    plan: Plan | None = None
+    steps: list[Step] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "status": self.status,
+            "plan": self.plan.to_dict() if self.plan else None,
+            "steps": [s.to_dict() for s in self.steps],
+            "notes": list(self.notes),
+        }
+
+
+@dataclass
+class Observation:
+    state: ClusterState
+    notes: list[str]
+    unreachable: list[str]
+
+
+class Rebalancer:
+    def __init__(
+        self,
+        hosts: Mapping[str, Hypervisor],
+        *,
+        plans: PlanStore,
+        leases: LeaseStore,
+        clock: Clock,
+        wall: Callable[[], float] = time.time,
+        holder: str = "rebalance",
+        settings: RebalanceSettings | None = None,
+        executor_settings: ExecutorSettings | None = None,
+        placements: PlacementUpdates | None = None,
+        audit: Auditor | None = None,
+        specs: Callable[[str], Mapping[str, Any] | None] | None = None,
+        load_model: Callable[[], InterferenceModel] | None = None,
+        learn: Callable[[], str] | None = None,
+        profile: Callable[[str, float, Sequence[str]], str] | None = None,
+        demand: Callable[[str, list[str]], dict[str, float]] | None = None,
+        probe: Callable[[str, float], str] | None = None,
+        unavailable: Mapping[str, str] | None = None,
+    ):
+        self.hosts = dict(hosts)
+        self.plans = plans
+        self.leases = leases
+        self.clock = clock
+        self.wall = wall
+        self.holder = holder
+        self.settings = settings or RebalanceSettings()
+        self.executor_settings = executor_settings or ExecutorSettings()
+        self.placements = placements
+        self.auditor = audit
+        self.specs = specs
+        self.load_model = load_model
+        self.learn = learn
+        self.profile = profile
+        self.demand = demand
+        self.probe = probe
+        self.unavailable = dict(unavailable or {})  # step -> why it is not available
+
+    # ----- observe ------------------------------------------------------------------------------
+    def observe(self, host_names: Iterable[str]) -> Observation:
+        """Hosts, their running guests and the rules each guest moves by."""
+        hosts: dict[str, HostState] = {}
+        guests: dict[str, GuestState] = {}
+        notes: list[str] = []
+        unreachable: list[str] = []
+        for name in host_names:
+            hypervisor = self.hosts[name]
+            try:
+                topology = hypervisor.topology()
+                domains = hypervisor.domains()
+            except HypervisorError as exc:
+                unreachable.append(name)
+                notes.append(f"host {name} left out: {exc}")
+                continue
+            hosts[name] = HostState(name, topology)
+            running = [d for d in domains if d.state == "running"]
+            loads: dict[str, float] = {}
+            if self.demand is not None and running:
+                try:
+                    loads = self.demand(name, [d.name for d in running])
+                except HypervisorError as exc:
+                    notes.append(f"host {name}: vCPU demand not measured ({exc}); labels or 1.0 used")
+            for domain in running:
+                if domain.placement is None:
+                    notes.append(f"guest {domain.name} on {name}: pinning unreadable, left out")
+                    continue
+                if domain.name in guests:
+                    notes.append(f"guest {domain.name} is running on both {guests[domain.name].host} and {name}: "
+                                 "left where it is")
+                    guests[domain.name] = guests[domain.name].fixed("runs on two hosts")
+                    continue
+                guests[domain.name] = self._describe(domain, name, loads.get(domain.name), notes)
+        return Observation(ClusterState(hosts, guests), notes, unreachable)
+
+    def _describe(self, domain: Any, host: str, load: float | None, notes: list[str]) -> GuestState:
+        placement = domain.placement
+        spec = None
+        if self.specs is not None:
+            raw = self.specs(domain.name)
+            if raw:
+                try:
+                    spec = GuestSpec.from_mapping(dict(raw))
+                except GuestSpecError as exc:
+                    notes.append(f"guest {domain.name}: recorded spec unusable ({exc}); treated as foreign")
+        try:
+            return describe_guest(placement, labels=domain.labels, spec=spec, load=load, settings=self.settings)
+        except RebalanceInputError as exc:
+            notes.append(f"{exc}; the guest is left where it is")
+            return describe_guest(placement, spec=spec, load=load, settings=self.settings).fixed(str(exc))
+
+    # ----- plan -----------------------------------------------------------------------------------------
+    def model(self, notes: list[str]) -> InterferenceModel:
+        if self.load_model is None:
+            why = self.unavailable.get("model", "no learned model is available")
+            notes.append(f"interference model: {why}; the linear predictor (time sharing only) is used")
+            return InterferenceModel()
+        try:
+            return self.load_model()
+        except Exception as exc:  # noqa: BLE001 - a broken model must not stop rebalancing by time shares
+            notes.append(f"interference model could not be loaded ({exc}); the linear predictor is used")
+            return InterferenceModel()
+
+    def make_plan(self, host_names: Sequence[str], *, max_actions: int | None = None,
+                  scope: Sequence[str] = ("*",), notes: list[str] | None = None) -> Plan:
+        """Observe, plan and store a proposed plan (nothing on the hosts changes)."""
+        notes = notes if notes is not None else []
+        self._check_hosts(host_names)
+        observed = self.observe(host_names)
+        notes.extend(observed.notes)
+        model = self.model(notes)
+        settings = self.settings if max_actions is None else replace(self.settings, max_actions=max_actions)
+        movable = [g for g in observed.state.guests if any(fnmatch.fnmatchcase(g, p) for p in scope)]
+        last_moved = self.plans.last_moved(list(observed.state.guests))
+        plan = plan_rebalance(observed.state, model, settings, now=self.wall(), last_moved=last_moved,
+                              scope=movable)
+        plan = replace(plan, settings={**plan.settings, "observe_notes": list(observed.notes),
+                                       "scope": list(scope), "model_observations": model.observations})
+        return self.plans.save(plan, created_by=self.holder)  # type: ignore[return-value]
+
+    def _check_hosts(self, host_names: Sequence[str]) -> None:
+        unknown = sorted(set(host_names) - set(self.hosts))
+        if unknown:
+            raise RebalanceError(f"unknown host(s) {', '.join(unknown)} (configured: {', '.join(sorted(self.hosts))})",
+                                 bad_input=True)
+
+    # ----- apply ---------------------------------------------------------------------------------------
+    def apply(self, plan_id: int, *, lease_ttl_s: float = 900.0, wait_s: float = 0.0) -> Plan:
+        """Approve (if proposed) and run a stored plan, holding leases on the hosts it touches."""
+        plan = self.plans.get(plan_id)
+        if plan is None:
+            raise RebalanceError(f"plan {plan_id} does not exist", bad_input=True)
+        if plan.state not in ("proposed", "approved"):
+            raise RebalanceError(f"plan {plan_id} is {plan.state}: only a proposed or approved plan can be applied",
+                                 bad_input=True)
+        hosts = sorted({a.host for a in plan.actions} | {a.target_host for a in plan.actions if a.target_host})
+        self._check_hosts(hosts)
+        if not self._acquire(hosts, lease_ttl_s, wait_s):
+            raise RebalanceError(f"hosts {', '.join(hosts)} are busy: another run holds their lease")
+        try:
+            return self._apply_held(plan, hosts, lease_ttl_s)
+        finally:
+            self.leases.release(hosts, self.holder)
+
+    def _apply_held(self, plan: Plan, hosts: list[str], lease_ttl_s: float) -> Plan:
+        assert plan.id is not None
+        if plan.state == "proposed":
+            if not self.plans.transition(plan.id, "proposed", "approved", "approved by " + self.holder):
+                raise RebalanceError(f"plan {plan.id} changed state while being approved")
+            plan = plan.moved_to("approved")
+        executor = Executor(
+            self.hosts, clock=self.clock, plans=self.plans, audit=self.auditor, placements=self.placements,
+            probe=self.probe, keep_lease=lambda: self.leases.renew(hosts, self.holder, lease_ttl_s),
+            settings=self.executor_settings,
+        )
+        try:
+            return executor.run(plan)
+        except ExecutorError as exc:
+            raise RebalanceError(str(exc)) from exc
+
+    # ----- the whole loop -----------------------------------------------------------------------------
+    def run(self, options: RunOptions) -> RunReport:
+        host_names = list(options.hosts) if options.hosts else sorted(self.hosts)
+        self._check_hosts(host_names)
+        report = RunReport(status="failed")
+        if not self._acquire(host_names, options.lease_ttl_s, options.wait_s):
+            report.status = "busy"
+            report.notes.append(f"hosts {', '.join(host_names)}: another run holds a lease; nothing done")
+            return report
+        try:
+            self._profile_step(report, host_names, options)
+            self._learn_step(report)
+            started = self.clock.now()
+            plan = self.make_plan(host_names, max_actions=options.max_actions, scope=options.scope,
+                                  notes=report.notes)
+            report.steps.append(Step("plan", "ok", self.clock.now() - started, plan.summary))
+            report.plan = plan
+            moves = [a for a in plan.actions if a.kind != "probe"]
+            if not moves:
+                report.status = "nothing-to-do"
+                return report
+            if options.dry_run:
+                report.status = "planned"
+                return report
+            self.leases.renew(host_names, self.holder, options.lease_ttl_s)
+            started = self.clock.now()
+            plan = self._apply_held(plan, host_names, options.lease_ttl_s)
+            report.steps.append(Step("apply", "ok" if plan.state == "succeeded" else "failed",
+                                     self.clock.now() - started, f"plan {plan.id} {plan.state}: {plan.message}"))
+            report.plan = plan
+            report.status = "applied" if plan.state == "succeeded" else "failed"
+            return report
+        finally:
+            self.leases.release(host_names, self.holder)
+
+    def _profile_step(self, report: RunReport, host_names: list[str], options: RunOptions) -> None:
+        if options.profile_seconds <= 0:
+            report.steps.append(Step("profile", "skipped", 0.0, "no profiling time asked for"))
+            return
+        if self.profile is None:
+            why = self.unavailable.get("profile", "no profiler is available")
+            report.steps.append(Step("profile", "skipped", 0.0, why))
+            log.warning("profile step skipped: %s", why)
+            return
+        for host in host_names:
+            started = self.clock.now()
+            try:
+                message = self.profile(host, options.profile_seconds, options.scope)
+                report.steps.append(Step(f"profile {host}", "ok", self.clock.now() - started, message))
+            except Exception as exc:  # noqa: BLE001 - a failed profile leaves the old model in place
+                report.steps.append(Step(f"profile {host}", "failed", self.clock.now() - started, str(exc)))
+                log.warning("profiling %s failed: %s", host, exc)
+            self.leases.renew(host_names, self.holder, options.lease_ttl_s)
+
+    def _learn_step(self, report: RunReport) -> None:
+        if self.learn is None:
+            why = self.unavailable.get("learn", "no learning step is available")
+            report.steps.append(Step("learn", "skipped", 0.0, why))
+            return
+        started = self.clock.now()
+        try:
+            message = self.learn()
+            report.steps.append(Step("learn", "ok", self.clock.now() - started, str(message or "")))
+        except Exception as exc:  # noqa: BLE001 - the previous model stays usable
+            report.steps.append(Step("learn", "failed", self.clock.now() - started, str(exc)))
+            log.warning("learning failed: %s", exc)
+
+    def _acquire(self, hosts: Sequence[str], ttl_s: float, wait_s: float) -> bool:
+        deadline = self.clock.now() + max(wait_s, 0.0)
+        while True:
+            if self.leases.acquire(list(hosts), self.holder, ttl_s):
+                return True
+            if self.clock.now() >= deadline:
+                return False
+            self.clock.sleep(min(1.0, max(0.0, deadline - self.clock.now())) or 0.1)

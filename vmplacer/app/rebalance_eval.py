@@ -1,0 +1,386 @@
+"""Rebalancing policies compared on simulated hosts, measured by the simulator's ground truth.
+
+One case: a pair matrix (the simulator's hidden truth), hosts, one-vCPU VMs
+running workloads drawn from the matrix, and a starting placement — the
+seed's worst case (VMs packed on SMT sibling threads of the first host) or
+random pCPUs (collisions allowed). Then, each on its own copy of the start:
+
+* none — nothing moves;
+* seed_policy — the seed's relocation experiment (METHOD.md §2): profile
+  with Freeze'nSense, move the two most-degraded VMs to distant cores (the
+  free pCPU farthest from every other VM on their host);
+* blind_spread — interference-blind spreading: every VM re-placed on the
+  least crowded pCPU, core and host, workloads ignored;
+* vmplacer — the production loop (profile → learn → plan → apply, through
+  `Rebalancer` and the executor) for a few rounds, the model learned only
+  from its own Freeze'nSense samples;
+* optimum — every assignment of VMs to pCPUs enumerated (when few enough).
+
+Performance = mean over VMs of the fraction of isolated performance
+(`SimHost.true_performance`, noise-free).
+"""
+
+from __future__ import annotations
+
+import itertools
+import random
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vmplacer.app.evaluate import ProfileSettings, freeze_and_sense, measure, profile_host
+from vmplacer.app.executor import ExecutorSettings
+from vmplacer.app.rebalance import Rebalancer, RunOptions
+from vmplacer.core.interference import InterferenceModel, ModelConfig, Observation
+from vmplacer.core.pairs import PairTable
+from vmplacer.core.plan import Action, Plan, PlanError
+from vmplacer.core.policies.rebalance_state import RebalanceSettings
+from vmplacer.core.topology import HostTopology, uniform_topology
+
+STARTS = ("siblings", "random")
+
+# What the model assumes about distance before its own samples say otherwise (ModelConfig.distance_prior):
+# SMT siblings hurt most — METHOD.md §1: ~22 % mean loss for sibling pairs against ~4 % on separate
+# cores, so about 5× the loss at the reference (same-LLC) distance; cores of another node share less
+# (only the memory controller, or only the interconnect): halved per step, no measurement behind it.
+DISTANCE_PRIOR = {"same-core": 5.0, "same-node": 0.5, "remote-node": 0.25}
+POLICIES = ("none", "seed_policy", "blind_spread", "vmplacer", "optimum")
+DEFAULT_OPTIMUM_LIMIT = 50_000
+
+
+# --------------------------------------------------------------------------- in-process stores
+class MemoryPlanStore:
+    """The PlanStore port in memory (simulations, tests)."""
+
+    def __init__(self, wall):
+        self.wall = wall
+        self.plans: dict[int, Plan] = {}
+        self.finished: dict[tuple[int, int], float] = {}
+
+    def save(self, plan: Plan, created_by: str = "") -> Plan:
+        from dataclasses import replace
+
+        plan = replace(plan, id=len(self.plans) + 1)
+        self.plans[plan.id] = plan
+        return plan
+
+    def get(self, plan_id: int) -> Plan | None:
+        return self.plans.get(plan_id)
+
+    def transition(self, plan_id: int, from_state: str, to_state: str, message: str = "") -> bool:
+        plan = self.plans[plan_id]
+        if plan.state != from_state:
+            return False
+        self.plans[plan_id] = plan.moved_to(to_state, message)
+        return True
+
+    def record_action(self, plan_id: int, action: Action, *, started: bool = False, finished: bool = False) -> None:
+        plan = self.plans.get(plan_id)
+        if plan is None:
+            raise PlanError(f"plan {plan_id} does not exist")
+        self.plans[plan_id] = plan.with_action(action)
+        if finished:
+            self.finished[(plan_id, action.index)] = self.wall()
+
+    def last_moved(self, guests: Sequence[str] | None = None) -> dict[str, float]:
+        result: dict[str, float] = {}
+        for plan in self.plans.values():
+            for action in plan.actions:
+                if action.state == "succeeded" and action.kind != "probe" and action.guest:
+                    at = self.finished.get((plan.id, action.index))
+                    if at is not None and (guests is None or action.guest in guests):
+                        result[action.guest] = max(at, result.get(action.guest, at))
+        return result
+
+    def moves(self) -> list[Action]:
+        return [a for p in sorted(self.plans.values(), key=lambda p: p.id or 0) for a in p.actions
+                if a.state == "succeeded" and a.kind != "probe"]
+
+
+class MemoryLeaseStore:
+    def __init__(self):
+        self.held: dict[str, str] = {}
+
+    def acquire(self, hosts, holder, ttl_s) -> bool:
+        if any(self.held.get(h, holder) != holder for h in hosts):
+            return False
+        self.held.update({h: holder for h in hosts})
+        return True
+
+    def renew(self, hosts, holder, ttl_s) -> bool:
+        return all(self.held.get(h) == holder for h in hosts)
+
+    def release(self, hosts, holder) -> None:
+        for host in hosts:
+            if self.held.get(host) == holder:
+                del self.held[host]
+
+
+# --------------------------------------------------------------------------- cases
+@dataclass(frozen=True)
+class HostShape:
+    nodes: int = 1
+    cores_per_node: int = 4
+    threads_per_core: int = 2
+
+    def topology(self, name: str) -> HostTopology:
+        return uniform_topology(nodes=self.nodes, cores_per_node=self.cores_per_node,
+                                threads_per_core=self.threads_per_core, name=name)
+
+    @property
+    def pcpus(self) -> int:
+        return self.nodes * self.cores_per_node * self.threads_per_core
+
+
+@dataclass(frozen=True)
+class Case:
+    start: str
+    hosts: int
+    vms: int
+    shape: HostShape = HostShape()
+    seed: int = 0
+
+
+@dataclass
+class Start:
+    workloads: dict[str, str]  # vm -> workload
+    placement: dict[str, tuple[str, int]]  # vm -> (host, pCPU)
+
+
+def starting_point(table: PairTable, case: Case) -> Start:
+    """Workloads (drawn once per seed, the same for both starts) and the starting pCPUs."""
+    if case.start not in STARTS:
+        raise ValueError(f"start must be one of {', '.join(STARTS)}, got {case.start!r}")
+    rng = random.Random(case.seed)
+    names = [f"vm{i}" for i in range(case.vms)]
+    workloads = {name: rng.choice(list(table.workloads)) for name in names}
+    hosts = [f"host{i}" for i in range(case.hosts)]
+    placement: dict[str, tuple[str, int]] = {}
+    topology = case.shape.topology(hosts[0])
+    if case.start == "siblings":
+        # The seed's worst case: sibling threads of as few cores of the first host as possible.
+        threads = [cpu for core in topology.cores for cpu in core.cpus]
+        if case.vms > len(threads):
+            raise ValueError(f"{case.vms} VMs do not fit the {len(threads)} pCPUs of one host")
+        for name, cpu in zip(names, threads):
+            placement[name] = (hosts[0], cpu)
+    else:
+        cpus = sorted(topology.cpus)
+        placement_rng = random.Random(case.seed * 7919 + 1)
+        for name in names:
+            placement[name] = (placement_rng.choice(hosts), placement_rng.choice(cpus))
+    return Start(workloads, placement)
+
+
+Simulator = Callable[[PairTable, int, float], Any]  # (truth, seed, noise) -> a simulated cluster
+
+
+def build(table: PairTable, case: Case, start: Start, *, noise: float, seed: int, simulator: Simulator):
+    cluster = simulator(table, seed, noise)
+    for index in range(case.hosts):
+        name = f"host{index}"
+        cluster.add_host(name, case.shape.topology(name))
+    for vm, (host, cpu) in sorted(start.placement.items()):
+        cluster.hosts[host].define_domain(vm, workload=start.workloads[vm], vcpupin=[cpu],
+                                          workload_class="batch", memory_kib=1024 * 1024)
+    return cluster
+
+
+def performance(cluster) -> dict[str, float]:
+    return {d.name: host.true_performance(d.name) for host in cluster.hosts.values() for d in host.domains()}
+
+
+def _mean(values: dict[str, float]) -> float:
+    return sum(values.values()) / len(values) if values else 0.0
+
+
+# --------------------------------------------------------------------------- the policies
+def seed_policy(cluster, *, rounds: int = 3, moved: int = 2) -> int:
+    """Freeze'nSense, then the `moved` most-degraded VMs to the free pCPU farthest from all others."""
+    settings = ProfileSettings(rounds=rounds)
+    degradation: dict[str, list[float]] = {}
+    for host in cluster.hosts.values():
+        names = [d.name for d in host.domains() if d.state == "running"]
+        sampler = cluster.sampler(host)
+        for _ in range(rounds):
+            zetas = measure(sampler, cluster.clock, names, settings.window_s)
+            for name in names:
+                zeta_b = freeze_and_sense(host, sampler, cluster.clock, name, settings.t_m)
+                zeta = zetas[name]
+                if zeta.valid and zeta_b.valid and zeta_b.value > 0:
+                    degradation.setdefault(name, []).append(1.0 - zeta.value / zeta_b.value)
+    scores = {n: sum(v) / len(v) for n, v in degradation.items() if v}
+    worst = sorted(scores, key=lambda n: (-scores[n], n))[:moved]
+    moves = 0
+    for name in worst:
+        host = next(h for h in cluster.hosts.values() if name in {d.name for d in h.domains()})
+        topology = host.topology()
+        others = {next(iter(d.placement.vcpupin[0])) for d in host.domains() if d.name != name}
+        busy_cores = {topology.cpus[c].core for c in others}
+        free = [c for c in sorted(topology.cpus) if c not in others and topology.cpus[c].core not in busy_cores]
+        free = free or [c for c in sorted(topology.cpus) if c not in others]
+        if not free:
+            continue
+
+        def distance(cpu: int) -> tuple:
+            ranks = sorted(topology.distance_class(cpu, o).rank for o in others) or [99]
+            return (ranks[0], sum(ranks), -cpu)
+
+        target = max(free, key=distance)
+        if host.domain(name).placement.vcpupin[0] != frozenset({target}):
+            host.pin_vcpu(name, 0, frozenset({target}))
+            moves += 1
+    return moves
+
+
+def blind_spread(cluster) -> int:
+    """Every VM (in name order) on the pCPU with the fewest VMs, then core, then host."""
+    located = {d.name: (h.name, d) for h in cluster.hosts.values() for d in h.domains()}
+    count_cpu: dict[tuple[str, int], int] = {}
+    count_core: dict[tuple[str, int], int] = {}
+    count_host: dict[str, int] = {}
+    moves = 0
+    for name in sorted(located):
+        best = None
+        for host in cluster.hosts.values():
+            topology = host.topology()
+            for cpu in sorted(topology.cpus):
+                core = topology.cpus[cpu].core
+                key = (count_cpu.get((host.name, cpu), 0), count_core.get((host.name, core), 0),
+                       count_host.get(host.name, 0))
+                if best is None or key < best[0]:
+                    best = (key, host, cpu, core)
+        assert best is not None
+        _, host, cpu, core = best
+        source, domain = located[name]
+        if source != host.name:
+            cluster.hosts[source].migrate(name, host)
+            moves += 1
+        if domain.placement.vcpupin[0] != frozenset({cpu}):
+            host.pin_vcpu(name, 0, frozenset({cpu}))
+            moves += 1
+        count_cpu[(host.name, cpu)] = count_cpu.get((host.name, cpu), 0) + 1
+        count_core[(host.name, core)] = count_core.get((host.name, core), 0) + 1
+        count_host[host.name] = count_host.get(host.name, 0) + 1
+    return moves
+
+
+@dataclass
+class VmplacerLoop:
+    """vmplacer's loop on a simulated cluster: Rebalancer + executor, a model learned from its samples."""
+
+    cluster: Any
+    settings: RebalanceSettings = field(default_factory=RebalanceSettings)
+    model_config: ModelConfig | None = None
+    profile_rounds: int = 1
+    observations: list[Observation] = field(default_factory=list)
+    model: InterferenceModel | None = None
+
+    def __post_init__(self) -> None:
+        clock = self.cluster.clock
+        self.plans = MemoryPlanStore(clock.now)
+        self.rebalancer = Rebalancer(
+            dict(self.cluster.hosts), plans=self.plans, leases=MemoryLeaseStore(), clock=clock, wall=clock.now,
+            holder="eval", settings=self.settings,
+            executor_settings=ExecutorSettings(retries=0, migration_timeout_s=600),
+            load_model=lambda: self.model or InterferenceModel(self.model_config),
+            learn=self._learn, profile=self._profile, probe=lambda host, seconds: self._profile(host, seconds, ()),
+        )
+
+    def _profile(self, host_name: str, seconds: float, scope: Sequence[str]) -> str:
+        host = self.cluster.hosts[host_name]
+        found = profile_host(host, self.cluster.sampler(host), self.cluster.clock,
+                             ProfileSettings(rounds=self.profile_rounds))
+        self.observations.extend(found)
+        return f"{len(found)} observations"
+
+    def _learn(self) -> str:
+        self.model = InterferenceModel(self.model_config).fit(self.observations)
+        return f"fitted on {len(self.observations)} observations"
+
+    def run(self, rounds: int) -> list[Plan]:
+        plans = []
+        for _ in range(rounds):
+            report = self.rebalancer.run(RunOptions(profile_seconds=1.0))
+            if report.plan is not None:
+                plans.append(report.plan)
+            self.cluster.clock.sleep(self.settings.cooldown_s + 1.0)
+        return plans
+
+
+def optimum(table: PairTable, case: Case, start: Start, simulator: Simulator,
+            limit: int = DEFAULT_OPTIMUM_LIMIT) -> dict[str, float] | None:
+    """Best mean true performance over every assignment of VMs to pCPUs (None above `limit`)."""
+    hosts = [f"host{i}" for i in range(case.hosts)]
+    slots = [(h, c) for h in hosts for c in range(case.shape.pcpus)]
+    if len(slots) ** case.vms > limit:
+        return None
+    cluster = build(table, case, start, noise=0.0, seed=0, simulator=simulator)
+    names = sorted(start.placement)
+    where = {name: start.placement[name][0] for name in names}
+    best_value, best = -1.0, None
+    for choice in itertools.product(range(len(slots)), repeat=case.vms):
+        for name, slot in zip(names, choice):
+            host, cpu = slots[slot]
+            if where[name] != host:
+                cluster.hosts[where[name]].migrate(name, cluster.hosts[host])
+                where[name] = host
+            cluster.hosts[host].pin_vcpu(name, 0, frozenset({cpu}))
+        values = performance(cluster)
+        mean = _mean(values)
+        if mean > best_value + 1e-12:
+            best_value, best = mean, values
+    return best
+
+
+# --------------------------------------------------------------------------- one case
+def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix: str = "", rounds: int = 5,
+                  noise: float = 0.03, settings: RebalanceSettings | None = None,
+                  model_config: ModelConfig | None = None,
+                  optimum_limit: int = DEFAULT_OPTIMUM_LIMIT) -> dict[str, Any]:
+    """Every policy on its own copy of one starting point; the JSON row of the benchmark."""
+    start = starting_point(table, case)
+    per_vm: dict[str, dict[str, float] | None] = {}
+    actions: dict[str, int] = {}
+
+    cluster = build(table, case, start, noise=noise, seed=case.seed, simulator=simulator)
+    per_vm["none"] = performance(cluster)
+    actions["none"] = 0
+
+    cluster = build(table, case, start, noise=noise, seed=case.seed, simulator=simulator)
+    actions["seed_policy"] = seed_policy(cluster)
+    per_vm["seed_policy"] = performance(cluster)
+
+    cluster = build(table, case, start, noise=noise, seed=case.seed, simulator=simulator)
+    actions["blind_spread"] = blind_spread(cluster)
+    per_vm["blind_spread"] = performance(cluster)
+
+    cluster = build(table, case, start, noise=noise, seed=case.seed, simulator=simulator)
+    config = model_config or ModelConfig(distance_prior=DISTANCE_PRIOR)
+    loop = VmplacerLoop(cluster, settings or RebalanceSettings(max_actions=case.vms), config)
+    loop.run(rounds)
+    per_vm["vmplacer"] = performance(cluster)
+    actions["vmplacer"] = len(loop.plans.moves())
+
+    per_vm["optimum"] = optimum(table, case, start, simulator, optimum_limit)
+
+    row: dict[str, Any] = {
+        "matrix": matrix or table.source,
+        "start": case.start,
+        "hosts": case.hosts,
+        "vms": case.vms,
+        "host_shape": {"nodes": case.shape.nodes, "cores_per_node": case.shape.cores_per_node,
+                       "threads_per_core": case.shape.threads_per_core},
+        "seed": case.seed,
+        "rounds": rounds,
+    }
+    for policy in POLICIES:
+        values = per_vm[policy]
+        row[policy] = None if values is None else round(_mean(values), 4)
+    row["min_vm"] = {p: (None if v is None else round(min(v.values()), 4)) for p, v in per_vm.items()}
+    row["per_vm"] = {p: (None if v is None else {k: round(x, 4) for k, x in sorted(v.items())})
+                     for p, v in per_vm.items()}
+    row["actions"] = actions
+    row["workloads"] = dict(sorted(start.workloads.items()))
+    row["model_observations"] = len(loop.observations)
+    return row

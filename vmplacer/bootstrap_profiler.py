@@ -1,0 +1,106 @@
+"""Composition of the Freeze'nSense profiler: settings + container -> adapters -> app.
+
+Kept next to `bootstrap.py` (same role, one job): the CLI, the API service and
+benchmarks build profilers and replay the freeze journal through these
+functions, never by wiring adapters themselves.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import logging
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING
+
+# Only what the journal replay needs is imported up front: a restarted profiler
+# or API service replays first thing, and every import delays the resume.
+from vmplacer.adapters.db.profiles import SqlFreezeJournal, SqlProfileStore
+from vmplacer.adapters.libvirt_freeze import LibvirtFreezableHost, labels_from_xml
+from vmplacer.adapters.process_identity import current_owner, owner_alive
+from vmplacer.app.freeze import Freezer, ReplayReport, replay_journal
+from vmplacer.bootstrap import Container
+from vmplacer.ports import HypervisorError
+
+if TYPE_CHECKING:
+    from vmplacer.adapters.samplers import ProbeSource
+    from vmplacer.app.profiler import Profiler, ProfilerConfig, Progress
+
+log = logging.getLogger(__name__)
+
+
+def freezable_host(container: Container, name: str, *, with_labels: bool = False) -> LibvirtFreezableHost:
+    hypervisor = container.hypervisor(name)
+    labels = None
+    if with_labels and importlib.util.find_spec("vmplacer.adapters.domain_xml") is not None:
+        labels = labels_from_xml(hypervisor)
+    return LibvirtFreezableHost(hypervisor, labels=labels)
+
+
+def freeze_journal(container: Container) -> SqlFreezeJournal:
+    return SqlFreezeJournal(container.sessions)
+
+
+def profile_store(container: Container) -> SqlProfileStore:
+    return SqlProfileStore(container.sessions)
+
+
+def replay_freeze_journal(container: Container, host: str | None = None) -> ReplayReport:
+    """Resume every domain a dead vmplacer process left paused (run this at start-up)."""
+    hosts: dict[str, LibvirtFreezableHost] = {}
+
+    def lookup(name: str) -> LibvirtFreezableHost:
+        if name not in hosts:
+            hosts[name] = freezable_host(container, name)
+        return hosts[name]
+
+    return replay_journal(freeze_journal(container), lookup, owner_alive, host=host)
+
+
+def choose_host_metric(container: Container, host_name: str, override: str | None = None) -> tuple[str, str]:
+    """The sampler metric for a host: `override`, else the host's setting, else auto-detected."""
+    from vmplacer.adapters.samplers import choose_metric, detect_perf_counters
+
+    preference = override or container.settings.host(host_name).sampler
+    hypervisor = container.hypervisor(host_name)
+    return choose_metric(preference, lambda: detect_perf_counters(hypervisor.connection(), hypervisor.uri))
+
+
+def build_profiler(
+    container: Container,
+    host_name: str,
+    config: ProfilerConfig,
+    *,
+    metric: str | None = None,
+    probes: Mapping[str, ProbeSource] | None = None,
+    probe_kind: str = "counter",
+    store: bool = True,
+    on_progress: Callable[[Progress], None] | None = None,
+    on_phase: Callable[[str], None] | None = None,
+) -> tuple[Profiler, Freezer]:
+    """A ready profiler for one host; close the returned Freezer when done."""
+    from vmplacer.adapters.samplers import make_sampler
+    from vmplacer.app.profiler import Profiler
+
+    hypervisor = container.hypervisor(host_name)
+    needs_labels = bool(config.sensitive.labels or config.sensitive.workload_class)
+    host = freezable_host(container, host_name, with_labels=needs_labels)
+    chosen, why = choose_host_metric(container, host_name, metric)
+    log.info("host %s: sampling %s (%s)", host_name, chosen, why)
+    sampler = make_sampler(chosen, hypervisor.connection, probes, probe_kind)
+    journal = freeze_journal(container)
+    freezer = Freezer(host, journal, max_freeze_s=config.max_freeze_s, owner=current_owner(),
+                      on_phase=on_phase)
+    try:
+        topology = hypervisor.topology()
+    except (HypervisorError, ImportError, ValueError) as exc:
+        log.warning("host %s: topology unavailable, neighbour distances will be 'unknown': %s", host_name, exc)
+        topology = None
+    profiler = Profiler(
+        host, sampler, freezer, config,
+        store=profile_store(container) if store else None,
+        topology=topology,
+        replay=lambda: replay_journal(journal, {host_name: host}, owner_alive, host=host_name),
+        on_progress=on_progress,
+        on_phase=on_phase,
+    )
+    return profiler, freezer

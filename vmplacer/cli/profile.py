@@ -1,0 +1,454 @@
+"""`vmplacer profile`: Freeze'nSense on one host, and the stored results.
+
+    vmplacer profile --host H [VM ...] [--tm 10ms] [--tsleep 1s] [--samples N] [--metric ipc|cpu|probe]
+    vmplacer profile show VM [VM ...] [--run ID] [--format json] [--plot FILE.png]
+    vmplacer profile replay [--host H]
+
+Profiling first replays the freeze journal (resuming whatever a killed
+profiler left paused), then samples until every sensitive VM has N ζ and N ζb
+samples (or --duration passes), with a live progress bar on stderr, and
+stores the run. `show` recomputes the distributions from the stored samples.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import shlex
+import sys
+from pathlib import Path
+from typing import Any
+
+from vmplacer.cli.common import (
+    CliContext,
+    OperationalError,
+    UsageError,
+    add_format_argument,
+    emit,
+    print_table,
+)
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s|m|min)?\s*$")
+_UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0}
+_PLOT_SUFFIXES = (".png", ".svg", ".pdf")
+DEFAULT_SAMPLES = 20  # when neither --samples nor --duration says when to stop
+
+
+def parse_duration(text: str, option: str, default_unit: str) -> float:
+    """Seconds from '10ms', '2.5s', '500us', '1m'; a bare number is in `default_unit`."""
+    match = _DURATION.match(str(text))
+    if not match:
+        raise UsageError(f"{option}: {text!r} is not a duration (e.g. 10ms, 0.5s, 2m)")
+    return float(match.group(1)) * _UNITS[match.group(2) or default_unit]
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "profile",
+        help="measure interference with Freeze'nSense; `profile show VM` prints stored results",
+        description=(
+            "Profile VMs on one host: for each sensitive VM, suspend every other running domain "
+            "for t_m, sample the VM alone (ζb), resume; sample every VM without freezing (ζ); "
+            "sleep t_sleep. `vmplacer profile show VM...` prints the stored distributions, "
+            "`vmplacer profile replay` resumes domains a killed profiler left paused."
+        ),
+        usage=(
+            "vmplacer profile [--host H] [VM ...] [--tm 10ms] [--tsleep 1s] [--samples N] "
+            "[--metric ipc|cpu|probe] [options]\n"
+            "       vmplacer profile show VM [VM ...] [--run ID] [--format json] [--plot FILE.png]\n"
+            "       vmplacer profile replay [--host H]"
+        ),
+    )
+    parser.add_argument("vms", nargs="*", metavar="VM",
+                        help="VMs to profile (default: every running VM in scope); or `show VM...`, `replay`")
+    parser.add_argument("--host", help="configured host name (default: the first one)")
+    parser.add_argument("--tm", help="freeze/sample length t_m, e.g. 10ms (default: profiler.t_m_ms)")
+    parser.add_argument("--tsleep", help="time between rounds t_sleep, e.g. 1s (default: profiler.t_sleep_s)")
+    parser.add_argument("--max-freeze", dest="max_freeze",
+                        help="hard cap on one freeze, e.g. 500ms (default: profiler.max_freeze_ms)")
+    parser.add_argument("--samples", type=int,
+                        help=f"stop after N valid ζ and ζb samples per sensitive VM (default {DEFAULT_SAMPLES} "
+                             "unless --duration is given)")
+    parser.add_argument("--duration", help="stop after this long, e.g. 60s")
+    parser.add_argument("--metric", choices=("ipc", "cpu", "probe"),
+                        help="sampler (default: the host's `sampler` setting; auto = ipc with counters, else cpu)")
+    parser.add_argument("--sensitive", default="all",
+                        help="which VMs get ζb: all, label:KEY=VALUE or class:NAME (default: all)")
+    parser.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
+                        help="never freeze domains matching this glob (repeatable; adds to profiler.excluded_domains)")
+    parser.add_argument("--scope", action="append", default=[], metavar="PATTERN",
+                        help="consider only domains matching this glob (repeatable; default: all)")
+    parser.add_argument("--adaptive", action="store_true",
+                        help="shorter, more frequent freezes for stable VMs, longer ones for noisy VMs")
+    parser.add_argument("--probe", action="append", default=[], metavar="VM=SOURCE",
+                        help="probe metric source: VM=cmd:COMMAND ARGS, VM=http://URL or VM=console:FILE")
+    parser.add_argument("--probe-kind", choices=("counter", "gauge"), default="counter",
+                        help="probe values are a growing counter (rate over the window) or a gauge")
+    parser.add_argument("--no-progress", action="store_true", help="no live progress bar")
+    parser.add_argument("--run", type=int, help="show: this run id (default: the newest run with the VMs)")
+    parser.add_argument("--plot", metavar="FILE", help="show: draw ζ vs ζb box plots per VM into FILE.png")
+    add_format_argument(parser)
+    parser.set_defaults(func=run)
+
+
+def run(args: argparse.Namespace, ctx: CliContext) -> int:
+    if args.vms and args.vms[0] == "show":
+        return run_show(args, ctx, args.vms[1:])
+    if args.vms and args.vms[0] == "replay":
+        return run_replay(args, ctx)
+    return run_profile(args, ctx)
+
+
+# ----- options ------------------------------------------------------------------------------
+
+
+def _only_for(args: argparse.Namespace, mode: str, names: tuple[str, ...]) -> None:
+    for name in names:
+        value = getattr(args, name)
+        if value not in (None, False, [], "all", "counter"):
+            raise UsageError(f"--{name.replace('_', '-')}: not used by `vmplacer profile {mode}`")
+
+
+def _probes(specs: list[str]) -> dict[str, Any]:
+    from vmplacer.adapters.samplers import CommandProbe, ConsoleCounterProbe, HttpProbe
+
+    probes: dict[str, Any] = {}
+    for spec in specs:
+        vm, sep, source = spec.partition("=")
+        if not sep or not vm or not source:
+            raise UsageError(f"--probe: {spec!r} must be VM=cmd:COMMAND, VM=http://URL or VM=console:FILE")
+        if source.startswith("cmd:"):
+            argv = shlex.split(source[4:])
+            if not argv:
+                raise UsageError(f"--probe: VM {vm}: empty command")
+            probes[vm] = CommandProbe(tuple(argv))
+        elif source.startswith(("http://", "https://")):
+            probes[vm] = HttpProbe(source)
+        elif source.startswith("console:"):
+            probes[vm] = ConsoleCounterProbe(Path(source[8:]))
+        else:
+            raise UsageError(f"--probe: VM {vm}: source {source!r} must start with cmd:, http(s):// or console:")
+    return probes
+
+
+def build_config(args: argparse.Namespace, settings: Any) -> Any:
+    """ProfilerConfig from options and settings; bad values exit 2 naming the option."""
+    from vmplacer.app.profiler import ProfilerConfig, SensitiveSelector
+
+    defaults = settings.profiler
+    t_m = parse_duration(args.tm, "--tm", "ms") if args.tm else defaults.t_m_ms / 1e3
+    t_sleep = parse_duration(args.tsleep, "--tsleep", "s") if args.tsleep is not None else defaults.t_sleep_s
+    max_freeze = (parse_duration(args.max_freeze, "--max-freeze", "ms") if args.max_freeze
+                  else defaults.max_freeze_ms / 1e3)
+    duration = parse_duration(args.duration, "--duration", "s") if args.duration else None
+    if t_m <= 0:
+        raise UsageError(f"--tm: must be positive, got {args.tm!r}")
+    if max_freeze <= 0:
+        raise UsageError(f"--max-freeze: must be positive, got {args.max_freeze!r}")
+    if t_m >= max_freeze:
+        raise UsageError(f"--tm: {t_m * 1e3:g} ms must be shorter than the freeze cap of {max_freeze * 1e3:g} ms "
+                         "(--max-freeze / profiler.max_freeze_ms)")
+    if duration is not None and duration <= 0:
+        raise UsageError(f"--duration: must be positive, got {args.duration!r}")
+    if args.samples is not None and args.samples < 1:
+        raise UsageError(f"--samples: must be at least 1, got {args.samples}")
+    samples = args.samples if args.samples is not None or duration is not None else DEFAULT_SAMPLES
+    try:
+        sensitive = SensitiveSelector.parse(args.sensitive, args.vms)
+    except ValueError as exc:
+        raise UsageError(f"--sensitive: {exc}") from None
+    try:
+        return ProfilerConfig(
+            t_m_s=t_m, t_sleep_s=t_sleep, max_freeze_s=max_freeze, sensitive=sensitive,
+            excluded=tuple(defaults.excluded_domains) + tuple(args.exclude),
+            scope=tuple(args.scope) or ("*",), samples=samples, duration_s=duration,
+            adaptive=args.adaptive,
+        )
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+
+
+# ----- profile ---------------------------------------------------------------------------------
+
+
+def _replay(ctx: CliContext, host: str | None) -> Any:
+    """Replay the journal, creating the schema on a fresh database first."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from vmplacer.bootstrap_profiler import replay_freeze_journal
+
+    report = replay_freeze_journal(ctx.container, host)
+    if report.errors and any("freeze journal unreadable" in e for e in report.errors):
+        try:
+            ctx.container.upgrade_database()
+        except SQLAlchemyError as exc:
+            raise OperationalError(f"database: cannot create the schema: {exc}") from None
+        report = replay_freeze_journal(ctx.container, host)
+        unreadable = [e for e in report.errors if "freeze journal unreadable" in e]
+        if unreadable:
+            raise OperationalError(unreadable[0])
+    return report
+
+
+def run_profile(args: argparse.Namespace, ctx: CliContext) -> int:
+    from vmplacer.config import ConfigError
+
+    _only_for(args, "", ("run", "plot"))
+    config = build_config(args, ctx.settings)
+    probes = _probes(args.probe)
+    metric = args.metric
+    if probes and metric not in (None, "probe"):
+        raise UsageError(f"--probe: given with --metric {metric}; probes are the `probe` metric")
+    if probes:
+        metric = "probe"
+    try:
+        host_name = args.host or ctx.container.default_host_name()
+        ctx.settings.host(host_name)
+    except ConfigError as exc:
+        raise UsageError(f"--host: {exc}") from None
+
+    from vmplacer.app.profiler import ProfilerError
+    from vmplacer.bootstrap_profiler import build_profiler
+    from vmplacer.ports import HypervisorError
+
+    replay = _replay(ctx, host_name)
+    for host, domain in replay.resumed:
+        sys.stderr.write(f"vmplacer: resumed {domain} on {host}, left paused by an interrupted freeze\n")
+    progress = _ProgressBar(config.samples, enabled=not args.no_progress)
+    try:
+        profiler, freezer = build_profiler(ctx.container, host_name, config, metric=metric, probes=probes,
+                                           probe_kind=args.probe_kind, on_progress=progress.update)
+    except HypervisorError as exc:
+        raise OperationalError(str(exc)) from None
+    try:
+        with progress:
+            result = profiler.run()
+    except ProfilerError as exc:
+        if exc.bad_input:
+            raise UsageError(str(exc)) from None
+        raise OperationalError(str(exc)) from None
+    except HypervisorError as exc:
+        raise OperationalError(str(exc)) from None
+    finally:
+        freezer.close()
+    emit(args, result.to_dict(), _print_result)
+    return 0
+
+
+class _ProgressBar:
+    """A rich progress bar per sensitive VM on stderr (nothing when not a terminal)."""
+
+    def __init__(self, target: int | None, enabled: bool):
+        self.target = target
+        self.enabled = enabled and sys.stderr.isatty()
+        self.tasks: dict[str, Any] = {}
+        self.progress: Any = None
+
+    def __enter__(self) -> _ProgressBar:
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            self.progress = Progress(
+                TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("ζ {task.fields[zeta]}"), TimeElapsedColumn(),
+                console=Console(stderr=True), transient=False,
+            )
+            self.progress.__enter__()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.progress is not None:
+            self.progress.__exit__(*exc)
+
+    def update(self, event: Any) -> None:
+        if self.progress is None:
+            return
+        if event.vm not in self.tasks and event.kind != "zeta_b":
+            return  # a bar per sensitive VM, created by its first frozen sample
+        task = self.tasks.get(event.vm)
+        if task is None:
+            task = self.tasks[event.vm] = self.progress.add_task(
+                f"ζb {event.vm}", total=self.target, zeta=0)
+        self.progress.update(task, completed=event.zeta_b, zeta=event.zeta)
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    return "" if value is None else f"{value:.{digits}f}"
+
+
+def _print_result(data: dict[str, Any]) -> None:
+    rows = []
+    for name, vm in data["vms"].items():
+        zeta, zeta_b, loss = vm["zeta"], vm["zeta_b"], vm["degradation"]
+        rows.append((
+            name,
+            "yes" if vm["sensitive"] else "",
+            _fmt(zeta and zeta["p50"]),
+            _fmt(zeta_b and zeta_b["p50"]),
+            f"{loss['estimate'] * 100:.1f}% [{loss['ci95_low'] * 100:.1f}, {loss['ci95_high'] * 100:.1f}]"
+            if loss else "",
+            f"{zeta['n'] if zeta else 0}/{zeta_b['n'] if zeta_b else 0}",
+            ", ".join(f"{k} {v}" for k, v in vm["dropped"].items()),
+        ))
+    print_table(f"Freeze'nSense on {data['host']} ({data['metric']}, run {data['run_id']})",
+                ("VM", "sensitive", "ζ p50", "ζb p50", "degradation [95% CI]", "n ζ/ζb", "dropped"), rows)
+    overhead = data["overhead"]
+    print(f"overhead: measured {overhead['measured'] * 100:.2f}% of the time frozen; "
+          f"formula K_s·t_m/(K_s·t_m+t_sleep) = {overhead['formula'] * 100:.2f}% "
+          f"({overhead['formula_with_latency'] * 100:.2f}% with the measured "
+          f"{overhead['freeze_latency_ms']:.1f} ms freeze latency); K_s = {overhead['k_s']}, "
+          f"{data['freezes']} freezes, stopped: {data['stopped_because']}")
+
+
+# ----- show ----------------------------------------------------------------------------------------
+
+
+def show_data(store: Any, vms: list[str], run_id: int | None) -> dict[str, Any]:
+    """Distributions of the stored samples of `vms` in one run (newest holding them all by default)."""
+    from vmplacer.core.profile_stats import Distribution, degradation
+
+    run_row = store.run(run_id) if run_id is not None else store.latest_run_with(vms)
+    if run_row is None:
+        what = f"run {run_id}" if run_id is not None else f"a profiling run with {', '.join(vms)}"
+        raise UsageError(f"no {what} in the database")
+    result: dict[str, Any] = {
+        "run": {"id": run_row.id, "host": run_row.host, "metric": run_row.metric, "status": run_row.status,
+                "started_at": run_row.started_at, "finished_at": run_row.finished_at,
+                "parameters": run_row.parameters},
+        "vms": {},
+    }
+    for vm in vms:
+        samples = store.samples(run_row.id, vm)
+        if not samples:
+            raise UsageError(f"VM {vm}: no samples in run {run_row.id}")
+        zeta = [s["value"] for s in samples if s["kind"] == "zeta"]
+        zeta_b = [s["value"] for s in samples if s["kind"] == "zeta_b"]
+        last_b = next((s for s in reversed(samples) if s["kind"] == "zeta_b"), None)
+        zeta_d, zeta_b_d, loss = Distribution.of(zeta), Distribution.of(zeta_b), degradation(zeta, zeta_b)
+        result["vms"][vm] = {
+            "zeta": zeta_d.to_dict() if zeta_d else None,
+            "zeta_b": zeta_b_d.to_dict() if zeta_b_d else None,
+            "degradation": loss.to_dict() if loss else None,
+            "neighbours": last_b["neighbours"] if last_b else [],
+            "values": {"zeta": zeta, "zeta_b": zeta_b},
+        }
+    return result
+
+
+def run_show(args: argparse.Namespace, ctx: CliContext, vms: list[str]) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from vmplacer.bootstrap_profiler import profile_store
+
+    _only_for(args, "show", ("host", "tm", "tsleep", "max_freeze", "samples", "duration", "metric", "exclude",
+                             "scope", "adaptive", "probe", "no_progress"))
+    if not vms:
+        raise UsageError("profile show: name at least one VM")
+    plot = Path(args.plot) if args.plot else None
+    if plot is not None and plot.suffix.lower() not in _PLOT_SUFFIXES:
+        raise UsageError(f"--plot: {plot} must end in {', '.join(_PLOT_SUFFIXES)}")
+    try:
+        data = show_data(profile_store(ctx.container), vms, args.run)
+    except SQLAlchemyError as exc:
+        raise OperationalError(f"database: {exc.__class__.__name__}: {exc}") from None
+    if plot is not None:
+        draw_boxplots(data, plot)
+    if args.format == "json":
+        emit(args, data, lambda _d: None)
+    else:
+        _print_show(data)
+        if plot is not None:
+            print(f"plot written to {plot}")
+    return 0
+
+
+def _print_show(data: dict[str, Any]) -> None:
+    run = data["run"]
+    rows = []
+    for name, vm in data["vms"].items():
+        for kind, label in (("zeta", "ζ (shared)"), ("zeta_b", "ζb (frozen)")):
+            dist = vm[kind]
+            if dist is None:
+                rows.append((name, label, "", "", "", "", "", "", "0"))
+                continue
+            rows.append((name, label, _fmt(dist["p10"]), _fmt(dist["p25"]), _fmt(dist["p50"]),
+                         _fmt(dist["p75"]), _fmt(dist["p90"]),
+                         f"{_fmt(dist['mean'])} ± {_fmt(dist['ci95_high'] - dist['mean'])}", str(dist["n"])))
+        loss = vm["degradation"]
+        if loss:
+            rows.append((name, "degradation", "", "", f"{loss['estimate'] * 100:.1f}%", "", "",
+                         f"95% CI {loss['ci95_low'] * 100:.1f}–{loss['ci95_high'] * 100:.1f}%", ""))
+    print_table(f"run {run['id']} on {run['host']} ({run['metric']}, {run['status']})",
+                ("VM", "series", "p10", "p25", "p50", "p75", "p90", "mean ± 95% CI", "n"), rows)
+    for name, vm in data["vms"].items():
+        if vm["neighbours"]:
+            near = ", ".join(f"{n['name']} ({n['distance']}{'' if n['frozen'] else ', not frozen'})"
+                             for n in vm["neighbours"])
+            print(f"{name}: neighbours at the last ζb sample: {near}")
+
+
+def draw_boxplots(data: dict[str, Any], path: Path) -> None:
+    """ζ next to ζb per VM, like the seed's Fig. 5.3: quartile boxes, 10th/90th percentile
+    whiskers, medians, means as dots."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    names = list(data["vms"])
+    series, labels, colours = [], [], []
+    for name in names:
+        for kind, label, colour in (("zeta", "ζ", "#d95f02"), ("zeta_b", "ζb", "#1b9e77")):
+            series.append(data["vms"][name]["values"][kind] or [float("nan")])
+            labels.append(f"{name}\n{label}")
+            colours.append(colour)
+    figure, axes = plt.subplots(figsize=(max(4.0, 1.4 * len(series)), 4.5))
+    boxes = axes.boxplot(series, whis=(10, 90), showmeans=True, patch_artist=True, widths=0.6,
+                         meanprops={"marker": "o", "markerfacecolor": "red", "markeredgecolor": "red"})
+    for patch, colour in zip(boxes["boxes"], colours):
+        patch.set_facecolor(colour)
+        patch.set_alpha(0.6)
+    axes.set_xticks(range(1, len(labels) + 1), labels, fontsize=8)
+    axes.set_ylabel(f"{data['run']['metric']} (per window)")
+    axes.set_title(f"Freeze'nSense run {data['run']['id']} on {data['run']['host']}: "
+                   "ζ shared vs ζb neighbours frozen", fontsize=9)
+    axes.grid(axis="y", alpha=0.3)
+    figure.tight_layout()
+    try:
+        figure.savefig(path, dpi=120)
+    except OSError as exc:
+        raise OperationalError(f"--plot: cannot write {path}: {exc}") from None
+    finally:
+        plt.close(figure)
+
+
+# ----- replay ------------------------------------------------------------------------------------
+
+
+def run_replay(args: argparse.Namespace, ctx: CliContext) -> int:
+    from vmplacer.config import ConfigError
+
+    _only_for(args, "replay", ("tm", "tsleep", "max_freeze", "samples", "duration", "metric", "exclude",
+                               "scope", "adaptive", "probe", "run", "plot"))
+    if len(args.vms) > 1:
+        raise UsageError(f"profile replay: unexpected arguments {args.vms[1:]}")
+    if args.host:
+        try:
+            ctx.settings.host(args.host)
+        except ConfigError as exc:
+            raise UsageError(f"--host: {exc}") from None
+    report = _replay(ctx, args.host)
+
+    def table(data: dict[str, Any]) -> None:
+        for item in data["resumed"]:
+            print(f"resumed {item['domain']} on {item['host']}")
+        for item in data["left_alone"]:
+            print(f"left {item['domain']} on {item['host']} paused: {item['why']}")
+        for error in data["errors"]:
+            print(f"error: {error}")
+        if not data["resumed"] and not data["left_alone"] and not data["errors"]:
+            print("freeze journal: nothing to replay")
+
+    emit(args, report.to_dict(), table)
+    return 1 if report.errors else 0

@@ -1,0 +1,281 @@
+"""`vmplacer rebalance`, `vmplacer apply PLAN_ID`, `vmplacer plans`, and `vmplacer plan --rebalance`.
+
+    vmplacer plan --rebalance [--host H ... | --all] [--max-actions N] [--scope GLOB]   (dry run)
+    vmplacer apply PLAN_ID [--wait S] [--on-failure continue|rollback]
+    vmplacer rebalance [--dry-run] [--max-actions N] [--host H ... | --all] [--profile-seconds S]
+    vmplacer plans [PLAN_ID]
+
+`rebalance` = profile → learn → plan → apply while holding a lease on every
+host involved; a second run finds the hosts busy and exits without acting
+(status "busy", exit 0 — a timer firing early is not an error) unless
+`--wait` gives it time. Exit codes: 0 done (or nothing to do, or busy);
+1 an action failed or a host/database failed; 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import Any
+
+from vmplacer.cli.common import (
+    EXIT_OK,
+    EXIT_OPERATIONAL,
+    CliContext,
+    OperationalError,
+    UsageError,
+    add_format_argument,
+    emit,
+    print_table,
+)
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "rebalance",
+        help="profile, learn, plan and apply live repins/migrations (holds a lease per host)",
+        description="One rebalancing run: Freeze'nSense profiling, model update, a plan of live repins and "
+        "migrations that raise predicted performance, and its execution. Two runs never act on one host.",
+    )
+    add_policy_arguments(parser)
+    parser.add_argument("--dry-run", action="store_true", help="stop after the plan (it is stored, as proposed)")
+    parser.add_argument("--profile-seconds", type=float, default=5.0,
+                        help="Freeze'nSense profiling per host before planning (default 5; 0 skips)")
+    add_executor_arguments(parser)
+    add_format_argument(parser)
+    parser.set_defaults(func=run_rebalance)
+
+    apply = subparsers.add_parser("apply", help="apply a stored plan (proposed or approved)")
+    apply.add_argument("plan_id", type=int, metavar="PLAN_ID")
+    add_executor_arguments(apply)
+    add_format_argument(apply)
+    apply.set_defaults(func=run_apply)
+
+    plans = subparsers.add_parser("plans", help="list stored rebalancing plans, or show one")
+    plans.add_argument("plan_id", type=int, nargs="?", metavar="PLAN_ID")
+    plans.add_argument("--limit", type=int, default=20)
+    add_format_argument(plans)
+    plans.set_defaults(func=run_plans)
+
+
+def add_policy_arguments(parser: argparse.ArgumentParser, *, host_group: bool = True) -> None:
+    if host_group:
+        where = parser.add_mutually_exclusive_group()
+        where.add_argument("--host", action="append", metavar="NAME",
+                           help="only this host (repeatable; no migrations between hosts left out)")
+        where.add_argument("--all", action="store_true", help="every configured host (the default)")
+    parser.add_argument("--max-actions", type=int, metavar="N", help="at most N actions (default 8)")
+    parser.add_argument("--scope", action="append", default=[], metavar="GLOB",
+                        help="only guests matching may move (repeatable; the others still count as load)")
+    parser.add_argument("--min-gain", type=float, metavar="G",
+                        help="hysteresis: least predicted gain of a move, in VMs at full speed (default 0.05)")
+    parser.add_argument("--cooldown", type=float, metavar="SECONDS",
+                        help="a guest moved this recently stays put (default 600)")
+    parser.add_argument("--no-migrate", action="store_true", help="repins only, no live migration")
+
+
+def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
+                        help="wait this long for hosts another run holds (default: give up at once)")
+    parser.add_argument("--on-failure", choices=("continue", "rollback"), default="continue",
+                        help="after a failed action: go on with the others, or undo everything done")
+    parser.add_argument("--bandwidth", type=int, metavar="MIB_S", help="migration bandwidth limit, MiB/s")
+    parser.add_argument("--migration-timeout", type=float, default=300.0, metavar="SECONDS",
+                        help="abort a migration after this long; the guest stays on its source (default 300)")
+
+
+# ----- building ---------------------------------------------------------------------------------------
+def _settings(args: argparse.Namespace) -> Any:
+    from vmplacer.core.policies.rebalance_state import RebalanceInputError, RebalanceSettings
+
+    values: dict[str, Any] = {}
+    if getattr(args, "max_actions", None) is not None:
+        values["max_actions"] = args.max_actions
+    if getattr(args, "min_gain", None) is not None:
+        values["min_gain"] = args.min_gain
+    if getattr(args, "cooldown", None) is not None:
+        values["cooldown_s"] = args.cooldown
+    if getattr(args, "no_migrate", False):
+        values["allow_migration"] = False
+    if getattr(args, "bandwidth", None):
+        values["migration_bandwidth_mib_s"] = float(args.bandwidth)
+    try:
+        return RebalanceSettings(**values)
+    except RebalanceInputError as exc:
+        option = {"max_actions": "--max-actions", "min_gain": "--min-gain", "cooldown_s": "--cooldown"}
+        named = next((o for f, o in option.items() if f in str(exc)), "option")
+        raise UsageError(f"{named}: {exc}") from None
+
+
+def _executor_settings(args: argparse.Namespace) -> Any:
+    from vmplacer.app.executor import ExecutorSettings
+
+    if args.bandwidth is not None and args.bandwidth <= 0:
+        raise UsageError(f"--bandwidth: must be a positive number of MiB/s, got {args.bandwidth}")
+    if args.migration_timeout <= 0:
+        raise UsageError(f"--migration-timeout: must be positive, got {args.migration_timeout}")
+    if args.wait < 0:
+        raise UsageError(f"--wait: must not be negative, got {args.wait}")
+    return ExecutorSettings(migration_bandwidth_mib_s=args.bandwidth, migration_timeout_s=args.migration_timeout,
+                            on_failure=args.on_failure)
+
+
+def _rebalancer(ctx: CliContext, args: argparse.Namespace, *, executor: bool) -> Any:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from vmplacer.bootstrap_rebalance import build_rebalancer
+
+    container = ctx.container
+    try:
+        container.upgrade_database()
+    except SQLAlchemyError as exc:
+        raise OperationalError(f"database: {exc}") from None
+    return build_rebalancer(
+        container,
+        settings=_settings(args),
+        executor_settings=_executor_settings(args) if executor else None,
+    )
+
+
+def _hosts(args: argparse.Namespace, ctx: CliContext) -> tuple[str, ...] | None:
+    known = [h.name for h in ctx.settings.hosts]
+    chosen = getattr(args, "host", None)
+    if chosen:
+        chosen = [chosen] if isinstance(chosen, str) else chosen
+        unknown = [h for h in chosen if h not in known]
+        if unknown:
+            raise UsageError(f"--host {unknown[0]!r}: unknown host (configured: {', '.join(known)})")
+        return tuple(dict.fromkeys(chosen))
+    return None
+
+
+def _guarded(fn):  # noqa: ANN001, ANN202 - wraps the handlers' calls into the world
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from vmplacer.app.rebalance import RebalanceError
+    from vmplacer.ports import HypervisorError
+
+    try:
+        return fn()
+    except RebalanceError as exc:
+        if exc.bad_input:
+            raise UsageError(str(exc)) from None
+        raise OperationalError(str(exc)) from None
+    except HypervisorError as exc:
+        raise OperationalError(str(exc)) from None
+    except SQLAlchemyError as exc:
+        raise OperationalError(f"database: {exc}") from None
+
+
+# ----- commands ----------------------------------------------------------------------------------------
+def run_rebalance_plan(args: argparse.Namespace, ctx: CliContext) -> int:
+    """`vmplacer plan --rebalance`: observe, plan, store as proposed, print. Nothing changes."""
+    if getattr(args, "request", None):
+        raise UsageError("--request: not used with --rebalance (the plan moves guests already running)")
+    if getattr(args, "caps", None):
+        raise UsageError("--caps: not used with --rebalance (it plans for live hosts)")
+    rebalancer = _rebalancer(ctx, args, executor=False)
+    hosts = list(_hosts(args, ctx) or sorted(rebalancer.hosts))
+    notes: list[str] = []
+    scope = tuple(args.scope) or ("*",)
+    plan = _guarded(lambda: rebalancer.make_plan(hosts, max_actions=args.max_actions, scope=scope, notes=notes))
+    data = {"status": "planned", "plan": plan.to_dict(), "notes": notes}
+    emit(args, data, _render_report)
+    return EXIT_OK
+
+
+def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
+    from vmplacer.app.rebalance import RunOptions
+
+    if args.profile_seconds < 0:
+        raise UsageError(f"--profile-seconds: must not be negative, got {args.profile_seconds}")
+    rebalancer = _rebalancer(ctx, args, executor=True)
+    options = RunOptions(
+        hosts=_hosts(args, ctx), dry_run=args.dry_run, max_actions=args.max_actions,
+        scope=tuple(args.scope) or ("*",), profile_seconds=args.profile_seconds, wait_s=args.wait,
+    )
+    report = _guarded(lambda: rebalancer.run(options))
+    emit(args, report.to_dict(), _render_report)
+    return EXIT_OPERATIONAL if report.status == "failed" else EXIT_OK
+
+
+def run_apply(args: argparse.Namespace, ctx: CliContext) -> int:
+    rebalancer = _rebalancer(ctx, args, executor=True)
+    plan = _guarded(lambda: rebalancer.apply(args.plan_id, wait_s=args.wait))
+    emit(args, {"status": plan.state, "plan": plan.to_dict(), "notes": []}, _render_report)
+    return EXIT_OK if plan.state == "succeeded" else EXIT_OPERATIONAL
+
+
+def run_plans(args: argparse.Namespace, ctx: CliContext) -> int:
+    from vmplacer.adapters.db.plans import SqlPlanStore
+
+    container = ctx.container
+    container.upgrade_database()
+    store = SqlPlanStore(container.sessions)
+    if args.plan_id is not None:
+        plan = store.get(args.plan_id)
+        if plan is None:
+            raise UsageError(f"PLAN_ID: plan {args.plan_id} does not exist")
+        emit(args, {"status": plan.state, "plan": plan.to_dict(), "notes": []}, _render_report)
+        return EXIT_OK
+    rows = store.recent(args.limit)
+    emit(args, rows, lambda d: print_table("rebalancing plans", ("id", "state", "hosts", "actions", "summary"),
+                                           [(r["id"], r["state"], ",".join(r["hosts"]), r["actions"], r["summary"])
+                                            for r in d]))
+    return EXIT_OK
+
+
+# ----- output -----------------------------------------------------------------------------------------------
+def _render_report(data: dict[str, Any]) -> None:
+    for step in data.get("steps", []):
+        print(f"{step['name']}: {step['status']} ({step['seconds']:.1f} s) {step['message']}")
+    plan = data.get("plan")
+    if plan is None:
+        for note in data.get("notes", []):
+            print(note)
+        print(f"status: {data['status']}")
+        return
+    if not plan["actions"]:
+        print(f"plan {plan['id']} ({plan['state']}): {plan['summary']}")
+        for note in data.get("notes", []):
+            sys.stderr.write(f"note: {note}\n")
+        print(f"status: {data['status']}")
+        return
+    print_table(
+        f"plan {plan['id']} ({plan['state']}): {plan['summary']}",
+        ("#", "action", "guest", "host", "change", "gain", "conf.", "after", "state", "reason / outcome"),
+        [(a["index"], a["kind"], a["guest"] or "", _where(a), _change(a), f"{a['predicted_gain']:+.3f}",
+          f"{a['confidence']:.2f}", ",".join(map(str, a["depends_on"])), a["state"],
+          a["message"] or a["reason"]) for a in plan["actions"]],
+    )
+    if plan["diff"]:
+        print_table("before / after", ("guest", "host", "pinning before", "pinning after", "predicted perf"),
+                    [(d["guest"], d["host_before"] if d["host_before"] == d["host_after"]
+                      else f"{d['host_before']} → {d['host_after']}", d["pins_before"], d["pins_after"],
+                      _perf(d)) for d in plan["diff"]])
+    for note in data.get("notes", []):
+        sys.stderr.write(f"note: {note}\n")
+    print(f"status: {data['status']}")
+
+
+def _where(action: dict[str, Any]) -> str:
+    return f"{action['host']} → {action['target_host']}" if action["target_host"] else action["host"]
+
+
+def _change(action: dict[str, Any]) -> str:
+    from vmplacer.core.placement import placement_from_dict
+
+    if action["kind"] == "probe":
+        return f"Freeze'nSense {action['parameters'].get('seconds', '')} s"
+    before, after = placement_from_dict(action["before"]), placement_from_dict(action["after"])
+    if action["kind"] == "migrate":
+        return "live migration"
+    if action["kind"] == "set_memory_nodes":
+        return f"mem {sorted(before.memory_nodes)} → {sorted(after.memory_nodes)}"
+    return f"{before.describe_pinning()} → {after.describe_pinning()}"
+
+
+def _perf(diff: dict[str, Any]) -> str:
+    if diff["perf_before"] is None or diff["perf_after"] is None:
+        return ""
+    return f"{diff['perf_before']:.2f} → {diff['perf_after']:.2f}"
