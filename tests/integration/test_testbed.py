@@ -65,8 +65,7 @@ def test_down_spares_daemons_with_guests_in_use_and_stops_only_recorded_ones(tes
 
     old_pid = recorded["host2/libvirtd"]["pid"]
     stopped = daemons.down(testbed.dirs, only=host2_keys)
-    if stopped.left_running:
-        pytest.skip(f"another test run uses host2 right now: {stopped.left_running}")
+    require(not stopped.left_running, f"another test run uses host2 right now: {stopped.left_running}")
     assert sorted(stopped.stopped) == sorted(host2_keys)
     assert not daemons.process_alive(old_pid, "libvirtd")
     assert not any((h / cgroups.SUBTREE).exists() for h in cgroups.v1_hierarchies())
