@@ -177,19 +177,50 @@ def test_a_failing_resume_is_retried_and_a_lasting_failure_keeps_the_row(journal
     assert host.running() == {"me", "n1", "n2"}
 
 
-def test_parallel_suspend_is_faster_than_one_by_one(journal):
+def test_suspends_are_issued_in_parallel(journal):
+    """All co-runners are asked to suspend at once, not one after another.
+
+    Checked by overlap, not by wall time: the fake suspend blocks until every
+    suspend is in flight (or a generous timeout passes), so a one-by-one
+    freezer can never see more than one at a time.
+    """
+    import threading
+
     names = [f"n{i}" for i in range(8)]
     host = FakeHost(FakeDomain("me"), *(FakeDomain(n) for n in names))
-    for name in names:
-        host.suspend_delay[name] = 0.02
-    freezer = Freezer(host, journal, max_freeze_s=5, owner=current_owner())
+    lock = threading.Lock()
+    in_flight = 0
+    most = 0
+    all_in = threading.Event()
+    plain_suspend = host.suspend
+
+    def overlapping_suspend(name: str) -> None:
+        nonlocal in_flight, most
+        with lock:
+            in_flight += 1
+            most = max(most, in_flight)
+            if in_flight == len(names):
+                all_in.set()
+        all_in.wait(timeout=2.0)
+        try:
+            plain_suspend(name)
+        finally:
+            with lock:
+                in_flight -= 1
+
+    host.suspend = overlapping_suspend  # type: ignore[method-assign]
+    freezer = Freezer(host, journal, max_freeze_s=10, owner=current_owner())
     with freezer.freeze(names) as parallel:
-        pass
+        assert set(parallel.frozen) == set(names)
+    assert most == len(names)
+
+    most = 0
+    all_in.set()  # one by one: nothing to wait for
     with freezer.freeze(names, parallel=False) as sequential:
-        pass
+        assert set(sequential.frozen) == set(names)
     freezer.close()
-    assert sequential.suspend_ms > 8 * 20
-    assert parallel.suspend_ms < sequential.suspend_ms / 3
+    assert most == 1
+    assert host.running() == {"me", *names}
 
 
 # ----- replay -------------------------------------------------------------------------------------

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 
 import pytest
 
@@ -248,15 +247,13 @@ def test_more_cells_than_nodes_is_a_named_constraint():
     assert constraints(caught.value) == {"numa-cells"}
 
 
-def test_eight_cell_guest_on_sixteen_nodes_is_fast_and_stays_in_two_packages():
+def test_eight_cell_guest_on_sixteen_nodes_stays_in_two_packages():
+    # Its speed (the case that took Nova minutes) is measured by benchmarks/placement.py.
     topology = sixteen_nodes()
     spec = guest("wide", 64, memory_mib=65536, cpu_policy="dedicated", numa_nodes=8)
-    start = time.perf_counter()
     p = allocate(topology, spec)
-    elapsed = time.perf_counter() - start
     assert len(p.cells) == 8 and len(p.memory_nodes) == 8
     assert len({n // 4 for n in p.memory_nodes}) == 2  # two whole packages: the least distance
-    assert elapsed < 0.5, f"8-cell placement took {elapsed * 1000:.0f} ms"  # benchmark target: 50 ms
 
 
 # ----- memory and hugepages --------------------------------------------------------------------------
