@@ -89,3 +89,16 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
     for row in rows:
         table.add_row(*("" if value is None else str(value) for value in row))
     Console(width=200).print(table)
+
+
+def resolve_host(ctx: CliContext, name: str | None, alternatives: str = "") -> str:
+    """The configured host `--host NAME` names, or the first one when it is omitted."""
+    known = [host.name for host in ctx.settings.hosts]
+    if not known:
+        hint = f", or pass {alternatives}" if alternatives else ""
+        raise UsageError(f"no host configured: add one to the config file{hint}")
+    if name is None:
+        return known[0]
+    if name not in known:
+        raise UsageError(f"--host {name!r}: unknown host (configured: {', '.join(known)})")
+    return name

@@ -38,6 +38,7 @@ from vmplacer.cli.common import (
     add_format_argument,
     emit,
     print_table,
+    resolve_host,
 )
 from vmplacer.core.cpuset import format_cpuset
 from vmplacer.core.placement import Placement
@@ -198,15 +199,8 @@ def _from_host(ctx: CliContext, name: str | None) -> HostState:
     from vmplacer.adapters.domain_xml import DomainXmlError
     from vmplacer.ports import HypervisorError
 
-    hosts = list(ctx.settings.hosts)
-    if not hosts:
-        raise UsageError("no host configured: add one to the config file, or pass --caps FILE")
-    known = [h.name for h in hosts]
-    if name is None:
-        name = known[0]
-    elif name not in known:
-        raise UsageError(f"--host {name!r}: unknown host (configured: {', '.join(known)})")
-    settings = hosts[known.index(name)]
+    name = resolve_host(ctx, name, "--caps FILE")
+    settings = ctx.settings.host(name)
     try:
         hypervisor = ctx.container.hypervisor(name)
         topology = hypervisor.topology()

@@ -11,7 +11,14 @@ import argparse
 import platform
 from pathlib import Path
 
-from vmplacer.cli.common import CliContext, OperationalError, UsageError, add_format_argument, emit
+from vmplacer.cli.common import (
+    CliContext,
+    OperationalError,
+    UsageError,
+    add_format_argument,
+    emit,
+    resolve_host,
+)
 from vmplacer.core.cpuset import format_cpuset
 from vmplacer.core.topology import Core, HostTopology
 
@@ -72,14 +79,7 @@ def _from_host(ctx: CliContext, name: str | None) -> HostTopology:
     from vmplacer.adapters.capabilities import CapabilitiesError
     from vmplacer.ports import HypervisorError
 
-    hosts = list(ctx.settings.hosts)
-    if not hosts:
-        raise UsageError("no host configured: add one to the config file, or pass --caps FILE or --sysfs ROOT")
-    known = [h.name for h in hosts]
-    if name is None:
-        name = known[0]
-    elif name not in known:
-        raise UsageError(f"--host {name!r}: unknown host (configured: {', '.join(known)})")
+    name = resolve_host(ctx, name, "--caps FILE or --sysfs ROOT")
     try:
         return ctx.container.hypervisor(name).topology()
     except HypervisorError as exc:
