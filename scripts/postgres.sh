@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Start the local Debian PostgreSQL cluster (no systemd needed) and make sure the
-# role the tests use exists. Idempotent. Prints the URL to use.
+# role the tests use exists. Idempotent. Prints the URL to use, and nothing else, on
+# stdout: callers capture it, so every other message goes to stderr.
 set -euo pipefail
 ROLE=${VMPLACER_PG_ROLE:-vmplacer}
 PASSWORD=${VMPLACER_PG_PASSWORD:-vmplacer}
@@ -13,10 +14,10 @@ cluster=$(pg_lsclusters -h 2>/dev/null | awk 'NR==1 {print $2}')
 if [[ -z $version ]]; then
   version=$(ls /usr/lib/postgresql | sort -n | tail -1)
   cluster=main
-  pg_createcluster "$version" "$cluster" >/dev/null
+  pg_createcluster "$version" "$cluster" >&2
 fi
 if ! pg_lsclusters -h | awk -v v="$version" -v c="$cluster" '$1==v && $2==c {print $4}' | grep -q online; then
-  pg_ctlcluster "$version" "$cluster" start
+  pg_ctlcluster "$version" "$cluster" start >&2
 fi
 for _ in $(seq 1 50); do
   if su postgres -c "psql -qAtc 'select 1'" >/dev/null 2>&1; then break; fi
