@@ -8,8 +8,11 @@
    the same formula with the measured freeze latency added to t_m; target:
    measured within 20 % of the latter.
 
-Guests are the testbed's tiny TCG guests on host 1 (idle ones as neighbours,
-spin ones as the profiled VMs), vCPUs on pCPU 1 and emulator threads on pCPU 0.
+Guests are the testbed's tiny TCG guests on host 1: idle ones as the frozen
+neighbours, spread over the pCPUs as on a fleet host (neighbour i's vCPU and
+emulator threads on pCPU i mod the CPU count), and spin ones as the profiled
+VMs (vCPU on pCPU 1, emulator threads on pCPU 0). libvirt's runtime directory
+is on tmpfs, as on any systemd host (the testbed mounts one where it is not).
 Numbers are measured, never asserted here: the JSON says what held.
 
 Run (as root, testbed installed): .venv/bin/python benchmarks/freeze.py [--quick]
@@ -32,6 +35,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import libvirt  # noqa: E402
+import psutil  # noqa: E402
 
 from vmplacer.adapters.db.engine import make_engine, make_session_factory  # noqa: E402
 from vmplacer.adapters.db.migrate import upgrade  # noqa: E402
@@ -84,13 +88,14 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[index]
 
 
-def make_guests(conn, dirs: StateDirs, labels: list[tuple[str, str]]) -> list[str]:
+def make_guests(conn, dirs: StateDirs, labels: list[tuple[str, str, str, str]]) -> list[str]:
+    """Start guests given as (label, workload, vCPU pin, emulator pin)."""
     image = build_image(dirs)
     names = []
-    for label, workload in labels:
+    for label, workload, pin, emulator_pin in labels:
         name = guests.owned_name(f"bench-freeze-{label}")
         guests.destroy_and_undefine(conn, name)
-        handle = guests.define_guest(conn, name, workload=workload, pin="1", emulator_pin="0",
+        handle = guests.define_guest(conn, name, workload=workload, pin=pin, emulator_pin=emulator_pin,
                                      image=image, dirs=dirs)
         names.append(name)
         # One at a time, retried: a TCG kernel booting on a busy host now and then
@@ -146,6 +151,80 @@ def freeze_latency(names: list[str], journal: SqlFreezeJournal, repeats: int) ->
     return rows
 
 
+def _cpu_seconds(pids: dict[str, list[int]]) -> dict[str, float]:
+    """User + system CPU seconds of each group of processes (threads included)."""
+    totals = {}
+    for group, members in pids.items():
+        total = 0.0
+        for pid in members:
+            try:
+                times = psutil.Process(pid).cpu_times()
+            except psutil.Error:
+                continue
+            total += times.user + times.system
+        totals[group] = total
+    return totals
+
+
+class _UncountedJournal:
+    """Journal for the CPU pass: the real one writes before the first suspend and after
+    the last resume, outside the freeze time this pass bounds."""
+
+    def open(self, host, domains, max_freeze_s, owner) -> int:
+        return 1
+
+    def close(self, entry_id) -> None:
+        return None
+
+    def pending(self, host=None) -> list:
+        return []
+
+
+def freeze_cpu_cost(names: list[str], repeats: int) -> dict:
+    """CPU time one suspend + resume costs across libvirtd, the guest's QEMU and this process.
+
+    It bounds what parallelism can gain: K suspends need at least
+    K x (CPU per suspend) / (number of CPUs) of wall time, however they are issued.
+    Measured as (CPU during `repeats` freezes of all `names`) - (CPU during the same
+    time without freezes), divided by the number of suspend + resume pairs.
+    """
+    libvirtd = daemons.read_pid(daemons.HOST1_PIDFILES["libvirtd"])
+    qemus = [daemons.read_pid(Path("/run/libvirt/qemu") / f"{name}.pid") for name in names]
+    pids = {"libvirtd": [libvirtd] if libvirtd else [], "qemu": [pid for pid in qemus if pid],
+            "vmplacer": [os.getpid()]}
+    host = LibvirtFreezableHost(LibvirtHost(HostSettings("host1", daemons.HOST1_URI)))
+    freezer = Freezer(host, _UncountedJournal(), max_freeze_s=10.0, owner=current_owner())
+    states = host.domain_states()
+    try:
+        begin = _cpu_seconds(pids)
+        started = time.perf_counter()
+        for _ in range(repeats):
+            with freezer.freeze(names, states=states) as report:
+                assert len(report.frozen) == len(names), report.skipped
+            time.sleep(0.02)
+        busy_s = time.perf_counter() - started
+        end = _cpu_seconds(pids)
+        time.sleep(busy_s)  # the same wall time without freezes: the guests' own background use
+        idle = _cpu_seconds(pids)
+    finally:
+        freezer.close()
+        host.host.close()
+    pairs = repeats * len(names)
+    per_pair = {group: max(0.0, (end[group] - begin[group]) - (idle[group] - end[group])) * 1e3 / pairs
+                for group in pids}
+    total = sum(per_pair.values())
+    cpus = os.cpu_count() or 1
+    return {
+        "k": len(names),
+        "repeats": repeats,
+        "cpu_ms_per_suspend_resume": {group: round(value, 3) for group, value in per_pair.items()},
+        "cpu_ms_per_suspend_resume_total": round(total, 3),
+        # Suspend and resume cost about the same, so half of a pair is one suspend.
+        "cpu_floor_freeze_ms": round(len(names) * total / 2 / cpus, 3),
+        "cpus": cpus,
+    }
+
+
 def overhead_runs(container: Container, sensitive: list[str], others: list[str], rounds: int) -> list[dict]:
     rows = []
     for t_m_ms in T_MS:
@@ -188,8 +267,9 @@ def main() -> int:
     dirs = StateDirs.default()
     daemons.up(dirs)
     conn = libvirt.open(daemons.HOST1_URI)
-    neighbours = [(f"n{i}", "idle") for i in range(max(KS))]
-    profiled = [("s0", "spin"), ("s1", "spin")]
+    cpus = os.cpu_count() or 1
+    neighbours = [(f"n{i}", "idle", str(i % cpus), str(i % cpus)) for i in range(max(KS))]
+    profiled = [("s0", "spin", "1", "0"), ("s1", "spin", "1", "0")]
     names: list[str] = []
     started = time.monotonic()
     try:
@@ -205,6 +285,7 @@ def main() -> int:
                 conn.lookupByName(name).suspend()
             try:
                 freeze = freeze_latency(idle_names, journal, repeats)
+                cpu_cost = freeze_cpu_cost(idle_names, repeats)
             finally:
                 for name in spin_names:
                     conn.lookupByName(name).resume()
@@ -230,6 +311,11 @@ def main() -> int:
         "machine": machine(),
         "freeze": freeze,
         "overhead": overhead,
+        "cpu_cost": {
+            **cpu_cost,
+            "cpu_floor_over_freeze_1_parallel": round(
+                cpu_cost["cpu_floor_freeze_ms"] / by[(1, "parallel")]["freeze_ms_p50"], 3),
+        },
         "targets": {
             "freeze_8_over_freeze_1_parallel": round(scaling, 3),
             "freeze_8_over_freeze_1_sequential": round(sequential_scaling, 3),

@@ -13,7 +13,7 @@ import libvirt
 import pytest
 
 from tests.support import require
-from vmplacer.testbed import cgroups, daemons, guests
+from vmplacer.testbed import cgroups, daemons, guests, runtime_fs
 from vmplacer.testbed.guests import ProgressSample, rate, read_progress, wait_for_progress
 from vmplacer.testbed.image import build_image
 
@@ -42,6 +42,15 @@ def test_up_is_idempotent(testbed):
     assert daemons.answers(testbed.host1_uri) and daemons.answers(testbed.host2_uri)
     rows = {row["daemon"]: row for row in daemons.status(testbed.dirs)}
     assert rows["host2/libvirtd"]["started_by_testbed"]
+
+
+def test_runtime_directories_are_on_tmpfs_like_a_systemd_host(testbed):
+    """libvirtd fsyncs status XML on every suspend/resume: on disk that would skew freeze timings."""
+    assert runtime_fs.on_tmpfs(testbed.dirs.host2_dir / "run")
+    started = daemons._load_started(testbed.dirs)
+    if "host1/libvirtd" in started:
+        assert runtime_fs.on_tmpfs(daemons.HOST1_RUN_DIR)
+        assert (daemons.HOST1_RUN_DIR / "qemu").is_dir()
 
 
 def test_down_spares_daemons_with_guests_in_use_and_stops_only_recorded_ones(testbed, host2_conn):

@@ -28,7 +28,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vmplacer.testbed import cgroups
+from vmplacer.testbed import cgroups, runtime_fs
 from vmplacer.testbed.paths import HOST2_PRIVATE_DIRS, StateDirs
 
 HOST1_URI = "qemu:///system"
@@ -42,6 +42,9 @@ HOST1_PIDFILES = {"virtlogd": Path("/run/virtlogd.pid"), "libvirtd": Path("/run/
 LOG_LEVEL = 3
 START_TIMEOUT_S = 60.0
 KVM_KEY = "machine/dev-kvm"
+HOST1_RUN_DIR = Path("/run/libvirt")
+# Keys of the tmpfs mounts `up` made for each host's runtime directory (see runtime_fs).
+RUN_TMPFS_KEYS = {"host1": "host1/run-tmpfs", "host2": "host2/run-tmpfs"}
 
 
 class TestbedError(RuntimeError):
@@ -262,6 +265,42 @@ def _restore_kvm_device(entry: dict) -> None:
         os.chmod(KVM_DEVICE, entry["mode"])
 
 
+# --- runtime directories ---------------------------------------------------------
+
+def _runtime_on_tmpfs(dirs: StateDirs, host_name: str, path: Path, result: UpResult) -> None:
+    """Before a host's daemons start: its runtime directory on tmpfs, as on a systemd host."""
+    try:
+        mounted = runtime_fs.mount_tmpfs(path, dirs.root / "spare")
+    except runtime_fs.RuntimeFsError as exc:
+        raise TestbedError(f"{host_name}: {exc}") from None
+    if mounted:
+        key = RUN_TMPFS_KEYS[host_name]
+        started = _load_started(dirs)
+        started[key] = {"path": str(path)}
+        _save_started(dirs, started)
+        result.started.append(key)
+
+
+def _release_runtime_tmpfs(dirs: StateDirs, started: dict[str, dict], only: list[str] | None,
+                           result: DownResult) -> None:
+    """Unmount the runtime tmpfs of each host whose daemons the testbed no longer runs."""
+    for host_name, key in RUN_TMPFS_KEYS.items():
+        entry = started.get(key)
+        if entry is None or (only is not None and key not in only):
+            continue
+        if any(k in started for k in (f"{host_name}/libvirtd", f"{host_name}/virtlogd")):
+            result.left_running[key] = f"{host_name}'s daemons still run"
+            continue
+        try:
+            runtime_fs.unmount_tmpfs(Path(entry["path"]), dirs.root / "spare")
+        except runtime_fs.RuntimeFsError as exc:
+            result.left_running[key] = str(exc)
+            continue
+        del started[key]
+        _save_started(dirs, started)
+        result.stopped.append(key)
+
+
 # --- host 1 -----------------------------------------------------------------
 
 def _up_host1(dirs: StateDirs, result: UpResult) -> None:
@@ -269,6 +308,8 @@ def _up_host1(dirs: StateDirs, result: UpResult) -> None:
     if answers(host.uri):
         result.already_running.append(f"{host.name}/libvirtd")
         return
+    if daemon_pid(host, "virtlogd") is None and daemon_pid(host, "libvirtd") is None:
+        _runtime_on_tmpfs(dirs, "host1", HOST1_RUN_DIR, result)
     env = {}
     if daemon_pid(host, "virtlogd") is None:
         env = {"LIBVIRT_LOG_OUTPUTS": f"{LOG_LEVEL}:file:{host.log_dir / 'virtlogd.log'}"}
@@ -399,6 +440,7 @@ def _up_host2(dirs: StateDirs, result: UpResult) -> None:
     stale = daemon_pid(host, "virtlogd")
     if stale is not None:
         _stop_pid(stale, "virtlogd")
+    _runtime_on_tmpfs(dirs, "host2", dirs.host2_dir / "run", result)
     script = _prepare_host2(dirs)
     _spawn(["unshare", "-m", "--propagation", "private", "sh", str(script)],
            host.log_dir / "start.log", "host2: starting virtlogd + libvirtd in a mount namespace")
@@ -498,6 +540,7 @@ def down(dirs: StateDirs | None = None, only: list[str] | None = None) -> DownRe
             _save_started(dirs, started)
         if "host2/libvirtd" not in started and "host2/libvirtd" not in result.left_running:
             cgroups.remove()
+        _release_runtime_tmpfs(dirs, started, only, result)
         kvm = started.get(KVM_KEY)
         still_ours = [k for k in started if k.endswith("/libvirtd")]
         if kvm is not None and (only is None or KVM_KEY in only) and not still_ours:
