@@ -59,7 +59,17 @@ class Container:
             host = self.settings.host(placement.host)
             return render_domain(spec, placement, base_xml=base_xml, domain_type=host.domain_type)
 
-        return PlacementService(self.placement_store, render)
+        return PlacementService(self.placement_store, render, self.allocation_options)
+
+    def allocation_options(self, host_name: str):  # -> AllocationOptions
+        """The configured allocation knobs of a host (defaults for hosts not in the config)."""
+        from vmplacer.config import ConfigError
+        from vmplacer.core.policies.admit import AllocationOptions
+
+        try:
+            return self.settings.host(host_name).allocation
+        except ConfigError:
+            return AllocationOptions()
 
     @cached_property
     def model_repository(self):  # -> SqlModelRepository

@@ -123,6 +123,7 @@ def build_rebalancer(
         load_model=load_model,
         learn=learn,
         profile=profile,
+        allocation=container.allocation_options,
         demand=demand if measure_demand else None,
         probe=(lambda host, seconds: profile(host, seconds, ("*",))) if profile else None,
         unavailable=unavailable,

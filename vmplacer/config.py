@@ -18,6 +18,7 @@ from urllib.parse import urlsplit
 import yaml
 
 from vmplacer.core.cpuset import CpusetError, parse_cpuset
+from vmplacer.core.policies.admit import AllocationOptions
 
 ENV_CONFIG = "VMPLACER_CONFIG"
 ENV_DATABASE_URL = "VMPLACER_DATABASE_URL"
@@ -43,6 +44,17 @@ class HostSettings:
     reserved_cpus: frozenset[int] = frozenset()
     domain_type: str = "kvm"  # 'qemu' (TCG) where hardware virtualization is missing
     sampler: str = "auto"
+    # What the placement engine may use on this host (Nova's cpu_allocation_ratio,
+    # reserved_host_memory_mb per NUMA node, and cpu_shared_set for emulator threads).
+    cpu_allocation_ratio: float = 4.0
+    reserved_memory_mib_per_node: int = 0
+    emulator_cpus: frozenset[int] = frozenset()
+
+    @property
+    def allocation(self) -> AllocationOptions:
+        return AllocationOptions(cpu_allocation_ratio=self.cpu_allocation_ratio,
+                                 emulator_cpus=self.emulator_cpus,
+                                 reserved_memory_mib_per_node=self.reserved_memory_mib_per_node)
 
 
 @dataclass(frozen=True)
@@ -143,7 +155,8 @@ def _check_database_url(reader: _Reader, url: str, key: str) -> str:
 
 def _parse_host(reader: _Reader, raw: Any, index: int) -> HostSettings:
     key = f"hosts[{index}]"
-    data = reader.mapping(raw, key, ("name", "uri", "reserved_cpus", "domain_type", "sampler"))
+    data = reader.mapping(raw, key, ("name", "uri", "reserved_cpus", "domain_type", "sampler",
+                                     "cpu_allocation_ratio", "reserved_memory_mib_per_node", "emulator_cpus"))
     if "name" not in data:
         raise reader.fail(f"{key}.name", "is required")
     if "uri" not in data:
@@ -152,19 +165,29 @@ def _parse_host(reader: _Reader, raw: Any, index: int) -> HostSettings:
     if not HOST_NAME_RE.match(name):
         raise reader.fail(f"{key}.name", f"must match {HOST_NAME_RE.pattern}, got {name!r}")
     uri = _check_libvirt_uri(reader, reader.string(data["uri"], f"{key}.uri"), f"{key}.uri")
-    reserved: frozenset[int] = frozenset()
-    if data.get("reserved_cpus") not in (None, ""):
-        try:
-            reserved = parse_cpuset(str(data["reserved_cpus"]))
-        except CpusetError as exc:
-            raise reader.fail(f"{key}.reserved_cpus", str(exc)) from None
+    reserved = _cpuset(reader, data.get("reserved_cpus"), f"{key}.reserved_cpus")
+    emulator_cpus = _cpuset(reader, data.get("emulator_cpus"), f"{key}.emulator_cpus")
+    ratio = reader.number(data.get("cpu_allocation_ratio", 4.0), f"{key}.cpu_allocation_ratio", 0.1, 64)
+    reserve = reader.number(data.get("reserved_memory_mib_per_node", 0), f"{key}.reserved_memory_mib_per_node",
+                            0, 1 << 30)
+    if reserve != int(reserve):
+        raise reader.fail(f"{key}.reserved_memory_mib_per_node", f"must be a whole number of MiB, got {reserve:g}")
     domain_type = str(data.get("domain_type", "kvm"))
     if domain_type not in ("kvm", "qemu"):
         raise reader.fail(f"{key}.domain_type", f"must be kvm or qemu, got {domain_type!r}")
     sampler = str(data.get("sampler", "auto"))
     if sampler not in SAMPLER_METRICS:
         raise reader.fail(f"{key}.sampler", f"must be one of {', '.join(SAMPLER_METRICS)}")
-    return HostSettings(name, uri, reserved, domain_type, sampler)
+    return HostSettings(name, uri, reserved, domain_type, sampler, ratio, int(reserve), emulator_cpus)
+
+
+def _cpuset(reader: _Reader, value: Any, key: str) -> frozenset[int]:
+    if value in (None, ""):
+        return frozenset()
+    try:
+        return parse_cpuset(str(value))
+    except CpusetError as exc:
+        raise reader.fail(key, str(exc)) from None
 
 
 def settings_from_mapping(raw: Any, source: str, environ: dict[str, str] | None = None) -> Settings:

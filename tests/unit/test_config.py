@@ -81,3 +81,30 @@ def test_unknown_host_lookup_lists_configured_ones(tmp_path):
     settings = load_settings(None, environ={"VMPLACER_DATA_DIR": str(tmp_path)})
     with pytest.raises(ConfigError, match="configured: default"):
         settings.host("missing")
+
+
+def test_allocation_knobs_per_host():
+    settings = settings_from_mapping({"hosts": [
+        {"name": "h1", "uri": "qemu:///system", "cpu_allocation_ratio": 2, "reserved_memory_mib_per_node": 1024,
+         "emulator_cpus": "0,28"},
+        {"name": "h2", "uri": "qemu:///system"},
+    ]}, "cfg.yaml", environ={})
+    tuned, default = settings.host("h1").allocation, settings.host("h2").allocation
+    assert (tuned.cpu_allocation_ratio, tuned.reserved_memory_mib_per_node, tuned.emulator_cpus) == (
+        2.0, 1024, frozenset({0, 28}))
+    assert (default.cpu_allocation_ratio, default.reserved_memory_mib_per_node, default.emulator_cpus) == (
+        4.0, 0, frozenset())
+
+
+@pytest.mark.parametrize(("field", "value", "fragment"), [
+    ("cpu_allocation_ratio", 0, "between 0.1 and 64"),
+    ("cpu_allocation_ratio", "lots", "must be a number"),
+    ("reserved_memory_mib_per_node", -1, "between 0"),
+    ("reserved_memory_mib_per_node", 1.5, "whole number of MiB"),
+    ("emulator_cpus", "0-x", "0-x"),
+])
+def test_bad_allocation_knobs_name_host_and_field(field, value, fragment):
+    with pytest.raises(ConfigError) as excinfo:
+        settings_from_mapping({"hosts": [{"name": "h", "uri": "qemu:///system", field: value}]}, "cfg.yaml", environ={})
+    assert f"key 'hosts[0].{field}'" in str(excinfo.value)
+    assert fragment in str(excinfo.value)

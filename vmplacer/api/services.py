@@ -57,7 +57,8 @@ class ApiServices:
         self.metrics = ApiMetrics()
         self.placement = container.placement_service()
         self.snapshots = HostSnapshots(container.hypervisor, container.placement_store.occupied)
-        self.dry_runs = PlacementService(SnapshotStore(self.snapshots), self._render)  # type: ignore[arg-type]
+        self.dry_runs = PlacementService(SnapshotStore(self.snapshots), self._render,  # type: ignore[arg-type]
+                                         container.allocation_options)
         token_store = SqlTokenStore(container.sessions)
         self.token_store = token_store
         self.tokens = TokenVerifier(token_store.verify)

@@ -17,6 +17,7 @@ from typing import Any, Protocol
 from vmplacer.core.allocate import allocate, refresh_shared_pins
 from vmplacer.core.guest import GuestSpec
 from vmplacer.core.placement import Placement
+from vmplacer.core.policies.admit import AllocationOptions
 from vmplacer.core.topology import HostTopology
 from vmplacer.ports import ClaimConflict, DomainInfo, HypervisorError, PlacementStore
 
@@ -75,9 +76,12 @@ def _floating(domain: DomainInfo, host: str) -> Placement:
 
 
 class PlacementService:
-    def __init__(self, store: PlacementStore, render: Renderer):
+    def __init__(self, store: PlacementStore, render: Renderer,
+                 options: Callable[[str], AllocationOptions] | None = None):
+        """`options` gives each host's allocation knobs (overcommit, memory reserve) by host name."""
         self._store = store
         self._render = render
+        self._options = options or (lambda _host: AllocationOptions())
 
     def occupied(self, host: PlacingHost) -> tuple[HostTopology, list[Placement]]:
         """The host's topology and everything on it: live domains, plus placements
@@ -91,7 +95,7 @@ class PlacementService:
     def plan(self, host: PlacingHost, spec: GuestSpec, base_xml: str | None = None) -> PlaceResult:
         """Dry run: the placement and XML vmplacer would use now; nothing is written."""
         topology, others = self.occupied(host)
-        placement = allocate(topology, spec, others)
+        placement = allocate(topology, spec, others, options=self._options(host.name))
         return PlaceResult(placement, self._render(spec, placement, base_xml), "planned")
 
     def place(
@@ -137,7 +141,7 @@ class PlacementService:
         last_conflict: ClaimConflict | None = None
         for _ in range(MAX_CLAIM_ATTEMPTS):
             topology, others = self.occupied(host)
-            placement = allocate(topology, spec, others)
+            placement = allocate(topology, spec, others, options=self._options(host.name))
             xml = self._render(spec, placement, base_xml)
             try:
                 self._store.record(host.name, host.uri, placement, spec.to_dict())

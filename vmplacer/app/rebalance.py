@@ -26,6 +26,7 @@ from vmplacer.app.executor import Auditor, Executor, ExecutorError, ExecutorSett
 from vmplacer.core.guest import GuestSpec, GuestSpecError
 from vmplacer.core.interference import InterferenceModel
 from vmplacer.core.plan import Plan
+from vmplacer.core.policies.admit import AllocationOptions
 from vmplacer.core.policies.rebalance import plan_rebalance
 from vmplacer.core.policies.rebalance_state import (
     ClusterState,
@@ -117,8 +118,10 @@ class Rebalancer:
         demand: Callable[[str, list[str]], dict[str, float]] | None = None,
         probe: Callable[[str, float], str] | None = None,
         unavailable: Mapping[str, str] | None = None,
+        allocation: Callable[[str], AllocationOptions] | None = None,
     ):
         self.hosts = dict(hosts)
+        self.allocation = allocation or (lambda _host: AllocationOptions())
         self.plans = plans
         self.leases = leases
         self.clock = clock
@@ -152,7 +155,7 @@ class Rebalancer:
                 unreachable.append(name)
                 notes.append(f"host {name} left out: {exc}")
                 continue
-            hosts[name] = HostState(name, topology)
+            hosts[name] = HostState(name, topology, options=self.allocation(name))
             running = [d for d in domains if d.state == "running"]
             loads: dict[str, float] = {}
             if self.demand is not None and running:

@@ -42,6 +42,7 @@ from vmplacer.cli.common import (
 )
 from vmplacer.core.cpuset import format_cpuset
 from vmplacer.core.placement import Placement
+from vmplacer.core.policies.admit import AllocationOptions
 from vmplacer.core.topology import HostTopology
 
 
@@ -74,6 +75,7 @@ class HostState:
     topology: HostTopology
     existing: list[Placement] = field(default_factory=list)
     domain_type: str = "kvm"
+    options: AllocationOptions = field(default_factory=AllocationOptions)
 
 
 @dataclass
@@ -127,7 +129,8 @@ def make_plan(state: HostState, requests: list) -> PlanResult:
     for request in requests:
         spec = request.spec
         try:
-            placement = allocate(state.topology, spec, occupied, anti_affinity_of_others=anti_affinity)
+            placement = allocate(state.topology, spec, occupied, options=state.options,
+                                 anti_affinity_of_others=anti_affinity)
             # Render now: a base XML that cannot take the placement must not hold resources.
             render_domain(spec, placement, base_xml=request.base_xml, domain_type=state.domain_type)
         except NoFit as exc:
@@ -210,7 +213,7 @@ def _from_host(ctx: CliContext, name: str | None) -> HostState:
     except DomainXmlError as exc:
         raise OperationalError(f"host {name}: a domain's XML cannot be read: {exc}") from None
     existing = [_occupied(d, name) for d in domains]
-    return HostState(name, topology, existing, getattr(settings, "domain_type", "kvm"))
+    return HostState(name, topology, existing, settings.domain_type, settings.allocation)
 
 
 def _occupied(domain: Any, host: str) -> Placement:

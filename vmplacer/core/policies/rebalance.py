@@ -168,6 +168,7 @@ class _Host:
         for cpu in self.cpus:
             self.node_cpus[self.node_of[cpu]] = self.node_cpus.get(self.node_of[cpu], frozenset()) | {cpu}
         self.betas = betas
+        self.reserved_kib = state.options.reserved_memory_mib_per_node * 1024
         self.guests: dict[str, GuestState] = {}
         self.pins: dict[str, dict[int, frozenset[int]]] = {}
         self._pieces: _Pieces | None = None
@@ -850,7 +851,8 @@ class _Search:
         others = [self._current_placement(n) for n in destination.guests]
         anti = {n: self.guests[n].anti_affinity for n in destination.guests if self.guests[n].anti_affinity}
         try:
-            return allocate(destination.topology, guest.spec, others, anti_affinity_of_others=anti)
+            return allocate(destination.topology, guest.spec, others, options=destination.state.options,
+                            anti_affinity_of_others=anti)
         except NoFit:
             return None
 
@@ -872,7 +874,7 @@ class _Search:
             if page and page > 4:
                 if usage.huge_free_pages(node, page) < -(-kib // page):
                     return None
-            elif usage.small_free_kib(node) < kib:
+            elif usage.small_free_kib(node, destination.reserved_kib) < kib:
                 return None
         return nodes
 
@@ -880,7 +882,7 @@ class _Search:
         others = [self._current_placement(n) for n in host.guests if n != name]
         usage = HostUsage.build(host.topology, others)
         need = self._current_placement(name).memory_kib
-        free = sum(usage.small_free_kib(n) for n in nodes if n in host.topology.nodes)
+        free = sum(usage.small_free_kib(n, host.reserved_kib) for n in nodes if n in host.topology.nodes)
         return free >= need
 
     def _anti_affinity_ok(self, host: _Host, guest: GuestState, nodes: frozenset[int] | None) -> bool:

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field, replace
 
 from vmplacer.core.guest import GuestSpec
 from vmplacer.core.placement import Placement
+from vmplacer.core.policies.admit import AllocationOptions
 from vmplacer.core.topology import HostTopology
 
 # Guest modes: how the search may treat a guest.
@@ -146,6 +147,7 @@ class HostState:
     name: str
     topology: HostTopology
     accepts_migrations: bool = True
+    options: AllocationOptions = field(default_factory=AllocationOptions)  # overcommit, memory reserve
 
 
 @dataclass(frozen=True)
