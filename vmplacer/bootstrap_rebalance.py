@@ -60,7 +60,7 @@ def _learning(container: Container) -> tuple[Callable[[], Any] | None, Callable[
 
 def _profiler(container: Container) -> tuple[Callable[[str, float, Sequence[str]], str] | None, str]:
     try:
-        from vmplacer.app.profiler import ProfilerConfig
+        from vmplacer.app.profiler import ProfilerConfig, SensitiveSelector
         from vmplacer.bootstrap_profiler import build_profiler
     except ImportError as exc:  # the profiler's adapters need libvirt-python and friends
         return None, f"the Freeze'nSense profiler cannot be loaded ({exc})"
@@ -72,7 +72,8 @@ def _profiler(container: Container) -> tuple[Callable[[str, float, Sequence[str]
             t_sleep_s=min(defaults.t_sleep_s, max(0.2, seconds / 10)),
             max_freeze_s=defaults.max_freeze_ms / 1e3,
             excluded=tuple(defaults.excluded_domains),
-            scope=tuple(scope) or ("*",),
+            scope=tuple(scope) if tuple(scope) not in ((), ("*",)) else defaults.scope,
+            sensitive=SensitiveSelector.parse(defaults.sensitive, []),
             duration_s=seconds,
         )
         profiler, freezer = build_profiler(container, host, config)

@@ -63,6 +63,8 @@ class ProfilerSettings:
     t_sleep_s: float = 10.0
     max_freeze_ms: float = 500.0
     excluded_domains: tuple[str, ...] = ()
+    scope: tuple[str, ...] = ("*",)  # globs: the domains the profiler considers at all
+    sensitive: str = "all"  # which VMs get ζb: all | label:KEY=VALUE | class:NAME
 
 
 @dataclass(frozen=True)
@@ -219,15 +221,24 @@ def settings_from_mapping(raw: Any, source: str, environ: dict[str, str] | None 
         else sqlite_url(data_dir)
     )
 
-    prof = reader.mapping(data.get("profiler"), "profiler", ("t_m_ms", "t_sleep_s", "max_freeze_ms", "excluded_domains"))
+    prof = reader.mapping(data.get("profiler"), "profiler", ("t_m_ms", "t_sleep_s", "max_freeze_ms", "excluded_domains",
+                                                            "scope", "sensitive"))
     excluded = prof.get("excluded_domains", []) or []
     if not isinstance(excluded, list) or not all(isinstance(x, str) for x in excluded):
         raise reader.fail("profiler.excluded_domains", "must be a list of domain names")
+    scope = prof.get("scope", ["*"])
+    if not isinstance(scope, list) or not scope or not all(isinstance(x, str) and x.strip() for x in scope):
+        raise reader.fail("profiler.scope", "must be a non-empty list of domain name globs, e.g. ['web-*']")
+    sensitive = reader.string(prof.get("sensitive", "all"), "profiler.sensitive")
+    if not (sensitive == "all" or re.match(r"^label:[^=\s]+=\S*$", sensitive) or re.match(r"^class:\S+$", sensitive)):
+        raise reader.fail("profiler.sensitive", f"must be all, label:KEY=VALUE or class:NAME, got {sensitive!r}")
     profiler = ProfilerSettings(
         t_m_ms=reader.number(prof.get("t_m_ms", 10.0), "profiler.t_m_ms", 0.1, 10_000),
         t_sleep_s=reader.number(prof.get("t_sleep_s", 10.0), "profiler.t_sleep_s", 0.0, 86_400),
         max_freeze_ms=reader.number(prof.get("max_freeze_ms", 500.0), "profiler.max_freeze_ms", 1, 60_000),
         excluded_domains=tuple(excluded),
+        scope=tuple(x.strip() for x in scope),
+        sensitive=sensitive,
     )
     api_raw = reader.mapping(data.get("api"), "api", ("listen", "max_request_bytes"))
     listen = reader.string(api_raw.get("listen", "127.0.0.1:8470"), "api.listen")

@@ -108,3 +108,44 @@ def test_bad_allocation_knobs_name_host_and_field(field, value, fragment):
         settings_from_mapping({"hosts": [{"name": "h", "uri": "qemu:///system", field: value}]}, "cfg.yaml", environ={})
     assert f"key 'hosts[0].{field}'" in str(excinfo.value)
     assert fragment in str(excinfo.value)
+
+
+def test_profiler_scope_and_sensitive_set_come_from_the_config():
+    settings = settings_from_mapping({"profiler": {"scope": ["web-*", "db-*"], "sensitive": "class:latency-critical"}},
+                                     "cfg.yaml", environ={})
+    assert settings.profiler.scope == ("web-*", "db-*")
+    assert settings.profiler.sensitive == "class:latency-critical"
+    assert settings_from_mapping(None, "cfg.yaml", environ={}).profiler.scope == ("*",)
+
+
+@pytest.mark.parametrize(("profiler", "key"), [
+    ({"scope": []}, "profiler.scope"),
+    ({"scope": "web-*"}, "profiler.scope"),
+    ({"sensitive": "some"}, "profiler.sensitive"),
+    ({"sensitive": "label:=x"}, "profiler.sensitive"),
+])
+def test_bad_profiler_scope_or_sensitive_names_the_key(profiler, key):
+    with pytest.raises(ConfigError) as excinfo:
+        settings_from_mapping({"profiler": profiler}, "cfg.yaml", environ={})
+    assert f"key '{key}'" in str(excinfo.value)
+
+
+def test_profile_command_defaults_to_the_configured_scope_and_sensitive_set():
+    import argparse
+
+    from vmplacer.cli.profile import build_config
+
+    settings = settings_from_mapping({"profiler": {"scope": ["web-*"], "sensitive": "label:tier=gold"}},
+                                     "cfg.yaml", environ={})
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers()
+    from vmplacer.cli import profile as profile_cli
+
+    profile_cli.register(sub)
+    config = build_config(parser.parse_args(["profile", "--host", "h"]), settings)
+    assert config.scope == ("web-*",)
+    assert config.sensitive.labels == (("tier", "gold"),)
+    override = build_config(parser.parse_args(["profile", "--host", "h", "--scope", "db-*", "--sensitive", "all"]),
+                            settings)
+    assert override.scope == ("db-*",)
+    assert override.sensitive.labels == ()

@@ -23,7 +23,7 @@ def profiler_config(params: dict[str, Any], settings: Any):  # -> ProfilerConfig
 
     defaults = settings.profiler
     try:
-        sensitive = SensitiveSelector.parse(params.get("sensitive") or "all", params.get("vms") or [])
+        sensitive = SensitiveSelector.parse(params.get("sensitive") or defaults.sensitive, params.get("vms") or [])
     except ValueError as exc:
         raise ApiError(422, "validation", str(exc), field_problems([("sensitive", str(exc))])) from None
     t_m_ms = params.get("t_m_ms") or defaults.t_m_ms
@@ -39,7 +39,7 @@ def profiler_config(params: dict[str, Any], settings: Any):  # -> ProfilerConfig
             max_freeze_s=max_freeze_ms / 1e3,
             sensitive=sensitive,
             excluded=tuple(defaults.excluded_domains) + tuple(params.get("exclude") or ()),
-            scope=tuple(params.get("scope") or ()) or ("*",),
+            scope=tuple(params.get("scope") or ()) or defaults.scope,
             samples=samples, duration_s=duration, adaptive=bool(params.get("adaptive")),
         )
     except ValueError as exc:

@@ -72,12 +72,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--duration", help="stop after this long, e.g. 60s")
     parser.add_argument("--metric", choices=("ipc", "cpu", "probe"),
                         help="sampler (default: the host's `sampler` setting; auto = ipc with counters, else cpu)")
-    parser.add_argument("--sensitive", default="all",
-                        help="which VMs get ζb: all, label:KEY=VALUE or class:NAME (default: all)")
+    parser.add_argument("--sensitive",
+                        help="which VMs get ζb: all, label:KEY=VALUE or class:NAME (default: profiler.sensitive, all)")
     parser.add_argument("--exclude", action="append", default=[], metavar="PATTERN",
                         help="never freeze domains matching this glob (repeatable; adds to profiler.excluded_domains)")
     parser.add_argument("--scope", action="append", default=[], metavar="PATTERN",
-                        help="consider only domains matching this glob (repeatable; default: all)")
+                        help="consider only domains matching this glob (repeatable; default: profiler.scope, all)")
     parser.add_argument("--adaptive", action="store_true",
                         help="shorter, more frequent freezes for stable VMs, longer ones for noisy VMs")
     parser.add_argument("--probe", action="append", default=[], metavar="VM=SOURCE",
@@ -154,14 +154,14 @@ def build_config(args: argparse.Namespace, settings: Any) -> Any:
         raise UsageError(f"--samples: must be at least 1, got {args.samples}")
     samples = args.samples if args.samples is not None or duration is not None else DEFAULT_SAMPLES
     try:
-        sensitive = SensitiveSelector.parse(args.sensitive, args.vms)
+        sensitive = SensitiveSelector.parse(args.sensitive or defaults.sensitive, args.vms)
     except ValueError as exc:
         raise UsageError(f"--sensitive: {exc}") from None
     try:
         return ProfilerConfig(
             t_m_s=t_m, t_sleep_s=t_sleep, max_freeze_s=max_freeze, sensitive=sensitive,
             excluded=tuple(defaults.excluded_domains) + tuple(args.exclude),
-            scope=tuple(args.scope) or ("*",), samples=samples, duration_s=duration,
+            scope=tuple(args.scope) or defaults.scope, samples=samples, duration_s=duration,
             adaptive=args.adaptive,
         )
     except ValueError as exc:
