@@ -17,6 +17,7 @@ from tests.support import require
 ROOT = Path(__file__).resolve().parents[2]
 VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
 E7600 = ROOT / "tests" / "data" / "interference" / "e7600_2core_pairs.csv"
+MIXED = ROOT / "examples" / "requests" / "mixed.yaml"
 
 
 @pytest.fixture
@@ -76,6 +77,10 @@ def test_rebalance_run_reports_its_steps(config):
 
 @pytest.mark.parametrize("args, message", [
     (["plan", "--rebalance", "--host", "nope"], "--host 'nope': unknown host"),
+    (["rebalance", "--host", "nope"], "--host 'nope': unknown host"),
+    (["place", "--host", "nope", "--request", str(MIXED)], "--host 'nope': unknown host"),
+    (["profile", "--host", "nope"], "--host 'nope': unknown host"),
+    (["profile", "replay", "--host", "nope"], "--host 'nope': unknown host"),
     (["plan", "--rebalance", "--request", "x.yaml"], "--request: not used with --rebalance"),
     (["plan", "--all", "--request", "x.yaml"], "--all: only with --rebalance"),
     (["plan"], "--request: required"),

@@ -20,6 +20,7 @@ from vmplacer.cli.common import (
     add_format_argument,
     emit,
     print_table,
+    resolve_host,
 )
 
 
@@ -54,8 +55,8 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     except RequestFileError as exc:
         raise UsageError(f"--request: {exc}") from None
     container = ctx.container
+    host_name = resolve_host(ctx, args.host)
     try:
-        host_name = args.host or container.default_host_name()
         host = container.hypervisor(host_name)
     except ConfigError as exc:
         raise UsageError(f"--host: {exc}") from None

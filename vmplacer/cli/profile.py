@@ -26,6 +26,7 @@ from vmplacer.cli.common import (
     add_format_argument,
     emit,
     print_table,
+    resolve_host,
 )
 
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s|m|min)?\s*$")
@@ -191,8 +192,6 @@ def _replay(ctx: CliContext, host: str | None) -> Any:
 
 
 def run_profile(args: argparse.Namespace, ctx: CliContext) -> int:
-    from vmplacer.config import ConfigError
-
     _only_for(args, "", ("run", "plot"))
     config = build_config(args, ctx.settings)
     probes = _probes(args.probe)
@@ -201,11 +200,7 @@ def run_profile(args: argparse.Namespace, ctx: CliContext) -> int:
         raise UsageError(f"--probe: given with --metric {metric}; probes are the `probe` metric")
     if probes:
         metric = "probe"
-    try:
-        host_name = args.host or ctx.container.default_host_name()
-        ctx.settings.host(host_name)
-    except ConfigError as exc:
-        raise UsageError(f"--host: {exc}") from None
+    host_name = resolve_host(ctx, args.host)
 
     from vmplacer.app.profiler import ProfilerError
     from vmplacer.bootstrap_profiler import build_profiler
@@ -427,17 +422,12 @@ def draw_boxplots(data: dict[str, Any], path: Path) -> None:
 
 
 def run_replay(args: argparse.Namespace, ctx: CliContext) -> int:
-    from vmplacer.config import ConfigError
-
     _only_for(args, "replay", ("tm", "tsleep", "max_freeze", "samples", "duration", "metric", "exclude",
                                "scope", "adaptive", "probe", "run", "plot"))
     if len(args.vms) > 1:
         raise UsageError(f"profile replay: unexpected arguments {args.vms[1:]}")
     if args.host:
-        try:
-            ctx.settings.host(args.host)
-        except ConfigError as exc:
-            raise UsageError(f"--host: {exc}") from None
+        resolve_host(ctx, args.host)
     report = _replay(ctx, args.host)
 
     def table(data: dict[str, Any]) -> None:
