@@ -108,7 +108,8 @@ class Database:
         from sqlalchemy import text
 
         with self.admin.connect() as connection:
-            connection.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
+            connection.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                    "WHERE datname = :n AND backend_type = 'client backend'"),
                                {"n": self.name})
             connection.execute(text(f'DROP DATABASE IF EXISTS "{self.name}"'))
         self.admin.dispose()

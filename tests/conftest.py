@@ -45,7 +45,9 @@ def postgres_url() -> Iterator[str]:
     finally:
         with admin.connect() as connection:
             connection.execute(
-                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
+                # client backends only: autovacuum workers belong to the superuser (DROP DATABASE stops them)
+                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                     "WHERE datname = :n AND backend_type = 'client backend' AND pid <> pg_backend_pid()"),
                 {"n": name},
             )
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))

@@ -188,6 +188,18 @@ class ClaimConflict(RuntimeError):
     """Another writer claimed some of the same pCPUs first; re-plan and retry."""
 
 
+@dataclass(frozen=True)
+class RecordedPlacement:
+    """A placement row as reconciling needs it: what was recorded and how long ago it last changed."""
+
+    guest: str
+    host: str
+    state: str  # planned | defined | running
+    domain_uuid: str | None
+    placement: Placement
+    age_s: float  # seconds since the row last changed (never negative)
+
+
 @runtime_checkable
 class PlacementStore(Protocol):
     """Where vmplacer records the placements it made and the pCPUs they own exclusively."""
@@ -201,6 +213,9 @@ class PlacementStore(Protocol):
     def get(self, guest: str) -> dict[str, object] | None: ...
     def audit(self, *, action: str, outcome: str, host: str | None, guest: str | None,
               message: str = "", detail: dict[str, object] | None = None) -> None: ...
+    def records(self, host: str) -> list[RecordedPlacement]:
+        """The placements recorded on `host` that still hold resources, oldest first."""
+        ...
 
 
 # ----- background jobs (REST API) ----------------------------------------------------------------

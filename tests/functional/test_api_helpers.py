@@ -203,7 +203,8 @@ def scratch_database(kind: str, directory: Path) -> Iterator[str]:
         yield make_url(str(admin_url)).set(database=name).render_as_string(hide_password=False)
     finally:
         with admin.connect() as connection:
-            connection.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = :n"),
+            connection.execute(text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                    "WHERE datname = :n AND backend_type = 'client backend'"),
                                {"n": name})
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
         admin.dispose()

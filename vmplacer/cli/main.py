@@ -27,6 +27,7 @@ COMMAND_MODULES = (
     "vmplacer.cli.place",
     "vmplacer.cli.profile",
     "vmplacer.cli.rebalance",
+    "vmplacer.cli.reconcile",
     "vmplacer.cli.model",
     "vmplacer.cli.eval",
     "vmplacer.cli.serve",

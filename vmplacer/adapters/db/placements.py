@@ -2,15 +2,17 @@
 
 from __future__ import annotations
 
+from datetime import datetime, timezone
 from typing import Any
 
 from sqlalchemy import delete, select
 from sqlalchemy.orm import Session
 
-from vmplacer.adapters.db.models import CpuClaimRow, HostRow, PlacementRow
+from vmplacer.adapters.db.models import CpuClaimRow, HostRow, PlacementRow, utcnow
 from vmplacer.adapters.db.repositories import ensure_host
 from vmplacer.core.occupancy import exclusive_of
 from vmplacer.core.placement import Placement, placement_from_dict
+from vmplacer.ports import RecordedPlacement
 
 ACTIVE_STATES = ("planned", "defined", "running")
 
@@ -24,6 +26,37 @@ def placements_on_host(session: Session, host: str) -> list[Placement]:
         .order_by(PlacementRow.id)
     )
     return [placement_from_dict(row.placement) for row in rows]
+
+
+def recorded_on_host(session: Session, host: str, now: datetime | None = None) -> list[RecordedPlacement]:
+    """Active placement rows of `host` with their age (from `updated_at`), oldest row first.
+
+    SQLite hands `updated_at` back naive (it was written in UTC), PostgreSQL
+    aware; both are compared as UTC. An age below zero (a writer whose clock
+    runs ahead) counts as "just changed".
+    """
+    now = now or utcnow()
+    rows = session.scalars(
+        select(PlacementRow)
+        .join(HostRow)
+        .where(HostRow.name == host, PlacementRow.state.in_(ACTIVE_STATES))
+        .order_by(PlacementRow.id)
+    )
+    return [
+        RecordedPlacement(
+            guest=row.guest,
+            host=host,
+            state=row.state,
+            domain_uuid=row.domain_uuid,
+            placement=placement_from_dict(row.placement),
+            age_s=max(0.0, (now - _as_utc(row.updated_at or row.created_at)).total_seconds()),
+        )
+        for row in rows
+    ]
+
+
+def _as_utc(moment: datetime) -> datetime:
+    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
 
 
 def get_placement_row(session: Session, guest: str) -> PlacementRow | None:
@@ -89,6 +122,10 @@ class SqlPlacementStore:
     def occupied(self, host: str) -> list[Placement]:
         with self._sessions() as session:
             return placements_on_host(session, host)
+
+    def records(self, host: str) -> list[RecordedPlacement]:
+        with self._sessions() as session:
+            return recorded_on_host(session, host)
 
     def record(self, host: str, uri: str, placement: Placement, spec: dict[str, Any]) -> None:
         from sqlalchemy.exc import IntegrityError

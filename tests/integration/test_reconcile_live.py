@@ -1,0 +1,91 @@
+"""`vmplacer reconcile` on a real libvirtd: a guest placed by vmplacer agrees with its record (no
+false drift from live XML), and once an operator destroys and undefines it by hand, reconciling
+releases its record and exclusive pCPU claims — after the settle window, never inside it."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import libvirt
+import pytest
+from sqlalchemy import create_engine, select
+from sqlalchemy.orm import Session
+
+from vmplacer.adapters.db.models import AuditRow, CpuClaimRow
+from vmplacer.testbed import guests
+
+pytestmark = pytest.mark.integration
+
+VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
+
+
+def _vmplacer(config: Path, *args: str) -> tuple[int, dict, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
+    done = subprocess.run([VMPLACER, "--config", str(config), *args], capture_output=True, text=True, env=env,
+                          timeout=120)
+    return done.returncode, (json.loads(done.stdout) if done.stdout.strip() else {}), done.stderr
+
+
+def _mine(report: dict, guest: str) -> list[tuple[str, str, str]]:
+    """This guest's findings (other people's domains on the shared testbed show up as unmanaged)."""
+    return [(f["kind"], f["action"], f["outcome"]) for h in report["hosts"] for f in h["findings"]
+            if f["guest"] == guest]
+
+
+def test_reconcile_releases_a_domain_undefined_by_hand(testbed, host1_conn, tmp_path):
+    database = tmp_path / "vmplacer.db"
+    config = tmp_path / "vmplacer.yaml"
+    config.write_text(f"database_url: sqlite:///{database}\ndata_dir: {tmp_path}\n"
+                      f"hosts:\n  - {{name: h1, uri: '{testbed.host1_uri}', domain_type: qemu}}\n")
+    name = guests.owned_name("reconcile")
+    request = tmp_path / "req.yaml"
+    request.write_text(f"guests:\n  - {{name: {name}, vcpus: 1, memory_mib: 64, cpu_policy: dedicated}}\n")
+    engine = create_engine(f"sqlite:///{database}")
+    try:
+        code, placed, err = _vmplacer(config, "place", "--request", str(request), "--start", "--format", "json")
+        assert code == 0, err
+        claimed = placed["placements"][0]["exclusive_cpus"]
+        assert placed["placements"][0]["state"] == "running" and claimed
+
+        # as placed: the live domain (pinning read from its live XML) agrees with the record
+        code, report, err = _vmplacer(config, "reconcile", "--host", "h1", "--settle", "0", "--format", "json")
+        assert code == 0, err
+        assert _mine(report, name) == []
+
+        dom = host1_conn.lookupByName(name)  # the operator, by hand
+        dom.destroy()
+        dom.undefine()
+
+        # just placed: within the default settle window the record is left alone
+        code, report, err = _vmplacer(config, "reconcile", "--host", "h1", "--format", "json")
+        assert code == 0, err
+        assert _mine(report, name) == [("settling", "none", "reported")]
+
+        code, report, err = _vmplacer(config, "reconcile", "--host", "h1", "--settle", "0s", "--format", "json")
+        assert code == 0, err
+        assert report["status"] == "complete" and report["hosts"][0]["status"] == "reconciled"
+        assert _mine(report, name) == [("gone", "release", "applied")]
+        assert report["released"] == 1
+
+        code, listed, err = _vmplacer(config, "placements", "--format", "json")
+        assert code == 0, err
+        assert name not in {p["guest"] for p in listed}
+        with Session(engine) as session:
+            assert session.scalars(select(CpuClaimRow)).all() == [], "the released claims must be gone"
+            audit = session.scalars(select(AuditRow).where(AuditRow.action == "reconcile")).all()
+            assert [(a.guest, a.host, a.outcome, a.detail["kind"]) for a in audit] == [(name, "h1", "ok", "gone")]
+            assert audit[0].detail["placement"]["exclusive_cpus"] == claimed
+    finally:
+        engine.dispose()
+        try:
+            dom = host1_conn.lookupByName(name)
+        except libvirt.libvirtError:
+            dom = None
+        if dom is not None:
+            if dom.isActive():
+                dom.destroy()
+            dom.undefine()

@@ -1,0 +1,205 @@
+"""Make the placement records agree with the domains libvirt really runs.
+
+For each host: take its lease (so no rebalance applies a plan there
+meanwhile), list its domains, then read its records — in that order, so a
+record old enough to act on was already unchanged while the domains were
+listed — let `core.reconcile` judge them, and apply the verdicts: forget the
+records of domains that are gone (their pCPU claims go with them), fix the
+recorded state of the rest. Every write is audited. A host that does not
+answer, or whose lease another run holds, is reported and left alone; the
+other hosts are still reconciled.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from vmplacer.core.reconcile import (
+    DEFAULT_PLANNED_GRACE_S,
+    DEFAULT_SETTLE_S,
+    RELEASE,
+    SET_STATE,
+    Finding,
+    count_by_kind,
+    reconcile_host,
+)
+from vmplacer.ports import Hypervisor, HypervisorError, LeaseStore, PlacementStore, RecordedPlacement
+
+HOST_STATUSES = ("reconciled", "busy", "unreachable")
+DEFAULT_LEASE_TTL_S = 120.0
+
+
+class ReconcileError(RuntimeError):
+    """A run that cannot start; `bad_input` marks the operator's mistakes (an unknown host)."""
+
+    def __init__(self, message: str, *, bad_input: bool = False):
+        super().__init__(message)
+        self.bad_input = bad_input
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """A finding and what became of it: applied, would-apply (dry run), reported, or skipped."""
+
+    finding: Finding
+    outcome: str
+    message: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**self.finding.to_dict(), "outcome": self.outcome, "outcome_message": self.message}
+
+
+@dataclass
+class HostResult:
+    host: str
+    status: str  # reconciled | busy | unreachable
+    message: str = ""
+    outcomes: list[Outcome] = field(default_factory=list)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "host": self.host,
+            "status": self.status,
+            "message": self.message,
+            "counts": count_by_kind([o.finding for o in self.outcomes]),
+            "findings": [o.to_dict() for o in self.outcomes],
+        }
+
+
+@dataclass
+class ReconcileReport:
+    dry_run: bool
+    at: float  # epoch seconds when the run started
+    hosts: list[HostResult] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """Every host was reconciled (none busy or unreachable)."""
+        return all(h.status == "reconciled" for h in self.hosts)
+
+    @property
+    def problems(self) -> list[str]:
+        return [h.message for h in self.hosts if h.status != "reconciled"]
+
+    def count(self, outcome: str, action: str | None = None) -> int:
+        return sum(1 for h in self.hosts for o in h.outcomes
+                   if o.outcome == outcome and (action is None or o.finding.action == action))
+
+    def to_dict(self) -> dict[str, Any]:
+        done = "would-apply" if self.dry_run else "applied"
+        return {
+            "status": "complete" if self.complete else "incomplete",
+            "dry_run": self.dry_run,
+            "at": self.at,
+            "released": self.count(done, RELEASE),
+            "updated": self.count(done, SET_STATE),
+            "counts": count_by_kind([o.finding for h in self.hosts for o in h.outcomes]),
+            "hosts": [h.to_dict() for h in self.hosts],
+            "problems": self.problems,
+        }
+
+
+class Reconciler:
+    def __init__(
+        self,
+        hosts: Mapping[str, Hypervisor],
+        store: PlacementStore,
+        leases: LeaseStore,
+        holder: str,
+        *,
+        lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
+        lease_holder: Callable[[str], str | None] | None = None,
+        wall: Callable[[], float] = time.time,
+    ):
+        """`lease_holder(host)` names who holds a busy host's lease, for the report (optional)."""
+        self.hosts = dict(hosts)
+        self.store = store
+        self.leases = leases
+        self.holder = holder
+        self.lease_ttl_s = lease_ttl_s
+        self.lease_holder = lease_holder
+        self.wall = wall
+
+    def run(
+        self,
+        host_names: Iterable[str] | None = None,
+        *,
+        dry_run: bool = False,
+        planned_grace_s: float = DEFAULT_PLANNED_GRACE_S,
+        settle_s: float = DEFAULT_SETTLE_S,
+        now_wall: float | None = None,
+    ) -> ReconcileReport:
+        """Reconcile `host_names` (default: every host) one after the other; `now_wall` stamps the report."""
+        names = list(dict.fromkeys(host_names)) if host_names is not None else sorted(self.hosts)
+        unknown = [n for n in names if n not in self.hosts]
+        if unknown:
+            raise ReconcileError(f"unknown host(s) {', '.join(unknown)} (configured: {', '.join(sorted(self.hosts))})",
+                                 bad_input=True)
+        for name, value in (("planned_grace_s", planned_grace_s), ("settle_s", settle_s)):
+            if value < 0:
+                raise ReconcileError(f"{name}: must be >= 0 seconds, got {value}", bad_input=True)
+        report = ReconcileReport(dry_run=dry_run, at=self.wall() if now_wall is None else now_wall)
+        for name in names:
+            report.hosts.append(self._host(name, dry_run, planned_grace_s, settle_s))
+        return report
+
+    # ----- one host ---------------------------------------------------------------------------------
+    def _host(self, name: str, dry_run: bool, planned_grace_s: float, settle_s: float) -> HostResult:
+        if not self.leases.acquire([name], self.holder, self.lease_ttl_s):
+            return HostResult(name, "busy", self._busy_message(name))
+        try:
+            try:
+                domains = self.hosts[name].domains()
+            except HypervisorError as exc:
+                return HostResult(name, "unreachable", f"host {name} unreachable: {exc}")
+            records = self.store.records(name)
+            findings = reconcile_host(name, records, domains, planned_grace_s=planned_grace_s, settle_s=settle_s)
+            writes = [f for f in findings if f.writes]
+            if dry_run or not writes:
+                return HostResult(name, "reconciled", "", [self._unapplied(f, dry_run) for f in findings])
+            if not self.leases.renew([name], self.holder, self.lease_ttl_s):
+                return HostResult(name, "busy", f"host {name}: lease lost before writing (listing the domains "
+                                                f"took longer than {self.lease_ttl_s:.0f} s); nothing changed")
+            by_guest = {r.guest: r for r in records}
+            return HostResult(name, "reconciled", "",
+                              [self._apply(f, by_guest.get(f.guest)) if f.writes else self._unapplied(f, False)
+                               for f in findings])
+        finally:
+            self.leases.release([name], self.holder)
+
+    def _busy_message(self, name: str) -> str:
+        who = None
+        if self.lease_holder is not None:
+            try:
+                who = self.lease_holder(name)
+            except Exception:  # noqa: BLE001 - naming the holder is a courtesy; "busy" stands without it
+                who = None
+        return f"host {name} busy: its lease is held by {who or 'another run'}; skipped"
+
+    @staticmethod
+    def _unapplied(finding: Finding, dry_run: bool) -> Outcome:
+        if finding.writes and dry_run:
+            return Outcome(finding, "would-apply")
+        return Outcome(finding, "reported")
+
+    def _apply(self, finding: Finding, record: RecordedPlacement | None) -> Outcome:
+        detail: dict[str, Any] = {"kind": finding.kind, "recorded_state": finding.recorded_state,
+                                  "live_state": finding.live_state, "age_s": finding.age_s}
+        if record is not None:
+            detail["placement"] = record.placement.to_dict()
+            detail["domain_uuid"] = record.domain_uuid
+        if finding.action == RELEASE:
+            self.store.forget(finding.guest)
+        elif finding.action == SET_STATE:
+            assert finding.state is not None
+            try:
+                self.store.set_state(finding.guest, finding.state, finding.domain_uuid)
+            except KeyError:
+                return Outcome(finding, "skipped", "the record was removed meanwhile")
+            detail.update(state=finding.state, new_domain_uuid=finding.domain_uuid)
+        self.store.audit(action="reconcile", outcome="ok", host=finding.host, guest=finding.guest,
+                         message=f"{finding.kind}: {finding.detail}", detail=detail)
+        return Outcome(finding, "applied")

@@ -1,0 +1,136 @@
+"""`vmplacer reconcile`: make the placement records agree with what libvirt runs.
+
+    vmplacer reconcile [--host H ... | --all] [--dry-run] [--reservation-grace 1h] [--settle 60s]
+
+Records of domains undefined or migrated by hand (`virsh undefine`,
+`virsh migrate`) are forgotten with their exclusive pCPU claims; recorded
+states follow libvirt's; drifted pinning and domains without a record are
+reported. Each host is reconciled under its lease, so never while a
+rebalance applies a plan there. Exit codes: 0 every host reconciled; 1 a host
+was unreachable or busy (named on stderr; the others were still reconciled)
+or the database failed; 2 bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import socket
+import sys
+from typing import Any
+
+from vmplacer.cli.common import (
+    EXIT_OK,
+    EXIT_OPERATIONAL,
+    CliContext,
+    OperationalError,
+    UsageError,
+    add_format_argument,
+    emit,
+    print_table,
+)
+from vmplacer.cli.profile import parse_duration
+
+_HOURS = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*h\s*$")
+
+
+def register(subparsers: argparse._SubParsersAction) -> None:
+    parser = subparsers.add_parser(
+        "reconcile",
+        help="forget placements whose domains are gone, fix recorded states (holds a lease per host)",
+        description="Compare each host's placement records with the domains libvirt runs there. Records whose "
+        "domain was undefined, replaced or moved outside vmplacer are released with their exclusive pCPU "
+        "claims; reservations no domain was defined for within the grace are released; recorded states follow "
+        "libvirt. Drifted pinning and domains without a record are only reported. Records changed within "
+        "the settle window are left alone (a placement may be in progress).",
+    )
+    where = parser.add_mutually_exclusive_group()
+    where.add_argument("--host", action="append", metavar="NAME", help="only this host (repeatable)")
+    where.add_argument("--all", action="store_true", help="every configured host (the default)")
+    parser.add_argument("--dry-run", action="store_true", help="report what would change; change nothing")
+    parser.add_argument("--reservation-grace", default="1h", metavar="DURATION",
+                        help="release a reservation (state planned) whose domain was not defined this long "
+                        "after reserving (default 1h; e.g. 30m, 2h, 900s)")
+    parser.add_argument("--settle", default="60s", metavar="DURATION",
+                        help="never touch a record changed this recently (default 60s)")
+    add_format_argument(parser)
+    parser.set_defaults(func=run)
+
+
+def parse_long_duration(text: str, option: str) -> float:
+    """Seconds from '1h', '30m', '90s', '0.5h'; a bare number is in seconds."""
+    hours = _HOURS.match(str(text))
+    if hours:
+        return float(hours.group(1)) * 3600.0
+    try:
+        return parse_duration(text, option, "s")
+    except UsageError:
+        raise UsageError(f"{option}: {text!r} is not a duration (e.g. 90s, 30m, 1h)") from None
+
+
+def run(args: argparse.Namespace, ctx: CliContext) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from vmplacer.app.reconcile import ReconcileError
+
+    grace = parse_long_duration(args.reservation_grace, "--reservation-grace")
+    settle = parse_long_duration(args.settle, "--settle")
+    hosts = _hosts(args, ctx)
+    try:
+        reconciler = _reconciler(ctx)
+        report = reconciler.run(hosts, dry_run=args.dry_run, planned_grace_s=grace, settle_s=settle)
+    except ReconcileError as exc:
+        if exc.bad_input:
+            raise UsageError(str(exc)) from None
+        raise OperationalError(str(exc)) from None
+    except SQLAlchemyError as exc:
+        raise OperationalError(f"database: {exc}") from None
+    emit(args, report.to_dict(), _render)
+    if report.complete:
+        return EXIT_OK
+    sys.stderr.write("vmplacer: failed: " + "; ".join(report.problems) + "\n")
+    return EXIT_OPERATIONAL
+
+
+def _hosts(args: argparse.Namespace, ctx: CliContext) -> list[str]:
+    known = [h.name for h in ctx.settings.hosts]
+    if not known:
+        raise UsageError("no host configured: add one to the config file")
+    if not args.host:
+        return known
+    unknown = [h for h in args.host if h not in known]
+    if unknown:
+        raise UsageError(f"--host {unknown[0]!r}: unknown host (configured: {', '.join(known)})")
+    return list(dict.fromkeys(args.host))
+
+
+def _reconciler(ctx: CliContext) -> Any:
+    from vmplacer.adapters.db.plans import SqlLeaseStore
+    from vmplacer.app.reconcile import Reconciler
+
+    container = ctx.container
+    container.upgrade_database()
+    leases = SqlLeaseStore(container.sessions)
+    hosts = {h.name: container.hypervisor(h.name) for h in ctx.settings.hosts}
+
+    def holder_of(host: str) -> str | None:
+        return leases.holders([host]).get(host, {}).get("holder")
+
+    return Reconciler(hosts, container.placement_store, leases,
+                      holder=f"reconcile:{socket.gethostname()}:{os.getpid()}", lease_holder=holder_of)
+
+
+def _render(data: dict[str, Any]) -> None:
+    rows = [(f["host"], f["guest"], f["kind"], f["action"], f["outcome"], f["detail"])
+            for host in data["hosts"] for f in host["findings"]]
+    mode = " (dry run: nothing changed)" if data["dry_run"] else ""
+    if rows:
+        print_table(f"reconcile{mode}", ("host", "guest", "kind", "action", "outcome", "detail"), rows)
+    for host in data["hosts"]:
+        counts = ", ".join(f"{n} {kind}" for kind, n in host["counts"].items()) or "records agree with libvirt"
+        print(f"host {host['host']}: {host['status']}" + (f" ({counts})" if host["status"] == "reconciled"
+                                                          else f": {host['message']}"))
+    verb = "would release" if data["dry_run"] else "released"
+    print(f"{verb} {data['released']} record(s), {'would update' if data['dry_run'] else 'updated'} "
+          f"{data['updated']}{mode}")
