@@ -15,7 +15,8 @@ import pytest
 from vmplacer.adapters.db import migrate
 from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.profiles import SqlProfileStore
-from vmplacer.cli.profile import parse_duration, show_data
+from vmplacer.cli.common import parse_duration
+from vmplacer.cli.profile import show_data
 from vmplacer.cli.common import UsageError
 from vmplacer.ports import Neighbour, ProfileSample
 

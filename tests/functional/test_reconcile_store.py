@@ -323,13 +323,12 @@ def test_cli_bad_input_exits_2(cli_config, args, message):
 
 
 def test_cli_durations_accept_hours_minutes_and_seconds():
-    from vmplacer.cli.common import UsageError
-    from vmplacer.cli.reconcile import parse_long_duration
+    from vmplacer.cli.common import UsageError, parse_duration
 
-    assert parse_long_duration("1h", "--x") == 3600.0
-    assert parse_long_duration("0.5h", "--x") == 1800.0
-    assert parse_long_duration("30m", "--x") == 1800.0
-    assert parse_long_duration("90", "--x") == 90.0
-    assert parse_long_duration("60s", "--x") == 60.0
+    assert parse_duration("1h", "--x", "s") == 3600.0
+    assert parse_duration("0.5h", "--x", "s") == 1800.0
+    assert parse_duration("30m", "--x", "s") == 1800.0
+    assert parse_duration("90", "--x", "s") == 90.0
+    assert parse_duration("60s", "--x", "s") == 60.0
     with pytest.raises(UsageError, match="--x: '1d' is not a duration"):
-        parse_long_duration("1d", "--x")
+        parse_duration("1d", "--x", "s")

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -102,3 +103,15 @@ def resolve_host(ctx: CliContext, name: str | None, alternatives: str = "") -> s
     if name not in known:
         raise UsageError(f"--host {name!r}: unknown host (configured: {', '.join(known)})")
     return name
+
+
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s|m|min|h)?\s*$")
+_DURATION_UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+
+
+def parse_duration(text: str, option: str, default_unit: str) -> float:
+    """Seconds from '10ms', '2.5s', '500us', '1m', '1h'; a bare number is in `default_unit`."""
+    match = _DURATION.match(str(text))
+    if not match:
+        raise UsageError(f"{option}: {text!r} is not a duration (e.g. 10ms, 0.5s, 2m, 1h)")
+    return float(match.group(1)) * _DURATION_UNITS[match.group(2) or default_unit]

@@ -13,7 +13,6 @@ stores the run. `show` recomputes the distributions from the stored samples.
 from __future__ import annotations
 
 import argparse
-import re
 import shlex
 import sys
 from pathlib import Path
@@ -25,22 +24,13 @@ from vmplacer.cli.common import (
     UsageError,
     add_format_argument,
     emit,
+    parse_duration,
     print_table,
     resolve_host,
 )
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s|m|min)?\s*$")
-_UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0}
 _PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 DEFAULT_SAMPLES = 20  # when neither --samples nor --duration says when to stop
-
-
-def parse_duration(text: str, option: str, default_unit: str) -> float:
-    """Seconds from '10ms', '2.5s', '500us', '1m'; a bare number is in `default_unit`."""
-    match = _DURATION.match(str(text))
-    if not match:
-        raise UsageError(f"{option}: {text!r} is not a duration (e.g. 10ms, 0.5s, 2m)")
-    return float(match.group(1)) * _UNITS[match.group(2) or default_unit]
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

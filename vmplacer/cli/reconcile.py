@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import re
 import socket
 import sys
 from typing import Any
@@ -28,11 +27,9 @@ from vmplacer.cli.common import (
     UsageError,
     add_format_argument,
     emit,
+    parse_duration,
     print_table,
 )
-from vmplacer.cli.profile import parse_duration
-
-_HOURS = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*h\s*$")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -58,24 +55,13 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
 
-def parse_long_duration(text: str, option: str) -> float:
-    """Seconds from '1h', '30m', '90s', '0.5h'; a bare number is in seconds."""
-    hours = _HOURS.match(str(text))
-    if hours:
-        return float(hours.group(1)) * 3600.0
-    try:
-        return parse_duration(text, option, "s")
-    except UsageError:
-        raise UsageError(f"{option}: {text!r} is not a duration (e.g. 90s, 30m, 1h)") from None
-
-
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
     from vmplacer.app.reconcile import ReconcileError
 
-    grace = parse_long_duration(args.reservation_grace, "--reservation-grace")
-    settle = parse_long_duration(args.settle, "--settle")
+    grace = parse_duration(args.reservation_grace, "--reservation-grace", "s")
+    settle = parse_duration(args.settle, "--settle", "s")
     hosts = _hosts(args, ctx)
     try:
         reconciler = _reconciler(ctx)
