@@ -1,0 +1,207 @@
+"""From the search's moves to a plan's ordered actions.
+
+The search records moves as it finds them (one guest may move several
+times); a plan needs one action per operation on a host, in an order the
+executor can follow: migrations first, then the repin on arrival and the
+memory after the vCPUs; floating guests narrowed when their shared pool
+shrinks; exclusive guests waiting for the pCPUs they take; and a
+Freeze'nSense probe when the model's confidence in the moves is low.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+from vmplacer.core.allocate import refresh_shared_pins
+from vmplacer.core.interference import InterferenceModel
+from vmplacer.core.placement import Placement
+from vmplacer.core.plan import Action
+from vmplacer.core.policies.rebalance_layout import _Host, _host_confidences
+from vmplacer.core.policies.rebalance_search import _EPS, _relocated_cells, _Search
+from vmplacer.core.policies.rebalance_state import EXCLUSIVE, FLOATING
+
+
+def _new_emulator(old: Placement, new_pins: Mapping[int, frozenset[int]], mode: str,
+                  owned_by_others: frozenset[int]) -> frozenset[int]:
+    """Emulator threads follow the vCPUs when they did (the engine's default), else stay."""
+    old_cpus = old.pcpus
+    new_cpus = frozenset().union(*new_pins.values()) if new_pins else frozenset()
+    emulator = old.emulatorpin
+    if emulator and (emulator == old_cpus or (mode == EXCLUSIVE and emulator <= old_cpus)):
+        emulator = new_cpus
+    if emulator & owned_by_others:
+        emulator = (emulator - owned_by_others) or new_cpus
+    return emulator
+
+
+def _with_pins(search: _Search, name: str, host: _Host, pins: Mapping[int, frozenset[int]],
+               base: Placement) -> Placement:
+    guest = search.guests[name]
+    emulator = _new_emulator(base, pins, guest.mode, host.owned_by_others(name))
+    placement = replace(base, host=host.name, vcpupin=dict(sorted(pins.items())), emulatorpin=emulator)
+    if guest.mode == EXCLUSIVE:
+        cpus = frozenset().union(*pins.values())
+        if guest.thread_policy == "isolate":
+            cpus = frozenset().union(*(host.siblings[c] for c in cpus))
+        placement = replace(placement, exclusive_cpus=cpus, dedicated=True)
+    return placement
+
+
+def _build_actions(search: _Search, model: InterferenceModel) -> tuple[list[Action], dict[str, dict[str, float]]]:
+    settings = search.settings
+    end_perf = search.perf_by_guest()
+    gains: dict[str, float] = {}
+    linear: dict[str, float] = {}
+    reasons: dict[str, list[str]] = {}
+    costs: dict[str, dict[str, float]] = {}
+    for move in search.moves:
+        share = 1.0 / len(move.changes)
+        for change in move.changes:
+            gains[change.guest] = gains.get(change.guest, 0.0) + move.gain * share
+            linear[change.guest] = linear.get(change.guest, 0.0) + move.linear_gain * share
+            reasons.setdefault(change.guest, []).append(move.reason)
+            if move.cost:
+                costs[change.guest] = dict(move.cost)
+    confidence = _confidences(search, model)
+
+    actions: list[Action] = []
+    by_guest: dict[str, list[int]] = {}
+
+    def add(**kwargs) -> Action:
+        action = Action(index=len(actions), **kwargs)
+        actions.append(action)
+        by_guest.setdefault(action.guest or "", []).append(action.index)
+        return action
+
+    def action_confidence(name: str) -> float:
+        total, lin = gains.get(name, 0.0), linear.get(name, 0.0)
+        rest = abs(total - lin)
+        if abs(lin) + rest <= _EPS:
+            return 1.0
+        return float(min(1.0, max(0.0, (abs(lin) + confidence.get(name, 0.0) * rest) / (abs(lin) + rest))))
+
+    order = []
+    for move in search.moves:
+        for change in move.changes:
+            if change.guest not in order:
+                order.append(change.guest)
+    migrations_first = [n for n in order if n in search.migrated] + [n for n in order if n not in search.migrated]
+    for name in migrations_first:
+        original = search.original[name].placement
+        host = search.hosts[search.host_of[name]]
+        final = _with_pins(search, name, host, host.pins[name], original)
+        if search.memory_nodes.get(name) is not None:
+            final = replace(final, memory_nodes=search.memory_nodes[name],
+                            cells=_relocated_cells(original, search.memory_nodes[name]))
+        engine = next((c.placement for m in search.moves for c in m.changes
+                       if c.guest == name and c.placement is not None), None)
+        if engine is not None and final.host == engine.host:
+            final = replace(engine, vcpupin=dict(sorted(host.pins[name].items())))
+        text = "; ".join(reasons.get(name, []))
+        gain = gains.get(name, 0.0)
+        conf = action_confidence(name)
+        if name in search.migrated:
+            arrived = replace(original, host=final.host)
+            add(kind="migrate", host=original.host, target_host=final.host, guest=name, before=original,
+                after=arrived, reason=text, predicted_gain=gain, cost=costs.get(name, {}), confidence=conf)
+            previous = arrived
+            first = len(actions) - 1
+            if (previous.vcpupin, previous.emulatorpin) != (final.vcpupin, final.emulatorpin):
+                add(kind="repin", host=final.host, guest=name, before=previous,
+                    after=replace(previous, vcpupin=final.vcpupin, emulatorpin=final.emulatorpin,
+                                  exclusive_cpus=final.exclusive_cpus, dedicated=final.dedicated),
+                    reason=f"pin {name} on arrival", predicted_gain=0.0, confidence=conf, depends_on=(first,))
+                previous = actions[-1].after
+            if previous.memory_nodes != final.memory_nodes and final.memory_nodes:
+                add(kind="set_memory_nodes", host=final.host, guest=name, before=previous,
+                    after=replace(previous, memory_nodes=final.memory_nodes, cells=final.cells),
+                    reason=f"memory of {name} follows its vCPUs", confidence=conf,
+                    depends_on=(len(actions) - 1,))
+            continue
+        pinned = replace(original, vcpupin=final.vcpupin, emulatorpin=final.emulatorpin,
+                         exclusive_cpus=final.exclusive_cpus, dedicated=final.dedicated)
+        if (original.vcpupin, original.emulatorpin) != (pinned.vcpupin, pinned.emulatorpin):
+            add(kind="repin", host=original.host, guest=name, before=original, after=pinned, reason=text,
+                predicted_gain=gain, cost=costs.get(name, {}), confidence=conf)
+            gain = 0.0
+        if name in search.memory_moved and final.memory_nodes != original.memory_nodes:
+            previous = actions[-1].after if actions and actions[-1].guest == name else original
+            deps = (len(actions) - 1,) if actions and actions[-1].guest == name else ()
+            add(kind="set_memory_nodes", host=original.host, guest=name, before=previous,
+                after=replace(previous, memory_nodes=final.memory_nodes, cells=final.cells),
+                reason=f"memory of {name} follows its vCPUs", predicted_gain=gain,
+                cost=costs.get(name, {}), confidence=conf, depends_on=deps)
+
+    actions = _narrow_floating(search, actions)
+    actions = _exclusive_dependencies(actions)
+    affected = [n for n in search.guests
+                if n in order or abs(search.start_perf.get(n, 0.0) - end_perf.get(n, 0.0)) > 1e-9]
+    predicted = {name: {"before": search.start_perf.get(name, 0.0), "after": end_perf.get(name, 0.0)}
+                 for name in sorted(affected)}
+    if actions and min(a.confidence for a in actions) < settings.probe_below_confidence:
+        hosts = sorted({a.target_host or a.host for a in actions})
+        for host in hosts:
+            deps = tuple(a.index for a in actions if (a.target_host or a.host) == host)
+            actions.append(Action(index=len(actions), kind="probe", host=host,
+                                  reason="measure the new layout with Freeze'nSense: the model's confidence "
+                                         "in these moves is low",
+                                  depends_on=deps, parameters={"seconds": settings.probe_seconds}))
+    return actions, predicted
+
+
+def _narrow_floating(search: _Search, actions: list[Action]) -> list[Action]:
+    """Floating guests leave pCPUs that exclusive guests now own (refresh_shared_pins)."""
+    result = list(actions)
+    touched_hosts = {a.target_host or a.host for a in actions
+                     if a.after is not None and (a.after.exclusive_cpus or a.before.exclusive_cpus)}
+    for name in sorted(touched_hosts):
+        host = search.hosts[name]
+        current = [_current_for_refresh(search, n) for n in host.guests]
+        for before, after in zip(current, refresh_shared_pins(host.topology, current)):
+            if before == after or search.guests[before.guest].mode != FLOATING:
+                continue
+            if any(a.guest == before.guest for a in result):
+                continue
+            deps = tuple(a.index for a in result if (a.target_host or a.host) == name)
+            result.append(Action(index=len(result), kind="repin", host=name, guest=before.guest,
+                                 before=search.original[before.guest].placement,
+                                 after=replace(search.original[before.guest].placement, vcpupin=after.vcpupin,
+                                               emulatorpin=after.emulatorpin),
+                                 reason="its shared pool shrank: pCPUs became exclusive to another guest",
+                                 depends_on=deps))
+    return result
+
+
+def _current_for_refresh(search: _Search, name: str) -> Placement:
+    guest = search.guests[name]
+    host = search.hosts[search.host_of[name]]
+    placement = search._current_placement(name)
+    if guest.mode == EXCLUSIVE:
+        return _with_pins(search, name, host, host.pins[name], placement)
+    return replace(placement, exclusive_cpus=frozenset(), dedicated=False)
+
+
+def _exclusive_dependencies(actions: list[Action]) -> list[Action]:
+    """An exclusive guest moving onto pCPUs another action vacates waits for that action."""
+    result = []
+    for action in actions:
+        deps = set(action.depends_on)
+        if action.kind == "repin" and action.after is not None and action.after.exclusive_cpus:
+            host = action.host
+            target = action.after.exclusive_cpus
+            for earlier in result:
+                if earlier.guest == action.guest or earlier.kind not in ("repin", "migrate"):
+                    continue
+                if earlier.host == host and earlier.before is not None and earlier.before.pcpus & target:
+                    deps.add(earlier.index)
+        result.append(replace(action, depends_on=tuple(sorted(deps))))
+    return result
+
+
+def _confidences(search: _Search, model: InterferenceModel) -> dict[str, float]:
+    """The model's confidence in each guest's prediction in the final layout."""
+    result: dict[str, float] = {}
+    for host in search.hosts.values():
+        result.update(_host_confidences(host, model, search.betas))
+    return result

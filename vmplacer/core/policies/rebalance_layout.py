@@ -1,0 +1,334 @@
+"""One host's what-if layout and the predicted performance of its guests.
+
+The rebalance search judges thousands of candidate layouts per round, so a
+layout must be cheap to evaluate: a host's static facts (pCPU indexes,
+distances, usable pCPUs) are computed once, a layout is flattened into numpy
+arrays (one "piece" per vCPU and pCPU it may run on), and the model's
+interference coefficients are cached per guest identity. `utility` is each
+guest's term of the objective described in `rebalance`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from vmplacer.core.interference import InterferenceModel, Tenant, distance_matrix
+from vmplacer.core.policies.rebalance_state import EXCLUSIVE, FIXED, GuestState, HostState
+
+
+# --------------------------------------------------------------------------- β table
+class BetaTable:
+    """Interference coefficients β_c(u → v) between the guests' model identities, cached.
+
+    Two workloads the model never observed but of the same workload class get
+    the same coefficients, so identities are (known key) or (unknown, class):
+    the number of distinct identities is bounded by what the model learned.
+    """
+
+    def __init__(self, model: InterferenceModel):
+        from vmplacer.core.topology import DistanceClass
+
+        self.model = model
+        self.empty = model.observations == 0
+        self._known = set(model.known_keys()) if not self.empty else set()
+        self._classes = list(DistanceClass)
+        self._pairs: dict[tuple[tuple[str, str], tuple[str, str]], np.ndarray] = {}
+
+    def identity(self, guest: GuestState) -> tuple[str, str]:
+        """The guest's own name when the model learned it (samples are keyed by guest), else its
+        workload key (replicas), else its workload class."""
+        for key in (guest.name, guest.key):
+            if key in self._known:
+                return ("key", key)
+        return ("class", guest.workload_class)
+
+    def tensor(self, identities: Sequence[tuple[str, str]]) -> np.ndarray | None:
+        """[distance rank, background, foreground] over `identities`; None when all β are 0."""
+        if self.empty:
+            return None
+        k = len(identities)
+        table = np.zeros((len(self._classes), k, k))
+        for i, background in enumerate(identities):
+            for j, foreground in enumerate(identities):
+                table[:, i, j] = self._pair(background, foreground)
+        return table
+
+    def _pair(self, background: tuple[str, str], foreground: tuple[str, str]) -> np.ndarray:
+        key = (background, foreground)
+        found = self._pairs.get(key)
+        if found is None:
+            bg_key = background[1] if background[0] == "key" else f"\x00unknown:{background[1]}"
+            fg_key = foreground[1] if foreground[0] == "key" else f"\x00unknown:{foreground[1]}"
+            bg_class = background[1] if background[0] == "class" else "unknown"
+            fg_class = foreground[1] if foreground[0] == "class" else "unknown"
+            found = np.array([0.0] + [
+                self.model.beta(bg_key, fg_key, cls, background_class=bg_class, foreground_class=fg_class)
+                for cls in self._classes[1:]
+            ])
+            self._pairs[key] = found
+        return found
+
+
+# --------------------------------------------------------------------------- one host's layout
+@dataclass
+class _Pieces:
+    """A host layout flattened: one piece per (vCPU, pCPU it may run on)."""
+
+    guests: list[str]
+    vm: np.ndarray  # piece -> guest index
+    vcpu: np.ndarray
+    cpu: np.ndarray  # piece -> local pCPU index
+    demand: np.ndarray
+    key: np.ndarray  # piece -> identity index in `table`
+    table: np.ndarray | None
+    onehot: np.ndarray  # [piece, guest]
+    ideal: np.ndarray  # per guest
+    weight: np.ndarray
+    single: np.ndarray  # piece is a vCPU pinned to exactly one pCPU
+    matrix: np.ndarray | None = None  # interference between pieces, computed on first use
+    current: tuple[np.ndarray, np.ndarray] | None = None  # `perf` of the layout itself, cached
+
+
+class _Host:
+    """Static facts of one host (pCPU indexes, distances, usable pCPUs) and its what-if layout."""
+
+    def __init__(self, state: HostState, betas: BetaTable):
+        topo = state.topology
+        self.state = state
+        self.name = state.name
+        self.topology = topo
+        self.cpus = sorted(c for c in topo.cpus if topo.cpus[c].online)
+        self.index = {c: i for i, c in enumerate(self.cpus)}
+        self.dist = distance_matrix(topo, np.array(self.cpus, dtype=np.int64))
+        self.usable = frozenset(topo.usable_cpus)
+        self.node_of = {c: topo.cpus[c].node for c in self.cpus}
+        self.siblings = {c: topo.siblings(c) & set(self.cpus) for c in self.cpus}
+        self.node_cpus: dict[int, frozenset[int]] = {}
+        for cpu in self.cpus:
+            self.node_cpus[self.node_of[cpu]] = self.node_cpus.get(self.node_of[cpu], frozenset()) | {cpu}
+        self.betas = betas
+        self.reserved_kib = state.options.reserved_memory_mib_per_node * 1024
+        self.guests: dict[str, GuestState] = {}
+        self.pins: dict[str, dict[int, frozenset[int]]] = {}
+        self._pieces: _Pieces | None = None
+
+    # ----- layout -------------------------------------------------------------------------
+    def add(self, guest: GuestState, pins: Mapping[int, frozenset[int]]) -> None:
+        self.guests[guest.name] = guest
+        self.pins[guest.name] = dict(pins)
+        self._pieces = None
+
+    def remove(self, name: str) -> None:
+        del self.guests[name]
+        del self.pins[name]
+        self._pieces = None
+
+    def set_pins(self, name: str, pins: Mapping[int, frozenset[int]]) -> None:
+        self.pins[name] = dict(pins)
+        self._pieces = None
+
+    def owned_by_others(self, name: str | None) -> frozenset[int]:
+        """pCPUs exclusive guests other than `name` own (isolate guests: their whole cores)."""
+        owned: set[int] = set()
+        for other, guest in self.guests.items():
+            if other == name or guest.mode != EXCLUSIVE and not (guest.mode == FIXED and guest.placement.exclusive_cpus):
+                continue
+            if guest.mode == FIXED:
+                owned |= guest.placement.exclusive_cpus
+                continue
+            for cpus in self.pins[other].values():
+                for cpu in cpus:
+                    owned |= self.siblings[cpu] if guest.thread_policy == "isolate" else {cpu}
+        return frozenset(owned)
+
+    def pinned_by_others(self, name: str | None) -> frozenset[int]:
+        """pCPUs where other guests have a vCPU pinned to that pCPU alone."""
+        used: set[int] = set()
+        for other, pins in self.pins.items():
+            if other == name:
+                continue
+            for cpus in pins.values():
+                if len(cpus) == 1:
+                    used |= cpus
+        return frozenset(used)
+
+    def allowed(self, name: str, vcpu: int | None = None, node: int | None = None,
+                ignore_locality: bool = False) -> frozenset[int]:
+        """pCPUs a vCPU of `name` may move to (every rule that concerns one vCPU at a time)."""
+        guest = self.guests[name]
+        base = set(self.usable)
+        if node is not None:
+            nodes = {node}
+        else:
+            nodes = set() if ignore_locality else _locality_nodes(self, guest, self.pins[name])
+        if nodes:
+            base &= set().union(*(self.node_cpus.get(n, frozenset()) for n in nodes))
+        base -= self.owned_by_others(name)
+        if guest.mode == EXCLUSIVE:
+            base -= self.pinned_by_others(name)
+            mine = {c for v, cpus in self.pins[name].items() if v != vcpu for c in cpus}
+            base -= mine
+            if guest.thread_policy == "isolate":
+                busy = self.pinned_by_others(name) | self.owned_by_others(name)
+                base = {c for c in base
+                        if not (self.siblings[c] - {c}) & busy and not self.siblings[c] & mine}
+        return frozenset(base)
+
+    # ----- evaluation -------------------------------------------------------------------------
+    def pieces(self, layout: Mapping[str, Mapping[int, frozenset[int]]] | None = None,
+               guests: Mapping[str, GuestState] | None = None) -> _Pieces:
+        if layout is None and self._pieces is not None:
+            return self._pieces
+        layout = self.pins if layout is None else layout
+        guests = self.guests if guests is None else guests
+        names = list(layout)
+        identities: dict[tuple[str, str], int] = {}
+        vm, vcpu, cpu, demand, key, single = [], [], [], [], [], []
+        everywhere = sorted(self.usable) or self.cpus
+        for g, name in enumerate(names):
+            guest = guests[name]
+            ident = identities.setdefault(self.betas.identity(guest), len(identities))
+            for v, pins in sorted(layout[name].items()):
+                allowed = sorted(pins) if pins else everywhere
+                share = guest.load / len(allowed)
+                for c in allowed:
+                    vm.append(g)
+                    vcpu.append(v)
+                    cpu.append(self.index[c])
+                    demand.append(share)
+                    key.append(ident)
+                    single.append(len(allowed) == 1)
+        vm_a = np.asarray(vm, dtype=np.int64)
+        onehot = np.zeros((len(vm), len(names)))
+        if len(vm):
+            onehot[np.arange(len(vm)), vm_a] = 1.0
+        result = _Pieces(
+            guests=names, vm=vm_a, vcpu=np.asarray(vcpu, dtype=np.int64),
+            cpu=np.asarray(cpu, dtype=np.int64), demand=np.asarray(demand, dtype=float),
+            key=np.asarray(key, dtype=np.int64), table=self.betas.tensor(list(identities)),
+            onehot=onehot,
+            ideal=np.array([guests[n].ideal for n in names], dtype=float),
+            weight=np.array([guests[n].weight for n in names], dtype=float),
+            single=np.asarray(single, dtype=bool),
+        )
+        if layout is self.pins:
+            self._pieces = result
+        return result
+
+    def perf(self, pieces: _Pieces, cpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per candidate (rows of `cpu`, C×P): each guest's predicted performance (C×V), and the
+        same from time sharing alone (the linear predictor)."""
+        same = cpu is pieces.cpu
+        if same and pieces.current is not None:
+            return pieces.current
+        if cpu.ndim == 1:
+            cpu = cpu[None, :]
+        count, size = cpu.shape
+        if size == 0:
+            empty = np.zeros((count, len(pieces.guests)))
+            return empty, empty
+        n = len(self.cpus)
+        slots = (cpu + (np.arange(count) * n)[:, None]).ravel()
+        load = np.bincount(slots, weights=np.tile(pieces.demand, count), minlength=count * n)
+        granted = pieces.demand[None, :] * np.minimum(1.0, 1.0 / np.maximum(load[slots].reshape(count, size), 1e-12))
+        linear = self._per_guest(pieces, granted)
+        if pieces.table is None:
+            result = (linear, linear)
+        elif same:
+            loss = granted @ _interference_matrix(self, pieces).T
+            result = (self._per_guest(pieces, granted * (1.0 - loss)), linear)
+        else:
+            result = (self._interfered(pieces, cpu, granted), linear)
+        if same:
+            pieces.current = result
+        return result
+
+    def _interfered(self, pieces: _Pieces, cpu: np.ndarray, granted: np.ndarray) -> np.ndarray:
+        assert pieces.table is not None
+        dist = self.dist[cpu[:, :, None], cpu[:, None, :]]  # [c, x, y]
+        k = pieces.table.shape[1]
+        beta = pieces.table.reshape(-1)[dist * (k * k) + pieces.key[None, None, :] * k + pieces.key[None, :, None]]
+        other = (pieces.vm[:, None] != pieces.vm[None, :])[None, :, :] & (dist != 0)
+        loss = np.einsum("cxy,cy->cx", np.where(other, beta, 0.0), granted)
+        return self._per_guest(pieces, granted * (1.0 - loss))
+
+    def perf_moves(self, pieces: _Pieces, m: int, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """`perf` for candidates that each move piece `m` to one of `targets` (local pCPU indexes).
+
+        Only row and column m of the interference matrix change, so the loss is
+        the current matrix times the new time shares, corrected for m: a
+        matrix product instead of a fresh C×P×P gather.
+        """
+        count = len(targets)
+        n = len(self.cpus)
+        cpu = np.tile(pieces.cpu, (count, 1))
+        cpu[:, m] = targets
+        load = np.tile(np.bincount(pieces.cpu, weights=pieces.demand, minlength=n), (count, 1))
+        rows = np.arange(count)
+        load[:, pieces.cpu[m]] -= pieces.demand[m]
+        load[rows, targets] += pieces.demand[m]
+        granted = pieces.demand[None, :] * np.minimum(1.0, 1.0 / np.maximum(load[rows[:, None], cpu], 1e-12))
+        linear = self._per_guest(pieces, granted)
+        if pieces.table is None:
+            return linear, linear
+        matrix = _interference_matrix(self, pieces)
+        loss = granted @ matrix.T
+        loss -= np.outer(granted[:, m], matrix[:, m])
+        dist = self.dist[targets[:, None], pieces.cpu[None, :]]  # [c, x]: x's pCPU to m's new pCPU
+        k = pieces.table.shape[1]
+        flat = pieces.table.reshape(-1)
+        valid = (pieces.vm[None, :] != pieces.vm[m]) & (dist != 0)
+        caused = np.where(valid, flat[dist * (k * k) + pieces.key[m] * k + pieces.key[None, :]], 0.0)
+        suffered = np.where(valid, flat[dist * (k * k) + pieces.key[None, :] * k + pieces.key[m]], 0.0)
+        loss += caused * granted[:, m][:, None]
+        loss[:, m] = (suffered * granted).sum(axis=1)
+        return self._per_guest(pieces, granted * (1.0 - loss)), linear
+
+    @staticmethod
+    def _per_guest(pieces: _Pieces, got: np.ndarray) -> np.ndarray:
+        return np.maximum(got @ pieces.onehot, 0.0) / pieces.ideal[None, :]
+
+
+def _interference_matrix(host: _Host, pieces: _Pieces) -> np.ndarray:
+    """[x, y]: β(y → x) at their pCPUs' distance, 0 for pieces of one guest or one pCPU (cached)."""
+    if pieces.matrix is None:
+        assert pieces.table is not None
+        dist = host.dist[pieces.cpu[:, None], pieces.cpu[None, :]]
+        k = pieces.table.shape[1]
+        beta = pieces.table.reshape(-1)[dist * (k * k) + pieces.key[None, :] * k + pieces.key[:, None]]
+        other = (pieces.vm[:, None] != pieces.vm[None, :]) & (dist != 0)
+        pieces.matrix = np.where(other, beta, 0.0)
+    return pieces.matrix
+
+
+def _locality_nodes(host: _Host, guest: GuestState, pins: Mapping[int, frozenset[int]]) -> set[int]:
+    """Nodes a guest's vCPUs must stay in: where its memory is, when it says where (NUMA locality)."""
+    placement = guest.placement
+    if placement.cells:
+        return {cell.host_node for cell in placement.cells if cell.host_node in host.node_cpus}
+    if placement.memory_nodes:
+        return {n for n in placement.memory_nodes if n in host.node_cpus}
+    return set()
+
+
+def utility(perf: np.ndarray, fairness: float) -> np.ndarray:
+    shortfall = np.maximum(0.0, 1.0 - perf)
+    return perf - fairness * shortfall * shortfall
+
+
+# --------------------------------------------------------------------------- confidence
+def _host_confidences(host: _Host, model: InterferenceModel, betas: BetaTable) -> dict[str, float]:
+    """Per guest on `host`: how much of its predicted interference rests on observed data.
+
+    With no data at all every β is 0 and predictions are time sharing only;
+    confidence is then 0 for interference, which the moves never rely on.
+    """
+    if betas.empty or not host.guests:
+        return {name: 0.0 for name in host.guests}
+    tenants = [Tenant(n, {v: (p or frozenset(host.usable)) for v, p in host.pins[n].items()},
+                      key=g.key, workload_class=g.workload_class, load=g.load)
+               for n, g in host.guests.items() if host.pins[n]]
+    return {name: p.confidence for name, p in model.predict(host.topology, tenants).items()}

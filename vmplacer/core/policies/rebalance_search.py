@@ -1,0 +1,703 @@
+"""The rebalance policy's local search: candidate moves, the rules they keep, the loop.
+
+Steepest ascent on what-if host layouts (`rebalance_layout`): each round every
+host offers its best local move (move, swap, pool/unpool, relocate) and the
+cluster its best migration; the best one that clears the hysteresis and fits
+the action budget is applied to the what-if copy. The search only records
+moves; `rebalance_actions` turns them into a plan.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from vmplacer.core.allocate import allocate
+from vmplacer.core.interference import InterferenceModel
+from vmplacer.core.migration_cost import migration_cost
+from vmplacer.core.nofit import NoFit
+from vmplacer.core.occupancy import HostUsage, memory_by_node
+from vmplacer.core.placement import GuestCell, Placement
+from vmplacer.core.policies.rebalance_layout import (
+    BetaTable,
+    _Host,
+    _host_confidences,
+    _locality_nodes,
+    _Pieces,
+    utility,
+)
+from vmplacer.core.policies.rebalance_state import (
+    EXCLUSIVE,
+    FIXED,
+    FLOATING,
+    PINNED,
+    ClusterState,
+    GuestState,
+    RebalanceSettings,
+)
+
+_EPS = 1e-9
+
+
+# --------------------------------------------------------------------------- moves
+@dataclass
+class _Change:
+    """One guest's new whereabouts in a move."""
+
+    guest: str
+    host: str
+    pins: dict[int, frozenset[int]]
+    memory_nodes: frozenset[int] | None = None  # None: unchanged
+    placement: Placement | None = None  # a full placement (placement-engine result)
+
+
+@dataclass
+class _Move:
+    kind: str  # move | swap | pool | unpool | relocate | migrate
+    changes: list[_Change]
+    gain: float  # objective gain, cost included
+    linear_gain: float  # the part time sharing alone explains
+    cost: dict[str, float] = field(default_factory=dict)
+    reason: str = ""
+    confidence: float = 1.0  # the model's confidence in the guests it moves
+
+    @property
+    def sure_gain(self) -> float:
+        """The gain the move is judged by: time sharing counts fully (it is arithmetic, not
+        a guess), predicted interference only as far as the model is confident in it."""
+        return self.linear_gain + self.confidence * (self.gain - self.linear_gain)
+
+
+# --------------------------------------------------------------------------- the search
+class _Search:
+    def __init__(self, state: ClusterState, model: InterferenceModel, settings: RebalanceSettings,
+                 now: float | None, last_moved: Mapping[str, float], scope: Iterable[str] | None):
+        self.state = state
+        self.model = model
+        self.settings = settings
+        self.betas = BetaTable(model)
+        self.hosts = {name: _Host(host, self.betas) for name, host in state.hosts.items()}
+        self.guests: dict[str, GuestState] = {}
+        scope_set = set(scope) if scope is not None else None
+        for guest in state.guests.values():
+            if guest.mode != FIXED:
+                why = ""
+                if scope_set is not None and guest.name not in scope_set:
+                    why = "outside the rebalancing scope"
+                elif now is not None and guest.name in last_moved and now - last_moved[guest.name] < settings.cooldown_s:
+                    why = f"moved {now - last_moved[guest.name]:.0f} s ago (cool-down {settings.cooldown_s:g} s)"
+                if why:
+                    guest = guest.fixed(why)
+            self.guests[guest.name] = guest
+            self.hosts[guest.host].add(guest, guest.placement.vcpupin)
+        self.host_of = {g.name: g.host for g in self.guests.values()}
+        self.refused_by: dict[str, set[str]] = {}
+        for guest in self.guests.values():
+            for peer in guest.anti_affinity:
+                self.refused_by.setdefault(peer, set()).add(guest.name)
+        self.memory_nodes = {g.name: g.placement.memory_nodes for g in self.guests.values()}
+        self.original = {g.name: g for g in self.guests.values()}
+        self.start_perf = self.perf_by_guest()
+        self.confidence: dict[str, float] = {}
+        for host in self.hosts.values():
+            self.confidence.update(_host_confidences(host, model, self.betas))
+        self.floors: dict[str, float] = {}
+        for guest in self.guests.values():
+            if guest.floor is not None:
+                self.floors[guest.name] = guest.floor
+            elif guest.protected:
+                self.floors[guest.name] = self.start_perf.get(guest.name, 0.0)
+        self.perf_now = dict(self.start_perf)
+        self.moves: list[_Move] = []
+        self.touched: set[str] = set()
+        self.migrated: dict[str, str] = {}  # guest -> original host
+        self.memory_moved: set[str] = set()
+        self.rejected: list[str] = []
+
+    # ----- evaluation helpers -------------------------------------------------------------------------
+    def perf_by_guest(self) -> dict[str, float]:
+        result: dict[str, float] = {}
+        for host in self.hosts.values():
+            if not host.guests:
+                continue
+            pieces = host.pieces()
+            values = host.perf(pieces, pieces.cpu)[0][0]
+            result.update({name: float(values[i]) for i, name in enumerate(pieces.guests)})
+        return result
+
+    def objective_of(self, pieces: _Pieces, perf: np.ndarray) -> np.ndarray:
+        return (utility(perf, self.settings.fairness) * pieces.weight[None, :]).sum(axis=1)
+
+    def host_objective(self, host: _Host) -> float:
+        if not host.guests:
+            return 0.0
+        pieces = host.pieces()
+        return float(self.objective_of(pieces, host.perf(pieces, pieces.cpu)[0])[0])
+
+    def total_objective(self) -> float:
+        return sum(self.host_objective(h) for h in self.hosts.values())
+
+    def floors_ok(self, pieces: _Pieces, perf: np.ndarray) -> np.ndarray:
+        """Per candidate: no protected guest pushed below min(its floor, where it is now)."""
+        ok = np.ones(perf.shape[0], dtype=bool)
+        for index, name in enumerate(pieces.guests):
+            floor = self.floors.get(name)
+            if floor is None:
+                continue
+            now = self.perf_now.get(name, floor)
+            ok &= perf[:, index] >= min(floor, now) - 1e-6
+        return ok
+
+    def movable(self, name: str) -> bool:
+        return self.guests[name].movable
+
+    # ----- candidate moves on one host -----------------------------------------------------------
+    def best_local(self, host: _Host) -> _Move | None:
+        if not any(self.movable(n) for n in host.guests):
+            return None
+        pieces = host.pieces()
+        base, base_linear = host.perf(pieces, pieces.cpu)
+        base_obj = float(self.objective_of(pieces, base)[0])
+        base_lin = float(self.objective_of(pieces, base_linear)[0])
+        current = base[0]
+        moves: list[_Move] = []
+        order = self._ranked_pieces(host, pieces, current)
+        for m in order[: self.settings.move_candidates]:
+            move = self._best_single(host, pieces, m, base_obj, base_lin, current)
+            if move:
+                moves.append(move)
+        for m in order[: self.settings.swap_candidates]:
+            move = self._best_swap(host, pieces, m, base_obj, base_lin, current)
+            if move:
+                moves.append(move)
+        moves.extend(self._pool_moves(host, base_obj, base_lin, current))
+        moves.extend(self._relocations(host, base_obj, base_lin))
+        return max(moves, key=lambda mv: mv.gain, default=None)
+
+    def _ranked_pieces(self, host: _Host, pieces: _Pieces, current: np.ndarray) -> list[int]:
+        """Movable single-pinned pieces, the most promising first: their guest's weighted
+        shortfall plus how crowded their pCPU is (crowding hurts every guest there)."""
+        if not len(pieces.cpu):
+            return []
+        crowd = np.bincount(pieces.cpu, weights=pieces.demand, minlength=len(host.cpus))
+        result = []
+        for p in range(len(pieces.cpu)):
+            name = pieces.guests[pieces.vm[p]]
+            guest = self.guests[name]
+            if not pieces.single[p] or guest.mode not in (PINNED, EXCLUSIVE):
+                continue
+            shortfall = pieces.weight[pieces.vm[p]] * (1.0 - current[pieces.vm[p]])
+            result.append((shortfall + max(0.0, crowd[pieces.cpu[p]] - 1.0), p))
+        result.sort(key=lambda item: (-item[0], item[1]))
+        return [p for _, p in result]
+
+    def _gain_vectors(self, host: _Host, pieces: _Pieces, cand: np.ndarray, base_obj: float,
+                      base_lin: float, current: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        perf, linear = host.perf(pieces, cand)
+        gain = self.objective_of(pieces, perf) - base_obj
+        lin = self.objective_of(pieces, linear) - base_lin
+        ok = self.floors_ok(pieces, perf)
+        return gain, lin, ok
+
+    def _best_single(self, host: _Host, pieces: _Pieces, m: int, base_obj: float, base_lin: float,
+                     current: np.ndarray) -> _Move | None:
+        name = pieces.guests[pieces.vm[m]]
+        vcpu = int(pieces.vcpu[m])
+        here = host.cpus[pieces.cpu[m]]
+        targets = sorted(host.allowed(name, vcpu) - {here})
+        if not targets:
+            return None
+        perf, linear = host.perf_moves(pieces, m, np.array([host.index[c] for c in targets], dtype=np.int64))
+        gain = self.objective_of(pieces, perf) - base_obj
+        lin = self.objective_of(pieces, linear) - base_lin
+        gain = np.where(self.floors_ok(pieces, perf), gain, -np.inf)
+        best = int(np.argmax(gain))
+        if not np.isfinite(gain[best]):
+            return None
+        pins = dict(host.pins[name])
+        pins[vcpu] = frozenset({targets[best]})
+        return _Move("move", [_Change(name, host.name, pins)], float(gain[best]), float(lin[best]),
+                     reason=f"vCPU {vcpu} of {name}: pCPU {here} → {targets[best]}")
+
+    def _best_swap(self, host: _Host, pieces: _Pieces, m: int, base_obj: float, base_lin: float,
+                   current: np.ndarray) -> _Move | None:
+        name_m = pieces.guests[pieces.vm[m]]
+        partners = [n for n in range(len(pieces.cpu))
+                    if n != m and pieces.single[n] and pieces.cpu[n] != pieces.cpu[m]
+                    and pieces.vm[n] != pieces.vm[m]
+                    and self.guests[pieces.guests[pieces.vm[n]]].mode in (PINNED, EXCLUSIVE)]
+        if not partners:
+            return None
+        cand = np.tile(pieces.cpu, (len(partners), 1))
+        rows = np.arange(len(partners))
+        cand[rows, m] = pieces.cpu[partners]
+        cand[rows, partners] = pieces.cpu[m]
+        gain, lin, ok = self._gain_vectors(host, pieces, cand, base_obj, base_lin, current)
+        order = np.argsort(-np.where(ok, gain, -np.inf))
+        for index in order[:4]:
+            if not ok[index] or gain[index] <= 0:
+                break
+            n = partners[int(index)]
+            name_n = pieces.guests[pieces.vm[n]]
+            cpu_m, cpu_n = host.cpus[pieces.cpu[m]], host.cpus[pieces.cpu[n]]
+            pins_m = dict(host.pins[name_m])
+            pins_m[int(pieces.vcpu[m])] = frozenset({cpu_n})
+            pins_n = dict(host.pins[name_n])
+            pins_n[int(pieces.vcpu[n])] = frozenset({cpu_m})
+            if not self._valid_swap(host, name_m, pins_m, name_n, pins_n):
+                continue
+            return _Move("swap", [_Change(name_m, host.name, pins_m), _Change(name_n, host.name, pins_n)],
+                         float(gain[index]), float(lin[index]),
+                         reason=f"swap pCPUs of {name_m} vCPU {int(pieces.vcpu[m])} ({cpu_m}) and "
+                                f"{name_n} vCPU {int(pieces.vcpu[n])} ({cpu_n})")
+        return None
+
+    def _valid_swap(self, host: _Host, a: str, pins_a: dict, b: str, pins_b: dict) -> bool:
+        old_a, old_b = host.pins[a], host.pins[b]
+        host.set_pins(a, pins_a)
+        host.set_pins(b, pins_b)
+        try:
+            return not self.violations(host, [a, b])
+        finally:
+            host.set_pins(a, old_a)
+            host.set_pins(b, old_b)
+
+    def _pool_moves(self, host: _Host, base_obj: float, base_lin: float, current: np.ndarray) -> list[_Move]:
+        """Oversubscribed shareable vCPUs float over their node's pool; floating ones pin back 1:1."""
+        moves = []
+        nodes = sorted(host.node_cpus)
+        for node in nodes:
+            pool = (host.node_cpus[node] & host.usable) - host.owned_by_others(None)
+            if not pool:
+                continue
+            members = [n for n, g in host.guests.items()
+                       if g.mode == PINNED and all(len(p) == 1 and next(iter(p)) in pool for p in host.pins[n].values())]
+            demand = sum(host.guests[n].load * len(host.pins[n]) for n in members)
+            if len(members) >= 2 and demand > len(pool) + _EPS:
+                layout = dict(host.pins)
+                for n in members:
+                    layout[n] = {v: frozenset(pool) for v in host.pins[n]}
+                move = self._evaluate_layout(host, layout, members, "pool", base_obj, base_lin, current,
+                                             f"{len(members)} guests asking {demand:.1f} pCPUs of node {node}'s "
+                                             f"{len(pool)}: float them over the pool {_fmt(pool)}")
+                if move:
+                    moves.append(move)
+            if self.settings.pin_floating_guests:
+                floating = [n for n, g in host.guests.items()
+                            if g.mode == FLOATING and g.spec is None and all(p and p <= pool for p in host.pins[n].values())]
+                vcpus = sum(len(host.pins[n]) for n in floating)
+                if floating and vcpus <= len(pool):
+                    free = sorted(pool - host.pinned_by_others(None))
+                    if len(free) >= vcpus:
+                        layout = dict(host.pins)
+                        it = iter(free)
+                        for n in floating:
+                            layout[n] = {v: frozenset({next(it)}) for v in sorted(host.pins[n])}
+                        move = self._evaluate_layout(host, layout, floating, "unpool", base_obj, base_lin, current,
+                                                     f"pin floating guests {', '.join(floating)} 1:1 in node {node}")
+                        if move:
+                            moves.append(move)
+        return moves
+
+    def _evaluate_layout(self, host: _Host, layout: dict, members: list[str], kind: str, base_obj: float,
+                         base_lin: float, current: np.ndarray, reason: str) -> _Move | None:
+        pieces = host.pieces(layout)
+        perf, lin = host.perf(pieces, pieces.cpu)
+        if not self.floors_ok(pieces, perf)[0]:
+            return None
+        gain = float(self.objective_of(pieces, perf)[0]) - base_obj
+        lin_gain = float(self.objective_of(pieces, lin)[0]) - base_lin
+        return _Move(kind, [_Change(n, host.name, dict(layout[n])) for n in members], gain, lin_gain, reason=reason)
+
+    def _relocations(self, host: _Host, base_obj: float, base_lin: float) -> list[_Move]:
+        """A guest whose vCPUs and memory live on one node moves, whole, to another node."""
+        if len(host.node_cpus) < 2:
+            return []
+        moves = []
+        ranked = sorted(host.guests, key=lambda n: (-self.guests[n].weight * (1.0 - self.perf_now.get(n, 1.0)), n))
+        for name in ranked[: max(1, self.settings.swap_candidates)]:
+            guest = host.guests[name]
+            if guest.mode not in (PINNED, EXCLUSIVE) or len(guest.placement.cells) > 1:
+                continue
+            nodes = _locality_nodes(host, guest, host.pins[name])
+            if len(nodes) != 1:
+                continue
+            here = next(iter(nodes))
+            for node in sorted(host.node_cpus):
+                if node == here:
+                    continue
+                move = self._place_on(host, name, node=node, base_obj=base_obj, base_lin=base_lin)
+                if move is None:
+                    continue
+                cost = _memory_move_cost(guest, self.settings)
+                move.gain -= guest.weight * cost / self.settings.horizon_s
+                move.cost = {"memory_move_s": guest.placement.memory_kib / 1024 / self.settings.memory_move_mib_s,
+                             "lost_perf_s": cost}
+                move.kind = "relocate"
+                move.changes[0].memory_nodes = frozenset({node})
+                move.reason = f"{name}: vCPUs and memory from node {here} to node {node}"
+                if self._memory_fits(host, name, frozenset({node})):
+                    moves.append(move)
+        return moves
+
+    def _place_on(self, host: _Host, name: str, *, node: int | None, base_obj: float,
+                  base_lin: float, guest: GuestState | None = None) -> _Move | None:
+        """Greedy: the guest's vCPUs, one after another, each on the pCPU that gains most.
+
+        `host` may not hold the guest yet (a migration's destination): it is
+        added for the evaluation and removed again. Guests that keep their
+        memory on chosen nodes keep all their vCPUs in the first vCPU's node.
+        """
+        guest = guest or self.guests[name]
+        visiting = name not in host.guests
+        old_pins = None if visiting else host.pins[name]
+        keeps_node = bool(guest.placement.memory_nodes or guest.placement.cells)
+        if visiting:
+            host.add(replace(guest, host=host.name, placement=replace(guest.placement, host=host.name)), {})
+        try:
+            pins: dict[int, frozenset[int]] = {}
+            for vcpu in sorted(guest.placement.vcpupin):
+                host.set_pins(name, dict(pins))
+                if node is None and visiting:
+                    targets = sorted(host.allowed(name, vcpu, ignore_locality=True))
+                else:
+                    targets = sorted(host.allowed(name, vcpu, node))
+                if not targets:
+                    return None
+                host.set_pins(name, {**pins, vcpu: frozenset({targets[0]})})
+                pieces = host.pieces()
+                piece = int(np.flatnonzero((pieces.vm == pieces.guests.index(name)) & (pieces.vcpu == vcpu))[0])
+                cand = np.tile(pieces.cpu, (len(targets), 1))
+                cand[:, piece] = [host.index[c] for c in targets]
+                values = self.objective_of(pieces, host.perf_moves(pieces, piece, cand[:, piece])[0])
+                best = targets[int(np.argmax(values))]
+                pins[vcpu] = frozenset({best})
+                if keeps_node and node is None:
+                    node = host.node_of[best]
+            host.set_pins(name, pins)
+            pieces = host.pieces()
+            perf, linear = host.perf(pieces, pieces.cpu)
+            if not self.floors_ok(pieces, perf)[0]:
+                return None
+            gain = float(self.objective_of(pieces, perf)[0]) - base_obj
+            lin = float(self.objective_of(pieces, linear)[0]) - base_lin
+            return _Move("move", [_Change(name, host.name, pins)], gain, lin)
+        finally:
+            if visiting:
+                host.remove(name)
+            else:
+                host.set_pins(name, old_pins)
+
+    # ----- migrations ------------------------------------------------------------------------------------
+    def best_migration(self) -> _Move | None:
+        settings = self.settings
+        if not settings.allow_migration or len(self.hosts) < 2:
+            return None
+        perf = self.perf_by_guest()
+        candidates = sorted(
+            (g for g in self.guests.values()
+             if g.movable and g.migratable and g.name not in self.migrated and g.name in perf),
+            key=lambda g: (-g.weight * (1.0 - perf[g.name]), g.name),
+        )[: settings.migration_candidates]
+        best: _Move | None = None
+        spare = {name: _spare(h) for name, h in self.hosts.items()}
+        for guest in candidates:
+            if guest.weight * (1.0 - perf[guest.name]) <= settings.min_migration_gain / 2:
+                continue
+            source = self.hosts[self.host_of[guest.name]]
+            destinations = sorted(
+                (h for h in self.hosts.values() if h is not source and h.state.accepts_migrations),
+                key=lambda h: (-spare[h.name], h.name),
+            )[: settings.destination_candidates]
+            for destination in destinations:
+                move = self._migration(guest, source, destination)
+                if move and (best is None or move.gain > best.gain):
+                    best = move
+        return best
+
+    def _migration(self, guest: GuestState, source: _Host, destination: _Host) -> _Move | None:
+        name = guest.name
+        if not self._anti_affinity_ok(destination, guest, None):
+            return None
+        src_before = self.host_objective(source)
+        src_lin_before = self._linear_objective(source)
+        dst_before = self.host_objective(destination)
+        dst_lin_before = self._linear_objective(destination)
+        pins_here = source.pins[name]
+        source.remove(name)
+        try:
+            src_after = self.host_objective(source)
+            src_lin_after = self._linear_objective(source)
+            src_ok = self._floors_hold(source)
+        finally:
+            source.add(guest, pins_here)
+        if not src_ok:
+            return None
+        visitor = replace(guest, host=destination.name, placement=replace(guest.placement, host=destination.name))
+        placement = None
+        if guest.spec is not None:
+            placement = self._engine_placement(destination, visitor)
+            if placement is None:
+                return None
+            destination.add(visitor, placement.vcpupin)
+            try:
+                pieces = destination.pieces()
+                perf = destination.perf(pieces, pieces.cpu)[0]
+                if not self.floors_ok(pieces, perf)[0]:
+                    return None
+                dst_after = float(self.objective_of(pieces, perf)[0])
+                dst_lin_after = self._linear_objective(destination)
+            finally:
+                destination.remove(name)
+            pins = dict(placement.vcpupin)
+        elif guest.mode == FLOATING:
+            pool = frozenset(destination.usable - destination.owned_by_others(None))
+            if not pool:
+                return None
+            pins = {v: pool for v in guest.placement.vcpupin}
+            destination.add(visitor, pins)
+            try:
+                pieces = destination.pieces()
+                perf = destination.perf(pieces, pieces.cpu)[0]
+                if not self.floors_ok(pieces, perf)[0]:
+                    return None
+                dst_after = float(self.objective_of(pieces, perf)[0])
+                dst_lin_after = self._linear_objective(destination)
+            finally:
+                destination.remove(name)
+        else:
+            move = self._place_on(destination, name, node=None, base_obj=dst_before, base_lin=dst_lin_before,
+                                  guest=visitor)
+            if move is None:
+                return None
+            pins = move.changes[0].pins
+            dst_after = dst_before + move.gain
+            dst_lin_after = dst_lin_before + move.linear_gain
+        memory_nodes = self._destination_memory_nodes(destination, guest, pins, placement)
+        if memory_nodes is None:
+            return None
+        settings = self.settings
+        cost = migration_cost(
+            guest.placement.memory_kib / 1024.0,
+            guest.dirty_mib_s if guest.dirty_mib_s is not None else settings.default_dirty_mib_s,
+            settings.migration_bandwidth_mib_s,
+            max_downtime_s=settings.max_downtime_s,
+            copy_slowdown=settings.copy_slowdown,
+        )
+        if not cost.converges:
+            self.rejected.append(f"migrate {name} to {destination.name}: {cost.reason}")
+            return None
+        raw = (src_after - src_before) + (dst_after - dst_before)
+        lin = (src_lin_after - src_lin_before) + (dst_lin_after - dst_lin_before)
+        paid = guest.weight * cost.lost_perf_s / settings.horizon_s
+        change = _Change(name, destination.name, pins, memory_nodes=memory_nodes, placement=placement)
+        return _Move("migrate", [change], raw - paid, lin - paid, cost=cost.to_dict(),
+                     reason=f"{name}: {source.name} → {destination.name}, predicted +{raw:.3f} "
+                            f"(cost {paid:.4f} over {settings.horizon_s:g} s)")
+
+    def _linear_objective(self, host: _Host) -> float:
+        if not host.guests:
+            return 0.0
+        pieces = host.pieces()
+        return float(self.objective_of(pieces, host.perf(pieces, pieces.cpu)[1])[0])
+
+    def _floors_hold(self, host: _Host) -> bool:
+        if not host.guests:
+            return True
+        pieces = host.pieces()
+        return bool(self.floors_ok(pieces, host.perf(pieces, pieces.cpu)[0])[0])
+
+    def _engine_placement(self, destination: _Host, guest: GuestState) -> Placement | None:
+        """Where the placement engine would put a guest vmplacer placed (all its rules apply)."""
+        assert guest.spec is not None
+        others = [self._current_placement(n) for n in destination.guests]
+        anti = {n: self.guests[n].anti_affinity for n in destination.guests if self.guests[n].anti_affinity}
+        try:
+            return allocate(destination.topology, guest.spec, others, options=destination.state.options,
+                            anti_affinity_of_others=anti)
+        except NoFit:
+            return None
+
+    def _destination_memory_nodes(self, destination: _Host, guest: GuestState, pins: Mapping[int, frozenset[int]],
+                                  placement: Placement | None) -> frozenset[int] | None:
+        """Memory nodes on the destination: the engine's, else the nodes of the new pCPUs (when the
+        guest pinned its memory), else unchanged; None when the memory does not fit."""
+        if placement is not None:
+            return placement.memory_nodes
+        if guest.placement.memory_nodes or guest.placement.cells:
+            nodes = frozenset(destination.node_of[c] for cpus in pins.values() for c in cpus)
+        else:
+            nodes = frozenset()
+        visitor = self._current_placement(guest.name)
+        visitor = replace(visitor, host=destination.name, vcpupin=dict(pins), memory_nodes=nodes, cells=())
+        usage = HostUsage.build(destination.topology, [self._current_placement(n) for n in destination.guests])
+        for node, kib in memory_by_node(destination.topology, visitor).items():
+            page = visitor.hugepage_kib
+            if page and page > 4:
+                if usage.huge_free_pages(node, page) < -(-kib // page):
+                    return None
+            elif usage.small_free_kib(node, destination.reserved_kib) < kib:
+                return None
+        return nodes
+
+    def _memory_fits(self, host: _Host, name: str, nodes: frozenset[int]) -> bool:
+        others = [self._current_placement(n) for n in host.guests if n != name]
+        usage = HostUsage.build(host.topology, others)
+        need = self._current_placement(name).memory_kib
+        free = sum(usage.small_free_kib(n, host.reserved_kib) for n in nodes if n in host.topology.nodes)
+        return free >= need
+
+    def _anti_affinity_ok(self, host: _Host, guest: GuestState, nodes: frozenset[int] | None) -> bool:
+        peers = set(guest.anti_affinity) | self.refused_by.get(guest.name, set())
+        present = peers & set(host.guests)
+        if not present:
+            return True
+        if nodes is None:
+            return False  # conservative for a new host: its node is not known yet
+        for peer in present:
+            peer_nodes = {host.node_of[c] for cpus in host.pins[peer].values() for c in cpus}
+            if peer_nodes & nodes:
+                return False
+        return True
+
+    # ----- rules ------------------------------------------------------------------------------------------
+    def violations(self, host: _Host, names: Iterable[str]) -> list[str]:
+        """Rules of the placement engine the layout breaks for `names` (empty: none)."""
+        problems = []
+        for name in names:
+            guest = self.guests[name]
+            pins = host.pins[name]
+            used = {c for cpus in pins.values() for c in cpus}
+            bad = sorted(used - host.usable)
+            if bad and guest.mode != FIXED:
+                problems.append(f"{name}: pCPUs {bad} are reserved or offline on {host.name}")
+            owned = host.owned_by_others(name)
+            if used & owned:
+                problems.append(f"{name}: pCPUs {sorted(used & owned)} are owned by another guest")
+            if guest.mode == EXCLUSIVE:
+                others = host.pinned_by_others(name)
+                if used & others:
+                    problems.append(f"{name}: its dedicated pCPUs {sorted(used & others)} run other guests")
+                cpus = [next(iter(p)) for p in pins.values()]
+                if len(set(cpus)) != len(cpus):
+                    problems.append(f"{name}: two dedicated vCPUs share a pCPU")
+                if guest.thread_policy == "isolate":
+                    cores = [host.topology.cpus[c].core for c in cpus]
+                    if len(set(cores)) != len(cores):
+                        problems.append(f"{name}: isolate needs one vCPU per core")
+                    busy = others | owned
+                    for c in cpus:
+                        if (host.siblings[c] - {c}) & busy:
+                            problems.append(f"{name}: a sibling of pCPU {c} runs another guest (isolate)")
+        return problems
+
+    # ----- applying moves --------------------------------------------------------------------------------
+    def _current_placement(self, name: str) -> Placement:
+        guest = self.guests[name]
+        host = self.hosts[self.host_of[name]]
+        pins = host.pins[name]
+        old = guest.placement
+        placement = replace(old, host=host.name, vcpupin=dict(pins))
+        if self.memory_nodes.get(name) is not None:
+            placement = replace(placement, memory_nodes=self.memory_nodes[name])
+        return placement
+
+    def apply(self, move: _Move) -> None:
+        for change in move.changes:
+            name = change.guest
+            old_host = self.hosts[self.host_of[name]]
+            guest = self.guests[name]
+            if change.host != old_host.name:
+                old_host.remove(name)
+                self.migrated.setdefault(name, guest.host)
+                base = change.placement or replace(guest.placement, host=change.host)
+                guest = replace(guest, host=change.host, placement=replace(base, host=change.host))
+                self.guests[name] = guest
+                self.hosts[change.host].add(guest, change.pins)
+                self.host_of[name] = change.host
+                if change.memory_nodes is not None:
+                    self.memory_nodes[name] = change.memory_nodes
+            else:
+                old_host.set_pins(name, change.pins)
+                if change.memory_nodes is not None:
+                    self.memory_nodes[name] = change.memory_nodes
+                    self.memory_moved.add(name)
+                    # later moves keep its vCPUs where its memory now is
+                    placement = replace(guest.placement, memory_nodes=change.memory_nodes,
+                                        cells=_relocated_cells(guest.placement, change.memory_nodes))
+                    self.guests[name] = replace(guest, placement=placement)
+                    old_host.guests[name] = self.guests[name]
+            if move.kind == "pool":
+                self.guests[name] = replace(self.guests[name], mode=FLOATING)
+                self.hosts[self.host_of[name]].guests[name] = self.guests[name]
+            self.touched.add(name)
+        self.moves.append(move)
+
+    def actions_if(self, move: _Move) -> int:
+        touched = self.touched | {c.guest for c in move.changes}
+        migrated = set(self.migrated) | {c.guest for c in move.changes if c.host != self.host_of[c.guest]}
+        memory = self.memory_moved | ({c.guest for c in move.changes} if move.kind == "relocate" else set())
+        return len(touched) + len(migrated) + len(memory)
+
+    def run(self) -> None:
+        settings = self.settings
+        cache: dict[str, _Move | None] = {}
+        dirty = set(self.hosts)
+        migration: _Move | None = None
+        migration_dirty = True
+        for _ in range(settings.max_rounds):
+            for name in dirty:
+                cache[name] = self.best_local(self.hosts[name])
+            dirty = set()
+            if migration_dirty:
+                migration = self.best_migration()
+                migration_dirty = False
+            options = [m for m in cache.values() if m is not None and self._judge(m) >= settings.min_gain]
+            if migration is not None and self._judge(migration) >= settings.min_migration_gain:
+                options.append(migration)
+            options.sort(key=lambda m: -m.sure_gain)
+            chosen = None
+            for option in options:
+                if self.actions_if(option) <= settings.max_actions:
+                    chosen = option
+                    break
+            if chosen is None:
+                if options:
+                    self.rejected.append(f"action budget of {settings.max_actions} reached")
+                return
+            hosts = {self.host_of[c.guest] for c in chosen.changes} | {c.host for c in chosen.changes}
+            self.apply(chosen)
+            self.perf_now = self.perf_by_guest()
+            for name in hosts:
+                self.confidence.update(_host_confidences(self.hosts[name], self.model, self.betas))
+            dirty |= hosts
+            migration_dirty = True
+
+    def _judge(self, move: _Move) -> float:
+        move.confidence = min((self.confidence.get(c.guest, 0.0) for c in move.changes), default=1.0)
+        return move.sure_gain
+
+
+def _spare(host: _Host) -> float:
+    demand = sum(g.load * len(host.pins[n]) for n, g in host.guests.items())
+    return len(host.usable) - demand
+
+
+def _memory_move_cost(guest: GuestState, settings: RebalanceSettings) -> float:
+    seconds = guest.placement.memory_kib / 1024.0 / settings.memory_move_mib_s
+    return settings.copy_slowdown * seconds
+
+
+def _fmt(cpus: Iterable[int]) -> str:
+    from vmplacer.core.cpuset import format_cpuset
+
+    return format_cpuset(cpus)
+
+
+def _relocated_cells(placement: Placement, nodes: frozenset[int]) -> tuple[GuestCell, ...]:
+    if not placement.cells or len(nodes) != 1:
+        return placement.cells
+    node = next(iter(nodes))
+    return tuple(replace(cell, host_node=node) for cell in placement.cells)
