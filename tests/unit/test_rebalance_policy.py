@@ -315,3 +315,20 @@ def test_foreign_one_to_one_guests_own_nothing_but_placed_dedicated_ones_do():
     spec = GuestSpec.from_mapping({"name": "g", "vcpus": 1, "memory_mib": 512, "cpu_policy": "dedicated"})
     assert describe_guest(looks_dedicated, spec=spec).mode == "exclusive"
     assert describe_guest(looks_dedicated, labels={"rebalance": "off"}).mode == "fixed"
+
+
+def test_local_moves_keep_anti_affinity_per_node():
+    """Anti-affinity is per NUMA node (as in the engine): no repin may put a guest on its peer's node."""
+    topo = uniform_topology(nodes=2, cores_per_node=2, name="h1")  # node 0: pCPUs 0-1, node 1: 2-3
+    crowded = [pinned("a", "h1", [0]), pinned("b", "h1", [0]), pinned("c", "h1", [1]), pinned("d", "h1", [2])]
+
+    def plan_for(refused: list[str]):
+        spec = GuestSpec.from_mapping({"name": "d", "vcpus": 1, "memory_mib": 512, "anti_affinity": refused})
+        state = cluster({"h1": topo}, crowded, specs={"d": spec})
+        return final_pins(plan_rebalance(state, LINEAR, now=0.0), state)
+
+    free = plan_for([])
+    assert any(pins[0] == frozenset({3}) for _, pins in free.values()), "without the rule, pCPU 3 takes a guest"
+    kept = plan_for(["a", "b", "c"])
+    for name in "abc":
+        assert kept[name][1][0] <= frozenset({0, 1}), f"{name} moved onto the node of d, which refuses it"

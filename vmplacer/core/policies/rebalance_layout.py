@@ -114,17 +114,20 @@ class _Host:
         self.guests: dict[str, GuestState] = {}
         self.pins: dict[str, dict[int, frozenset[int]]] = {}
         self._pieces: _Pieces | None = None
+        self._peers: dict[str, frozenset[str]] | None = None  # anti-affinity peers present, per guest
 
     # ----- layout -------------------------------------------------------------------------
     def add(self, guest: GuestState, pins: Mapping[int, frozenset[int]]) -> None:
         self.guests[guest.name] = guest
         self.pins[guest.name] = dict(pins)
         self._pieces = None
+        self._peers = None
 
     def remove(self, name: str) -> None:
         del self.guests[name]
         del self.pins[name]
         self._pieces = None
+        self._peers = None
 
     def set_pins(self, name: str, pins: Mapping[int, frozenset[int]]) -> None:
         self.pins[name] = dict(pins)
@@ -155,6 +158,23 @@ class _Host:
                     used |= cpus
         return frozenset(used)
 
+    def anti_affine_nodes(self, name: str) -> frozenset[int]:
+        """Nodes where a guest `name` refuses to share a node with (or that refuses `name`) has pinned vCPUs.
+
+        Anti-affinity is per NUMA node, as in the placement engine; floating
+        vCPUs sit on no node in particular and do not count.
+        """
+        if self._peers is None:
+            peers: dict[str, set[str]] = {}
+            for other, guest in self.guests.items():
+                for peer in guest.anti_affinity:
+                    if peer in self.guests and peer != other:
+                        peers.setdefault(other, set()).add(peer)
+                        peers.setdefault(peer, set()).add(other)
+            self._peers = {n: frozenset(p) for n, p in peers.items()}
+        return frozenset(self.node_of[c] for peer in self._peers.get(name, ())
+                         for cpus in self.pins[peer].values() for c in cpus)
+
     def allowed(self, name: str, vcpu: int | None = None, node: int | None = None,
                 ignore_locality: bool = False) -> frozenset[int]:
         """pCPUs a vCPU of `name` may move to (every rule that concerns one vCPU at a time)."""
@@ -167,6 +187,8 @@ class _Host:
         if nodes:
             base &= set().union(*(self.node_cpus.get(n, frozenset()) for n in nodes))
         base -= self.owned_by_others(name)
+        for refused in self.anti_affine_nodes(name):
+            base -= self.node_cpus.get(refused, frozenset())
         if guest.mode == EXCLUSIVE:
             base -= self.pinned_by_others(name)
             mine = {c for v, cpus in self.pins[name].items() if v != vcpu for c in cpus}

@@ -576,6 +576,9 @@ class _Search:
             owned = host.owned_by_others(name)
             if used & owned:
                 problems.append(f"{name}: pCPUs {sorted(used & owned)} are owned by another guest")
+            shared_nodes = {host.node_of[c] for c in used} & host.anti_affine_nodes(name)
+            if shared_nodes:
+                problems.append(f"{name}: shares node(s) {sorted(shared_nodes)} with a guest of its anti-affinity")
             if guest.mode == EXCLUSIVE:
                 others = host.pinned_by_others(name)
                 if used & others:
