@@ -66,12 +66,9 @@ def _build_actions(search: _Search, model: InterferenceModel) -> tuple[list[Acti
     confidence = _confidences(search, model)
 
     actions: list[Action] = []
-    by_guest: dict[str, list[int]] = {}
-
     def add(**kwargs) -> Action:
         action = Action(index=len(actions), **kwargs)
         actions.append(action)
-        by_guest.setdefault(action.guest or "", []).append(action.index)
         return action
 
     def action_confidence(name: str) -> float:

@@ -165,14 +165,14 @@ class _Search:
         moves: list[_Move] = []
         order = self._ranked_pieces(host, pieces, current)
         for m in order[: self.settings.move_candidates]:
-            move = self._best_single(host, pieces, m, base_obj, base_lin, current)
+            move = self._best_single(host, pieces, m, base_obj, base_lin)
             if move:
                 moves.append(move)
         for m in order[: self.settings.swap_candidates]:
-            move = self._best_swap(host, pieces, m, base_obj, base_lin, current)
+            move = self._best_swap(host, pieces, m, base_obj, base_lin)
             if move:
                 moves.append(move)
-        moves.extend(self._pool_moves(host, base_obj, base_lin, current))
+        moves.extend(self._pool_moves(host, base_obj, base_lin))
         moves.extend(self._relocations(host, base_obj, base_lin))
         return max(moves, key=lambda mv: mv.gain, default=None)
 
@@ -194,15 +194,14 @@ class _Search:
         return [p for _, p in result]
 
     def _gain_vectors(self, host: _Host, pieces: _Pieces, cand: np.ndarray, base_obj: float,
-                      base_lin: float, current: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+                      base_lin: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         perf, linear = host.perf(pieces, cand)
         gain = self.objective_of(pieces, perf) - base_obj
         lin = self.objective_of(pieces, linear) - base_lin
         ok = self.floors_ok(pieces, perf)
         return gain, lin, ok
 
-    def _best_single(self, host: _Host, pieces: _Pieces, m: int, base_obj: float, base_lin: float,
-                     current: np.ndarray) -> _Move | None:
+    def _best_single(self, host: _Host, pieces: _Pieces, m: int, base_obj: float, base_lin: float) -> _Move | None:
         name = pieces.guests[pieces.vm[m]]
         vcpu = int(pieces.vcpu[m])
         here = host.cpus[pieces.cpu[m]]
@@ -221,8 +220,7 @@ class _Search:
         return _Move("move", [_Change(name, host.name, pins)], float(gain[best]), float(lin[best]),
                      reason=f"vCPU {vcpu} of {name}: pCPU {here} → {targets[best]}")
 
-    def _best_swap(self, host: _Host, pieces: _Pieces, m: int, base_obj: float, base_lin: float,
-                   current: np.ndarray) -> _Move | None:
+    def _best_swap(self, host: _Host, pieces: _Pieces, m: int, base_obj: float, base_lin: float) -> _Move | None:
         name_m = pieces.guests[pieces.vm[m]]
         partners = [n for n in range(len(pieces.cpu))
                     if n != m and pieces.single[n] and pieces.cpu[n] != pieces.cpu[m]
@@ -234,7 +232,7 @@ class _Search:
         rows = np.arange(len(partners))
         cand[rows, m] = pieces.cpu[partners]
         cand[rows, partners] = pieces.cpu[m]
-        gain, lin, ok = self._gain_vectors(host, pieces, cand, base_obj, base_lin, current)
+        gain, lin, ok = self._gain_vectors(host, pieces, cand, base_obj, base_lin)
         order = np.argsort(-np.where(ok, gain, -np.inf))
         for index in order[:4]:
             if not ok[index] or gain[index] <= 0:
@@ -264,7 +262,7 @@ class _Search:
             host.set_pins(a, old_a)
             host.set_pins(b, old_b)
 
-    def _pool_moves(self, host: _Host, base_obj: float, base_lin: float, current: np.ndarray) -> list[_Move]:
+    def _pool_moves(self, host: _Host, base_obj: float, base_lin: float) -> list[_Move]:
         """Oversubscribed shareable vCPUs float over their node's pool; floating ones pin back 1:1."""
         moves = []
         nodes = sorted(host.node_cpus)
@@ -279,7 +277,7 @@ class _Search:
                 layout = dict(host.pins)
                 for n in members:
                     layout[n] = {v: frozenset(pool) for v in host.pins[n]}
-                move = self._evaluate_layout(host, layout, members, "pool", base_obj, base_lin, current,
+                move = self._evaluate_layout(host, layout, members, "pool", base_obj, base_lin,
                                              f"{len(members)} guests asking {demand:.1f} pCPUs of node {node}'s "
                                              f"{len(pool)}: float them over the pool {_fmt(pool)}")
                 if move:
@@ -295,14 +293,14 @@ class _Search:
                         it = iter(free)
                         for n in floating:
                             layout[n] = {v: frozenset({next(it)}) for v in sorted(host.pins[n])}
-                        move = self._evaluate_layout(host, layout, floating, "unpool", base_obj, base_lin, current,
+                        move = self._evaluate_layout(host, layout, floating, "unpool", base_obj, base_lin,
                                                      f"pin floating guests {', '.join(floating)} 1:1 in node {node}")
                         if move:
                             moves.append(move)
         return moves
 
     def _evaluate_layout(self, host: _Host, layout: dict, members: list[str], kind: str, base_obj: float,
-                         base_lin: float, current: np.ndarray, reason: str) -> _Move | None:
+                         base_lin: float, reason: str) -> _Move | None:
         pieces = host.pieces(layout)
         perf, lin = host.perf(pieces, pieces.cpu)
         if not self.floors_ok(pieces, perf)[0]:
