@@ -61,6 +61,20 @@ class Container:
 
         return PlacementService(self.placement_store, render, self.allocation_options)
 
+    def reconciler(self, holder: str):  # -> Reconciler
+        """Placement records against libvirt on every configured host, acting under `holder`
+        in the host leases (the CLI and the API build it the same way)."""
+        from vmplacer.adapters.db.plans import SqlLeaseStore
+        from vmplacer.app.reconcile import Reconciler
+
+        leases = SqlLeaseStore(self.sessions)
+        hosts = {h.name: self.hypervisor(h.name) for h in self.settings.hosts}
+
+        def holder_of(host: str) -> str | None:
+            return leases.holders([host]).get(host, {}).get("holder")
+
+        return Reconciler(hosts, self.placement_store, leases, holder=holder, lease_holder=holder_of)
+
     def allocation_options(self, host_name: str):  # -> AllocationOptions
         """The configured allocation knobs of a host (defaults for hosts not in the config)."""
         from vmplacer.config import ConfigError

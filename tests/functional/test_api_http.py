@@ -303,3 +303,20 @@ def test_plans_dry_run_read_and_apply_once(api):
     assert api.get("/v1/plans/999999").status_code == 404
     unknown = api.post("/v1/plans", json={"hosts": ["nowhere"]})
     assert unknown.status_code == 422 and _error(unknown)["details"][0]["field"] == "hosts"
+
+
+def test_reconcile_reports_each_host_and_names_the_unreachable_one(api):
+    answer = api.post("/v1/reconcile", json={"dry_run": True})
+    assert answer.status_code == 200, answer.text
+    report = answer.json()
+    assert report["dry_run"] is True and report["status"] == "incomplete"
+    by_host = {h["host"]: h for h in report["hosts"]}
+    assert by_host["t"]["status"] == "reconciled"
+    assert {f["guest"]: f["kind"] for f in by_host["t"]["findings"]} == {"test": "unmanaged"}
+    assert by_host["down"]["status"] == "unreachable" and "down" in " ".join(report["problems"])
+    only_t = api.post("/v1/reconcile", json={"hosts": ["t"], "settle_s": 0})
+    assert only_t.status_code == 200 and only_t.json()["status"] == "complete", only_t.text
+    unknown = api.post("/v1/reconcile", json={"hosts": ["nowhere"]})
+    assert unknown.status_code == 422 and _error(unknown)["details"][0]["field"] == "hosts"
+    negative = api.post("/v1/reconcile", json={"settle_s": -1})
+    assert negative.status_code == 422 and "settle_s" in negative.text

@@ -250,6 +250,27 @@ class PlanRequest(_Strict):
                              description="glob patterns of guests that may move (default: all)")
 
 
+class ReconcileRequest(_Strict):
+    hosts: list[str] | None = Field(default=None, max_length=256,
+                                    description="hosts to reconcile (default: every configured host)")
+    dry_run: bool = Field(default=False, description="report what would change; write nothing")
+    reservation_grace_s: float = Field(default=3600.0, ge=0, le=30 * 86400,
+                                       description="how long a reservation (define=false) waits for its domain")
+    settle_s: float = Field(default=60.0, ge=0, le=86400,
+                            description="records changed this recently are never written to")
+
+
+class ReconcileView(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    status: str = Field(description="complete | incomplete (a host was busy or unreachable: see problems)")
+    dry_run: bool
+    released: int
+    updated: int
+    hosts: list[dict[str, Any]]
+    problems: list[str]
+
+
 class PlanView(BaseModel):
     model_config = ConfigDict(extra="allow")
 

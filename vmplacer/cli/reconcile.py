@@ -92,19 +92,8 @@ def _hosts(args: argparse.Namespace, ctx: CliContext) -> list[str]:
 
 
 def _reconciler(ctx: CliContext) -> Any:
-    from vmplacer.adapters.db.plans import SqlLeaseStore
-    from vmplacer.app.reconcile import Reconciler
-
-    container = ctx.container
-    container.upgrade_database()
-    leases = SqlLeaseStore(container.sessions)
-    hosts = {h.name: container.hypervisor(h.name) for h in ctx.settings.hosts}
-
-    def holder_of(host: str) -> str | None:
-        return leases.holders([host]).get(host, {}).get("holder")
-
-    return Reconciler(hosts, container.placement_store, leases,
-                      holder=f"reconcile:{socket.gethostname()}:{os.getpid()}", lease_holder=holder_of)
+    ctx.container.upgrade_database()
+    return ctx.container.reconciler(f"reconcile:{socket.gethostname()}:{os.getpid()}")
 
 
 def _render(data: dict[str, Any]) -> None:

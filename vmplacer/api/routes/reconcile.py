@@ -1,0 +1,45 @@
+"""Reconcile: make placement records agree with what libvirt runs (see docs/operations.md).
+
+An orchestrator that undefines or migrates domains itself calls this so the
+pCPUs those domains held count as free again. It takes a few libvirt and
+database calls per host, so it answers directly; a host another run holds
+(its lease) or that does not answer is named in the report, and the others
+are still reconciled.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from typing import Any
+
+from fastapi import APIRouter, Request
+
+from vmplacer.api.auth import require_principal
+from vmplacer.api.errors import COMMON_RESPONSES, ApiError
+from vmplacer.api.schemas import ReconcileRequest, ReconcileView
+
+router = APIRouter(prefix="/v1/reconcile", tags=["reconcile"])
+
+
+@router.post("", response_model=ReconcileView,
+             summary="release records of domains undefined or moved outside vmplacer, follow libvirt's states",
+             responses=COMMON_RESPONSES)
+def reconcile(request: Request, body: ReconcileRequest) -> dict[str, Any]:
+    from vmplacer.app.reconcile import ReconcileError
+
+    services = request.app.state.services
+    principal = require_principal(request)
+    names = list(dict.fromkeys(body.hosts)) if body.hosts else services.host_names
+    unknown = sorted(set(names) - set(services.host_names))
+    if unknown:
+        reason = f"not configured: {', '.join(unknown)} (configured: {', '.join(services.host_names)})"
+        raise ApiError(422, "validation", f"field hosts: {reason}", [{"field": "hosts", "reason": reason}])
+    holder = f"api:{principal.name}@{services.instance}:{socket.gethostname()}:{os.getpid()}"
+    try:
+        report = services.container.reconciler(holder).run(
+            names, dry_run=body.dry_run, planned_grace_s=body.reservation_grace_s, settle_s=body.settle_s)
+    except ReconcileError as exc:
+        raise ApiError(422 if exc.bad_input else 409, "validation" if exc.bad_input else "conflict",
+                       str(exc)) from None
+    return report.to_dict()
