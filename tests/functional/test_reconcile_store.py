@@ -332,3 +332,65 @@ def test_cli_durations_accept_hours_minutes_and_seconds():
     assert parse_duration("60s", "--x", "s") == 60.0
     with pytest.raises(UsageError, match="--x: '1d' is not a duration"):
         parse_duration("1d", "--x", "s")
+
+
+# ----- domains moved by hand -----------------------------------------------------------------------
+def _following(store, leases, sessions, hosts: list[FakeHost]) -> Reconciler:
+    from vmplacer.adapters.db.plans import SqlPlacementUpdates
+
+    return Reconciler({h.name: h for h in hosts}, store, leases, holder="reconcile-test",
+                      placements=SqlPlacementUpdates(sessions, {h.name: URI for h in hosts}))
+
+
+def test_a_domain_migrated_by_hand_takes_its_record_to_the_new_host(store, leases, sessions):
+    _place(store, _placement("web", [0, 1]), "running", "uuid-web")
+    _age(sessions, "web", HOUR)
+    now_on_h2 = _placement("web", [4, 5], host="h2")
+    hosts = [FakeHost("h1", []), FakeHost("h2", [_live(now_on_h2, "uuid-web", "paused")])]
+
+    dry = _following(store, leases, sessions, hosts).run(["h1"], dry_run=True).to_dict()
+    assert [(f["kind"], f["action"], f["target_host"]) for f in dry["hosts"][0]["findings"]] == [
+        ("moved", "follow", "h2")]
+    assert store.get("web")["host"] == "h1", "a dry run writes nothing"
+
+    report = _following(store, leases, sessions, hosts).run(["h1"]).to_dict()
+    assert report["followed"] == 1 and report["released"] == 0, report
+    record = store.get("web")
+    assert (record["host"], record["state"], record["claims"]) == ("h2", "running", [4, 5])
+    assert record["placement"]["vcpupin"] == {"0": [4], "1": [5]}
+    assert store.occupied("h1") == [] and [p.guest for p in store.occupied("h2")] == ["web"]
+    assert ("web", "h1", "ok", "moved") in _audit(sessions)
+    assert all(v["holder"] is None for v in leases.holders(["h1", "h2"]).values()), "both leases released"
+
+
+def test_a_moved_domain_whose_pcpus_are_claimed_there_is_released(store, leases, sessions):
+    _place(store, _placement("web", [0, 1]), "running", "uuid-web")
+    _place(store, _placement("db", [4], host="h2"), "running", "uuid-db")
+    _age(sessions, "web", HOUR)
+    hosts = [FakeHost("h1", []), FakeHost("h2", [_live(_placement("web", [4, 5], host="h2"), "uuid-web"),
+                                                 _live(_placement("db", [4], host="h2"), "uuid-db")])]
+    report = _following(store, leases, sessions, hosts).run(["h1"]).to_dict()
+    finding = report["hosts"][0]["findings"][0]
+    assert finding["kind"] == "moved" and "released instead" in finding["outcome_message"], finding
+    assert store.get("web") is None and _claims(sessions) == [4]
+
+
+def test_a_moved_domain_on_a_busy_host_keeps_its_record_until_the_next_run(store, leases, sessions):
+    _place(store, _placement("web", [0, 1]), "running", "uuid-web")
+    _age(sessions, "web", HOUR)
+    hosts = [FakeHost("h1", []), FakeHost("h2", [_live(_placement("web", [4, 5], host="h2"), "uuid-web")])]
+    assert leases.acquire(["h2"], "someone-else", 600)
+    report = _following(store, leases, sessions, hosts).run(["h1"]).to_dict()
+    finding = report["hosts"][0]["findings"][0]
+    assert finding["outcome"] == "skipped", finding
+    assert "host h2 busy" in finding["outcome_message"] and "next run" in finding["outcome_message"]
+    assert store.get("web")["host"] == "h1" and _claims(sessions) == [0, 1]
+
+
+def test_same_name_with_another_uuid_elsewhere_is_not_the_moved_domain(store, leases, sessions):
+    _place(store, _placement("web", [0, 1]), "running", "uuid-web")
+    _age(sessions, "web", HOUR)
+    hosts = [FakeHost("h1", []), FakeHost("h2", [_live(_placement("web", [4], host="h2"), "uuid-other")])]
+    report = _following(store, leases, sessions, hosts).run(["h1"]).to_dict()
+    assert [f["kind"] for f in report["hosts"][0]["findings"]] == ["gone"]
+    assert store.get("web") is None

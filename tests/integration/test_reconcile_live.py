@@ -89,3 +89,47 @@ def test_reconcile_releases_a_domain_undefined_by_hand(testbed, host1_conn, tmp_
             if dom.isActive():
                 dom.destroy()
             dom.undefine()
+
+
+def test_reconcile_moves_the_record_of_a_guest_migrated_by_hand(testbed, host1_conn, host2_conn, tmp_path):
+    from vmplacer.testbed import daemons
+
+    database = tmp_path / "vmplacer.db"
+    config = tmp_path / "vmplacer.yaml"
+    config.write_text(f"database_url: sqlite:///{database}\ndata_dir: {tmp_path}\nhosts:\n"
+                      f"  - {{name: h1, uri: '{testbed.host1_uri}', domain_type: qemu}}\n"
+                      f"  - {{name: h2, uri: '{testbed.host2_uri}', domain_type: qemu}}\n")
+    name = guests.owned_name("reconcile-moved")
+    request = tmp_path / "req.yaml"
+    request.write_text(f"guests:\n  - {{name: {name}, vcpus: 1, memory_mib: 96, cpu_policy: dedicated}}\n")
+    try:
+        code, placed, err = _vmplacer(config, "place", "--host", "h1", "--request", str(request), "--start",
+                                      "--format", "json")
+        assert code == 0, err
+        dom = host1_conn.lookupByName(name)  # the operator moves it by hand, as `virsh migrate --live` would
+        dom.migrate3(host2_conn, {libvirt.VIR_MIGRATE_PARAM_URI: daemons.MIGRATE_URI},
+                     libvirt.VIR_MIGRATE_LIVE | libvirt.VIR_MIGRATE_PERSIST_DEST
+                     | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE)
+        live_pins = host2_conn.lookupByName(name).vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE)
+
+        code, report, err = _vmplacer(config, "reconcile", "--host", "h1", "--settle", "0", "--format", "json")
+        assert code == 0, err
+        assert _mine(report, name) == [("moved", "follow", "applied")]
+        assert report["followed"] == 1 and report["released"] == 0
+
+        code, listed, err = _vmplacer(config, "placements", "--format", "json")
+        assert code == 0, err
+        record = next(p for p in listed if p["guest"] == name)
+        assert record["host"] == "h2"
+        pinned = {i for i, allowed in enumerate(live_pins[0]) if allowed}
+        assert set(record["placement"]["vcpupin"]["0"]) == pinned, (record, live_pins)
+        assert record["claims"] == sorted(pinned) and record["state"] == "running"
+    finally:
+        for conn in (host1_conn, host2_conn):
+            try:
+                dom = conn.lookupByName(name)
+            except libvirt.libvirtError:
+                continue
+            if dom.isActive():
+                dom.destroy()
+            dom.undefine()

@@ -223,7 +223,7 @@ def test_findings_are_sorted_by_guest_then_kind_and_serialise():
         ("a", "gone"), ("b", "pending"), ("c", "state"), ("c", "drifted"), ("z", "unmanaged")]
     data = json.loads(json.dumps([f.to_dict() for f in findings]))
     assert set(data[0]) == {"guest", "host", "kind", "action", "detail", "recorded_state", "live_state", "state",
-                            "domain_uuid", "age_s", "deferred"}
+                            "domain_uuid", "age_s", "deferred", "target_host"}
     assert count_by_kind(findings) == {"gone": 1, "state": 1, "pending": 1, "drifted": 1, "unmanaged": 1}
     assert list(count_by_kind(findings)) == [k for k in KINDS if k in count_by_kind(findings)]
 
@@ -245,3 +245,17 @@ def test_a_record_in_an_unknown_state_is_refused_naming_the_guest():
 def test_a_guest_recorded_twice_is_refused():
     with pytest.raises(ValueError, match="guest a on host h1: recorded twice"):
         judge([record("a"), record("a")], [])
+
+
+def test_followed_placement_moves_ownership_with_the_vcpus():
+    from vmplacer.core.reconcile import followed_placement
+
+    recorded = Placement(guest="g", host="h1", vcpupin={0: frozenset({0}), 1: frozenset({1}), 2: frozenset({2, 3})},
+                         emulatorpin=frozenset({8}), memory_nodes=frozenset({0}), memory_kib=1024,
+                         exclusive_cpus=frozenset({0, 1, 8}))
+    live = Placement(guest="g", host="h2", vcpupin={0: frozenset({4}), 1: frozenset({5}), 2: frozenset({6, 7})},
+                     emulatorpin=frozenset({9}), memory_nodes=frozenset({1}), memory_kib=1024)
+    moved_to = followed_placement(recorded, live, "h2")
+    assert moved_to.host == "h2" and moved_to.vcpupin == live.vcpupin and moved_to.memory_nodes == frozenset({1})
+    assert moved_to.exclusive_cpus == frozenset({4, 5, 9}), "dedicated vCPUs and the isolated emulator own their new pCPUs"
+    assert moved_to.memory_kib == 1024 and moved_to.guest == "g"

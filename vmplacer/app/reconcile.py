@@ -20,13 +20,25 @@ from typing import Any
 from vmplacer.core.reconcile import (
     DEFAULT_PLANNED_GRACE_S,
     DEFAULT_SETTLE_S,
+    FOLLOW,
     RELEASE,
     SET_STATE,
     Finding,
     count_by_kind,
+    followed_placement,
+    moved,
     reconcile_host,
 )
-from vmplacer.ports import Hypervisor, HypervisorError, LeaseStore, PlacementStore, RecordedPlacement
+from vmplacer.ports import (
+    ClaimConflict,
+    DomainInfo,
+    Hypervisor,
+    HypervisorError,
+    LeaseStore,
+    PlacementStore,
+    PlacementUpdates,
+    RecordedPlacement,
+)
 
 HOST_STATUSES = ("reconciled", "busy", "unreachable")
 DEFAULT_LEASE_TTL_S = 120.0
@@ -95,6 +107,7 @@ class ReconcileReport:
             "dry_run": self.dry_run,
             "at": self.at,
             "released": self.count(done, RELEASE),
+            "followed": self.count(done, FOLLOW),
             "updated": self.count(done, SET_STATE),
             "counts": count_by_kind([o.finding for h in self.hosts for o in h.outcomes]),
             "hosts": [h.to_dict() for h in self.hosts],
@@ -113,9 +126,14 @@ class Reconciler:
         lease_ttl_s: float = DEFAULT_LEASE_TTL_S,
         lease_holder: Callable[[str], str | None] | None = None,
         wall: Callable[[], float] = time.time,
+        placements: PlacementUpdates | None = None,
     ):
-        """`lease_holder(host)` names who holds a busy host's lease, for the report (optional)."""
+        """`lease_holder(host)` names who holds a busy host's lease, for the report (optional);
+        with `placements`, the record of a domain moved by hand to another configured host
+        follows it there instead of being released."""
         self.hosts = dict(hosts)
+        self.placements = placements
+        self._elsewhere: dict[str, list[DomainInfo] | None] = {}
         self.store = store
         self.leases = leases
         self.holder = holder
@@ -142,6 +160,7 @@ class Reconciler:
             if value < 0:
                 raise ReconcileError(f"{name}: must be >= 0 seconds, got {value}", bad_input=True)
         report = ReconcileReport(dry_run=dry_run, at=self.wall() if now_wall is None else now_wall)
+        self._elsewhere = {}
         for name in names:
             report.hosts.append(self._host(name, dry_run, planned_grace_s, settle_s))
         return report
@@ -155,8 +174,11 @@ class Reconciler:
                 domains = self.hosts[name].domains()
             except HypervisorError as exc:
                 return HostResult(name, "unreachable", f"host {name} unreachable: {exc}")
+            self._elsewhere[name] = domains
             records = self.store.records(name)
             findings = reconcile_host(name, records, domains, planned_grace_s=planned_grace_s, settle_s=settle_s)
+            by_uuid = {r.guest: r.domain_uuid for r in records}
+            findings = [self._followed(f, by_uuid.get(f.guest)) for f in findings]
             writes = [f for f in findings if f.writes]
             if dry_run or not writes:
                 return HostResult(name, "reconciled", "", [self._unapplied(f, dry_run) for f in findings])
@@ -169,6 +191,53 @@ class Reconciler:
                                for f in findings])
         finally:
             self.leases.release([name], self.holder)
+
+    # ----- domains moved by hand -------------------------------------------------------------------
+    def _followed(self, finding: Finding, uuid: str | None) -> Finding:
+        """`gone` becomes `moved` when another configured host runs the domain (same name and UUID)."""
+        if finding.kind != "gone" or not uuid or self.placements is None:
+            return finding
+        for other in sorted(self.hosts):
+            if other == finding.host:
+                continue
+            for domain in self._domains_of(other):
+                if domain.name == finding.guest and domain.uuid == uuid and domain.placement is not None:
+                    return moved(finding, other, domain)
+        return finding
+
+    def _domains_of(self, host: str) -> list[DomainInfo]:
+        """Each other host's domains, listed once per run (an unreachable host lists none)."""
+        if host not in self._elsewhere:
+            try:
+                self._elsewhere[host] = self.hosts[host].domains()
+            except HypervisorError:
+                self._elsewhere[host] = None
+        return self._elsewhere[host] or []
+
+    def _follow(self, finding: Finding, record: RecordedPlacement) -> tuple[str, str]:
+        """Move the record to the domain's new host with its live pinning; (outcome, message).
+
+        Holds the new host's lease meanwhile. A pCPU there claimed by another
+        record means the two cannot both be true: the moved record is released.
+        """
+        target = finding.target_host
+        assert target is not None and self.placements is not None
+        live = next((d for d in self._domains_of(target) if d.name == finding.guest), None)
+        if live is None or live.placement is None:
+            return "skipped", f"domain {finding.guest} no longer listed on host {target}"
+        if not self.leases.acquire([target], self.holder, self.lease_ttl_s):
+            return "skipped", f"{self._busy_message(target)}: the record stays until the next run"
+        try:
+            placement = followed_placement(record.placement, live.placement, target)
+            try:
+                self.placements.apply([placement])
+            except ClaimConflict as exc:
+                self.store.forget(finding.guest)
+                return "applied", f"released instead: its live pCPUs on host {target} are claimed: {exc}"
+            self.store.set_state(finding.guest, finding.state or "running", finding.domain_uuid)
+            return "applied", ""
+        finally:
+            self.leases.release([target], self.holder)
 
     def _busy_message(self, name: str) -> str:
         who = None
@@ -191,7 +260,15 @@ class Reconciler:
         if record is not None:
             detail["placement"] = record.placement.to_dict()
             detail["domain_uuid"] = record.domain_uuid
-        if finding.action == RELEASE:
+        message = ""
+        if finding.action == FOLLOW:
+            if record is None:
+                return Outcome(finding, "skipped", "the record was removed meanwhile")
+            outcome, message = self._follow(finding, record)
+            if outcome != "applied":
+                return Outcome(finding, outcome, message)
+            detail.update(target_host=finding.target_host, state=finding.state, note=message or None)
+        elif finding.action == RELEASE:
             self.store.forget(finding.guest)
         elif finding.action == SET_STATE:
             assert finding.state is not None
@@ -201,5 +278,6 @@ class Reconciler:
                 return Outcome(finding, "skipped", "the record was removed meanwhile")
             detail.update(state=finding.state, new_domain_uuid=finding.domain_uuid)
         self.store.audit(action="reconcile", outcome="ok", host=finding.host, guest=finding.guest,
-                         message=f"{finding.kind}: {finding.detail}", detail=detail)
-        return Outcome(finding, "applied")
+                         message=f"{finding.kind}: {finding.detail}" + (f" ({message})" if message else ""),
+                         detail=detail)
+        return Outcome(finding, "applied", message)

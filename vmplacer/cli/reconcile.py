@@ -107,5 +107,6 @@ def _render(data: dict[str, Any]) -> None:
         print(f"host {host['host']}: {host['status']}" + (f" ({counts})" if host["status"] == "reconciled"
                                                           else f": {host['message']}"))
     verb = "would release" if data["dry_run"] else "released"
-    print(f"{verb} {data['released']} record(s), {'would update' if data['dry_run'] else 'updated'} "
+    print(f"{verb} {data['released']} record(s), {'would move' if data['dry_run'] else 'moved'} "
+          f"{data['followed']} to their domain's new host, {'would update' if data['dry_run'] else 'updated'} "
           f"{data['updated']}{mode}")

@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from vmplacer.core.cpuset import format_cpuset
@@ -33,11 +33,12 @@ ACTIVE_LIVE_STATES = frozenset({"running", "paused", "blocked", "pmsuspended"})
 
 RELEASE = "release"
 SET_STATE = "set_state"
+FOLLOW = "follow"  # the record moves to the host the domain now runs on
 NONE = "none"
-ACTIONS = (RELEASE, SET_STATE, NONE)
+ACTIONS = (RELEASE, FOLLOW, SET_STATE, NONE)
 
 # Order of kinds in a report: what frees capacity first, information last.
-KINDS = ("gone", "replaced", "stale-reservation", "adopted", "state", "settling", "pending", "drifted",
+KINDS = ("gone", "moved", "replaced", "stale-reservation", "adopted", "state", "settling", "pending", "drifted",
          "unmanaged")
 
 DEFAULT_PLANNED_GRACE_S = 3600.0
@@ -91,6 +92,7 @@ class Finding:
     domain_uuid: str | None = None
     age_s: float | None = None
     deferred: str | None = None
+    target_host: str | None = None  # `moved`: where the domain runs now
 
     @property
     def writes(self) -> bool:
@@ -109,6 +111,7 @@ class Finding:
             "domain_uuid": self.domain_uuid,
             "age_s": None if self.age_s is None else round(self.age_s, 3),
             "deferred": self.deferred,
+            "target_host": self.target_host,
         }
 
 
@@ -153,6 +156,42 @@ def reconcile_host(
                 "occupied through its live pinning",
                 live_state=domain.state, domain_uuid=domain.uuid))
     return sorted(findings, key=lambda f: (f.guest, KINDS.index(f.kind)))
+
+
+def moved(finding: Finding, to_host: str, domain: LiveView) -> Finding:
+    """A `gone` finding whose domain (same name and UUID) runs on `to_host`: the record follows it.
+
+    Only the caller sees every host, so it turns `gone` into `moved` once it
+    has found the domain elsewhere (migrated with `virsh migrate`, say).
+    """
+    if finding.kind != "gone":
+        raise ValueError(f"guest {finding.guest}: only a gone record can have moved, not a {finding.kind} one")
+    state = record_state_of(domain.state)
+    return Finding(finding.guest, finding.host, "moved", FOLLOW,
+                   f"recorded on host {finding.host}, but domain {finding.guest} (uuid {domain.uuid}) runs on host "
+                   f"{to_host} ({domain.state}): the record follows it there with its live pinning",
+                   recorded_state=finding.recorded_state, live_state=domain.state, state=state,
+                   domain_uuid=domain.uuid, age_s=finding.age_s, target_host=to_host)
+
+
+def followed_placement(recorded: Placement, live: Placement, host: str) -> Placement:
+    """The record of a domain moved by hand, rewritten for the host it runs on now.
+
+    Pins come from the live domain. What the guest owned exclusively follows
+    its vCPUs: a vCPU that owned its pCPU owns its new one (and an isolated
+    emulator its new pCPU); the sibling threads an `isolate` guest kept idle
+    are not known without the new host's topology, so only the live XML's own
+    exclusive set (when it has one) adds them.
+    """
+    owned = exclusive_of(recorded)
+    exclusive = set(live.exclusive_cpus)
+    for vcpu, pins in recorded.vcpupin.items():
+        if len(pins) == 1 and pins <= owned:
+            exclusive |= live.vcpupin.get(vcpu, frozenset())
+    if recorded.emulatorpin and recorded.emulatorpin <= owned:
+        exclusive |= live.emulatorpin
+    return replace(recorded, host=host, vcpupin=dict(live.vcpupin), emulatorpin=live.emulatorpin,
+                   memory_nodes=live.memory_nodes, exclusive_cpus=frozenset(exclusive))
 
 
 def count_by_kind(findings: Sequence[Finding]) -> dict[str, int]:
