@@ -105,6 +105,19 @@ def resolve_host(ctx: CliContext, name: str | None, alternatives: str = "") -> s
     return name
 
 
+def resolve_hosts(ctx: CliContext, names: Sequence[str] | None) -> list[str]:
+    """The configured hosts a repeated `--host NAME` names (each once), or every configured host."""
+    known = [host.name for host in ctx.settings.hosts]
+    if not known:
+        raise UsageError("no host configured: add one to the config file")
+    if not names:
+        return known
+    unknown = [n for n in names if n not in known]
+    if unknown:
+        raise UsageError(f"--host {unknown[0]!r}: unknown host (configured: {', '.join(known)})")
+    return list(dict.fromkeys(names))
+
+
 _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s|m|min|h)?\s*$")
 _DURATION_UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
 

@@ -27,6 +27,7 @@ from vmplacer.cli.common import (
     add_format_argument,
     emit,
     print_table,
+    resolve_hosts,
 )
 
 
@@ -138,15 +139,11 @@ def _rebalancer(ctx: CliContext, args: argparse.Namespace, *, executor: bool) ->
 
 
 def _hosts(args: argparse.Namespace, ctx: CliContext) -> tuple[str, ...] | None:
-    known = [h.name for h in ctx.settings.hosts]
+    """Hosts named by --host (one string from `plan`, a list from `rebalance`); None: every host."""
     chosen = getattr(args, "host", None)
-    if chosen:
-        chosen = [chosen] if isinstance(chosen, str) else chosen
-        unknown = [h for h in chosen if h not in known]
-        if unknown:
-            raise UsageError(f"--host {unknown[0]!r}: unknown host (configured: {', '.join(known)})")
-        return tuple(dict.fromkeys(chosen))
-    return None
+    if not chosen:
+        return None
+    return tuple(resolve_hosts(ctx, [chosen] if isinstance(chosen, str) else chosen))
 
 
 def _guarded(fn):  # noqa: ANN001, ANN202 - wraps the handlers' calls into the world

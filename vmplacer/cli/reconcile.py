@@ -29,6 +29,7 @@ from vmplacer.cli.common import (
     emit,
     parse_duration,
     print_table,
+    resolve_hosts,
 )
 
 
@@ -62,7 +63,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
 
     grace = parse_duration(args.reservation_grace, "--reservation-grace", "s")
     settle = parse_duration(args.settle, "--settle", "s")
-    hosts = _hosts(args, ctx)
+    hosts = resolve_hosts(ctx, args.host)
     try:
         reconciler = _reconciler(ctx)
         report = reconciler.run(hosts, dry_run=args.dry_run, planned_grace_s=grace, settle_s=settle)
@@ -77,18 +78,6 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         return EXIT_OK
     sys.stderr.write("vmplacer: failed: " + "; ".join(report.problems) + "\n")
     return EXIT_OPERATIONAL
-
-
-def _hosts(args: argparse.Namespace, ctx: CliContext) -> list[str]:
-    known = [h.name for h in ctx.settings.hosts]
-    if not known:
-        raise UsageError("no host configured: add one to the config file")
-    if not args.host:
-        return known
-    unknown = [h for h in args.host if h not in known]
-    if unknown:
-        raise UsageError(f"--host {unknown[0]!r}: unknown host (configured: {', '.join(known)})")
-    return list(dict.fromkeys(args.host))
 
 
 def _reconciler(ctx: CliContext) -> Any:
