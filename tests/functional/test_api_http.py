@@ -320,3 +320,5 @@ def test_reconcile_reports_each_host_and_names_the_unreachable_one(api):
     assert unknown.status_code == 422 and _error(unknown)["details"][0]["field"] == "hosts"
     negative = api.post("/v1/reconcile", json={"settle_s": -1})
     assert negative.status_code == 422 and "settle_s" in negative.text
+    metrics = api.get("/metrics").text
+    assert 'vmplacer_reconcile_findings_total{host="t",kind="unmanaged",outcome="reported"}' in metrics

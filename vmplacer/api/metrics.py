@@ -61,6 +61,9 @@ class ApiMetrics:
                                       ("host",), registry=r)
         self.jobs_finished = Counter("vmplacer_jobs_finished", "background jobs this instance finished",
                                      ("kind", "status"), registry=r)
+        self.reconcile_findings = Counter("vmplacer_reconcile_findings",
+                                          "reconcile findings by host, kind and outcome (applied, skipped, ...)",
+                                          ("host", "kind", "outcome"), registry=r)
 
     def add_database_gauges(self, *sources: Callable[[], Iterable[GaugeMetricFamily]]) -> None:
         self.registry.register(_DatabaseGauges(sources))

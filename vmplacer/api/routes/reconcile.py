@@ -42,4 +42,8 @@ def reconcile(request: Request, body: ReconcileRequest) -> dict[str, Any]:
     except ReconcileError as exc:
         raise ApiError(422 if exc.bad_input else 409, "validation" if exc.bad_input else "conflict",
                        str(exc)) from None
-    return report.to_dict()
+    data = report.to_dict()
+    for host in data["hosts"]:
+        for finding in host["findings"]:
+            services.metrics.reconcile_findings.labels(host["host"], finding["kind"], finding["outcome"]).inc()
+    return data
