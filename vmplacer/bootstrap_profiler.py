@@ -78,7 +78,7 @@ def build_profiler(
     on_phase: Callable[[str], None] | None = None,
 ) -> tuple[Profiler, Freezer]:
     """A ready profiler for one host; close the returned Freezer when done."""
-    from vmplacer.adapters.samplers import make_sampler
+    from vmplacer.adapters.samplers import make_sampler, runs_here
     from vmplacer.app.profiler import Profiler
 
     hypervisor = container.hypervisor(host_name)
@@ -86,7 +86,8 @@ def build_profiler(
     host = freezable_host(container, host_name, with_labels=needs_labels)
     chosen, why = choose_host_metric(container, host_name, metric)
     log.info("host %s: sampling %s (%s)", host_name, chosen, why)
-    sampler = make_sampler(chosen, hypervisor.connection, probes, probe_kind)
+    sampler = make_sampler(chosen, hypervisor.connection, probes, probe_kind,
+                           local=runs_here(container.settings.host(host_name).uri))
     journal = freeze_journal(container)
     freezer = Freezer(host, journal, max_freeze_s=config.max_freeze_s, owner=current_owner(),
                       on_phase=on_phase)

@@ -20,6 +20,7 @@ import pytest
 
 from vmplacer.adapters.libvirt_freeze import LibvirtFreezableHost
 from vmplacer.adapters.samplers import _local_pmu, choose_metric, detect_perf_counters
+from vmplacer.adapters.samplers.cpu import CpuShareSampler
 from vmplacer.app.profiler import ProfilerConfig, SensitiveSelector
 from vmplacer.bootstrap import Container
 from vmplacer.bootstrap_profiler import build_profiler
@@ -375,3 +376,32 @@ def test_profile_cli_runs_stores_and_plots(testbed, make_guest, tmp_path):
     assert (tmp_path / "fig.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     bad = cli("--host", "host1", a.name, "--tsleep", "soon")
     assert bad.returncode == 2 and "--tsleep" in bad.stderr
+
+
+def test_proc_reader_agrees_with_libvirt_on_a_real_guest(testbed, host1_conn, make_guest):
+    """The /proc vCPU-thread reader (used for local hosts) reads the counters libvirt reads."""
+    from vmplacer.adapters.samplers import libvirt_identity, runs_here
+    from vmplacer.adapters.samplers.schedstat import ProcSchedstatReader
+    from vmplacer.adapters.samplers.stats import LibvirtStatsReader
+
+    assert runs_here(testbed.host1_uri) and runs_here(testbed.host2_uri)
+    (guest,) = boot(make_guest, ("spin", {"pin": "1", "emulator_pin": "0", "vcpus": 2}))
+    through_libvirt = LibvirtStatsReader(lambda: host1_conn, CpuShareSampler.groups)
+    procs = ProcSchedstatReader(libvirt_identity(lambda: host1_conn), through_libvirt)
+    for _ in range(3):
+        by_libvirt = through_libvirt.read([guest.name]).domains[guest.name]
+        by_proc = procs.read([guest.name]).domains[guest.name]
+        assert by_proc.run_id == by_libvirt.run_id == host1_conn.lookupByName(guest.name).ID()
+        assert by_proc.values["vcpu.current"] == 2
+        for vcpu in (0, 1):
+            delay_libvirt, delay_proc = by_libvirt.values[f"vcpu.{vcpu}.delay"], by_proc.values[f"vcpu.{vcpu}.delay"]
+            # the same schedstat counter, read a moment later: never behind, and close
+            assert 0 <= delay_proc - delay_libvirt < 0.5e9, (vcpu, delay_libvirt, delay_proc)
+        # libvirt's cpu.time is the domain's cgroup, ours the QEMU process clock: the same threads
+        assert 0 <= by_proc.values["cpu.time"] - by_libvirt.values["cpu.time"] < 0.5e9
+        time.sleep(0.2)
+    sampler = CpuShareSampler(procs)
+    token = sampler.begin([guest.name])
+    time.sleep(0.05)
+    sample = sampler.end(token)[guest.name]
+    assert sample.valid and 0.3 < sample.value <= 1.0, sample  # two spinning vCPUs share pCPU 1

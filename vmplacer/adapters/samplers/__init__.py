@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import libvirt
 
@@ -23,6 +24,7 @@ from vmplacer.adapters.samplers.probe import (
     ProbeSampler,
     ProbeSource,
 )
+from vmplacer.adapters.samplers.schedstat import DomainIdentity, ProcSchedstatReader
 from vmplacer.adapters.samplers.stats import LibvirtStatsReader
 from vmplacer.ports import Sampler
 
@@ -36,7 +38,7 @@ _PMU_DEVICES = ("cpu", "cpu_core", "cpu_atom", "armv8_pmuv3", "armv8_pmuv3_0")
 __all__ = [
     "CommandProbe", "ConsoleCounterProbe", "CounterSupport", "CpuShareSampler", "HttpProbe",
     "PerfIpcSampler", "ProbeSampler", "ProbeSource", "choose_metric", "detect_perf_counters",
-    "make_sampler",
+    "libvirt_identity", "make_sampler", "runs_here",
 ]
 
 
@@ -58,6 +60,30 @@ def _is_local(uri: str) -> bool:
     """qemu:///system and friends: no host part, so the daemon runs on this machine."""
     rest = uri.split("://", 1)[1] if "://" in uri else ""
     return rest.startswith("/") and "+" not in uri.split("://", 1)[0]
+
+
+def runs_here(uri: str) -> bool:
+    """Do this host's domains run on this machine (so their QEMU threads are in our /proc)?
+
+    True for QEMU URIs without a host (qemu:///system) and for loopback hosts.
+    """
+    parts = urlsplit(uri)
+    if parts.scheme.split("+", 1)[0] != "qemu":
+        return False
+    return parts.hostname is None or parts.hostname in ("localhost", "127.0.0.1", "::1")
+
+
+def libvirt_identity(connection: Callable[[], libvirt.virConnect]) -> Callable[[str], DomainIdentity | None]:
+    """Name -> UUID and run id from libvirt (None when the domain does not exist)."""
+
+    def identify(name: str) -> DomainIdentity | None:
+        try:
+            dom = connection().lookupByName(name)
+            return DomainIdentity(name, dom.UUIDString(), dom.ID())
+        except libvirt.libvirtError:
+            return None
+
+    return identify
 
 
 def detect_perf_counters(conn: libvirt.virConnect, uri: str = "") -> CounterSupport:
@@ -119,10 +145,15 @@ def choose_metric(preference: str, detect: Callable[[], CounterSupport]) -> tupl
 
 
 def make_sampler(metric: str, connection: Callable[[], libvirt.virConnect],
-                 probes: Mapping[str, ProbeSource] | None = None, probe_kind: str = "counter") -> Sampler:
-    """Build the sampler for `metric` on one libvirt connection."""
+                 probes: Mapping[str, ProbeSource] | None = None, probe_kind: str = "counter",
+                 local: bool = False) -> Sampler:
+    """Build the sampler for `metric` on one libvirt connection; `local`: the host's domains run on
+    this machine, so `cpu` reads their vCPU threads from /proc (libvirt for any it cannot find)."""
     if metric == "cpu":
-        return CpuShareSampler(LibvirtStatsReader(connection, CpuShareSampler.groups))
+        through_libvirt = LibvirtStatsReader(connection, CpuShareSampler.groups)
+        if local:
+            return CpuShareSampler(ProcSchedstatReader(libvirt_identity(connection), through_libvirt))
+        return CpuShareSampler(through_libvirt)
     if metric == "ipc":
         return PerfIpcSampler(LibvirtStatsReader(connection, PerfIpcSampler.groups),
                               enable=enable_perf_events(connection))
