@@ -124,3 +124,19 @@ def test_the_process_clock_of_a_real_process_counts_its_running_slice():
         spinner.kill()
         spinner.wait()
     assert process_cpu_ns(spinner.pid) is None
+
+
+def test_prepare_finds_new_domains_before_any_sample(tmp_path):
+    qemu(tmp_path, 100, "uuid-a", {0: (10, 1)})
+    looked_up: list[str] = []
+    identities = {"a": DomainIdentity("a", "uuid-a", 7)}
+
+    def identify(name):
+        looked_up.append(name)
+        return identities.get(name)
+
+    procs = ProcSchedstatReader(identify, Fallback(), proc=tmp_path, process_cpu_time=lambda pid: 5)
+    CpuShareSampler(procs).prepare(["a"])
+    assert looked_up == ["a"]
+    procs.read(["a"])
+    assert looked_up == ["a"], "the read uses what prepare found"

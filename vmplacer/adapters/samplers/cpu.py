@@ -48,6 +48,13 @@ class CpuShareSampler(CounterSampler):
     def __init__(self, reader: StatsReader):
         super().__init__(reader)
 
+    def prepare(self, domains: list[str]) -> None:
+        """Let the reader find new domains now, outside any freeze (the /proc reader scans
+        the process list once per domain start)."""
+        prepare = getattr(self.reader, "prepare", None)
+        if prepare is not None:
+            prepare(domains)
+
     def measure(self, before: dict, after: dict, window: Window) -> float:
         delays = vcpu_indexes(before, after, "delay")
         if not delays:

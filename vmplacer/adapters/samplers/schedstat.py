@@ -112,6 +112,11 @@ class ProcSchedstatReader:
             self._not_found_at[name] = self._clock()
         return found
 
+    def prepare(self, names: Sequence[str]) -> None:
+        """Find these domains' threads now (a process-list scan), not inside a freeze."""
+        for name in names:
+            self._threads(name)
+
     def forget(self, name: str) -> None:
         """Look the domain up again on the next read (e.g. after it restarted)."""
         with self._lock:
