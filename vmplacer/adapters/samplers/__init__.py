@@ -56,12 +56,6 @@ def _local_pmu(sysfs_root: Path = Path("/")) -> CounterSupport:
     return CounterSupport(False, f"no hardware PMU under {devices} (only software events)")
 
 
-def _is_local(uri: str) -> bool:
-    """qemu:///system and friends: no host part, so the daemon runs on this machine."""
-    rest = uri.split("://", 1)[1] if "://" in uri else ""
-    return rest.startswith("/") and "+" not in uri.split("://", 1)[0]
-
-
 def runs_here(uri: str) -> bool:
     """Do this host's domains run on this machine (so their QEMU threads are in our /proc)?
 
@@ -127,7 +121,7 @@ def detect_perf_counters(conn: libvirt.virConnect, uri: str = "") -> CounterSupp
         if "perf.instructions" in stats and "perf.cpu_cycles" in stats:
             return CounterSupport(True, f"perf.instructions and perf.cpu_cycles readable on {dom.name()}")
         return CounterSupport(False, f"{reason} on {dom.name()}")
-    if uri and _is_local(uri):
+    if uri and runs_here(uri):  # the same machine, so the same PMU
         return _local_pmu()
     return CounterSupport(False, "no running domain to test perf events on")
 
