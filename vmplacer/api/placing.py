@@ -19,8 +19,7 @@ from lxml import etree
 
 from vmplacer.adapters.domain_xml import DomainXmlError, parse_domain
 from vmplacer.api.errors import ApiError, field_problems
-from vmplacer.app.placement_service import MAX_CLAIM_ATTEMPTS, PlaceResult, host_lock
-from vmplacer.core.allocate import refresh_shared_pins
+from vmplacer.app.placement_service import PlaceResult
 from vmplacer.core.guest import GuestSpec
 from vmplacer.core.nofit import NoFit
 from vmplacer.ports import ClaimConflict, DomainGone, HypervisorError
@@ -137,7 +136,7 @@ class Placer:
                     if define:
                         result = self.service.place(host, spec, base_xml, start=start, actor_detail=actor)
                     else:
-                        result = self._reserve(host, spec, base_xml, actor)
+                        result = self.service.reserve(host, spec, base_xml, actor_detail=actor)
                 except NoFit as exc:
                     failures.append((name, exc))
                     continue
@@ -179,51 +178,6 @@ class Placer:
                 report.append({"host": name, "error": str(exc)})
         scored.sort(key=lambda item: -item[0])
         return [name for _, name in scored] + rest, report
-
-    def _reserve(self, host: Any, spec: GuestSpec, base_xml: str | None, actor: dict[str, Any]) -> PlaceResult:
-        """Claim the pCPUs and record the placement as `planned`, without defining the domain."""
-        store = self.services.container.placement_store
-        conflict: ClaimConflict | None = None
-        with host_lock(host.name):
-            for _ in range(MAX_CLAIM_ATTEMPTS):
-                result = self.service.plan(host, spec, base_xml)
-                try:
-                    store.record(host.name, host.uri, result.placement, spec.to_dict())
-                except ClaimConflict as exc:
-                    conflict = exc
-                    continue
-                break
-            else:
-                assert conflict is not None
-                raise conflict
-            result.narrowed = self._narrow_running(host, store)
-        store.audit(action="reserve", outcome="ok", host=host.name, guest=spec.name,
-                    message=result.placement.describe_pinning(),
-                    detail={**actor, "placement": result.placement.to_dict(), "state": "planned"})
-        return result
-
-    def _narrow_running(self, host: Any, store: Any) -> list[str]:
-        """Reserved pCPUs are exclusive from now on: domains whose shared vCPUs float over
-        them are narrowed (live and in their configuration), as defining would do."""
-        topology, placements = self.service.occupied(host)
-        defined = {d.name for d in host.domains()}
-        before = {p.guest: p for p in placements}
-        narrowed = []
-        for after in refresh_shared_pins(topology, placements):
-            old = before.get(after.guest)
-            if after.guest not in defined or old is None or old.vcpupin == after.vcpupin:
-                continue
-            try:
-                for vcpu, cpus in after.vcpupin.items():
-                    if cpus and old.vcpupin.get(vcpu) != cpus:
-                        host.pin_vcpu(after.guest, vcpu, cpus)
-                narrowed.append(after.guest)
-                store.audit(action="narrow-shared-pins", outcome="ok", host=host.name, guest=after.guest,
-                            message=after.describe_pinning())
-            except HypervisorError as exc:
-                store.audit(action="narrow-shared-pins", outcome="failed", host=host.name, guest=after.guest,
-                            message=str(exc))
-        return narrowed
 
     @staticmethod
     def _refuse_existing_domain(host: Any, name: str) -> None:

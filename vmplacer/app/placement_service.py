@@ -136,6 +136,18 @@ class PlacementService:
                     {**(actor_detail or {}), "placement": placement.to_dict(), "state": state})
         return PlaceResult(placement, xml, state, uuid, narrowed)
 
+    def reserve(self, host: PlacingHost, spec: GuestSpec, base_xml: str | None = None, *,
+                actor_detail: dict[str, Any] | None = None) -> PlaceResult:
+        """Claim the pCPUs and record the placement as `planned` without defining the
+        domain: the caller defines it from the returned XML (an orchestrator that owns
+        domain definition). The claimed pCPUs are exclusive from now on."""
+        with host_lock(host.name):
+            placement, xml, others, topology = self._claim(host, spec, base_xml)
+            narrowed = self._narrow_floating(host, topology, others + [placement])
+        self._audit("reserve", "ok", host, spec, placement.describe_pinning(),
+                    {**(actor_detail or {}), "placement": placement.to_dict(), "state": "planned"})
+        return PlaceResult(placement, xml, "planned", None, narrowed)
+
     def _claim(self, host: PlacingHost, spec: GuestSpec, base_xml: str | None):
         """Allocate and commit the claim; on a lost race, re-read the host and try again."""
         last_conflict: ClaimConflict | None = None
@@ -162,12 +174,14 @@ class PlacementService:
 
     def _narrow_floating(self, host: PlacingHost, topology: HostTopology,
                          placements: list[Placement]) -> list[str]:
-        """Floating (shared) vCPUs of running domains leave pCPUs that became exclusive."""
+        """Floating (shared) vCPUs of defined domains leave pCPUs that became exclusive
+        (reservations without a domain yet get narrow pins when they are defined)."""
         before = {p.guest: p for p in placements}
+        defined = {d.name for d in host.domains()}
         narrowed = []
         for after in refresh_shared_pins(topology, placements):
             old = before.get(after.guest)
-            if old is None or old.vcpupin == after.vcpupin:
+            if after.guest not in defined or old is None or old.vcpupin == after.vcpupin:
                 continue
             try:
                 for vcpu, cpus in after.vcpupin.items():
