@@ -281,6 +281,17 @@ class PlanStore(Protocol):
     def record_action(self, plan_id: int, action: object, *, started: bool = False,
                       finished: bool = False) -> None: ...
     def last_moved(self, guests: list[str] | None = None) -> dict[str, float]: ...
+    def cancel(self, plan_id: int, from_state: str, message: str) -> bool:
+        """Cancel a proposed or approved plan still in `from_state`: the plan becomes `cancelled`
+        and its pending actions `skipped` with `message`, in one step; False if it moved on."""
+        ...
+    def request_cancel(self, plan_id: int, by: str, reason: str = "") -> bool:
+        """Ask a running plan to stop before its next action; False if it is not running.
+        A second request keeps the first one's author and reason."""
+        ...
+    def cancel_requested(self, plan_id: int) -> object | None:
+        """The pending CancelRequest of a running plan, or None (the executor asks between actions)."""
+        ...
 
 
 @runtime_checkable

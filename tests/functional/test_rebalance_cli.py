@@ -43,30 +43,123 @@ def vmplacer(config: Path | None, *args: str) -> tuple[int, dict, str]:
     return done.returncode, data, done.stderr
 
 
+def _store(config: Path, state: str = "proposed", actions: int = 1) -> int:
+    """Store a plan of no-op repins of the test driver's guest (its pins as they are: applying one
+    succeeds as "already in the target state"), moved on to `state`; its id."""
+    from vmplacer.adapters.db import migrate
+    from vmplacer.adapters.db.engine import make_engine, make_session_factory
+    from vmplacer.adapters.db.plans import SqlPlanStore
+    from vmplacer.core.placement import Placement
+    from vmplacer.core.plan import Action, Plan
+
+    url = config.read_text().splitlines()[0].split(": ", 1)[1]
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    try:
+        store = SqlPlanStore(make_session_factory(engine))
+        live = Placement("test", "t1", {0: frozenset(), 1: frozenset()})
+        plan = store.save(Plan(tuple(Action(i, "repin", "t1", "test", before=live, after=live, reason="test")
+                                     for i in range(actions)), ("t1",), summary=f"{actions} no-op repin(s)"))
+        for before, after in (("proposed", "approved"), ("approved", "running")):
+            if state == before:
+                break
+            assert store.transition(plan.id, before, after)
+        return plan.id
+    finally:
+        engine.dispose()
+
+
+def _audit(config: Path, plan_id: int) -> list[dict]:
+    from vmplacer.adapters.db.engine import make_engine, make_session_factory
+    from vmplacer.adapters.db.plans import SqlPlanStore
+
+    engine = make_engine(config.read_text().splitlines()[0].split(": ", 1)[1])
+    try:
+        return SqlPlanStore(make_session_factory(engine)).audit_rows(plan_id)
+    finally:
+        engine.dispose()
+
+
 def test_plan_store_show_apply_and_lifecycle(config):
+    # The test driver's one guest has nothing worth moving: the plan is stored empty (final).
     code, data, err = vmplacer(config, "plan", "--rebalance", "--all", "--format", "json")
     assert code == 0, err
     plan = data["plan"]
-    assert data["status"] == "planned" and plan["state"] == "proposed" and plan["id"] == 1
+    assert data["status"] == "nothing-to-do" and plan["state"] == "empty" and plan["id"] == 1
+    assert plan["actions"] == [] and "nothing to do" in plan["summary"]
     assert {"actions", "diff", "objective_before", "objective_after", "predicted_gain", "settings"} <= set(plan)
     assert plan["settings"]["min_gain"] == 0.05 and "notes" in plan["settings"]
     code, listed, _ = vmplacer(config, "plans", "--format", "json")
+    assert code == 0 and listed == []  # empty plans are hidden by default
+    code, listed, _ = vmplacer(config, "plans", "--all", "--format", "json")
+    assert code == 0 and [(p["id"], p["state"]) for p in listed] == [(1, "empty")]
+    code, listed, _ = vmplacer(config, "plans", "--state", "empty", "--format", "json")
     assert code == 0 and [p["id"] for p in listed] == [1]
     code, shown, _ = vmplacer(config, "plans", "1", "--format", "json")
-    assert shown["plan"]["id"] == 1 and shown["plan"]["state"] == "proposed"
-    code, applied, err = vmplacer(config, "apply", "1", "--format", "json")
+    assert shown["plan"]["id"] == 1 and shown["plan"]["state"] == "empty"
+    code, _, err = vmplacer(config, "apply", "1")
+    assert code == 2 and "plan 1 is empty: nothing worth doing was found" in err
+    # A plan with actions goes proposed → approved → running → succeeded.
+    stored = _store(config)
+    code, listed, _ = vmplacer(config, "plans", "--format", "json")
+    assert code == 0 and [(p["id"], p["state"]) for p in listed] == [(stored, "proposed")]
+    code, applied, err = vmplacer(config, "apply", str(stored), "--format", "json")
     assert code == 0, err
     assert applied["plan"]["state"] == "succeeded"
-    code, _, err = vmplacer(config, "apply", "1")
-    assert code == 2 and "plan 1 is succeeded" in err
+    assert applied["plan"]["actions"][0]["message"] == "already in the target state"
+    code, _, err = vmplacer(config, "apply", str(stored))
+    assert code == 2 and f"plan {stored} is succeeded" in err
     code, _, err = vmplacer(config, "apply", "99")
     assert code == 2 and "plan 99 does not exist" in err
+    code, listed, _ = vmplacer(config, "plans", "--state", "succeeded", "--state", "empty", "--format", "json")
+    assert [p["id"] for p in listed] == [stored, 1]
+
+
+def test_plans_cancel(config):
+    proposed, approved, running = _store(config, actions=2), _store(config, "approved"), _store(config, "running")
+    code, data, err = vmplacer(config, "plans", "cancel", str(proposed), "--reason", "maintenance window",
+                               "--format", "json")
+    assert code == 0, err
+    assert data["status"] == "cancelled" and data["plan"]["state"] == "cancelled"
+    assert [a["state"] for a in data["plan"]["actions"]] == ["skipped", "skipped"]
+    message = data["plan"]["actions"][0]["message"]
+    assert message.startswith("cancelled by ") and message.endswith(": maintenance window")
+    assert data["plan"]["message"] == message
+    code, _, err = vmplacer(config, "plans", "cancel", str(approved))
+    assert code == 0, err
+    assert vmplacer(config, "plans", str(approved), "--format", "json")[1]["plan"]["state"] == "cancelled"
+    # Running: only a request, which the executor honours before its next action.
+    code, data, err = vmplacer(config, "plans", "cancel", str(running), "--reason", "stop", "--format", "json")
+    assert code == 0, err
+    assert data["status"] == "cancel-requested" and data["plan"]["state"] == "running"
+    assert data["plan"]["cancel_request"]["reason"] == "stop" and data["plan"]["actions"][0]["state"] == "pending"
+    assert any("stops before its next action" in n for n in data["notes"])
+    code, out, _ = vmplacer(config, "plans", str(running))
+    assert code == 0 and "cancel requested by" in out["text"] and ": stop" in out["text"]
+    # Final plans, unknown plans and malformed commands are refused, naming the plan and its state.
+    code, _, err = vmplacer(config, "plans", "cancel", str(proposed))
+    assert code == 2 and f"plan {proposed} is cancelled: it is final" in err
+    code, _, err = vmplacer(config, "apply", str(proposed))
+    assert code == 2 and f"plan {proposed} is cancelled" in err
+    code, _, err = vmplacer(config, "plans", "cancel", "99")
+    assert code == 2 and "plan 99 does not exist" in err
+    for args, message in ((["plans", "cancel"], "cancel: give exactly one PLAN_ID"),
+                          (["plans", "cancel", "x"], "PLAN_ID: must be a plan number"),
+                          (["plans", str(proposed), "--reason", "x"], "--reason: only with"),
+                          (["plans", "--state", "done"], "--state 'done': not a plan state"),
+                          (["plans", "--all", "--state", "empty"], "not allowed with argument")):
+        code, _, err = vmplacer(config, *args)
+        assert code == 2 and message in err, (args, err)
+    audit = _audit(config, proposed)
+    assert [(r["action"], r["outcome"]) for r in audit] == [("rebalance-cancel", "ok")]
+    assert audit[0]["detail"]["reason"] == "maintenance window" and audit[0]["detail"]["from_state"] == "proposed"
+    assert [(r["action"], r["outcome"]) for r in _audit(config, running)] == [("rebalance-cancel", "requested")]
 
 
 def test_rebalance_run_reports_its_steps(config):
     code, report, err = vmplacer(config, "rebalance", "--profile-seconds", "0", "--format", "json")
     assert code == 0, err
-    assert report["status"] == "nothing-to-do"
+    assert report["status"] == "nothing-to-do" and report["plan"]["state"] == "empty"
     assert [s["name"] for s in report["steps"]] == ["profile", "learn", "plan"]
     assert report["steps"][0]["status"] == "skipped"
     code, report, err = vmplacer(config, "rebalance", "--dry-run", "--profile-seconds", "0", "--no-migrate",

@@ -3,12 +3,24 @@
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import pytest
 
 from vmplacer.core.migration_cost import migration_cost
 from vmplacer.core.placement import Placement
-from vmplacer.core.plan import Action, Plan, PlanError, ordered_dependencies
+from vmplacer.core.plan import (
+    PLAN_CANCELLABLE_STATES,
+    PLAN_FINAL_STATES,
+    PLAN_STATES,
+    Action,
+    CancelRequest,
+    Plan,
+    PlanError,
+    initial_state,
+    not_appliable,
+    ordered_dependencies,
+)
 
 
 def _p(guest: str, host: str, cpus: dict[int, set[int]], memory_nodes=()) -> Placement:
@@ -140,3 +152,60 @@ def test_a_failure_whose_companions_were_undone_is_a_rollback():
     for action in plan.actions[2:]:
         plan = plan.with_action(action.moved_to("skipped"))
     assert plan.outcome() == "rolled_back"
+
+
+def test_final_states_include_empty_and_cancelled_and_have_no_way_out():
+    assert set(PLAN_FINAL_STATES) == {"succeeded", "failed", "rolled_back", "empty", "cancelled"}
+    assert set(PLAN_FINAL_STATES) < set(PLAN_STATES)
+    for state in PLAN_FINAL_STATES:
+        stuck = Plan((), ("h1",), state=state, id=7)
+        assert stuck.final
+        for target in PLAN_STATES:
+            if target != state:
+                with pytest.raises(PlanError, match=f"plan 7: cannot go from {state} to {target}"):
+                    stuck.moved_to(target)
+    for state in set(PLAN_STATES) - set(PLAN_FINAL_STATES):
+        assert not Plan((), ("h1",), state=state).final
+
+
+def test_a_plan_without_actions_is_born_empty_and_empty_means_no_actions():
+    assert initial_state(()) == "empty"
+    assert initial_state(_plan().actions) == "proposed"
+    with pytest.raises(PlanError, match="plan 3: state 'empty' means no actions, but it has 5"):
+        Plan(_plan().actions, ("h1", "h2"), state="empty", id=3)
+    with pytest.raises(PlanError, match="cannot go from proposed to empty"):
+        _plan().moved_to("empty")  # a plan is born empty, never becomes it
+    assert "is empty: nothing worth doing was found" in not_appliable(3, "empty")
+    assert "plan 3 is cancelled: only a proposed or approved plan can be applied" == not_appliable(3, "cancelled")
+
+
+@pytest.mark.parametrize("start", ["proposed", "approved", "running"])
+def test_cancel_is_allowed_until_the_plan_is_final(start):
+    plan = _plan()
+    for state in ("approved", "running")[:("proposed", "approved", "running").index(start)]:
+        plan = plan.moved_to(state)
+    assert plan.state == start and start in PLAN_CANCELLABLE_STATES
+    assert plan.moved_to("cancelled", "stop").state == "cancelled"
+
+
+def test_cancelled_before_running_skips_pending_actions_with_the_reason():
+    request = CancelRequest(by="ops@desk", reason="maintenance", at=1.0)
+    assert request.message == "cancelled by ops@desk: maintenance"
+    assert CancelRequest(by="api:ci").message == "cancelled by api:ci"
+    for plan in (_plan(), _plan().moved_to("approved")):
+        done = plan.cancelled(request.message)
+        assert done.state == "cancelled" and done.message == request.message
+        assert [(a.state, a.message) for a in done.actions] == [("skipped", request.message)] * 5
+    with pytest.raises(PlanError, match="only a proposed or approved plan is cancelled at once"):
+        _plan().moved_to("approved").moved_to("running").cancelled("stop")  # running: the executor stops it
+
+
+def test_a_cancel_request_survives_the_round_trip():
+    plan = replace(_plan().moved_to("approved").moved_to("running"),
+                   cancel_request=CancelRequest("ops", "window", 1700000100.0))
+    again = Plan.from_dict(plan.to_dict())
+    assert again.cancel_request == plan.cancel_request and again == plan
+    assert plan.to_dict()["cancel_request"] == {"by": "ops", "reason": "window", "at": 1700000100.0}
+    assert _plan().to_dict()["cancel_request"] is None
+    with pytest.raises(PlanError, match="malformed"):
+        Plan.from_dict({**plan.to_dict(), "cancel_request": {"reason": "no author"}})

@@ -17,7 +17,10 @@ Each action goes through one contract:
   execute, is safe).
 
 A failed verify reverts the action. An action whose dependency did not
-succeed is skipped. With `on_failure="rollback"` one failure reverts every
+succeed is skipped. Between actions (never during one) the executor asks the
+plan store whether someone requested a cancel: if so, the remaining actions
+are skipped with who asked and why, and the plan ends `cancelled` — what
+already succeeded stays applied (a cancel is not a rollback). With `on_failure="rollback"` one failure reverts every
 action done so far. Every outcome is written to the plan store before the
 next action starts, to the audit log, and — for guests vmplacer recorded —
 to their placement rows (one transaction per action with the exclusive-pCPU
@@ -34,7 +37,7 @@ from typing import Any
 
 from vmplacer.core.cpuset import format_cpuset
 from vmplacer.core.placement import Placement
-from vmplacer.core.plan import Action, Plan, PlanError
+from vmplacer.core.plan import Action, CancelRequest, Plan, PlanError
 from vmplacer.ports import (
     ClaimConflict,
     Clock,
@@ -140,22 +143,44 @@ class Executor:
                 raise ExecutorError(f"plan {plan.id}: no longer approved (another run took it)")
         plan = plan.moved_to("running")
         self._deferred = []
+        cancel: CancelRequest | None = None
         for action in plan.actions:
+            if not action.final:
+                cancel = self._cancel_request(plan)
+                if cancel is not None:
+                    plan = self._skip_rest(plan, cancel.message)
+                    break
             plan = self._run_action(plan, action.index)
             if plan.actions[action.index].state == "failed" and self.settings.on_failure == "rollback":
                 plan = self._roll_back(plan)
                 break
         plan = self._skip_rest(plan, "the plan stopped before this action")
         self._flush_deferred(plan, final=True)
-        outcome = plan.outcome()
+        outcome = "cancelled" if cancel is not None else plan.outcome()
         counts = {s: sum(1 for a in plan.actions if a.state == s) for s in ("succeeded", "failed", "skipped",
                                                                              "rolled_back")}
         message = ", ".join(f"{n} {s}" for s, n in counts.items() if n) or "no actions"
+        if cancel is not None:
+            message = f"{cancel.message} ({message}; done actions stay applied)"
+        else:
+            late = self._cancel_request(plan)
+            if late is not None:
+                message += f"; the cancel request ({late.message}) came after the last action had started"
         if self.plans is not None and plan.id is not None:
             self.plans.transition(plan.id, "running", outcome, message)
         self._audit("rebalance-plan", "ok" if outcome == "succeeded" else outcome, None, None,
                     f"plan {plan.id}: {outcome} ({message})", {"plan_id": plan.id})
         return plan.moved_to(outcome, message)
+
+    def _cancel_request(self, plan: Plan) -> CancelRequest | None:
+        """A request to stop this plan, read from the plan store (None without a stored plan)."""
+        if self.plans is None or plan.id is None:
+            return None
+        try:
+            return self.plans.cancel_requested(plan.id)  # type: ignore[return-value]
+        except Exception as exc:  # noqa: BLE001 - an unreadable request must not stop the plan halfway
+            log.error("plan %s: could not read a cancel request: %s", plan.id, exc)
+            return None
 
     def _run_action(self, plan: Plan, index: int) -> Plan:
         action = plan.actions[index]

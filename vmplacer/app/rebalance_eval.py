@@ -82,6 +82,29 @@ class MemoryPlanStore:
         if finished:
             self.finished[(plan_id, action.index)] = self.wall()
 
+    def cancel(self, plan_id: int, from_state: str, message: str) -> bool:
+        plan = self.plans[plan_id]
+        if plan.state != from_state:
+            return False
+        self.plans[plan_id] = plan.cancelled(message)
+        return True
+
+    def request_cancel(self, plan_id: int, by: str, reason: str = "") -> bool:
+        from dataclasses import replace
+
+        from vmplacer.core.plan import CancelRequest
+
+        plan = self.plans[plan_id]
+        if plan.state != "running":
+            return False
+        if plan.cancel_request is None:
+            self.plans[plan_id] = replace(plan, cancel_request=CancelRequest(by, reason, self.wall()))
+        return True
+
+    def cancel_requested(self, plan_id: int):  # -> CancelRequest | None
+        plan = self.plans.get(plan_id)
+        return plan.cancel_request if plan is not None else None
+
     def last_moved(self, guests: Sequence[str] | None = None) -> dict[str, float]:
         result: dict[str, float] = {}
         for plan in self.plans.values():

@@ -4,8 +4,15 @@ Plans are data. A policy builds one on a what-if copy of the cluster with no
 side effects; it is stored, shown as a diff, approved and only then applied by
 the executor, which records each action's outcome here. States:
 
-    plan:   proposed → approved → running → succeeded | failed | rolled_back
+    plan:   proposed → approved → running → succeeded | failed | rolled_back | cancelled
+            proposed | approved → cancelled    (at once: pending actions are skipped)
+            empty                              (born final: no action was worth taking)
     action: pending → running → succeeded | failed | skipped | rolled_back
+
+A plan with no actions is stored `empty`, not `proposed`: a periodic run that
+finds nothing to do leaves a final record, not one waiting for approval. A
+running plan is cancelled by a request the executor reads between actions
+(never in the middle of one); what already succeeded stays applied.
 
 An action's `before` is the state the planner saw (the executor's precheck
 compares the live state with it, so a plan applied after the world changed
@@ -22,12 +29,14 @@ from typing import Any
 from vmplacer.core.cpuset import format_cpuset
 from vmplacer.core.placement import Placement, placement_from_dict
 
-PLAN_STATES = ("proposed", "approved", "running", "succeeded", "failed", "rolled_back")
-PLAN_FINAL_STATES = ("succeeded", "failed", "rolled_back")
+PLAN_STATES = ("proposed", "approved", "running", "succeeded", "failed", "rolled_back", "empty", "cancelled")
+PLAN_FINAL_STATES = ("succeeded", "failed", "rolled_back", "empty", "cancelled")
+PLAN_APPLIABLE_STATES = ("proposed", "approved")
+PLAN_CANCELLABLE_STATES = ("proposed", "approved", "running")
 _PLAN_TRANSITIONS = {
-    "proposed": ("approved",),
-    "approved": ("running",),
-    "running": PLAN_FINAL_STATES,
+    "proposed": ("approved", "cancelled"),
+    "approved": ("running", "cancelled"),
+    "running": ("succeeded", "failed", "rolled_back", "cancelled"),
 }
 
 ACTION_KINDS = ("repin", "set_memory_nodes", "migrate", "probe")
@@ -43,6 +52,38 @@ _ACTION_TRANSITIONS = {
 
 class PlanError(ValueError):
     """A plan or action that is malformed, or a state change the lifecycle forbids."""
+
+
+def initial_state(actions: Iterable[object]) -> str:
+    """The state a new plan is stored in: `empty` (final) when it has no action, else `proposed`."""
+    return "proposed" if any(True for _ in actions) else "empty"
+
+
+def not_appliable(plan_id: int | None, state: str) -> str:
+    """Why a plan in `state` cannot be applied (one wording wherever plans are applied)."""
+    if state == "empty":
+        return f"plan {plan_id} is empty: nothing worth doing was found, there is nothing to apply"
+    return f"plan {plan_id} is {state}: only a proposed or approved plan can be applied"
+
+
+@dataclass(frozen=True)
+class CancelRequest:
+    """Someone asked to stop a running plan; the executor honours it before its next action.
+
+    `at` is epoch seconds (given by the store; the core keeps no clock).
+    """
+
+    by: str
+    reason: str = ""
+    at: float | None = None
+
+    @property
+    def message(self) -> str:
+        """What every action left undone says, e.g. "cancelled by ops@h: maintenance window"."""
+        return f"cancelled by {self.by}" + (f": {self.reason}" if self.reason else "")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"by": self.by, "reason": self.reason, "at": self.at}
 
 
 @dataclass(frozen=True)
@@ -211,10 +252,13 @@ class Plan:
     settings: Mapping[str, Any] = field(default_factory=dict)
     created_at: float | None = None
     message: str = ""
+    cancel_request: CancelRequest | None = None  # a running plan someone asked to stop
 
     def __post_init__(self) -> None:
         if self.state not in PLAN_STATES:
             raise PlanError(f"plan {self.id}: field 'state' must be one of {', '.join(PLAN_STATES)}, got {self.state!r}")
+        if self.state == "empty" and self.actions:
+            raise PlanError(f"plan {self.id}: state 'empty' means no actions, but it has {len(self.actions)}")
         indexes = [a.index for a in self.actions]
         if indexes != list(range(len(indexes))):
             raise PlanError(f"plan {self.id}: actions must be numbered 0..{len(indexes) - 1} in order, got {indexes}")
@@ -232,12 +276,27 @@ class Plan:
     def predicted_gain(self) -> float:
         return self.objective_after - self.objective_before
 
+    @property
+    def final(self) -> bool:
+        return self.state in PLAN_FINAL_STATES
+
     def moved_to(self, state: str, message: str = "") -> Plan:
         if state == self.state:
             return self
         if state not in _PLAN_TRANSITIONS.get(self.state, ()):
             raise PlanError(f"plan {self.id}: cannot go from {self.state} to {state}")
         return replace(self, state=state, message=message or self.message)
+
+    def cancelled(self, message: str) -> Plan:
+        """A proposed or approved plan stopped before it ran: every pending action skipped with `message`."""
+        if self.state not in ("proposed", "approved"):
+            raise PlanError(f"plan {self.id}: only a proposed or approved plan is cancelled at once "
+                            f"(it is {self.state})")
+        plan = self.moved_to("cancelled", message)
+        for action in plan.actions:
+            if action.state == "pending":
+                plan = plan.with_action(action.moved_to("skipped", message))
+        return plan
 
     def with_action(self, action: Action) -> Plan:
         actions = list(self.actions)
@@ -292,6 +351,7 @@ class Plan:
             "predicted": {g: {k: round(float(v), 6) for k, v in p.items()} for g, p in self.predicted.items()},
             "summary": self.summary,
             "message": self.message,
+            "cancel_request": self.cancel_request.to_dict() if self.cancel_request else None,
             "settings": dict(self.settings),
             "actions": [a.to_dict() for a in self.actions],
             "diff": [d.to_dict() for d in self.diff()],
@@ -313,11 +373,19 @@ class Plan:
                 settings=dict(data.get("settings") or {}),
                 created_at=None if data.get("created_at") is None else float(data["created_at"]),
                 message=str(data.get("message", "")),
+                cancel_request=_cancel_request_of(data.get("cancel_request")),
             )
-        except (TypeError, ValueError) as exc:
+        except (KeyError, TypeError, ValueError) as exc:
             if isinstance(exc, PlanError):
                 raise
             raise PlanError(f"plan {data.get('id')}: malformed ({exc})") from None
+
+
+def _cancel_request_of(data: Mapping[str, Any] | None) -> CancelRequest | None:
+    if not data:
+        return None
+    return CancelRequest(by=str(data["by"]), reason=str(data.get("reason") or ""),
+                         at=None if data.get("at") is None else float(data["at"]))
 
 
 def _pins_text(placement: Placement) -> str:

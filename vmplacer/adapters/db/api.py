@@ -389,6 +389,7 @@ def queue_plan_apply(sessions: sessionmaker[Session], plan_id: int, hosts: list[
     the job, the others ApplyRefused. The plan row is written first, which locks it (the
     row on PostgreSQL, the database on SQLite) until the job row is committed."""
     from vmplacer.adapters.db.models import PlanRow
+    from vmplacer.core.plan import not_appliable
 
     with sessions() as session:
         touched = session.execute(update(PlanRow).where(PlanRow.id == plan_id).values(updated_at=utcnow())).rowcount
@@ -408,8 +409,7 @@ def queue_plan_apply(sessions: sessionmaker[Session], plan_id: int, hosts: list[
         elif row.state != "approved":
             state = row.state
             session.rollback()
-            raise ApplyRefused(f"plan {plan_id} is {state}: only a proposed or approved plan can be applied",
-                               state=state)
+            raise ApplyRefused(not_appliable(plan_id, state), state=state)
         job_row = JobRow(id=str(uuid.uuid4()), kind=kind, hosts=sorted(set(hosts)), status="queued", progress=0.0,
                          message="queued", parameters={"plan_id": plan_id}, created_by=created_by,
                          created_at=utcnow())

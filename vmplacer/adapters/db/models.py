@@ -181,7 +181,11 @@ class InterferenceModelRow(Base):
 
 
 class PlanRow(Base):
-    """A rebalancing plan: proposed → approved → running → succeeded | failed | rolled_back."""
+    """A rebalancing plan: proposed → approved → running → succeeded | failed | rolled_back | cancelled,
+    or `empty` (final from the start: nothing worth doing was found).
+
+    `cancel_requested_*` hold a request to stop a running plan, which its
+    executor reads between actions."""
 
     __tablename__ = "plans"
 
@@ -197,6 +201,9 @@ class PlanRow(Base):
     created_by: Mapped[str] = mapped_column(String(128), default="")
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
     updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, onupdate=utcnow)
+    cancel_requested_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    cancel_requested_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    cancel_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     actions: Mapped[list[PlanActionRow]] = relationship(
         back_populates="plan", cascade="all, delete-orphan", passive_deletes=True,

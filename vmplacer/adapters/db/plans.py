@@ -37,7 +37,7 @@ from vmplacer.adapters.db.models import (
 from vmplacer.adapters.db.repositories import ensure_host
 from vmplacer.core.occupancy import exclusive_of
 from vmplacer.core.placement import Placement
-from vmplacer.core.plan import Action, Plan, PlanError
+from vmplacer.core.plan import Action, CancelRequest, Plan, PlanError
 from vmplacer.ports import ClaimConflict
 
 MOVING_KINDS = ("repin", "set_memory_nodes", "migrate")
@@ -119,6 +119,45 @@ class SqlPlanStore:
             if finished:
                 row.finished_at = utcnow()
 
+    def cancel(self, plan_id: int, from_state: str, message: str) -> bool:
+        """Cancel a proposed or approved plan, only if it is still in `from_state`; its pending
+        actions become skipped with `message` in the same transaction."""
+        if from_state not in ("proposed", "approved"):
+            raise PlanError(f"plan {plan_id}: only a proposed or approved plan is cancelled at once, "
+                            f"not a {from_state} one")
+        now = utcnow()
+        with self.sessions.begin() as session:
+            result = session.execute(update(PlanRow).where(PlanRow.id == plan_id, PlanRow.state == from_state)
+                                     .values(state="cancelled", message=message, updated_at=now))
+            if result.rowcount != 1:
+                return False
+            session.execute(update(PlanActionRow)
+                            .where(PlanActionRow.plan_id == plan_id, PlanActionRow.state == "pending")
+                            .values(state="skipped", message=message, finished_at=now))
+            return True
+
+    def request_cancel(self, plan_id: int, by: str, reason: str = "") -> bool:
+        """Record a request to stop a running plan (the first request stands); False if not running."""
+        with self.sessions.begin() as session:
+            result = session.execute(
+                update(PlanRow)
+                .where(PlanRow.id == plan_id, PlanRow.state == "running", PlanRow.cancel_requested_at.is_(None))
+                .values(cancel_requested_at=utcnow(), cancel_requested_by=by[:128], cancel_reason=reason))
+            if result.rowcount == 1:
+                return True
+            state = session.scalar(select(PlanRow.state).where(PlanRow.id == plan_id))
+            return state == "running"  # already requested
+
+    def cancel_requested(self, plan_id: int) -> CancelRequest | None:
+        with self.sessions() as session:
+            row = session.execute(
+                select(PlanRow.cancel_requested_by, PlanRow.cancel_reason, PlanRow.cancel_requested_at)
+                .where(PlanRow.id == plan_id)).first()
+        if row is None or row.cancel_requested_at is None:
+            return None
+        return CancelRequest(by=row.cancel_requested_by or "", reason=row.cancel_reason or "",
+                             at=_epoch(row.cancel_requested_at))
+
     # ----- reading --------------------------------------------------------------------------
     def get(self, plan_id: int) -> Plan | None:
         with self.sessions() as session:
@@ -127,9 +166,13 @@ class SqlPlanStore:
                 return None
             return _plan_of(row)
 
-    def recent(self, limit: int = 20) -> list[dict[str, Any]]:
+    def recent(self, limit: int = 20, states: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """The newest plans first, as summaries; `states` keeps only plans in those states."""
+        query = select(PlanRow).order_by(PlanRow.id.desc()).limit(limit)
+        if states is not None:
+            query = query.where(PlanRow.state.in_(list(states)))
         with self.sessions() as session:
-            rows = session.scalars(select(PlanRow).order_by(PlanRow.id.desc()).limit(limit))
+            rows = session.scalars(query)
             return [{"id": r.id, "state": r.state, "hosts": r.hosts, "summary": r.summary,
                      "created_at": _epoch(r.created_at), "actions": len(r.actions)} for r in rows]
 
@@ -188,6 +231,8 @@ def _plan_of(row: PlanRow) -> Plan:
         objective_before=row.objective_before, objective_after=row.objective_after,
         predicted=row.predicted or {}, summary=row.summary, settings=row.settings or {},
         created_at=_epoch(row.created_at), message=row.message,
+        cancel_request=None if row.cancel_requested_at is None else CancelRequest(
+            by=row.cancel_requested_by or "", reason=row.cancel_reason or "", at=_epoch(row.cancel_requested_at)),
     )
 
 

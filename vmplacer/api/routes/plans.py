@@ -1,4 +1,8 @@
-"""Rebalancing plans: a dry run that stores a plan, reading it, applying it (a job)."""
+"""Rebalancing plans: a dry run that stores a plan, reading it, applying it (a job), cancelling it.
+
+Listing keeps its old default (every plan, `empty` ones included); `state`
+and `include_empty=false` narrow it.
+"""
 
 from __future__ import annotations
 
@@ -10,7 +14,15 @@ from vmplacer.api import plans_support
 from vmplacer.api.auth import require_principal
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, NOT_FOUND, ApiError
 from vmplacer.api.routes.jobs import job_view
-from vmplacer.api.schemas import JobAccepted, PlanList, PlanRequest, PlanView
+from vmplacer.api.schemas import (
+    JobAccepted,
+    PlanCancelRequest,
+    PlanCancelView,
+    PlanList,
+    PlanRequest,
+    PlanState,
+    PlanView,
+)
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"])
 
@@ -21,14 +33,25 @@ router = APIRouter(prefix="/v1/plans", tags=["plans"])
 def create_plan(request: Request, body: PlanRequest, response: Response) -> dict[str, Any]:
     services = request.app.state.services
     principal = require_principal(request)
-    plan = plans_support.make_plan(services, body.hosts, body.max_actions, body.scope, principal.name)
+    plan = plans_support.make_plan(services, body.hosts, body.max_actions, body.scope, principal.name,
+                                   drain=body.drain)
     response.headers["Location"] = f"/v1/plans/{plan['id']}"
     return plan
 
 
 @router.get("", response_model=PlanList, summary="recent plans, newest first", responses=COMMON_RESPONSES)
-def list_plans(request: Request, limit: int = Query(default=20, ge=1, le=500)) -> dict[str, Any]:
-    return {"plans": plans_support.plan_store(request.app.state.services).recent(limit)}
+def list_plans(request: Request, limit: int = Query(default=20, ge=1, le=500),
+               state: list[PlanState] | None = Query(default=None, description="only plans in these states "
+                                                     "(repeatable; default: every state)"),
+               include_empty: bool = Query(default=True, description="false: leave out `empty` plans (runs "
+                                           "that found nothing to do)")) -> dict[str, Any]:
+    from vmplacer.core.plan import PLAN_STATES
+
+    states = list(state) if state else list(PLAN_STATES)
+    if not include_empty:
+        states = [s for s in states if s != "empty"]
+    wanted = None if set(states) == set(PLAN_STATES) else states
+    return {"plans": plans_support.plan_store(request.app.state.services).recent(limit, states=wanted)}
 
 
 @router.get("/{plan_id}", response_model=PlanView, summary="a plan: actions, reasons, predicted gain, outcome",
@@ -52,3 +75,26 @@ def apply_plan(request: Request, response: Response, plan_id: int = Path(ge=1, l
     location = f"/v1/jobs/{job.id}"
     response.headers["Location"] = location
     return {"job": job_view(job), "location": location}
+
+
+@router.post("/{plan_id}/cancel", response_model=PlanCancelView,
+             summary="cancel a plan: at once if proposed or approved, before its next action if running "
+                     "(done actions stay applied); 409 if it is already final",
+             responses={**COMMON_RESPONSES, **NOT_FOUND, **CONFLICT})
+def cancel_plan(request: Request, body: PlanCancelRequest | None = None,
+                plan_id: int = Path(ge=1, le=2**31 - 1)) -> dict[str, Any]:
+    from vmplacer.app.rebalance import PlanNotFound, PlanStateError, RebalanceError
+    from vmplacer.app.rebalance import cancel_plan as cancel
+
+    services = request.app.state.services
+    principal = require_principal(request)
+    try:
+        outcome = cancel(plans_support.plan_store(services), plan_id, by=f"api:{principal.name}",
+                         reason=body.reason if body else "", audit=services.container.placement_store)
+    except PlanNotFound:
+        raise ApiError(404, "not-found", f"plan {plan_id} does not exist", {"plan": plan_id}) from None
+    except PlanStateError as exc:
+        raise ApiError(409, "conflict", str(exc), {"plan": plan_id, "state": exc.state}) from None
+    except RebalanceError as exc:
+        raise ApiError(409, "conflict", str(exc), {"plan": plan_id}) from None
+    return {"status": outcome.status, "plan": outcome.plan.to_dict()}

@@ -52,7 +52,7 @@ import math
 from collections.abc import Iterable, Mapping
 
 from vmplacer.core.interference import InterferenceModel
-from vmplacer.core.plan import Plan
+from vmplacer.core.plan import Plan, initial_state
 from vmplacer.core.policies.rebalance_actions import _build_actions
 from vmplacer.core.policies.rebalance_layout import BetaTable, _locality_nodes
 from vmplacer.core.policies.rebalance_layout import utility  # noqa: F401  (still importable from here)
@@ -86,7 +86,8 @@ def plan_rebalance(
     scope: Iterable[str] | None = None,
     hosts: Iterable[str] | None = None,
 ) -> Plan:
-    """Search moves on a what-if copy of `state`; the resulting Plan (state "proposed").
+    """Search moves on a what-if copy of `state`; the resulting Plan (state "proposed", or
+    "empty" — final — when no move is worth making).
 
     `now` and `last_moved` (guest -> epoch seconds of its last move) drive the
     cool-down; `scope` limits which guests may move (the others still count
@@ -113,6 +114,7 @@ def plan_rebalance(
     return Plan(
         actions=tuple(actions),
         hosts=tuple(sorted(state.hosts)),
+        state=initial_state(actions),
         objective_before=before,
         objective_after=after,
         predicted=predicted,
