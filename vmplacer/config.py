@@ -17,6 +17,7 @@ from urllib.parse import urlsplit
 
 import yaml
 
+from vmplacer.cli.common import duration_seconds
 from vmplacer.core.cpuset import CpusetError, parse_cpuset
 from vmplacer.core.policies.admit import AllocationOptions
 
@@ -73,6 +74,23 @@ class ApiSettings:
     max_request_bytes: int = 1_048_576
 
 
+DAY_S = 86_400.0
+
+
+@dataclass(frozen=True)
+class RetentionSettings:
+    """How long `vmplacer db prune` keeps finished records, in seconds (docs/operations.md,
+    Retention). Placements are never pruned: they are the live record."""
+
+    plans_s: float = 30 * DAY_S  # final plans (and their actions): post-mortems of recent rebalances
+    profiles_s: float = 90 * DAY_S  # profile runs and samples; the model keeps what it learned
+    audit_s: float = 180 * DAY_S  # who did what, for half a year
+    jobs_s: float = 7 * DAY_S  # finished API jobs: clients read results within minutes
+
+
+RETENTION_KEYS = ("plans", "profiles", "audit", "jobs")
+
+
 @dataclass(frozen=True)
 class Settings:
     data_dir: Path
@@ -81,6 +99,7 @@ class Settings:
     profiler: ProfilerSettings = field(default_factory=ProfilerSettings)
     api: ApiSettings = field(default_factory=ApiSettings)
     source: str = "built-in defaults"
+    retention: RetentionSettings = field(default_factory=RetentionSettings)
 
     def host(self, name: str) -> HostSettings:
         for host in self.hosts:
@@ -192,11 +211,30 @@ def _cpuset(reader: _Reader, value: Any, key: str) -> frozenset[int]:
         raise reader.fail(key, str(exc)) from None
 
 
+def _retention(reader: _Reader, raw: Any) -> RetentionSettings:
+    data = reader.mapping(raw, "retention", RETENTION_KEYS)
+    defaults = RetentionSettings()
+    ages: dict[str, float] = {}
+    for name in RETENTION_KEYS:
+        key = f"retention.{name}"
+        value = data.get(name)
+        if value is None:
+            ages[f"{name}_s"] = getattr(defaults, f"{name}_s")
+            continue
+        seconds = None if isinstance(value, bool) else duration_seconds(str(value), "s", days=True)
+        if seconds is None:
+            raise reader.fail(key, f"must be a duration such as 30d, 12h, 90m or 3600 (seconds), got {value!r}")
+        if seconds <= 0:
+            raise reader.fail(key, f"must be longer than 0, got {value!r}")
+        ages[f"{name}_s"] = seconds
+    return RetentionSettings(**ages)
+
+
 def settings_from_mapping(raw: Any, source: str, environ: dict[str, str] | None = None) -> Settings:
     """Validate a parsed YAML document (or None) and apply environment overrides."""
     env = os.environ if environ is None else environ
     reader = _Reader(source)
-    data = reader.mapping(raw, "", ("database_url", "data_dir", "hosts", "profiler", "api"))
+    data = reader.mapping(raw, "", ("database_url", "data_dir", "hosts", "profiler", "api", "retention"))
 
     data_dir_value = env.get(ENV_DATA_DIR) or data.get("data_dir")
     data_dir = Path(reader.string(data_dir_value, "data_dir")) if data_dir_value else default_data_dir()
@@ -248,7 +286,8 @@ def settings_from_mapping(raw: Any, source: str, environ: dict[str, str] | None 
         listen=listen,
         max_request_bytes=int(reader.number(api_raw.get("max_request_bytes", 1_048_576), "api.max_request_bytes", 1024, 1 << 30)),
     )
-    return Settings(data_dir, database_url, hosts, profiler, api, source)
+    retention = _retention(reader, data.get("retention"))
+    return Settings(data_dir, database_url, hosts, profiler, api, source, retention)
 
 
 def load_settings(path: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
