@@ -87,6 +87,12 @@ class Container:
             return AllocationOptions()
 
     @cached_property
+    def maintenance(self):  # -> SqlMaintenanceStore
+        from vmplacer.adapters.db.maintenance import SqlMaintenanceStore
+
+        return SqlMaintenanceStore(self.sessions)
+
+    @cached_property
     def model_repository(self):  # -> SqlModelRepository
         from vmplacer.adapters.db.models_repo import SqlModelRepository
 

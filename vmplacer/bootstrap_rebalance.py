@@ -125,6 +125,7 @@ def build_rebalancer(
         learn=learn,
         profile=profile,
         allocation=container.allocation_options,
+        in_maintenance=lambda: container.maintenance.current().keys(),
         demand=demand if measure_demand else None,
         probe=(lambda host, seconds: profile(host, seconds, ("*",))) if profile else None,
         unavailable=unavailable,

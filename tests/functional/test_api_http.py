@@ -280,30 +280,99 @@ def test_token_cli(tmp_path):
     assert vmplacer(config, "token", "revoke", "ci").returncode == 2
 
 
-def test_plans_dry_run_read_and_apply_once(api):
+def _store_plan(server: Server, state: str = "proposed") -> int:
+    """A plan of one no-op repin of the test driver's guest (its pins as they are), stored in the
+    server's database and moved on to `state`; its id."""
+    import yaml
+
+    from vmplacer.adapters.db.engine import make_engine, make_session_factory
+    from vmplacer.adapters.db.plans import SqlPlanStore
+    from vmplacer.core.placement import Placement
+    from vmplacer.core.plan import Action, Plan
+
+    engine = make_engine(yaml.safe_load(server.config.read_text())["database_url"])
+    try:
+        store = SqlPlanStore(make_session_factory(engine))
+        live = Placement("test", "t", {0: frozenset(), 1: frozenset()})
+        plan = store.save(Plan((Action(0, "repin", "t", "test", before=live, after=live, reason="test"),), ("t",),
+                               summary="1 no-op repin"))
+        for before, after in (("proposed", "approved"), ("approved", "running")):
+            if state == before:
+                break
+            assert store.transition(plan.id, before, after)
+        return plan.id
+    finally:
+        engine.dispose()
+
+
+def test_plans_dry_run_read_and_apply_once(server, api):
     created = api.post("/v1/plans", json={"hosts": ["t"]})
     assert created.status_code == 201, created.text
-    plan = created.json()
-    assert plan["state"] == "proposed" and plan["hosts"] == ["t"]
-    assert created.headers["location"] == f"/v1/plans/{plan['id']}"
-    assert api.get(f"/v1/plans/{plan['id']}").json()["summary"] == plan["summary"]
-    assert plan["id"] in [p["id"] for p in api.get("/v1/plans").json()["plans"]]
+    empty = created.json()
+    # the test driver's one guest has nothing worth moving: the plan is final at once
+    assert empty["state"] == "empty" and empty["hosts"] == ["t"] and empty["actions"] == []
+    assert created.headers["location"] == f"/v1/plans/{empty['id']}"
+    assert api.get(f"/v1/plans/{empty['id']}").json()["summary"] == empty["summary"]
+    refused = api.post(f"/v1/plans/{empty['id']}/apply")
+    assert refused.status_code == 409 and "is empty: nothing worth doing was found" in _error(refused)["message"]
+    assert _error(refused)["details"]["state"] == "empty"
+    # listing: every state by default (as before), narrowed by state or include_empty=false
+    plan_id = _store_plan(server)
+    listed = {p["id"]: p["state"] for p in api.get("/v1/plans").json()["plans"]}
+    assert listed[empty["id"]] == "empty" and listed[plan_id] == "proposed"
+    without = [p["id"] for p in api.get("/v1/plans", params={"include_empty": "false"}).json()["plans"]]
+    assert plan_id in without and empty["id"] not in without
+    only = api.get("/v1/plans", params=[("state", "empty"), ("state", "cancelled")]).json()["plans"]
+    assert {p["state"] for p in only} <= {"empty", "cancelled"} and empty["id"] in [p["id"] for p in only]
+    assert api.get("/v1/plans", params={"state": "done"}).status_code == 422
     # racing applies of one plan: exactly one is accepted
     with concurrent.futures.ThreadPoolExecutor(6) as pool:
-        answers = list(pool.map(lambda _: api.post(f"/v1/plans/{plan['id']}/apply"), range(6)))
+        answers = list(pool.map(lambda _: api.post(f"/v1/plans/{plan_id}/apply"), range(6)))
     accepted = [a for a in answers if a.status_code == 202]
     assert len(accepted) == 1, [a.text for a in answers]
     assert all(a.status_code == 409 and _error(a)["code"] == "conflict" for a in answers if a not in accepted)
     job = wait_job(api, accepted[0].json()["job"]["id"], timeout=60)
     assert job["status"] == "succeeded", job
     assert job["result"]["state"] == "succeeded"
-    assert api.get(f"/v1/plans/{plan['id']}").json()["state"] == "succeeded"
-    again = api.post(f"/v1/plans/{plan['id']}/apply")
+    assert api.get(f"/v1/plans/{plan_id}").json()["state"] == "succeeded"
+    again = api.post(f"/v1/plans/{plan_id}/apply")
     assert again.status_code == 409 and "succeeded" in _error(again)["message"]
     assert api.post("/v1/plans/999999/apply").status_code == 404
     assert api.get("/v1/plans/999999").status_code == 404
     unknown = api.post("/v1/plans", json={"hosts": ["nowhere"]})
     assert unknown.status_code == 422 and _error(unknown)["details"][0]["field"] == "hosts"
+
+
+def test_plans_cancel(server, api):
+    proposed, approved, running = _store_plan(server), _store_plan(server, "approved"), _store_plan(server, "running")
+    answer = api.post(f"/v1/plans/{proposed}/cancel", json={"reason": "maintenance"})
+    assert answer.status_code == 200, answer.text
+    body = answer.json()
+    assert body["status"] == "cancelled" and body["plan"]["state"] == "cancelled"
+    assert body["plan"]["actions"][0]["state"] == "skipped"
+    assert body["plan"]["actions"][0]["message"] == f"cancelled by api:admin-{server.instance}: maintenance"
+    no_body = api.post(f"/v1/plans/{approved}/cancel")
+    assert no_body.status_code == 200
+    assert no_body.json()["plan"]["message"] == f"cancelled by api:admin-{server.instance}"
+    requested = api.post(f"/v1/plans/{running}/cancel", json={"reason": "stop"})
+    assert requested.status_code == 200 and requested.json()["status"] == "cancel-requested"
+    shown = api.get(f"/v1/plans/{running}").json()
+    assert shown["state"] == "running" and shown["cancel_request"]["reason"] == "stop"
+    assert shown["cancel_request"]["by"] == f"api:admin-{server.instance}"
+    final = api.post(f"/v1/plans/{proposed}/cancel")
+    assert final.status_code == 409 and f"plan {proposed} is cancelled: it is final" in _error(final)["message"]
+    assert _error(final)["details"] == {"plan": proposed, "state": "cancelled"}
+    assert api.post(f"/v1/plans/{proposed}/apply").status_code == 409
+    missing = api.post("/v1/plans/999999/cancel")
+    assert missing.status_code == 404 and "plan 999999 does not exist" in _error(missing)["message"]
+    assert api.post(f"/v1/plans/{running}/cancel", json={"reason": 5}).status_code == 422
+    assert api.post(f"/v1/plans/{running}/cancel", json={"why": "x"}).status_code == 422
+    with server.client(token=server.read) as viewer:
+        assert viewer.post(f"/v1/plans/{running}/cancel").status_code == 403
+    audit = api.get("/v1/audit", params={"action": "rebalance-cancel"}).json()
+    entries = audit["entries"] if isinstance(audit, dict) else audit
+    outcomes = {e["detail"]["plan_id"]: e["outcome"] for e in entries}
+    assert outcomes[proposed] == "ok" and outcomes[approved] == "ok" and outcomes[running] == "requested"
 
 
 def test_reconcile_reports_each_host_and_names_the_unreachable_one(api):
@@ -323,3 +392,43 @@ def test_reconcile_reports_each_host_and_names_the_unreachable_one(api):
     assert negative.status_code == 422 and "settle_s" in negative.text
     metrics = api.get("/metrics").text
     assert 'vmplacer_reconcile_findings_total{host="t",kind="unmanaged",outcome="reported"}' in metrics
+
+
+def test_maintenance_keeps_new_guests_off_and_drain_plans_need_it(api):
+    body = {"name": "m2", "vcpus": 1, "memory_mib": 64, "dry_run": True}
+    try:
+        entered = api.put("/v1/hosts/t/maintenance", json={"reason": "firmware update"})
+        assert entered.status_code == 200, entered.text
+        assert entered.json()["changed"] is True and entered.json()["maintenance"]["by"].startswith("api:")
+        again = api.put("/v1/hosts/t/maintenance", json={"reason": "something else"})
+        assert again.json()["changed"] is False and again.json()["maintenance"]["reason"] == "firmware update"
+        hosts = {h["name"]: h for h in api.get("/v1/hosts").json()["hosts"]}
+        assert hosts["t"]["maintenance"]["reason"] == "firmware update" and hosts["down"]["maintenance"] is None
+
+        named = api.post("/v1/placements", json={**body, "host": "t"})
+        assert named.status_code == 409 and _error(named)["code"] == "host-in-maintenance"
+        assert "firmware update" in _error(named)["message"]
+        anywhere = api.post("/v1/placements", json=body)  # only "down" is left, and it does not answer
+        assert anywhere.status_code in (502, 503) and "down" in _error(anywhere)["message"]
+
+        drain = api.post("/v1/plans", json={"drain": "t"})
+        assert drain.status_code == 201, drain.text
+        plan = drain.json()
+        assert plan["settings"]["notes"]["drain"] == "t" and plan["state"] == "empty"
+        assert plan["settings"]["notes"]["stuck"] == ["test: no other host accepts migrations"]
+        outside = api.post("/v1/plans", json={"hosts": ["down"], "drain": "t"})
+        assert outside.status_code == 422 and _error(outside)["details"][0]["field"] == "drain"
+
+        for bad in ({}, {"reason": ""}, {"reason": 5}):
+            refused = api.put("/v1/hosts/t/maintenance", json=bad)
+            assert refused.status_code == 422 and _error(refused)["details"][0]["field"] == "reason", refused.text
+        assert api.put("/v1/hosts/nowhere/maintenance", json={"reason": "x"}).status_code == 404
+    finally:
+        left = api.delete("/v1/hosts/t/maintenance")
+    assert left.status_code == 200 and left.json()["changed"] is True
+    assert left.json()["maintenance"]["reason"] == "firmware update"
+    assert api.delete("/v1/hosts/t/maintenance").json() == {"host": "t", "changed": False, "maintenance": None}
+    not_closed = api.post("/v1/plans", json={"drain": "t"})
+    assert not_closed.status_code == 409 and _error(not_closed)["code"] == "not-in-maintenance"
+    audit = api.get("/v1/audit", params={"action": "maintenance-start"}).json()["entries"]
+    assert [(e["host"], e["message"]) for e in audit] == [("t", "firmware update")]

@@ -54,7 +54,10 @@ class _Watcher(threading.Thread):
 
     def run(self) -> None:
         while not self.stop.is_set():
-            with self.engine.connect() as connection:
+            # one snapshot for both reads: read committed would let a job start (lease taken,
+            # then status running) between them and look like a job without its lease
+            with self.engine.connect().execution_options(isolation_level="REPEATABLE READ") as connection, \
+                    connection.begin():
                 leases = {r.host: r for r in connection.execute(select(HostLeaseRow))}
                 running = list(connection.execute(select(JobRow).where(JobRow.status == "running")))
             for job in running:

@@ -278,6 +278,45 @@ def test_overloaded_host_migrates_to_the_idle_one(testbed, host1_conn, host2_con
         print(f"rates not compared: outside work took the pCPUs (the guests got {busy_after:.2f} of 2)")
 
 
+def test_maintenance_keeps_migrations_out_and_a_drain_empties_the_host(testbed, host1_conn, host2_conn, make_guest,
+                                                                       tmp_path):
+    """Host 2 in maintenance takes nothing, however crowded host 1 is; host 1 in maintenance
+    and drained: every guest of this test lives on host 2 afterwards, never having stopped."""
+    a, b = make_guest("a", pin="0"), make_guest("b", pin="0")
+    settle([a, b])
+    config = write_config(tmp_path, partition=True)
+    remember(config, [a.name, b.name])
+
+    code, _, stderr = vmplacer(config, "hosts", "disable", "host2", "--reason", "firmware update")
+    assert code == 0, stderr
+    code, report, stderr = vmplacer(config, "rebalance", "--all", "--scope", SCOPE, "--profile-seconds", "0")
+    assert code == 0, stderr
+    assert report["plan"]["state"] == "empty", report["plan"]
+    assert {a.name, b.name} <= virsh_names(testbed.host1_uri) and not {a.name, b.name} & virsh_names(testbed.host2_uri)
+    code, _, stderr = vmplacer(config, "hosts", "enable", "host2")
+    assert code == 0, stderr
+
+    code, report, stderr = vmplacer(config, "rebalance", "--drain", "host1", "--reason", "kernel update",
+                                    "--scope", SCOPE, "--profile-seconds", "0")
+    assert code == 0, stderr
+    plan = report["plan"]
+    assert plan["state"] == "succeeded", plan
+    assert sorted(x["guest"] for x in plan["actions"] if x["kind"] == "migrate") == sorted([a.name, b.name])
+    assert plan["settings"]["notes"]["drain"] == "host1" and plan["settings"]["notes"]["stuck"] == []
+    for handle in (a, b):
+        assert handle.name in virsh_names(testbed.host2_uri)
+        assert handle.name not in virsh_names(testbed.host1_uri, "--all")
+        assert host2_conn.lookupByName(handle.name).isPersistent()
+        mark = read_progress(handle.console)[-1]
+        assert wait_for_progress(handle.console, after_seq=mark.seq, samples=2, timeout_s=30)[-1].units > mark.units
+        assert_never_backwards(read_progress(handle.console))
+    assert record(config) == {a.name: "host2", b.name: "host2"}
+    code, listed, stderr = vmplacer(config, "hosts")
+    assert code == 0, stderr
+    assert {h["name"]: (h["maintenance"] or {}).get("reason") for h in listed} == {"host1": "kernel update",
+                                                                                   "host2": None}
+
+
 def test_destination_dies_mid_migration(testbed, host1_conn, make_guest, tmp_path):
     a, b = make_guest("a", pin="0"), make_guest("b", pin="0")
     settle([a, b])

@@ -78,16 +78,38 @@ class Placer:
         self.service = services.placement
         self.metrics = services.metrics
 
-    def candidates(self, host: str | None) -> list[str]:
+    def configured(self, host: str | None) -> str:
+        """The configured host a request names (422 otherwise), or the first one."""
         names = self.services.host_names
         if host is None:
             if not names:
                 raise ApiError(503, "no-hosts", "no hosts are configured")
-            return names
+            return names[0]
         if host not in names:
             reason = f"host {host!r} is not configured (configured: {', '.join(names)})"
             raise ApiError(422, "validation", reason, field_problems([("host", reason)]))
-        return [host]
+        return host
+
+    def candidates(self, host: str | None) -> list[str]:
+        """The hosts a new guest may land on: the one the request names, else every
+        configured host that is not in maintenance (a host in maintenance takes no new guest)."""
+        names = self.services.host_names
+        if host is not None:
+            self.configured(host)
+        closed = self.services.container.maintenance.current()
+        if host is not None:
+            if host in closed:
+                raise ApiError(409, "host-in-maintenance", closed[host].describe() + ": it takes no new guest",
+                               {"host": host, "maintenance": closed[host].to_dict()})
+            return [host]
+        if not names:
+            raise ApiError(503, "no-hosts", "no hosts are configured")
+        usable = [name for name in names if name not in closed]
+        if not usable:
+            raise ApiError(503, "no-hosts", "every configured host is in maintenance: "
+                           + "; ".join(closed[n].describe() for n in names),
+                           {"hosts": {n: closed[n].to_dict() for n in names}})
+        return usable
 
     # ----- dry run ---------------------------------------------------------------------------------
     def plan(self, spec: GuestSpec, hosts: list[str], base_xml: str | None) -> Outcome:

@@ -40,7 +40,9 @@ def plan_hosts(plan: Any) -> list[str]:
 
 
 def make_plan(services: Any, hosts: list[str] | None, max_actions: int | None, scope: list[str],
-              created_by: str) -> dict[str, Any]:
+              created_by: str, drain: str | None = None) -> dict[str, Any]:
+    """A stored rebalance plan, or with `drain` the migrations that empty that host (which
+    must be in maintenance already: a dry run changes nothing, maintenance included)."""
     from vmplacer.app.rebalance import RebalanceError
 
     names = list(dict.fromkeys(hosts)) if hosts else services.host_names  # each host once
@@ -48,10 +50,19 @@ def make_plan(services: Any, hosts: list[str] | None, max_actions: int | None, s
     if unknown:
         reason = f"not configured: {', '.join(unknown)} (configured: {', '.join(services.host_names)})"
         raise ApiError(422, "validation", f"field hosts: {reason}", [{"field": "hosts", "reason": reason}])
+    if drain is not None:
+        if drain not in names:
+            reason = f"host {drain!r} is not among the plan's hosts ({', '.join(names)})"
+            raise ApiError(422, "validation", f"field drain: {reason}", [{"field": "drain", "reason": reason}])
+        if services.container.maintenance.get(drain) is None:
+            raise ApiError(409, "not-in-maintenance", f"host {drain} is not in maintenance: "
+                           f"PUT /v1/hosts/{drain}/maintenance first, so that nothing new lands on it",
+                           {"host": drain})
     notes: list[str] = []
     rebalancer = build_rebalancer(services, f"api:{created_by}@{services.instance}")
     try:
-        plan = rebalancer.make_plan(names, max_actions=max_actions, scope=scope or ("*",), notes=notes)
+        plan = rebalancer.make_plan(names, max_actions=max_actions, scope=scope or ("*",), notes=notes,
+                                    drain=drain)
     except RebalanceError as exc:
         if exc.bad_input:
             raise ApiError(422, "validation", str(exc), [{"field": "hosts", "reason": str(exc)}]) from None

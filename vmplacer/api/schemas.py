@@ -23,6 +23,7 @@ from vmplacer.core.guest import (
     WORKLOAD_CLASSES,
 )
 from vmplacer.core.placement import MEM_MODES
+from vmplacer.core.plan import PLAN_STATES
 
 GUEST_NAME = r"^[A-Za-z0-9_.+][A-Za-z0-9_.+-]{0,63}$"
 HOST_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
@@ -34,6 +35,9 @@ ThreadPolicy = Literal[THREAD_POLICIES]  # type: ignore[valid-type]
 EmulatorPolicy = Literal[EMULATOR_POLICIES]  # type: ignore[valid-type]
 WorkloadClass = Literal[WORKLOAD_CLASSES]  # type: ignore[valid-type]
 MemMode = Literal[MEM_MODES]  # type: ignore[valid-type]
+PlanState = Literal[PLAN_STATES]  # type: ignore[valid-type]
+PLAN_STATE_HELP = ("proposed | approved | running (not final); succeeded | failed | rolled_back | "
+                   "cancelled | empty (final: `empty` = no action was worth taking, nothing to apply)")
 
 
 class _Strict(BaseModel):
@@ -131,6 +135,12 @@ class Lease(BaseModel):
     expires_at: float | None = None
 
 
+class Maintenance(BaseModel):
+    since: str = Field(description="when the host went into maintenance (ISO 8601, UTC)")
+    by: str
+    reason: str
+
+
 class HostView(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -139,6 +149,19 @@ class HostView(BaseModel):
     reachable: bool
     error: str | None = None
     lease: Lease | None = Field(default=None, description="held while a job acts on the host")
+    maintenance: Maintenance | None = Field(default=None, description="set while the host takes no new guest "
+                                            "and no migration")
+
+
+class MaintenanceRequest(_Strict):
+    reason: str = Field(min_length=1, max_length=1000, description="why (kept with the host and in the audit log)")
+
+
+class MaintenanceView(BaseModel):
+    host: str
+    changed: bool = Field(description="false: the host already was in that state")
+    maintenance: Maintenance | None = Field(description="the host's maintenance record (after PUT: the current "
+                                            "one; after DELETE: the one it had)")
 
 
 class HostList(BaseModel):
@@ -248,6 +271,9 @@ class PlanRequest(_Strict):
     max_actions: int | None = Field(default=None, ge=0, le=1000)
     scope: list[str] = Field(default_factory=list, max_length=256,
                              description="glob patterns of guests that may move (default: all)")
+    drain: str | None = Field(default=None, pattern=HOST_NAME, max_length=63,
+                              description="a host in maintenance to empty: the plan live-migrates its guests "
+                                          "away instead of rebalancing")
 
 
 class ReconcileRequest(_Strict):
@@ -275,19 +301,22 @@ class PlanView(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     id: int | None
-    state: str = Field(description="proposed | approved | running | succeeded | failed | rolled_back")
+    state: str = Field(description=PLAN_STATE_HELP)
     hosts: list[str]
     predicted_gain: float
     summary: str
     actions: list[dict[str, Any]]
     diff: list[dict[str, Any]]
+    cancel_request: dict[str, Any] | None = Field(
+        default=None, description="a running plan someone asked to stop: {by, reason, at}; it stops before "
+                                  "its next action")
 
 
 class PlanSummary(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     id: int
-    state: str
+    state: str = Field(description=PLAN_STATE_HELP)
     hosts: list[str]
     summary: str
     actions: int
@@ -295,3 +324,14 @@ class PlanSummary(BaseModel):
 
 class PlanList(BaseModel):
     plans: list[PlanSummary]
+
+
+class PlanCancelRequest(_Strict):
+    reason: str = Field(default="", max_length=1000, description="why; kept with the plan and in the audit log")
+
+
+class PlanCancelView(BaseModel):
+    status: Literal["cancelled", "cancel-requested"] = Field(
+        description="cancelled: the plan had not started, its actions are skipped; cancel-requested: the plan "
+                    "is running and stops before its next action (actions already done stay applied)")
+    plan: PlanView

@@ -1,7 +1,9 @@
 """Rebalancing, end to end: lease → profile → learn → observe → plan → apply → release.
 
 `plan` observes the hosts and stores a proposed plan (a dry run: nothing
-changes); `apply` runs a stored plan; `run` does the whole loop while holding
+changes; a plan without actions is stored `empty`, final at once); `apply`
+runs a stored plan; `cancel_plan` stops one (at once before it runs, between
+actions while it runs); `run` does the whole loop while holding
 a lease on every host it may touch, so two runs never act on one host (the
 second finds the hosts busy, waits up to `wait_s`, then gives up).
 
@@ -25,9 +27,16 @@ from typing import Any
 from vmplacer.app.executor import Auditor, Executor, ExecutorError, ExecutorSettings
 from vmplacer.core.guest import GuestSpec, GuestSpecError
 from vmplacer.core.interference import InterferenceModel
-from vmplacer.core.plan import Plan
+from vmplacer.core.plan import (
+    PLAN_APPLIABLE_STATES,
+    PLAN_CANCELLABLE_STATES,
+    CancelRequest,
+    Plan,
+    not_appliable,
+)
 from vmplacer.core.policies.admit import AllocationOptions
 from vmplacer.core.policies.rebalance import plan_rebalance
+from vmplacer.core.policies.rebalance_drain import plan_drain
 from vmplacer.core.policies.rebalance_state import (
     ClusterState,
     GuestState,
@@ -40,7 +49,7 @@ from vmplacer.ports import Clock, Hypervisor, HypervisorError, LeaseStore, Place
 
 log = logging.getLogger(__name__)
 
-RUN_STATUSES = ("applied", "planned", "nothing-to-do", "busy", "failed")
+RUN_STATUSES = ("applied", "planned", "nothing-to-do", "busy", "failed", "cancelled")
 
 
 class RebalanceError(RuntimeError):
@@ -49,6 +58,69 @@ class RebalanceError(RuntimeError):
     def __init__(self, message: str, *, bad_input: bool = False):
         super().__init__(message)
         self.bad_input = bad_input
+
+
+class PlanNotFound(RebalanceError):
+    """No stored plan has this id."""
+
+    def __init__(self, plan_id: int):
+        super().__init__(f"plan {plan_id} does not exist", bad_input=True)
+        self.plan_id = plan_id
+
+
+class PlanStateError(RebalanceError):
+    """The plan's state does not allow what was asked (apply a finished plan, cancel a final one)."""
+
+    def __init__(self, message: str, *, plan_id: int, state: str):
+        super().__init__(message, bad_input=True)
+        self.plan_id = plan_id
+        self.state = state
+
+
+@dataclass(frozen=True)
+class CancelOutcome:
+    """`cancelled` (proposed/approved: stopped at once) or `cancel-requested` (running: the
+    executor stops before its next action; `plan` is the state when the request was stored)."""
+
+    status: str
+    plan: Plan
+
+
+def cancel_plan(plans: PlanStore, plan_id: int, *, by: str, reason: str = "",
+                audit: Auditor | None = None) -> CancelOutcome:
+    """Cancel a stored plan: proposed or approved ones at once (pending actions skipped), a
+    running one by a request its executor honours between actions. Final plans are refused."""
+    request = CancelRequest(by=by, reason=reason)
+    for _ in range(5):  # the plan may move on (approved → running) between reading and writing it
+        plan = plans.get(plan_id)
+        if plan is None:
+            raise PlanNotFound(plan_id)
+        assert isinstance(plan, Plan)
+        if plan.state not in PLAN_CANCELLABLE_STATES:
+            raise PlanStateError(f"plan {plan_id} is {plan.state}: it is final, there is nothing to cancel "
+                                 "(only a proposed, approved or running plan can be cancelled)",
+                                 plan_id=plan_id, state=plan.state)
+        if plan.state == "running":
+            if plans.request_cancel(plan_id, by, reason):
+                _audit_cancel(audit, plan, "requested", request,
+                              f"plan {plan_id}: cancel requested by {by}; it stops before its next action")
+                return CancelOutcome("cancel-requested", plans.get(plan_id) or plan)  # type: ignore[arg-type]
+        elif plans.cancel(plan_id, plan.state, request.message):
+            _audit_cancel(audit, plan, "ok", request, f"plan {plan_id}: {request.message} (was {plan.state})")
+            stored = plans.get(plan_id) or plan.cancelled(request.message)
+            return CancelOutcome("cancelled", stored)  # type: ignore[arg-type]
+    raise RebalanceError(f"plan {plan_id} keeps changing state; try the cancel again")
+
+
+def _audit_cancel(audit: Auditor | None, plan: Plan, outcome: str, request: CancelRequest, message: str) -> None:
+    if audit is None:
+        return
+    try:
+        audit.audit(action="rebalance-cancel", outcome=outcome, host=None, guest=None, message=message,
+                    detail={"plan_id": plan.id, "by": request.by, "reason": request.reason,
+                            "from_state": plan.state})
+    except Exception as exc:  # noqa: BLE001 - the cancel is stored; a lost audit line must not undo it
+        log.error("audit log write failed (rebalance-cancel of plan %s): %s", plan.id, exc)
 
 
 @dataclass(frozen=True)
@@ -60,6 +132,7 @@ class RunOptions:
     profile_seconds: float = 0.0  # 0: no profiling step
     lease_ttl_s: float = 900.0
     wait_s: float = 0.0  # how long to wait for busy hosts
+    drain: str | None = None  # a host to empty (maintenance) instead of a rebalance
 
 
 @dataclass
@@ -119,8 +192,10 @@ class Rebalancer:
         probe: Callable[[str, float], str] | None = None,
         unavailable: Mapping[str, str] | None = None,
         allocation: Callable[[str], AllocationOptions] | None = None,
+        in_maintenance: Callable[[], Iterable[str]] | None = None,
     ):
         self.hosts = dict(hosts)
+        self.in_maintenance = in_maintenance or (lambda: ())
         self.allocation = allocation or (lambda _host: AllocationOptions())
         self.plans = plans
         self.leases = leases
@@ -146,6 +221,7 @@ class Rebalancer:
         guests: dict[str, GuestState] = {}
         notes: list[str] = []
         unreachable: list[str] = []
+        closed = set(self.in_maintenance())
         for name in host_names:
             hypervisor = self.hosts[name]
             try:
@@ -155,7 +231,10 @@ class Rebalancer:
                 unreachable.append(name)
                 notes.append(f"host {name} left out: {exc}")
                 continue
-            hosts[name] = HostState(name, topology, options=self.allocation(name))
+            hosts[name] = HostState(name, topology, accepts_migrations=name not in closed,
+                                    options=self.allocation(name))
+            if name in closed:
+                notes.append(f"host {name} is in maintenance: no guest moves onto it")
             running = [d for d in domains if d.state == "running"]
             loads: dict[str, float] = {}
             if self.demand is not None and running:
@@ -204,18 +283,29 @@ class Rebalancer:
             return InterferenceModel()
 
     def make_plan(self, host_names: Sequence[str], *, max_actions: int | None = None,
-                  scope: Sequence[str] = ("*",), notes: list[str] | None = None) -> Plan:
-        """Observe, plan and store a proposed plan (nothing on the hosts changes)."""
+                  scope: Sequence[str] = ("*",), notes: list[str] | None = None, drain: str | None = None) -> Plan:
+        """Observe, plan and store a proposed plan, or an empty one (final) when no move is worth
+        making; nothing on the hosts changes. With `drain`, the plan migrates the guests of
+        that host away (maintenance) instead of rebalancing."""
         notes = notes if notes is not None else []
         self._check_hosts(host_names)
+        if drain is not None and drain not in host_names:
+            raise RebalanceError(f"host {drain} to drain is not among the hosts of this run "
+                                 f"({', '.join(host_names)})", bad_input=True)
         observed = self.observe(host_names)
         notes.extend(observed.notes)
+        if drain is not None and drain in observed.unreachable:
+            raise RebalanceError(f"host {drain} to drain does not answer: "
+                                 + next((n for n in observed.notes if n.startswith(f"host {drain} ")), ""))
         model = self.model(notes)
         settings = self.settings if max_actions is None else replace(self.settings, max_actions=max_actions)
         movable = [g for g in observed.state.guests if any(fnmatch.fnmatchcase(g, p) for p in scope)]
-        last_moved = self.plans.last_moved(list(observed.state.guests))
-        plan = plan_rebalance(observed.state, model, settings, now=self.wall(), last_moved=last_moved,
-                              scope=movable)
+        if drain is not None:
+            plan = plan_drain(observed.state, model, drain, settings, now=self.wall(), scope=movable)
+        else:
+            last_moved = self.plans.last_moved(list(observed.state.guests))
+            plan = plan_rebalance(observed.state, model, settings, now=self.wall(), last_moved=last_moved,
+                                  scope=movable)
         plan = replace(plan, settings={**plan.settings, "observe_notes": list(observed.notes),
                                        "scope": list(scope), "model_observations": model.observations})
         return self.plans.save(plan, created_by=self.holder)  # type: ignore[return-value]
@@ -231,10 +321,9 @@ class Rebalancer:
         """Approve (if proposed) and run a stored plan, holding leases on the hosts it touches."""
         plan = self.plans.get(plan_id)
         if plan is None:
-            raise RebalanceError(f"plan {plan_id} does not exist", bad_input=True)
-        if plan.state not in ("proposed", "approved"):
-            raise RebalanceError(f"plan {plan_id} is {plan.state}: only a proposed or approved plan can be applied",
-                                 bad_input=True)
+            raise PlanNotFound(plan_id)
+        if plan.state not in PLAN_APPLIABLE_STATES:
+            raise PlanStateError(not_appliable(plan_id, plan.state), plan_id=plan_id, state=plan.state)
         hosts = sorted({a.host for a in plan.actions} | {a.target_host for a in plan.actions if a.target_host})
         self._check_hosts(hosts)
         if not self._acquire(hosts, lease_ttl_s, wait_s):
@@ -248,7 +337,7 @@ class Rebalancer:
         assert plan.id is not None
         if plan.state == "proposed":
             if not self.plans.transition(plan.id, "proposed", "approved", "approved by " + self.holder):
-                raise RebalanceError(f"plan {plan.id} changed state while being approved")
+                return self._cancelled_meanwhile(plan.id, f"plan {plan.id} changed state while being approved")
             plan = plan.moved_to("approved")
         executor = Executor(
             self.hosts, clock=self.clock, plans=self.plans, audit=self.auditor, placements=self.placements,
@@ -258,7 +347,14 @@ class Rebalancer:
         try:
             return executor.run(plan)
         except ExecutorError as exc:
-            raise RebalanceError(str(exc)) from exc
+            return self._cancelled_meanwhile(plan.id, str(exc))
+
+    def _cancelled_meanwhile(self, plan_id: int, problem: str) -> Plan:
+        """The plan someone cancelled between our reading it and starting it; otherwise `problem`."""
+        stored = self.plans.get(plan_id)
+        if isinstance(stored, Plan) and stored.state == "cancelled":
+            return stored
+        raise RebalanceError(problem)
 
     # ----- the whole loop -----------------------------------------------------------------------------
     def run(self, options: RunOptions) -> RunReport:
@@ -274,7 +370,7 @@ class Rebalancer:
             self._learn_step(report)
             started = self.clock.now()
             plan = self.make_plan(host_names, max_actions=options.max_actions, scope=options.scope,
-                                  notes=report.notes)
+                                  notes=report.notes, drain=options.drain)
             report.steps.append(Step("plan", "ok", self.clock.now() - started, plan.summary))
             report.plan = plan
             moves = [a for a in plan.actions if a.kind != "probe"]
@@ -287,15 +383,19 @@ class Rebalancer:
             self.leases.renew(host_names, self.holder, options.lease_ttl_s)
             started = self.clock.now()
             plan = self._apply_held(plan, host_names, options.lease_ttl_s)
-            report.steps.append(Step("apply", "ok" if plan.state == "succeeded" else "failed",
+            report.steps.append(Step("apply", {"succeeded": "ok", "cancelled": "skipped"}.get(plan.state, "failed"),
                                      self.clock.now() - started, f"plan {plan.id} {plan.state}: {plan.message}"))
             report.plan = plan
-            report.status = "applied" if plan.state == "succeeded" else "failed"
+            report.status = {"succeeded": "applied", "cancelled": "cancelled"}.get(plan.state, "failed")
             return report
         finally:
             self.leases.release(host_names, self.holder)
 
     def _profile_step(self, report: RunReport, host_names: list[str], options: RunOptions) -> None:
+        if options.drain is not None:
+            report.steps.append(Step("profile", "skipped", 0.0, f"draining {options.drain}: every guest "
+                                     "leaves whatever it measures"))
+            return
         if options.profile_seconds <= 0:
             report.steps.append(Step("profile", "skipped", 0.0, "no profiling time asked for"))
             return

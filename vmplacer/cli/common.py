@@ -118,13 +118,37 @@ def resolve_hosts(ctx: CliContext, names: Sequence[str] | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s|m|min|h)?\s*$")
-_DURATION_UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0}
+_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s|m|min|h|d)?\s*$")
+_DURATION_UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0,
+                   "d": 86_400.0}
 
 
-def parse_duration(text: str, option: str, default_unit: str) -> float:
-    """Seconds from '10ms', '2.5s', '500us', '1m', '1h'; a bare number is in `default_unit`."""
+def duration_seconds(text: str, default_unit: str, *, days: bool = False) -> float | None:
+    """Seconds from a duration, or None when `text` is not one. Days ('30d') only when
+    `days` is set: retention ages are counted in days, a freeze or a grace never is."""
     match = _DURATION.match(str(text))
-    if not match:
-        raise UsageError(f"{option}: {text!r} is not a duration (e.g. 10ms, 0.5s, 2m, 1h)")
+    if not match or (match.group(2) == "d" and not days):
+        return None
     return float(match.group(1)) * _DURATION_UNITS[match.group(2) or default_unit]
+
+
+def parse_duration(text: str, option: str, default_unit: str, *, days: bool = False) -> float:
+    """Seconds from '10ms', '2.5s', '500us', '1m', '1h' (and '30d' with `days`); a bare
+    number is in `default_unit`."""
+    seconds = duration_seconds(text, default_unit, days=days)
+    if seconds is None:
+        examples = "12h, 30d, 90m, 3600" if days else "10ms, 0.5s, 2m, 1h"
+        raise UsageError(f"{option}: {text!r} is not a duration (e.g. {examples})")
+    return seconds
+
+
+def operator_name() -> str:
+    """Who acts from this shell, as user@machine, for audit entries and plan messages."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "unknown"
+    return f"{user}@{socket.gethostname()}"

@@ -1,25 +1,63 @@
-"""`vmplacer hosts`: the configured hosts and whether each answers."""
+"""`vmplacer hosts`: the configured hosts, whether each answers, and maintenance mode.
+
+`hosts disable HOST --reason TEXT` puts a host in maintenance: the API places
+no new guest on it and the rebalancer moves none onto it (`vmplacer rebalance
+--drain HOST` moves its guests away). `hosts enable HOST` puts it back in
+service. The state lives in the database, so every instance sees it.
+"""
 
 from __future__ import annotations
 
 import argparse
 
-from vmplacer.cli.common import CliContext, add_format_argument, emit, print_table
+from vmplacer.cli.common import (
+    EXIT_OK,
+    CliContext,
+    UsageError,
+    add_format_argument,
+    emit,
+    operator_name,
+    print_table,
+)
 from vmplacer.ports import HypervisorError
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
-    parser = subparsers.add_parser("hosts", help="list configured hosts and check that each answers")
+    parser = subparsers.add_parser(
+        "hosts", help="list configured hosts and check that each answers; maintenance mode (disable/enable)")
     add_format_argument(parser)
     parser.set_defaults(func=run)
+    actions = parser.add_subparsers(dest="hosts_command", metavar="{disable,enable}")
+    disable = actions.add_parser("disable", help="put a host in maintenance: no new guests, no migrations in")
+    disable.add_argument("host", metavar="HOST", help="a configured host")
+    disable.add_argument("--reason", required=True, help="why (kept with the host and in the audit log)")
+    add_format_argument(disable)
+    disable.set_defaults(func=run_disable)
+    enable = actions.add_parser("enable", help="take a host out of maintenance")
+    enable.add_argument("host", metavar="HOST", help="a configured host")
+    add_format_argument(enable)
+    enable.set_defaults(func=run_enable)
+
+
+def _configured(ctx: CliContext, name: str) -> str:
+    """The configured host's URI; exit 2 naming the configured hosts otherwise."""
+    for host in ctx.settings.hosts:
+        if host.name == name:
+            return host.uri
+    known = ", ".join(h.name for h in ctx.settings.hosts) or "none"
+    raise UsageError(f"HOST {name!r}: unknown host (configured: {known})")
 
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
+    container = ctx.container
+    container.upgrade_database()
+    closed = container.maintenance.current()
     rows = []
     for host in ctx.settings.hosts:
-        entry: dict[str, object] = {"name": host.name, "uri": host.uri, "reachable": False}
+        entry: dict[str, object] = {"name": host.name, "uri": host.uri, "reachable": False,
+                                    "maintenance": closed[host.name].to_dict() if host.name in closed else None}
         try:
-            entry.update(ctx.container.hypervisor(host.name).ping())
+            entry.update(container.hypervisor(host.name).ping())
             entry["reachable"] = True
         except HypervisorError as exc:
             entry["error"] = str(exc)
@@ -28,7 +66,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     def table(data: list[dict[str, object]]) -> None:
         print_table(
             "hosts",
-            ("name", "uri", "reachable", "driver", "domains", "detail"),
+            ("name", "uri", "reachable", "driver", "domains", "maintenance", "detail"),
             [
                 (
                     r["name"],
@@ -36,6 +74,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
                     "yes" if r["reachable"] else "NO",
                     r.get("driver", ""),
                     r.get("domains", ""),
+                    _maintenance_text(r["maintenance"]),
                     r.get("error", r.get("hostname", "")),
                 )
                 for r in data
@@ -46,3 +85,43 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     # Listing is the job; an unreachable host is reported, not an error of this command,
     # but scripts checking health want to know: exit 1 when any host is down.
     return 0 if all(r["reachable"] for r in rows) else 1
+
+
+def _maintenance_text(record: object) -> str:
+    if not isinstance(record, dict):
+        return ""
+    return f"since {str(record['since'])[:16].replace('T', ' ')} by {record['by']}: {record['reason']}"
+
+
+def run_disable(args: argparse.Namespace, ctx: CliContext) -> int:
+    uri = _configured(ctx, args.host)
+    reason = args.reason.strip()
+    if not reason:
+        raise UsageError("--reason: must not be empty (operators read it to know why the host is out of service)")
+    container = ctx.container
+    container.upgrade_database()
+    record, changed = container.maintenance.start(args.host, uri, by=operator_name(), reason=reason)
+    data = {"host": args.host, "changed": changed, "maintenance": record.to_dict()}
+
+    def table(d: dict[str, object]) -> None:
+        print(("" if d["changed"] else "already: ") + record.describe())
+        print(f"no new guests and no migrations go to {args.host}; "
+              f"`vmplacer rebalance --drain {args.host}` moves its guests away")
+
+    emit(args, data, table)
+    return EXIT_OK
+
+
+def run_enable(args: argparse.Namespace, ctx: CliContext) -> int:
+    _configured(ctx, args.host)
+    container = ctx.container
+    container.upgrade_database()
+    record = container.maintenance.end(args.host, by=operator_name())
+    data = {"host": args.host, "changed": record is not None,
+            "was": record.to_dict() if record is not None else None}
+
+    def table(d: dict[str, object]) -> None:
+        print(f"host {args.host} is in service" + ("" if d["changed"] else " (it was not in maintenance)"))
+
+    emit(args, data, table)
+    return EXIT_OK

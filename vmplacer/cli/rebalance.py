@@ -3,13 +3,22 @@
     vmplacer plan --rebalance [--host H ... | --all] [--max-actions N] [--scope GLOB]   (dry run)
     vmplacer apply PLAN_ID [--wait S] [--on-failure continue|rollback]
     vmplacer rebalance [--dry-run] [--max-actions N] [--host H ... | --all] [--profile-seconds S]
-    vmplacer plans [PLAN_ID]
+    vmplacer rebalance --drain HOST [--reason TEXT] [--scope GLOB]   (maintenance: empty HOST)
+    vmplacer plans [PLAN_ID] [--all | --state S ...] [--limit N]
+    vmplacer plans cancel PLAN_ID [--reason TEXT]
 
 `rebalance` = profile → learn → plan → apply while holding a lease on every
 host involved; a second run finds the hosts busy and exits without acting
 (status "busy", exit 0 — a timer firing early is not an error) unless
-`--wait` gives it time. Exit codes: 0 done (or nothing to do, or busy);
-1 an action failed or a host/database failed; 2 bad input.
+`--wait` gives it time. A run that finds nothing to do stores an `empty`
+plan (final), which `plans` leaves out unless asked (--all, --state empty).
+`plans cancel` stops a proposed or approved plan at once and a running one
+before its next action (what is done stays done). `--drain HOST` puts HOST
+in maintenance (no new guests, no migrations in) and plans the live
+migrations of every guest on it instead of a rebalance. Exit codes: 0 done
+(or nothing to do, or busy, or cancelled on request); 1 an action failed, a
+drain left guests on its host, or a host/database failed; 2 bad input (an
+unknown plan, or one whose state does not allow the command).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ from vmplacer.cli.common import (
     UsageError,
     add_format_argument,
     emit,
+    operator_name,
     print_table,
     resolve_hosts,
 )
@@ -52,11 +62,29 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_format_argument(apply)
     apply.set_defaults(func=run_apply)
 
-    plans = subparsers.add_parser("plans", help="list stored rebalancing plans, or show one")
-    plans.add_argument("plan_id", type=int, nargs="?", metavar="PLAN_ID")
+    plans = subparsers.add_parser(
+        "plans", help="list stored rebalancing plans, show one, or cancel one",
+        usage="vmplacer plans [PLAN_ID] [--all | --state STATE ...] [--limit N] [--format F]\n"
+              "       vmplacer plans cancel PLAN_ID [--reason TEXT] [--format F]",
+        description="Without PLAN_ID: the newest plans (empty ones, where a run found nothing to do, are left "
+                    "out unless --all or --state asks for them). With PLAN_ID: that plan. `cancel PLAN_ID`: "
+                    "stop a proposed or approved plan at once, or a running one before its next action "
+                    "(actions already done stay applied; a cancel is not a rollback).")
+    plans.add_argument("words", nargs="*", metavar="PLAN_ID | cancel PLAN_ID", help=argparse.SUPPRESS)
     plans.add_argument("--limit", type=int, default=20)
+    which = plans.add_mutually_exclusive_group()
+    which.add_argument("--all", action="store_true", help="list plans in every state, empty ones included")
+    which.add_argument("--state", action="append", metavar="STATE",
+                       help="list only plans in this state (repeatable): " + ", ".join(_plan_states()))
+    plans.add_argument("--reason", metavar="TEXT", help="with cancel: why (kept with the plan and in the audit log)")
     add_format_argument(plans)
     plans.set_defaults(func=run_plans)
+
+
+def _plan_states() -> tuple[str, ...]:
+    from vmplacer.core.plan import PLAN_STATES
+
+    return PLAN_STATES
 
 
 def add_policy_arguments(parser: argparse.ArgumentParser, *, host_group: bool = True) -> None:
@@ -73,6 +101,10 @@ def add_policy_arguments(parser: argparse.ArgumentParser, *, host_group: bool = 
     parser.add_argument("--cooldown", type=float, metavar="SECONDS",
                         help="a guest moved this recently stays put (default 600)")
     parser.add_argument("--no-migrate", action="store_true", help="repins only, no live migration")
+    parser.add_argument("--drain", metavar="HOST",
+                        help="maintenance: live-migrate every guest off HOST (it is put in maintenance first, "
+                             "unless this is a dry run) instead of rebalancing")
+    parser.add_argument("--reason", metavar="TEXT", help="with --drain: why HOST goes into maintenance")
 
 
 def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
@@ -175,10 +207,48 @@ def run_rebalance_plan(args: argparse.Namespace, ctx: CliContext) -> int:
     hosts = list(_hosts(args, ctx) or sorted(rebalancer.hosts))
     notes: list[str] = []
     scope = tuple(args.scope) or ("*",)
-    plan = _guarded(lambda: rebalancer.make_plan(hosts, max_actions=args.max_actions, scope=scope, notes=notes))
-    data = {"status": "planned", "plan": plan.to_dict(), "notes": notes}
+    drain = _drain_host(args, ctx)
+    plan = _guarded(lambda: rebalancer.make_plan(hosts, max_actions=args.max_actions, scope=scope, notes=notes,
+                                                 drain=drain))
+    data = {"status": "planned" if plan.state == "proposed" else "nothing-to-do", "plan": plan.to_dict(),
+            "notes": notes + _stuck_notes(plan)}
     emit(args, data, _render_report)
     return EXIT_OK
+
+
+def _drain_host(args: argparse.Namespace, ctx: CliContext) -> str | None:
+    """The configured host `--drain` names (None without it); `--reason` only with it."""
+    if args.drain is None:
+        if args.reason is not None:
+            raise UsageError("--reason: only with --drain HOST")
+        return None
+    if getattr(args, "no_migrate", False):
+        raise UsageError("--no-migrate: a drain is made of live migrations")
+    known = [h.name for h in ctx.settings.hosts]
+    if args.drain not in known:
+        raise UsageError(f"--drain {args.drain!r}: unknown host (configured: {', '.join(known)})")
+    if len(known) < 2:
+        raise UsageError(f"--drain {args.drain}: no other configured host to move its guests to")
+    return args.drain
+
+
+def _stuck_notes(plan: Any) -> list[str]:
+    notes = plan.settings.get("notes") or {}
+    if not notes.get("drain"):
+        return []
+    return [f"guest {entry}: stays on {notes['drain']}" for entry in notes.get("stuck", [])]
+
+
+def _enter_maintenance(ctx: CliContext, host: str, reason: str | None) -> None:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    uri = next(h.uri for h in ctx.settings.hosts if h.name == host)
+    try:
+        record, changed = ctx.container.maintenance.start(host, uri, by=operator_name(),
+                                                          reason=(reason or "").strip() or "drain")
+    except SQLAlchemyError as exc:
+        raise OperationalError(f"database: {exc}") from None
+    sys.stderr.write(("" if changed else "already: ") + record.describe() + "\n")
 
 
 def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
@@ -186,39 +256,101 @@ def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
 
     if args.profile_seconds < 0:
         raise UsageError(f"--profile-seconds: must not be negative, got {args.profile_seconds}")
+    drain = _drain_host(args, ctx)
     rebalancer = _rebalancer(ctx, args, executor=True)
     options = RunOptions(
         hosts=_hosts(args, ctx), dry_run=args.dry_run, max_actions=args.max_actions,
-        scope=tuple(args.scope) or ("*",), profile_seconds=args.profile_seconds, wait_s=args.wait,
+        scope=tuple(args.scope) or ("*",), profile_seconds=args.profile_seconds, wait_s=args.wait, drain=drain,
     )
+    if drain is not None and not args.dry_run:
+        _enter_maintenance(ctx, drain, args.reason)  # first: nothing new lands while it empties
     report = _guarded(lambda: rebalancer.run(options))
+    stuck = _stuck_notes(report.plan) if report.plan is not None else []
+    report.notes.extend(stuck)
     emit(args, report.to_dict(), _render_report)
-    return EXIT_OPERATIONAL if report.status == "failed" else EXIT_OK
+    if report.status == "failed" or (stuck and report.status in ("applied", "nothing-to-do")):
+        return EXIT_OPERATIONAL
+    return EXIT_OK
 
 
 def run_apply(args: argparse.Namespace, ctx: CliContext) -> int:
     rebalancer = _rebalancer(ctx, args, executor=True)
     plan = _guarded(lambda: rebalancer.apply(args.plan_id, wait_s=args.wait))
     emit(args, {"status": plan.state, "plan": plan.to_dict(), "notes": []}, _render_report)
-    return EXIT_OK if plan.state == "succeeded" else EXIT_OPERATIONAL
+    return EXIT_OK if plan.state in ("succeeded", "cancelled") else EXIT_OPERATIONAL
+
+
+def _plan_id(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise UsageError(f"PLAN_ID: must be a plan number (or 'cancel PLAN_ID'), got {text!r}") from None
+    if value < 1:
+        raise UsageError(f"PLAN_ID: must be a positive plan number, got {value}")
+    return value
 
 
 def run_plans(args: argparse.Namespace, ctx: CliContext) -> int:
+    """`plans` (list), `plans PLAN_ID` (show), `plans cancel PLAN_ID [--reason TEXT]`."""
+    words = list(args.words)
+    cancel = bool(words) and words[0] == "cancel"
+    if cancel and len(words) != 2:
+        raise UsageError("cancel: give exactly one PLAN_ID, e.g. `vmplacer plans cancel 12 --reason \"...\"`")
+    if not cancel and len(words) > 1:
+        raise UsageError(f"PLAN_ID: one plan at a time, got {' '.join(words)}")
+    plan_id = _plan_id(words[-1]) if words else None
+    if args.reason is not None and not cancel:
+        raise UsageError("--reason: only with `plans cancel PLAN_ID`")
+    if plan_id is not None and (args.all or args.state):
+        raise UsageError(f"{'--all' if args.all else '--state'}: only when listing plans (no PLAN_ID)")
+    if args.limit < 1:
+        raise UsageError(f"--limit: must be at least 1, got {args.limit}")
+    unknown = sorted(set(args.state or ()) - set(_plan_states()))
+    if unknown:
+        raise UsageError(f"--state {unknown[0]!r}: not a plan state (one of {', '.join(_plan_states())})")
+
+    from sqlalchemy.exc import SQLAlchemyError
+
     from vmplacer.adapters.db.plans import SqlPlanStore
 
     container = ctx.container
-    container.upgrade_database()
+    try:
+        container.upgrade_database()
+    except SQLAlchemyError as exc:
+        raise OperationalError(f"database: {exc}") from None
     store = SqlPlanStore(container.sessions)
-    if args.plan_id is not None:
-        plan = store.get(args.plan_id)
+    if cancel:
+        return _cancel(args, store, container, plan_id)  # type: ignore[arg-type]
+    if plan_id is not None:
+        plan = _guarded(lambda: store.get(plan_id))
         if plan is None:
-            raise UsageError(f"PLAN_ID: plan {args.plan_id} does not exist")
+            raise UsageError(f"PLAN_ID: plan {plan_id} does not exist")
         emit(args, {"status": plan.state, "plan": plan.to_dict(), "notes": []}, _render_report)
         return EXIT_OK
-    rows = store.recent(args.limit)
-    emit(args, rows, lambda d: print_table("rebalancing plans", ("id", "state", "hosts", "actions", "summary"),
+    if args.all:
+        states = None
+    elif args.state:
+        states = list(dict.fromkeys(args.state))
+    else:
+        states = [s for s in _plan_states() if s != "empty"]
+    rows = _guarded(lambda: store.recent(args.limit, states=states))
+    hidden = "" if args.all or args.state else " (empty ones hidden: --all shows them)"
+    emit(args, rows, lambda d: print_table(f"rebalancing plans{hidden}", ("id", "state", "hosts", "actions", "summary"),
                                            [(r["id"], r["state"], ",".join(r["hosts"]), r["actions"], r["summary"])
                                             for r in d]))
+    return EXIT_OK
+
+
+def _cancel(args: argparse.Namespace, store: Any, container: Any, plan_id: int) -> int:
+    from vmplacer.app.rebalance import cancel_plan
+
+    outcome = _guarded(lambda: cancel_plan(store, plan_id, by=operator_name(), reason=args.reason or "",
+                                           audit=container.placement_store))
+    notes = []
+    if outcome.status == "cancel-requested":
+        notes.append(f"plan {plan_id} is running: it stops before its next action; actions already done stay "
+                     f"applied (`vmplacer plans {plan_id}` shows the outcome)")
+    emit(args, {"status": outcome.status, "plan": outcome.plan.to_dict(), "notes": notes}, _render_report)
     return EXIT_OK
 
 
@@ -234,6 +366,7 @@ def _render_report(data: dict[str, Any]) -> None:
         return
     if not plan["actions"]:
         print(f"plan {plan['id']} ({plan['state']}): {plan['summary']}")
+        _render_outcome(plan)
         for note in data.get("notes", []):
             sys.stderr.write(f"note: {note}\n")
         print(f"status: {data['status']}")
@@ -250,9 +383,19 @@ def _render_report(data: dict[str, Any]) -> None:
                     [(d["guest"], d["host_before"] if d["host_before"] == d["host_after"]
                       else f"{d['host_before']} → {d['host_after']}", d["pins_before"], d["pins_after"],
                       _perf(d)) for d in plan["diff"]])
+    _render_outcome(plan)
     for note in data.get("notes", []):
         sys.stderr.write(f"note: {note}\n")
     print(f"status: {data['status']}")
+
+
+def _render_outcome(plan: dict[str, Any]) -> None:
+    request = plan.get("cancel_request")
+    if request and plan["state"] == "running":
+        print(f"cancel requested by {request['by']}" + (f": {request['reason']}" if request["reason"] else "")
+              + " (stops before its next action)")
+    elif plan["message"] and plan["state"] in ("cancelled", "failed", "rolled_back", "succeeded"):
+        print(f"outcome: {plan['message']}")
 
 
 def _where(action: dict[str, Any]) -> str:

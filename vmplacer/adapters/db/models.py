@@ -45,6 +45,10 @@ class HostRow(Base):
     topology: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     last_seen_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    # Maintenance: set while the host takes no new guests and no migrations (NULL: in service).
+    maintenance_since: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    maintenance_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    maintenance_reason: Mapped[str | None] = mapped_column(Text, nullable=True)
 
     placements: Mapped[list[PlacementRow]] = relationship(back_populates="host_row")
 

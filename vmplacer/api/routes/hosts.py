@@ -1,4 +1,10 @@
-"""Configured hosts and their topology."""
+"""Configured hosts, their topology, and maintenance mode.
+
+A host in maintenance takes no new guest (placements without `host` skip it,
+with `host` get 409) and no migration; `POST /v1/plans` with `drain` plans
+the migrations that empty it. PUT enters maintenance (idempotent: the first
+record stays), DELETE leaves it.
+"""
 
 from __future__ import annotations
 
@@ -8,7 +14,8 @@ from fastapi import APIRouter, Path, Request
 
 from vmplacer.api.leases import live_holders
 from vmplacer.api.errors import COMMON_RESPONSES, HOST_ERROR, NOT_FOUND, ApiError
-from vmplacer.api.schemas import HOST_NAME, HostList, HostView
+from vmplacer.api.auth import require_principal
+from vmplacer.api.schemas import HOST_NAME, HostList, HostView, MaintenanceRequest, MaintenanceView
 from vmplacer.ports import HypervisorError
 
 router = APIRouter(prefix="/v1/hosts", tags=["hosts"])
@@ -25,10 +32,13 @@ def known_host(services: Any, name: str) -> None:
 def list_hosts(request: Request) -> HostList:
     services = request.app.state.services
     leases = live_holders(services.container)
+    closed = services.container.maintenance.current()
     hosts = []
     for settings in services.settings.hosts:
+        record = closed.get(settings.name)
         entry: dict[str, Any] = {"name": settings.name, "uri": settings.uri, "reachable": False,
-                                 "lease": leases.get(settings.name)}
+                                 "lease": leases.get(settings.name),
+                                 "maintenance": record.to_dict() if record else None}
         try:
             entry.update(services.container.hypervisor(settings.name).ping())
             entry["reachable"] = True
@@ -48,3 +58,27 @@ def topology(request: Request, host: str = Path(pattern=HOST_NAME, max_length=63
     services = request.app.state.services
     known_host(services, host)
     return services.container.hypervisor(host).topology().to_dict()
+
+
+@router.put("/{host}/maintenance", response_model=MaintenanceView,
+            summary="put a host in maintenance: no new guests, no migrations in (idempotent)",
+            responses={**COMMON_RESPONSES, **NOT_FOUND})
+def enter_maintenance(request: Request, body: MaintenanceRequest,
+                      host: str = Path(pattern=HOST_NAME, max_length=63)) -> dict[str, Any]:
+    services = request.app.state.services
+    known_host(services, host)
+    principal = require_principal(request)
+    uri = services.settings.host(host).uri
+    record, changed = services.container.maintenance.start(host, uri, by=f"api:{principal.name}",
+                                                           reason=body.reason.strip() or body.reason)
+    return {"host": host, "changed": changed, "maintenance": record.to_dict()}
+
+
+@router.delete("/{host}/maintenance", response_model=MaintenanceView,
+               summary="take a host out of maintenance", responses={**COMMON_RESPONSES, **NOT_FOUND})
+def leave_maintenance(request: Request, host: str = Path(pattern=HOST_NAME, max_length=63)) -> dict[str, Any]:
+    services = request.app.state.services
+    known_host(services, host)
+    principal = require_principal(request)
+    record = services.container.maintenance.end(host, by=f"api:{principal.name}")
+    return {"host": host, "changed": record is not None, "maintenance": record.to_dict() if record else None}

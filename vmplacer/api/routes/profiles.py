@@ -22,7 +22,7 @@ router = APIRouter(prefix="/v1/profiles", tags=["profiles"])
 def start_profile(request: Request, body: ProfileRequest, response: Response) -> dict[str, Any]:
     services = request.app.state.services
     principal = require_principal(request)
-    host = Placer(services).candidates(body.host)[0]  # 422 for an unknown host; default: the first
+    host = Placer(services).configured(body.host)  # 422 for an unknown host; default: the first
     params = body.model_dump()
     params["host"] = host
     profiler_config(params, services.settings)  # 422 now rather than a failed job later

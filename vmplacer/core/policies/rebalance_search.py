@@ -417,8 +417,6 @@ class _Search:
 
     def _migration(self, guest: GuestState, source: _Host, destination: _Host) -> _Move | None:
         name = guest.name
-        if not self._anti_affinity_ok(destination, guest, None):
-            return None
         src_before = self.host_objective(source)
         src_lin_before = self._linear_objective(source)
         dst_before = self.host_objective(destination)
@@ -455,6 +453,8 @@ class _Search:
             if not pool:
                 return None
             pins = {v: pool for v in guest.placement.vcpupin}
+            if not self._anti_affinity_ok(destination, guest, frozenset(destination.node_of[c] for c in pool)):
+                return None
             destination.add(visitor, pins)
             try:
                 pieces = destination.pieces()
@@ -475,6 +475,11 @@ class _Search:
             dst_lin_after = dst_lin_before + move.linear_gain
         memory_nodes = self._destination_memory_nodes(destination, guest, pins, placement)
         if memory_nodes is None:
+            return None
+        # Anti-affinity is per NUMA node: the engine and `allowed` kept the vCPUs off the
+        # peers' nodes; the memory must stay off them too.
+        used_nodes = frozenset(destination.node_of[c] for cpus in pins.values() for c in cpus)
+        if not self._anti_affinity_ok(destination, guest, used_nodes | memory_nodes):
             return None
         settings = self.settings
         cost = migration_cost(
@@ -553,7 +558,7 @@ class _Search:
         if not present:
             return True
         if nodes is None:
-            return False  # conservative for a new host: its node is not known yet
+            return False  # nodes not known: refuse
         for peer in present:
             peer_nodes = {host.node_of[c] for cpus in host.pins[peer].values() for c in cpus}
             if peer_nodes & nodes:
