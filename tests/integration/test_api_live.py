@@ -126,15 +126,15 @@ def test_place_start_profile_plan_apply_remove(live_server, testbed, host1_conn,
             assert profile.json()["profile"]["zeta_b"]["n"] >= 1
             assert neighbour.name in [n["name"] for n in profile.json()["profile"]["neighbours"]]
 
-            # B crowds onto A's dedicated pCPU by hand; a rebalancing plan (dry run) moves it off
-            # again, applied as a job
+            # B crowds onto A's dedicated pCPU by hand; a rebalancing plan (dry run) separates them
+            # again (moving either), applied as a job
             crowded = host1_conn.lookupByName(neighbour.name)
             width = len(crowded.vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE)[0])
             crowded.pinVcpuFlags(0, tuple(cpu in mine for cpu in range(width)), libvirt.VIR_DOMAIN_AFFECT_LIVE)
             plan = api.post("/v1/plans", json={"hosts": ["h1"], "scope": names})
             assert plan.status_code == 201, plan.text
             assert plan.json()["state"] == "proposed", plan.json()
-            assert neighbour.name in {a["guest"] for a in plan.json()["actions"] if a["kind"] == "repin"}
+            assert {a["guest"] for a in plan.json()["actions"] if a["kind"] == "repin"} & set(names)
             apply = api.post(f"/v1/plans/{plan.json()['id']}/apply")
             assert apply.status_code == 202, apply.text
             applied = wait_job(api, apply.json()["job"]["id"], timeout=300)
@@ -142,8 +142,9 @@ def test_place_start_profile_plan_apply_remove(live_server, testbed, host1_conn,
             assert api.get(f"/v1/plans/{plan.json()['id']}").json()["state"] == "succeeded"
             again = api.post(f"/v1/plans/{plan.json()['id']}/apply")
             assert again.status_code == 409, again.text
-            pins = crowded.vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE)
-            assert not {cpu for row in pins for cpu, on in enumerate(row) if on} & mine, "B still on A's pCPU"
+            pcpus = {n: {cpu for row in host1_conn.lookupByName(n).vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE)
+                         for cpu, on in enumerate(row) if on} for n in names}
+            assert not pcpus[name] & pcpus[neighbour.name], f"A and B still share a pCPU: {pcpus}"
 
             metrics = api.get("/metrics").text
             assert 'vmplacer_placements_total{host="h1",mode="define",outcome="placed"} 1.0' in metrics
