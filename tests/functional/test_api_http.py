@@ -404,6 +404,9 @@ def test_maintenance_keeps_new_guests_off_and_drain_plans_need_it(api):
         assert again.json()["changed"] is False and again.json()["maintenance"]["reason"] == "firmware update"
         hosts = {h["name"]: h for h in api.get("/v1/hosts").json()["hosts"]}
         assert hosts["t"]["maintenance"]["reason"] == "firmware update" and hosts["down"]["maintenance"] is None
+        metrics = api.get("/metrics").text
+        assert 'vmplacer_host_maintenance{host="t"} 1.0' in metrics
+        assert 'vmplacer_host_maintenance{host="down"} 0.0' in metrics
 
         named = api.post("/v1/placements", json={**body, "host": "t"})
         assert named.status_code == 409 and _error(named)["code"] == "host-in-maintenance"
@@ -428,6 +431,7 @@ def test_maintenance_keeps_new_guests_off_and_drain_plans_need_it(api):
     assert left.status_code == 200 and left.json()["changed"] is True
     assert left.json()["maintenance"]["reason"] == "firmware update"
     assert api.delete("/v1/hosts/t/maintenance").json() == {"host": "t", "changed": False, "maintenance": None}
+    assert 'vmplacer_host_maintenance{host="t"} 0.0' in api.get("/metrics").text
     not_closed = api.post("/v1/plans", json={"drain": "t"})
     assert not_closed.status_code == 409 and _error(not_closed)["code"] == "not-in-maintenance"
     audit = api.get("/v1/audit", params={"action": "maintenance-start"}).json()["entries"]

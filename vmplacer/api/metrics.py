@@ -121,3 +121,18 @@ def plan_action_gauges(counts: Callable[[], dict[str, int]]):
         yield family
 
     return plan_actions
+
+
+def maintenance_gauges(host_names: Callable[[], Iterable[str]], in_maintenance: Callable[[], Iterable[str]]):
+    """vmplacer_host_maintenance{host}: 1 while a configured host is in maintenance (alert on hosts left so)."""
+
+    def host_maintenance() -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily("vmplacer_host_maintenance",
+                                   "1 while the host is in maintenance (no new guests, no migrations in)",
+                                   labels=("host",))
+        closed = set(in_maintenance())
+        for host in host_names():
+            family.add_metric((host,), 1.0 if host in closed else 0.0)
+        yield family
+
+    return host_maintenance

@@ -20,7 +20,13 @@ from sqlalchemy import Engine, func, select
 from vmplacer.adapters.db.api import SqlIdempotencyStore, SqlJobStore, SqlTokenStore
 from vmplacer.api.auth import TokenVerifier
 from vmplacer.api.hostcache import HostSnapshots, SnapshotStore
-from vmplacer.api.metrics import ApiMetrics, degradation_gauges, job_gauges, plan_action_gauges
+from vmplacer.api.metrics import (
+    ApiMetrics,
+    degradation_gauges,
+    job_gauges,
+    maintenance_gauges,
+    plan_action_gauges,
+)
 from vmplacer.app.jobs import DEFAULT_LEASE_TTL_S, JobRunner
 from vmplacer.app.placement_service import PlacementService
 from vmplacer.bootstrap import Container
@@ -71,6 +77,7 @@ class ApiServices:
             degradation_gauges(self.latest_profile_results),
             job_gauges(self.jobs.counts),
             plan_action_gauges(self.plan_action_counts),
+            maintenance_gauges(lambda: self.host_names, lambda: container.maintenance.current().keys()),
         )
 
     def _render(self, spec: Any, placement: Any, base_xml: str | None) -> str:

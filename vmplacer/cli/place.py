@@ -34,6 +34,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--host", metavar="NAME", help="a configured host (default: the first)")
     parser.add_argument("--request", metavar="FILE", required=True, help="YAML request file (guests: [...])")
     parser.add_argument("--start", action="store_true", help="start each domain after defining it")
+    parser.add_argument("--ignore-maintenance", action="store_true",
+                        help="place on the host even though it is in maintenance (e.g. a test guest after "
+                             "the work, before `vmplacer hosts enable`)")
     add_format_argument(parser)
     parser.set_defaults(func=run)
 
@@ -61,6 +64,10 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     except ConfigError as exc:
         raise UsageError(f"--host: {exc}") from None
     container.upgrade_database()
+    maintenance = container.maintenance.get(host_name)
+    if maintenance is not None and not args.ignore_maintenance:
+        raise OperationalError(f"{maintenance.describe()}: it takes no new guest "
+                               "(--ignore-maintenance places there all the same)")
     service = container.placement_service()
     placed: list[dict[str, Any]] = []
     errors: list[dict[str, Any]] = []

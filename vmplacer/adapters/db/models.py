@@ -10,6 +10,7 @@ from sqlalchemy import (
     DateTime,
     Float,
     ForeignKey,
+    Index,
     Integer,
     MetaData,
     String,
@@ -149,6 +150,8 @@ class ProfileSampleRow(Base):
     and their distance class: the interference model learns from these."""
 
     __tablename__ = "profile_samples"
+    # each guest's newest run (retention keeps it) is a max over this index, not a table scan
+    __table_args__ = (Index("ix_profile_samples_guest_run_id", "guest", "run_id"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("profile_runs.id", ondelete="CASCADE"), index=True)
