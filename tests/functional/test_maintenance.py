@@ -151,3 +151,16 @@ def test_cli_place_refuses_a_host_in_maintenance_unless_told(cli_config):
     assert "in maintenance" not in err
     # past the check, the placement engine decides: the test driver's memory is full
     assert code == 1 and data["errors"][0]["kind"] == "no-fit", (data, err)
+
+
+def test_cli_hosts_still_lists_hosts_when_the_database_is_down(tmp_path):
+    try:
+        import libvirt  # noqa: F401
+    except ImportError:
+        require(False, "libvirt-python is not installed")
+    config = tmp_path / "vmplacer.yaml"
+    config.write_text("database_url: postgresql+psycopg://nobody@127.0.0.1:1/none\n"
+                      f"data_dir: {tmp_path}\nhosts:\n  - {{name: t1, uri: \"test:///default\"}}\n")
+    code, listed, _, err = _cli(config, "hosts", "--format", "json")
+    assert code == 1 and "maintenance states unknown: database" in err, err
+    assert [(h["name"], h["reachable"], h["maintenance"]) for h in listed] == [("t1", True, None)]

@@ -4,10 +4,9 @@
 from __future__ import annotations
 
 import argparse
+from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
-
-from typing import Any
 
 from vmplacer.cli.common import (
     CliContext,

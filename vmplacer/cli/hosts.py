@@ -9,6 +9,7 @@ service. The state lives in the database, so every instance sees it.
 from __future__ import annotations
 
 import argparse
+import sys
 
 from vmplacer.cli.common import (
     EXIT_OK,
@@ -49,9 +50,16 @@ def _configured(ctx: CliContext, name: str) -> str:
 
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
     container = ctx.container
-    container.upgrade_database()
-    closed = container.maintenance.current()
+    database_error = None
+    try:  # a health check: the hosts are still listed when the database is down
+        container.upgrade_database()
+        closed = container.maintenance.current()
+    except SQLAlchemyError as exc:
+        database_error = f"database: {exc.__class__.__name__}: {str(exc).splitlines()[0]}"
+        closed = {}
     rows = []
     for host in ctx.settings.hosts:
         entry: dict[str, object] = {"name": host.name, "uri": host.uri, "reachable": False,
@@ -82,9 +90,11 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         )
 
     emit(args, rows, table)
-    # Listing is the job; an unreachable host is reported, not an error of this command,
-    # but scripts checking health want to know: exit 1 when any host is down.
-    return 0 if all(r["reachable"] for r in rows) else 1
+    if database_error:
+        sys.stderr.write(f"vmplacer: maintenance states unknown: {database_error}\n")
+    # Listing is the job; an unreachable host (or database) is reported, not an error of this
+    # command, but scripts checking health want to know: exit 1 when anything is down.
+    return 0 if all(r["reachable"] for r in rows) and not database_error else 1
 
 
 def _maintenance_text(record: object) -> str:
