@@ -64,7 +64,7 @@ class Container:
     def reconciler(self, holder: str):  # -> Reconciler
         """Placement records against libvirt on every configured host, acting under `holder`
         in the host leases (the CLI and the API build it the same way)."""
-        from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates
+        from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore
         from vmplacer.app.reconcile import Reconciler
 
         leases = SqlLeaseStore(self.sessions)
@@ -74,7 +74,8 @@ class Container:
             return leases.holders([host]).get(host, {}).get("holder")
 
         return Reconciler(hosts, self.placement_store, leases, holder=holder, lease_holder=holder_of,
-                          placements=SqlPlacementUpdates(self.sessions, {h.name: h.uri for h in self.settings.hosts}))
+                          placements=SqlPlacementUpdates(self.sessions, {h.name: h.uri for h in self.settings.hosts}),
+                          plans=SqlPlanStore(self.sessions))
 
     def allocation_options(self, host_name: str):  # -> AllocationOptions
         """The configured allocation knobs of a host (defaults for hosts not in the config)."""

@@ -292,6 +292,11 @@ class PlanStore(Protocol):
     def cancel_requested(self, plan_id: int) -> object | None:
         """The pending CancelRequest of a running plan, or None (the executor asks between actions)."""
         ...
+    def close_orphaned(self, by: str = "vmplacer", *, dry_run: bool = False) -> list[int]:
+        """End `running` plans whose executor stopped (no live lease on any of their hosts) as
+        `failed`: pending actions skipped, a running one failed with its outcome unknown.
+        Returns the ids closed (with `dry_run`: the ids it would close, nothing written)."""
+        ...
 
 
 @runtime_checkable

@@ -286,7 +286,7 @@ def _store_plan(server: Server, state: str = "proposed") -> int:
     import yaml
 
     from vmplacer.adapters.db.engine import make_engine, make_session_factory
-    from vmplacer.adapters.db.plans import SqlPlanStore
+    from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
     from vmplacer.core.placement import Placement
     from vmplacer.core.plan import Action, Plan
 
@@ -299,8 +299,26 @@ def _store_plan(server: Server, state: str = "proposed") -> int:
         for before, after in (("proposed", "approved"), ("approved", "running")):
             if state == before:
                 break
+            if after == "running":  # a live executor holds its host's lease while the plan runs
+                assert SqlLeaseStore(store.sessions).acquire(["t"], EXECUTOR, 3600)
             assert store.transition(plan.id, before, after)
         return plan.id
+    finally:
+        engine.dispose()
+
+
+EXECUTOR = "rebalance@elsewhere"  # the stand-in executor of plans stored `running`
+
+
+def _release_executor_lease(server) -> None:
+    import yaml
+
+    from vmplacer.adapters.db.engine import make_engine, make_session_factory
+    from vmplacer.adapters.db.plans import SqlLeaseStore
+
+    engine = make_engine(yaml.safe_load(server.config.read_text())["database_url"])
+    try:
+        SqlLeaseStore(make_session_factory(engine)).release(["t"], EXECUTOR)
     finally:
         engine.dispose()
 
@@ -369,6 +387,7 @@ def test_plans_cancel(server, api):
     assert api.post(f"/v1/plans/{running}/cancel", json={"why": "x"}).status_code == 422
     with server.client(token=server.read) as viewer:
         assert viewer.post(f"/v1/plans/{running}/cancel").status_code == 403
+    _release_executor_lease(server)  # the stand-in executor "stops": later tests use host t
     audit = api.get("/v1/audit", params={"action": "rebalance-cancel"}).json()
     entries = audit["entries"] if isinstance(audit, dict) else audit
     outcomes = {e["detail"]["plan_id"]: e["outcome"] for e in entries}

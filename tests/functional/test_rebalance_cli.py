@@ -48,7 +48,7 @@ def _store(config: Path, state: str = "proposed", actions: int = 1) -> int:
     succeeds as "already in the target state"), moved on to `state`; its id."""
     from vmplacer.adapters.db import migrate
     from vmplacer.adapters.db.engine import make_engine, make_session_factory
-    from vmplacer.adapters.db.plans import SqlPlanStore
+    from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
     from vmplacer.core.placement import Placement
     from vmplacer.core.plan import Action, Plan
 
@@ -63,6 +63,8 @@ def _store(config: Path, state: str = "proposed", actions: int = 1) -> int:
         for before, after in (("proposed", "approved"), ("approved", "running")):
             if state == before:
                 break
+            if after == "running":  # a live executor holds its hosts' leases while the plan runs
+                assert SqlLeaseStore(store.sessions).acquire(["t1"], "rebalance@elsewhere", 3600)
             assert store.transition(plan.id, before, after)
         return plan.id
     finally:

@@ -99,9 +99,11 @@ class ApiServices:
 
     # ----- background work -------------------------------------------------------------------
     def start(self, leases: LeaseStore | None = None) -> None:
-        """Replay the freeze journal, then start taking jobs."""
+        """Replay the freeze journal, close plans a stopped process left running, then start
+        taking jobs."""
         if self.options.replay_freeze_journal:
             self._replay_freeze_journal()
+        self._close_orphaned_plans()
         self._housekeeping = threading.Thread(target=self._housekeep, name="vmplacer-housekeeping", daemon=True)
         self._housekeeping.start()
         if not self.options.run_jobs:
@@ -121,8 +123,10 @@ class ApiServices:
             self.runner = None
 
     def _housekeep(self) -> None:
-        """Forget idempotency keys past their retention, now and then."""
+        """Forget idempotency keys past their retention and close plans left running by a stopped
+        process (one restarted at once finds its predecessor's leases still live), now and then."""
         while not self._housekeeping_stop.wait(HOUSEKEEPING_EVERY_S):
+            self._close_orphaned_plans()
             try:
                 purged = self.idempotency.purge()
                 if purged:
@@ -148,6 +152,18 @@ class ApiServices:
             log.warning("resumed %s on %s: left paused by an interrupted freeze", domain, host)
         for error in report.errors:
             log.error("freeze journal replay: %s", error)
+
+    def _close_orphaned_plans(self) -> None:
+        """End plans left `running` by a process that stopped (no live lease on their hosts) as failed."""
+        from vmplacer.api import plans_support
+
+        try:
+            closed = plans_support.plan_store(self).close_orphaned(f"api:{self.instance}")
+        except Exception as exc:  # noqa: BLE001 - report it; the API still serves
+            log.error("closing plans left running by a stopped process failed: %s", exc)
+            return
+        for plan_id in closed:
+            log.warning("plan %s closed as failed: the process applying it stopped", plan_id)
 
     def _job_finished(self, job: Any, status: str, result: dict[str, Any] | None) -> None:
         self.metrics.jobs_finished.labels(job.kind, status).inc()

@@ -5,7 +5,10 @@ changes; a plan without actions is stored `empty`, final at once); `apply`
 runs a stored plan; `cancel_plan` stops one (at once before it runs, between
 actions while it runs); `run` does the whole loop while holding
 a lease on every host it may touch, so two runs never act on one host (the
-second finds the hosts busy, waits up to `wait_s`, then gives up).
+second finds the hosts busy, waits up to `wait_s`, then gives up). `run`,
+`apply` and `cancel_plan` first close plans a stopped process left `running`
+(no live lease on any of their hosts): they end `failed`, their running action
+with an unknown outcome.
 
 Every outside service is injected: hosts (the Hypervisor port), stores
 (plans, leases, placement rows, audit), and the optional steps — profile
@@ -91,6 +94,13 @@ def cancel_plan(plans: PlanStore, plan_id: int, *, by: str, reason: str = "",
     """Cancel a stored plan: proposed or approved ones at once (pending actions skipped), a
     running one by a request its executor honours between actions. Final plans are refused."""
     request = CancelRequest(by=by, reason=reason)
+    plan = plans.get(plan_id)
+    if isinstance(plan, Plan) and plan.state == "running" and plan_id in plans.close_orphaned(by):
+        closed = plans.get(plan_id)
+        message = closed.message if isinstance(closed, Plan) else "interrupted"
+        raise PlanStateError(f"plan {plan_id} is failed: it was running, but the process applying it had stopped, "
+                             f"so it was closed now; it is final, there is nothing to cancel — {message}",
+                             plan_id=plan_id, state="failed")
     for _ in range(5):  # the plan may move on (approved → running) between reading and writing it
         plan = plans.get(plan_id)
         if plan is None:
@@ -316,9 +326,28 @@ class Rebalancer:
             raise RebalanceError(f"unknown host(s) {', '.join(unknown)} (configured: {', '.join(sorted(self.hosts))})",
                                  bad_input=True)
 
+    # ----- plans a stopped process left running --------------------------------------------------------
+    def close_orphaned(self) -> list[str]:
+        """Close the plans a stopped process left `running` (no live lease on any of their hosts);
+        one note per plan closed. A failure to check is a note too: it must not stop the work."""
+        try:
+            closed = self.plans.close_orphaned(self.holder)
+        except Exception as exc:  # noqa: BLE001 - the run itself reports a database that is down
+            log.error("could not check for plans left running by a stopped process: %s", exc)
+            return [f"plans left running by a stopped process were not checked: {exc}"]
+        notes = []
+        for plan_id in closed:
+            plan = self.plans.get(plan_id)
+            message = plan.message if isinstance(plan, Plan) else "interrupted"
+            log.warning("plan %s closed as failed: %s", plan_id, message)
+            notes.append(f"plan {plan_id} closed as failed: {message}")
+        return notes
+
     # ----- apply ---------------------------------------------------------------------------------------
     def apply(self, plan_id: int, *, lease_ttl_s: float = 900.0, wait_s: float = 0.0) -> Plan:
-        """Approve (if proposed) and run a stored plan, holding leases on the hosts it touches."""
+        """Approve (if proposed) and run a stored plan, holding leases on the hosts it touches
+        (plans a stopped process left running are closed first: logged and audited)."""
+        self.close_orphaned()
         plan = self.plans.get(plan_id)
         if plan is None:
             raise PlanNotFound(plan_id)
@@ -339,15 +368,28 @@ class Rebalancer:
             if not self.plans.transition(plan.id, "proposed", "approved", "approved by " + self.holder):
                 return self._cancelled_meanwhile(plan.id, f"plan {plan.id} changed state while being approved")
             plan = plan.moved_to("approved")
+        plan_id = plan.id
+
+        def keep_lease() -> bool:
+            # A lease that lapsed (an action longer than the TTL, a stalled process) may have let
+            # another process close the plan as interrupted: then stop, even if the lease renews.
+            if not self.leases.renew(hosts, self.holder, lease_ttl_s):
+                return False
+            stored = self.plans.get(plan_id)
+            return not isinstance(stored, Plan) or stored.state == "running"
+
         executor = Executor(
             self.hosts, clock=self.clock, plans=self.plans, audit=self.auditor, placements=self.placements,
-            probe=self.probe, keep_lease=lambda: self.leases.renew(hosts, self.holder, lease_ttl_s),
-            settings=self.executor_settings,
+            probe=self.probe, keep_lease=keep_lease, settings=self.executor_settings,
         )
         try:
-            return executor.run(plan)
+            done = executor.run(plan)
         except ExecutorError as exc:
             return self._cancelled_meanwhile(plan.id, str(exc))
+        stored = self.plans.get(plan_id)
+        if isinstance(stored, Plan) and stored.state != done.state:
+            return stored  # closed as interrupted while our lease had lapsed: the stored record stands
+        return done
 
     def _cancelled_meanwhile(self, plan_id: int, problem: str) -> Plan:
         """The plan someone cancelled between our reading it and starting it; otherwise `problem`."""
@@ -361,6 +403,7 @@ class Rebalancer:
         host_names = list(options.hosts) if options.hosts else sorted(self.hosts)
         self._check_hosts(host_names)
         report = RunReport(status="failed")
+        report.notes.extend(self.close_orphaned())  # before our own leases, which would hide them
         if not self._acquire(host_names, options.lease_ttl_s, options.wait_s):
             report.status = "busy"
             report.notes.append(f"hosts {', '.join(host_names)}: another run holds a lease; nothing done")

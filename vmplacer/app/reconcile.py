@@ -8,6 +8,10 @@ records of domains that are gone (their pCPU claims go with them), fix the
 recorded state of the rest. Every write is audited. A host that does not
 answer, or whose lease another run holds, is reported and left alone; the
 other hosts are still reconciled.
+
+Before any host, rebalancing plans a stopped process left `running` (no live
+lease on any of their hosts) are closed as `failed` — the records of the
+guests they were moving are then reconciled like any other.
 """
 
 from __future__ import annotations
@@ -37,6 +41,7 @@ from vmplacer.ports import (
     LeaseStore,
     PlacementStore,
     PlacementUpdates,
+    PlanStore,
     RecordedPlacement,
 )
 
@@ -86,6 +91,7 @@ class ReconcileReport:
     dry_run: bool
     at: float  # epoch seconds when the run started
     hosts: list[HostResult] = field(default_factory=list)
+    closed_plans: list[dict[str, Any]] = field(default_factory=list)  # {id, message}: interrupted plans
 
     @property
     def complete(self) -> bool:
@@ -112,6 +118,7 @@ class ReconcileReport:
             "counts": count_by_kind([o.finding for h in self.hosts for o in h.outcomes]),
             "hosts": [h.to_dict() for h in self.hosts],
             "problems": self.problems,
+            "closed_plans": list(self.closed_plans),
         }
 
 
@@ -127,11 +134,14 @@ class Reconciler:
         lease_holder: Callable[[str], str | None] | None = None,
         wall: Callable[[], float] = time.time,
         placements: PlacementUpdates | None = None,
+        plans: PlanStore | None = None,
     ):
         """`lease_holder(host)` names who holds a busy host's lease, for the report (optional);
         with `placements`, the record of a domain moved by hand to another configured host
-        follows it there instead of being released."""
+        follows it there instead of being released; with `plans`, plans a stopped process
+        left running are closed first."""
         self.hosts = dict(hosts)
+        self.plans = plans
         self.placements = placements
         self._elsewhere: dict[str, list[DomainInfo] | None] = {}
         self.store = store
@@ -160,10 +170,24 @@ class Reconciler:
             if value < 0:
                 raise ReconcileError(f"{name}: must be >= 0 seconds, got {value}", bad_input=True)
         report = ReconcileReport(dry_run=dry_run, at=self.wall() if now_wall is None else now_wall)
+        report.closed_plans = self._close_orphaned_plans(dry_run)  # before our leases, which would hide them
         self._elsewhere = {}
         for name in names:
             report.hosts.append(self._host(name, dry_run, planned_grace_s, settle_s))
         return report
+
+    def _close_orphaned_plans(self, dry_run: bool) -> list[dict[str, Any]]:
+        if self.plans is None:
+            return []
+        closed = self.plans.close_orphaned(self.holder, dry_run=dry_run)
+        if dry_run:
+            return [{"id": plan_id, "message": "would be closed as failed: running, with no live lease on its hosts"}
+                    for plan_id in closed]
+        found = []
+        for plan_id in closed:
+            plan = self.plans.get(plan_id)
+            found.append({"id": plan_id, "message": getattr(plan, "message", "") or "interrupted"})
+        return found
 
     # ----- one host ---------------------------------------------------------------------------------
     def _host(self, name: str, dry_run: bool, planned_grace_s: float, settle_s: float) -> HostResult:

@@ -6,7 +6,9 @@ Records of domains undefined or migrated by hand (`virsh undefine`,
 `virsh migrate`) are forgotten with their exclusive pCPU claims; recorded
 states follow libvirt's; drifted pinning and domains without a record are
 reported. Each host is reconciled under its lease, so never while a
-rebalance applies a plan there. Exit codes: 0 every host reconciled; 1 a host
+rebalance applies a plan there. Rebalancing plans a stopped process left
+`running` (no live lease on their hosts) are closed as `failed` first
+(listed; a dry run lists them only). Exit codes: 0 every host reconciled; 1 a host
 was unreachable or busy (named on stderr; the others were still reconciled)
 or the database failed; 2 bad input.
 """
@@ -95,6 +97,8 @@ def _render(data: dict[str, Any]) -> None:
         counts = ", ".join(f"{n} {kind}" for kind, n in host["counts"].items()) or "records agree with libvirt"
         print(f"host {host['host']}: {host['status']}" + (f" ({counts})" if host["status"] == "reconciled"
                                                           else f": {host['message']}"))
+    for plan in data.get("closed_plans", []):
+        print(f"plan {plan['id']}: " + (plan["message"] if data["dry_run"] else f"closed as failed: {plan['message']}"))
     verb = "would release" if data["dry_run"] else "released"
     print(f"{verb} {data['released']} record(s), {'would move' if data['dry_run'] else 'moved'} "
           f"{data['followed']} to their domain's new host, {'would update' if data['dry_run'] else 'updated'} "

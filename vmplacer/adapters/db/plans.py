@@ -10,6 +10,12 @@ queue behind the first's transaction, it sees the row locked and backs off;
 on SQLite (one writer at a time anyway) a conditional UPDATE takes a host
 only when it is free, expired or already ours. Either way a run gets every
 host it asked for or none.
+
+A live executor holds (and renews) the lease of every host its plan touches
+from before the plan goes `running` until after it is final; so a `running`
+plan none of whose hosts has a live lease was left by a process that stopped
+(killed, powered off). `SqlPlanStore.close_orphaned` ends such plans as
+`failed`, saying what is known and what is not.
 """
 
 from __future__ import annotations
@@ -21,11 +27,12 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime, timedelta, timezone
 from typing import Any
 
-from sqlalchemy import delete, func, or_, select, update
+from sqlalchemy import delete, exists, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from vmplacer.adapters.db.models import (
+    AuditRow,
     CpuClaimRow,
     HostLeaseRow,
     HostRow,
@@ -41,6 +48,8 @@ from vmplacer.core.plan import Action, CancelRequest, Plan, PlanError
 from vmplacer.ports import ClaimConflict
 
 MOVING_KINDS = ("repin", "set_memory_nodes", "migrate")
+INTERRUPTED_AUDIT = "rebalance-interrupted"
+STOPPED_BEFORE = "the executor stopped before this action"
 
 
 def _epoch(moment: datetime | None) -> float | None:
@@ -158,6 +167,96 @@ class SqlPlanStore:
         return CancelRequest(by=row.cancel_requested_by or "", reason=row.cancel_reason or "",
                              at=_epoch(row.cancel_requested_at))
 
+    # ----- plans whose executor stopped ---------------------------------------------------
+    def close_orphaned(self, by: str = "vmplacer", *, dry_run: bool = False) -> list[int]:
+        """End every `running` plan none of whose hosts (action hosts, migration targets) has a
+        live lease: its executor stopped. Each becomes `failed` in one transaction, only if it
+        is still running and still unleased (of two closers at once, one writes): pending
+        actions `skipped`, a running one `failed` (its outcome is unknown), one audit entry.
+        Returns the ids closed (with `dry_run`, the ids it would close; nothing is written)."""
+        found = self._orphaned()
+        if dry_run:
+            return [plan_id for plan_id, _hosts, _since in found]
+        return [plan_id for plan_id, hosts, since in found if self._close_interrupted(plan_id, hosts, since, by)]
+
+    def _orphaned(self) -> list[tuple[int, list[str], str]]:
+        """(plan id, its hosts, since when it is known dead) of running plans without a live lease.
+
+        Running plans are read before the leases: a plan that went running after
+        the first read is not looked at; one that did before had its leases taken
+        before that, so a lease missing now was lost, not yet to come.
+        """
+        now = utcnow()
+        with self.sessions() as session:
+            running: dict[int, datetime | None] = {
+                plan_id: moment for plan_id, moment in session.execute(
+                    select(PlanRow.id, PlanRow.updated_at).where(PlanRow.state == "running").order_by(PlanRow.id))}
+            if not running:
+                return []
+            hosts: dict[int, set[str]] = {plan_id: set() for plan_id in running}
+            last_step = {plan_id: [moment] for plan_id, moment in running.items() if moment is not None}
+            for plan_id, host, target, started, finished in session.execute(
+                    select(PlanActionRow.plan_id, PlanActionRow.host, PlanActionRow.target_host,
+                           PlanActionRow.started_at, PlanActionRow.finished_at)
+                    .where(PlanActionRow.plan_id.in_(list(running)))):
+                hosts[plan_id].update(h for h in (host, target) if h)
+                last_step.setdefault(plan_id, []).extend(m for m in (started, finished) if m is not None)
+            named = sorted(set().union(*hosts.values()))
+            leases = {row.host: row for row in session.scalars(
+                select(HostLeaseRow).where(HostLeaseRow.host.in_(named)))}
+        found = []
+        for plan_id in running:
+            rows = [leases[h] for h in sorted(hosts[plan_id]) if h in leases]
+            if any(row.holder is not None and row.expires_at is not None and _aware(row.expires_at) > now
+                   for row in rows):
+                continue
+            expiries = [_aware(row.expires_at) for row in rows
+                        if row.holder is not None and row.expires_at is not None]
+            steps = [_aware(m) for m in last_step.get(plan_id, [])]
+            if expiries:  # the lease of its executor lapsed and nobody used the hosts since
+                since = f" since {_stamp(max(expiries))}"
+            elif steps:  # released (or taken and released by others since): its last step is what is known
+                since = f"; its last recorded step was at {_stamp(max(steps))}"
+            else:
+                since = ""
+            found.append((plan_id, sorted(hosts[plan_id]), since))
+        return found
+
+    def _close_interrupted(self, plan_id: int, hosts: list[str], since: str, by: str) -> bool:
+        now = utcnow()
+        message = f"interrupted: the process applying it stopped (no live lease on its hosts{since})"
+        live_lease = exists().where(HostLeaseRow.host.in_(hosts), HostLeaseRow.holder.is_not(None),
+                                    HostLeaseRow.expires_at > now)
+        with self.sessions.begin() as session:
+            # The write comes first: it takes the row (PostgreSQL) or the database (SQLite) before
+            # anything is read, so a second closer waits here and then finds the plan failed.
+            # running → failed is a move the plan lifecycle allows (core.plan).
+            result = session.execute(update(PlanRow)
+                                     .where(PlanRow.id == plan_id, PlanRow.state == "running", ~live_lease)
+                                     .values(state="failed", message=message, updated_at=now))
+            if result.rowcount != 1:
+                return False
+            skipped, unknown = [], []
+            for row in session.scalars(select(PlanActionRow).where(
+                    PlanActionRow.plan_id == plan_id, PlanActionRow.state.in_(("pending", "running")))
+                    .order_by(PlanActionRow.seq)):
+                action = _action_of(row)
+                if action.state == "pending":
+                    action = action.moved_to("skipped", STOPPED_BEFORE)
+                    skipped.append(action.index)
+                else:
+                    action = action.moved_to("failed", _outcome_unknown(action))
+                    unknown.append({"action": action.index, "kind": action.kind, "guest": action.guest,
+                                    "host": action.host, "target_host": action.target_host})
+                row.state, row.message, row.finished_at = action.state, action.message, now
+            session.add(AuditRow(
+                actor=by[:64], action=INTERRUPTED_AUDIT, outcome="failed", host=None, guest=None,
+                message=f"plan {plan_id}: {message}" + (
+                    f"; action {', '.join(str(u['action']) for u in unknown)} was running: outcome unknown"
+                    if unknown else ""),
+                detail={"plan_id": plan_id, "hosts": hosts, "skipped": skipped, "unknown": unknown}))
+        return True
+
     # ----- reading --------------------------------------------------------------------------
     def get(self, plan_id: int) -> Plan | None:
         with self.sessions() as session:
@@ -189,8 +288,6 @@ class SqlPlanStore:
 
     def audit_rows(self, plan_id: int) -> list[dict[str, Any]]:
         """The audit-log entries of one plan's actions (oldest first)."""
-        from vmplacer.adapters.db.models import AuditRow
-
         with self.sessions() as session:
             rows = session.scalars(select(AuditRow).order_by(AuditRow.id))
             return [{"action": r.action, "outcome": r.outcome, "host": r.host, "guest": r.guest,
@@ -219,13 +316,30 @@ def _action_row(action: Action) -> PlanActionRow:
     )
 
 
-def _plan_of(row: PlanRow) -> Plan:
-    actions = [Action.from_dict({
+def _action_of(a: PlanActionRow) -> Action:
+    return Action.from_dict({
         "index": a.seq, "kind": a.kind, "host": a.host, "guest": a.guest, "target_host": a.target_host,
         "before": a.before, "after": a.after, "reason": a.reason, "predicted_gain": a.predicted_gain,
         "cost": a.cost, "confidence": a.confidence, "depends_on": a.depends_on, "parameters": a.parameters,
         "state": a.state, "message": a.message,
-    }) for a in sorted(row.actions, key=lambda a: a.seq)]
+    })
+
+
+def _outcome_unknown(action: Action) -> str:
+    """What a `running` action left by a stopped executor says: nobody knows how it ended."""
+    stopped = "the executor stopped during this action: its outcome is unknown"
+    if action.kind == "migrate":
+        return (f"{stopped}; {action.guest} may be on {action.host} or on {action.target_host} (a "
+                f"half-migrated copy may be left on {action.target_host}): check both hosts with "
+                "`vmplacer reconcile` or `virsh list --all`")
+    if action.kind == "probe":
+        return f"{stopped}; guests it froze on {action.host} are resumed by `vmplacer profile replay`"
+    return (f"{stopped}; check {action.guest} on {action.host} with `vmplacer reconcile` or virsh "
+            "(vcpupin, emulatorpin, numatune): it may have the old or the new placement")
+
+
+def _plan_of(row: PlanRow) -> Plan:
+    actions = [_action_of(a) for a in sorted(row.actions, key=lambda a: a.seq)]
     return Plan(
         actions=tuple(actions), hosts=tuple(row.hosts), state=row.state, id=row.id,
         objective_before=row.objective_before, objective_after=row.objective_after,
@@ -337,6 +451,10 @@ class SqlLeaseStore:
 
 def _aware(moment: datetime) -> datetime:
     return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+
+
+def _stamp(moment: datetime) -> str:
+    return f"{moment.astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
 
 
 # ----- placement rows follow the guests --------------------------------------------------------------

@@ -4,7 +4,8 @@ An orchestrator that undefines or migrates domains itself calls this so the
 pCPUs those domains held count as free again. It takes a few libvirt and
 database calls per host, so it answers directly; a host another run holds
 (its lease) or that does not answer is named in the report, and the others
-are still reconciled.
+are still reconciled. Rebalancing plans a stopped process left `running` are
+closed first (`closed_plans`).
 """
 
 from __future__ import annotations
@@ -36,8 +37,9 @@ def reconcile(request: Request, body: ReconcileRequest) -> dict[str, Any]:
         reason = f"not configured: {', '.join(unknown)} (configured: {', '.join(services.host_names)})"
         raise ApiError(422, "validation", f"field hosts: {reason}", [{"field": "hosts", "reason": reason}])
     holder = f"api:{principal.name}@{services.instance}:{socket.gethostname()}:{os.getpid()}"
+    reconciler = services.container.reconciler(holder)
     try:
-        report = services.container.reconciler(holder).run(
+        report = reconciler.run(
             names, dry_run=body.dry_run, planned_grace_s=body.reservation_grace_s, settle_s=body.settle_s)
     except ReconcileError as exc:
         raise ApiError(422 if exc.bad_input else 409, "validation" if exc.bad_input else "conflict",
