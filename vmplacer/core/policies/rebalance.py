@@ -52,8 +52,8 @@ import math
 from collections.abc import Iterable, Mapping
 
 from vmplacer.core.interference import InterferenceModel
-from vmplacer.core.plan import Plan, initial_state
-from vmplacer.core.policies.rebalance_actions import _build_actions
+from vmplacer.core.plan import Plan
+from vmplacer.core.policies.rebalance_actions import _build_actions, plan_from_search
 from vmplacer.core.policies.rebalance_layout import BetaTable, _locality_nodes
 from vmplacer.core.policies.rebalance_layout import utility  # noqa: F401  (still importable from here)
 from vmplacer.core.policies.rebalance_search import _Search
@@ -111,17 +111,8 @@ def plan_rebalance(
     summary = (f"{moved} action(s); predicted objective {before:.3f} → {after:.3f}" if moved
                else f"no move clears the minimum gain of {settings.min_gain:g}: nothing to do")
     notes = {"fixed": fixed, "rejected": search.rejected[:20]}
-    return Plan(
-        actions=tuple(actions),
-        hosts=tuple(sorted(state.hosts)),
-        state=initial_state(actions),
-        objective_before=before,
-        objective_after=after,
-        predicted=predicted,
-        summary=summary,
-        settings={**settings.to_dict(), "notes": notes},
-        created_at=now,
-    )
+    return plan_from_search(search, actions, predicted, before=before, after=after, summary=summary, notes=notes,
+                            now=now)
 
 
 def evaluate_cluster(state: ClusterState, model: InterferenceModel,

@@ -12,11 +12,12 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import replace
+from typing import Any
 
 from vmplacer.core.allocate import refresh_shared_pins
 from vmplacer.core.interference import InterferenceModel
 from vmplacer.core.placement import Placement
-from vmplacer.core.plan import Action
+from vmplacer.core.plan import Action, Plan, initial_state
 from vmplacer.core.policies.rebalance_layout import _Host, _host_confidences
 from vmplacer.core.policies.rebalance_search import _EPS, _relocated_cells, _Search
 from vmplacer.core.policies.rebalance_state import EXCLUSIVE, FLOATING
@@ -202,3 +203,20 @@ def _confidences(search: _Search, model: InterferenceModel) -> dict[str, float]:
     for host in search.hosts.values():
         result.update(_host_confidences(host, model, search.betas))
     return result
+
+
+def plan_from_search(search: _Search, actions: list[Action], predicted: dict[str, dict[str, float]], *,
+                     before: float, after: float, summary: str, notes: dict[str, Any],
+                     now: float | None) -> Plan:
+    """The Plan of a finished search: its actions, the objective before and after, and why."""
+    return Plan(
+        actions=tuple(actions),
+        hosts=tuple(sorted(search.state.hosts)),
+        state=initial_state(actions),
+        objective_before=before,
+        objective_after=after,
+        predicted=predicted,
+        summary=summary,
+        settings={**search.settings.to_dict(), "notes": notes},
+        created_at=now,
+    )

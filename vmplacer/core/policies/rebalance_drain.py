@@ -22,8 +22,8 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from vmplacer.core.interference import InterferenceModel
-from vmplacer.core.plan import Plan, initial_state
-from vmplacer.core.policies.rebalance_actions import _build_actions
+from vmplacer.core.plan import Plan
+from vmplacer.core.policies.rebalance_actions import _build_actions, plan_from_search
 from vmplacer.core.policies.rebalance_search import _Move, _Search
 from vmplacer.core.policies.rebalance_state import (
     LABEL_REBALANCE,
@@ -88,14 +88,5 @@ def plan_drain(
     summary = f"drain {host}: {moved} migration(s)"
     summary += f"; {len(stuck)} guest(s) stay: " + "; ".join(stuck) if stuck else "; the host will be empty"
     notes = {"drain": host, "stuck": stuck, "fixed": [], "rejected": search.rejected[:20]}
-    return Plan(
-        actions=tuple(actions),
-        hosts=tuple(sorted(state.hosts)),
-        state=initial_state(actions),
-        objective_before=before,
-        objective_after=after,
-        predicted=predicted,
-        summary=summary,
-        settings={**settings.to_dict(), "notes": notes},
-        created_at=now,
-    )
+    return plan_from_search(search, actions, predicted, before=before, after=after, summary=summary, notes=notes,
+                            now=now)
