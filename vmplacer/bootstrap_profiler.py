@@ -14,7 +14,9 @@ from typing import TYPE_CHECKING
 
 # Only what the journal replay needs is imported up front: a restarted profiler
 # or API service replays first thing, and every import delays the resume.
+from vmplacer.adapters.db.freeze_rescues import write_rescues
 from vmplacer.adapters.db.profiles import SqlFreezeJournal, SqlProfileStore
+from vmplacer.adapters.freeze_guardian import FreezeGuardian, shared_guardian
 from vmplacer.adapters.libvirt_freeze import LibvirtFreezableHost, labels_from_xml
 from vmplacer.adapters.process_identity import current_owner, owner_alive
 from vmplacer.app.freeze import Freezer, ReplayReport, replay_journal
@@ -44,16 +46,40 @@ def profile_store(container: Container) -> SqlProfileStore:
     return SqlProfileStore(container.sessions)
 
 
-def replay_freeze_journal(container: Container, host: str | None = None) -> ReplayReport:
-    """Resume every domain a dead vmplacer process left paused (run this at start-up)."""
-    hosts: dict[str, LibvirtFreezableHost] = {}
+def replay_freeze_journal(container: Container, host: str | None = None, *, cause: str = "start",
+                          hosts: dict[str, LibvirtFreezableHost] | None = None) -> ReplayReport:
+    """Resume every domain a dead vmplacer process left paused, and audit what was resumed.
+
+    Run at start-up (cause "start") and periodically ("housekeeping", "guard");
+    a caller that replays often passes its own `hosts` cache to keep the
+    libvirt handles between rounds.
+    """
+    cache: dict[str, LibvirtFreezableHost] = {} if hosts is None else hosts
 
     def lookup(name: str) -> LibvirtFreezableHost:
-        if name not in hosts:
-            hosts[name] = freezable_host(container, name)
-        return hosts[name]
+        if name not in cache:
+            cache[name] = freezable_host(container, name)
+        return cache[name]
 
-    return replay_journal(freeze_journal(container), lookup, owner_alive, host=host)
+    report = replay_journal(freeze_journal(container), lookup, owner_alive, host=host, cause=cause)
+    _audit_rescues(container, report)
+    return report
+
+
+def _audit_rescues(container: Container, report: ReplayReport) -> None:
+    if not any(r["resumed"] or r["errors"] for r in report.rescues):
+        return
+    try:
+        write_rescues(container.sessions, report.rescues, actor="vmplacer")
+    except Exception as exc:  # noqa: BLE001 - the resumes are done; only their record is missing
+        report.errors.append(f"freeze rescues not audited: {exc}")
+
+
+def freeze_guardian(container: Container, host_name: str) -> FreezeGuardian:
+    """This process's guardian, watching `host_name` (spawned and connected now, before any freeze)."""
+    guardian = shared_guardian(container.settings.database_url)
+    guardian.watch(host_name, container.settings.host(host_name).uri)
+    return guardian
 
 
 def choose_host_metric(container: Container, host_name: str, override: str | None = None) -> tuple[str, str]:
@@ -90,7 +116,7 @@ def build_profiler(
                            local=runs_here(container.settings.host(host_name).uri))
     journal = freeze_journal(container)
     freezer = Freezer(host, journal, max_freeze_s=config.max_freeze_s, owner=current_owner(),
-                      on_phase=on_phase)
+                      on_phase=on_phase, guard=freeze_guardian(container, host_name))
     try:
         topology = hypervisor.topology()
     except (HypervisorError, ImportError, ValueError) as exc:
@@ -100,7 +126,7 @@ def build_profiler(
         host, sampler, freezer, config,
         store=profile_store(container) if store else None,
         topology=topology,
-        replay=lambda: replay_journal(journal, {host_name: host}, owner_alive, host=host_name),
+        replay=lambda: replay_freeze_journal(container, host_name, cause="profiler", hosts={host_name: host}),
         on_progress=on_progress,
         on_phase=on_phase,
     )

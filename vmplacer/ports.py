@@ -148,6 +148,16 @@ class FreezeJournal(Protocol):
     def pending(self, host: str | None = None) -> list[FreezeEntry]: ...
 
 
+@runtime_checkable
+class FreezeGuard(Protocol):
+    """A resumer outside the freezing process: it resumes an armed freeze's domains at the
+    deadline, or at once if the freezing process dies, whatever killed it."""
+
+    def identity(self) -> dict[str, object]: ...  # recorded in the journal row (who else may resume)
+    def arm(self, entry_id: int, host: str, domains: list[tuple[str, str]], max_freeze_s: float) -> None: ...
+    def disarm(self, entry_id: int) -> None: ...
+
+
 @dataclass(frozen=True)
 class Neighbour:
     """A co-located domain at sample time and how close its pCPUs are to the sampled VM's."""

@@ -1,11 +1,13 @@
-"""No VM is ever left paused by vmplacer: kill -9 the profiler mid-freeze, again and again.
+"""No VM is ever left paused by vmplacer: kill -9 the profiler and its guardian mid-freeze, again and again.
 
 A child process runs the real profiler (the same wiring as `vmplacer profile`)
-on real guests with a freeze cap far beyond the test, so only the journal
-replay can resume what it froze. Each child is killed with SIGKILL either
-from outside at a random moment of a freeze, or by itself at a random exact
-point of the freeze protocol (after the journal commit, between two parallel
-suspends, while sampling, between two resumes...). The next child is the
+on real guests with a freeze cap far beyond the test. Each child is killed
+together with its freeze guardian (what a cgroup kill or the OOM killer
+taking the whole unit does), so only the journal replay can resume what it
+froze: SIGKILL either from outside at a random moment of a freeze, or by
+itself at a random exact point of the freeze protocol (after the journal
+commit, between two parallel suspends, while sampling, between two
+resumes...). `test_freeze_guardian.py` covers the kills the guardian survives. The next child is the
 restart: it must find every domain the dead one froze and resume it first
 thing, and it must leave alone a domain a user paused with `virsh suspend`.
 
@@ -16,6 +18,7 @@ restart replays as soon as the interpreter has loaded what the replay needs).
 from __future__ import annotations
 
 import json
+import os
 import random
 import signal
 import subprocess
@@ -29,7 +32,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CHILD = Path(__file__).with_name("test_profiler_crash_child.py")
 ITERATIONS = 24
 # Exact points of the protocol a child may die at (phases the freezer reports).
-KILL_PHASES = ("journaled", "suspending", "suspend:", "suspended", "sampling", "resuming", "resume:", "resumed")
+KILL_PHASES = ("journaled", "guarded", "suspending", "suspend:", "suspended", "sampling", "resuming", "resume:", "resumed")
 
 
 # ----- the test ----------------------------------------------------------------------------------
@@ -129,13 +132,18 @@ def test_kill_9_mid_freeze_never_leaves_a_domain_paused(testbed, host1_conn, mak
                 child.wait(timeout=60)
                 break
             if not kill:
-                # kill -9 from outside at a random moment after the first freeze began
+                # kill -9 from outside (guardian first, as a cgroup kill may) at a random moment
+                # after the first freeze began
+                guardian = 0
                 while True:
                     event = read_event(child, spawned + 60)
                     assert event is not None, child.stderr.read()
+                    if event.get("event") == "guardian":
+                        guardian = int(event["pid"])
                     if event.get("phase") == "journaled":
                         break
                 time.sleep(rng.uniform(0.0, 0.45))
+                os.kill(guardian, signal.SIGKILL)
                 child.send_signal(signal.SIGKILL)
                 kills.append("external")
             else:

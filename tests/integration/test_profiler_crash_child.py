@@ -2,8 +2,9 @@
 
     python tests/integration/test_profiler_crash_child.py CONFIG NAME,NAME,... [PHASE COUNT DELAY_US]
 
-Prints one JSON line per event. With PHASE, it SIGKILLs itself at the COUNT-th
-freezer phase starting with PHASE, DELAY_US microseconds after it; PHASE
+Prints one JSON line per event. With PHASE, it SIGKILLs its freeze guardian and
+then itself (as a cgroup kill would) at the COUNT-th freezer phase starting
+with PHASE, DELAY_US microseconds after it; PHASE
 `replay-only` stops after the replay. No test in here; no pytest import.
 """
 
@@ -44,6 +45,7 @@ def main(argv: list[str]) -> None:
     from vmplacer.bootstrap_profiler import build_profiler
 
     seen = {"n": 0}
+    guardian = {"pid": 0}
 
     def on_phase(phase: str) -> None:
         print(json.dumps({"event": "phase", "phase": phase}), flush=True)
@@ -52,11 +54,15 @@ def main(argv: list[str]) -> None:
             if seen["n"] >= kill_count:
                 if delay_us:
                     time.sleep(delay_us / 1e6)
+                # What a cgroup kill does: the guardian dies with its parent.
+                os.kill(guardian["pid"], signal.SIGKILL)
                 os.kill(os.getpid(), signal.SIGKILL)
 
     config = ProfilerConfig(t_m_s=0.3, t_sleep_s=0.05, max_freeze_s=60.0, duration_s=20.0, scope=names,
                             sensitive=SensitiveSelector(frozenset(names[:2])))
     profiler, freezer = build_profiler(container, "host1", config, store=False, on_phase=on_phase)
+    guardian["pid"] = freezer.guard.pid  # type: ignore[union-attr]
+    print(json.dumps({"event": "guardian", "pid": guardian["pid"]}), flush=True)
     try:
         profiler.run()
     finally:

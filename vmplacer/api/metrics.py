@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 log = logging.getLogger(__name__)
@@ -136,3 +136,23 @@ def maintenance_gauges(host_names: Callable[[], Iterable[str]], in_maintenance: 
         yield family
 
     return host_maintenance
+
+
+def freeze_rescue_metrics(summary: Callable[[], tuple[dict[str, int], float]]):
+    """Domains resumed by someone other than the freezer's own code path, by cause, and the
+    longest pause past its cap (from the audit log: every process's rescues, the guardian's too)."""
+
+    def freeze_rescues() -> Iterable[Any]:
+        resumed, worst_s = summary()
+        counter = CounterMetricFamily(
+            "vmplacer_freeze_rescued_domains",
+            "domains resumed by the freeze guardian or a journal replay, by cause "
+            "(deadline, parent-died, start, housekeeping, guard, profiler)", labels=("cause",))
+        for cause, n in sorted(resumed.items()):
+            counter.add_metric((cause,), n)
+        yield counter
+        yield GaugeMetricFamily("vmplacer_freeze_overrun_max_seconds",
+                                "the longest a rescued freeze kept a domain paused beyond its cap",
+                                value=worst_s)
+
+    return freeze_rescues

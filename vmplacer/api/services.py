@@ -23,6 +23,7 @@ from vmplacer.api.hostcache import HostSnapshots, SnapshotStore
 from vmplacer.api.metrics import (
     ApiMetrics,
     degradation_gauges,
+    freeze_rescue_metrics,
     job_gauges,
     maintenance_gauges,
     plan_action_gauges,
@@ -35,6 +36,8 @@ from vmplacer.ports import LeaseStore
 log = logging.getLogger(__name__)
 
 HOUSEKEEPING_EVERY_S = 600.0
+# Freeze journal rows whose owner and guardian both died (a cgroup kill) are replayed this often.
+FREEZE_REPLAY_EVERY_S = 1.0
 REQUEST_THREADS = 40  # anyio's default limit for synchronous routes
 POOL_SIZE = 10  # kept open
 POOL_OVERFLOW = 30  # opened for bursts: up to REQUEST_THREADS requests at once, each one connection
@@ -78,6 +81,7 @@ class ApiServices:
             job_gauges(self.jobs.counts),
             plan_action_gauges(self.plan_action_counts),
             maintenance_gauges(lambda: self.host_names, lambda: container.maintenance.current().keys()),
+            freeze_rescue_metrics(self.freeze_rescues),
         )
 
     def _render(self, spec: Any, placement: Any, base_xml: str | None) -> str:
@@ -106,6 +110,9 @@ class ApiServices:
         self._close_orphaned_plans()
         self._housekeeping = threading.Thread(target=self._housekeep, name="vmplacer-housekeeping", daemon=True)
         self._housekeeping.start()
+        if self.options.replay_freeze_journal:
+            threading.Thread(target=self._replay_freezes_every_second, name="vmplacer-freeze-replay",
+                             daemon=True).start()
         if not self.options.run_jobs:
             return
         from vmplacer.api.job_handlers import handlers
@@ -139,12 +146,13 @@ class ApiServices:
 
         return host_leases(self.container)
 
-    def _replay_freeze_journal(self) -> None:
-        """Resume domains a killed vmplacer process left paused, before serving anything."""
+    def _replay_freeze_journal(self, cause: str = "start", hosts: dict[str, Any] | None = None) -> None:
+        """Resume domains a killed vmplacer process left paused (before serving anything, then
+        every second: what killed a freezer and its guardian together may strike any time)."""
         try:
             from vmplacer.bootstrap_profiler import replay_freeze_journal
 
-            report = replay_freeze_journal(self.container)
+            report = replay_freeze_journal(self.container, cause=cause, hosts=hosts)
         except Exception as exc:  # noqa: BLE001 - report it; the API still serves
             log.error("freeze journal replay failed: %s", exc)
             return
@@ -152,6 +160,16 @@ class ApiServices:
             log.warning("resumed %s on %s: left paused by an interrupted freeze", domain, host)
         for error in report.errors:
             log.error("freeze journal replay: %s", error)
+
+    def _replay_freezes_every_second(self) -> None:
+        hosts: dict[str, Any] = {}  # libvirt handles kept between rounds
+        while not self._housekeeping_stop.wait(FREEZE_REPLAY_EVERY_S):
+            self._replay_freeze_journal("housekeeping", hosts)
+
+    def freeze_rescues(self) -> tuple[dict[str, int], float]:
+        from vmplacer.adapters.db.freeze_rescues import rescue_summary
+
+        return rescue_summary(self.container.sessions)
 
     def _close_orphaned_plans(self) -> None:
         """End plans left `running` by a process that stopped (no live lease on their hosts) as failed."""

@@ -1,29 +1,38 @@
 """Freezing co-located domains for a few milliseconds, with the guarantee that
 vmplacer never leaves a domain paused.
 
-Four layers of that guarantee:
+Five layers of that guarantee:
 
 1. Journal first. Before the first suspend, a row naming the host, the
-   domains (name + UUID), a deadline and the owning process is committed.
-   No row, no freeze.
+   domains (name + UUID), a deadline and the owning process (and its
+   guardian) is committed. No row, no freeze.
 2. Resume in `finally`, in parallel, retried; the row is deleted only once
    every domain runs again.
 3. A watchdog thread resumes everything once `max_freeze_s` has passed since
    the first suspend, whatever the caller is doing (a hung sampler, a slow
    database). A suspend that lands after the watchdog fired is undone by the
    thread that issued it.
-4. Replay. A process that died mid-freeze (kill -9, power loss of the
-   controller) leaves its row; `replay_journal` — run when the profiler and
-   the API service start, and before each profiling round — resumes every
-   domain of a dead owner's row that is still paused *by a user request*
-   (libvirt pause reason "user", which is what suspend sets). A domain paused
-   by someone else before the freeze is never in a row: only running domains
-   are frozen. A domain paused for another reason (migration, I/O error,
-   save) is not touched.
+4. A guardian outside this process (the `FreezeGuard` port), armed with the
+   row before the first suspend: it resumes the row's domains at the
+   deadline (plus a small margin) if the row is still armed, and at once
+   when this process dies, whatever killed it (SIGKILL, its process group,
+   OOM). No guardian, no freeze.
+5. Replay. What kills both (a cgroup kill, a reboot of the controller)
+   leaves the row; `replay_journal` — run when the profiler and the API
+   start, every second by `vmplacer serve` and `vmplacer guard`, and by the
+   systemd units' ExecStopPost — resumes every domain of a row whose owner
+   and guardian are both dead, or which is past its deadline, that is still
+   paused *by a user request* (libvirt pause reason "user", which is what
+   suspend sets). A domain paused by someone else before the freeze is never
+   in a row: only running domains are frozen. A domain paused for another
+   reason (migration, I/O error, save) is not touched.
 
 Known limit: libvirt's suspend of an already paused domain succeeds without
 doing anything, so a domain someone pauses in the ~0.1 ms between the state
-read and our suspend would be resumed by us. The window is one RPC wide.
+read and our suspend, or while we hold it frozen, would be resumed by us.
+The window is one freeze wide (milliseconds), and it is the only one: the
+guardian and a replay resume only rows still open, and a freezer that
+ended closes its row before it returns.
 """
 
 from __future__ import annotations
@@ -36,7 +45,14 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
-from vmplacer.ports import DomainGone, DomainStatus, FreezableHost, FreezeJournal, HypervisorError
+from vmplacer.ports import (
+    DomainGone,
+    DomainStatus,
+    FreezableHost,
+    FreezeGuard,
+    FreezeJournal,
+    HypervisorError,
+)
 
 log = logging.getLogger(__name__)
 
@@ -103,6 +119,7 @@ class Freezer:
         workers: int = 16,
         on_phase: Callable[[str], None] | None = None,
         clock: Callable[[], float] = time.perf_counter,
+        guard: FreezeGuard | None = None,
     ):
         if max_freeze_s <= 0:
             raise ValueError(f"max_freeze_s must be positive, got {max_freeze_s}")
@@ -113,6 +130,7 @@ class Freezer:
         self.excluded = frozenset(excluded)
         self.on_phase = on_phase or (lambda _phase: None)
         self.clock = clock
+        self.guard = guard
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"freeze-{host.name}")
 
     def close(self) -> None:
@@ -148,12 +166,25 @@ class Freezer:
             yield report
             return
 
+        domains = [(n, states[n].uuid) for n in targets]
+        owner = dict(self.owner)
+        if self.guard is not None:
+            try:
+                owner["guardian"] = self.guard.identity()
+            except Exception as exc:  # noqa: BLE001 - no guardian, no freeze
+                raise FreezeAborted(f"host {self.host.name}: freeze guardian unavailable, not freezing: {exc}") from exc
         try:
-            report.journal_id = self.journal.open(
-                self.host.name, [(n, states[n].uuid) for n in targets], self.max_freeze_s, self.owner)
+            report.journal_id = self.journal.open(self.host.name, domains, self.max_freeze_s, owner)
         except Exception as exc:  # noqa: BLE001 - whatever the store raised, we must not freeze
             raise FreezeAborted(f"host {self.host.name}: freeze journal unavailable, not freezing: {exc}") from exc
         self.on_phase("journaled")
+        if self.guard is not None:
+            try:
+                self.guard.arm(report.journal_id, self.host.name, domains, self.max_freeze_s)
+            except Exception as exc:  # noqa: BLE001 - nothing is suspended yet: undo the row, refuse
+                self._drop_row(report.journal_id)
+                raise FreezeAborted(f"host {self.host.name}: freeze guardian unavailable, not freezing: {exc}") from exc
+            self.on_phase("guarded")
 
         state = _Freeze(report)
         done = threading.Event()
@@ -251,6 +282,11 @@ class Freezer:
         state.report.span_ms = (ended - state.first_suspend) * 1e3
         state.report._expired.set()
         self._close_journal(state)
+        if self.guard is not None and not state.report.resume_failures and state.report.journal_id is not None:
+            try:
+                self.guard.disarm(state.report.journal_id)
+            except Exception as exc:  # noqa: BLE001 - an armed guardian only re-checks running domains
+                log.warning("host %s: freeze guardian not disarmed: %s", self.host.name, exc)
         state.resumed_event.set()
 
     def _close_journal(self, state: _Freeze) -> None:
@@ -265,6 +301,12 @@ class Freezer:
             self.journal.close(report.journal_id)
         except Exception as exc:  # noqa: BLE001 - the row only makes a later replay check running domains
             log.warning("host %s: freeze journal row %s not cleared: %s", self.host.name, report.journal_id, exc)
+
+    def _drop_row(self, entry_id: int) -> None:
+        try:
+            self.journal.close(entry_id)
+        except Exception as exc:  # noqa: BLE001 - a row with nothing suspended is closed by a replay
+            log.warning("host %s: freeze journal row %s not cleared: %s", self.host.name, entry_id, exc)
 
     def _watchdog(self, state: _Freeze, done: threading.Event) -> None:
         remaining = self.max_freeze_s - (self.clock() - state.first_suspend)
@@ -285,6 +327,8 @@ class ReplayReport:
     live_entries: list[int] = field(default_factory=list)  # rows of freezers still at work
     closed_entries: list[int] = field(default_factory=list)
     errors: list[str] = field(default_factory=list)
+    # One per replayed row: {journal_id, host, cause, resumed, errors, overrun_s} (for the audit log).
+    rescues: list[dict[str, object]] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -296,6 +340,22 @@ class ReplayReport:
         }
 
 
+# A row whose owner or guardian may still be at work is theirs until its deadline plus this:
+# the guardian acts at deadline + its margin (0.25 s), a replay only after it.
+HANDOFF_S = 0.5
+
+
+def _keeper_alive(owner: dict[str, object], owner_alive: Callable[[dict[str, object]], bool | None]) -> bool | None:
+    """Is the freezing process or its guardian alive? None when unknowable (another machine)."""
+    verdicts = [owner_alive(owner)]
+    guardian = owner.get("guardian")
+    if isinstance(guardian, dict):
+        verdicts.append(owner_alive({**guardian, "hostname": owner.get("hostname")}))
+    if True in verdicts:
+        return True
+    return None if None in verdicts else False
+
+
 def replay_journal(
     journal: FreezeJournal,
     hosts: Mapping[str, FreezableHost] | Callable[[str], FreezableHost],
@@ -303,13 +363,15 @@ def replay_journal(
     *,
     now: Callable[[], float] = time.time,
     host: str | None = None,
+    cause: str = "replay",
 ) -> ReplayReport:
     """Resume domains that a vmplacer process froze and did not resume.
 
-    A row is replayed when its owner is dead, or unknown (another machine)
-    and past its deadline, or past its deadline whoever owns it (its
-    watchdog should have fired: the resume must have failed). A live owner's
-    row before its deadline is left to that owner.
+    A row is replayed at once when its owner and its guardian are both dead;
+    otherwise (one of them alive, or unknowable because it ran on another
+    machine) once it is HANDOFF_S past its deadline: by then the owner's
+    watchdog and the guardian should both have acted, so a resume failed.
+    `cause` is recorded with each replayed row in `rescues`.
     """
     report = ReplayReport()
     try:
@@ -319,8 +381,8 @@ def replay_journal(
         return report
     lookup = hosts if callable(hosts) else hosts.get
     for entry in entries:
-        alive = owner_alive(entry.owner)
-        if now() < entry.deadline_at and alive is not False:
+        alive = _keeper_alive(entry.owner, owner_alive)
+        if alive is not False and now() < entry.deadline_at + HANDOFF_S:
             report.live_entries.append(entry.id)
             continue
         try:
@@ -338,6 +400,8 @@ def replay_journal(
             report.errors.append(f"freeze journal row {entry.id}: {exc}")
             continue
         complete = True
+        resumed_here: list[str] = []
+        errors_before = len(report.errors)
         for name, uuid in entry.domains:
             status = states.get(name)
             if status is None or (uuid and status.uuid != uuid):
@@ -350,11 +414,15 @@ def replay_journal(
             try:
                 target.resume(name)
                 report.resumed.append((entry.host, name))
+                resumed_here.append(name)
             except DomainGone:
                 continue
             except HypervisorError as exc:
                 complete = False
                 report.errors.append(f"host {entry.host}: resuming {name}: {exc}")
+        report.rescues.append({
+            "journal_id": entry.id, "host": entry.host, "cause": cause, "resumed": resumed_here,
+            "errors": report.errors[errors_before:], "overrun_s": max(0.0, now() - entry.deadline_at)})
         if complete:
             try:
                 journal.close(entry.id)

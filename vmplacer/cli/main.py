@@ -26,6 +26,7 @@ COMMAND_MODULES = (
     "vmplacer.cli.plan",
     "vmplacer.cli.place",
     "vmplacer.cli.profile",
+    "vmplacer.cli.guard",
     "vmplacer.cli.rebalance",
     "vmplacer.cli.reconcile",
     "vmplacer.cli.model",
