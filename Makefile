@@ -23,7 +23,7 @@ demo: setup
 
 test: setup
 	@export VMPLACER_TEST_POSTGRES_URL="$$(bash scripts/postgres.sh)" && \
-	  $(BIN)/python -m pytest -ra $(PYTEST_ARGS)
+	  $(BIN)/python -m pytest -ra --durations=15 $(PYTEST_ARGS)
 
 # Fast inner loop: pure logic only, no daemons.
 unit: setup
