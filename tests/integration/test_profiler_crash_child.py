@@ -21,9 +21,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 
 def main(argv: list[str]) -> None:
-    import psutil
-
-    started = psutil.Process().create_time()
+    # The test's CLOCK_MONOTONIC reading when it spawned this process (shared system-wide).
+    started = float(os.environ["CRASH_CHILD_SPAWNED"])
     config_path, names_arg = argv[0], argv[1]
     kill_phase, kill_count, delay_us = (argv[2], int(argv[3]), int(argv[4])) if len(argv) > 4 else (None, 0, 0)
     names = tuple(names_arg.split(","))
@@ -32,11 +31,11 @@ def main(argv: list[str]) -> None:
     from vmplacer.bootstrap_profiler import replay_freeze_journal
     from vmplacer.config import load_settings
 
-    imported = time.time()
+    imported = time.monotonic()
     container = Container(load_settings(config_path))
     replay = replay_freeze_journal(container, "host1")
-    print(json.dumps({"event": "replayed", "since_start_s": time.time() - started,
-                      "imports_s": imported - started, "replay_s": time.time() - imported,
+    print(json.dumps({"event": "replayed", "since_start_s": time.monotonic() - started,
+                      "imports_s": imported - started, "replay_s": time.monotonic() - imported,
                       "resumed": [d for _, d in replay.resumed], "errors": replay.errors}), flush=True)
     if kill_phase == "replay-only":
         return
