@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from vmplacer.core.cpuset import CpusetError, format_cpuset, parse_cpuset
+from vmplacer.core.cpuset import CpusetError, format_cpuset, parse_cpumask, parse_cpuset
 
 
 @pytest.mark.parametrize(
@@ -34,3 +34,38 @@ def test_parse_rejects_garbage_naming_it(text):
 def test_format_round_trips(cpus, text):
     assert format_cpuset(cpus) == text
     assert parse_cpuset(text) == cpus
+
+
+# ----- kernel hex masks (shared_cpu_map, thread_siblings, node cpumap) -----------------------
+
+@pytest.mark.parametrize(
+    ("text", "cpus"),
+    [
+        ("", set()),
+        ("0\n", set()),
+        ("3", {0, 1}),
+        ("00000000,0000ff00", set(range(8, 16))),
+        ("ff,00000001", {0, *range(32, 40)}),  # a short first word: the top bits
+        ("00000001,00000000,00000000", {64}),
+        ("80000000", {31}),
+        ("0000000000000003", {0, 1}),  # one word: any width
+    ],
+)
+def test_parse_cpumask(text, cpus):
+    assert parse_cpumask(text) == cpus
+
+
+@pytest.mark.parametrize("text", ["xyz", "1,123456789", "1,,2", "0-3"])
+def test_parse_cpumask_rejects_garbage_naming_the_word(text):
+    with pytest.raises(CpusetError, match=r"bad CPU mask word .* in "):
+        parse_cpumask(text)
+
+
+def test_mask_and_list_of_the_same_cpus_agree():
+    cpus = {0, 5, 31, 32, 63, 64, 100}
+    words = []
+    value = sum(1 << c for c in cpus)
+    while value:
+        words.append(f"{value & 0xFFFFFFFF:08x}")
+        value >>= 32
+    assert parse_cpumask(",".join(reversed(words))) == parse_cpuset(format_cpuset(cpus)) == cpus

@@ -1,7 +1,8 @@
-"""CPU list syntax shared by Linux sysfs and libvirt ("0-3,8,10-11", libvirt also "^2").
+"""CPU sets as Linux sysfs and libvirt write them: lists ("0-3,8,10-11", libvirt
+also "^2") and the kernel's hex masks ("00000000,0000ff00").
 
-One parser for both so a cpuset read from sysfs, from capabilities XML or from a
-live domain means the same thing everywhere.
+One parser for each syntax, so a cpuset read from sysfs, from capabilities XML or
+from a live domain means the same thing everywhere.
 """
 
 from __future__ import annotations
@@ -41,6 +42,31 @@ def parse_cpuset(text: str) -> frozenset[int]:
                 raise
             raise CpusetError(f"bad CPU list element {raw.strip()!r} in {text!r}") from None
     return frozenset(included - excluded)
+
+
+_MASK_WORD_BITS = 32
+
+
+def parse_cpumask(text: str) -> frozenset[int]:
+    """Parse a kernel CPU mask ("ff", "00000000,0000ff00") into CPU ids.
+
+    The kernel prints masks (`shared_cpu_map`, `thread_siblings`, a node's
+    `cpumap`) as hex words of 32 bits, most significant first, separated by
+    commas; the first word may be shorter. Older kernels and some
+    architectures offer only this form, not the list form. Empty text is the
+    empty set.
+    """
+    cleaned = text.strip()
+    if not cleaned:
+        return frozenset()
+    words = [word.strip() for word in cleaned.replace("\n", ",").split(",")]
+    value = 0
+    for index, word in enumerate(words):
+        too_long = len(words) > 1 and len(word) > _MASK_WORD_BITS // 4
+        if not word or too_long or any(ch not in "0123456789abcdefABCDEF" for ch in word):
+            raise CpusetError(f"bad CPU mask word {word!r} (#{index + 1}) in {text!r}")
+        value = (value << _MASK_WORD_BITS) | int(word, 16)
+    return frozenset(bit for bit in range(value.bit_length()) if value >> bit & 1)
 
 
 def format_cpuset(cpus: Iterable[int]) -> str:
