@@ -199,9 +199,11 @@ def test_idempotency_keys_replay_refuse_and_expire(sessions):
     first = store.begin("ops", "k1", "f" * 64, "POST", "/v1/placements")
     assert first.outcome == "new"
     assert store.begin("ops", "k1", "f" * 64, "POST", "/v1/placements").outcome == "pending"
-    store.finish(first.row_id, 201, "application/json", '{"guest": "g1"}')
+    store.finish(first.row_id, 201, "application/json", '{"guest": "g1"}',
+                 [("location", "/v1/placements/g1"), ("retry-after", "5")])
     again = store.begin("ops", "k1", "f" * 64, "POST", "/v1/placements")
     assert (again.outcome, again.status, again.body) == ("replay", 201, '{"guest": "g1"}')
+    assert again.headers == (("location", "/v1/placements/g1"), ("retry-after", "5"))  # replayed with the body
     assert store.begin("ops", "k1", "e" * 64, "POST", "/v1/placements").outcome == "mismatch"
     assert store.begin("viewer", "k1", "e" * 64, "POST", "/v1/placements").outcome == "new"  # per token
     failed = store.begin("ops", "k2", "a" * 64, "POST", "/v1/profiles")

@@ -5,9 +5,14 @@ inserts a row (a unique constraint decides races between instances), runs,
 and stores its answer *before* sending it, so a retry after a lost response
 always finds it. Then:
 
-- same key, same method/path/body → the stored answer, with `Idempotent-Replayed: true`;
+- same key, same request → the stored answer: status, body and the headers a
+  client acts on (Location, Retry-After), with `Idempotent-Replayed: true`;
+  "same" is method, path, query and the body as canonical JSON (key order and
+  whitespace do not matter);
+- same key while the first is still running → waits for its answer (up to
+  PENDING_WAIT_S, then 409 with Retry-After), so concurrent duplicates all get
+  the one answer;
 - same key, different request → 422 naming the Idempotency-Key header;
-- same key while the first is still running → 409, retry later;
 - an answer of 5xx is not stored: the next retry runs again.
 
 Requests without a valid admin token pass straight through (they get their
@@ -16,11 +21,14 @@ Requests without a valid admin token pass straight through (they get their
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import re
+import time
 from collections.abc import Callable
 from typing import Any
+from urllib.parse import parse_qsl
 
 from starlette.concurrency import run_in_threadpool
 
@@ -28,6 +36,9 @@ from vmplacer.api.auth import TokenVerifier, bearer_token
 
 HEADER = b"idempotency-key"
 KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")  # printable ASCII, no spaces
+REPLAYED_HEADERS = (b"location", b"retry-after")  # with the body, what a client acts on
+PENDING_WAIT_S = 10.0
+POLL_S = (0.02, 0.5)  # first and longest pause between looks at a key another instance serves
 
 Message = dict[str, Any]
 
@@ -40,10 +51,33 @@ def _json(status: int, code: str, message: str, field: str | None = None,
     return status, headers + (extra_headers or []), body
 
 
+def fingerprint(method: str, path: str, query: str, body: bytes) -> str:
+    """SHA-256 of the request as the API understands it: query parameters in order of name,
+    a JSON body re-serialized with sorted keys and no whitespace (anything else: its bytes)."""
+    digest = hashlib.sha256()
+    canonical_query = "&".join(f"{k}={v}" for k, v in sorted(parse_qsl(query, keep_blank_values=True)))
+    for part in (method, path, canonical_query):
+        digest.update(part.encode("utf-8", "surrogatepass") + b"\0")
+    digest.update(canonical_body(body))
+    return digest.hexdigest()
+
+
+def canonical_body(body: bytes) -> bytes:
+    try:
+        document = json.loads(body)
+        text = json.dumps(document, sort_keys=True, separators=(",", ":"), ensure_ascii=True)
+    except (ValueError, RecursionError):  # not JSON (the route refuses it), or nested past reason
+        return b"bytes\0" + body
+    return b"json\0" + text.encode("ascii")
+
+
 class IdempotencyMiddleware:
-    def __init__(self, app: Any, services: Callable[[], Any]):
+    def __init__(self, app: Any, services: Callable[[], Any], pending_wait_s: float = PENDING_WAIT_S):
         self.app = app
         self._services = services
+        self._pending_wait_s = pending_wait_s
+        # Keys this process is serving now: a duplicate waits on the event instead of polling.
+        self._serving: dict[tuple[str, str], asyncio.Event] = {}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
         if scope["type"] != "http" or scope["method"] != "POST":
@@ -70,34 +104,65 @@ class IdempotencyMiddleware:
             await self.app(scope, replay_receive, send)
             return
 
-        digest = hashlib.sha256()
-        for part in (scope["method"], scope["path"], scope.get("query_string", b"").decode("latin-1")):
-            digest.update(part.encode("utf-8") + b"\0")
-        digest.update(body)
         store = services.idempotency
-        begin = await run_in_threadpool(store.begin, principal.name, key, digest.hexdigest(),
-                                        scope["method"], scope["path"])
+        digest = fingerprint(scope["method"], scope["path"], scope.get("query_string", b"").decode("latin-1"), body)
+        slot = (principal.name, key)
+        begin = await run_in_threadpool(store.begin, principal.name, key, digest, scope["method"], scope["path"])
+        if begin.outcome == "pending":
+            begin = await self._await_first(slot, lambda: store.begin(principal.name, key, digest, scope["method"],
+                                                                      scope["path"]))
         if begin.outcome == "mismatch":
             await self._send(send, *_json(
                 422, "idempotency-key-reused",
-                "this Idempotency-Key was already used for a different request (method, path or body differ)",
-                "Idempotency-Key"))
+                "this Idempotency-Key was already used for a different request (method, path, query or body "
+                "differ)", "Idempotency-Key"))
             return
         if begin.outcome == "pending":
             await self._send(send, *_json(409, "idempotency-key-in-use",
-                                          "a request with this Idempotency-Key is still being served; retry later",
-                                          None, [(b"retry-after", b"1")]))
+                                          f"a request with this Idempotency-Key is still being served after "
+                                          f"{self._pending_wait_s:g} s; retry later", None,
+                                          [(b"retry-after", b"1")]))
             return
         if begin.outcome == "replay":
             payload = (begin.body or "").encode("utf-8")
             await self._send(send, int(begin.status or 200), [
                 (b"content-type", (begin.content_type or "application/json").encode("latin-1")),
                 (b"content-length", str(len(payload)).encode()),
+                *((name.encode("latin-1"), value.encode("latin-1")) for name, value in begin.headers),
                 (b"idempotent-replayed", b"true"),
             ], payload)
             return
 
-        # First time: run it, keep the answer, store it, then send it.
+        done = self._serving.setdefault(slot, asyncio.Event())
+        try:
+            await self._serve_first(scope, replay_receive, send, store, begin.row_id)
+        finally:
+            if self._serving.get(slot) is done:
+                del self._serving[slot]
+            done.set()
+
+    async def _await_first(self, slot: tuple[str, str], look: Callable[[], Any]) -> Any:
+        """Wait until the first request with this key has an answer (or was abandoned), then
+        look again; still pending after the wait: the last look, "pending"."""
+        deadline = time.monotonic() + self._pending_wait_s
+        pause = POLL_S[0]
+        while True:
+            remaining = deadline - time.monotonic()
+            serving = self._serving.get(slot)
+            if serving is not None:
+                try:
+                    await asyncio.wait_for(serving.wait(), max(0.0, min(remaining, 1.0)))
+                except TimeoutError:
+                    pass
+            else:  # another instance serves it: look now and then
+                await asyncio.sleep(max(0.0, min(pause, remaining)))
+                pause = min(pause * 2, POLL_S[1])
+            begin = await run_in_threadpool(look)
+            if begin.outcome != "pending" or time.monotonic() >= deadline:
+                return begin
+
+    async def _serve_first(self, scope: dict[str, Any], receive: Any, send: Any, store: Any, row_id: int) -> None:
+        """First time: run it, keep the answer, store it (with the headers a retry needs), then send it."""
         start: Message | None = None
         chunks: list[bytes] = []
 
@@ -109,23 +174,25 @@ class IdempotencyMiddleware:
                 chunks.append(message.get("body", b""))
 
         try:
-            await self.app(scope, replay_receive, capture)
+            await self.app(scope, receive, capture)
         except BaseException:
-            await run_in_threadpool(store.abandon, begin.row_id)
+            await run_in_threadpool(store.abandon, row_id)
             raise
         if start is None:
-            await run_in_threadpool(store.abandon, begin.row_id)
+            await run_in_threadpool(store.abandon, row_id)
             return
         status = int(start["status"])
         payload = b"".join(chunks)
         response_headers = list(start.get("headers", []))
         content_type = next((v.decode("latin-1") for k, v in response_headers if k.lower() == b"content-type"),
                             "application/json")
+        kept = [(k.lower().decode("latin-1"), v.decode("latin-1")) for k, v in response_headers
+                if k.lower() in REPLAYED_HEADERS]
         if status >= 500:
-            await run_in_threadpool(store.abandon, begin.row_id)
+            await run_in_threadpool(store.abandon, row_id)
         else:
-            await run_in_threadpool(store.finish, begin.row_id, status, content_type,
-                                    payload.decode("utf-8", errors="replace"))
+            await run_in_threadpool(store.finish, row_id, status, content_type,
+                                    payload.decode("utf-8", errors="replace"), kept)
         await send(start)
         await send({"type": "http.response.body", "body": payload})
 

@@ -63,6 +63,7 @@ class TokenInfo:
     scope: str
     created_at: float
     last_used_at: float | None
+    id: int | None = None  # the row's id: names are reused after a revoke, ids are not
 
     def to_dict(self) -> dict[str, Any]:
         return {"name": self.name, "scope": self.scope, "created_at": self.created_at,
@@ -108,7 +109,7 @@ class SqlTokenStore:
     def list(self) -> list[TokenInfo]:
         with self.sessions() as session:
             rows = session.scalars(select(ApiTokenRow).order_by(ApiTokenRow.name))
-            return [TokenInfo(r.name, r.scope, _epoch(r.created_at) or 0.0, _epoch(r.last_used_at))
+            return [TokenInfo(r.name, r.scope, _epoch(r.created_at) or 0.0, _epoch(r.last_used_at), r.id)
                     for r in rows]
 
     def verify(self, token: str) -> TokenInfo | None:
@@ -124,7 +125,7 @@ class SqlTokenStore:
             if last is None or (now - last).total_seconds() > LAST_USED_EVERY_S:
                 row.last_used_at = now
                 session.commit()
-            return TokenInfo(row.name, row.scope, _epoch(row.created_at) or 0.0, _epoch(row.last_used_at))
+            return TokenInfo(row.name, row.scope, _epoch(row.created_at) or 0.0, _epoch(row.last_used_at), row.id)
 
 
 # ----- idempotency keys ----------------------------------------------------------------------------
@@ -143,6 +144,7 @@ class IdempotencyBegin:
     status: int | None = None
     content_type: str | None = None
     body: str | None = None
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 class SqlIdempotencyStore:
@@ -153,25 +155,29 @@ class SqlIdempotencyStore:
         self.pending_timeout_s = pending_timeout_s
 
     def begin(self, principal: str, key: str, fingerprint: str, method: str, path: str) -> IdempotencyBegin:
+        """Read the key first (a retry or a waiting duplicate costs one SELECT); insert it
+        when it is new, the unique (principal, key) deciding races between instances."""
         for _ in range(3):
             with self.sessions() as session:
-                row = IdempotencyKeyRow(principal=principal, key=key, fingerprint=fingerprint,
-                                        method=method, path=path[:512])
-                session.add(row)
-                try:
-                    session.commit()
-                    return IdempotencyBegin("new", row.id)
-                except IntegrityError:
-                    session.rollback()
-                existing = session.scalar(select(IdempotencyKeyRow).where(
-                    IdempotencyKeyRow.principal == principal, IdempotencyKeyRow.key == key))
+                existing = self._existing(session, principal, key)
                 if existing is None:
-                    continue  # purged or abandoned between our insert and this read: try again
+                    row = IdempotencyKeyRow(principal=principal, key=key, fingerprint=fingerprint,
+                                            method=method, path=path[:512])
+                    session.add(row)
+                    try:
+                        session.commit()
+                        return IdempotencyBegin("new", row.id)
+                    except IntegrityError:
+                        session.rollback()
+                    existing = self._existing(session, principal, key)
+                    if existing is None:
+                        continue  # purged or abandoned between our insert and this read: try again
                 if not hmac.compare_digest(existing.fingerprint, fingerprint):
                     return IdempotencyBegin("mismatch", existing.id)
                 if existing.response_status is not None:
+                    headers = tuple((str(name), str(value)) for name, value in existing.response_headers or ())
                     return IdempotencyBegin("replay", existing.id, existing.response_status,
-                                            existing.response_type, existing.response_body)
+                                            existing.response_type, existing.response_body, headers)
                 age = (utcnow() - (_aware(existing.created_at) or utcnow())).total_seconds()
                 if age < self.pending_timeout_s:
                     return IdempotencyBegin("pending", existing.id)
@@ -181,10 +187,18 @@ class SqlIdempotencyStore:
                 session.commit()
         return IdempotencyBegin("pending")
 
-    def finish(self, row_id: int, status: int, content_type: str, body: str) -> None:
+    @staticmethod
+    def _existing(session: Session, principal: str, key: str) -> IdempotencyKeyRow | None:
+        return session.scalar(select(IdempotencyKeyRow).where(
+            IdempotencyKeyRow.principal == principal, IdempotencyKeyRow.key == key))
+
+    def finish(self, row_id: int, status: int, content_type: str, body: str,
+               headers: list[tuple[str, str]] | None = None) -> None:
+        """Store the answer with the headers a retry must get too (Location, Retry-After)."""
         with self.sessions() as session:
             session.execute(update(IdempotencyKeyRow).where(IdempotencyKeyRow.id == row_id).values(
-                response_status=status, response_type=content_type[:128], response_body=body))
+                response_status=status, response_type=content_type[:128], response_body=body,
+                response_headers=[[name, value] for name, value in headers or ()]))
             session.commit()
 
     def abandon(self, row_id: int) -> None:

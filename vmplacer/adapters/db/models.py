@@ -278,9 +278,11 @@ class ApiTokenRow(Base):
 class IdempotencyKeyRow(Base):
     """The first answer to a POST sent with an Idempotency-Key, replayed to retries.
 
-    `fingerprint` (SHA-256 of method, path and body) tells a retry from a
-    different request reusing the key; `response_status` is NULL while the
-    first request is still being served."""
+    `fingerprint` (SHA-256 of method, path, query and the body as canonical
+    JSON) tells a retry from a different request reusing the key;
+    `response_status` is NULL while the first request is still being served;
+    `response_headers` keeps the headers a retry needs too (Location,
+    Retry-After) as [[name, value], ...]."""
 
     __tablename__ = "idempotency_keys"
     __table_args__ = (UniqueConstraint("principal", "key"),)
@@ -294,6 +296,7 @@ class IdempotencyKeyRow(Base):
     response_status: Mapped[int | None] = mapped_column(Integer, nullable=True)
     response_type: Mapped[str | None] = mapped_column(String(128), nullable=True)
     response_body: Mapped[str | None] = mapped_column(Text, nullable=True)
+    response_headers: Mapped[list | None] = mapped_column(JSON, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow, index=True)
 
 
