@@ -61,9 +61,10 @@ class Container:
 
         return PlacementService(self.placement_store, render, self.allocation_options)
 
-    def reconciler(self, holder: str):  # -> Reconciler
+    def reconciler(self, holder: str, store=None):  # -> Reconciler
         """Placement records against libvirt on every configured host, acting under `holder`
-        in the host leases (the CLI and the API build it the same way)."""
+        in the host leases (the CLI and the API build it the same way); `store`: a placement
+        store auditing as someone else than vmplacer (the API's caller)."""
         from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore
         from vmplacer.app.reconcile import Reconciler
 
@@ -73,7 +74,7 @@ class Container:
         def holder_of(host: str) -> str | None:
             return leases.holders([host]).get(host, {}).get("holder")
 
-        return Reconciler(hosts, self.placement_store, leases, holder=holder, lease_holder=holder_of,
+        return Reconciler(hosts, store or self.placement_store, leases, holder=holder, lease_holder=holder_of,
                           placements=SqlPlacementUpdates(self.sessions, {h.name: h.uri for h in self.settings.hosts}),
                           plans=SqlPlanStore(self.sessions))
 

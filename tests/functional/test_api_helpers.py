@@ -208,3 +208,29 @@ def scratch_database(kind: str, directory: Path) -> Iterator[str]:
                                {"n": name})
             connection.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
         admin.dispose()
+
+
+@contextlib.contextmanager
+def roomy_test_driver() -> Iterator[Any]:
+    """libvirt's shared test:///default with its one domain ("test", whose memory fills the
+    host) out of the way, so guests fit; yields a connection to it. The driver's state lives
+    as long as a connection to it is open: this one keeps it, and puts "test" back after."""
+    import libvirt
+
+    connection = libvirt.open("test:///default")
+    try:
+        domain = connection.lookupByName("test")
+        xml = domain.XMLDesc(0)
+        if domain.isActive():
+            domain.destroy()
+        domain.undefine()
+        try:
+            yield connection
+        finally:
+            for leftover in connection.listAllDomains():
+                if leftover.isActive():
+                    leftover.destroy()
+                leftover.undefine()
+            connection.defineXML(xml).create()
+    finally:
+        connection.close()

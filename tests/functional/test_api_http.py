@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import json
+import threading
 
 import httpx
 import pytest
@@ -162,6 +163,10 @@ def test_request_body_limit_is_413(server, api):
     keyed = api.post("/v1/placements", content=chunks(),
                      headers={"Content-Type": "application/json", "Idempotency-Key": "big-1"})
     assert keyed.status_code == 413
+    # one answer, whether the size was declared or counted while streaming
+    assert "content-length" in response.request.headers and "content-length" not in streamed.request.headers
+    assert streamed.content == keyed.content == response.content
+    assert _error(response)["details"] == {"limit": LIMIT}
 
 
 def test_caller_xml_cannot_inject(api):
@@ -198,21 +203,36 @@ def test_idempotency_key_replays_the_first_answer(api):
     assert bad.status_code == 422
 
 
+def test_a_replay_is_the_same_json_in_any_key_order(api):
+    first = api.post("/v1/plans", content=b'{"hosts": ["t"], "max_actions": 2}',
+                     headers={"Content-Type": "application/json", "Idempotency-Key": "plan-order-1"})
+    assert first.status_code == 201, first.text
+    reordered = api.post("/v1/plans", content=b'{\n  "max_actions":2,\n  "hosts":[ "t" ]\n}',
+                         headers={"Content-Type": "application/json", "Idempotency-Key": "plan-order-1"})
+    assert reordered.status_code == 201 and reordered.headers["idempotent-replayed"] == "true"
+    assert reordered.json() == first.json()  # the same plan, not a second one
+    assert reordered.headers["location"] == first.headers["location"] == f"/v1/plans/{first.json()['id']}"
+    other = api.post("/v1/plans", json={"hosts": ["t"], "max_actions": 3}, headers={"Idempotency-Key": "plan-order-1"})
+    assert other.status_code == 422 and _error(other)["code"] == "idempotency-key-reused"
+
+
 def test_profile_job_runs_in_the_background_once_per_key(server, api):
     body = {"host": "t", "duration_s": 1.5, "t_sleep_s": 0.2, "t_m_ms": 5}
+    barrier = threading.Barrier(4)
+
+    def post(_: int) -> httpx.Response:
+        barrier.wait()  # all four in flight together
+        return api.post("/v1/profiles", json=body, headers={"Idempotency-Key": "profile-t-1"})
+
     with concurrent.futures.ThreadPoolExecutor(4) as pool:
-        answers = list(pool.map(lambda _: api.post("/v1/profiles", json=body,
-                                                   headers={"Idempotency-Key": "profile-t-1"}), range(4)))
-    accepted = [a for a in answers if a.status_code == 202]
-    assert accepted, [a.text for a in answers]
-    assert accepted[0].json()["job"]["status"] == "queued"  # answered at once; the work runs later
-    assert {a.json()["job"]["id"] for a in accepted} == {accepted[0].json()["job"]["id"]}  # one job
-    for answer in answers:
-        assert answer.status_code in (202, 409)
-        if answer.status_code == 409:
-            assert _error(answer)["code"] == "idempotency-key-in-use"
-    job_id = accepted[0].json()["job"]["id"]
-    assert accepted[0].headers["location"] == f"/v1/jobs/{job_id}"
+        answers = list(pool.map(post, range(4)))
+    # the duplicates wait for the first answer: every one is that answer, headers included
+    assert [a.status_code for a in answers] == [202] * 4, [a.text for a in answers]
+    job_id = answers[0].json()["job"]["id"]
+    assert {a.json()["job"]["id"] for a in answers} == {job_id}  # one job
+    assert [a.headers["location"] for a in answers] == [f"/v1/jobs/{job_id}"] * 4
+    assert sorted(a.headers.get("idempotent-replayed", "") for a in answers) == ["", "true", "true", "true"]
+    assert answers[0].json()["job"]["status"] == "queued"  # answered at once; the work runs later
     busy = api.post("/v1/profiles", json=body)
     assert busy.status_code == 409 and _error(busy)["code"] == "busy"
     job = wait_job(api, job_id, timeout=60)
@@ -224,6 +244,7 @@ def test_profile_job_runs_in_the_background_once_per_key(server, api):
     assert job_id in [j["id"] for j in listed]
     replay = api.post("/v1/profiles", json=body, headers={"Idempotency-Key": "profile-t-1"})
     assert replay.status_code == 202 and replay.json()["job"]["id"] == job_id
+    assert replay.headers["location"] == f"/v1/jobs/{job_id}"
     # the test driver gives no run-queue delay, so no sample was kept: said so, naming the guest
     missing = api.get("/v1/profiles/test")
     assert missing.status_code == 404 and "test" in _error(missing)["message"]

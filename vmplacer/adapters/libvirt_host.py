@@ -12,6 +12,7 @@ from typing import TypeVar
 
 import libvirt
 
+from vmplacer.adapters.libvirt_errors import refused_definition, refused_start
 from vmplacer.config import HostSettings
 from vmplacer.core.topology import HostTopology
 from vmplacer.ports import DomainGone, DomainInfo, Hypervisor, HypervisorError
@@ -113,14 +114,15 @@ class LibvirtHost(Hypervisor):
         try:
             return fn()
         except libvirt.libvirtError as exc:
-            code = exc.get_error_code()
-            subject = f"host {self.name}" + (f", domain {domain}" if domain else "")
-            message = f"{subject}: {what} failed: {exc.get_error_message()}"
-            if code in _GONE:
-                raise DomainGone(message, host=self.name, domain=domain) from None
-            raise HypervisorError(
-                message, host=self.name, domain=domain, retriable=code in _RETRIABLE
-            ) from None
+            raise self._failure(what, exc, domain) from None
+
+    def _failure(self, what: str, exc: libvirt.libvirtError, domain: str = "") -> HypervisorError:
+        code = exc.get_error_code()
+        subject = f"host {self.name}" + (f", domain {domain}" if domain else "")
+        message = f"{subject}: {what} failed: {exc.get_error_message()}"
+        if code in _GONE:
+            return DomainGone(message, host=self.name, domain=domain)
+        return HypervisorError(message, host=self.name, domain=domain, retriable=code in _RETRIABLE)
 
     def ping(self) -> dict[str, object]:
         """Liveness facts for `vmplacer hosts` and /readyz; raises HypervisorError."""
@@ -154,7 +156,12 @@ class LibvirtHost(Hypervisor):
 
     def _lookup(self, name: str) -> libvirt.virDomain:
         conn = self.connection()
-        return self._call("lookup", lambda: conn.lookupByName(name), name)
+        try:
+            return self._call("lookup", lambda: conn.lookupByName(name), name)
+        except (ValueError, UnicodeError):  # a NUL or a lone surrogate: libvirt cannot even carry the name
+            shown = name.encode("unicode_escape").decode("ascii")
+            raise DomainGone(f"host {self.name}: no domain can be named {shown}", host=self.name,
+                             domain=shown) from None
 
     def _info(self, dom: libvirt.virDomain, with_placement: bool = True) -> DomainInfo:
         name = dom.name()
@@ -205,13 +212,43 @@ class LibvirtHost(Hypervisor):
 
     # ----- operations ------------------------------------------------------------------
     def define(self, xml: str, name: str = "") -> str:
+        """Define a domain; a document libvirt refuses for what it says is a DomainRefused."""
         conn = self.connection()
-        dom = self._call("defineXML", lambda: conn.defineXML(xml), name)
+        try:
+            dom = conn.defineXML(xml)
+        except libvirt.libvirtError as exc:
+            refused = refused_definition(exc, host=self.name, domain=name, what="defineXML",
+                                         clash=lambda: self._holder_of(conn, xml))
+            raise (refused or self._failure("defineXML", exc, name)) from None
         return dom.UUIDString()
 
+    def _holder_of(self, conn: libvirt.virConnect, xml: str) -> str | None:
+        """The domain that already has this document's UUID or name, described; None if none."""
+        from vmplacer.adapters.domain_xml import DomainXmlError, parse_domain
+
+        try:
+            root = parse_domain(xml, "domain XML")
+        except DomainXmlError:
+            return None
+        uuid, name = root.findtext("uuid"), root.findtext("name")
+        for what, value, lookup in (("UUID", uuid, conn.lookupByUUIDString), ("name", name, conn.lookupByName)):
+            if not value:
+                continue
+            try:
+                holder = lookup(value.strip())
+            except (libvirt.libvirtError, ValueError, UnicodeError):
+                continue
+            return f"domain {holder.name()} already has the {what} {value.strip()}"
+        return None
+
     def start(self, name: str) -> None:
+        """Start a defined domain; a start refused for what its XML asks is a DomainRefused."""
         dom = self._lookup(name)
-        self._call("create", dom.create, name)
+        try:
+            dom.create()
+        except libvirt.libvirtError as exc:
+            refused = refused_start(exc, host=self.name, domain=name)
+            raise (refused or self._failure("create", exc, name)) from None
 
     def destroy(self, name: str) -> None:
         dom = self._lookup(name)

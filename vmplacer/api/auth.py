@@ -35,6 +35,7 @@ bearer = HTTPBearer(auto_error=False, description="a token from `vmplacer token 
 class Principal:
     name: str
     scope: str
+    id: int | None = None  # the token's row id (audit entries name both)
 
     @property
     def admin(self) -> bool:
@@ -66,7 +67,7 @@ class TokenVerifier:
             with self._lock:
                 self._cache.pop(key, None)
             return None
-        principal = Principal(info.name, info.scope)
+        principal = Principal(info.name, info.scope, info.id)
         with self._lock:
             if len(self._cache) > 10_000:
                 self._cache.clear()

@@ -23,6 +23,8 @@ from sqlalchemy.exc import OperationalError as DatabaseOperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vmplacer.adapters.domain_xml import DomainXmlError
+from vmplacer.adapters.libvirt_errors import EXISTS, DomainRefused
+from vmplacer.api.limits import BodyTooLarge, too_large_body
 from vmplacer.config import ConfigError
 from vmplacer.core.guest import GuestSpecError
 from vmplacer.core.nofit import NoFit
@@ -104,6 +106,19 @@ def _allowed_methods(request: Request) -> list[str]:
     return sorted(methods)
 
 
+def _invalid_json(item: dict[str, Any], document: Any) -> JSONResponse:
+    """The parser's complaint at a line and column (its offset alone reads like a field name)."""
+    loc = tuple(item.get("loc", ()))
+    offset = loc[1] if len(loc) > 1 and isinstance(loc[1], int) else 0
+    text = document if isinstance(document, str) else ""
+    line = text.count("\n", 0, offset) + 1
+    column = offset - (text.rfind("\n", 0, offset) + 1) + 1
+    what = str((item.get("ctx") or {}).get("error") or "invalid JSON")
+    reason = f"{what} at line {line}, column {column} (character {offset})"
+    return error_response(422, "invalid-json", f"request body is not valid JSON: {reason}",
+                          [{"field": "body", "reason": reason, "line": line, "column": column}])
+
+
 def install_error_handlers(app: FastAPI, on_libvirt_error=None) -> None:  # type: ignore[no-untyped-def]
     @app.exception_handler(ApiError)
     async def _api_error(_request: Request, exc: ApiError) -> JSONResponse:
@@ -111,6 +126,9 @@ def install_error_handlers(app: FastAPI, on_libvirt_error=None) -> None:  # type
 
     @app.exception_handler(RequestValidationError)
     async def _validation(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        invalid_json = next((item for item in exc.errors() if item.get("type") == "json_invalid"), None)
+        if invalid_json is not None:
+            return _invalid_json(invalid_json, exc.body)
         problems = []
         for item in exc.errors():
             loc = tuple(item.get("loc", ()))
@@ -138,6 +156,15 @@ def install_error_handlers(app: FastAPI, on_libvirt_error=None) -> None:  # type
     async def _claim(_request: Request, exc: ClaimConflict) -> JSONResponse:
         return error_response(409, "conflict", str(exc))
 
+    @app.exception_handler(DomainRefused)
+    async def _refused(_request: Request, exc: DomainRefused) -> JSONResponse:
+        # the caller's XML, not the host, is at fault: retrying the same request fails again
+        if exc.reason == EXISTS:
+            return error_response(409, "exists", str(exc), {"guest": exc.domain or None, "host": exc.host or None,
+                                                           "field": "base_xml"})
+        return error_response(422, "invalid-xml", str(exc),
+                              [{"field": "base_xml", "reason": str(exc), "host": exc.host or None}])
+
     @app.exception_handler(HypervisorError)
     async def _hypervisor(_request: Request, exc: HypervisorError) -> JSONResponse:
         if on_libvirt_error is not None:
@@ -162,8 +189,10 @@ def install_error_handlers(app: FastAPI, on_libvirt_error=None) -> None:  # type
         codes = {401: "unauthorized", 403: "forbidden", 404: "not-found", 405: "method-not-allowed",
                  413: "too-large"}
         headers = dict(exc.headers) if exc.headers else {}
+        if isinstance(exc, BodyTooLarge):  # counted while streaming: the body of a refused Content-Length
+            return JSONResponse(too_large_body(exc.limit), status_code=413, headers={"Connection": "close"})
         if exc.status_code == 400:  # the framework could not even decode the body (e.g. not UTF-8)
-            return error_response(422, "validation", "request body is not valid JSON (UTF-8)",
+            return error_response(422, "invalid-json", "request body is not valid JSON (UTF-8)",
                                   field_problems([("body", str(exc.detail))]))
         if exc.status_code == 405:
             headers["Allow"] = ", ".join(_allowed_methods(request))

@@ -16,17 +16,22 @@ Scope = dict[str, Any]
 Message = dict[str, Any]
 
 
-class _TooLarge(HTTPException):
-    """An HTTPException, so the framework's body reader passes it through as a 413."""
+class BodyTooLarge(HTTPException):
+    """An HTTPException, so the framework's body reader passes it through; the error
+    handlers answer it with `too_large_body`, the same body as a refused Content-Length."""
 
     def __init__(self, limit: int):
-        super().__init__(413, f"request body larger than {limit} bytes (api.max_request_bytes)")
+        super().__init__(413, too_large_message(limit))
+        self.limit = limit
 
 
-def _payload(limit: int) -> bytes:
-    return json.dumps({"error": {"code": "too-large",
-                                 "message": f"request body larger than {limit} bytes (api.max_request_bytes)",
-                                 "details": {"limit": limit}}}).encode()
+def too_large_message(limit: int) -> str:
+    return f"request body larger than {limit} bytes (api.max_request_bytes)"
+
+
+def too_large_body(limit: int) -> dict[str, Any]:
+    """The one 413 body, whether the size was declared or counted while streaming."""
+    return {"error": {"code": "too-large", "message": too_large_message(limit), "details": {"limit": limit}}}
 
 
 class BodySizeLimit:
@@ -57,7 +62,7 @@ class BodySizeLimit:
             if message["type"] == "http.request":
                 received += len(message.get("body", b""))
                 if received > self.max_bytes:
-                    raise _TooLarge(self.max_bytes)
+                    raise BodyTooLarge(self.max_bytes)
             return message
 
         async def tracking_send(message: Message) -> None:
@@ -68,13 +73,14 @@ class BodySizeLimit:
 
         try:
             await self.app(scope, counting_receive, tracking_send)
-        except _TooLarge:
+        except BodyTooLarge:
             if not started:
                 await self._refuse(send)
 
     async def _refuse(self, send: Any, status: int = 413, message: str | None = None) -> None:
-        body = _payload(self.max_bytes) if message is None else json.dumps(
-            {"error": {"code": "bad-request", "message": message, "details": None}}).encode()
+        content = too_large_body(self.max_bytes) if message is None else {
+            "error": {"code": "bad-request", "message": message, "details": None}}
+        body = json.dumps(content, separators=(",", ":"), ensure_ascii=False).encode()  # as JSONResponse
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),
                                 (b"content-length", str(len(body)).encode()),

@@ -18,6 +18,7 @@ from typing import Any
 from lxml import etree
 
 from vmplacer.adapters.domain_xml import DomainXmlError, parse_domain
+from vmplacer.adapters.libvirt_errors import INVALID, DomainRefused
 from vmplacer.api.errors import ApiError, field_problems
 from vmplacer.app.placement_service import PlaceResult
 from vmplacer.core.guest import GuestSpec
@@ -29,6 +30,9 @@ from vmplacer.ports import ClaimConflict, DomainGone, HypervisorError
 FORBIDDEN_NAMESPACES = ("http://libvirt.org/schemas/domain/qemu/1.0",
                         "http://libvirt.org/schemas/domain/lxc/1.0",
                         "http://libvirt.org/schemas/domain/bhyve/1.0")
+
+# Hosts leave maintenance at an operator's pace: a client polling faster learns nothing.
+NO_HOSTS_RETRY = {"Retry-After": "60"}
 
 
 def check_base_xml(text: str | None, guest: str) -> str | None:
@@ -73,9 +77,11 @@ class Outcome:
 
 
 class Placer:
-    def __init__(self, services: Any):
+    def __init__(self, services: Any, service: Any = None):
+        """`service`: the placement service to place through (one auditing as the caller);
+        default the shared one."""
         self.services = services
-        self.service = services.placement
+        self.service = service if service is not None else services.placement
         self.metrics = services.metrics
 
     def configured(self, host: str | None) -> str:
@@ -83,7 +89,7 @@ class Placer:
         names = self.services.host_names
         if host is None:
             if not names:
-                raise ApiError(503, "no-hosts", "no hosts are configured")
+                raise ApiError(503, "no-hosts", "no hosts are configured", None, NO_HOSTS_RETRY)
             return names[0]
         if host not in names:
             reason = f"host {host!r} is not configured (configured: {', '.join(names)})"
@@ -103,12 +109,12 @@ class Placer:
                                {"host": host, "maintenance": closed[host].to_dict()})
             return [host]
         if not names:
-            raise ApiError(503, "no-hosts", "no hosts are configured")
+            raise ApiError(503, "no-hosts", "no hosts are configured", None, NO_HOSTS_RETRY)
         usable = [name for name in names if name not in closed]
         if not usable:
             raise ApiError(503, "no-hosts", "every configured host is in maintenance: "
                            + "; ".join(closed[n].describe() for n in names),
-                           {"hosts": {n: closed[n].to_dict() for n in names}})
+                           {"hosts": {n: closed[n].to_dict() for n in names}}, NO_HOSTS_RETRY)
         return usable
 
     # ----- dry run ---------------------------------------------------------------------------------
@@ -162,6 +168,9 @@ class Placer:
                 except NoFit as exc:
                     failures.append((name, exc))
                     continue
+                except DomainRefused as exc:
+                    self.metrics.placements.labels(name, mode, "refused").inc()
+                    raise _blame(exc, base_xml) from None
                 except HypervisorError as exc:
                     self.metrics.libvirt_error(exc)
                     if not exc.retriable or len(hosts) == 1:
@@ -232,6 +241,14 @@ class Placer:
             "guest": spec.name, "host": None, "reasons": [],
             "candidates": [{"host": h, "reasons": [r.to_dict() for r in e.reasons]} if isinstance(e, NoFit)
                            else {"host": h, "error": str(e)} for h, e in failures]})
+
+
+def _blame(exc: DomainRefused, base_xml: str | None) -> HypervisorError:
+    """A refusal of the caller's XML stays the caller's (4xx); of vmplacer's own skeleton,
+    it is the host's (e.g. a domain type it does not offer): 502."""
+    if exc.reason == INVALID and base_xml is None:
+        return HypervisorError(str(exc), host=exc.host, domain=exc.domain, retriable=False)
+    return exc
 
 
 def _exists_reason(name: str, host: str):  # type: ignore[no-untyped-def]

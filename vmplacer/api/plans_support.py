@@ -62,13 +62,21 @@ def make_plan(services: Any, hosts: list[str] | None, max_actions: int | None, s
     rebalancer = build_rebalancer(services, f"api:{created_by}@{services.instance}")
     try:
         plan = rebalancer.make_plan(names, max_actions=max_actions, scope=scope or ("*",), notes=notes,
-                                    drain=drain)
+                                    drain=drain, need_a_host=True)
     except RebalanceError as exc:
         if exc.bad_input:
             raise ApiError(422, "validation", str(exc), [{"field": "hosts", "reason": str(exc)}]) from None
         raise ApiError(409, "conflict", str(exc)) from None
-    data = plan.to_dict()
+    data = plan_view(plan)
     data["notes"] = notes
+    return data
+
+
+def plan_view(plan: Any) -> dict[str, Any]:
+    """A plan as the API shows it: `errors` names each host that could not be read when it
+    was made (its guests were not considered)."""
+    data = plan.to_dict()
+    data["errors"] = [dict(entry) for entry in plan.settings.get("unreadable", ())]
     return data
 
 

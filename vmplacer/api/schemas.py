@@ -9,9 +9,11 @@ mistake is reported, not guessed at.
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from vmplacer.api.fields import DomainName, Glob, Reason, SelectorText, SpecText, SpecValue
 
 from vmplacer.core.guest import (
     CPU_POLICIES,
@@ -29,6 +31,8 @@ GUEST_NAME = r"^[A-Za-z0-9_.+][A-Za-z0-9_.+-]{0,63}$"
 HOST_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 MAX_BASE_XML = 256 * 1024
 ROUTING_FIELDS = ("host", "dry_run", "define", "start", "base_xml")
+
+HostName = Annotated[str, Field(pattern=HOST_NAME, max_length=63)]
 
 CpuPolicy = Literal[CPU_POLICIES]  # type: ignore[valid-type]
 ThreadPolicy = Literal[THREAD_POLICIES]  # type: ignore[valid-type]
@@ -67,7 +71,7 @@ class PlacementRequest(BaseModel):
     labels: dict[str, str | int | float] | None = None
     affinity: list[str] | None = None
     anti_affinity: list[str] | None = None
-    extra_specs: dict[str, str | int] | None = Field(
+    extra_specs: dict[SpecText, SpecValue] | None = Field(
         default=None, description="OpenStack flavor extra specs; hw:* keys are applied, others ignored")
 
     host: str | None = Field(default=None, pattern=HOST_NAME,
@@ -126,7 +130,10 @@ class PlacementList(BaseModel):
 class Removed(BaseModel):
     guest: str
     host: str | None
-    undefined: bool
+    undefined: bool = Field(description="this request destroyed and undefined the domain")
+    domain: Literal["undefined", "gone", "kept"] = Field(
+        description="undefined: by this request; gone: it was not defined any more; kept: left defined "
+                    "(undefine=false, a reservation, or a host no longer configured)")
 
 
 class Lease(BaseModel):
@@ -154,7 +161,7 @@ class HostView(BaseModel):
 
 
 class MaintenanceRequest(_Strict):
-    reason: str = Field(min_length=1, max_length=1000, description="why (kept with the host and in the audit log)")
+    reason: Reason = Field(min_length=1, description="why (kept with the host and in the audit log)")
 
 
 class MaintenanceView(BaseModel):
@@ -196,9 +203,9 @@ class JobAccepted(BaseModel):
 
 class ProfileRequest(_Strict):
     host: str | None = Field(default=None, pattern=HOST_NAME, description="default: the first configured host")
-    vms: list[str] = Field(default_factory=list, max_length=256,
+    vms: list[DomainName] = Field(default_factory=list, max_length=256,
                            description="sensitive VMs (sampled with neighbours frozen); empty: all running")
-    sensitive: str = Field(default="all", max_length=200,
+    sensitive: SelectorText = Field(default="all",
                            description="all, label:KEY=VALUE or class:NAME (e.g. class:latency-critical)")
     t_m_ms: float | None = Field(default=None, gt=0, le=10_000)
     t_sleep_s: float | None = Field(default=None, ge=0, le=86_400)
@@ -206,8 +213,8 @@ class ProfileRequest(_Strict):
     samples: int | None = Field(default=None, ge=1, le=100_000)
     duration_s: float | None = Field(default=None, gt=0, le=86_400)
     metric: Literal["auto", "ipc", "cpu"] | None = None
-    exclude: list[str] = Field(default_factory=list, max_length=256, description="never frozen (glob patterns)")
-    scope: list[str] = Field(default_factory=list, max_length=256, description="domains considered (globs)")
+    exclude: list[Glob] = Field(default_factory=list, max_length=256, description="never frozen (glob patterns)")
+    scope: list[Glob] = Field(default_factory=list, max_length=256, description="domains considered (globs)")
     adaptive: bool = False
 
 
@@ -266,19 +273,19 @@ class Readiness(BaseModel):
 
 
 class PlanRequest(_Strict):
-    hosts: list[str] | None = Field(default=None, max_length=256,
-                                    description="hosts to rebalance (default: every configured host)")
+    hosts: list[HostName] | None = Field(default=None, max_length=256,
+                                         description="hosts to rebalance (default: every configured host)")
     max_actions: int | None = Field(default=None, ge=0, le=1000)
-    scope: list[str] = Field(default_factory=list, max_length=256,
-                             description="glob patterns of guests that may move (default: all)")
+    scope: list[Glob] = Field(default_factory=list, max_length=256,
+                              description="glob patterns of guests that may move (default: all)")
     drain: str | None = Field(default=None, pattern=HOST_NAME, max_length=63,
                               description="a host in maintenance to empty: the plan live-migrates its guests "
                                           "away instead of rebalancing")
 
 
 class ReconcileRequest(_Strict):
-    hosts: list[str] | None = Field(default=None, max_length=256,
-                                    description="hosts to reconcile (default: every configured host)")
+    hosts: list[HostName] | None = Field(default=None, max_length=256,
+                                         description="hosts to reconcile (default: every configured host)")
     dry_run: bool = Field(default=False, description="report what would change; write nothing")
     reservation_grace_s: float = Field(default=3600.0, ge=0, le=30 * 86400,
                                        description="how long a reservation (define=false) waits for its domain")
@@ -297,6 +304,11 @@ class ReconcileView(BaseModel):
     problems: list[str]
 
 
+class HostError(BaseModel):
+    host: str
+    error: str
+
+
 class PlanView(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -310,6 +322,9 @@ class PlanView(BaseModel):
     cancel_request: dict[str, Any] | None = Field(
         default=None, description="a running plan someone asked to stop: {by, reason, at}; it stops before "
                                   "its next action")
+    errors: list[HostError] = Field(default_factory=list,
+                                    description="hosts that could not be read when the plan was made: their "
+                                                "guests were not considered")
 
 
 class PlanSummary(BaseModel):
@@ -327,7 +342,7 @@ class PlanList(BaseModel):
 
 
 class PlanCancelRequest(_Strict):
-    reason: str = Field(default="", max_length=1000, description="why; kept with the plan and in the audit log")
+    reason: Reason = Field(default="", description="why; kept with the plan and in the audit log")
 
 
 class PlanCancelView(BaseModel):

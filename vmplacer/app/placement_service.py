@@ -19,9 +19,11 @@ from vmplacer.core.guest import GuestSpec
 from vmplacer.core.placement import Placement
 from vmplacer.core.policies.admit import AllocationOptions
 from vmplacer.core.topology import HostTopology
-from vmplacer.ports import ClaimConflict, DomainInfo, HypervisorError, PlacementStore
+from vmplacer.ports import ClaimConflict, DomainGone, DomainInfo, HypervisorError, PlacementStore
 
 MAX_CLAIM_ATTEMPTS = 8
+REMOVED = {"undefined": "domain destroyed and undefined", "gone": "domain already gone from the host",
+           "kept": "record only: the domain was left defined"}
 
 
 class PlacingHost(Protocol):
@@ -82,6 +84,11 @@ class PlacementService:
         self._store = store
         self._render = render
         self._options = options or (lambda _host: AllocationOptions())
+
+    def acting_through(self, store: PlacementStore) -> PlacementService:
+        """The same service recording (and auditing) through `store`, e.g. one that names
+        the caller a request came from."""
+        return PlacementService(store, self._render, self._options)
 
     def occupied(self, host: PlacingHost) -> tuple[HostTopology, list[Placement]]:
         """The host's topology and everything on it: live domains, plus placements
@@ -195,14 +202,38 @@ class PlacementService:
                                   guest=after.guest, message=str(exc))
         return narrowed
 
-    def remove(self, host: PlacingHost, guest: str, *, undefine: bool = True) -> None:
-        """Forget a placement (and by default destroy + undefine its domain)."""
+    def remove(self, host: PlacingHost, guest: str, *, undefine: bool = True) -> str:
+        """Forget a placement, by default destroying and undefining its domain first.
+
+        Returns what became of the domain: "undefined" (now), "gone" (it was not
+        defined any more) or "kept" (undefine=False). A host that refuses to undefine
+        keeps the record (the error is raised): forgetting it would free pCPUs that a
+        domain still holds."""
+        domain = "kept"
         with host_lock(host.name):
             if undefine:
-                self._undo_define(host, guest)
-            else:
-                self._store.forget(guest)
-        self._store.audit(action="remove", outcome="ok", host=host.name, guest=guest)
+                try:
+                    domain = self._undefine(host, guest)
+                except HypervisorError as exc:
+                    self._store.audit(action="remove", outcome="failed", host=host.name, guest=guest,
+                                      message=str(exc), detail={"undefine": True, "undefined": False})
+                    raise
+            self._store.forget(guest)
+        self._store.audit(action="remove", outcome="ok", host=host.name, guest=guest, message=REMOVED[domain],
+                          detail={"undefine": undefine, "undefined": domain == "undefined", "domain": domain})
+        return domain
+
+    @staticmethod
+    def _undefine(host: PlacingHost, guest: str) -> str:
+        try:
+            host.destroy(guest)
+        except DomainGone:
+            return "gone"
+        try:
+            host.undefine(guest)
+        except DomainGone:
+            pass  # transient: destroying it was the end of it
+        return "undefined"
 
     def _audit(self, action: str, outcome: str, host: PlacingHost, spec: GuestSpec, message: str,
                detail: dict[str, Any] | None) -> None:

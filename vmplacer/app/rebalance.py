@@ -178,6 +178,7 @@ class Observation:
     state: ClusterState
     notes: list[str]
     unreachable: list[str]
+    errors: dict[str, str] = field(default_factory=dict)  # host -> why it could not be read
 
 
 class Rebalancer:
@@ -231,6 +232,7 @@ class Rebalancer:
         guests: dict[str, GuestState] = {}
         notes: list[str] = []
         unreachable: list[str] = []
+        errors: dict[str, str] = {}
         closed = set(self.in_maintenance())
         for name in host_names:
             hypervisor = self.hosts[name]
@@ -239,6 +241,7 @@ class Rebalancer:
                 domains = hypervisor.domains()
             except HypervisorError as exc:
                 unreachable.append(name)
+                errors[name] = str(exc)
                 notes.append(f"host {name} left out: {exc}")
                 continue
             hosts[name] = HostState(name, topology, accepts_migrations=name not in closed,
@@ -262,7 +265,7 @@ class Rebalancer:
                     guests[domain.name] = guests[domain.name].fixed("runs on two hosts")
                     continue
                 guests[domain.name] = self._describe(domain, name, loads.get(domain.name), notes)
-        return Observation(ClusterState(hosts, guests), notes, unreachable)
+        return Observation(ClusterState(hosts, guests), notes, unreachable, errors)
 
     def _describe(self, domain: Any, host: str, load: float | None, notes: list[str]) -> GuestState:
         placement = domain.placement
@@ -293,10 +296,15 @@ class Rebalancer:
             return InterferenceModel()
 
     def make_plan(self, host_names: Sequence[str], *, max_actions: int | None = None,
-                  scope: Sequence[str] = ("*",), notes: list[str] | None = None, drain: str | None = None) -> Plan:
+                  scope: Sequence[str] = ("*",), notes: list[str] | None = None, drain: str | None = None,
+                  need_a_host: bool = False) -> Plan:
         """Observe, plan and store a proposed plan, or an empty one (final) when no move is worth
         making; nothing on the hosts changes. With `drain`, the plan migrates the guests of
-        that host away (maintenance) instead of rebalancing."""
+        that host away (maintenance) instead of rebalancing.
+
+        A host that cannot be read is left out and named in the plan (`settings.unreadable`,
+        and its summary): "nothing to do" then covers only the hosts read. With `need_a_host`,
+        a run that could read none raises HypervisorError (retriable) and stores nothing."""
         notes = notes if notes is not None else []
         self._check_hosts(host_names)
         if drain is not None and drain not in host_names:
@@ -304,6 +312,9 @@ class Rebalancer:
                                  f"({', '.join(host_names)})", bad_input=True)
         observed = self.observe(host_names)
         notes.extend(observed.notes)
+        if need_a_host and host_names and len(observed.errors) == len(set(host_names)):
+            raise HypervisorError("no host could be read: " + "; ".join(observed.errors.values()),
+                                  host=", ".join(observed.errors), retriable=True)
         if drain is not None and drain in observed.unreachable:
             raise RebalanceError(f"host {drain} to drain does not answer: "
                                  + next((n for n in observed.notes if n.startswith(f"host {drain} ")), ""))
@@ -316,8 +327,13 @@ class Rebalancer:
             last_moved = self.plans.last_moved(list(observed.state.guests))
             plan = plan_rebalance(observed.state, model, settings, now=self.wall(), last_moved=last_moved,
                                   scope=movable)
-        plan = replace(plan, settings={**plan.settings, "observe_notes": list(observed.notes),
-                                       "scope": list(scope), "model_observations": model.observations})
+        unreadable = [{"host": host, "error": error} for host, error in observed.errors.items()]
+        summary = plan.summary
+        if unreadable:
+            summary += f" (not read, left out: {', '.join(observed.errors)})"
+        plan = replace(plan, summary=summary, settings={
+            **plan.settings, "observe_notes": list(observed.notes), "scope": list(scope),
+            "model_observations": model.observations, "unreadable": unreadable})
         return self.plans.save(plan, created_by=self.holder)  # type: ignore[return-value]
 
     def _check_hosts(self, host_names: Sequence[str]) -> None:

@@ -15,6 +15,7 @@ from typing import Any
 
 from vmplacer.core.cpuset import CpusetError, format_cpuset, parse_cpuset
 from vmplacer.core.placement import MEM_MODES
+from vmplacer.core.text import control_problem
 
 CPU_POLICIES = ("shared", "dedicated", "mixed")
 THREAD_POLICIES = ("prefer", "isolate", "require")
@@ -394,8 +395,9 @@ class _Validator:
             if len(text) > MAX_LABEL_VALUE:
                 self.fail(where, f"must be at most {MAX_LABEL_VALUE} characters, got {len(text)}")
                 continue
-            if any(ord(ch) < 0x20 or ord(ch) == 0x7F or 0xD800 <= ord(ch) <= 0xDFFF or ch in "\ufffe\uffff" for ch in text):
-                self.fail(where, "must not contain control characters")
+            problem = control_problem(text)
+            if problem is not None:
+                self.fail(where, problem)
                 continue
             if key == "priority":
                 try:

@@ -54,7 +54,8 @@ class SqlMaintenanceStore:
     def get(self, host: str) -> Maintenance | None:
         return self.current().get(host)
 
-    def start(self, host: str, uri: str, *, by: str, reason: str) -> tuple[Maintenance, bool]:
+    def start(self, host: str, uri: str, *, by: str, reason: str,
+              detail: dict[str, Any] | None = None) -> tuple[Maintenance, bool]:
         """Put `host` in maintenance; (the record, whether it changed). Already in maintenance:
         the first record stays (its time and reason are what the operators need to see)."""
         with self._sessions.begin() as session:
@@ -66,12 +67,13 @@ class SqlMaintenanceStore:
             row.maintenance_by = by
             row.maintenance_reason = reason
             session.flush()
-            record_audit(session, actor=by, action="maintenance-start", outcome="ok", host=host, message=reason)
+            record_audit(session, actor=by[:64], action="maintenance-start", outcome="ok", host=host, message=reason,
+                         detail=detail)
             record = _record(row)
             assert record is not None
             return record, True
 
-    def end(self, host: str, *, by: str) -> Maintenance | None:
+    def end(self, host: str, *, by: str, detail: dict[str, Any] | None = None) -> Maintenance | None:
         """Take `host` out of maintenance; the record it had (None: it was in service)."""
         with self._sessions.begin() as session:
             row = session.scalar(select(HostRow).where(HostRow.name == host))
@@ -81,6 +83,7 @@ class SqlMaintenanceStore:
             row.maintenance_since = None
             row.maintenance_by = None
             row.maintenance_reason = None
-            record_audit(session, actor=by, action="maintenance-end", outcome="ok", host=host,
-                         message=f"in maintenance since {existing.since.isoformat()}: {existing.reason}")
+            record_audit(session, actor=by[:64], action="maintenance-end", outcome="ok", host=host,
+                         message=f"in maintenance since {existing.since.isoformat()}: {existing.reason}",
+                         detail=detail)
             return existing

@@ -113,11 +113,16 @@ def remove_placement(session: Session, row: PlacementRow) -> None:
 
 
 class SqlPlacementStore:
-    """`PlacementStore` on SQLAlchemy: one short transaction per call."""
+    """`PlacementStore` on SQLAlchemy: one short transaction per call.
 
-    def __init__(self, sessions, actor: str = "vmplacer"):  # sessionmaker[Session]
+    Audit entries name `actor` and carry `actor_detail` (e.g. the API token a
+    request came with), so whoever acts through this store is on record."""
+
+    def __init__(self, sessions, actor: str = "vmplacer",  # sessionmaker[Session]
+                 actor_detail: dict[str, Any] | None = None):
         self._sessions = sessions
-        self._actor = actor
+        self._actor = actor[:64]  # the audit log's actor column
+        self._actor_detail = dict(actor_detail or {})
 
     def occupied(self, host: str) -> list[Placement]:
         with self._sessions() as session:
@@ -181,5 +186,5 @@ class SqlPlacementStore:
 
         with self._sessions() as session:
             record_audit(session, actor=self._actor, action=action, outcome=outcome, host=host,
-                         guest=guest, message=message, detail=detail)
+                         guest=guest, message=message, detail={**self._actor_detail, **(detail or {})})
             session.commit()

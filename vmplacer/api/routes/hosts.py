@@ -14,7 +14,7 @@ from fastapi import APIRouter, Path, Request
 
 from vmplacer.api.leases import live_holders
 from vmplacer.api.errors import COMMON_RESPONSES, HOST_ERROR, NOT_FOUND, ApiError
-from vmplacer.api.auth import require_principal
+from vmplacer.api.actors import api_actor
 from vmplacer.api.schemas import HOST_NAME, HostList, HostView, MaintenanceRequest, MaintenanceView
 from vmplacer.ports import HypervisorError
 
@@ -67,10 +67,11 @@ def enter_maintenance(request: Request, body: MaintenanceRequest,
                       host: str = Path(pattern=HOST_NAME, max_length=63)) -> dict[str, Any]:
     services = request.app.state.services
     known_host(services, host)
-    principal = require_principal(request)
+    actor = api_actor(request)
     uri = services.settings.host(host).uri
-    record, changed = services.container.maintenance.start(host, uri, by=f"api:{principal.name}",
-                                                           reason=body.reason.strip() or body.reason)
+    record, changed = services.container.maintenance.start(host, uri, by=actor.name,
+                                                           reason=body.reason.strip() or body.reason,
+                                                           detail=actor.detail())
     return {"host": host, "changed": changed, "maintenance": record.to_dict()}
 
 
@@ -79,6 +80,6 @@ def enter_maintenance(request: Request, body: MaintenanceRequest,
 def leave_maintenance(request: Request, host: str = Path(pattern=HOST_NAME, max_length=63)) -> dict[str, Any]:
     services = request.app.state.services
     known_host(services, host)
-    principal = require_principal(request)
-    record = services.container.maintenance.end(host, by=f"api:{principal.name}")
+    actor = api_actor(request)
+    record = services.container.maintenance.end(host, by=actor.name, detail=actor.detail())
     return {"host": host, "changed": record is not None, "maintenance": record.to_dict() if record else None}

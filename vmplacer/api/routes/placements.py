@@ -7,7 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Path, Query, Request, Response
 
 from vmplacer.adapters.db.api import placement_records
-from vmplacer.api.auth import require_principal
+from vmplacer.api.actors import acting_placement, acting_store, api_actor
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, HOST_ERROR, NOT_FOUND, ApiError
 from vmplacer.api.placing import Placer, check_base_xml
 from vmplacer.api.schemas import (
@@ -33,21 +33,20 @@ router = APIRouter(prefix="/v1/placements", tags=["placements"])
 )
 def create_placement(request: Request, body: PlacementRequest, response: Response) -> dict[str, Any]:
     services = request.app.state.services
-    principal = require_principal(request)
+    actor = api_actor(request)
     spec = GuestSpec.from_mapping(body.guest_fields())
     if body.base_xml is not None and len(body.base_xml) > services.base_xml_limit:
         reason = f"at most {services.base_xml_limit} characters (half of api.max_request_bytes)"
         raise ApiError(422, "validation", f"field base_xml: {reason}", [{"field": "base_xml", "reason": reason}])
     base_xml = check_base_xml(body.base_xml, spec.name)
-    placer = Placer(services)
+    placer = Placer(services, acting_placement(services, actor))
     hosts = placer.candidates(body.host)
     if body.start and not body.define:
         raise ApiError(422, "validation", "start needs define (a reserved guest is defined by the caller)",
                        [{"field": "start", "reason": "start=true requires define=true"}])
     if body.dry_run:
         return placer.plan(spec, hosts, base_xml).to_dict()
-    outcome = placer.place(spec, hosts, base_xml, define=body.define, start=body.start,
-                           actor={"via": "api", "token": principal.name, "instance": services.instance})
+    outcome = placer.place(spec, hosts, base_xml, define=body.define, start=body.start, actor=actor.detail())
     response.status_code = 201
     response.headers["Location"] = f"/v1/placements/{spec.name}"
     return outcome.to_dict()
@@ -79,7 +78,8 @@ def delete_placement(request: Request, guest: str = Path(pattern=GUEST_NAME, max
                                             "(never for a reservation: its domain belongs to the caller)")
                      ) -> dict[str, Any]:
     services = request.app.state.services
-    store = services.container.placement_store
+    actor = api_actor(request)
+    store = acting_store(services, actor)
     record = store.get(guest)
     if record is None:
         raise ApiError(404, "not-found", f"guest {guest}: no placement recorded", {"guest": guest})
@@ -89,14 +89,17 @@ def delete_placement(request: Request, guest: str = Path(pattern=GUEST_NAME, max
         host = services.container.hypervisor(host_name)
         if do_undefine:
             _reachable(host, guest)
-        services.placement.remove(host, guest, undefine=do_undefine)
-        services.snapshots.invalidate(host_name)
+        try:
+            domain = services.placement.acting_through(store).remove(host, guest, undefine=do_undefine)
+        finally:
+            services.snapshots.invalidate(host_name)
     else:  # the host left the configuration: only the record can go
         store.forget(guest)
+        domain = "kept"
         store.audit(action="remove", outcome="ok", host=host_name, guest=guest,
-                    message="host no longer configured; record only")
-        do_undefine = False
-    return {"guest": guest, "host": host_name, "undefined": do_undefine}
+                    message="host no longer configured: record only, the domain was not touched",
+                    detail={"undefine": undefine, "undefined": False, "domain": domain})
+    return {"guest": guest, "host": host_name, "undefined": domain == "undefined", "domain": domain}
 
 
 def _reachable(host: Any, guest: str) -> None:

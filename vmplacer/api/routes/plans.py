@@ -11,7 +11,7 @@ from typing import Any
 from fastapi import APIRouter, Path, Query, Request, Response
 
 from vmplacer.api import plans_support
-from vmplacer.api.auth import require_principal
+from vmplacer.api.actors import acting_store, api_actor, audit
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, NOT_FOUND, ApiError
 from vmplacer.api.routes.jobs import job_view
 from vmplacer.api.schemas import (
@@ -32,9 +32,13 @@ router = APIRouter(prefix="/v1/plans", tags=["plans"])
              responses={**COMMON_RESPONSES, **CONFLICT})
 def create_plan(request: Request, body: PlanRequest, response: Response) -> dict[str, Any]:
     services = request.app.state.services
-    principal = require_principal(request)
-    plan = plans_support.make_plan(services, body.hosts, body.max_actions, body.scope, principal.name,
+    actor = api_actor(request)
+    plan = plans_support.make_plan(services, body.hosts, body.max_actions, body.scope, actor.token,
                                    drain=body.drain)
+    audit(services, actor, action="rebalance-propose",
+          message=f"plan {plan['id']} ({plan['state']}): {plan['summary']}",
+          detail={"plan_id": plan["id"], "state": plan["state"], "hosts": plan["hosts"], "drain": body.drain,
+                  "errors": plan.get("errors", [])})
     response.headers["Location"] = f"/v1/plans/{plan['id']}"
     return plan
 
@@ -60,7 +64,7 @@ def get_plan(request: Request, plan_id: int = Path(ge=1, le=2**31 - 1)) -> dict[
     plan = plans_support.plan_store(request.app.state.services).get(plan_id)
     if plan is None:
         raise ApiError(404, "not-found", f"plan {plan_id} does not exist", {"plan": plan_id})
-    return plan.to_dict()
+    return plans_support.plan_view(plan)
 
 
 @router.post("/{plan_id}/apply", status_code=202, response_model=JobAccepted,
@@ -68,8 +72,10 @@ def get_plan(request: Request, plan_id: int = Path(ge=1, le=2**31 - 1)) -> dict[
              responses={**COMMON_RESPONSES, **NOT_FOUND, **CONFLICT})
 def apply_plan(request: Request, response: Response, plan_id: int = Path(ge=1, le=2**31 - 1)) -> dict[str, Any]:
     services = request.app.state.services
-    principal = require_principal(request)
-    job = plans_support.start_apply(services, plan_id, principal.name)
+    actor = api_actor(request)
+    job = plans_support.start_apply(services, plan_id, actor.token)
+    audit(services, actor, action="rebalance-apply-queued", message=f"plan {plan_id}: job {job.id} queued",
+          detail={"plan_id": plan_id, "job": job.id, "hosts": list(job.hosts)})
     if services.runner is not None:
         services.runner.wake()
     location = f"/v1/jobs/{job.id}"
@@ -87,14 +93,14 @@ def cancel_plan(request: Request, body: PlanCancelRequest | None = None,
     from vmplacer.app.rebalance import cancel_plan as cancel
 
     services = request.app.state.services
-    principal = require_principal(request)
+    actor = api_actor(request)
     try:
-        outcome = cancel(plans_support.plan_store(services), plan_id, by=f"api:{principal.name}",
-                         reason=body.reason if body else "", audit=services.container.placement_store)
+        outcome = cancel(plans_support.plan_store(services), plan_id, by=actor.name,
+                         reason=body.reason if body else "", audit=acting_store(services, actor))
     except PlanNotFound:
         raise ApiError(404, "not-found", f"plan {plan_id} does not exist", {"plan": plan_id}) from None
     except PlanStateError as exc:
         raise ApiError(409, "conflict", str(exc), {"plan": plan_id, "state": exc.state}) from None
     except RebalanceError as exc:
         raise ApiError(409, "conflict", str(exc), {"plan": plan_id}) from None
-    return {"status": outcome.status, "plan": outcome.plan.to_dict()}
+    return {"status": outcome.status, "plan": plans_support.plan_view(outcome.plan)}

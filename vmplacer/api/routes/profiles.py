@@ -6,7 +6,7 @@ from typing import Any
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
-from vmplacer.api.auth import require_principal
+from vmplacer.api.actors import api_actor, audit
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, HOST_ERROR, NOT_FOUND, ApiError
 from vmplacer.api.placing import Placer
 from vmplacer.api.profiling import PROFILE_JOB, check_vms, profiler_config, stored_profile
@@ -21,7 +21,7 @@ router = APIRouter(prefix="/v1/profiles", tags=["profiles"])
              responses={**COMMON_RESPONSES, **CONFLICT, **HOST_ERROR})
 def start_profile(request: Request, body: ProfileRequest, response: Response) -> dict[str, Any]:
     services = request.app.state.services
-    principal = require_principal(request)
+    actor = api_actor(request)
     host = Placer(services).configured(body.host)  # 422 for an unknown host; default: the first
     params = body.model_dump()
     params["host"] = host
@@ -33,8 +33,10 @@ def start_profile(request: Request, body: ProfileRequest, response: Response) ->
         raise ApiError(409, "busy", f"host {host}: profiling job {busy[0].id} is already {busy[0].status}",
                        {"host": host, "job": busy[0].id})
     if services.runner is None and services.options.run_jobs:
-        raise ApiError(503, "not-ready", "the job runner is not running")
-    job = services.jobs.create(PROFILE_JOB, [host], params, principal.name)
+        raise ApiError(503, "not-ready", "the job runner is not running", None, {"Retry-After": "5"})
+    job = services.jobs.create(PROFILE_JOB, [host], params, actor.token)
+    audit(services, actor, action="profile-queued", host=host, message=f"profiling job {job.id} queued",
+          detail={"job": job.id, "vms": list(body.vms)})
     if services.runner is not None:
         services.runner.wake()
     location = f"/v1/jobs/{job.id}"

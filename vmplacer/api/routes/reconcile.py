@@ -16,7 +16,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from vmplacer.api.auth import require_principal
+from vmplacer.api.actors import acting_store, api_actor
 from vmplacer.api.errors import COMMON_RESPONSES, ApiError
 from vmplacer.api.schemas import ReconcileRequest, ReconcileView
 
@@ -30,14 +30,14 @@ def reconcile(request: Request, body: ReconcileRequest) -> dict[str, Any]:
     from vmplacer.app.reconcile import ReconcileError
 
     services = request.app.state.services
-    principal = require_principal(request)
+    actor = api_actor(request)
     names = list(dict.fromkeys(body.hosts)) if body.hosts else services.host_names
     unknown = sorted(set(names) - set(services.host_names))
     if unknown:
         reason = f"not configured: {', '.join(unknown)} (configured: {', '.join(services.host_names)})"
         raise ApiError(422, "validation", f"field hosts: {reason}", [{"field": "hosts", "reason": reason}])
-    holder = f"api:{principal.name}@{services.instance}:{socket.gethostname()}:{os.getpid()}"
-    reconciler = services.container.reconciler(holder)
+    holder = f"api:{actor.token}@{services.instance}:{socket.gethostname()}:{os.getpid()}"
+    reconciler = services.container.reconciler(holder, acting_store(services, actor))
     try:
         report = reconciler.run(
             names, dry_run=body.dry_run, planned_grace_s=body.reservation_grace_s, settle_s=body.settle_s)
