@@ -15,15 +15,8 @@ import pytest
 
 from vmplacer.adapters.capabilities import parse_capabilities, read_capabilities_file
 from vmplacer.adapters.sysfs import read_sysfs
-from vmplacer.core.topology import (
-    CacheFacts,
-    CpuFacts,
-    DistanceClass,
-    HostTopology,
-    Node,
-    TopologyError,
-    assemble_topology,
-)
+from vmplacer.core.assemble import CacheFacts, CpuFacts, TopologyError, assemble_topology
+from vmplacer.core.topology import DistanceClass, HostTopology, Node
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "hosts"

@@ -2,13 +2,21 @@
 
 Elements used, all under `<host>`:
 - `<topology><cells><cell id>`: `<memory unit>` (total), `<pages unit size>count`,
-  `<distances><sibling id value>`, `<cpus><cpu id socket_id die_id core_id siblings>`;
-  a `<cpu>` carrying only an `id` is offline (libvirt omits the topology of
-  offline CPUs);
-- `<cache><bank level type cpus>` when present (libvirt reports L3 banks; a
-  hand-written file may add level-2 banks, e.g. for AMD module pairs). Missing
-  cache levels fall back to one L2 per core and one LLC per package
-  (`assemble_topology`).
+  `<distances><sibling id value>`,
+  `<cpus><cpu id socket_id die_id cluster_id core_id siblings>`; a `<cpu>`
+  carrying only an `id` is offline (libvirt omits the topology of offline
+  CPUs; on x86 it leaves them out altogether). A cell without `<cpus>` is a
+  CPU-less memory node. libvirt writes `die_id` and `cluster_id` 0 on
+  hosts without dies or clusters, and passes on the 65535 x86 kernels print
+  for an unknown cluster: both mean "no such level" (`assemble_topology`);
+- `<cache><bank level type cpus>` when present (libvirt reports banks of
+  level 3 and up; a hand-written file may add level-2 banks, e.g. for AMD
+  module pairs). Missing cache levels fall back to one L2 per core and one
+  LLC per die, with a warning.
+
+libvirt maps a `physical_package_id` of -1 (s390x, some hypervisors) to
+`socket_id='0'`, so such hosts read as one package here; the sysfs reader
+sees their sockets.
 
 Capabilities carry no free memory: a live reader asks the connection
 (`getCellsFreeMemory`, `getFreePages`); a file is taken as an idle host
@@ -23,16 +31,9 @@ from typing import TYPE_CHECKING
 
 from lxml import etree
 
+from vmplacer.core.assemble import CacheFacts, CpuFacts, TopologyError, assemble_topology
 from vmplacer.core.cpuset import CpusetError, parse_cpuset
-from vmplacer.core.topology import (
-    CacheFacts,
-    CpuFacts,
-    HostTopology,
-    HugepagePool,
-    Node,
-    TopologyError,
-    assemble_topology,
-)
+from vmplacer.core.topology import HostTopology, HugepagePool, Node
 
 if TYPE_CHECKING:
     import libvirt
@@ -135,9 +136,13 @@ def parse_capabilities(xml_text: str, name: str = "host", *, source: str | None 
         if bank.get("type", "both") == "code":
             continue
         caches.append(CacheFacts(level=reader.int_attr(bank, "level"), cpus=reader.cpuset_attr(bank, "cpus")))
+    warnings = []
+    if not caches and any(f.online for f in facts):
+        warnings.append("<host><cache>: no cache banks; each die is taken as one last-level cache "
+                        "and each core as one L2")
 
     try:
-        return assemble_topology(facts, nodes, caches, name=name)
+        return assemble_topology(facts, nodes, caches, name=name, warnings=warnings)
     except TopologyError as exc:
         raise CapabilitiesError(f"{source}: {exc}") from None
 
@@ -217,6 +222,7 @@ class _Reader:
             online=True,
             package=self.int_attr(cpu, "socket_id"),
             die=self.int_attr(cpu, "die_id") if cpu.get("die_id") is not None else 0,
+            cluster=self.int_attr(cpu, "cluster_id") if cpu.get("cluster_id") is not None else None,
             core_id=self.int_attr(cpu, "core_id"),
             siblings=siblings,
         )

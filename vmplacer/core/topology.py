@@ -7,7 +7,6 @@ CPUs, taking memory) returns a new object, so policies can explore freely.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from enum import Enum
 from functools import cached_property
@@ -41,17 +40,23 @@ NEIGHBOUR_CLASSES: tuple[DistanceClass, ...] = tuple(_DISTANCE_ORDER[1:])
 
 @dataclass(frozen=True)
 class Cpu:
-    """One logical CPU (an SMT thread)."""
+    """One logical CPU (an SMT thread).
+
+    Levels from the package down: package → die → (cluster) → core → thread.
+    `die`, `core` and `cluster` are global indexes (unique across the host),
+    not the hardware ids, which repeat per package.
+    """
 
     id: int
     node: int
     package: int = 0
-    die: int = 0
+    die: int = 0  # global die index; one die per package when the host reports none
     core: int = 0  # global core index (unique across packages and dies)
     l2: int | None = None  # L2 group id; None when the host does not say
     llc: int | None = None  # last-level-cache group id
     online: bool = True
     kind: str | None = None  # hybrid hosts: "performance" / "efficiency"
+    cluster: int | None = None  # cores sharing an L2/bus (ARM, hybrid E-cores); None: no such level
 
 
 @dataclass(frozen=True)
@@ -84,6 +89,8 @@ class Core:
     node: int
     package: int
     cpus: tuple[int, ...]
+    die: int = 0
+    cluster: int | None = None
 
 
 @dataclass(frozen=True)
@@ -95,6 +102,7 @@ class HostTopology:
     reserved: frozenset[int] = frozenset()  # kept for the host by configuration
     isolated: frozenset[int] = frozenset()  # kernel isolcpus: usable only when pinned
     name: str = "host"
+    warnings: tuple[str, ...] = ()  # what the reader could not read and what it assumed instead
 
     # ----- construction helpers -------------------------------------------------
     def with_reserved(self, cpus: frozenset[int] | set[int]) -> HostTopology:
@@ -121,9 +129,9 @@ class HostTopology:
         result = []
         for core_id in sorted(grouped, key=lambda k: min(c.id for c in grouped[k])):
             members = sorted(grouped[core_id], key=lambda c: c.id)
-            result.append(
-                Core(core_id, members[0].node, members[0].package, tuple(c.id for c in members))
-            )
+            first = members[0]
+            result.append(Core(core_id, first.node, first.package, tuple(c.id for c in members),
+                               die=first.die, cluster=first.cluster))
         return tuple(result)
 
     @cached_property
@@ -154,6 +162,30 @@ class HostTopology:
             if cpu.l2 is not None:
                 groups.setdefault(cpu.l2, set()).add(cpu.id)
         return {k: frozenset(v) for k, v in sorted(groups.items())}
+
+    @cached_property
+    def dies(self) -> dict[int, frozenset[int]]:
+        """Online CPUs of each die (a package without dies is one die)."""
+        groups: dict[int, set[int]] = {}
+        for cpu in self.cpus.values():
+            if cpu.online:
+                groups.setdefault(cpu.die, set()).add(cpu.id)
+        return {k: frozenset(v) for k, v in sorted(groups.items())}
+
+    @cached_property
+    def clusters(self) -> dict[int, frozenset[int]]:
+        """Online CPUs of each cluster; empty when the host has no cluster level."""
+        groups: dict[int, set[int]] = {}
+        for cpu in self.cpus.values():
+            if cpu.online and cpu.cluster is not None:
+                groups.setdefault(cpu.cluster, set()).add(cpu.id)
+        return {k: frozenset(v) for k, v in sorted(groups.items())}
+
+    @cached_property
+    def memory_only_nodes(self) -> tuple[int, ...]:
+        """Nodes without any CPU (CXL, HBM or GPU memory): they never get guest memory by default."""
+        with_cpus = {c.node for c in self.cpus.values()}
+        return tuple(sorted(n for n in self.nodes if n not in with_cpus))
 
     # ----- queries ------------------------------------------------------------------
     def siblings(self, cpu: int) -> frozenset[int]:
@@ -208,6 +240,7 @@ class HostTopology:
 
     # ----- serialisation (the `vmplacer topology --format json` contract) -----------
     def to_dict(self) -> dict[str, Any]:
+        memory_only = set(self.memory_only_nodes)
         return {
             "name": self.name,
             "nodes": [
@@ -221,20 +254,28 @@ class HostTopology:
                         {"size_kib": p.size_kib, "total": p.total, "free": p.free}
                         for p in node.hugepages
                     ],
+                    "memory_only": node.id in memory_only,
                 }
                 for node in sorted(self.nodes.values(), key=lambda n: n.id)
             ],
             "cores": [
-                {"id": core.id, "node": core.node, "package": core.package, "cpus": list(core.cpus)}
+                {"id": core.id, "node": core.node, "package": core.package, "die": core.die,
+                 "cluster": core.cluster, "kind": self.cpus[core.cpus[0]].kind, "cpus": list(core.cpus)}
                 for core in self.cores
             ],
+            "dies": [{"id": k, "package": self.cpus[min(v)].package, "cpus": sorted(v)}
+                     for k, v in self.dies.items()],
+            "clusters": [{"id": k, "die": self.cpus[min(v)].die, "cpus": sorted(v)}
+                         for k, v in self.clusters.items()],
             "llc": [{"id": k, "cpus": sorted(v)} for k, v in self.llc_groups.items()],
             "l2": [{"id": k, "cpus": sorted(v)} for k, v in self.l2_groups.items()],
             "smt": self.smt,
             "packages": list(self.packages),
+            "memory_only_nodes": list(self.memory_only_nodes),
             "offline": sorted(set(self.cpus) - self.online_cpus),
             "reserved": sorted(self.reserved),
             "isolated": sorted(self.isolated),
+            "warnings": list(self.warnings),
         }
 
 
@@ -261,6 +302,7 @@ def uniform_topology(
                 id=cpu_id,
                 node=node,
                 package=node,
+                die=node,
                 core=core,
                 l2=core,
                 llc=node if llc_per_node else 0,
@@ -275,189 +317,3 @@ def uniform_topology(
         for n in range(nodes)
     }
     return HostTopology(nodes=node_map, cpus=cpus, name=name)
-
-
-# ----- building a topology from what a reader found -------------------------------------
-#
-# Readers (libvirt capabilities, sysfs) only collect facts; numbering cores and
-# cache groups happens here, once, so the same machine read two ways yields the
-# same HostTopology.
-
-
-class TopologyError(ValueError):
-    """Facts about a host that contradict each other; the message names the CPU or node."""
-
-
-@dataclass(frozen=True)
-class CpuFacts:
-    """What a reader learned about one logical CPU, before global numbering.
-
-    `core_id` is the hardware id, which repeats per package (and per die).
-    `package` and `core_id` are None when the host gives no topology for the
-    CPU — offline CPUs, whose topology the kernel forgets.
-    """
-
-    id: int
-    node: int
-    online: bool = True
-    package: int | None = None
-    die: int = 0
-    core_id: int | None = None
-    siblings: frozenset[int] | None = None  # SMT siblings as reported, itself included
-    kind: str | None = None
-
-
-@dataclass(frozen=True)
-class CacheFacts:
-    """One cache instance: its level and the CPUs sharing it."""
-
-    level: int
-    cpus: frozenset[int]
-
-
-def assemble_topology(
-    cpus: Iterable[CpuFacts],
-    nodes: Mapping[int, Node],
-    caches: Iterable[CacheFacts] = (),
-    *,
-    isolated: Iterable[int] = (),
-    name: str = "host",
-) -> HostTopology:
-    """Number cores and cache groups globally and build the HostTopology.
-
-    Cores: CPUs reporting the same SMT sibling set form one core (without a
-    sibling list: same package, die, hardware core id and node). Cores are
-    numbered by (package, die, hardware core id, lowest CPU); CPUs without
-    topology each get a core of their own, numbered after the others.
-    Caches: L2 groups come from level-2 caches, LLC groups from the highest
-    level >= 2 reported. When the host reports none, L2 falls back to one group
-    per core and the LLC to one group per package — the usual hardware, and the
-    safe assumption for the interference model (closer than same-node). Group
-    ids are numbered by lowest CPU. Offline CPUs get no cache group.
-    """
-    facts: dict[int, CpuFacts] = {}
-    for fact in cpus:
-        if fact.id in facts:
-            raise TopologyError(f"host {name}: CPU {fact.id} is listed twice")
-        if fact.node not in nodes:
-            raise TopologyError(
-                f"host {name}: CPU {fact.id} is in NUMA node {fact.node}, which the host does not list"
-            )
-        facts[fact.id] = fact
-    placed = {
-        i: f for i, f in facts.items() if f.online and f.package is not None and f.core_id is not None
-    }
-
-    cores = _ordered_cores(placed, name)
-    core_index = {cpu: index for index, members in enumerate(cores) for cpu in members}
-    for index, cpu in enumerate(sorted(set(facts) - set(placed)), start=len(cores)):
-        core_index[cpu] = index
-    packages = _packages(facts, placed)
-    l2_of, llc_of = _cache_groups(caches, facts, cores, packages, name)
-
-    result = {
-        i: Cpu(
-            id=i,
-            node=f.node,
-            package=packages[i],
-            die=max(f.die, 0),
-            core=core_index[i],
-            l2=l2_of.get(i),
-            llc=llc_of.get(i),
-            online=f.online,
-            kind=f.kind,
-        )
-        for i, f in sorted(facts.items())
-    }
-    return HostTopology(
-        nodes={k: nodes[k] for k in sorted(nodes)},
-        cpus=result,
-        isolated=frozenset(isolated) & frozenset(facts),
-        name=name,
-    )
-
-
-def _ordered_cores(placed: Mapping[int, CpuFacts], name: str) -> list[list[int]]:
-    """Cores (lists of CPU ids) in global order: package, die, hardware core id, lowest CPU."""
-
-    def order(members: list[int]) -> tuple[int, int, int, int]:
-        first = placed[members[0]]
-        return (first.package or 0, first.die, min(placed[c].core_id or 0 for c in members), members[0])
-
-    return sorted(_group_cores(placed, name), key=order)
-
-
-def _packages(facts: Mapping[int, CpuFacts], placed: Mapping[int, CpuFacts]) -> dict[int, int]:
-    """Package of every CPU; a CPU without topology (offline) gets its node's package."""
-    by_node: dict[int, set[int]] = {}
-    for fact in placed.values():
-        by_node.setdefault(fact.node, set()).add(max(fact.package or 0, 0))
-    everywhere = set().union(*by_node.values()) if by_node else {0}
-    return {
-        cpu: max(fact.package, 0) if fact.package is not None else min(by_node.get(fact.node) or everywhere)
-        for cpu, fact in facts.items()
-    }
-
-
-def _cache_groups(
-    caches: Iterable[CacheFacts],
-    facts: Mapping[int, CpuFacts],
-    cores: list[list[int]],
-    packages: Mapping[int, int],
-    name: str,
-) -> tuple[dict[int, int], dict[int, int]]:
-    """CPU -> L2 group id and CPU -> LLC group id, with the per-core / per-package fallbacks."""
-    known = [CacheFacts(c.level, frozenset(c.cpus).intersection(facts)) for c in caches]
-    known = [c for c in known if c.cpus and c.level >= 2]
-    top_level = max((c.level for c in known), default=None)
-    l2_sets = [c.cpus for c in known if c.level == 2] or [frozenset(m) for m in cores]
-    llc_sets = [c.cpus for c in known if c.level == top_level]
-    if not llc_sets:
-        by_package: dict[int, set[int]] = {}
-        for members in cores:
-            by_package.setdefault(packages[members[0]], set()).update(members)
-        llc_sets = [frozenset(s) for s in by_package.values()]
-    return _number_groups(l2_sets, "L2", name), _number_groups(llc_sets, "last-level", name)
-
-
-def _group_cores(placed: Mapping[int, CpuFacts], name: str) -> list[list[int]]:
-    """Group CPUs into cores and check the host's sibling lists agree with each other."""
-    groups: dict[tuple[Any, ...], list[int]] = {}
-    for cpu_id, fact in sorted(placed.items()):
-        if fact.siblings is not None:
-            key: tuple[Any, ...] = ("siblings", fact.siblings.intersection(placed) | {cpu_id})
-        else:
-            key = ("ids", fact.package, fact.die, fact.core_id, fact.node)
-        groups.setdefault(key, []).append(cpu_id)
-    for key, members in groups.items():
-        if key[0] == "siblings" and set(members) != key[1]:
-            other = min(key[1] - set(members))
-            raise TopologyError(
-                f"host {name}: CPU {members[0]} reports SMT siblings {sorted(key[1])}, "
-                f"but CPU {other} reports {sorted(placed[other].siblings or ())}"
-            )
-        first = placed[members[0]]
-        for cpu_id in members[1:]:
-            fact = placed[cpu_id]
-            if (fact.node, fact.package, fact.die) != (first.node, first.package, first.die):
-                raise TopologyError(
-                    f"host {name}: SMT siblings {members[0]} and {cpu_id} disagree on "
-                    f"node/package/die ({first.node}/{first.package}/{first.die} vs "
-                    f"{fact.node}/{fact.package}/{fact.die})"
-                )
-    return list(groups.values())
-
-
-def _number_groups(sets: Iterable[frozenset[int]], what: str, name: str) -> dict[int, int]:
-    """Map CPU -> group id, groups numbered by lowest CPU; overlapping groups are an error."""
-    distinct = sorted(set(sets), key=min)
-    group_of: dict[int, int] = {}
-    for index, members in enumerate(distinct):
-        for cpu in members:
-            if cpu in group_of:
-                raise TopologyError(
-                    f"host {name}: CPU {cpu} is in two different {what} caches "
-                    f"({sorted(distinct[group_of[cpu]])} and {sorted(members)})"
-                )
-            group_of[cpu] = index
-    return group_of
