@@ -39,6 +39,14 @@ class ConfigError(ValueError):
 
 
 @dataclass(frozen=True)
+class XmlPolicySettings:
+    """What callers' domain XML may ask of one host (docs/api.md, "Domain XML policy")."""
+
+    allow: frozenset[str] = frozenset()  # named exceptions lifted on this host
+    storage_paths: tuple[str, ...] | None = None  # None: the host's storage pools' target paths
+
+
+@dataclass(frozen=True)
 class HostSettings:
     name: str
     uri: str
@@ -50,6 +58,7 @@ class HostSettings:
     cpu_allocation_ratio: float = 4.0
     reserved_memory_mib_per_node: int = 0
     emulator_cpus: frozenset[int] = frozenset()
+    xml_policy: XmlPolicySettings = field(default_factory=XmlPolicySettings)
 
     @property
     def allocation(self) -> AllocationOptions:
@@ -177,7 +186,8 @@ def _check_database_url(reader: _Reader, url: str, key: str) -> str:
 def _parse_host(reader: _Reader, raw: Any, index: int) -> HostSettings:
     key = f"hosts[{index}]"
     data = reader.mapping(raw, key, ("name", "uri", "reserved_cpus", "domain_type", "sampler",
-                                     "cpu_allocation_ratio", "reserved_memory_mib_per_node", "emulator_cpus"))
+                                     "cpu_allocation_ratio", "reserved_memory_mib_per_node", "emulator_cpus",
+                                     "xml_policy"))
     if "name" not in data:
         raise reader.fail(f"{key}.name", "is required")
     if "uri" not in data:
@@ -199,7 +209,32 @@ def _parse_host(reader: _Reader, raw: Any, index: int) -> HostSettings:
     sampler = str(data.get("sampler", "auto"))
     if sampler not in SAMPLER_METRICS:
         raise reader.fail(f"{key}.sampler", f"must be one of {', '.join(SAMPLER_METRICS)}")
-    return HostSettings(name, uri, reserved, domain_type, sampler, ratio, int(reserve), emulator_cpus)
+    xml_policy = _xml_policy(reader, data.get("xml_policy"), f"{key}.xml_policy")
+    return HostSettings(name, uri, reserved, domain_type, sampler, ratio, int(reserve), emulator_cpus, xml_policy)
+
+
+def _xml_policy(reader: _Reader, raw: Any, key: str) -> XmlPolicySettings:
+    from vmplacer.adapters.domain_xml_policy import EXCEPTIONS, SYSTEM_DIRECTORIES, normal_path
+
+    data = reader.mapping(raw, key, ("allow", "storage_paths"))
+    allow = data.get("allow") or []
+    if not isinstance(allow, list) or not all(isinstance(x, str) for x in allow):
+        raise reader.fail(f"{key}.allow", "must be a list of exception names")
+    for index, name in enumerate(allow):
+        if name not in EXCEPTIONS:
+            raise reader.fail(f"{key}.allow[{index}]", f"unknown exception {name!r} (known: {', '.join(EXCEPTIONS)})")
+    paths = data.get("storage_paths")
+    if paths is None:
+        return XmlPolicySettings(frozenset(allow))
+    if not isinstance(paths, list) or not all(isinstance(x, str) for x in paths):
+        raise reader.fail(f"{key}.storage_paths", "must be a list of absolute directory paths")
+    for index, path in enumerate(paths):
+        where = f"{key}.storage_paths[{index}]"
+        if normal_path(path) != path:
+            raise reader.fail(where, f"must be an absolute path without '..', '//' or a trailing '/', got {path!r}")
+        if path in SYSTEM_DIRECTORIES:
+            raise reader.fail(where, f"{path} is a system directory, not a place for guest files")
+    return XmlPolicySettings(frozenset(allow), tuple(paths))
 
 
 def _cpuset(reader: _Reader, value: Any, key: str) -> frozenset[int]:
