@@ -19,6 +19,7 @@ class Container:
     def __init__(self, settings: Settings):
         self.settings = settings
         self._hypervisors: dict[str, object] = {}
+        self._xml_policies: dict[str, object] = {}
 
     @cached_property
     def engine(self) -> Engine:
@@ -56,10 +57,27 @@ class Container:
         from vmplacer.app.placement_service import PlacementService
 
         def render(spec, placement, base_xml):  # type: ignore[no-untyped-def]
+            """Render, then hold the result to the host's domain XML policy before libvirt sees it."""
             host = self.settings.host(placement.host)
-            return render_domain(spec, placement, base_xml=base_xml, domain_type=host.domain_type)
+            xml = render_domain(spec, placement, base_xml=base_xml, domain_type=host.domain_type)
+            self.xml_policy(placement.host).check(xml, spec.name, "the rendered domain XML")
+            return xml
 
         return PlacementService(self.placement_store, render, self.allocation_options)
+
+    def xml_policy(self, host_name: str):  # -> DomainXmlPolicy
+        """The domain XML policy of a configured host (raises ConfigError if unknown). Kept per
+        host, so the facts it reads from the host (emulators, storage pools) are cached."""
+        policy = self._xml_policies.get(host_name)
+        if policy is None:
+            from vmplacer.adapters.domain_xml_policy import DomainXmlPolicy
+            from vmplacer.adapters.libvirt_facts import host_facts
+
+            settings = self.settings.host(host_name).xml_policy
+            policy = self._xml_policies.setdefault(host_name, DomainXmlPolicy(
+                host_name, allow=settings.allow, storage_paths=settings.storage_paths,
+                facts=lambda: host_facts(self.hypervisor(host_name))))
+        return policy
 
     def reconciler(self, holder: str, store=None):  # -> Reconciler
         """Placement records against libvirt on every configured host, acting under `holder`

@@ -91,22 +91,30 @@ guests:
 
 
 def test_base_xml_is_merged_and_a_bad_one_exits_2(tmp_path):
-    (tmp_path / "good.xml").write_text(
-        "<domain type='qemu'><name>x</name><devices><disk type='file' device='disk'>"
-        "<source file='/srv/a.img'/><target dev='vda' bus='virtio'/></disk></devices></domain>")
-    (tmp_path / "bad.xml").write_text("<domain type='qemu'><name>y</name><devices><bogus/></devices></domain>")
+    """--caps: the storage path is libvirt's default pool; a disk elsewhere is refused by the policy."""
+    disk = ("<domain type='qemu'><name>x</name><devices><disk type='file' device='disk'>"
+            "<source file='{}'/><target dev='vda' bus='virtio'/></disk></devices></domain>")
+    (tmp_path / "good.xml").write_text(disk.format("/var/lib/libvirt/images/a.img"))
+    (tmp_path / "bad.xml").write_text("<domain type='qemu'><name>y</name><on_crash>explode</on_crash></domain>")
+    (tmp_path / "outside.xml").write_text(disk.format("/srv/a.img"))
     request = tmp_path / "guests.yaml"
     request.write_text("""
 guests:
   - {name: good, vcpus: 1, memory_mib: 256, base_xml: good.xml}
   - {name: bad, vcpus: 1, memory_mib: 256, base_xml: bad.xml}
+  - {name: outside, vcpus: 1, memory_mib: 256, base_xml: outside.xml}
 """)
     code, data = plan_json("--caps", str(XEON), "--request", str(request))
     assert code == 2
     (placed,) = data["placements"]
-    assert placed["guest"] == "good" and "/srv/a.img" in placed["xml"] and "<domain type=\"qemu\">" in placed["xml"]
-    (error,) = data["errors"]
-    assert error["guest"] == "bad" and error["kind"] == "invalid-xml" and "does not validate" in error["message"]
+    assert placed["guest"] == "good" and "/var/lib/libvirt/images/a.img" in placed["xml"]
+    assert "<domain type=\"qemu\">" in placed["xml"]
+    bad, outside = data["errors"]
+    assert bad["guest"] == "bad" and bad["kind"] == "invalid-xml" and "does not validate" in bad["message"]
+    assert outside["guest"] == "outside" and outside["kind"] == "xml-policy"
+    assert outside["reasons"] == [{"element": "/domain/devices/disk/source", "attribute": "file",
+                                   "rule": "source-path", "reason": outside["reasons"][0]["reason"]}]
+    assert "/srv/a.img is outside the storage paths" in outside["reasons"][0]["reason"]
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -48,7 +48,10 @@ def _remove(conn: libvirt.virConnect, names: list[str]) -> None:
 @pytest.fixture(params=["sqlite", "postgresql"])
 def live_server(request, testbed, tmp_path):
     with scratch_database(request.param, tmp_path) as url:
-        config = write_config(tmp_path, url, [{"name": "h1", "uri": testbed.host1_uri, "domain_type": "qemu"}])
+        # the testbed's guests boot their kernel directly, from files under the testbed directory
+        policy = {"allow": ["direct-boot"], "storage_paths": [str(testbed.dirs.root)]}
+        config = write_config(tmp_path, url, [{"name": "h1", "uri": testbed.host1_uri, "domain_type": "qemu",
+                                               "xml_policy": policy}])
         server = Server(config, tmp_path, instance=f"live-{request.param}", lease_ttl_s=10).start()
         try:
             yield server
@@ -78,6 +81,10 @@ def test_place_start_profile_plan_apply_remove(live_server, testbed, host1_conn,
             invalid = api.post("/v1/placements", json={**body, "dry_run": True, "start": False,
                                                        "base_xml": "<domain type='qemu'><bogus/></domain>"})
             assert invalid.status_code == 422 and invalid.json()["error"]["details"][0]["field"] == "base_xml"
+            # the host's domain XML policy knows its real emulator (domain capabilities): not this one
+            shell = api.post("/v1/placements", json={**body, "dry_run": True, "start": False, "base_xml": base.replace(
+                "<devices>", "<devices><emulator>/bin/sh</emulator>")})
+            assert shell.status_code == 422 and shell.json()["error"]["details"][0]["rule"] == "emulator", shell.text
 
             # a reservation: a pCPU claimed and XML returned, the caller would define the domain
             reserved_name = owned_name(f"api-r-{live_server.instance[-6:]}")

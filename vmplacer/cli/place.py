@@ -14,6 +14,7 @@ from typing import Any
 from vmplacer.cli.common import (
     EXIT_OK,
     EXIT_OPERATIONAL,
+    EXIT_USAGE,
     CliContext,
     OperationalError,
     UsageError,
@@ -48,6 +49,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
     from vmplacer.adapters.domain_xml import DomainXmlError
+    from vmplacer.adapters.domain_xml_policy import DomainXmlPolicyError
     from vmplacer.adapters.request_file import RequestFileError, load_request_file
     from vmplacer.config import ConfigError
     from vmplacer.core.nofit import NoFit
@@ -63,6 +65,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         host = container.hypervisor(host_name)
     except ConfigError as exc:
         raise UsageError(f"--host: {exc}") from None
+    _hold_to_policy(container, host_name, args.request, requests)
     container.upgrade_database()
     maintenance = container.maintenance.get(host_name)
     if maintenance is not None and not args.ignore_maintenance:
@@ -80,6 +83,9 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         except NoFit as exc:
             errors.append({"index": request.index, "guest": spec.name, "kind": "no-fit",
                            "message": str(exc), "reasons": [r.to_dict() for r in exc.reasons]})
+        except DomainXmlPolicyError as exc:  # the rendered XML, refused before any claim
+            errors.append({"index": request.index, "guest": spec.name, "kind": "xml-policy",
+                           "message": str(exc), "reasons": [v.to_dict() for v in exc.violations]})
         except DomainXmlError as exc:
             errors.append({"index": request.index, "guest": spec.name, "kind": "invalid-xml",
                            "message": str(exc), "reasons": []})
@@ -100,7 +106,29 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
             sys.stderr.write(f"vmplacer: guest #{e['index']} ({e['guest']}): {e['message']}\n")
 
     emit(args, data, table)
+    if any(e["kind"] == "xml-policy" for e in errors):
+        return EXIT_USAGE
     return EXIT_OPERATIONAL if errors else EXIT_OK
+
+
+def _hold_to_policy(container: Any, host_name: str, request_file: str, requests: list) -> None:
+    """Every base XML of the request file against the host's domain XML policy, before any
+    guest is placed: one refusal and nothing changes (exit 2, each element, attribute and rule named)."""
+    from vmplacer.ports import HypervisorError
+
+    policy = container.xml_policy(host_name)
+    problems = []
+    for request in requests:
+        if request.base_xml is None:
+            continue
+        try:
+            found = policy.violations(request.base_xml)
+        except HypervisorError as exc:
+            raise OperationalError(str(exc)) from None
+        problems.extend(f"{request_file}: guest #{request.index} ({request.spec.name}): field base_xml "
+                        f"({request.base_xml_path}): {violation}" for violation in found)
+    if problems:
+        raise UsageError(f"--request: refused by the domain XML policy of host {host_name}:\n" + "\n".join(problems))
 
 
 def _pins(entry: dict[str, Any]) -> str:

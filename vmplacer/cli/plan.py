@@ -17,7 +17,9 @@ narrow because planned guests take pCPUs out of the shared pool.
 
 Exit codes: 0 every guest placed; 1 some guest does not fit (its NoFit reasons
 are in "errors", later guests are still placed) or the host failed; 2 bad input
-(request file, capabilities file, a base XML that does not validate).
+(request file, capabilities file, a base XML that does not validate or that the
+host's domain XML policy refuses: kind "xml-policy", each element, attribute and
+rule in "reasons").
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ class HostState:
     existing: list[Placement] = field(default_factory=list)
     domain_type: str = "kvm"
     options: AllocationOptions = field(default_factory=AllocationOptions)
+    policy: Any = None  # its DomainXmlPolicy; None: a host known by name only (no emulator, no storage)
 
 
 @dataclass
@@ -106,22 +109,32 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         requests = load_request_file(args.request)
     except RequestFileError as exc:
         raise UsageError(f"--request: {exc}") from None
+    from vmplacer.ports import HypervisorError
+
     state = _host_state(args, ctx)
     if args.domain_type:
         state.domain_type = args.domain_type
-    result = make_plan(state, requests)
+    try:
+        result = make_plan(state, requests)
+    except HypervisorError as exc:  # the host's emulators or storage pools could not be read
+        raise OperationalError(str(exc)) from None
     emit(args, result.to_dict(), _print_table)
     kinds = {error["kind"] for error in result.errors}
-    if "invalid-xml" in kinds:
+    if kinds & {"invalid-xml", "xml-policy"}:
         return EXIT_USAGE
     return EXIT_OPERATIONAL if kinds else EXIT_OK
 
 
 def make_plan(state: HostState, requests: list) -> PlanResult:
-    """Place each request in order; render XML of the final (pool-refreshed) placements."""
+    """Place each request in order; render XML of the final (pool-refreshed) placements.
+
+    Each base XML is held to the host's domain XML policy before it is placed, and each
+    rendered document again; a refused guest holds no resources."""
     from vmplacer.adapters.domain_xml import DomainXmlError, render_domain
+    from vmplacer.adapters.domain_xml_policy import DomainXmlPolicy, DomainXmlPolicyError
     from vmplacer.core.allocate import NoFit, allocate, refresh_shared_pins
 
+    policy = state.policy or DomainXmlPolicy(state.name)
     result = PlanResult(state.name)
     occupied: list[Placement] = list(state.existing)
     anti_affinity: dict[str, tuple[str, ...]] = {}
@@ -129,10 +142,16 @@ def make_plan(state: HostState, requests: list) -> PlanResult:
     for request in requests:
         spec = request.spec
         try:
+            if request.base_xml is not None:
+                policy.check(request.base_xml, spec.name)
             placement = allocate(state.topology, spec, occupied, options=state.options,
                                  anti_affinity_of_others=anti_affinity)
             # Render now: a base XML that cannot take the placement must not hold resources.
-            render_domain(spec, placement, base_xml=request.base_xml, domain_type=state.domain_type)
+            policy.check(render_domain(spec, placement, base_xml=request.base_xml, domain_type=state.domain_type),
+                         spec.name, "the rendered domain XML")
+        except DomainXmlPolicyError as exc:
+            result.errors.append(_policy_error(request, exc))
+            continue
         except NoFit as exc:
             result.errors.append({
                 "index": request.index, "guest": spec.name, "kind": "no-fit", "message": str(exc),
@@ -161,6 +180,11 @@ def make_plan(state: HostState, requests: list) -> PlanResult:
     for name, request in planned.items():
         placement = refreshed[name]
         xml = render_domain(request.spec, placement, base_xml=request.base_xml, domain_type=state.domain_type)
+        try:
+            policy.check(xml, name, "the rendered domain XML")
+        except DomainXmlPolicyError as exc:
+            result.errors.append(_policy_error(request, exc))
+            continue
         nodes = sorted({state.topology.cpus[c].node for c in placement.pcpus if c in state.topology.cpus})
         result.placements.append({
             "index": request.index,
@@ -179,6 +203,11 @@ def make_plan(state: HostState, requests: list) -> PlanResult:
     return result
 
 
+def _policy_error(request: Any, exc: Any) -> dict[str, Any]:
+    return {"index": request.index, "guest": request.spec.name, "kind": "xml-policy", "message": str(exc),
+            "reasons": [v.to_dict() for v in exc.violations]}
+
+
 # ----- where the host comes from -------------------------------------------------------------------
 def _host_state(args: argparse.Namespace, ctx: CliContext) -> HostState:
     if args.caps:
@@ -195,7 +224,16 @@ def _from_caps(path: Path) -> HostState:
         topology = read_capabilities_file(path)
     except CapabilitiesError as exc:
         raise UsageError(f"--caps: {exc}") from None
-    return HostState(topology.name, topology)
+    return HostState(topology.name, topology, policy=_caps_policy(topology.name, path))
+
+
+def _caps_policy(name: str, path: Path) -> Any:
+    """A host known from its capabilities: its emulators are listed there; its storage is
+    taken to be libvirt's default pool."""
+    from vmplacer.adapters.domain_xml_policy import DEFAULT_POOL_PATH, DomainXmlPolicy, HostFacts, emulators_in
+
+    facts = HostFacts(emulators_in(path.read_text(encoding="utf-8")), (DEFAULT_POOL_PATH,))
+    return DomainXmlPolicy(name, facts=lambda: facts)
 
 
 def _from_host(ctx: CliContext, name: str | None) -> HostState:
@@ -213,7 +251,8 @@ def _from_host(ctx: CliContext, name: str | None) -> HostState:
     except DomainXmlError as exc:
         raise OperationalError(f"host {name}: a domain's XML cannot be read: {exc}") from None
     existing = [_occupied(d, name) for d in domains]
-    return HostState(name, topology, existing, settings.domain_type, settings.allocation)
+    return HostState(name, topology, existing, settings.domain_type, settings.allocation,
+                     ctx.container.xml_policy(name))
 
 
 def _occupied(domain: Any, host: str) -> Placement:

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Path, Query, Request, Response
 
 from vmplacer.adapters.db.api import placement_records
+from vmplacer.adapters.domain_xml_policy import DomainXmlPolicyError
 from vmplacer.api.actors import acting_placement, acting_store, api_actor
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, HOST_ERROR, NOT_FOUND, ApiError
 from vmplacer.api.placing import Placer, check_base_xml
@@ -19,6 +20,7 @@ from vmplacer.api.schemas import (
     PlacementView,
     Removed,
 )
+from vmplacer.api.xml_policy import admit_base_xml, check_rendered, policy_refusal
 from vmplacer.core.guest import GuestSpec
 
 router = APIRouter(prefix="/v1/placements", tags=["placements"])
@@ -44,9 +46,15 @@ def create_placement(request: Request, body: PlacementRequest, response: Respons
     if body.start and not body.define:
         raise ApiError(422, "validation", "start needs define (a reserved guest is defined by the caller)",
                        [{"field": "start", "reason": "start=true requires define=true"}])
+    hosts = admit_base_xml(services, spec.name, hosts, base_xml)  # before any fit, claim or define
     if body.dry_run:
-        return placer.plan(spec, hosts, base_xml).to_dict()
-    outcome = placer.place(spec, hosts, base_xml, define=body.define, start=body.start, actor=actor.detail())
+        planned = placer.plan(spec, hosts, base_xml)
+        check_rendered(services, spec.name, planned.host, planned.result.xml)
+        return planned.to_dict()
+    try:
+        outcome = placer.place(spec, hosts, base_xml, define=body.define, start=body.start, actor=actor.detail())
+    except DomainXmlPolicyError as exc:  # the rendered XML, refused before any claim
+        raise policy_refusal(exc) from None
     response.status_code = 201
     response.headers["Location"] = f"/v1/placements/{spec.name}"
     return outcome.to_dict()
