@@ -366,28 +366,26 @@ class _Walk:
             if not spec.opaque:
                 self.scan_namespaces(element, where)
             return
+        children = [child for child in element if isinstance(child.tag, str)]  # not comments, PIs
         totals: dict[str, int] = {}
-        for child in element:
-            if isinstance(child.tag, str):
-                totals[child.tag] = totals.get(child.tag, 0) + 1
+        for child in children:
+            totals[child.tag] = totals.get(child.tag, 0) + 1
         counts: dict[str, int] = {}
-        for child in element:
-            if not isinstance(child.tag, str):
-                continue  # comments and processing instructions: libvirt ignores them
-            counts[child.tag] = counts.get(child.tag, 0) + 1
-            path = f"{where}/{_name(child)}" + (f"[{counts[child.tag]}]" if totals[child.tag] > 1 else "")
-            namespace = etree.QName(child).namespace
-            if namespace:
-                self.foreign(child, namespace, path)
-            elif child.tag in spec.children:
-                self.element(child, spec.children[child.tag], path)
+        for child in children:
+            tag = child.tag
+            counts[tag] = counts.get(tag, 0) + 1
+            path = f"{where}/{_name(child)}" + (f"[{counts[tag]}]" if totals[tag] > 1 else "")
+            if tag[0] == "{":
+                self.foreign(child, etree.QName(tag).namespace, path)
+            elif tag in spec.children:
+                self.element(child, spec.children[tag], path)
             else:
-                self.refuse(path, None, ALLOWLIST, f"<{child.tag}> is not in the allowlist under <{_name(element)}>")
+                self.refuse(path, None, ALLOWLIST, f"<{tag}> is not in the allowlist under <{_name(element)}>")
 
     def scan_namespaces(self, element: etree._Element, where: str) -> None:
         """Inside a subtree allowed as a whole, still no element of another namespace."""
         for child in element.iterdescendants():
-            if isinstance(child.tag, str) and etree.QName(child).namespace:
+            if isinstance(child.tag, str) and child.tag[0] == "{":
                 self.foreign(child, etree.QName(child).namespace, f"{where}//{_name(child)}")
 
     def foreign(self, element: etree._Element, namespace: str, where: str) -> None:
@@ -402,7 +400,7 @@ class _Walk:
     def attributes(self, element: etree._Element, spec: Spec, where: str) -> None:
         for key, value in element.attrib.items():
             name = _name_of(key)
-            if etree.QName(key).namespace or (spec.attrs is not None and key not in spec.attrs):
+            if key[0] == "{" or (spec.attrs is not None and key not in spec.attrs):
                 self.refuse(where, name, ALLOWLIST, f"attribute {name} of <{_name(element)}> is not in the allowlist")
                 continue
             allowed = spec.values.get(key)
@@ -468,12 +466,16 @@ class _Walk:
 
 
 def _name(element: etree._Element) -> str:
-    qname = etree.QName(element)
-    return f"{element.prefix}:{qname.localname}" if qname.namespace and element.prefix else qname.localname
+    """The element's name as written: `disk`, `qemu:commandline`."""
+    tag = element.tag
+    if tag[0] != "{":
+        return tag
+    localname = etree.QName(tag).localname
+    return f"{element.prefix}:{localname}" if element.prefix else localname
 
 
 def _name_of(key: str) -> str:
-    return etree.QName(key).localname if key.startswith("{") else key
+    return etree.QName(key).localname if key[0] == "{" else key
 
 
 # ----- paths ----------------------------------------------------------------------------------------
