@@ -47,6 +47,14 @@ def check_contract(data: dict) -> None:
     for group in data["llc"]:
         assert {"id", "cpus"} <= set(group)
     assert isinstance(data["smt"], int)
+    for core in data["cores"]:
+        assert {"die", "cluster", "kind"} <= set(core)
+    for die in data["dies"]:
+        assert {"id", "package", "cpus"} <= set(die)
+    for cluster in data["clusters"]:
+        assert {"id", "die", "cpus"} <= set(cluster)
+    assert all(isinstance(node["memory_only"], bool) for node in data["nodes"])
+    assert isinstance(data["memory_only_nodes"], list) and isinstance(data["warnings"], list)
 
 
 @pytest.mark.parametrize("path", EXAMPLES, ids=lambda p: p.name)
@@ -74,7 +82,8 @@ def test_table_is_a_tree_per_node():
     result = vmplacer("topology", "--caps", str(path))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("host opteron6378-4node: 2 package(s), 4 NUMA node(s), 32 cores")
+    assert lines[0].startswith("host opteron6378-4node: 2 package(s), 4 dies, 4 NUMA node(s), 32 cores")
+    assert any(line.endswith("core 9 (package 0, die 1, L2 4 shared with core(s) 8): 9") for line in lines)
     assert sum("node " in line and "memory 64 GiB" in line for line in lines) == 4
     assert sum("core " in line for line in lines) == 32
     assert any("L2 0 shared with core(s) 1" in line for line in lines)
@@ -155,3 +164,46 @@ def test_unreachable_host_exits_1(tmp_path):
     result = vmplacer("--config", str(config), "topology", "--host", "gone")
     assert result.returncode == 1, result.stderr
     assert "gone" in result.stderr
+
+
+# ----- dies, clusters, memory-only nodes, warnings and broken trees -------------------------
+
+@pytest.mark.parametrize(
+    ("name", "summary"),
+    [
+        ("epyc-4die-llc", "host epyc-4die-llc: 1 package(s), 4 dies, 1 NUMA node(s), 16 cores, 32 pCPUs"),
+        ("arm-clusters", "host arm-clusters: 1 package(s), 8 clusters, 2 NUMA node(s), 32 cores, 32 pCPUs"),
+        ("arm-gpu-memory", "host arm-gpu-memory: 1 package(s), 3 NUMA node(s) (2 memory only), 16 cores"),
+        ("s390x-books", "host s390x-books: 8 package(s), 1 NUMA node(s), 16 cores, 32 pCPUs"),
+    ],
+)
+def test_table_shows_dies_clusters_and_memory_only_nodes(tmp_path, name, summary):
+    fixtures = _fixture_builder()
+    root = fixtures.write_machine(fixtures.machines()[name], tmp_path)
+    result = vmplacer("topology", "--sysfs", str(root))
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.splitlines()[0].startswith(summary), result.stdout
+
+
+def test_warnings_go_to_stderr_and_into_the_json(tmp_path):
+    fixtures = _fixture_builder()
+    root = fixtures.write_machine(fixtures.machines()["kvm-no-ids"], tmp_path)
+    result = vmplacer("topology", "--sysfs", str(root), "--format", "json")
+    assert result.returncode == 0, result.stderr
+    data = json.loads(result.stdout)
+    check_contract(data)
+    assert len(data["warnings"]) == 2
+    for warning in data["warnings"]:
+        assert f"vmplacer: warning: {warning}" in result.stderr
+    assert "topology/core_id (and 7 more like it): missing" in result.stderr
+
+
+def test_a_malformed_file_exits_2_naming_file_and_content_without_a_traceback(tmp_path):
+    fixtures = _fixture_builder()
+    root = fixtures.write_machine(fixtures.machines()["epyc-4die-llc"], tmp_path)
+    bad = root / "sys" / "devices" / "system" / "cpu" / "cpu5" / "cache" / "index3" / "level"
+    bad.write_text("L3\n\x00")
+    result = vmplacer("topology", "--sysfs", str(root), "--format", "json")
+    assert result.returncode == 2
+    assert result.stderr == f"vmplacer: error: --sysfs: {bad}: expected an integer, found 'L3'\n"
+    assert result.stdout == ""

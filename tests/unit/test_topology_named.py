@@ -7,13 +7,12 @@ each machine is built (its datasheet), written out per row.
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 
 import pytest
 
-from vmplacer.adapters.capabilities import parse_capabilities, read_capabilities_file
+from tests.unit import sysfs_fixtures
+from vmplacer.adapters.capabilities import read_capabilities_file
 from vmplacer.adapters.sysfs import read_sysfs
 from vmplacer.core.assemble import CacheFacts, CpuFacts, TopologyError, assemble_topology
 from vmplacer.core.topology import DistanceClass, HostTopology, Node
@@ -22,24 +21,14 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "hosts"
 
 
-def _fixture_builder():
-    name = "make_sysfs_fixtures"
-    if name not in sys.modules:
-        spec = importlib.util.spec_from_file_location(name, ROOT / "tests" / "data" / f"{name}.py")
-        module = importlib.util.module_from_spec(spec)
-        sys.modules[name] = module
-        spec.loader.exec_module(module)
-    return sys.modules[name]
-
-
-fixtures = _fixture_builder()
+fixtures = sysfs_fixtures.load()
 SYSFS_NAMES = sorted(fixtures.machines())
 EXAMPLE_NAMES = sorted(path.stem for path in EXAMPLES.glob("*.xml"))
 
 
 @pytest.fixture(scope="module")
-def roots(tmp_path_factory) -> dict[str, Path]:
-    return fixtures.build_all(tmp_path_factory.mktemp("sysfs"))
+def roots(sysfs_roots) -> dict[str, Path]:
+    return sysfs_roots
 
 
 @pytest.fixture(scope="module")
@@ -230,33 +219,6 @@ def test_invariants(named, host):
     assert topology.smt == max(len(core.cpus) for core in topology.cores)
     for node in topology.nodes:
         assert topology.distance(node, node) == 10
-
-
-# ----- both readers agree on the same machine --------------------------------------------
-
-def signature(topology: HostTopology) -> dict:
-    """What must not depend on the reader: nodes, cores, siblings, LLC groups (online CPUs)."""
-    online = topology.online_cpus
-    return {
-        "nodes": {
-            n.id: (sorted(topology.cpus_in_node(n.id) & online), n.memory_kib, n.distances,
-                   {p.size_kib: p.total for p in n.hugepages})
-            for n in topology.nodes.values()
-        },
-        "cores": sorted(sorted(set(c.cpus) & online) for c in topology.cores if set(c.cpus) & online),
-        "core_ids": {c: topology.cpus[c].core for c in sorted(online)},
-        "packages": {c: topology.cpus[c].package for c in sorted(online)},
-        "llc": sorted(sorted(g) for g in topology.llc_groups.values()),
-        "smt": topology.smt,
-    }
-
-
-@pytest.mark.parametrize("host", SYSFS_NAMES)
-def test_sysfs_and_capabilities_of_one_machine_agree(named, host):
-    machine = fixtures.machines()[host]
-    from_sysfs = named(host)
-    from_caps = parse_capabilities(fixtures.libvirt_capabilities(machine), name=host)
-    assert signature(from_caps) == signature(from_sysfs)
 
 
 # ----- assemble_topology directly ----------------------------------------------------------

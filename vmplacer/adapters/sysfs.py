@@ -161,12 +161,13 @@ def _cpu_facts(files: SysfsFiles, base: Path, cpu: int, node: int, kind: str | N
     if not topo.is_dir():
         files.warn("topology-dir", topo, "missing; the CPU is taken as a core of its own")
         return CpuFacts(id=cpu, node=node, online=True, kind=kind)
-    siblings = files.cpus(topo, SIBLING_LISTS, SIBLING_MASKS)
+    siblings = files.cpus(topo, SIBLING_LISTS, SIBLING_MASKS, nonempty=True)
     core_id = files.integer(topo / "core_id")
     if core_id is None:
-        files.warn("core_id", topo / "core_id",
-                   "missing; cores taken from the SMT sibling lists" if siblings is not None
-                   else "missing, and no SMT sibling list: the CPU is taken as a core of its own")
+        state = files.absence(topo / "core_id")
+        files.warn(f"core_id-{state}", topo / "core_id",
+                   f"{state}; cores taken from the SMT sibling lists" if siblings is not None
+                   else f"{state}, and no SMT sibling list: the CPU is taken as a core of its own")
     die = files.integer(topo / "die_id")
     return CpuFacts(
         id=cpu,
@@ -178,7 +179,7 @@ def _cpu_facts(files: SysfsFiles, base: Path, cpu: int, node: int, kind: str | N
         siblings=siblings,
         kind=kind,
         cluster=files.integer(topo / "cluster_id"),
-        package_cpus=files.cpus(topo, PACKAGE_LISTS, PACKAGE_MASKS),
+        package_cpus=files.cpus(topo, PACKAGE_LISTS, PACKAGE_MASKS, nonempty=True),
     )
 
 
@@ -195,7 +196,7 @@ def _warn_about_packages(files: SysfsFiles, cpu_dir: Path, online: list[CpuFacts
         consequence = "no package CPU lists either: one package per NUMA node assumed"
     for fact in missing:
         path = cpu_dir / f"cpu{fact.id}" / "topology" / "physical_package_id"
-        state = "missing" if fact.package is None else f"reads {fact.package}"
+        state = files.absence(path) if fact.package is None else f"reads {fact.package}"
         files.warn(f"package-{state}", path, f"{state}; {consequence}")
 
 
@@ -208,11 +209,13 @@ def _read_caches(files: SysfsFiles, cache_dir: Path) -> list[CacheFacts]:
     for index in sorted(cache_dir.glob("index*")):
         level = files.integer(index / "level")
         if level is None:
-            files.warn("cache-level", index / "level", "missing; that cache is left out")
+            state = files.absence(index / "level")
+            files.warn(f"cache-level-{state}", index / "level", f"{state}; that cache is left out")
             continue
         kind = files.text(index / "type")
-        if kind is None:
-            files.warn("cache-type", index / "type", "missing; the cache is taken as unified")
+        if not kind:
+            state = files.absence(index / "type")
+            files.warn(f"cache-type-{state}", index / "type", f"{state}; the cache is taken as unified")
         if level < 2 or kind == "Instruction":
             continue
         cpus = files.cpus(index, ["shared_cpu_list"], ["shared_cpu_map"])
@@ -220,7 +223,7 @@ def _read_caches(files: SysfsFiles, cache_dir: Path) -> list[CacheFacts]:
             files.warn("cache-cpus", index / "shared_cpu_list",
                        "missing, and no shared_cpu_map either; that cache is left out")
         elif cpus:
-            found.append(CacheFacts(level=level, cpus=cpus))
+            found.append(CacheFacts(level=level, cpus=cpus, source=str(index)))
     return found
 
 

@@ -51,9 +51,9 @@ class SysfsFiles:
         return text
 
     def integer(self, path: Path) -> int | None:
-        """An integer file; None when missing, an error when it holds anything else."""
+        """An integer file; None when missing or empty (it says nothing), an error when it holds anything else."""
         text = self.text(path)
-        if text is None:
+        if not text:
             return None
         try:
             return int(text)
@@ -80,17 +80,20 @@ class SysfsFiles:
         except CpusetError as exc:
             raise SysfsError(f"{path}: {exc}") from None
 
-    def cpus(self, directory: Path, lists: Sequence[str], masks: Sequence[str] = ()) -> frozenset[int] | None:
-        """The first of `lists` (list syntax) or `masks` (hex masks) that exists in `directory`."""
-        for list_name in lists:
-            found = self.cpulist(directory / list_name)
-            if found is not None:
-                return found
-        for mask_name in masks:
-            found = self.cpumask(directory / mask_name)
-            if found is not None:
+    def cpus(self, directory: Path, lists: Sequence[str], masks: Sequence[str] = (), *,
+             nonempty: bool = False) -> frozenset[int] | None:
+        """The first of `lists` (list syntax) or `masks` (hex masks) that exists in `directory`
+        (with `nonempty`: that names a CPU — a CPU's own sibling set never is empty)."""
+        candidates = [(self.cpulist, directory / n) for n in lists] + [(self.cpumask, directory / n) for n in masks]
+        for read, path in candidates:
+            found = read(path)
+            if found is not None and (found or not nonempty):
                 return found
         return None
+
+    def absence(self, path: Path) -> str:
+        """Why a file gave nothing, for a warning: "missing" or "empty"."""
+        return "empty" if path.exists() else "missing"
 
     # ----- warnings -----------------------------------------------------------------------
     def warn(self, kind: str, path: Path, consequence: str) -> None:

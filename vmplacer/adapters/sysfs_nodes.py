@@ -123,7 +123,8 @@ def _node_hugepages(files: SysfsFiles, path: Path) -> tuple[HugepagePool, ...]:
         free = files.integer(entry / "free_hugepages")
         if total is None or free is None:
             missing = entry / ("nr_hugepages" if total is None else "free_hugepages")
-            files.warn("hugepages", missing, "missing; that hugepage pool is left out")
+            state = files.absence(missing)
+            files.warn(f"hugepages-{state}", missing, f"{state}; that hugepage pool is left out")
             continue
         pools.append(HugepagePool(size_kib=int(match.group(1)), total=total, free=free))
     return tuple(sorted(pools, key=lambda p: p.size_kib))

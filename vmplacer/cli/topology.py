@@ -1,14 +1,17 @@
-"""`vmplacer topology`: show a host's NUMA nodes, cores, SMT threads and caches.
+"""`vmplacer topology`: show a host's NUMA nodes, packages, dies, clusters, cores, threads and caches.
 
 Reads a configured host through its hypervisor, a saved capabilities file, or
 a sysfs tree, so an operator can check what the placer will see before it
-places anything. `--format json` is the stable contract (`HostTopology.to_dict`).
+places anything. `--format json` is the stable contract (`HostTopology.to_dict`,
+docs/placement.md). What the reader could not read, and what it assumed
+instead, is printed as warnings on stderr (and listed in the JSON).
 """
 
 from __future__ import annotations
 
 import argparse
 import platform
+import sys
 from pathlib import Path
 
 from vmplacer.cli.common import (
@@ -41,6 +44,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
     topology = load_topology(args, ctx)
     emit(args, topology.to_dict(), lambda _data: render_tree(topology))
+    for warning in topology.warnings:
+        sys.stderr.write(f"vmplacer: warning: {warning}\n")
     return 0
 
 
@@ -102,8 +107,15 @@ def build_tree(topology: HostTopology):  # -> rich.tree.Tree
 
     cpus = topology.cpus
     online = topology.online_cpus
+    levels = [f"{len(topology.packages)} package(s)"]
+    if len(topology.dies) > len(topology.packages):
+        levels.append(f"{len(topology.dies)} dies")
+    if topology.clusters:
+        levels.append(f"{len(topology.clusters)} clusters")
+    memory_only = topology.memory_only_nodes
+    nodes = f"{len(topology.nodes)} NUMA node(s)" + (f" ({len(memory_only)} memory only)" if memory_only else "")
     summary = (
-        f"host {topology.name}: {len(topology.packages)} package(s), {len(topology.nodes)} NUMA node(s), "
+        f"host {topology.name}: {', '.join(levels)}, {nodes}, "
         f"{sum(1 for c in topology.cores if set(c.cpus) & online)} cores, {len(cpus)} pCPUs "
         f"({len(online)} online), SMT-{topology.smt}"
     )
@@ -121,7 +133,7 @@ def build_tree(topology: HostTopology):  # -> rich.tree.Tree
             branch.add(f"hugepages: {pools}")
         cores = topology.cores_in_node(node.id)
         if not cores:
-            branch.add("no CPUs (memory only)")
+            branch.add("no CPUs (memory only): guest memory goes here only when a placement names the node")
             continue
         by_llc: dict[int | None, list[Core]] = {}
         for core in cores:
@@ -153,6 +165,10 @@ def _core_line(topology: HostTopology, core: Core) -> str:
         ]
         threads.append(f"{cpu_id}" + (f" ({', '.join(marks)})" if marks else ""))
     parts = [f"core {core.id} (package {core.package}"]
+    if len(topology.dies) > len(topology.packages):
+        parts.append(f", die {core.die}")
+    if core.cluster is not None:
+        parts.append(f", cluster {core.cluster}")
     if first.kind:
         parts.append(f", {first.kind}")
     if first.l2 is not None:

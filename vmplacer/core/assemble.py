@@ -8,7 +8,7 @@ same machine read two ways yields the same HostTopology.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from vmplacer.core.topology import Cpu, HostTopology, Node
@@ -46,10 +46,11 @@ class CpuFacts:
 
 @dataclass(frozen=True)
 class CacheFacts:
-    """One cache instance: its level and the CPUs sharing it."""
+    """One cache instance: its level, the CPUs sharing it, and where the reader found it."""
 
     level: int
     cpus: frozenset[int]
+    source: str | None = field(default=None, compare=False)
 
 
 def assemble_topology(
@@ -183,11 +184,22 @@ def _ordered_cores(online: Mapping[int, CpuFacts], packages: Mapping[int, int], 
 
 def _group_cores(online: Mapping[int, CpuFacts], packages: Mapping[int, int], raw_die: Mapping[int, int],
                  name: str) -> list[list[int]]:
-    """Group CPUs into cores and check the host's sibling lists agree with each other."""
+    """Group CPUs into cores and check the host's sibling lists agree with each other.
+
+    A CPU without a sibling list joins the core a sibling list names it in.
+    """
+    claimed: dict[int, frozenset[int]] = {}
+    for cpu_id, fact in sorted(online.items()):
+        if fact.siblings is not None:
+            core = fact.siblings.intersection(online) | {cpu_id}
+            for member in core:
+                claimed.setdefault(member, core)
     groups: dict[tuple[Any, ...], list[int]] = {}
     for cpu_id, fact in sorted(online.items()):
         if fact.siblings is not None:
             key: tuple[Any, ...] = ("siblings", fact.siblings.intersection(online) | {cpu_id})
+        elif cpu_id in claimed:
+            key = ("siblings", claimed[cpu_id])
         elif fact.core_id is not None:
             key = ("ids", packages[cpu_id], raw_die[cpu_id], fact.core_id, fact.node)
         else:
@@ -256,8 +268,12 @@ def _cache_groups(
     def whole_cores(cpus: frozenset[int]) -> frozenset[int]:
         return frozenset().union(*(core_of[c] for c in cpus if c in core_of))
 
-    known = [CacheFacts(c.level, whole_cores(frozenset(c.cpus))) for c in caches if c.level >= 2]
+    known = [CacheFacts(c.level, whole_cores(frozenset(c.cpus)), c.source) for c in caches if c.level >= 2]
     known = [c for c in known if c.cpus]
+    sources: dict[frozenset[int], str] = {}
+    for cache in known:
+        if cache.source:
+            sources.setdefault(cache.cpus, cache.source)
     top_level = max((c.level for c in known), default=None)
     l2_sets = [c.cpus for c in known if c.level == 2]
     llc_sets = [c.cpus for c in known if c.level == top_level]
@@ -269,19 +285,26 @@ def _cache_groups(
         if cpu not in covered_llc:
             by_die.setdefault(die_of[cpu], set()).add(cpu)
     llc_sets += [frozenset(s) for s in by_die.values()]
-    return _number_groups(l2_sets, "L2 caches", name), _number_groups(llc_sets, "last-level caches", name)
+    return (_number_groups(l2_sets, "L2 caches", name, sources),
+            _number_groups(llc_sets, "last-level caches", name, sources))
 
 
-def _number_groups(sets: Iterable[frozenset[int]], what: str, name: str) -> dict[int, int]:
+def _number_groups(sets: Iterable[frozenset[int]], what: str, name: str,
+                   sources: Mapping[frozenset[int], str] | None = None) -> dict[int, int]:
     """Map CPU -> group id, groups numbered by lowest CPU; overlapping groups are an error."""
     distinct = sorted(set(sets), key=min)
     group_of: dict[int, int] = {}
+
+    def named(members: frozenset[int]) -> str:
+        source = (sources or {}).get(members)
+        return f"{sorted(members)}" + (f" in {source}" if source else "")
+
     for index, members in enumerate(distinct):
         for cpu in members:
             if cpu in group_of:
                 raise TopologyError(
                     f"host {name}: CPU {cpu} is in two different {what} "
-                    f"({sorted(distinct[group_of[cpu]])} and {sorted(members)})"
+                    f"({named(distinct[group_of[cpu]])} and {named(members)})"
                 )
             group_of[cpu] = index
     return group_of
