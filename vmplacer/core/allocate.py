@@ -444,7 +444,9 @@ def _guest_threads(topology: HostTopology, cells: tuple[CellRequest, ...],
 # ----- CPU choice inside one node --------------------------------------------------------------------
 def choose_cores(cores: list[CoreView], count: int) -> list[CoreView]:
     """`count` cores, inside one LLC when one can hold them all (the tightest such LLC),
-    else from the largest LLC groups first — fewer cache domains per guest."""
+    else inside one die when one can (the tightest such die: on multi-die packages
+    crossing dies costs more than crossing LLCs of one die), else from the largest
+    LLC groups first — fewer cache domains per guest."""
     if count <= 0:
         return []
     groups: dict[int | None, list[CoreView]] = {}
@@ -454,6 +456,12 @@ def choose_cores(cores: list[CoreView], count: int) -> list[CoreView]:
     if fitting:
         best = min(fitting, key=lambda g: (len(g), g[0].rank))
         return best[:count]
+    dies: dict[int, list[CoreView]] = {}
+    for core in cores:
+        dies.setdefault(core.core.die, []).append(core)
+    roomy = [d for d in dies.values() if len(d) >= count]
+    if len(dies) > 1 and roomy:
+        return choose_cores(min(roomy, key=lambda d: (len(d), d[0].rank)), count)
     chosen: list[CoreView] = []
     for group in sorted(groups.values(), key=lambda g: (-len(g), g[0].rank)):
         chosen.extend(group[: count - len(chosen)])

@@ -42,7 +42,8 @@ def split_vcpus(placement: Placement) -> tuple[dict[int, int], dict[int, frozens
 
 
 def memory_by_node(topology: HostTopology, placement: Placement) -> dict[int, int]:
-    """KiB of guest memory per host node: from its cells, else its memory nodes, else its CPUs."""
+    """KiB of guest memory per host node: from its cells, else its memory nodes, else its CPUs,
+    else spread over the nodes with online CPUs — never onto a CPU-less node nobody named."""
     result: dict[int, int] = {}
     if placement.cells:
         for cell in placement.cells:
@@ -54,7 +55,7 @@ def memory_by_node(topology: HostTopology, placement: Placement) -> dict[int, in
     if not nodes:
         nodes = sorted({topology.cpus[c].node for c in placement.pcpus if c in topology.cpus})
     if not nodes:
-        nodes = sorted(topology.nodes)
+        nodes = sorted({topology.cpus[c].node for c in topology.online_cpus}) or sorted(topology.nodes)
     if not nodes or placement.memory_kib <= 0:
         return result
     share, rest = divmod(placement.memory_kib, len(nodes))

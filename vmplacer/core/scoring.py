@@ -57,18 +57,25 @@ class LocalityScorer:
 
     @staticmethod
     def _llc_term(topology: HostTopology, placement: Placement) -> float:
+        """Per cell: the share of its pinned vCPUs in its busiest LLC times the share in its
+        busiest die — a cell that must span LLCs had better stay on one die."""
         dedicated, _ = split_vcpus(placement)
         if not dedicated:
             return 1.0
         groups = [list(c.vcpus) for c in placement.cells] or [list(placement.vcpupin)]
         fractions = []
         for vcpus in groups:
-            cpus = [dedicated[v] for v in vcpus if v in dedicated]
-            llcs = [topology.cpus[c].llc for c in cpus if c in topology.cpus]
+            cpus = [topology.cpus[dedicated[v]] for v in vcpus if v in dedicated and dedicated[v] in topology.cpus]
+            llcs = [cpu.llc for cpu in cpus]
             if not llcs or any(llc is None for llc in llcs):
                 continue
-            fractions.append(max(llcs.count(llc) for llc in set(llcs)) / len(llcs))
+            fractions.append(_top_share(llcs) * _top_share([cpu.die for cpu in cpus]))
         return sum(fractions) / len(fractions) if fractions else 1.0
+
+
+def _top_share(values: list) -> float:
+    """Share of the most common value (1.0 when all are equal)."""
+    return max(values.count(value) for value in set(values)) / len(values)
 
 
 @dataclass(frozen=True)
