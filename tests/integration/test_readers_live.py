@@ -29,24 +29,29 @@ def system_conn(testbed):
         conn.close()
 
 
-def structure(topology: HostTopology) -> dict:
+def structure(topology: HostTopology, clusters: bool) -> dict:
     online = topology.online_cpus
     return {
         "online": sorted(online),
         "nodes": {n: sorted(topology.cpus_in_node(n) & online) for n in topology.nodes},
         "distances": {n.id: n.distances for n in topology.nodes.values()},
         "hugepages": {n.id: {p.size_kib: p.total for p in n.hugepages} for n in topology.nodes.values()},
-        "cores": [(c.id, c.node, c.package, c.cpus) for c in topology.cores if set(c.cpus) & online],
+        "cores": [(c.id, c.node, c.package, c.die, c.cpus) for c in topology.cores if set(c.cpus) & online],
         "siblings": {cpu: sorted(topology.siblings(cpu)) for cpu in sorted(online)},
+        "dies": {k: sorted(v) for k, v in topology.dies.items()},
+        "clusters": {k: sorted(v) for k, v in topology.clusters.items()} if clusters else None,
         "llc": {k: sorted(v) for k, v in topology.llc_groups.items()},
         "smt": topology.smt,
+        "memory_only": topology.memory_only_nodes,
     }
 
 
 def test_sysfs_and_live_capabilities_agree(system_conn):
     from_caps = read_capabilities_live(system_conn, "self")
     from_sysfs = read_sysfs("/", "self")
-    assert structure(from_caps) == structure(from_sysfs)
+    # libvirt writes cluster_id from version 10 on; older daemons leave clusters unknown.
+    clusters = "cluster_id=" in system_conn.getCapabilities()
+    assert structure(from_caps, clusters) == structure(from_sysfs, clusters)
     # libvirt reports L3 banks only: L2 is one group per core unless the XML has level-2 banks.
     if "level='2'" not in system_conn.getCapabilities():
         assert set(from_caps.l2_groups.values()) == {
