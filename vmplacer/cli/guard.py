@@ -48,7 +48,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     if args.once:
         report = replay_freeze_journal(ctx.container, cause="guard")
         _unreadable(report)
-        emit(args, report.to_dict(), _print)
+        emit(args, report.to_dict(), print_replay)
         return 1 if report.errors else 0
 
     stop = threading.Event()
@@ -59,7 +59,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     while True:
         report = replay_freeze_journal(ctx.container, cause="guard", hosts=hosts)
         if report.resumed or report.errors:
-            emit(args, report.to_dict(), _print)
+            emit(args, report.to_dict(), print_replay)
         if stop.wait(every):
             return 0
 
@@ -70,7 +70,7 @@ def _unreadable(report: Any) -> None:
         raise OperationalError(unreadable[0])
 
 
-def _print(data: dict[str, Any]) -> None:
+def print_replay(data: dict[str, Any]) -> None:
     for item in data["resumed"]:
         print(f"resumed {item['domain']} on {item['host']}")
     for item in data["left_alone"]:
@@ -78,4 +78,4 @@ def _print(data: dict[str, Any]) -> None:
     for error in data["errors"]:
         print(f"error: {error}")
     if not (data["resumed"] or data["left_alone"] or data["errors"]):
-        print("nothing left paused")
+        print("freeze journal: nothing to replay")

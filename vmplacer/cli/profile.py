@@ -419,16 +419,7 @@ def run_replay(args: argparse.Namespace, ctx: CliContext) -> int:
     if args.host:
         resolve_host(ctx, args.host)
     report = _replay(ctx, args.host)
+    from vmplacer.cli.guard import print_replay
 
-    def table(data: dict[str, Any]) -> None:
-        for item in data["resumed"]:
-            print(f"resumed {item['domain']} on {item['host']}")
-        for item in data["left_alone"]:
-            print(f"left {item['domain']} on {item['host']} paused: {item['why']}")
-        for error in data["errors"]:
-            print(f"error: {error}")
-        if not data["resumed"] and not data["left_alone"] and not data["errors"]:
-            print("freeze journal: nothing to replay")
-
-    emit(args, report.to_dict(), table)
+    emit(args, report.to_dict(), print_replay)
     return 1 if report.errors else 0
