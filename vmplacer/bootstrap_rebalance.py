@@ -13,6 +13,7 @@ import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore, new_holder
 from vmplacer.adapters.libvirt_rebalance import RebalanceHost
 from vmplacer.app.executor import ExecutorSettings
@@ -129,4 +130,5 @@ def build_rebalancer(
         demand=demand if measure_demand else None,
         probe=(lambda host, seconds: profile(host, seconds, ("*",))) if profile else None,
         unavailable=unavailable,
+        solver=CpSatLayoutSolver(),
     )

@@ -30,6 +30,7 @@ from typing import Any
 from vmplacer.app.executor import Auditor, Executor, ExecutorError, ExecutorSettings
 from vmplacer.core.guest import GuestSpec, GuestSpecError
 from vmplacer.core.interference import InterferenceModel
+from vmplacer.core.layout_problem import LayoutSolver
 from vmplacer.core.plan import (
     PLAN_APPLIABLE_STATES,
     PLAN_CANCELLABLE_STATES,
@@ -204,8 +205,10 @@ class Rebalancer:
         unavailable: Mapping[str, str] | None = None,
         allocation: Callable[[str], AllocationOptions] | None = None,
         in_maintenance: Callable[[], Iterable[str]] | None = None,
+        solver: LayoutSolver | None = None,
     ):
         self.hosts = dict(hosts)
+        self.solver = solver  # exact layouts of small hosts (None: the local search alone)
         self.in_maintenance = in_maintenance or (lambda: ())
         self.allocation = allocation or (lambda _host: AllocationOptions())
         self.plans = plans
@@ -326,7 +329,7 @@ class Rebalancer:
         else:
             last_moved = self.plans.last_moved(list(observed.state.guests))
             plan = plan_rebalance(observed.state, model, settings, now=self.wall(), last_moved=last_moved,
-                                  scope=movable)
+                                  scope=movable, solver=self.solver)
         unreadable = [{"host": host, "error": error} for host, error in observed.errors.items()]
         summary = plan.summary
         if unreadable:

@@ -32,6 +32,7 @@ from vmplacer.app.evaluate import ProfileSettings, freeze_and_sense, measure, pr
 from vmplacer.app.executor import ExecutorSettings
 from vmplacer.app.rebalance import Rebalancer, RunOptions
 from vmplacer.core.interference import InterferenceModel, ModelConfig, Observation
+from vmplacer.core.layout_problem import LayoutSolver
 from vmplacer.core.pairs import PairTable
 from vmplacer.core.plan import Action, Plan, PlanError
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
@@ -302,6 +303,7 @@ class VmplacerLoop:
     profile_rounds: int = 1
     observations: list[Observation] = field(default_factory=list)
     model: InterferenceModel | None = None
+    solver: LayoutSolver | None = None
 
     def __post_init__(self) -> None:
         clock = self.cluster.clock
@@ -312,6 +314,7 @@ class VmplacerLoop:
             executor_settings=ExecutorSettings(retries=0, migration_timeout_s=600),
             load_model=lambda: self.model or InterferenceModel(self.model_config),
             learn=self._learn, profile=self._profile, probe=lambda host, seconds: self._profile(host, seconds, ()),
+            solver=self.solver,
         )
 
     def _profile(self, host_name: str, seconds: float, scope: Sequence[str]) -> str:
@@ -364,7 +367,8 @@ def optimum(table: PairTable, case: Case, start: Start, simulator: Simulator,
 def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix: str = "", rounds: int = 5,
                   noise: float = 0.03, settings: RebalanceSettings | None = None,
                   model_config: ModelConfig | None = None,
-                  optimum_limit: int = DEFAULT_OPTIMUM_LIMIT) -> dict[str, Any]:
+                  optimum_limit: int = DEFAULT_OPTIMUM_LIMIT,
+                  solver: LayoutSolver | None = None) -> dict[str, Any]:
     """Every policy on its own copy of one starting point; the JSON row of the benchmark."""
     start = starting_point(table, case)
     per_vm: dict[str, dict[str, float] | None] = {}
@@ -384,7 +388,7 @@ def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix:
 
     cluster = build(table, case, start, noise=noise, seed=case.seed, simulator=simulator)
     config = model_config or ModelConfig(distance_prior=DISTANCE_PRIOR)
-    loop = VmplacerLoop(cluster, settings or RebalanceSettings(max_actions=case.vms), config)
+    loop = VmplacerLoop(cluster, settings or RebalanceSettings(max_actions=case.vms), config, solver=solver)
     loop.run(rounds)
     per_vm["vmplacer"] = performance(cluster)
     actions["vmplacer"] = len(loop.plans.moves())

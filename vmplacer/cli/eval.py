@@ -204,12 +204,14 @@ def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
     if args.start == "siblings" and args.vms > shape.pcpus:
         raise UsageError(f"--vms {args.vms}: the siblings start packs every VM on the first host, "
                          f"which has {shape.pcpus} pCPUs")
+    from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
     from vmplacer.adapters.simulator import SimCluster  # this command's only hosts
 
     table = load_pairs(args.pairs)
     row = evaluate_case(table, Case(args.start, args.hosts, args.vms, shape, args.seed),
                         simulator=lambda truth, seed, noise: SimCluster(truth, seed=seed, noise=noise),
-                        matrix=Path(table.source).name, rounds=args.rounds, noise=args.noise)
+                        matrix=Path(table.source).name, rounds=args.rounds, noise=args.noise,
+                        solver=CpSatLayoutSolver())
     emit(args, row, _render_rebalance)
     return 0
 

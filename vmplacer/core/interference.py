@@ -64,6 +64,22 @@ _SAME_CPU = DistanceClass.SAME_CPU.rank
 _DEFAULT_REFERENCE = DistanceClass.SAME_LLC
 
 
+def _identified_evidence(gram: np.ndarray, k: float) -> np.ndarray:
+    """Per feature, the evidence its data give it alone: 1/[(G + kI)⁻¹]_ii − k.
+
+    With features seen apart (G diagonal) this is Σw², the plain count; features
+    that always occur together (the same layout observed again and again) share
+    their evidence, because the data cannot tell their coefficients apart. So the
+    confidence e/(e + k) is 1 − (posterior / prior variance) of a ridge fit.
+    """
+    k = max(k, 1e-9)
+    try:
+        inverse = np.linalg.inv(gram + k * np.eye(len(gram)))
+    except np.linalg.LinAlgError:
+        return np.diag(gram).copy()
+    return np.maximum(1.0 / np.maximum(np.diag(inverse), 1e-300) - k, 0.0)
+
+
 # --------------------------------------------------------------------------- values
 @dataclass(frozen=True)
 class Tenant:
@@ -332,6 +348,32 @@ class _Solution:
     residual: np.ndarray  # [class, interferer, target] (padded)
     confidence: np.ndarray  # [class, interferer, target] (padded)
     reference: DistanceClass
+
+
+def _nearer_never_less(scale: np.ndarray, evidence: np.ndarray, reference: DistanceClass) -> np.ndarray:
+    """The distance scales made non-increasing from same-core to remote-node (weighted
+    pool-adjacent-violators), the reference class held where it is.
+
+    Nearer pCPUs share more hardware (METHOD.md §1): a fit that rates SMT siblings
+    below cores that only share the LLC is reading noise or confounded layouts.
+    Classes without data follow their neighbours.
+    """
+    ranks = list(range(1, _N_CLASSES))  # same-core … remote-node
+    weights = [1e12 if r == reference.rank else max(float(evidence[r]), 1e-9) for r in ranks]
+    blocks: list[list[float]] = []  # [weighted sum, weight, count]
+    for r, w in zip(ranks, weights):
+        blocks.append([scale[r] * w, w, 1])
+        while len(blocks) > 1 and blocks[-2][0] / blocks[-2][1] < blocks[-1][0] / blocks[-1][1]:
+            total, weight, count = blocks.pop()
+            blocks[-1][0] += total
+            blocks[-1][1] += weight
+            blocks[-1][2] += count
+    result = scale.copy()
+    r = 1
+    for total, weight, count in blocks:
+        result[r:r + count] = total / weight
+        r += count
+    return result
 
 
 def _fit_factors(blocks, key_wclass: np.ndarray, params: _FactorLayout, cfg: ModelConfig,
@@ -648,8 +690,14 @@ class InterferenceModel:
         prior_scale = np.array([cfg.prior_scale(cls) for cls in _CLASSES])
         theta, scale = params.prior(), prior_scale.copy()
         if blocks:
-            theta, scale = _fit_factors(blocks, key_wclass, params, cfg, prior_scale, reference,
-                                        evidence_by_class > 0)
+            observed = evidence_by_class > 0
+            theta, scale = _fit_factors(blocks, key_wclass, params, cfg, prior_scale, reference, observed)
+            ordered = _nearer_never_less(scale, evidence_by_class, reference)
+            if not np.allclose(ordered, scale):
+                # The data alone put a farther class above a nearer one (few layouts, classes
+                # always seen together): keep the topology's order and refit the rest.
+                theta, scale = _fit_factors(blocks, key_wclass, params, cfg, ordered, reference,
+                                            np.zeros_like(observed))
 
         mu, ci, cs, inter, sens, press, susc = params.split(theta)
         inter = np.append(inter, 0.0)  # padding slot: a workload never observed
@@ -666,7 +714,7 @@ class InterferenceModel:
             prior = scale[c] * base
             beta = ridge_toward(gram, rhs, prior, cfg.pair_shrinkage)
             residual[c, u, v] = beta - prior
-            ev_triple[c, u, v] = np.diag(gram)
+            ev_triple[c, u, v] = _identified_evidence(gram, cfg.confidence_evidence)
 
         confidence = self._confidence(ev_triple, cfg.confidence_evidence)
         self._solution = _Solution(keys, wclasses, key_wclass, mu, ci, cs, inter, sens, press, susc, scale,
@@ -676,7 +724,9 @@ class InterferenceModel:
     @staticmethod
     def _confidence(ev_triple: np.ndarray, k: float) -> np.ndarray:
         """Evidence → confidence: exact coefficient > same pair at another distance
-        > both VMs seen with others > only class/global averages."""
+        > both VMs seen with others > only class/global averages. A coefficient not
+        observed at its own distance is trusted only as far as that distance class was
+        observed at all: its scale is otherwise the prior's guess."""
         k = max(k, 1e-9)
         ev_pair = ev_triple.sum(axis=0)
         ev_inter = ev_pair.sum(axis=1)  # as interferer
@@ -687,7 +737,10 @@ class InterferenceModel:
         level_keys = 0.5 * both / (both + k)
         unknown = 0.25 * total / (total + k)
         fallback = np.where(ev_pair > 0, level_pair, np.where(both > 0, level_keys, unknown))
-        return np.where(ev_triple > 0, ev_triple / (ev_triple + k), fallback[None, :, :])
+        ev_class = ev_triple.sum(axis=(1, 2))
+        level_class = ev_class / (ev_class + k)
+        return np.where(ev_triple > 0, ev_triple / (ev_triple + k),
+                        fallback[None, :, :] * level_class[:, None, None])
 
     # ----- querying -------------------------------------------------------------
     @property
@@ -739,6 +792,21 @@ class InterferenceModel:
             [(background, background_class), (foreground, foreground_class)])
         base = inter[0] + sens[1] + press[0] * susc[1]
         return float(sol.scale[cls] * base + sol.residual[cls, idx[0], idx[1]])
+
+    def beta_confidence(
+        self,
+        background: str,
+        foreground: str,
+        distance: DistanceClass | None = None,
+        *,
+        background_class: str = UNKNOWN_CLASS,
+        foreground_class: str = UNKNOWN_CLASS,
+    ) -> float:
+        """0–1: how much of `beta(...)` rests on observed data (see `Prediction.confidence`)."""
+        sol = self._solve()
+        cls = (distance or sol.reference).rank
+        idx = self._key_vectors([(background, background_class), (foreground, foreground_class)])[0]
+        return float(sol.confidence[cls, idx[0], idx[1]])
 
     def sensitivity(self, key: str, distance: DistanceClass | None = None) -> float:
         """Mean loss `key` suffers from the known workloads (seed ch. 4: column mean)."""

@@ -52,6 +52,7 @@ import math
 from collections.abc import Iterable, Mapping
 
 from vmplacer.core.interference import InterferenceModel
+from vmplacer.core.layout_problem import LayoutSolver
 from vmplacer.core.plan import Plan
 from vmplacer.core.policies.rebalance_actions import _build_actions, plan_from_search
 from vmplacer.core.policies.rebalance_layout import BetaTable, _locality_nodes
@@ -71,7 +72,7 @@ from vmplacer.core.policies.rebalance_state import (
 
 __all__ = [
     "ClusterState", "GuestState", "HostState", "RebalanceSettings", "RebalanceInputError", "describe_guest",
-    "plan_rebalance", "evaluate_cluster", "exhaustive_best", "BetaTable",
+    "plan_rebalance", "evaluate_cluster", "exhaustive_best", "BetaTable", "declined_text",
 ]
 
 
@@ -85,13 +86,15 @@ def plan_rebalance(
     last_moved: Mapping[str, float] | None = None,
     scope: Iterable[str] | None = None,
     hosts: Iterable[str] | None = None,
+    solver: LayoutSolver | None = None,
 ) -> Plan:
     """Search moves on a what-if copy of `state`; the resulting Plan (state "proposed", or
     "empty" — final — when no move is worth making).
 
     `now` and `last_moved` (guest -> epoch seconds of its last move) drive the
     cool-down; `scope` limits which guests may move (the others still count
-    as load); `hosts` limits the hosts the plan may touch.
+    as load); `hosts` limits the hosts the plan may touch; `solver` (optional) lays out
+    small hosts exactly after the local search (`exact_max_cpus`).
     """
     settings = settings or RebalanceSettings()
     if hosts is not None:
@@ -101,7 +104,7 @@ def plan_rebalance(
             raise RebalanceInputError(f"hosts {unknown} are not in the cluster state")
         state = ClusterState({n: h for n, h in state.hosts.items() if n in allowed},
                              {n: g for n, g in state.guests.items() if g.host in allowed})
-    search = _Search(state, model, settings, now, last_moved or {}, scope)
+    search = _Search(state, model, settings, now, last_moved or {}, scope, solver)
     before = search.total_objective()
     search.run()
     after = search.total_objective()
@@ -110,9 +113,26 @@ def plan_rebalance(
     moved = sum(1 for a in actions if a.kind != "probe")
     summary = (f"{moved} action(s); predicted objective {before:.3f} → {after:.3f}" if moved
                else f"no move clears the minimum gain of {settings.min_gain:g}: nothing to do")
-    notes = {"fixed": fixed, "rejected": search.rejected[:20]}
+    if search.declined:
+        summary += "; declined: " + declined_text(search.declined[-1])
+    notes = {"fixed": fixed, "rejected": search.rejected[:20], "declined": search.declined[-5:],
+             "exact": search.exact}
     return plan_from_search(search, actions, predicted, before=before, after=after, summary=summary, notes=notes,
                             now=now)
+
+
+def declined_text(declined: Mapping[str, object]) -> str:
+    """One declined gain in words: what, how much, and what declined it."""
+    by = declined["declined_by"]
+    why = {
+        "min_gain": f"below the minimum gain {declined['threshold']:g}",
+        "min_migration_gain": f"below the minimum migration gain {declined['threshold']:g}",
+        "confidence": (f"only +{declined['sure_gain']:.3f} of it is sure at confidence {declined['confidence']:.2f}, "
+                       f"below {declined['threshold']:g}"),
+        "migration_cost": f"the migration costs {declined['cost']:.3f}, leaving less than {declined['threshold']:g}",
+        "max_actions": "the action budget is spent",
+    }.get(str(by), str(by))
+    return f"{declined['move']} (predicted +{float(declined['predicted_gain']):.3f}): {why}"
 
 
 def evaluate_cluster(state: ClusterState, model: InterferenceModel,

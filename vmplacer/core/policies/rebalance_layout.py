@@ -35,7 +35,16 @@ class BetaTable:
         self.empty = model.observations == 0
         self._known = set(model.known_keys()) if not self.empty else set()
         self._classes = list(DistanceClass)
-        self._pairs: dict[tuple[tuple[str, str], tuple[str, str]], np.ndarray] = {}
+        self._pairs: dict[tuple[tuple[str, str], tuple[str, str], bool], np.ndarray] = {}
+        self.prior = None if self.empty else self._prior()
+
+    def _prior(self) -> np.ndarray:
+        """[rank, 1, 1]: what any guest costs any other at each distance when nothing is known
+        of either — the model's global mean, never less near than far (the topology's order)."""
+        values = np.maximum(self._pair(("class", "\x00any"), ("class", "\x00any")), 0.0)
+        for rank in range(len(values) - 2, 0, -1):
+            values[rank] = max(values[rank], values[rank + 1])
+        return values.reshape(-1, 1, 1)
 
     def identity(self, guest: GuestState) -> tuple[str, str]:
         """The guest's own name when the model learned it (samples are keyed by guest), else its
@@ -56,16 +65,28 @@ class BetaTable:
                 table[:, i, j] = self._pair(background, foreground)
         return table
 
-    def _pair(self, background: tuple[str, str], foreground: tuple[str, str]) -> np.ndarray:
-        key = (background, foreground)
+    def confidence_tensor(self, identities: Sequence[tuple[str, str]]) -> np.ndarray | None:
+        """[distance rank, background, foreground]: how much of each β rests on data."""
+        if self.empty:
+            return None
+        k = len(identities)
+        table = np.ones((len(self._classes), k, k))
+        for i, background in enumerate(identities):
+            for j, foreground in enumerate(identities):
+                table[:, i, j] = self._pair(background, foreground, confidence=True)
+        return table
+
+    def _pair(self, background: tuple[str, str], foreground: tuple[str, str], confidence: bool = False) -> np.ndarray:
+        key = (background, foreground, confidence)
         found = self._pairs.get(key)
         if found is None:
             bg_key = background[1] if background[0] == "key" else f"\x00unknown:{background[1]}"
             fg_key = foreground[1] if foreground[0] == "key" else f"\x00unknown:{foreground[1]}"
             bg_class = background[1] if background[0] == "class" else "unknown"
             fg_class = foreground[1] if foreground[0] == "class" else "unknown"
-            found = np.array([0.0] + [
-                self.model.beta(bg_key, fg_key, cls, background_class=bg_class, foreground_class=fg_class)
+            query = self.model.beta_confidence if confidence else self.model.beta
+            found = np.array([1.0 if confidence else 0.0] + [
+                query(bg_key, fg_key, cls, background_class=bg_class, foreground_class=fg_class)
                 for cls in self._classes[1:]
             ])
             self._pairs[key] = found
@@ -90,6 +111,8 @@ class _Pieces:
     single: np.ndarray  # piece is a vCPU pinned to exactly one pCPU
     matrix: np.ndarray | None = None  # interference between pieces, computed on first use
     current: tuple[np.ndarray, np.ndarray] | None = None  # `perf` of the layout itself, cached
+    identities: tuple[tuple[str, str], ...] = ()  # model identity of each key index
+    blind: _Pieces | None = None  # the same layout under the topology prior (every guest alike), cached
 
 
 class _Host:
@@ -235,6 +258,7 @@ class _Host:
             ideal=np.array([guests[n].ideal for n in names], dtype=float),
             weight=np.array([guests[n].weight for n in names], dtype=float),
             single=np.asarray(single, dtype=bool),
+            identities=tuple(identities),
         )
         if layout is self.pins:
             self._pieces = result
@@ -308,6 +332,23 @@ class _Host:
         loss += caused * granted[:, m][:, None]
         loss[:, m] = (suffered * granted).sum(axis=1)
         return self._per_guest(pieces, granted * (1.0 - loss)), linear
+
+    def pair_terms(self, pieces: _Pieces) -> tuple[list[tuple[str, int, int]], np.ndarray, np.ndarray]:
+        """Each piece's identity (guest, vCPU, pCPU); per pair [x, y] the weighted performance y's
+        interference takes from x, and the model's confidence in that coefficient."""
+        keys = [(pieces.guests[pieces.vm[p]], int(pieces.vcpu[p]), self.cpus[pieces.cpu[p]])
+                for p in range(len(pieces.cpu))]
+        if pieces.table is None or not keys:
+            zero = np.zeros((len(keys), len(keys)))
+            return keys, zero, zero
+        load = np.bincount(pieces.cpu, weights=pieces.demand, minlength=len(self.cpus))
+        granted = pieces.demand * np.minimum(1.0, 1.0 / np.maximum(load[pieces.cpu], 1e-12))
+        scale = (pieces.weight / pieces.ideal)[pieces.vm] * granted
+        terms = scale[:, None] * _interference_matrix(self, pieces) * granted[None, :]
+        conf_table = self.betas.confidence_tensor(list(pieces.identities))
+        dist = self.dist[pieces.cpu[:, None], pieces.cpu[None, :]]
+        confidence = conf_table[dist, pieces.key[None, :], pieces.key[:, None]]
+        return keys, terms, confidence
 
     @staticmethod
     def _per_guest(pieces: _Pieces, got: np.ndarray) -> np.ndarray:

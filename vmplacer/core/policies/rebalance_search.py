@@ -16,10 +16,12 @@ import numpy as np
 
 from vmplacer.core.allocate import allocate
 from vmplacer.core.interference import InterferenceModel
+from vmplacer.core.layout_problem import LayoutProblem, LayoutSolution, LayoutSolver
 from vmplacer.core.migration_cost import migration_cost
 from vmplacer.core.nofit import NoFit
 from vmplacer.core.occupancy import HostUsage, memory_by_node
 from vmplacer.core.placement import GuestCell, Placement
+from vmplacer.core.policies.rebalance_exact import NotExact, layout_changes, solve_hosts
 from vmplacer.core.policies.rebalance_layout import (
     BetaTable,
     _Host,
@@ -61,20 +63,32 @@ class _Move:
     linear_gain: float  # the part time sharing alone explains
     cost: dict[str, float] = field(default_factory=dict)
     reason: str = ""
-    confidence: float = 1.0  # the model's confidence in the guests it moves
+    confidence: float = 1.0  # how much of the predicted interference change rests on data
+    prior_gain: float = 0.0  # the interference change the topology alone predicts (no workload data)
+    quick_sure: float = -np.inf  # the sure gain at zero confidence: a cheap ranking of candidates
+    guess_weight: float = 0.0  # share of an interference change the data do not identify that still counts
+    judged: bool = False  # confidence and prior gain computed
 
     @property
     def sure_gain(self) -> float:
-        """The gain the move is judged by: time sharing counts fully (it is arithmetic, not
-        a guess), predicted interference only as far as the model is confident in it."""
-        return self.linear_gain + self.confidence * (self.gain - self.linear_gain)
+        """The gain the move is judged by: time sharing counts fully (it is arithmetic, not a
+        guess); predicted interference as far as the model's data identify it, or as far as
+        the topology alone predicts it too (moving off a busy SMT sibling onto an idle core
+        helps whoever the neighbours are)."""
+        interference = self.gain - self.linear_gain
+        trusted = self.guess_weight + (1.0 - self.guess_weight) * self.confidence
+        return self.linear_gain + max(trusted * interference, min(interference, self.prior_gain))
 
 
 # --------------------------------------------------------------------------- the search
 class _Search:
     def __init__(self, state: ClusterState, model: InterferenceModel, settings: RebalanceSettings,
-                 now: float | None, last_moved: Mapping[str, float], scope: Iterable[str] | None):
+                 now: float | None, last_moved: Mapping[str, float], scope: Iterable[str] | None,
+                 solver: LayoutSolver | None = None):
         self.state = state
+        self.solver = solver
+        self.exact: list[dict] = []  # what the exact solver found, per host group
+        self.declined: list[dict] = []  # gains the search saw and did not take, and why
         self.model = model
         self.settings = settings
         self.betas = BetaTable(model)
@@ -165,16 +179,18 @@ class _Search:
         moves: list[_Move] = []
         order = self._ranked_pieces(host, pieces, current)
         for m in order[: self.settings.move_candidates]:
-            move = self._best_single(host, pieces, m, base_obj, base_lin)
-            if move:
-                moves.append(move)
+            moves.extend(self._best_single(host, pieces, m, base_obj, base_lin))
         for m in order[: self.settings.swap_candidates]:
-            move = self._best_swap(host, pieces, m, base_obj, base_lin)
-            if move:
-                moves.append(move)
+            moves.extend(self._best_swap(host, pieces, m, base_obj, base_lin))
         moves.extend(self._pool_moves(host, base_obj, base_lin))
         moves.extend(self._relocations(host, base_obj, base_lin))
-        return max(moves, key=lambda mv: mv.gain, default=None)
+        if not moves:
+            return None
+        # The best by predicted gain and the best if nothing but time sharing and the
+        # topology were sure: judged properly, the surer of them is the host's candidate.
+        by_gain = max(moves, key=lambda mv: mv.gain)
+        by_sure = max(moves, key=lambda mv: mv.quick_sure)
+        return max({id(by_gain): by_gain, id(by_sure): by_sure}.values(), key=lambda mv: (self._judge(mv), mv.gain))
 
     def _ranked_pieces(self, host: _Host, pieces: _Pieces, current: np.ndarray) -> list[int]:
         """Movable single-pinned pieces, the most promising first: their guest's weighted
@@ -201,56 +217,99 @@ class _Search:
         ok = self.floors_ok(pieces, perf)
         return gain, lin, ok
 
-    def _best_single(self, host: _Host, pieces: _Pieces, m: int, base_obj: float, base_lin: float) -> _Move | None:
+    def _blind(self, pieces: _Pieces) -> _Pieces | None:
+        """The same layout seen through the topology prior (every guest alike), cached."""
+        if self.betas.prior is None:
+            return None
+        if pieces.blind is None:
+            pieces.blind = replace(pieces, key=np.zeros_like(pieces.key), table=self.betas.prior, matrix=None,
+                                   current=None, blind=None)
+        return pieces.blind
+
+    def _quick_sure(self, pieces: _Pieces, gain: np.ndarray, lin: np.ndarray,
+                    blind_perf: tuple[np.ndarray, np.ndarray] | None, blind_base: float) -> np.ndarray:
+        """Per candidate: the sure gain if the model's own data counted for nothing — time
+        sharing plus what both the model and the topology prior predict."""
+        if blind_perf is None:
+            return lin
+        prior = self.objective_of(pieces, blind_perf[0]) - self.objective_of(pieces, blind_perf[1]) - blind_base
+        interference = gain - lin
+        return lin + np.maximum(self.settings.guess_weight * interference, np.minimum(interference, prior))
+
+    def _blind_base(self, host: _Host, pieces: _Pieces) -> float:
+        blind = self._blind(pieces)
+        if blind is None:
+            return 0.0
+        perf, linear = host.perf(blind, blind.cpu)
+        return float(self.objective_of(blind, perf)[0] - self.objective_of(blind, linear)[0])
+
+    def _best_single(self, host: _Host, pieces: _Pieces, m: int, base_obj: float, base_lin: float) -> list[_Move]:
         name = pieces.guests[pieces.vm[m]]
         vcpu = int(pieces.vcpu[m])
         here = host.cpus[pieces.cpu[m]]
         targets = sorted(host.allowed(name, vcpu) - {here})
         if not targets:
-            return None
-        perf, linear = host.perf_moves(pieces, m, np.array([host.index[c] for c in targets], dtype=np.int64))
+            return []
+        local = np.array([host.index[c] for c in targets], dtype=np.int64)
+        perf, linear = host.perf_moves(pieces, m, local)
         gain = self.objective_of(pieces, perf) - base_obj
         lin = self.objective_of(pieces, linear) - base_lin
-        gain = np.where(self.floors_ok(pieces, perf), gain, -np.inf)
-        best = int(np.argmax(gain))
-        if not np.isfinite(gain[best]):
-            return None
-        pins = dict(host.pins[name])
-        pins[vcpu] = frozenset({targets[best]})
-        return _Move("move", [_Change(name, host.name, pins)], float(gain[best]), float(lin[best]),
-                     reason=f"vCPU {vcpu} of {name}: pCPU {here} → {targets[best]}")
+        ok = self.floors_ok(pieces, perf)
+        blind = self._blind(pieces)
+        quick = self._quick_sure(pieces, gain, lin, None if blind is None else host.perf_moves(blind, m, local),
+                                 self._blind_base(host, pieces))
+        moves = []
+        for score in (gain, quick):
+            score = np.where(ok, score, -np.inf)
+            best = int(np.argmax(score))
+            if not np.isfinite(score[best]) or any(mv.changes[0].pins[vcpu] == {targets[best]} for mv in moves):
+                continue
+            pins = dict(host.pins[name])
+            pins[vcpu] = frozenset({targets[best]})
+            moves.append(_Move("move", [_Change(name, host.name, pins)], float(gain[best]), float(lin[best]),
+                               reason=f"vCPU {vcpu} of {name}: pCPU {here} → {targets[best]}",
+                               quick_sure=float(quick[best])))
+        return moves
 
-    def _best_swap(self, host: _Host, pieces: _Pieces, m: int, base_obj: float, base_lin: float) -> _Move | None:
+    def _best_swap(self, host: _Host, pieces: _Pieces, m: int, base_obj: float, base_lin: float) -> list[_Move]:
         name_m = pieces.guests[pieces.vm[m]]
         partners = [n for n in range(len(pieces.cpu))
                     if n != m and pieces.single[n] and pieces.cpu[n] != pieces.cpu[m]
                     and pieces.vm[n] != pieces.vm[m]
                     and self.guests[pieces.guests[pieces.vm[n]]].mode in (PINNED, EXCLUSIVE)]
         if not partners:
-            return None
+            return []
         cand = np.tile(pieces.cpu, (len(partners), 1))
         rows = np.arange(len(partners))
         cand[rows, m] = pieces.cpu[partners]
         cand[rows, partners] = pieces.cpu[m]
         gain, lin, ok = self._gain_vectors(host, pieces, cand, base_obj, base_lin)
-        order = np.argsort(-np.where(ok, gain, -np.inf))
-        for index in order[:4]:
-            if not ok[index] or gain[index] <= 0:
+        # Under the topology prior every guest is alike, so a swap changes nothing there
+        # (bar unequal loads): its zero-confidence value is time sharing and the guessed part.
+        quick = lin + self.settings.guess_weight * np.maximum(gain - lin, 0.0) + np.minimum(gain - lin, 0.0)
+        moves: list[_Move] = []
+        for score in (gain, quick):
+            order = np.argsort(-np.where(ok, score, -np.inf), kind="stable")
+            for index in order[:4]:
+                if not ok[index] or score[index] <= 0:
+                    break
+                n = partners[int(index)]
+                name_n = pieces.guests[pieces.vm[n]]
+                cpu_m, cpu_n = host.cpus[pieces.cpu[m]], host.cpus[pieces.cpu[n]]
+                pins_m = dict(host.pins[name_m])
+                pins_m[int(pieces.vcpu[m])] = frozenset({cpu_n})
+                pins_n = dict(host.pins[name_n])
+                pins_n[int(pieces.vcpu[n])] = frozenset({cpu_m})
+                if not self._valid_swap(host, name_m, pins_m, name_n, pins_n):
+                    continue
+                if not any(mv.changes[1].guest == name_n and mv.changes[0].pins == pins_m for mv in moves):
+                    moves.append(_Move(
+                        "swap", [_Change(name_m, host.name, pins_m), _Change(name_n, host.name, pins_n)],
+                        float(gain[index]), float(lin[index]), quick_sure=float(quick[index]),
+                        reason=f"swap pCPUs of {name_m} vCPU {int(pieces.vcpu[m])} ({cpu_m}) and "
+                               f"{name_n} vCPU {int(pieces.vcpu[n])} ({cpu_n})"))
                 break
-            n = partners[int(index)]
-            name_n = pieces.guests[pieces.vm[n]]
-            cpu_m, cpu_n = host.cpus[pieces.cpu[m]], host.cpus[pieces.cpu[n]]
-            pins_m = dict(host.pins[name_m])
-            pins_m[int(pieces.vcpu[m])] = frozenset({cpu_n})
-            pins_n = dict(host.pins[name_n])
-            pins_n[int(pieces.vcpu[n])] = frozenset({cpu_m})
-            if not self._valid_swap(host, name_m, pins_m, name_n, pins_n):
-                continue
-            return _Move("swap", [_Change(name_m, host.name, pins_m), _Change(name_n, host.name, pins_n)],
-                         float(gain[index]), float(lin[index]),
-                         reason=f"swap pCPUs of {name_m} vCPU {int(pieces.vcpu[m])} ({cpu_m}) and "
-                                f"{name_n} vCPU {int(pieces.vcpu[n])} ({cpu_n})")
-        return None
+        return moves
 
     def _valid_swap(self, host: _Host, a: str, pins_a: dict, b: str, pins_b: dict) -> bool:
         old_a, old_b = host.pins[a], host.pins[b]
@@ -496,7 +555,7 @@ class _Search:
         lin = (src_lin_after - src_lin_before) + (dst_lin_after - dst_lin_before)
         paid = guest.weight * cost.lost_perf_s / settings.horizon_s
         change = _Change(name, destination.name, pins, memory_nodes=memory_nodes, placement=placement)
-        return _Move("migrate", [change], raw - paid, lin - paid, cost=cost.to_dict(),
+        return _Move("migrate", [change], raw - paid, lin - paid, cost={**cost.to_dict(), "paid": paid},
                      reason=f"{name}: {source.name} → {destination.name}, predicted +{raw:.3f} "
                             f"(cost {paid:.4f} over {settings.horizon_s:g} s)")
 
@@ -648,6 +707,13 @@ class _Search:
         return len(touched) + len(migrated) + len(memory)
 
     def run(self) -> None:
+        """Climb (single moves, swaps, pools, relocations, migrations); then, where hosts are
+        small, an exact solver's layout from where the climb stopped; then climb again."""
+        self._climb()
+        if self.solver is not None and self._polish():
+            self._climb()
+
+    def _climb(self) -> None:
         settings = self.settings
         cache: dict[str, _Move | None] = {}
         dirty = set(self.hosts)
@@ -672,18 +738,232 @@ class _Search:
             if chosen is None:
                 if options:
                     self.rejected.append(f"action budget of {settings.max_actions} reached")
+                    self._decline(options[0], settings.min_gain, "max_actions")
+                else:
+                    best = max((m for m in [*cache.values(), migration] if m is not None and m.gain > _EPS),
+                               key=lambda m: m.gain, default=None)
+                    if best is not None:
+                        self._decline(best, self._threshold(best))
                 return
-            hosts = {self.host_of[c.guest] for c in chosen.changes} | {c.host for c in chosen.changes}
-            self.apply(chosen)
-            self.perf_now = self.perf_by_guest()
-            for name in hosts:
-                self.confidence.update(_host_confidences(self.hosts[name], self.model, self.betas))
-            dirty |= hosts
+            dirty |= self._take(chosen)
             migration_dirty = True
 
+    def _take(self, move: _Move) -> set[str]:
+        """Apply a move to the what-if state; the hosts it changed."""
+        hosts = {self.host_of[c.guest] for c in move.changes} | {c.host for c in move.changes}
+        self.apply(move)
+        self.perf_now = self.perf_by_guest()
+        for name in hosts:
+            self.confidence.update(_host_confidences(self.hosts[name], self.model, self.betas))
+        return hosts
+
+    def _threshold(self, move: _Move) -> float:
+        migrates = any(c.host != self.host_of[c.guest] for c in move.changes)
+        return self.settings.min_migration_gain if migrates else self.settings.min_gain
+
+    def _decline(self, move: _Move, threshold: float, by: str | None = None) -> None:
+        """Remember a gain left on the table and what declined it (the plan says so)."""
+        self._judge(move)
+        paid = move.cost.get("paid", 0.0)
+        if by is None:
+            if move.gain + paid >= threshold > move.gain:
+                by = "migration_cost"
+            elif move.gain >= threshold > move.sure_gain:
+                by = "confidence"
+            else:
+                by = "min_migration_gain" if threshold == self.settings.min_migration_gain and any(
+                    c.host != self.host_of[c.guest] for c in move.changes) else "min_gain"
+        self.declined.append({
+            "kind": move.kind, "move": move.reason, "guests": sorted({c.guest for c in move.changes}),
+            "predicted_gain": round(move.gain, 4), "sure_gain": round(move.sure_gain, 4),
+            "confidence": round(move.confidence, 3), "cost": round(paid, 4), "threshold": threshold,
+            "declined_by": by,
+        })
+
+    # ----- the exact solver ------------------------------------------------------------------------------
+    def _exact_groups(self) -> list[list[str]]:
+        """Hosts the solver takes: every small host alone, or all small hosts together (with
+        migrations) when their pCPUs together stay within `exact_max_cpus`."""
+        limit = self.settings.exact_max_cpus
+        small = [n for n in sorted(self.hosts) if 0 < len(self.hosts[n].usable) <= limit]
+        busy = [n for n in small if any(self.movable(g) for g in self.hosts[n].guests)]
+        if not busy:
+            return []
+        joint = [n for n in small if self.hosts[n].state.accepts_migrations or n in busy]
+        if (self.settings.allow_migration and len(joint) > 1
+                and sum(len(self.hosts[n].usable) for n in joint) <= limit):
+            return [joint]
+        return [[n] for n in busy]
+
+    def _polish(self) -> bool:
+        settings = self.settings
+        budget = settings.exact_budget_s
+        changed = False
+        for group in self._exact_groups():
+            report: dict = {"hosts": group}
+            self.exact.append(report)
+            if budget <= 0:
+                report.update(status="skipped", why=f"solver budget of {settings.exact_budget_s:g} s spent")
+                continue
+            try:
+                problem, solution = solve_hosts(self, self.solver, group, min(settings.exact_time_s, budget))
+            except NotExact as exc:
+                report.update(status="not solved", why=str(exc))
+                continue
+            report.update(items=problem.n_items, slots=problem.n_slots, approximate=problem.approximate)
+            if solution is None:
+                report.update(status="no solution", why="no layout without time sharing keeps every rule")
+                continue
+            budget -= solution.seconds
+            report.update(solution.to_dict())
+            if problem.hint is not None:
+                report["before"] = round(problem.objective(problem.hint), 6)
+            move = self._relayout_move(problem, solution, group, report)
+            if move is None:
+                continue
+            threshold = self._threshold(move)
+            if self._judge(move) < threshold:
+                self._decline(move, threshold)
+                report["taken"] = False
+                continue
+            if self.actions_if(move) > settings.max_actions:
+                self._decline(move, threshold, "max_actions")
+                report["taken"] = False
+                continue
+            self._take(move)
+            report["taken"] = True
+            changed = True
+        return changed
+
+    def _relayout_move(self, problem: LayoutProblem, solution: LayoutSolution, group: list[str],
+                       report: dict) -> _Move | None:
+        """The solver's layout as one move, judged by the search's own arithmetic."""
+        wanted = layout_changes(self, problem, solution)
+        if not wanted:
+            return None
+        changes, paid, lost = [], 0.0, 0.0
+        for name, (host, pins) in sorted(wanted.items()):
+            memory_nodes = None
+            if host != self.host_of[name]:
+                memory_nodes = self._destination_memory_nodes(self.hosts[host], self.guests[name], pins, None)
+                if memory_nodes is None:
+                    report["why"] = f"{name}: its memory does not fit on {host}"
+                    return None
+                g = problem.guests.index(name)
+                own = float(problem.move_cost[g]) if problem.move_cost is not None else 0.0
+                paid += own
+                lost += own * self.settings.horizon_s / max(self.guests[name].weight, 1e-9)
+            changes.append(_Change(name, host, pins, memory_nodes=memory_nodes))
+        move = _Move("relayout", changes, 0.0, 0.0)
+        before = sum(self.host_objective(self.hosts[h]) for h in group)
+        before_lin = sum(self._linear_objective(self.hosts[h]) for h in group)
+        undo = self._try(move)
+        try:
+            after = sum(self.host_objective(self.hosts[h]) for h in group)
+            after_lin = sum(self._linear_objective(self.hosts[h]) for h in group)
+            broken = [p for h in group for p in self.violations(self.hosts[h], [n for n in wanted if n in self.hosts[h].guests])]
+            floors = all(self._floors_hold(self.hosts[h]) for h in group)
+        finally:
+            undo()
+        if broken or not floors:
+            report["why"] = broken[0] if broken else "a protected guest would fall below its floor"
+            return None
+        move.gain = after - before - paid
+        move.linear_gain = after_lin - before_lin - paid
+        if paid:
+            move.cost = {"lost_perf_s": lost, "paid": paid}
+        report["gain"] = round(move.gain, 6)
+        if move.gain <= _EPS:
+            return None
+        move.reason = (f"exact layout of {', '.join(group)} ({solution.status}, {solution.solver}): "
+                       f"{len(changes)} guest(s) move, predicted {move.gain:+.3f}")
+        return move
+
     def _judge(self, move: _Move) -> float:
-        move.confidence = min((self.confidence.get(c.guest, 0.0) for c in move.changes), default=1.0)
+        if not move.judged:
+            self._assess(move)
+            move.guess_weight = self.settings.guess_weight
+            move.judged = True
         return move.sure_gain
+
+    def _assess(self, move: _Move) -> None:
+        """How much of the move's predicted interference change rests on data (confidence),
+        and how much the topology alone predicts (prior gain).
+
+        The change is taken pair by pair (who hurts whom, at which distance, before and
+        after): each pair's change counts with the confidence of the coefficients behind
+        it, before and after. A pair at a distance class never observed, or whose
+        coefficients the samples cannot tell apart, contributes the model's guess, which
+        is not sure.
+        """
+        hosts = sorted({self.host_of[c.guest] for c in move.changes} | {c.host for c in move.changes})
+        before = [self.hosts[h].pair_terms(self.hosts[h].pieces()) for h in hosts]
+        prior_before = sum(self._prior_interference(self.hosts[h]) for h in hosts)
+        undo = self._try(move)
+        try:
+            after = [self.hosts[h].pair_terms(self.hosts[h].pieces()) for h in hosts]
+            prior_after = sum(self._prior_interference(self.hosts[h]) for h in hosts)
+        finally:
+            undo()
+        move.prior_gain = prior_after - prior_before
+        total = weighted = 0.0
+        for (keys_b, terms_b, conf_b), (keys_a, terms_a, conf_a) in zip(before, after):
+            union = {k: i for i, k in enumerate(dict.fromkeys(keys_b + keys_a))}
+            n = len(union)
+            if n == 0:
+                continue
+            delta = np.zeros((n, n))
+            trust = np.ones((n, n))
+            for keys, terms, conf, sign in ((keys_b, terms_b, conf_b, -1.0), (keys_a, terms_a, conf_a, 1.0)):
+                if not keys:
+                    continue
+                at = np.array([union[k] for k in keys])
+                delta[np.ix_(at, at)] += sign * terms
+                trust[np.ix_(at, at)] = np.minimum(trust[np.ix_(at, at)], np.where(terms != 0, conf, 1.0))
+            change = np.abs(delta)
+            total += float(change.sum())
+            weighted += float((change * trust).sum())
+        move.confidence = weighted / total if total > _EPS else 1.0
+
+    def _prior_interference(self, host: _Host) -> float:
+        """The host's objective under the topology prior, minus time sharing alone."""
+        if not host.guests or self.betas.prior is None:
+            return 0.0
+        pieces = host.pieces()
+        blind = replace(pieces, key=np.zeros_like(pieces.key), table=self.betas.prior, matrix=None, current=None)
+        perf, linear = host.perf(blind, blind.cpu)
+        return float(self.objective_of(blind, perf)[0] - self.objective_of(blind, linear)[0])
+
+    def _interference_part(self, host: _Host) -> dict[str, float]:
+        """Per guest: predicted performance minus what time sharing alone predicts."""
+        if not host.guests:
+            return {}
+        pieces = host.pieces()
+        perf, linear = host.perf(pieces, pieces.cpu)
+        return {name: float(perf[0][i] - linear[0][i]) for i, name in enumerate(pieces.guests)}
+
+    def _try(self, move: _Move):
+        """Put the move's layout on the what-if hosts; returns the function that takes it back."""
+        undo = []
+        for change in move.changes:
+            name = change.guest
+            source = self.hosts[self.host_of[name]]
+            old_pins = source.pins[name]
+            if change.host != source.name:
+                guest = source.guests[name]
+                source.remove(name)
+                target = self.hosts[change.host]
+                target.add(replace(guest, host=change.host, placement=replace(guest.placement, host=change.host)),
+                           change.pins)
+                undo.append(lambda s=source, t=target, g=guest, n=name, p=old_pins: (t.remove(n), s.add(g, p)))
+            else:
+                source.set_pins(name, change.pins)
+                undo.append(lambda s=source, n=name, p=old_pins: s.set_pins(n, p))
+
+        def take_back() -> None:
+            for step in reversed(undo):
+                step()
+        return take_back
 
 
 def _spare(host: _Host) -> float:

@@ -66,10 +66,14 @@ class RebalanceSettings:
     probe_seconds: float = 5.0
     pin_floating_guests: bool = False  # also pin guests vmplacer did not place and that float
     exhaustive_limit: int = 20000  # layouts per host the exhaustive check may enumerate
+    guess_weight: float = 0.5  # share of a predicted interference change its data do not identify that counts
+    exact_max_cpus: int = 16  # hosts with at most this many usable pCPUs get an exact solver's layout
+    exact_time_s: float = 1.0  # solver budget per host (or group of small hosts solved together)
+    exact_budget_s: float = 3.0  # solver budget per plan, all hosts together
 
     def __post_init__(self) -> None:
         for name in ("min_gain", "min_migration_gain", "cooldown_s", "horizon_s", "copy_slowdown",
-                     "default_dirty_mib_s", "fairness", "probe_seconds"):
+                     "default_dirty_mib_s", "fairness", "probe_seconds", "exact_time_s", "exact_budget_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be a number >= 0, got {value!r}")
@@ -78,12 +82,14 @@ class RebalanceSettings:
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be a number > 0, got {value!r}")
         for name in ("max_actions", "move_candidates", "swap_candidates", "migration_candidates",
-                     "destination_candidates", "max_rounds", "exhaustive_limit"):
+                     "destination_candidates", "max_rounds", "exhaustive_limit", "exact_max_cpus"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 0):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be an integer >= 0, got {value!r}")
         if self.copy_slowdown > 1:
             raise RebalanceInputError(f"rebalance settings: field 'copy_slowdown' must be <= 1, got {self.copy_slowdown}")
+        if not 0 <= self.guess_weight <= 1:
+            raise RebalanceInputError("rebalance settings: field 'guess_weight' must be in [0, 1]")
         if not 0 <= self.probe_below_confidence <= 1:
             raise RebalanceInputError("rebalance settings: field 'probe_below_confidence' must be in [0, 1]")
 

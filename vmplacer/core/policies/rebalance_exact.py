@@ -1,0 +1,320 @@
+"""Exact layouts of small hosts: the search's what-if state as a LayoutProblem, and back.
+
+The local search climbs one move or swap at a time and stops at the first
+layout no single step improves; on a full host, where pairing guests on SMT
+siblings decides, that is often not the best one. For hosts with few pCPUs
+(`exact_max_cpus`), the same objective is handed to an exact solver (behind
+`LayoutSolver`), warm-started from the layout the local search reached; when it
+finds a better layout, that layout becomes one move ("relayout"), judged like
+any other move. Several small hosts are solved together (migrations included)
+when all their pCPUs together stay within the limit.
+
+The problem is exact for layouts where no pCPU is asked for more than its
+time: the solver's space. Guests that stay where they are (floating, fixed,
+out of scope) count as load and as neighbours; whether their floating time
+shares change is left to the final evaluation, which always uses the search's
+own arithmetic.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import replace
+
+import numpy as np
+
+from vmplacer.core.layout_problem import LayoutProblem, LayoutSolution, LayoutSolver
+from vmplacer.core.migration_cost import migration_cost
+from vmplacer.core.policies.rebalance_layout import _Host, _locality_nodes
+from vmplacer.core.policies.rebalance_state import EXCLUSIVE, PINNED, GuestState
+
+_RANKS = 6  # same-cpu … remote-node (DistanceClass.rank); rank 5 holds every pCPU pair of one host
+
+
+class NotExact(Exception):
+    """The hosts cannot be put as a LayoutProblem (the reason says why)."""
+
+
+def _items_of(search, host: _Host) -> list[str]:
+    """Guests whose every vCPU the solver may place: movable, pinned 1:1."""
+    result = []
+    for name, guest in host.guests.items():
+        if guest.mode not in (PINNED, EXCLUSIVE) or not search.movable(name):
+            continue
+        if all(len(p) == 1 for p in host.pins[name].values()):
+            result.append(name)
+    return result
+
+
+def _may_migrate(search, guest: GuestState) -> bool:
+    return (search.settings.allow_migration and guest.migratable and guest.spec is None and guest.mode == PINNED
+            and not guest.placement.memory_nodes and not guest.placement.cells and guest.name not in search.migrated)
+
+
+def _partition(dist: np.ndarray, rank: int) -> np.ndarray | None:
+    """Group ids of "distance ≤ rank", or None when that is not an equivalence (a non-nested topology)."""
+    n = len(dist)
+    group = np.full(n, -1, dtype=np.int64)
+    close = dist <= rank
+    for s in range(n):
+        if group[s] >= 0:
+            continue
+        members = np.flatnonzero(close[s])
+        if not np.all(close[np.ix_(members, members)]) or np.any(group[members] >= 0):
+            return None
+        group[members] = s
+    return group
+
+
+def build_problem(search, host_names: Sequence[str]) -> LayoutProblem:
+    """The what-if layout of `host_names` as a LayoutProblem (raises NotExact)."""
+    hosts = [search.hosts[n] for n in host_names]
+    host_index = {h.name: k for k, h in enumerate(hosts)}
+    betas = search.betas
+    settings = search.settings
+
+    # ----- slots and levels
+    slots: list[tuple[str, int]] = []
+    slot_local: list[int] = []
+    slot_host: list[int] = []
+    level_ids = [[] for _ in range(_RANKS)]
+    offset = 0
+    for k, host in enumerate(hosts):
+        usable = [c for c in host.cpus if c in host.usable]
+        local = np.array([host.index[c] for c in usable], dtype=np.int64)
+        dist = host.dist[np.ix_(local, local)]
+        for rank in range(_RANKS):
+            groups = _partition(dist, rank)
+            if groups is None:
+                raise NotExact(f"host {host.name}: its cache and core groups do not nest")
+            level_ids[rank].extend((groups + offset).tolist())
+        offset += len(usable)
+        slots.extend((host.name, c) for c in usable)
+        slot_local.extend(local.tolist())
+        slot_host.extend([k] * len(usable))
+    n_slots = len(slots)
+    if n_slots == 0:
+        raise NotExact("no usable pCPU")
+    slot_host_a = np.array(slot_host, dtype=np.int64)
+    levels_all = np.array(level_ids, dtype=np.int64)  # [6, S]
+
+    # ----- guests: items (placed by the solver) and the rest (fixed load)
+    item_guests: list[str] = []
+    fixed_guests: list[str] = []
+    for host in hosts:
+        movable = _items_of(search, host)
+        item_guests.extend(movable)
+        fixed_guests.extend(n for n in host.guests if n not in movable)
+    if not item_guests:
+        raise NotExact("no guest the solver may place")
+    guests = item_guests + fixed_guests
+    g_index = {n: i for i, n in enumerate(guests)}
+    guest_state = {n: search.guests[n] for n in guests}
+    identities = {}
+    for n in guests:
+        identities.setdefault(betas.identity(guest_state[n]), len(identities))
+    table = betas.tensor(list(identities))  # [rank, background, foreground] or None
+    ident = {n: identities[betas.identity(guest_state[n])] for n in guests}
+
+    def beta(rank: np.ndarray | int, background: int, foreground: int) -> np.ndarray:
+        if table is None:
+            return np.zeros_like(np.asarray(rank, dtype=float))
+        return table[rank, background, foreground]
+
+    items: list[tuple[str, int]] = []
+    item_guest: list[int] = []
+    item_load: list[float] = []
+    origin: dict[str, int] = {}
+    for host in hosts:
+        for name in item_guests:
+            if name in host.guests:
+                origin[name] = host_index[host.name]
+                for vcpu in sorted(host.pins[name]):
+                    items.append((name, vcpu))
+                    item_guest.append(g_index[name])
+                    item_load.append(guest_state[name].load)
+    n_items, n_guests = len(items), len(guests)
+    item_guest_a = np.array(item_guest, dtype=np.int64)
+    load = np.array(item_load, dtype=float)
+    ideal = np.array([guest_state[n].ideal for n in guests], dtype=float)
+
+    # ----- fixed pieces per host: where they are, what they get, whose they are
+    fixed_pieces = {}
+    base = np.zeros(n_guests)
+    capacity = np.ones(n_slots)
+    approximate = False
+    for k, host in enumerate(hosts):
+        names = [n for n in fixed_guests if n in host.guests]
+        if not names:
+            fixed_pieces[k] = None
+            continue
+        layout = {n: host.pins[n] for n in names}
+        pieces = host.pieces(layout)
+        perf = host.perf(pieces, pieces.cpu)[0][0]
+        for i, n in enumerate(pieces.guests):
+            base[g_index[n]] = perf[i]
+        n_local = len(host.cpus)
+        asked = np.bincount(pieces.cpu, weights=pieces.demand, minlength=n_local)
+        granted = pieces.demand * np.minimum(1.0, 1.0 / np.maximum(asked[pieces.cpu], 1e-12))
+        pinned = np.bincount(pieces.cpu[pieces.single], weights=pieces.demand[pieces.single], minlength=n_local)
+        if np.any(~pieces.single):
+            approximate = True
+        fixed_pieces[k] = (pieces.cpu, granted, np.array([g_index[pieces.guests[v]] for v in pieces.vm]),
+                           np.array([ident[pieces.guests[v]] for v in pieces.vm]), pieces.single)
+        for s in np.flatnonzero(slot_host_a == k):
+            capacity[s] = max(0.0, 1.0 - pinned[slot_local[s]])
+    for name in item_guests:
+        base[g_index[name]] = 1.0
+
+    # ----- where each item may go
+    allowed = np.zeros((n_items, n_slots), dtype=bool)
+    move_cost = np.zeros(n_guests)
+    refused = {n: set(guest_state[n].anti_affinity) | search.refused_by.get(n, set()) for n in guests}
+    for i, (name, vcpu) in enumerate(items):
+        guest = guest_state[name]
+        home = origin[name]
+        migrate = _may_migrate(search, guest) and len(hosts) > 1
+        if migrate:
+            cost = migration_cost(guest.placement.memory_kib / 1024.0,
+                                  guest.dirty_mib_s if guest.dirty_mib_s is not None else settings.default_dirty_mib_s,
+                                  settings.migration_bandwidth_mib_s, max_downtime_s=settings.max_downtime_s,
+                                  copy_slowdown=settings.copy_slowdown)
+            migrate = cost.converges
+            move_cost[g_index[name]] = guest.weight * cost.lost_perf_s / settings.horizon_s if migrate else 0.0
+        for k, host in enumerate(hosts):
+            if k != home and not (migrate and host.state.accepts_migrations):
+                continue
+            cpus = set(host.usable)
+            if k == home:
+                nodes = _locality_nodes(host, guest, host.pins[name])
+                if nodes:
+                    cpus &= set().union(*(host.node_cpus[n] for n in nodes))
+            fixed_here = [n for n in fixed_guests if n in host.guests]
+            for other in fixed_here:
+                other_state = host.guests[other]
+                if other_state.mode == EXCLUSIVE or other_state.placement.exclusive_cpus:
+                    owned = set(other_state.placement.exclusive_cpus)
+                    for pins in host.pins[other].values():
+                        for c in pins:
+                            owned |= host.siblings[c] if other_state.thread_policy == "isolate" else {c}
+                    cpus -= owned
+                if other in refused[name]:
+                    for pins in host.pins[other].values():
+                        for c in pins:
+                            cpus -= host.node_cpus[host.node_of[c]]
+            if guest.mode == EXCLUSIVE:
+                busy = {c for n in fixed_here for pins in host.pins[n].values() if len(pins) == 1 for c in pins}
+                cpus -= busy
+                if guest.thread_policy == "isolate":
+                    cpus = {c for c in cpus if not (host.siblings[c] - {c}) & busy}
+            for s in np.flatnonzero(slot_host_a == k):
+                if slots[s][1] in cpus and capacity[s] + 1e-9 >= load[i]:
+                    allowed[i, s] = True
+        if not allowed[i].any():
+            raise NotExact(f"{name} vCPU {vcpu}: no pCPU it may take without time sharing")
+
+    if load.sum() > capacity.sum() + 1e-9:
+        raise NotExact(f"the guests ask for {load.sum():.1f} pCPUs of the {capacity.sum():.1f} free: "
+                       "no layout without time sharing")
+
+    # ----- item ↔ fixed interference: the unary terms
+    unary = np.zeros((n_items, n_slots, n_guests))
+    for k, host in enumerate(hosts):
+        if fixed_pieces[k] is None:
+            continue
+        f_cpu, f_granted, f_guest, f_ident, _ = fixed_pieces[k]
+        cols = np.flatnonzero(slot_host_a == k)
+        local = np.array([slot_local[s] for s in cols], dtype=np.int64)
+        dist = host.dist[np.ix_(local, f_cpu)]  # [slots, fixed pieces]
+        neighbour = dist != 0
+        for i in range(n_items):
+            g = item_guest[i]
+            mine = ident[guests[g]]
+            suffered = np.where(neighbour, beta(dist, f_ident[None, :], mine), 0.0) * f_granted[None, :]
+            unary[i, cols, g] -= load[i] * suffered.sum(axis=1) / ideal[g]
+            caused = np.where(neighbour, beta(dist, mine, f_ident[None, :]), 0.0) * f_granted[None, :] * load[i]
+            for f in range(len(f_cpu)):
+                unary[i, cols, f_guest[f]] -= caused[:, f] / ideal[f_guest[f]]
+
+    # ----- item ↔ item interference: per-level increments
+    pairs, effects = [], []
+    for a in range(n_items):
+        for b in range(a + 1, n_items):
+            ga, gb = item_guest[a], item_guest[b]
+            if ga == gb:
+                continue
+            ia, ib = ident[guests[ga]], ident[guests[gb]]
+            ranks = np.arange(_RANKS)
+            on_a = -load[a] * load[b] * beta(ranks, ib, ia) / ideal[ga]
+            on_b = -load[a] * load[b] * beta(ranks, ia, ib) / ideal[gb]
+            on_a[0] = on_b[0] = 0.0  # one pCPU: time shared, never at the same instant
+            inc = np.stack([on_a - np.append(on_a[1:], 0.0), on_b - np.append(on_b[1:], 0.0)], axis=1)  # [6, 2]
+            pairs.append((a, b))
+            effects.append(inc)
+    pair_a = np.array(pairs, dtype=np.int64).reshape(-1, 2)
+    effect_a = np.array(effects, dtype=float).reshape(-1, _RANKS, 2)
+
+    # ----- drop levels that repeat the finer one (their increments fold into it)
+    keep: list[int] = []
+    for rank in range(_RANKS):
+        if keep and np.array_equal(levels_all[rank], levels_all[keep[-1]]):
+            effect_a[:, keep[-1]] += effect_a[:, rank]
+            continue
+        keep.append(rank)
+    levels = levels_all[keep]
+    effect_a = effect_a[:, keep] if len(pairs) else np.zeros((0, len(keep), 2))
+
+    weight = np.array([guest_state[n].weight for n in guests], dtype=float)
+    floor = np.full(n_guests, -np.inf)
+    for n, value in search.floors.items():
+        if n in g_index:
+            floor[g_index[n]] = min(value, search.start_perf.get(n, value)) - 1e-6
+    exclusive = np.array([guest_state[n].mode == EXCLUSIVE for n, _ in items], dtype=bool)
+    isolate = np.array([guest_state[n].mode == EXCLUSIVE and guest_state[n].thread_policy == "isolate"
+                        for n, _ in items], dtype=bool)
+    cores: dict[tuple[str, int], int] = {}
+    core_group = np.array([cores.setdefault((h, search.hosts[h].topology.cpus[c].core), len(cores))
+                           for h, c in slots], dtype=np.int64)
+    node_group = np.array([k * 100_000 + hosts[k].node_of[slots[s][1]] for s, k in enumerate(slot_host)],
+                          dtype=np.int64)
+    apart = tuple(sorted({tuple(sorted((g_index[a], g_index[b]))) for a in item_guests for b in refused[a]
+                          if b in g_index and b in item_guests and b != a}))
+    origin_host = np.full(n_guests, -1, dtype=np.int64)
+    for name, k in origin.items():
+        origin_host[g_index[name]] = k
+    slot_of = {slot: s for s, slot in enumerate(slots)}
+    hint = []
+    for name, vcpu in items:
+        cpu = next(iter(search.hosts[host_names[origin[name]]].pins[name][vcpu]))
+        hint.append(slot_of.get((host_names[origin[name]], cpu), -1))
+    return LayoutProblem(
+        guests=tuple(guests), items=tuple(items), slots=tuple(slots), item_guest=item_guest_a, allowed=allowed,
+        item_load=load, capacity=capacity, base=base, unary=unary, levels=levels, pairs=pair_a,
+        pair_effect=effect_a, weight=weight, floor=floor, fairness=settings.fairness, exclusive=exclusive,
+        isolate=isolate, core_group=core_group, node_group=node_group, apart=apart, slot_host=slot_host_a,
+        origin_host=origin_host, move_cost=move_cost,
+        hint=np.array(hint, dtype=np.int64) if min(hint, default=0) >= 0 else None,
+        approximate=approximate,
+    )
+
+
+def layout_changes(search, problem: LayoutProblem, solution: LayoutSolution) -> dict[str, tuple[str, dict]]:
+    """guest -> (host, pins) for every guest the solution puts somewhere else."""
+    wanted: dict[str, tuple[str, dict[int, frozenset[int]]]] = {}
+    for (name, vcpu), slot in zip(problem.items, solution.assignment):
+        host, cpu = problem.slots[slot]
+        _, pins = wanted.setdefault(name, (host, {}))
+        pins[vcpu] = frozenset({cpu})
+    result = {}
+    for name, (host, pins) in wanted.items():
+        if host != search.host_of[name] or pins != search.hosts[search.host_of[name]].pins[name]:
+            result[name] = (host, pins)
+    return result
+
+
+def solve_hosts(search, solver: LayoutSolver, host_names: Sequence[str],
+                time_limit_s: float) -> tuple[LayoutProblem, LayoutSolution | None]:
+    problem = build_problem(search, host_names)
+    if problem.hint is not None and problem.violations(problem.hint):
+        problem = replace(problem, hint=None)
+    return problem, solver.solve(problem, time_limit_s=time_limit_s)
