@@ -112,6 +112,7 @@ def _environment(directory: str) -> jinja2.Environment:
         autoescape=True,
         undefined=jinja2.StrictUndefined,
         keep_trailing_newline=True,
+        auto_reload=False,  # templates ship with vmplacer: no stat of the file on every render
     )
 
 

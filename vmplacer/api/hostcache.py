@@ -14,7 +14,10 @@ live and claim their pCPUs in the database (the unique key that makes double
 booking impossible), and every write through this instance drops the host's
 snapshot. So a dry run may lag behind by at most DOMAINS_TTL_S for domains
 created outside vmplacer, and RECORDED_TTL_S for placements made by another
-instance; a real placement never does.
+instance; a real placement never does. The hosts in maintenance are read the
+same way for dry runs (MAINTENANCE_TTL_S; maintenance changed through this
+instance drops it at once): a database query per dry run cost a quarter of its
+time and serialised on SQLite under load.
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from vmplacer.ports import DomainInfo
 TOPOLOGY_TTL_S = 60.0
 DOMAINS_TTL_S = 2.0
 RECORDED_TTL_S = 1.0
+MAINTENANCE_TTL_S = 1.0
 
 
 @dataclass
@@ -132,3 +136,34 @@ class SnapshotStore:
 
     def occupied(self, host: str) -> list[Placement]:
         return self.snapshots.recorded(host)
+
+
+class TimedValue:
+    """One value read at most once per `ttl_s` (concurrent readers of a stale value wait
+    for one read), dropped by `invalidate`."""
+
+    def __init__(self, load: Callable[[], Any], ttl_s: float, clock: Callable[[], float] = time.monotonic):
+        self._load = load
+        self._ttl = ttl_s
+        self._clock = clock
+        self._lock = threading.Lock()
+        self._value: Any = None
+        self._at = -float("inf")
+        self._generation = 0
+
+    def get(self) -> Any:
+        value, at = self._value, self._at
+        if value is not None and self._clock() - at < self._ttl:
+            return value
+        with self._lock:
+            if self._value is not None and self._clock() - self._at < self._ttl:
+                return self._value
+            generation = self._generation
+            value = self._load()
+            if generation == self._generation:
+                self._value, self._at = value, self._clock()
+            return value
+
+    def invalidate(self) -> None:
+        self._generation += 1
+        self._value = None

@@ -80,13 +80,15 @@ class Placer:
             raise ApiError(422, "validation", reason, field_problems([("host", reason)]))
         return host
 
-    def candidates(self, host: str | None) -> list[str]:
+    def candidates(self, host: str | None, *, dry_run: bool = False) -> list[str]:
         """The hosts a new guest may land on: the one the request names, else every
-        configured host that is not in maintenance (a host in maintenance takes no new guest)."""
+        configured host that is not in maintenance (a host in maintenance takes no new guest).
+        A dry run reads maintenance from a short cache (see hostcache), a placement live."""
         names = self.services.host_names
         if host is not None:
             self.configured(host)
-        closed = self.services.container.maintenance.current()
+        closed = (self.services.dry_run_maintenance.get() if dry_run
+                  else self.services.container.maintenance.current())
         if host is not None:
             if host in closed:
                 raise ApiError(409, "host-in-maintenance", closed[host].describe() + ": it takes no new guest",

@@ -18,8 +18,9 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 
 from vmplacer.adapters.db.api import SqlIdempotencyStore, SqlJobStore, SqlTokenStore
+from vmplacer.adapters.domain_xml import render_domain
 from vmplacer.api.auth import TokenVerifier
-from vmplacer.api.hostcache import HostSnapshots, SnapshotStore
+from vmplacer.api.hostcache import MAINTENANCE_TTL_S, HostSnapshots, SnapshotStore, TimedValue
 from vmplacer.api.metrics import (
     ApiMetrics,
     degradation_gauges,
@@ -66,6 +67,7 @@ class ApiServices:
         self.metrics = ApiMetrics()
         self.placement = container.placement_service()
         self.snapshots = HostSnapshots(container.hypervisor, container.placement_store.occupied)
+        self.dry_run_maintenance = TimedValue(lambda: dict(container.maintenance.current()), MAINTENANCE_TTL_S)
         self.dry_runs = PlacementService(SnapshotStore(self.snapshots), self._render,  # type: ignore[arg-type]
                                          container.allocation_options)
         token_store = SqlTokenStore(container.sessions)
@@ -85,10 +87,13 @@ class ApiServices:
         )
 
     def _render(self, spec: Any, placement: Any, base_xml: str | None) -> str:
-        from vmplacer.adapters.domain_xml import render_domain
-
+        """Render a dry run's XML and hold it to the host's domain XML policy, as the placement
+        service's renderer does, so no caller of `dry_runs` can hand out XML the host would refuse
+        (raises DomainXmlPolicyError)."""
         host = self.settings.host(placement.host)
-        return render_domain(spec, placement, base_xml=base_xml, domain_type=host.domain_type)
+        xml = render_domain(spec, placement, base_xml=base_xml, domain_type=host.domain_type)
+        self.container.xml_policy(placement.host).check(xml, spec.name, "the rendered domain XML")
+        return xml
 
     @property
     def base_xml_limit(self) -> int:

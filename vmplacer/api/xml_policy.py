@@ -4,7 +4,7 @@ A caller's document is held to each candidate host's policy before anything
 else happens (fit, claims, libvirt): a host that refuses it is no candidate,
 and when every candidate refuses it the answer is 422 `xml-policy`, naming for
 each host the element, the attribute and the rule. The XML vmplacer renders is
-held to the policy again (the placement service's renderer, and dry runs here).
+held to the policy again by both renderers (the placement service's and the dry runs').
 """
 
 from __future__ import annotations
@@ -43,14 +43,6 @@ def admit_base_xml(services: Any, guest: str, hosts: list[str], base_xml: str | 
     if refused:
         raise _refusal(guest, "base_xml", refused)
     raise unreadable[0]
-
-
-def check_rendered(services: Any, guest: str, host: str, xml: str) -> None:
-    """The second line: what vmplacer rendered for `host` is held to its policy too."""
-    try:
-        services.container.xml_policy(host).check(xml, guest, "the rendered domain XML")
-    except DomainXmlPolicyError as exc:
-        raise policy_refusal(exc) from None
 
 
 def policy_refusal(exc: DomainXmlPolicyError) -> ApiError:

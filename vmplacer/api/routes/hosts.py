@@ -72,6 +72,7 @@ def enter_maintenance(request: Request, body: MaintenanceRequest,
     record, changed = services.container.maintenance.start(host, uri, by=actor.name,
                                                            reason=body.reason.strip() or body.reason,
                                                            detail=actor.detail())
+    services.dry_run_maintenance.invalidate()
     return {"host": host, "changed": changed, "maintenance": record.to_dict()}
 
 
@@ -82,4 +83,5 @@ def leave_maintenance(request: Request, host: str = Path(pattern=HOST_NAME, max_
     known_host(services, host)
     actor = api_actor(request)
     record = services.container.maintenance.end(host, by=actor.name, detail=actor.detail())
+    services.dry_run_maintenance.invalidate()
     return {"host": host, "changed": record is not None, "maintenance": record.to_dict() if record else None}

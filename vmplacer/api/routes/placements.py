@@ -20,7 +20,7 @@ from vmplacer.api.schemas import (
     PlacementView,
     Removed,
 )
-from vmplacer.api.xml_policy import admit_base_xml, check_rendered, policy_refusal
+from vmplacer.api.xml_policy import admit_base_xml, policy_refusal
 from vmplacer.core.guest import GuestSpec
 
 router = APIRouter(prefix="/v1/placements", tags=["placements"])
@@ -42,16 +42,14 @@ def create_placement(request: Request, body: PlacementRequest, response: Respons
         raise ApiError(422, "validation", f"field base_xml: {reason}", [{"field": "base_xml", "reason": reason}])
     base_xml = check_base_xml(body.base_xml, spec.name)
     placer = Placer(services, acting_placement(services, actor))
-    hosts = placer.candidates(body.host)
+    hosts = placer.candidates(body.host, dry_run=body.dry_run)
     if body.start and not body.define:
         raise ApiError(422, "validation", "start needs define (a reserved guest is defined by the caller)",
                        [{"field": "start", "reason": "start=true requires define=true"}])
     hosts = admit_base_xml(services, spec.name, hosts, base_xml)  # before any fit, claim or define
-    if body.dry_run:
-        planned = placer.plan(spec, hosts, base_xml)
-        check_rendered(services, spec.name, planned.host, planned.result.xml)
-        return planned.to_dict()
     try:
+        if body.dry_run:  # the dry-run renderer holds its XML to the policy too (services._render)
+            return placer.plan(spec, hosts, base_xml).to_dict()
         outcome = placer.place(spec, hosts, base_xml, define=body.define, start=body.start, actor=actor.detail())
     except DomainXmlPolicyError as exc:  # the rendered XML, refused before any claim
         raise policy_refusal(exc) from None
