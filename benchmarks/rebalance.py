@@ -1,20 +1,27 @@
 """Rebalancing benchmark on simulated hosts: vmplacer against no action, the seed's relocation
-policy, interference-blind spreading and the exhaustive optimum; and planning time at scale.
+policy, interference-blind spreading and the optimum; and planning time at scale.
 
     python benchmarks/rebalance.py [--out benchmarks/results/rebalance.json] [--seeds 3] [--quick]
+                                   [--shape LABEL ...] [--matrix NAME ...]
 
 For each pair matrix in tests/data/interference/*_pairs.csv (the simulator's hidden truth), for
 each host shape and starting point (the seed's worst case — VMs packed on SMT sibling threads of
 the first host — and random pCPUs), for each seed: see vmplacer/app/rebalance_eval.py for the
-policies. Performance = mean fraction of isolated performance over all VMs, from the simulator's
-noise-free truth; the optimum enumerates every 1:1 assignment of VMs to pCPUs when there are at
-most 50,000 (else null).
+policies. vmplacer plans with the exact solver (CP-SAT) on hosts of at most 16 pCPUs.
+Performance = mean fraction of isolated performance over all VMs, from the simulator's
+noise-free truth. The optimum enumerates every distinct layout (hosts, nodes, cores and threads
+are interchangeable; time sharing included: vmplacer/adapters/simulator_optimum.py) — proven,
+for every case here. Each row says each policy's share of it, and when vmplacer ends more than
+0.5 % below a simple rule, why (vmplacer/app/rebalance_verdict.py): declined (the plan names
+the gain and what declined it), search, or model (the model rates its own layout higher).
 
 Planning time: 100 hosts (2 nodes × 12 cores × 2 threads) × 40 one-vCPU VMs each, placed at
 random, a model learned from Freeze'nSense samples, default settings (at most 8 actions).
 
-Targets: vmplacer ≥ 95 % of the optimum where computed; vmplacer's mean gain ≥ the seed policy's
-on every matrix; the 100×40 plan in < 5 s.
+Targets: no case more than 0.5 % below the seed policy or the blind spread, declined gains
+counted apart; vmplacer ≥ 99 % of the optimum in every case; an optimum for every case with
+≤ 16 pCPUs per host; mean gain over the blind spread ≥ 3 points on every matrix's full-host
+cases; the 100×40 plan in < 5 s.
 """
 
 from __future__ import annotations
@@ -32,7 +39,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from vmplacer.adapters.simulator import SimCluster  # noqa: E402
+from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver  # noqa: E402
+from vmplacer.adapters.simulator import GroundTruth, SimCluster  # noqa: E402
+from vmplacer.adapters.simulator_optimum import case_optimum  # noqa: E402
 from vmplacer.app.evaluate import ProfileSettings, profile_host  # noqa: E402
 from vmplacer.app.rebalance_eval import DISTANCE_PRIOR, Case, HostShape, evaluate_case  # noqa: E402
 from vmplacer.core.interference import InterferenceModel, ModelConfig  # noqa: E402
@@ -47,12 +56,17 @@ from vmplacer.core.policies.rebalance_state import (  # noqa: E402
 )
 from vmplacer.core.topology import uniform_topology  # noqa: E402
 
-OPTIMUM_SHARE_TARGET = 0.95
+OPTIMUM_SHARE_TARGET = 0.99
+LOSS_TOLERANCE = 0.005  # below a simple rule by more than this share counts
+FULL_HOST_GAIN_TARGET = 0.03  # mean gain over the blind spread on full hosts
 PLAN_TARGET_S = 5.0
+EXACT_MAX_CPUS = 16
+FULL_HOST = "1 host, 4 cores x 2 threads, 8 VMs"
 SHAPES = (
     ("1 host, 4 cores x 2 threads, 4 VMs", 1, 4, HostShape(1, 4, 2)),  # the seed's relocation experiment
     ("2 hosts, 2 cores x 2 threads, 4 VMs", 2, 4, HostShape(1, 2, 2)),  # migrations count
-    ("1 host, 2 nodes x 4 cores x 2 threads, 8 VMs", 1, 8, HostShape(2, 4, 2)),  # NUMA, no optimum
+    ("1 host, 2 nodes x 4 cores x 2 threads, 8 VMs", 1, 8, HostShape(2, 4, 2)),  # NUMA
+    (FULL_HOST, 1, 8, HostShape(1, 4, 2)),  # every pCPU busy: which guests share a core decides
 )
 
 
@@ -77,24 +91,38 @@ def simulator(table, seed: int, noise: float) -> SimCluster:
     return SimCluster(table, seed=seed, noise=noise)
 
 
-def run_cases(seeds: int) -> list[dict]:
+def best(table, case, start):
+    return case_optimum(GroundTruth(table), start.workloads, hosts=case.hosts, nodes=case.shape.nodes,
+                        cores=case.shape.cores_per_node, threads=case.shape.threads_per_core)
+
+
+def run_cases(seeds: int, shapes=SHAPES, names: set[str] | None = None) -> list[dict]:
     rows = []
+    solver = CpSatLayoutSolver()
     for path in matrices():
+        if names and path.name not in names:
+            continue
         table = parse_pairs(path.read_text(), path.name)
-        for label, hosts, vms, shape in SHAPES:
+        for label, hosts, vms, shape in shapes:
             for start in ("siblings", "random"):
                 for seed in range(seeds):
                     began = time.perf_counter()
                     row = evaluate_case(table, Case(start, hosts, vms, shape, seed), matrix=path.name,
-                                        simulator=simulator)
+                                        simulator=simulator, solver=solver, best=best)
                     row["shape"] = label
                     row["seconds"] = round(time.perf_counter() - began, 2)
                     rows.append(row)
+                    verdict = row["vmplacer_vs_simple"]["verdict"]
                     print(f"{path.name:34s} {start:8s} {label:45s} seed {seed}: none {row['none']:.3f} "
                           f"seed {row['seed_policy']:.3f} blind {row['blind_spread']:.3f} "
                           f"vmplacer {row['vmplacer']:.3f} optimum "
-                          f"{'-' if row['optimum'] is None else format(row['optimum'], '.3f')}", flush=True)
+                          f"{'-' if row['optimum'] is None else format(row['optimum'], '.3f')} {verdict}",
+                          flush=True)
     return rows
+
+
+def _share(rows: list[dict], policy: str) -> list[float]:
+    return [r["share_of_optimum"][policy] for r in rows if r["share_of_optimum"] is not None]
 
 
 def summarize(rows: list[dict]) -> dict:
@@ -103,20 +131,41 @@ def summarize(rows: list[dict]) -> dict:
         mine = [r for r in rows if r["matrix"] == matrix]
         gains = {p: statistics.mean(r[p] - r["none"] for r in mine)
                  for p in ("seed_policy", "blind_spread", "vmplacer")}
-        with_opt = [r for r in mine if r["optimum"] is not None]
-        shares = [r["vmplacer"] / r["optimum"] for r in with_opt]
+        shares = _share(mine, "vmplacer")
+        verdicts = [r["vmplacer_vs_simple"]["verdict"] for r in mine]
+        full = [r for r in mine if r["shape"] == FULL_HOST]
+        full_gain = statistics.mean(r["vmplacer"] - r["blind_spread"] for r in full) if full else None
+        full_best = statistics.mean(r["optimum"] - r["blind_spread"] for r in full if r["optimum"]) if full else None
         summary[matrix] = {
             "cases": len(mine),
             "mean_gain": {p: round(g, 4) for p, g in gains.items()},
-            "vmplacer_share_of_optimum_min": round(min(shares), 4) if shares else None,
-            "vmplacer_share_of_optimum_mean": round(statistics.mean(shares), 4) if shares else None,
+            "mean_gain_over_blind_spread": round(statistics.mean(r["vmplacer"] - r["blind_spread"] for r in mine), 4),
+            "share_of_optimum": {p: {"min": round(min(_share(mine, p)), 4), "mean": round(statistics.mean(_share(mine, p)), 4)}
+                                 for p in ("seed_policy", "blind_spread", "vmplacer") if _share(mine, p)},
+            "cases_ge_99pct_optimum": sum(1 for x in shares if x >= OPTIMUM_SHARE_TARGET),
+            "cases_with_optimum": len(shares),
+            "below_simple_rules": {v: verdicts.count(v) for v in ("declined", "search", "model")},
             "cases_vmplacer_below_seed": sum(1 for r in mine if r["vmplacer"] < r["seed_policy"] - 1e-9),
+            "full_host": None if not full else {
+                "cases": len(full),
+                "mean_gain_over_blind_spread": round(full_gain, 4),
+                "optimum_gain_over_blind_spread": round(full_best, 4),
+            },
             "targets": {
-                "vmplacer_ge_95pct_optimum": all(s >= OPTIMUM_SHARE_TARGET for s in shares),
-                "vmplacer_gain_ge_seed_gain": gains["vmplacer"] >= gains["seed_policy"],
+                "vmplacer_ge_99pct_optimum": all(x >= OPTIMUM_SHARE_TARGET for x in shares),
+                "no_real_loss_to_simple_rules": verdicts.count("search") + verdicts.count("model") == 0,
+                "full_host_gain_over_blind_ge_3_points": None if full_gain is None else full_gain >= FULL_HOST_GAIN_TARGET,
             },
         }
     return summary
+
+
+def optimum_known(rows: list[dict]) -> bool:
+    """Every case whose hosts have at most EXACT_MAX_CPUS pCPUs has its optimum."""
+    def pcpus(r):
+        shape = r["host_shape"]
+        return shape["nodes"] * shape["cores_per_node"] * shape["threads_per_core"]
+    return all(r["optimum"] is not None for r in rows if pcpus(r) <= EXACT_MAX_CPUS)
 
 
 def trained_model(seed: int = 1) -> InterferenceModel:
@@ -155,7 +204,7 @@ def plan_at_scale(hosts: int = 100, vms: int = 40, repeats: int = 3) -> dict:
     times, plan = [], None
     for _ in range(repeats):
         began = time.perf_counter()
-        plan = plan_rebalance(state, model, RebalanceSettings(), now=0.0)
+        plan = plan_rebalance(state, model, RebalanceSettings(), now=0.0, solver=CpSatLayoutSolver())
         times.append(time.perf_counter() - began)
     assert plan is not None
     return {
@@ -173,28 +222,41 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rebalance.json"))
     parser.add_argument("--seeds", type=int, default=3, help="seeds per matrix, shape and start (default 3)")
     parser.add_argument("--quick", action="store_true", help="one seed, no planning-time run")
+    parser.add_argument("--shape", action="append", help="only this shape (a label; repeatable)")
+    parser.add_argument("--matrix", action="append", help="only this pair file (a file name; repeatable)")
     args = parser.parse_args(argv)
     began = time.perf_counter()
-    rows = run_cases(1 if args.quick else args.seeds)
+    shapes = [s for s in SHAPES if not args.shape or s[0] in args.shape]
+    rows = run_cases(1 if args.quick else args.seeds, shapes, set(args.matrix or ()))
     scale = None if args.quick else plan_at_scale()
     summary = summarize(rows)
+    verdicts = [r["vmplacer_vs_simple"]["verdict"] for r in rows]
     result = {
         "machine": machine(),
         "cases": rows,
         "plan_100x40_s": None if scale is None else scale["median_s"],
         "plan_100x40": scale,
         "summary": summary,
+        "below_simple_rules": {
+            "cases": len(rows),
+            "declined": verdicts.count("declined"),
+            "search": verdicts.count("search"),
+            "model": verdicts.count("model"),
+        },
         "targets": {
-            "vmplacer_ge_95pct_optimum": all(s["targets"]["vmplacer_ge_95pct_optimum"] for s in summary.values()),
-            "vmplacer_gain_ge_seed_gain_every_matrix": all(s["targets"]["vmplacer_gain_ge_seed_gain"]
-                                                          for s in summary.values()),
+            "no_real_loss_to_simple_rules": verdicts.count("search") + verdicts.count("model") == 0,
+            "vmplacer_ge_99pct_optimum": all(s["targets"]["vmplacer_ge_99pct_optimum"] for s in summary.values()),
+            "optimum_known_for_every_case_up_to_16_pcpus": optimum_known(rows),
+            "full_host_gain_over_blind_ge_3_points_every_matrix": all(
+                s["targets"]["full_host_gain_over_blind_ge_3_points"] is not False for s in summary.values()),
             "plan_100x40_under_5s": None if scale is None else scale["median_s"] < PLAN_TARGET_S,
         },
         "total_s": round(time.perf_counter() - began, 1),
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
-    print(json.dumps({"summary": summary, "plan_100x40": scale, "targets": result["targets"]}, indent=2))
+    print(json.dumps({"summary": summary, "below_simple_rules": result["below_simple_rules"],
+                      "plan_100x40": scale, "targets": result["targets"]}, indent=2))
     ok = all(v is not False for v in result["targets"].values())
     return 0 if ok else 1
 

@@ -31,6 +31,7 @@ from typing import Any
 from vmplacer.app.evaluate import ProfileSettings, freeze_and_sense, measure, profile_host
 from vmplacer.app.executor import ExecutorSettings
 from vmplacer.app.rebalance import Rebalancer, RunOptions
+from vmplacer.app.rebalance_verdict import model_objectives, verdict
 from vmplacer.core.interference import InterferenceModel, ModelConfig, Observation
 from vmplacer.core.layout_problem import LayoutSolver
 from vmplacer.core.pairs import PairTable
@@ -201,6 +202,8 @@ def starting_point(table: PairTable, case: Case) -> Start:
 
 
 Simulator = Callable[[PairTable, int, float], Any]  # (truth, seed, noise) -> a simulated cluster
+# (truth, case, start) -> (per-VM performance of the best layout, how it was found), or None
+Optimum = Callable[["PairTable", "Case", "Start"], "tuple[dict[str, float], dict[str, Any]] | None"]
 
 
 def build(table: PairTable, case: Case, start: Start, *, noise: float, seed: int, simulator: Simulator):
@@ -368,32 +371,48 @@ def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix:
                   noise: float = 0.03, settings: RebalanceSettings | None = None,
                   model_config: ModelConfig | None = None,
                   optimum_limit: int = DEFAULT_OPTIMUM_LIMIT,
-                  solver: LayoutSolver | None = None) -> dict[str, Any]:
-    """Every policy on its own copy of one starting point; the JSON row of the benchmark."""
+                  solver: LayoutSolver | None = None, best: Optimum | None = None) -> dict[str, Any]:
+    """Every policy on its own copy of one starting point; the JSON row of the benchmark.
+
+    `best` finds the optimum (default: every assignment enumerated, up to
+    `optimum_limit`); `solver` lays out small hosts exactly in vmplacer's plans.
+    """
     start = starting_point(table, case)
     per_vm: dict[str, dict[str, float] | None] = {}
     actions: dict[str, int] = {}
+    clusters: dict[str, Any] = {}
 
     cluster = build(table, case, start, noise=noise, seed=case.seed, simulator=simulator)
     per_vm["none"] = performance(cluster)
     actions["none"] = 0
+    clusters["none"] = cluster
 
     cluster = build(table, case, start, noise=noise, seed=case.seed, simulator=simulator)
     actions["seed_policy"] = seed_policy(cluster)
     per_vm["seed_policy"] = performance(cluster)
+    clusters["seed_policy"] = cluster
 
     cluster = build(table, case, start, noise=noise, seed=case.seed, simulator=simulator)
     actions["blind_spread"] = blind_spread(cluster)
     per_vm["blind_spread"] = performance(cluster)
+    clusters["blind_spread"] = cluster
 
     cluster = build(table, case, start, noise=noise, seed=case.seed, simulator=simulator)
     config = model_config or ModelConfig(distance_prior=DISTANCE_PRIOR)
-    loop = VmplacerLoop(cluster, settings or RebalanceSettings(max_actions=case.vms), config, solver=solver)
-    loop.run(rounds)
+    settings = settings or RebalanceSettings(max_actions=case.vms)
+    loop = VmplacerLoop(cluster, settings, config, solver=solver)
+    plans = loop.run(rounds)
     per_vm["vmplacer"] = performance(cluster)
     actions["vmplacer"] = len(loop.plans.moves())
+    clusters["vmplacer"] = cluster
 
-    per_vm["optimum"] = optimum(table, case, start, simulator, optimum_limit)
+    if best is None:
+        found = optimum(table, case, start, simulator, optimum_limit)
+        how = None if found is None else {"method": "every assignment enumerated"}
+    else:
+        result = best(table, case, start)
+        found, how = (None, None) if result is None else result
+    per_vm["optimum"] = found
 
     row: dict[str, Any] = {
         "matrix": matrix or table.source,
@@ -408,10 +427,25 @@ def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix:
     for policy in POLICIES:
         values = per_vm[policy]
         row[policy] = None if values is None else round(_mean(values), 4)
+    row["share_of_optimum"] = (None if row["optimum"] is None else
+                               {p: round(row[p] / row["optimum"], 4) for p in POLICIES if p != "optimum"})
+    row["optimum_found_by"] = how
     row["min_vm"] = {p: (None if v is None else round(min(v.values()), 4)) for p, v in per_vm.items()}
     row["per_vm"] = {p: (None if v is None else {k: round(x, 4) for k, x in sorted(v.items())})
                      for p, v in per_vm.items()}
     row["actions"] = actions
     row["workloads"] = dict(sorted(start.workloads.items()))
     row["model_observations"] = len(loop.observations)
+    objectives = model_objectives(clusters, loop.model, settings)
+    row["model_objective"] = objectives
+    row["exact"] = _exact_summary(plans)
+    row["vmplacer_vs_simple"] = verdict({p: row[p] for p in POLICIES}, objectives, plans, settings.min_gain)
     return row
+
+
+def _exact_summary(plans: Sequence[Plan]) -> dict[str, int]:
+    """How often the exact solver ran in vmplacer's plans, proved its layout optimal, and was followed."""
+    reports = [r for p in plans for r in p.settings.get("notes", {}).get("exact", [])]
+    return {"solves": sum(1 for r in reports if "objective" in r),
+            "optimal": sum(1 for r in reports if r.get("status") == "optimal"),
+            "taken": sum(1 for r in reports if r.get("taken"))}

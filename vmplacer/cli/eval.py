@@ -205,13 +205,17 @@ def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
         raise UsageError(f"--vms {args.vms}: the siblings start packs every VM on the first host, "
                          f"which has {shape.pcpus} pCPUs")
     from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
-    from vmplacer.adapters.simulator import SimCluster  # this command's only hosts
+    from vmplacer.adapters.simulator import GroundTruth, SimCluster  # this command's only hosts
+    from vmplacer.adapters.simulator_optimum import case_optimum
 
     table = load_pairs(args.pairs)
     row = evaluate_case(table, Case(args.start, args.hosts, args.vms, shape, args.seed),
                         simulator=lambda truth, seed, noise: SimCluster(truth, seed=seed, noise=noise),
                         matrix=Path(table.source).name, rounds=args.rounds, noise=args.noise,
-                        solver=CpSatLayoutSolver())
+                        solver=CpSatLayoutSolver(),
+                        best=lambda truth, case, start: case_optimum(
+                            GroundTruth(truth), start.workloads, hosts=case.hosts, nodes=case.shape.nodes,
+                            cores=case.shape.cores_per_node, threads=case.shape.threads_per_core))
     emit(args, row, _render_rebalance)
     return 0
 

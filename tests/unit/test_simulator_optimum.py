@@ -1,0 +1,51 @@
+"""The benchmark's optimum: every distinct layout of one-vCPU VMs, scored by the simulator's truth."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from vmplacer.adapters.simulator import GroundTruth, SimCluster
+from vmplacer.adapters.simulator_optimum import _layouts, best_layout, count_layouts
+from vmplacer.core.pairs import parse_pairs
+from vmplacer.core.topology import uniform_topology
+
+PAIRS = """background,A,B,C
+A,30,5,12
+B,2,40,8
+C,15,1,25
+"""
+
+
+@pytest.mark.parametrize("vms, hosts, nodes, cores, threads", [
+    (3, 1, 1, 2, 2), (4, 1, 2, 2, 2), (4, 2, 1, 2, 2), (5, 1, 1, 4, 2), (8, 1, 2, 4, 2),
+])
+def test_the_count_of_distinct_layouts_matches_the_enumeration(vms, hosts, nodes, cores, threads):
+    assert len(_layouts(vms, hosts, nodes, cores, threads)) == count_layouts(vms, hosts, nodes, cores, threads)
+
+
+@pytest.mark.parametrize("workloads, hosts, nodes", [("ABC", 1, 2), ("AABC", 1, 1), ("ABCA", 2, 1)])
+def test_the_optimum_is_the_best_of_every_assignment_the_simulator_scores(workloads, hosts, nodes):
+    table = parse_pairs(PAIRS, "t.csv")
+    names = [f"vm{i}" for i in range(len(workloads))]
+    found = best_layout(GroundTruth(table), list(workloads), names=names, hosts=hosts, nodes=nodes, cores=2,
+                        threads=2)
+    cluster = SimCluster(table, seed=0, noise=0.0)
+    topology = uniform_topology(nodes=nodes, cores_per_node=2, threads_per_core=2)
+    for h in range(hosts):
+        cluster.add_host(f"h{h}", uniform_topology(nodes=nodes, cores_per_node=2, threads_per_core=2, name=f"h{h}"))
+    for name, workload in zip(names, workloads):
+        cluster.hosts["h0"].define_domain(name, workload=workload, vcpupin=[0])
+    slots = [(f"h{h}", c) for h in range(hosts) for c in sorted(topology.cpus)]
+    where = {n: "h0" for n in names}
+    best = -1.0
+    for choice in itertools.product(slots, repeat=len(names)):
+        for name, (host, cpu) in zip(names, choice):
+            if where[name] != host:
+                cluster.hosts[where[name]].migrate(name, cluster.hosts[host])
+                where[name] = host
+            cluster.hosts[host].pin_vcpu(name, 0, frozenset({cpu}))
+        best = max(best, sum(cluster.hosts[where[n]].true_performance(n) for n in names) / len(names))
+    assert found.mean == pytest.approx(best, abs=1e-12)
+    assert found.layouts == count_layouts(len(names), hosts, nodes, 2, 2)

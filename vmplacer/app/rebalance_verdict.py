@@ -1,0 +1,70 @@
+"""Why vmplacer ended below a simple rule in a simulated case: declined, search, or model.
+
+The simulator knows the truth; vmplacer only its model. Comparing the model's
+objective of each policy's final layout with the truth tells the causes apart:
+
+* declined — the model rates the simple rule's layout higher and the last plan
+  names the gain it declined and what declined it (hysteresis, confidence, cost,
+  action budget): vmplacer chose not to act, and said so;
+* search — the model rates the simple rule's layout higher, yet no plan offered
+  it: the search did not find it;
+* model — the model rates vmplacer's own layout at least as high: the model is
+  wrong about the layouts (its samples did not teach it what the truth does).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from vmplacer.core.interference import InterferenceModel
+from vmplacer.core.plan import Plan
+from vmplacer.core.policies.rebalance import evaluate_cluster
+from vmplacer.core.policies.rebalance_state import ClusterState, HostState, RebalanceSettings, describe_guest
+
+SIMPLE = ("seed_policy", "blind_spread")
+TOLERANCE = 0.005  # below a simple rule by more than 0.5 % counts
+
+
+def cluster_state(cluster: Any) -> ClusterState:
+    """What the rebalancer would observe on a simulated cluster (topologies, pins, labels)."""
+    hosts = {name: HostState(name, host.topology()) for name, host in cluster.hosts.items()}
+    guests = {d.name: describe_guest(d.placement, labels=d.labels)
+              for host in cluster.hosts.values() for d in host.domains() if d.state == "running"}
+    return ClusterState(hosts, guests)
+
+
+def model_objectives(clusters: Mapping[str, Any], model: InterferenceModel | None,
+                     settings: RebalanceSettings) -> dict[str, float] | None:
+    """vmplacer's final model's objective of each policy's final layout."""
+    if model is None:
+        return None
+    return {policy: round(evaluate_cluster(cluster_state(c), model, settings)[0], 4) for policy, c in clusters.items()}
+
+
+def verdict(means: Mapping[str, float | None], objectives: Mapping[str, float] | None,
+            plans: Sequence[Plan], min_gain: float) -> dict[str, Any]:
+    """'ok', or why vmplacer's mean true performance is more than 0.5 % below a simple rule's."""
+    mine = means["vmplacer"]
+    best = max(SIMPLE, key=lambda p: means[p] or 0.0)
+    deficit = (means[best] or 0.0) - (mine or 0.0)
+    result: dict[str, Any] = {"versus": best, "deficit": round(deficit, 4)}
+    if mine is None or deficit <= TOLERANCE * (means[best] or 0.0):
+        return {**result, "verdict": "ok"}
+    last = plans[-1] if plans else None
+    declined = list(last.settings.get("notes", {}).get("declined", [])) if last is not None else []
+    result["declined"] = declined
+    if objectives is not None:
+        predicted = objectives[best] - objectives["vmplacer"]
+        result["model_prefers_simple_by"] = round(predicted, 4)
+        if predicted <= 0:
+            return {**result, "verdict": "model",
+                    "why": f"the model rates its own layout {-predicted:.3f} above {best}'s; in truth it is "
+                           f"{deficit:.4f} below (mean per VM)"}
+    if declined:
+        top = max(declined, key=lambda d: d.get("predicted_gain", 0.0))
+        return {**result, "verdict": "declined",
+                "why": f"declined {top['move']} (predicted +{top['predicted_gain']:.3f}, sure "
+                       f"+{top['sure_gain']:.3f}) by {top['declined_by']}"}
+    return {**result, "verdict": "search",
+            "why": f"the model rates {best}'s layout higher, but no plan offered a move above {min_gain:g}"}
