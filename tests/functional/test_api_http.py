@@ -203,6 +203,19 @@ def test_idempotency_key_replays_the_first_answer(api):
     assert bad.status_code == 422
 
 
+def test_a_recreated_token_of_the_same_name_never_replays_the_old_ones_answers(server):
+    body = {"name": "idem-rotated", "vcpus": 1, "memory_mib": 64, "host": "t"}
+    key = {"Idempotency-Key": "rotated-1"}
+    with server.client(server.create_token("rotated", "admin")) as old:
+        first = old.post("/v1/placements", json=body, headers=key)
+        assert old.post("/v1/placements", json=body, headers=key).headers.get("idempotent-replayed") == "true"
+    vmplacer(server.config, "token", "revoke", "rotated")
+    with server.client(server.create_token("rotated", "admin")) as new:
+        again = new.post("/v1/placements", json=body, headers=key)
+    assert again.status_code == first.status_code
+    assert "idempotent-replayed" not in again.headers  # served anew: keys belong to the token, not its name
+
+
 def test_a_replay_is_the_same_json_in_any_key_order(api):
     first = api.post("/v1/plans", content=b'{"hosts": ["t"], "max_actions": 2}',
                      headers={"Content-Type": "application/json", "Idempotency-Key": "plan-order-1"})

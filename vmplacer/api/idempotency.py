@@ -1,6 +1,6 @@
 """Idempotency-Key on POST: a retried request gets the first answer, not a second action.
 
-The key is scoped to the token that sent it. The first request with a key
+The key is scoped to the token that sent it (the token, not its name). The first request with a key
 inserts a row (a unique constraint decides races between instances), runs,
 and stores its answer *before* sending it, so a retry after a lost response
 always finds it. Then:
@@ -32,6 +32,7 @@ from urllib.parse import parse_qsl
 
 from starlette.concurrency import run_in_threadpool
 
+from vmplacer.adapters.db.api import hash_token
 from vmplacer.api.auth import TokenVerifier, bearer_token
 
 HEADER = b"idempotency-key"
@@ -49,6 +50,13 @@ def _json(status: int, code: str, message: str, field: str | None = None,
     body = json.dumps({"error": {"code": code, "message": message, "details": details}}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     return status, headers + (extra_headers or []), body
+
+
+def token_scope(token: str) -> str:
+    """Whose keys these are: the token itself (its stored SHA-256), never its name or row id,
+    so a token revoked and created again under the same name never replays the old one's
+    answers (SQLite hands a deleted newest row's id to the next row)."""
+    return hash_token(token)
 
 
 def fingerprint(method: str, path: str, query: str, body: bytes) -> str:
@@ -100,16 +108,17 @@ class IdempotencyMiddleware:
         verifier: TokenVerifier = services.tokens
         token = bearer_token(headers.get(b"authorization", b"").decode("latin-1"))
         principal = await run_in_threadpool(verifier.verify, token) if token else None
-        if principal is None or not principal.admin:
+        if token is None or principal is None or not principal.admin:
             await self.app(scope, replay_receive, send)
             return
 
         store = services.idempotency
         digest = fingerprint(scope["method"], scope["path"], scope.get("query_string", b"").decode("latin-1"), body)
-        slot = (principal.name, key)
-        begin = await run_in_threadpool(store.begin, principal.name, key, digest, scope["method"], scope["path"])
+        owner = token_scope(token)
+        slot = (owner, key)
+        begin = await run_in_threadpool(store.begin, owner, key, digest, scope["method"], scope["path"])
         if begin.outcome == "pending":
-            begin = await self._await_first(slot, lambda: store.begin(principal.name, key, digest, scope["method"],
+            begin = await self._await_first(slot, lambda: store.begin(owner, key, digest, scope["method"],
                                                                       scope["path"]))
         if begin.outcome == "mismatch":
             await self._send(send, *_json(

@@ -288,7 +288,7 @@ class IdempotencyKeyRow(Base):
     __table_args__ = (UniqueConstraint("principal", "key"),)
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    principal: Mapped[str] = mapped_column(String(64))  # the token name
+    principal: Mapped[str] = mapped_column(String(64))  # the token's SHA-256 (api/idempotency.py)
     key: Mapped[str] = mapped_column(String(255))
     fingerprint: Mapped[str] = mapped_column(String(64))
     method: Mapped[str] = mapped_column(String(8))
