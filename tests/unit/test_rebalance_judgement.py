@@ -49,17 +49,6 @@ def test_time_sharing_gains_are_taken_without_any_data():
     assert not plan.settings["notes"]["declined"]
 
 
-def test_coefficients_always_seen_together_share_their_evidence():
-    """One layout observed again and again: the data fix the sum of x's and y's losses on v,
-    not each; their confidence stays low however many samples arrive."""
-    together = [Observation("v", 0.7, 1.0, (Exposure("x", LLC, 1.0), Exposure("y", LLC, 1.0))) for _ in range(30)]
-    apart = ([Observation("v", 0.85, 1.0, (Exposure("x", LLC, 1.0),)) for _ in range(15)]
-             + [Observation("v", 0.85, 1.0, (Exposure("y", LLC, 1.0),)) for _ in range(15)])
-    confounded = InterferenceModel().fit(together).beta_confidence("x", "v", LLC)
-    identified = InterferenceModel().fit(apart).beta_confidence("x", "v", LLC)
-    assert confounded < 0.5 < identified
-
-
 def test_a_distance_class_never_observed_is_not_trusted():
     model = InterferenceModel().fit([Observation("v", 0.8, 1.0, (Exposure("x", LLC, 1.0),)) for _ in range(20)])
     assert model.beta_confidence("x", "v", LLC) > 0.8

@@ -64,22 +64,6 @@ _SAME_CPU = DistanceClass.SAME_CPU.rank
 _DEFAULT_REFERENCE = DistanceClass.SAME_LLC
 
 
-def _identified_evidence(gram: np.ndarray, k: float) -> np.ndarray:
-    """Per feature, the evidence its data give it alone: 1/[(G + kI)⁻¹]_ii − k.
-
-    With features seen apart (G diagonal) this is Σw², the plain count; features
-    that always occur together (the same layout observed again and again) share
-    their evidence, because the data cannot tell their coefficients apart. So the
-    confidence e/(e + k) is 1 − (posterior / prior variance) of a ridge fit.
-    """
-    k = max(k, 1e-9)
-    try:
-        inverse = np.linalg.inv(gram + k * np.eye(len(gram)))
-    except np.linalg.LinAlgError:
-        return np.diag(gram).copy()
-    return np.maximum(1.0 / np.maximum(np.diag(inverse), 1e-300) - k, 0.0)
-
-
 # --------------------------------------------------------------------------- values
 @dataclass(frozen=True)
 class Tenant:
@@ -714,7 +698,7 @@ class InterferenceModel:
             prior = scale[c] * base
             beta = ridge_toward(gram, rhs, prior, cfg.pair_shrinkage)
             residual[c, u, v] = beta - prior
-            ev_triple[c, u, v] = _identified_evidence(gram, cfg.confidence_evidence)
+            ev_triple[c, u, v] = np.diag(gram)
 
         confidence = self._confidence(ev_triple, cfg.confidence_evidence)
         self._solution = _Solution(keys, wclasses, key_wclass, mu, ci, cs, inter, sens, press, susc, scale,
