@@ -214,3 +214,27 @@ def test_idempotency_keys_replay_refuse_and_expire(sessions):
     assert stale.begin("ops", "k2", "a" * 64, "POST", "/v1/profiles").outcome == "new"
     assert SqlIdempotencyStore(sessions, retention_s=0.0).purge() >= 3
     assert store.begin("ops", "k1", "e" * 64, "POST", "/v1/placements").outcome == "new"
+
+
+def test_a_host_freed_halfway_through_a_dispatch_pass_keeps_its_queue_order(sessions):
+    """h1 is busy when the pass looks at its first job and frees up before it reaches the
+    second: the second must not overtake the first."""
+    store, leases = SqlJobStore(sessions), SqlLeaseStore(sessions)
+    runner = JobRunner(store, leases, {"work": lambda job, ctx: {}}, owner="runner-1", lease_ttl_s=10,
+                       poll_s=60, max_workers=4)
+    first = runner.submit("work", ["h1"], {"label": "first"}, "tester")
+    other = runner.submit("work", ["h2"], {"label": "other"}, "tester")
+    second = runner.submit("work", ["h1"], {"label": "second"}, "tester")
+    runner._busy_hosts.add("h1")  # a job on h1 is running
+    real_acquire = leases.acquire
+
+    def acquire(hosts, owner, ttl):
+        if hosts == ["h2"]:
+            runner._busy_hosts.discard("h1")  # ... and ends while the pass is at h2's job
+        return real_acquire(hosts, owner, ttl)
+
+    leases.acquire = acquire
+    runner._dispatch()
+    runner.stop()
+    assert store.get(other.id).status != "queued"
+    assert store.get(first.id).status == "queued" and store.get(second.id).status == "queued"

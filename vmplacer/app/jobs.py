@@ -206,16 +206,21 @@ class JobRunner:
             free = self._max_workers - len(self._running)
         if free <= 0:
             return
+        # Jobs run in queue order per host: once a job is passed over for a busy host, no later
+        # job of that host may start in this pass (the host may free up halfway through it).
+        passed_over: set[str] = set()
         for job in self.store.queued(limit=50):
             if free <= 0 or self._stopping.is_set():
                 break
             if job.kind not in self.handlers:
                 continue  # another vmplacer version's job: leave it to an instance that knows it
+            if set(job.hosts) & passed_over:
+                continue
             with self._lock:
-                if set(job.hosts) & self._busy_hosts:
-                    continue
-            if not self.leases.acquire(list(job.hosts), self.owner, self.lease_ttl_s):
-                continue  # another instance acts on one of its hosts: later, or by that instance
+                busy = bool(set(job.hosts) & self._busy_hosts)
+            if busy or not self.leases.acquire(list(job.hosts), self.owner, self.lease_ttl_s):
+                passed_over.update(job.hosts)  # busy here, or another instance acts on one of its hosts
+                continue
             if not self.store.claim(job.id, self.owner):
                 self._release(job.hosts)
                 continue
