@@ -50,6 +50,9 @@ DEADLINE_MARGIN_S = 0.25
 # An idle guardian (no rows armed) re-checks its parent this often; the pipe's EOF is the
 # real signal, this only bounds a wait on a pipe some forked child still holds open.
 IDLE_POLL_S = 5.0
+# After rescuing a dead parent's rows: look again this long after, then this long after that
+# (a suspend request the parent sent before dying is still carried out by libvirtd).
+LATE_SUSPEND_CHECKS_S = (0.2, 0.5)
 
 
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
@@ -225,9 +228,30 @@ class Guardian:
         for signum in _STOP_SIGNALS:
             signal.signal(signum, signal.SIG_IGN)
         # Parent died (or we were told to stop): nobody else is going to resume these.
-        for entry in list(self.armed.values()):
+        orphans = list(self.armed.values())
+        for entry in orphans:
             self.rescue(entry, "parent-died")
+        # A suspend the parent sent just before it died may still be carried out by libvirtd
+        # after that first pass: look again before the rows are closed.
+        for delay in LATE_SUSPEND_CHECKS_S:
+            if not orphans:
+                break
+            time.sleep(delay)
+            for entry in orphans:
+                self.recheck(entry)
         self.record()
+
+    def recheck(self, entry: Armed) -> None:
+        """Resume what a late suspend paused after this row's rescue, into that rescue's record."""
+        rescued = next((r for r in self.rescues if r.journal_id == entry.id), None)
+        if rescued is None or entry.host not in self.uris:
+            return
+        for name, uuid in entry.domains:
+            try:
+                if self._resume(entry.host, name, uuid) == "resumed" and name not in rescued.resumed:
+                    rescued.resumed.append(name)
+            except libvirt.libvirtError as exc:
+                rescued.errors.append(f"{name}: {exc.get_error_message()}")
 
 
 def main() -> None:
