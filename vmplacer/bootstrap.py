@@ -76,7 +76,8 @@ class Container:
             settings = self.settings.host(host_name).xml_policy
             policy = self._xml_policies.setdefault(host_name, DomainXmlPolicy(
                 host_name, allow=settings.allow, storage_paths=settings.storage_paths,
-                facts=lambda: host_facts(self.hypervisor(host_name))))
+                facts=lambda: host_facts(self.hypervisor(host_name),
+                                         read_pools=settings.storage_paths is None)))
         return policy
 
     def reconciler(self, holder: str, store=None):  # -> Reconciler

@@ -99,3 +99,46 @@ def test_the_rendered_xml_is_held_to_the_policy_before_any_claim(sqlite_url, tmp
         assert container.placement_store.occupied("xeon-e3-4c8t") == []
     finally:
         container.close()
+
+
+def test_host_facts_read_pools_only_when_no_storage_paths_are_configured():
+    """With storage paths configured the pools are not read at all, so a failing storage
+    driver cannot make the host's emulators unreadable (libvirt's test driver, real calls)."""
+    from vmplacer.adapters.libvirt_facts import host_facts
+    from vmplacer.adapters.libvirt_host import LibvirtHost
+    from vmplacer.config import HostSettings
+
+    host = LibvirtHost(HostSettings("t", "test:///default"))
+    with_pools = host_facts(host)
+    without = host_facts(host, read_pools=False)
+    assert with_pools.pool_paths, "the test driver's default pool should be read"
+    assert without.pool_paths == ()
+    assert without.emulators == with_pools.emulators and without.emulators
+
+
+
+def test_configured_storage_paths_keep_the_policy_working_when_pool_listing_fails(monkeypatch, tmp_path):
+    import libvirt
+
+    from vmplacer.adapters.libvirt_facts import host_facts
+    from vmplacer.adapters.libvirt_host import LibvirtHost
+    from vmplacer.config import HostSettings
+
+    emulator = sorted(host_facts(LibvirtHost(HostSettings("t", "test:///default"))).emulators)[0]
+
+    def broken(self, flags=0):
+        raise libvirt.libvirtError("storage driver failed")
+
+    monkeypatch.setattr(libvirt.virConnect, "listAllStoragePools", broken)
+    container = make_container(f"sqlite:///{tmp_path / 'v.db'}", tmp_path, [
+        {"name": "t", "uri": "test:///default", "xml_policy": {"storage_paths": ["/srv/images"]}}])
+    try:
+        policy = container.xml_policy("t")
+        document = (f"<domain type='qemu'><name>g</name><devices><emulator>{emulator}</emulator>"
+                    "<disk type='file' device='disk'><source file='/srv/images/g.qcow2'/>"
+                    "<target dev='vda' bus='virtio'/></disk></devices></domain>")
+        assert policy.violations(document) == []
+        outside = document.replace("/srv/images/g.qcow2", "/etc/shadow")
+        assert [v.rule for v in policy.violations(outside)], "a disk outside the storage paths must be refused"
+    finally:
+        container.close()

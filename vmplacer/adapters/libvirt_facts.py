@@ -18,12 +18,14 @@ from vmplacer.ports import HypervisorError
 VIRT_TYPES = ("kvm", "qemu")
 
 
-def host_facts(host: Any) -> HostFacts:
-    """Facts of a `LibvirtHost` (anything with `name` and `connection()`); HypervisorError if unreadable."""
+def host_facts(host: Any, *, read_pools: bool = True) -> HostFacts:
+    """Facts of a `LibvirtHost` (anything with `name` and `connection()`); HypervisorError if unreadable.
+    `read_pools` False (storage paths configured): the pools are neither needed nor read, so a host
+    whose storage driver fails cannot make the emulators unreadable."""
     conn = host.connection()
     try:
         capabilities = conn.getCapabilities()
-        pools = [pool.XMLDesc(0) for pool in _pools(conn)]
+        pools = [pool.XMLDesc(0) for pool in _pools(conn)] if read_pools else []
     except libvirt.libvirtError as exc:
         raise HypervisorError(f"host {host.name}: cannot read emulators and storage pools: "
                               f"{exc.get_error_message()}", host=host.name, retriable=True) from None
