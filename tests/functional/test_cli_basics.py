@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -16,6 +17,8 @@ VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
     full_env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
+    # Never the machine's default data directory: what an earlier run left there is not this test's.
+    full_env["VMPLACER_DATA_DIR"] = tempfile.mkdtemp(prefix="vmplacer-cli-")
     full_env.update(env or {})
     return subprocess.run([VMPLACER, *args], capture_output=True, text=True, env=full_env, timeout=120)
 
