@@ -78,3 +78,15 @@ def test_a_node_the_host_cannot_give_is_409_with_the_reason(api, node, have):
     reasons = [(r["constraint"], r["where"], r["have"]) for r in error["details"]["reasons"]]
     assert reasons == [("memory-node", f"memory_node {node} (cell 0)", have)]
 
+
+
+def test_the_topology_route_serves_the_documented_keys(api):
+    response = api.get("/v1/hosts/t/topology")
+    assert response.status_code == 200, response.text
+    body = response.json()
+    assert {"nodes", "cores", "dies", "clusters", "llc", "l2", "smt", "packages", "memory_only_nodes",
+            "offline", "reserved", "isolated", "warnings"} <= set(body)
+    assert {"id", "cpus", "memory_kib", "free_kib", "distances", "hugepages", "memory_only"} == set(body["nodes"][0])
+    assert {"id", "node", "package", "die", "cluster", "kind", "cpus"} == set(body["cores"][0])
+    assert {"id", "package", "cpus"} == set(body["dies"][0])
+    assert body["memory_only_nodes"] == [n["id"] for n in body["nodes"] if n["memory_only"]] == []

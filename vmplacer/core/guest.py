@@ -573,7 +573,8 @@ class _Validator:
         for cell, raw in sorted(per_cell.items()):
             where = f"memory_node.{cell}"
             if cell >= count:
-                self.fail(where, f"cell {cell} does not exist (the guest has {count} cells: 0-{count - 1})")
+                cells_text = "1 cell: 0" if count == 1 else f"{count} cells: 0-{count - 1}"
+                self.fail(where, f"cell {cell} does not exist (the guest has {cells_text})")
                 continue
             node = self._host_node(raw, where)
             if node is not None:
