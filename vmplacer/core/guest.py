@@ -140,10 +140,6 @@ class GuestSpec:
         return self.cell_memory_nodes.get(cell, self.memory_node)
 
     @property
-    def names_memory_nodes(self) -> bool:
-        return self.memory_node is not None or bool(self.cell_memory_nodes)
-
-    @property
     def priority(self) -> int:
         return int(self.labels.get("priority", "0"))
 
