@@ -55,6 +55,9 @@ Machines, one per kind of host the readers must handle:
   ids restarting per die, cluster_id 65535 (x86: unknown), one node.
 - arm-clusters: 1 package (id 36), 2 nodes x 16 cores, clusters of 4 cores,
   L2 per core, L3 per node, no die_id (arm64 has none).
+- ia64-montecito: Itanium 2, 2 sockets x 2 cores x 2 threads, one node, an
+  old kernel with masks only (as xeon-2s-masks); L2 and L3 private to each
+  core, so every core is its own LLC.
 """
 
 from __future__ import annotations
@@ -577,9 +580,20 @@ def arm_clusters() -> Machine:
                    omit_topology=("die_id", "die_cpus_list"))
 
 
+def ia64_montecito() -> Machine:
+    cpus = []
+    for core in range(4):
+        threads = (2 * core, 2 * core + 1)
+        for cpu_id in threads:
+            cpus.append(CpuSpec(id=cpu_id, node=0, package=core // 2, core_id=core % 2, siblings=threads,
+                                l2=threads, l3=threads, l2_id=core, l3_id=core))
+    nodes = [NodeSpec(0, 32 * GIB, 30 * GIB, (10,))]
+    return Machine("ia64-montecito", cpus, nodes, arch="ia64", masks_only=True, old_kernel=True)
+
+
 MACHINES = (xeon_2s_sparse, power9_smt4, hybrid_adl, memory_only_node, amd_nps2, xeon_snc_nul, xeon_2s_masks,
             kvm_no_ids, empty_cpu0_online, cpu0_offline_node0, s390x_books, xeon_2s_cpumap, arm_gpu_memory,
-            epyc_4die_llc, arm_clusters)
+            epyc_4die_llc, arm_clusters, ia64_montecito)
 
 
 def build_all(out_dir: Path) -> dict[str, Path]:

@@ -85,6 +85,8 @@ SYSFS_SHAPES = {
     "arm-gpu-memory": Shape(3, 1, 1, 0, 16, 16, 16, 1, 1, memory_only=(1, 2)),
     "epyc-4die-llc": Shape(1, 1, 4, 0, 16, 32, 32, 4, 2),
     "arm-clusters": Shape(2, 1, 1, 8, 32, 32, 32, 2, 1),
+    # masks only, and an L3 private to each core: 4 LLCs
+    "ia64-montecito": Shape(1, 2, 2, 0, 4, 8, 8, 4, 2),
 }
 
 CAPS_SHAPES = {
@@ -100,6 +102,8 @@ CAPS_SHAPES = {
 CAPS_CANNOT_DESCRIBE = {
     "xeon-2s-masks": {"cores", "core_ids", "smt"},  # siblings from thread_siblings_list only: each CPU alone
     "s390x-books": {"packages", "dies", "llc"},  # socket_id 0 for package id -1; no shared cache banks
+    # masks only, as xeon-2s-masks; no cache banks either, so the per-core L3 becomes one LLC per die
+    "ia64-montecito": {"cores", "core_ids", "smt", "llc"},
 }
 
 

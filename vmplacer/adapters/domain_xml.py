@@ -13,7 +13,7 @@
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
@@ -161,11 +161,11 @@ def _check_consistent(spec: GuestSpec, placement: Placement) -> None:
 def _placement_context(spec: GuestSpec, placement: Placement) -> dict[str, Any]:
     cells = placement.cells or (GuestCell(0, frozenset(placement.vcpupin), placement.memory_kib,
                                           min(placement.memory_nodes, default=0)),)
-    memory_nodes = placement.memory_nodes or frozenset(c.host_node for c in cells)
+    memory_nodes = placement.memory_nodes or frozenset(c.memory_host_node for c in cells)
     top_nodes = memory_nodes
     if placement.mem_mode == "preferred" and len(memory_nodes) > 1:
         # libvirt/QEMU accept one node for a preferred default policy; cells keep their own.
-        top_nodes = frozenset({cells[0].host_node})
+        top_nodes = frozenset({min(cells, key=lambda c: c.id).memory_host_node})
     return {
         "namespace": NAMESPACE,
         "memory_kib": placement.memory_kib,
@@ -175,7 +175,7 @@ def _placement_context(spec: GuestSpec, placement: Placement) -> dict[str, Any]:
         "mem_mode": placement.mem_mode,
         "memory_nodeset": format_cpuset(top_nodes),
         "cells": [{"id": c.id, "cpus": format_cpuset(c.vcpus), "memory_kib": c.memory_kib,
-                   "host_node": c.host_node} for c in sorted(cells, key=lambda c: c.id)],
+                   "memory_node": c.memory_host_node} for c in sorted(cells, key=lambda c: c.id)],
         "cell_ids": format_cpuset(c.id for c in cells),
         "hugepage_kib": placement.hugepage_kib,
         "topology": guest_cpu_topology(placement),
@@ -400,8 +400,8 @@ def parse_placement(xml_text: str, host: str, topology: HostTopology | None = No
         memory_nodes |= nodes
     cells = []
     for cell_id, cell_vcpus, memory in values["cells"]:
-        cells.append(GuestCell(cell_id, cell_vcpus, memory, _cell_node(cell_id, cell_vcpus, memnodes,
-                                                                       memory_nodes, vcpupin, topology)))
+        node = _cell_node(cell_id, cell_vcpus, memnodes, memory_nodes, vcpupin, topology)
+        cells.append(_apart_from_vcpus(GuestCell(cell_id, cell_vcpus, memory, node), vcpupin, topology))
     page = values["hugepage_kib"]
     if values["hugepages"] and page is None:
         page = _default_hugepage(topology)
@@ -447,6 +447,21 @@ def _cell_node(cell_id: int, cell_vcpus: frozenset[int], memnodes: dict[int, fro
         if nodes:
             return nodes[0]
     return -1
+
+
+def _apart_from_vcpus(cell: GuestCell, vcpupin: dict[int, frozenset[int]],
+                      topology: HostTopology | None) -> GuestCell:
+    """A cell whose memory node is memory-only: its vCPUs' node as `host_node`, the memory node apart.
+
+    Without the topology a memory-only node cannot be told from a CPU node; the
+    cell then keeps the memory node as its node, which accounts memory the same.
+    """
+    if topology is None or cell.host_node not in topology.memory_only_nodes:
+        return cell
+    nodes = sorted({topology.cpus[c].node for v in cell.vcpus for c in vcpupin.get(v, ()) if c in topology.cpus})
+    if len(nodes) != 1:
+        return cell
+    return replace(cell, host_node=nodes[0], memory_node=cell.host_node)
 
 
 def _default_hugepage(topology: HostTopology | None) -> int:

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from vmplacer.api.fields import DomainName, Glob, Reason, SelectorText, SpecText, SpecValue
 
 from vmplacer.core.guest import (
     CPU_POLICIES,
     EMULATOR_POLICIES,
+    MAX_HOST_NODE,
     MAX_MEMORY_MIB,
     MAX_NUMA_NODES,
     MAX_VCPUS,
@@ -34,6 +35,12 @@ ROUTING_FIELDS = ("host", "dry_run", "define", "start", "base_xml")
 
 HostName = Annotated[str, Field(pattern=HOST_NAME, max_length=63)]
 
+_NODE_ID = {"type": "integer", "minimum": 0, "maximum": MAX_HOST_NODE}
+# Checked by GuestSpec alone (one rule, one message for the API and request files); the
+# schema still tells clients the shape: one node id, or guest cell -> node id.
+MemoryNode = Annotated[Any, WithJsonSchema({"anyOf": [
+    _NODE_ID, {"type": "object", "additionalProperties": _NODE_ID}, {"type": "null"}]})]
+
 CpuPolicy = Literal[CPU_POLICIES]  # type: ignore[valid-type]
 ThreadPolicy = Literal[THREAD_POLICIES]  # type: ignore[valid-type]
 EmulatorPolicy = Literal[EMULATOR_POLICIES]  # type: ignore[valid-type]
@@ -49,8 +56,8 @@ class _Strict(BaseModel):
 
 
 class PlacementRequest(BaseModel):
-    """A guest to place, plus where and how. Extra keys `numa_cpus.N` / `numa_mem.N`
-    (flat form of the request file) are accepted too."""
+    """A guest to place, plus where and how. Extra keys `numa_cpus.N` / `numa_mem.N` /
+    `memory_node.N` (flat form of the request file) are accepted too."""
 
     model_config = ConfigDict(strict=True, extra="allow", json_schema_extra={"additionalProperties": True})
 
@@ -64,6 +71,9 @@ class PlacementRequest(BaseModel):
     numa_nodes: int | None = Field(default=None, ge=1, le=MAX_NUMA_NODES)
     numa_cpus: dict[str, str | list[int]] | None = Field(default=None, description="cell -> vCPU list")
     numa_mem: dict[str, int] | None = Field(default=None, description="cell -> MiB")
+    memory_node: MemoryNode = Field(
+        default=None, description="host memory-only (CPU-less) NUMA node for the guest's memory: one id for "
+        "the whole guest, or cell -> id (needs numa_nodes or numa_cpus/numa_mem); the host must have it")
     mem_mode: MemMode | None = None
     mem_page_size: str | int | None = Field(default=None, description="small, large, any, 2MB, 1GB or KiB")
     emulator_threads: EmulatorPolicy | None = None

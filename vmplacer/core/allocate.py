@@ -43,6 +43,7 @@ from vmplacer.core.policies.admit import (
     CoreView,
     NodeView,
     admit_cell,
+    admit_memory_nodes,
     build_node_views,
     cell_requests,
     minimum_cells,
@@ -110,7 +111,9 @@ def place_on_nodes(
     search = _Search(topology, guest, occupancy, occupancy.usage(topology), scorer or default_scorer(),
                      options, {})
     cells = cell_requests(guest, len(nodes), topology)
-    pages: set[int] = set(search.pages)
+    memory_pages, memory_reasons = admit_memory_nodes(topology, search.views, cells, search.pages)
+    search.reasons.extend(memory_reasons)
+    pages: set[int] = set(memory_pages)
     for cell, node in zip(cells, nodes):
         view = search.views.get(node)
         if view is None:
@@ -203,7 +206,24 @@ class _Search:
         return banned
 
     # ----- stage 1: admission ----------------------------------------------------------------
-    def _admitted(self, cells: tuple[CellRequest, ...]) -> list[dict[int, tuple[int, ...]]]:
+    def _memory_node_pages(self, cells: tuple[CellRequest, ...]) -> tuple[int, ...]:
+        """Page sizes the named memory-only nodes can give (all when none is named); NoFit if none.
+
+        A named node held by an anti-affine peer is refused as a CPU node would be.
+        """
+        reasons: list[NoFitReason] = []
+        for node in sorted({c.memory_node for c in cells if c.memory_node is not None} & set(self.banned)):
+            reasons.append(NoFitReason(
+                "anti-affinity", f"memory_node {node}", "a node without " + ", ".join(self.banned[node]),
+                f"node {node} holds {', '.join(self.banned[node])}"))
+        pages, memory_reasons = admit_memory_nodes(self.topology, self.views, cells, self.pages)
+        reasons.extend(memory_reasons)
+        if reasons:
+            self.reasons.extend(reasons)
+            raise NoFit(self.guest.name, self.topology.name, self.reasons)
+        return pages
+
+    def _admitted(self, cells: tuple[CellRequest, ...], pages: tuple[int, ...]) -> list[dict[int, tuple[int, ...]]]:
         """Per cell: node -> page sizes that fit. Records a reason for every refusal."""
         by_signature: dict[tuple, dict[int, tuple[int, ...]]] = {}
         admitted = []
@@ -219,9 +239,9 @@ class _Search:
                             "anti-affinity", f"node {node}", "a node without " + ", ".join(self.banned[node]),
                             f"node {node} holds {', '.join(self.banned[node])}"))
                         continue
-                    pages, reasons = admit_cell(view, cell, self.pages, self.options)
-                    if pages:
-                        fits[node] = pages
+                    node_pages, reasons = admit_cell(view, cell, pages, self.options)
+                    if node_pages:
+                        fits[node] = node_pages
                     else:
                         self.reasons.extend(reasons)
                 by_signature[key] = fits
@@ -230,7 +250,7 @@ class _Search:
 
     # ----- stage 2: candidate node assignments -----------------------------------------------------
     def _place(self, cells: tuple[CellRequest, ...]) -> Placement:
-        admitted = self._admitted(cells)
+        admitted = self._admitted(cells, self._memory_node_pages(cells))
         if any(not fits for fits in admitted):
             raise NoFit(self.guest.name, self.topology.name, self.reasons)
         if len(cells) == 1:
@@ -245,6 +265,8 @@ class _Search:
                     "numa-cells", "host", f"{len(cells)} distinct nodes, each fitting one guest cell",
                     f"nodes {usable} fit some cell" if usable else "none"))
                 raise NoFit(self.guest.name, self.topology.name, self.reasons)
+        if any(cell.memory_node is not None for cell in cells):
+            candidates = self._nearest_to_memory(cells, candidates)
         best: Placement | None = None
         for nodes, pages in candidates:
             for placement in self._build(cells, nodes, pages):
@@ -253,6 +275,22 @@ class _Search:
         if best is None:
             raise NoFit(self.guest.name, self.topology.name, self.reasons)
         return best
+
+    def _memory_distance(self, cell: CellRequest, node: int) -> int:
+        """NUMA distance from a cell's vCPUs (on `node`) to the memory-only node holding its memory."""
+        if cell.memory_node is None:
+            return 0
+        return self.distance.get((node, cell.memory_node)) or self.topology.distance(node, cell.memory_node)
+
+    def _nearest_to_memory(self, cells: tuple[CellRequest, ...],
+                           candidates: list[tuple[tuple[int, ...], tuple[int, ...]]]
+                           ) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
+        """Candidates whose vCPUs sit closest to their named memory nodes (locality first, as for
+        CPU nodes: a CXL or HBM node attached to one socket serves that socket's vCPUs)."""
+        def cost(nodes: tuple[int, ...]) -> int:
+            return sum(self._memory_distance(cell, node) for cell, node in zip(cells, nodes))
+        least = min(cost(nodes) for nodes, _ in candidates)
+        return [(nodes, pages) for nodes, pages in candidates if cost(nodes) == least]
 
     def _beam(self, cells: tuple[CellRequest, ...], admitted: list[dict[int, tuple[int, ...]]]
               ) -> list[tuple[tuple[int, ...], tuple[int, ...]]]:
@@ -279,7 +317,8 @@ class _Search:
                     common = pages.intersection(node_pages)
                     if not common:
                         continue
-                    new_cost = cost + sum(distance[(node, u)] for u in used)
+                    new_cost = cost + sum(distance[(node, u)] for u in used) + self._memory_distance(
+                        cells[index], node)
                     new_spare = spare + free[node]
                     nodes = tuple(sorted((*used, node)))
                     # Cells with equal signatures are interchangeable: one state per node multiset.
@@ -406,9 +445,10 @@ class _Search:
             host=topo.name,
             vcpupin=dict(sorted(vcpupin.items())),
             emulatorpin=emulator,
-            memory_nodes=frozenset(nodes),
+            memory_nodes=frozenset(n if c.memory_node is None else c.memory_node for c, n in zip(cells, nodes)),
             mem_mode=guest.mem_mode,
-            cells=tuple(GuestCell(c.id, frozenset(c.vcpus), c.memory_kib, n) for c, n in zip(cells, nodes)),
+            cells=tuple(GuestCell(c.id, frozenset(c.vcpus), c.memory_kib, n, c.memory_node)
+                        for c, n in zip(cells, nodes)),
             memory_kib=guest.memory_mib * 1024,
             hugepage_kib=hugepage,
             threads_per_core=_guest_threads(topo, cells, vcpupin, dedicated),

@@ -26,6 +26,7 @@ PAGE_SIZE_WORDS = ("small", "large", "any")
 MAX_VCPUS = 1024
 MAX_MEMORY_MIB = 16 * 1024 * 1024  # 16 TiB
 MAX_NUMA_NODES = 64
+MAX_HOST_NODE = 1023  # Linux numbers NUMA nodes below MAX_NUMNODES (at most 1024)
 SMALL_PAGE_KIB = 4
 
 # libvirt-safe names: no XML or shell metacharacters, no path separators.
@@ -37,7 +38,7 @@ PRIORITY_RANGE = (-1000, 1000)
 FIELDS = (
     "name", "vcpus", "memory_mib", "cpu_policy", "thread_policy", "dedicated_vcpus",
     "numa_nodes", "numa_cpus", "numa_mem", "mem_mode", "mem_page_size", "emulator_threads",
-    "workload_class", "labels", "affinity", "anti_affinity", "extra_specs",
+    "workload_class", "labels", "affinity", "anti_affinity", "extra_specs", "memory_node",
 )
 
 # OpenStack flavor extra spec -> native field. numa_cpus.N / numa_mem.N handled apart.
@@ -50,7 +51,8 @@ EXTRA_SPEC_FIELDS = {
     "hw:cpu_dedicated_mask": "dedicated_vcpus",
 }
 _INDEXED_EXTRA_SPEC = re.compile(r"^hw:(numa_cpus|numa_mem)\.(\d+)$")
-_INDEXED_FIELD = re.compile(r"^(numa_cpus|numa_mem)\.(\d+)$")
+_INDEXED_FIELD = re.compile(r"^(numa_cpus|numa_mem|memory_node)\.(\d+)$")
+_PER_CELL_FIELDS = ("numa_cpus", "numa_mem", "memory_node")
 _SIZE_RE = re.compile(r"^(\d+)\s*([KMGT]?)(?:I?B)?$", re.IGNORECASE)
 _SIZE_UNITS_KIB = {"": 1, "K": 1, "M": 1024, "G": 1024**2, "T": 1024**3}
 
@@ -101,6 +103,9 @@ class GuestSpec:
     labels: dict[str, str] = field(default_factory=dict)
     affinity: tuple[str, ...] = ()
     anti_affinity: tuple[str, ...] = ()
+    # Host memory-only (CPU-less) node holding guest memory: one for every cell, or per cell.
+    memory_node: int | None = None
+    cell_memory_nodes: dict[int, int] = field(default_factory=dict)
 
     # ----- effective policy (what the allocator actually does) ---------------------------
     @property
@@ -130,6 +135,10 @@ class GuestSpec:
         """The explicit page size asked for, or None for small/large/any."""
         return self.mem_page_size if isinstance(self.mem_page_size, int) else None
 
+    def memory_node_of(self, cell: int) -> int | None:
+        """The memory-only host node named for guest cell `cell`, or None (memory stays with its vCPUs)."""
+        return self.cell_memory_nodes.get(cell, self.memory_node)
+
     @property
     def priority(self) -> int:
         return int(self.labels.get("priority", "0"))
@@ -156,6 +165,10 @@ class GuestSpec:
         if self.numa_cells:
             data["numa_cpus"] = {str(c.id): format_cpuset(c.vcpus) for c in self.numa_cells}
             data["numa_mem"] = {str(c.id): c.memory_mib for c in self.numa_cells}
+        if self.memory_node is not None:
+            data["memory_node"] = self.memory_node
+        elif self.cell_memory_nodes:
+            data["memory_node"] = {str(c): n for c, n in sorted(self.cell_memory_nodes.items())}
         return data
 
     @classmethod
@@ -238,6 +251,7 @@ class _Validator:
             self.fail("anti_affinity", f"guests {', '.join(both)} are also listed in affinity")
         dedicated = self._dedicated_mask(values, cpu_policy, vcpus)
         numa_nodes, cells = self._numa(values, indexed, vcpus, memory_mib)
+        memory_node, cell_memory_nodes = self._memory_nodes(values, indexed["memory_node"], numa_nodes, cells)
         self._policy_conflicts(values, cpu_policy, thread_policy, emulator, workload)
 
         if self.problems:
@@ -248,14 +262,18 @@ class _Validator:
             thread_policy=thread_policy, dedicated_vcpus=dedicated, numa_nodes=numa_nodes,
             numa_cells=cells, mem_mode=mem_mode, mem_page_size=page_size,
             emulator_threads=emulator, workload_class=workload, labels=labels,
-            affinity=affinity, anti_affinity=anti,
+            affinity=affinity, anti_affinity=anti, memory_node=memory_node,
+            cell_memory_nodes=cell_memory_nodes,
         )
 
     # ----- field collection -----------------------------------------------------------------
     def _split_fields(self, data: Mapping[Any, Any]) -> tuple[dict[str, Any], dict[str, dict[int, Any]]]:
-        """Native fields, plus numa_cpus/numa_mem given as mappings or flat `numa_cpus.N` keys."""
+        """Native fields, plus per-cell fields given as mappings or flat `numa_cpus.N` keys.
+
+        `memory_node` is per cell as a mapping or flat keys, for the whole guest as one value.
+        """
         values: dict[str, Any] = {}
-        indexed: dict[str, dict[int, Any]] = {"numa_cpus": {}, "numa_mem": {}}
+        indexed: dict[str, dict[int, Any]] = {key: {} for key in _PER_CELL_FIELDS}
         for key, value in data.items():
             if not isinstance(key, str):
                 self.fail(str(key), "field names must be strings")
@@ -263,7 +281,7 @@ class _Validator:
             flat = _INDEXED_FIELD.match(key)
             if flat:
                 indexed[flat.group(1)][int(flat.group(2))] = value
-            elif key in ("numa_cpus", "numa_mem"):
+            elif key in _PER_CELL_FIELDS and (key != "memory_node" or isinstance(value, Mapping)):
                 if not isinstance(value, Mapping):
                     self.fail(key, f"must be a mapping of cell number to value, got {value!r}")
                     continue
@@ -277,7 +295,8 @@ class _Validator:
             elif key in FIELDS:
                 values[key] = value
             else:
-                self.fail(key, f"unknown field (allowed: {', '.join(FIELDS)}, numa_cpus.N, numa_mem.N)")
+                self.fail(key, f"unknown field (allowed: {', '.join(FIELDS)}, numa_cpus.N, numa_mem.N, "
+                               "memory_node.N)")
         return values, indexed
 
     def _merge_extra_specs(self, specs: Any, values: dict[str, Any], indexed: dict[str, dict[int, Any]]) -> None:
@@ -524,6 +543,45 @@ class _Validator:
         if total != memory_mib:
             self.fail("numa_mem", f"cells add up to {total} MiB, memory_mib is {memory_mib}")
         return count, tuple(cells)
+
+    def _memory_nodes(self, values: dict[str, Any], per_cell: dict[int, Any], numa_nodes: int | None,
+                      cells: tuple[GuestCellSpec, ...]) -> tuple[int | None, dict[int, int]]:
+        """`memory_node`: the host memory-only node(s) for guest memory, whole guest or per cell.
+
+        Only the shape is checked here; whether the node exists on a host, is
+        memory-only and has room is the engine's question (a NoFit), since the
+        same request may fit another host.
+        """
+        whole = values.get("memory_node")
+        if whole is not None and per_cell:
+            self.fail("memory_node", "give one node for the whole guest or one per cell (memory_node.N), not both")
+            return None, {}
+        if whole is not None:
+            return self._host_node(whole, "memory_node"), {}
+        if not per_cell:
+            return None, {}
+        count = len(cells) or numa_nodes
+        if count is None:
+            self.fail("memory_node", "per-cell nodes need the guest's cells fixed (numa_nodes or numa_cpus/numa_mem); "
+                      "for the whole guest give one node: memory_node: N")
+            return None, {}
+        result: dict[int, int] = {}
+        for cell, raw in sorted(per_cell.items()):
+            where = f"memory_node.{cell}"
+            if cell >= count:
+                cells_text = "1 cell: 0" if count == 1 else f"{count} cells: 0-{count - 1}"
+                self.fail(where, f"cell {cell} does not exist (the guest has {cells_text})")
+                continue
+            node = self._host_node(raw, where)
+            if node is not None:
+                result[cell] = node
+        return None, result
+
+    def _host_node(self, raw: Any, where: str) -> int | None:
+        if not _is_int(raw) or not 0 <= raw <= MAX_HOST_NODE:
+            self.fail(where, f"must be a host NUMA node id 0..{MAX_HOST_NODE} (a memory-only node), got {raw!r}")
+            return None
+        return int(raw)
 
     def _policy_conflicts(self, values: dict[str, Any], cpu_policy: str, thread_policy: str,
                           emulator: str, workload: str) -> None:

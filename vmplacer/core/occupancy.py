@@ -42,13 +42,15 @@ def split_vcpus(placement: Placement) -> tuple[dict[int, int], dict[int, frozens
 
 
 def memory_by_node(topology: HostTopology, placement: Placement) -> dict[int, int]:
-    """KiB of guest memory per host node: from its cells, else its memory nodes, else its CPUs,
-    else spread over the nodes with online CPUs — never onto a CPU-less node nobody named."""
+    """KiB of guest memory per host node: from its cells (a cell's named memory-only node, else
+    its node), else its memory nodes, else its CPUs, else spread over the nodes with online
+    CPUs — never onto a CPU-less node nobody named."""
     result: dict[int, int] = {}
     if placement.cells:
         for cell in placement.cells:
-            if cell.host_node in topology.nodes:
-                result[cell.host_node] = result.get(cell.host_node, 0) + cell.memory_kib
+            node = cell.memory_host_node
+            if node in topology.nodes:
+                result[node] = result.get(node, 0) + cell.memory_kib
         if result:
             return result
     nodes = sorted(n for n in placement.memory_nodes if n in topology.nodes)

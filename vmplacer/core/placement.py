@@ -16,12 +16,22 @@ MEM_MODES = ("strict", "preferred", "interleave", "restrictive")
 
 @dataclass(frozen=True)
 class GuestCell:
-    """One guest NUMA cell: its vCPUs, memory, and the host node backing it."""
+    """One guest NUMA cell: its vCPUs, memory, and the host node backing it.
+
+    `memory_node` is set when the cell's memory lives apart from its vCPUs, on a
+    memory-only (CPU-less) node the request named; None: on `host_node`.
+    """
 
     id: int
     vcpus: frozenset[int]
     memory_kib: int
     host_node: int
+    memory_node: int | None = None
+
+    @property
+    def memory_host_node(self) -> int:
+        """The host node holding this cell's memory."""
+        return self.host_node if self.memory_node is None else self.memory_node
 
 
 @dataclass(frozen=True)
@@ -60,15 +70,7 @@ class Placement:
             "emulatorpin": sorted(self.emulatorpin),
             "memory_nodes": sorted(self.memory_nodes),
             "mem_mode": self.mem_mode,
-            "cells": [
-                {
-                    "id": cell.id,
-                    "vcpus": sorted(cell.vcpus),
-                    "memory_kib": cell.memory_kib,
-                    "host_node": cell.host_node,
-                }
-                for cell in self.cells
-            ],
+            "cells": [_cell_dict(cell) for cell in self.cells],
             "memory_kib": self.memory_kib,
             "hugepage_kib": self.hugepage_kib,
             "threads_per_core": self.threads_per_core,
@@ -87,6 +89,18 @@ class Placement:
         return " ".join(parts)
 
 
+def _cell_dict(cell: GuestCell) -> dict[str, Any]:
+    data: dict[str, Any] = {
+        "id": cell.id,
+        "vcpus": sorted(cell.vcpus),
+        "memory_kib": cell.memory_kib,
+        "host_node": cell.host_node,
+    }
+    if cell.memory_node is not None:
+        data["memory_node"] = cell.memory_node
+    return data
+
+
 def placement_from_dict(data: dict[str, Any]) -> Placement:
     """Inverse of `Placement.to_dict` (the stored and the API form)."""
     return Placement(
@@ -102,6 +116,7 @@ def placement_from_dict(data: dict[str, Any]) -> Placement:
                 vcpus=frozenset(int(v) for v in cell["vcpus"]),
                 memory_kib=int(cell["memory_kib"]),
                 host_node=int(cell["host_node"]),
+                memory_node=None if cell.get("memory_node") is None else int(cell["memory_node"]),
             )
             for cell in data.get("cells", [])
         ),

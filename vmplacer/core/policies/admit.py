@@ -9,8 +9,10 @@ and scores real candidates. Every failed check is a `NoFitReason`.
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from vmplacer.core.cpuset import format_cpuset
 from vmplacer.core.guest import GuestSpec
 from vmplacer.core.nofit import NoFitReason
 from vmplacer.core.occupancy import SMALL_PAGE_KIB, HostUsage
@@ -40,11 +42,14 @@ class CellRequest:
     memory_kib: int
     thread_policy: str
     emulator_extra: int = 0  # 1 when the isolated emulator thread goes with this cell
+    memory_node: int | None = None  # memory-only host node named for this cell's memory
 
     @property
-    def signature(self) -> tuple[int, int, int, str, int]:
+    def signature(self) -> tuple[int, int, int, str, int, int]:
         """Cells with equal signatures are interchangeable for admission and CPU choice."""
-        return (len(self.dedicated), len(self.shared), self.memory_kib, self.thread_policy, self.emulator_extra)
+        memory_node = -1 if self.memory_node is None else self.memory_node  # sortable
+        return (len(self.dedicated), len(self.shared), self.memory_kib, self.thread_policy, self.emulator_extra,
+                memory_node)
 
 
 @dataclass
@@ -168,6 +173,8 @@ def minimum_cells(spec: GuestSpec, topology: HostTopology, options: AllocationOp
     if not max_cpus or not max_mem:
         return 1  # no node could ever hold it: admission of one cell says why
     need_cpu = math.ceil(spec.vcpus / max_cpus)
+    if spec.memory_node is not None:
+        return max(1, need_cpu)  # its memory goes to the named node whatever the cells
     need_mem = math.ceil(spec.memory_mib * 1024 / max_mem)
     return max(1, need_cpu, need_mem)
 
@@ -209,6 +216,7 @@ def cell_requests(spec: GuestSpec, count: int, topology: HostTopology) -> tuple[
             shared=tuple(v for v in vcpus if v not in dedicated),
             memory_kib=memory, thread_policy=policy,
             emulator_extra=1 if index == 0 and spec.emulator_threads == "isolate" else 0,
+            memory_node=spec.memory_node_of(index),
         ))
     return tuple(cells)
 
@@ -271,6 +279,8 @@ def admit_cell(view: NodeView, cell: CellRequest, pages: tuple[int, ...],
                 "shared-pool", where,
                 f"{load:g} floating vCPUs at ratio {options.cpu_allocation_ratio:g} (≥ {math.ceil(load / options.cpu_allocation_ratio)} pCPUs)",
                 f"{max(0, pool_after)} shared pCPUs after dedicating {taken}"))
+    if cell.memory_node is not None:
+        return (pages if not reasons else ()), reasons  # memory: admit_memory_nodes
     fitting, memory_reasons = admit_memory(view, cell, pages)
     if not fitting:
         reasons.extend(memory_reasons)
@@ -301,3 +311,79 @@ def admit_memory(view: NodeView, cell: CellRequest, pages: tuple[int, ...]) -> t
         else:
             reasons.append(NoFitReason("hugepages", where, f"{need} free {size} KiB pages", f"{have}"))
     return tuple(fitting), reasons
+
+
+# ----- memory on named memory-only nodes -------------------------------------------------------
+def admit_memory_nodes(topology: HostTopology, views: dict[int, NodeView], cells: tuple[CellRequest, ...],
+                       pages: tuple[int, ...]) -> tuple[tuple[int, ...], list[NoFitReason]]:
+    """(page sizes every named memory-only node can give, reasons it cannot).
+
+    Cells whose request names a node (`memory_node`) keep their memory there,
+    apart from their vCPUs; cells naming the same node share its room. The
+    node must exist on this host and have no CPUs: naming a CPU node would
+    take memory the engine hands out with that node's vCPUs.
+    """
+    named: dict[int, list[CellRequest]] = {}
+    for cell in cells:
+        if cell.memory_node is not None:
+            named.setdefault(cell.memory_node, []).append(cell)
+    if not named:
+        return pages, []
+    fitting = set(pages)
+    reasons: list[NoFitReason] = []
+    memory_only = topology.memory_only_nodes
+    for node, group in sorted(named.items()):
+        where = f"memory_node {node} ({_cells_text(group)})"
+        if node not in topology.nodes:
+            reasons.append(NoFitReason("memory-node", where, f"node {node} on the host",
+                                       f"nodes {_ids(topology.nodes)} (memory-only: {_ids(memory_only)})"))
+            continue
+        if node not in memory_only:
+            cpus = topology.cpus_in_node(node)
+            reasons.append(NoFitReason(
+                "memory-node", where, "a memory-only (CPU-less) node",
+                f"node {node} with CPUs {_ids(cpus)} (memory-only here: {_ids(memory_only)})",
+                "memory on a CPU node comes with that node's vCPUs; leave memory_node out for that"))
+            continue
+        node_pages, node_reasons = _admit_on_memory_node(views[node], group, pages, where)
+        fitting &= set(node_pages)
+        reasons.extend(node_reasons)
+    result = tuple(p for p in pages if p in fitting)
+    if not result and not reasons:
+        reasons.append(NoFitReason("memory-node", "host", "one page size every named memory node can give",
+                                   "none in common"))
+    return (result if not reasons else ()), reasons
+
+
+def _admit_on_memory_node(view: NodeView, group: list[CellRequest], pages: tuple[int, ...],
+                          where: str) -> tuple[tuple[int, ...], list[NoFitReason]]:
+    total = sum(c.memory_kib for c in group)
+    fitting: list[int] = []
+    reasons: list[NoFitReason] = []
+    for size in pages:
+        if size == SMALL_PAGE_KIB:
+            if view.small_free_kib >= total:
+                fitting.append(size)
+            else:
+                reasons.append(NoFitReason("memory", where, f"{total / 1024:g} MiB",
+                                           f"{view.small_free_kib / 1024:g} MiB free"))
+            continue
+        if any(c.memory_kib % size for c in group):
+            reasons.append(NoFitReason("page-size", where, f"memory a multiple of {size} KiB pages",
+                                       ", ".join(f"cell {c.id}: {c.memory_kib} KiB" for c in group)))
+            continue
+        need, have = total // size, view.huge_free.get(size, 0)
+        if have >= need:
+            fitting.append(size)
+        else:
+            reasons.append(NoFitReason("hugepages", where, f"{need} free {size} KiB pages", f"{have}"))
+    return tuple(fitting), ([] if fitting else reasons)
+
+
+def _cells_text(cells: list[CellRequest]) -> str:
+    ids = [c.id for c in cells]
+    return f"cell {ids[0]}" if len(ids) == 1 else "cells " + ", ".join(str(i) for i in ids)
+
+
+def _ids(values: Iterable[int]) -> str:
+    return format_cpuset(values) or "none"
