@@ -17,8 +17,8 @@ from urllib.parse import urlsplit
 
 import yaml
 
-from vmplacer.cli.common import duration_seconds
 from vmplacer.core.cpuset import CpusetError, parse_cpuset
+from vmplacer.core.durations import duration_seconds
 from vmplacer.core.policies.admit import AllocationOptions
 
 ENV_CONFIG = "VMPLACER_CONFIG"

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vmplacer.cli.common import UsageError, duration_seconds, parse_duration
+from vmplacer.cli.common import UsageError, parse_duration
 from vmplacer.config import RETENTION_KEYS, ConfigError, RetentionSettings, load_settings, settings_from_mapping
+from vmplacer.core.durations import duration_seconds
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "vmplacer.yaml"
 DAY = 86_400.0
