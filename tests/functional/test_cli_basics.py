@@ -73,8 +73,8 @@ def test_hosts_with_builtin_defaults_answers(tmp_path):
     result = run("hosts", "--format", "json", env={"VMPLACER_DATA_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr
     hosts = json.loads(result.stdout)
-    assert hosts[0]["name"] == "default" and hosts[0]["reachable"] is True
-    assert hosts[0]["driver"] == "TEST"
+    assert hosts[0]["name"] == "example" and hosts[0]["reachable"] is True
+    assert hosts[0]["driver"] == "TEST" and hosts[0]["builtin_example"] is True
 
 
 def test_hosts_reports_unreachable_host_and_exits_1(tmp_path):

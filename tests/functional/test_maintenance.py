@@ -149,8 +149,8 @@ def test_cli_place_refuses_a_host_in_maintenance_unless_told(cli_config):
     code, data, _, err = _cli(cli_config, "place", "--host", "t1", "--request", str(request),
                               "--ignore-maintenance", "--format", "json")
     assert "in maintenance" not in err
-    # past the check, the placement engine decides: the test driver's memory is full
-    assert code == 1 and data["errors"][0]["kind"] == "no-fit", (data, err)
+    # past the check, the placement engine decides: the test driver's memory is full (exit 3)
+    assert code == 3 and data["errors"][0]["kind"] == "no-fit", (data, err)
 
 
 def test_cli_hosts_still_lists_hosts_when_the_database_is_down(tmp_path):

@@ -140,11 +140,17 @@ class LibvirtHost(Hypervisor):
         return self._call("getCapabilities", conn.getCapabilities)
 
     def topology(self) -> HostTopology:
-        from vmplacer.adapters.capabilities import CapabilitiesError, read_capabilities_live
+        """The host's topology from libvirt, or from the configured capabilities file (a
+        test-driver host standing in for a real machine: read as idle, its domains then count)."""
+        from vmplacer.adapters.capabilities import CapabilitiesError, read_capabilities_file, read_capabilities_live
 
-        conn = self.connection()
         try:
-            topology = self._call("read capabilities", lambda: read_capabilities_live(conn, self.name))
+            if self.settings.capabilities is not None:
+                self.connection()  # the host must answer all the same: its domains live there
+                topology = read_capabilities_file(self.settings.capabilities, self.name)
+            else:
+                conn = self.connection()
+                topology = self._call("read capabilities", lambda: read_capabilities_live(conn, self.name))
         except CapabilitiesError as exc:
             raise HypervisorError(f"host {self.name}: unreadable capabilities: {exc}", host=self.name) from None
         if self.settings.reserved_cpus:

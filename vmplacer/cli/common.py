@@ -3,6 +3,8 @@
 Every command module exposes `register(subparsers)`; its handler takes
 `(args, ctx)` and returns an exit code. Errors raised as `UsageError` exit 2
 (bad input), `OperationalError` exit 1 (a host, the database, libvirt failed).
+A guest that does not fit is neither: `plan` and `place` exit 3 (EXIT_NO_FIT),
+having still planned or placed every guest that fits.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from vmplacer.core.durations import duration_seconds
 EXIT_OK = 0
 EXIT_OPERATIONAL = 1
 EXIT_USAGE = 2
+EXIT_NO_FIT = 3  # some guest fits on no host: an answer about capacity, not a failure of vmplacer
 
 
 class UsageError(Exception):
