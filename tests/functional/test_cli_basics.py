@@ -79,7 +79,7 @@ def test_hosts_with_builtin_defaults_answers(tmp_path):
 
 def test_hosts_reports_unreachable_host_and_exits_1(tmp_path):
     config = tmp_path / "c.yaml"
-    config.write_text("hosts:\n  - {name: gone, uri: 'qemu+tcp://127.0.0.1:1/system'}\n")
+    config.write_text(f"data_dir: {tmp_path}\nhosts:\n  - {{name: gone, uri: 'qemu+tcp://127.0.0.1:1/system'}}\n")
     result = run("--config", str(config), "hosts", "--format", "json")
     assert result.returncode == 1
     entry = json.loads(result.stdout)[0]
