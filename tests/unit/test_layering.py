@@ -94,6 +94,15 @@ def test_config_and_core_import_no_front_end():
     assert not problems, "config and core import no front end:\n" + "\n".join(problems)
 
 
+def test_adapters_import_no_config():
+    """Adapters take plain values (e.g. `libvirt_host.HostAddress`), not the config's types:
+    the composition root reads the config and hands adapters what they need."""
+    problems = [f"{name} imports {target}"
+                for name, targets in sorted(_graph().items()) if name.startswith("vmplacer.adapters")
+                for target in sorted(targets) if target == "vmplacer.config"]
+    assert not problems, "adapters import no config:\n" + "\n".join(problems)
+
+
 def _cycle_from(graph: dict[str, set[str]], start: str) -> list[str] | None:
     """One import path from `start` back to itself, or None."""
     stack, seen = [(start, [start])], set()

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from pathlib import Path
+from typing import Protocol, TypeVar
 
 import libvirt
 
 from vmplacer.adapters.libvirt_errors import refused_definition, refused_start
-from vmplacer.config import HostSettings
 from vmplacer.core.topology import HostTopology
 from vmplacer.ports import DomainGone, DomainInfo, Hypervisor, HypervisorError
 
@@ -68,10 +68,20 @@ def pause_reason_name(reason: int) -> str:
     return _PAUSE_REASONS.get(reason, f"reason-{reason}")
 
 
+class HostAddress(Protocol):
+    """What the adapter needs to know of a host (the config's HostSettings has it): plain
+    values, so adapters stay below the config layer."""
+
+    name: str
+    uri: str
+    reserved_cpus: frozenset[int]
+    capabilities: Path | None  # topology from this file instead of the host (test driver only)
+
+
 class LibvirtHost(Hypervisor):
     """One libvirt connection, opened lazily and reopened after the daemon restarts."""
 
-    def __init__(self, settings: HostSettings):
+    def __init__(self, settings: HostAddress):
         self.name = settings.name
         self.uri = settings.uri
         self.settings = settings

@@ -53,14 +53,16 @@ def _configured(ctx: CliContext, name: str) -> str:
 
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
+    from alembic.util.exc import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
     container = ctx.container
     database_error = None
-    try:  # a health check: the hosts are still listed when the database is down
+    try:  # a health check: the hosts are still listed when the database is down (or at a
+        # schema revision this version does not know: a newer vmplacer migrated it)
         container.upgrade_database()
         closed = container.maintenance.current()
-    except SQLAlchemyError as exc:
+    except (SQLAlchemyError, CommandError) as exc:
         database_error = f"database: {exc.__class__.__name__}: {str(exc).splitlines()[0]}"
         closed = {}
     rows = []
