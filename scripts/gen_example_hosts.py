@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Generate examples/hosts/*.xml: libvirt capabilities of realistic hosts.
+"""Generate examples/hosts/*.xml (and the built-in example host vmplacer/data/example-host.xml):
+libvirt capabilities of realistic hosts.
 
 The files are what `virsh capabilities` prints for these machines, trimmed to
 the <host> part vmplacer reads (NUMA cells, CPUs, hugepages, cache banks). They
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 OUT_DIR = Path(__file__).resolve().parent.parent / "examples" / "hosts"
+BUILTIN_FILE = Path(__file__).resolve().parent.parent / "vmplacer" / "data" / "example-host.xml"
 GIB_KIB = 1024 * 1024
 
 
@@ -242,6 +244,27 @@ def numa16_256c() -> Host:
     )
 
 
+def builtin_example() -> Host:
+    """The host vmplacer plans on with no config (domains go to libvirt's test driver):
+    2 x Xeon Gold 6226R, 16 cores x 2 threads per socket, 96 GiB per socket; siblings n / n+32."""
+    cells, banks = [], []
+    for socket in range(2):
+        cpus = []
+        for core in range(16):
+            pair = (socket * 16 + core, socket * 16 + core + 32)
+            cpus += [HostCpu(cpu, socket, 0, core, pair) for cpu in pair]
+        cells.append(Cell(socket, 96 * GIB_KIB, {0: 10 if socket == 0 else 21, 1: 21 if socket == 0 else 10},
+                          cpus, {2048: 2048, 1048576: 16}))
+        banks.append(Bank(socket, 3, 22, "MiB", tuple(c.id for c in cpus)))
+    return Host(
+        "example-host.xml",
+        "vmplacer's built-in example host (no config file): 2 x Intel Xeon Gold 6226R (16 cores, HT),\n"
+        "64 pCPUs, 2 NUMA nodes of 96 GiB, siblings n / n+32; 4 GiB of 2 MiB and 16 GiB of 1 GiB pages per node",
+        "e8a3c6d1-6226-4f0b-a1c2-5d7e9f0a1b05",
+        "Cascadelake-Server-noTSX", "Intel", 2, 1, 16, 2, cells, banks,
+    )
+
+
 HOSTS = (xeon_2s_56c_smt2, opteron6378_4node, xeon_e3_4c8t, numa16_256c)
 
 
@@ -254,6 +277,9 @@ def main() -> None:
         host = make()
         (out_dir / host.file).write_text(render(host))
         print(out_dir / host.file)
+    BUILTIN_FILE.parent.mkdir(exist_ok=True)
+    BUILTIN_FILE.write_text(render(builtin_example()))
+    print(BUILTIN_FILE)
 
 
 if __name__ == "__main__":

@@ -156,15 +156,18 @@ def test_free_port_is_bindable():
     assert 1024 <= port <= 65535
 
 
-def make_container(database_url: str, data_dir: Path, hosts: list[dict[str, Any]]):  # -> Container
-    """A migrated database and a container on it (for in-process apps)."""
+def make_container(database_url: str, data_dir: Path, hosts: list[dict[str, Any]] | None):  # -> Container
+    """A migrated database and a container on it (for in-process apps); `hosts` None: the
+    built-in host list (the example host)."""
     from vmplacer.adapters.db import migrate
     from vmplacer.bootstrap import Container
     from vmplacer.config import settings_from_mapping
 
     migrate.upgrade(database_url)
-    settings = settings_from_mapping({"data_dir": str(data_dir), "database_url": database_url, "hosts": hosts},
-                                     "test", environ={})
+    document: dict[str, Any] = {"data_dir": str(data_dir), "database_url": database_url}
+    if hosts is not None:
+        document["hosts"] = hosts
+    settings = settings_from_mapping(document, "test", environ={})
     return Container(settings)
 
 

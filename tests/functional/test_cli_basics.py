@@ -76,13 +76,13 @@ def test_hosts_with_builtin_defaults_answers(tmp_path):
     result = run("hosts", "--format", "json", env={"VMPLACER_DATA_DIR": str(tmp_path)})
     assert result.returncode == 0, result.stderr
     hosts = json.loads(result.stdout)
-    assert hosts[0]["name"] == "default" and hosts[0]["reachable"] is True
-    assert hosts[0]["driver"] == "TEST"
+    assert hosts[0]["name"] == "example" and hosts[0]["reachable"] is True
+    assert hosts[0]["driver"] == "TEST" and hosts[0]["builtin_example"] is True
 
 
 def test_hosts_reports_unreachable_host_and_exits_1(tmp_path):
     config = tmp_path / "c.yaml"
-    config.write_text("hosts:\n  - {name: gone, uri: 'qemu+tcp://127.0.0.1:1/system'}\n")
+    config.write_text(f"data_dir: {tmp_path}\nhosts:\n  - {{name: gone, uri: 'qemu+tcp://127.0.0.1:1/system'}}\n")
     result = run("--config", str(config), "hosts", "--format", "json")
     assert result.returncode == 1
     entry = json.loads(result.stdout)[0]

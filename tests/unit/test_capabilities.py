@@ -51,6 +51,22 @@ def test_every_generated_host_is_committed_and_up_to_date():
         assert (EXAMPLES / file).read_text() == gen.render(host), f"run scripts/gen_example_hosts.py ({file})"
 
 
+def test_the_builtin_example_host_is_generated_valid_and_realistic():
+    """The host vmplacer plans on without a config: 2 sockets, SMT, tens of GiB per node."""
+    from vmplacer.config import EXAMPLE_CAPABILITIES
+
+    host = gen.builtin_example()
+    assert EXAMPLE_CAPABILITIES.read_text() == gen.render(host), "run scripts/gen_example_hosts.py"
+    topology = read_capabilities_file(EXAMPLE_CAPABILITIES)
+    assert len(topology.packages) == 2 and topology.smt == 2 and len(topology.nodes) == 2
+    assert all(10 * 1024**2 <= node.memory_kib <= 128 * 1024**2 for node in topology.nodes.values())
+    assert all({p.size_kib for p in node.hugepages} == {2048, 1048576} for node in topology.nodes.values())
+    require(SCHEMA.exists(), f"{SCHEMA} missing (package libvirt-daemon)")
+    from lxml import etree
+
+    assert etree.RelaxNG(etree.parse(str(SCHEMA))).validate(etree.parse(str(EXAMPLE_CAPABILITIES)))
+
+
 @pytest.mark.parametrize("file", sorted(HOSTS))
 def test_example_validates_against_libvirts_schema(file):
     require(SCHEMA.exists(), f"{SCHEMA} missing (package libvirt-daemon)")

@@ -6,12 +6,14 @@ from pathlib import Path
 
 import pytest
 
-from vmplacer.config import ConfigError, load_settings, settings_from_mapping
+from vmplacer.config import EXAMPLE_CAPABILITIES, ConfigError, load_settings, settings_from_mapping
 
 
-def test_missing_config_means_test_driver_and_sqlite(tmp_path):
+def test_missing_config_means_the_example_host_and_sqlite(tmp_path):
     settings = load_settings(None, environ={"VMPLACER_DATA_DIR": str(tmp_path)})
-    assert [(h.name, h.uri) for h in settings.hosts] == [("default", "test:///default")]
+    assert [(h.name, h.uri) for h in settings.hosts] == [("example", "test:///default")]
+    (host,) = settings.hosts
+    assert host.is_builtin_example and host.capabilities == EXAMPLE_CAPABILITIES and host.capabilities.is_file()
     assert settings.database_url == f"sqlite:///{tmp_path / 'vmplacer.db'}"
     assert settings.data_dir == tmp_path
 
@@ -79,7 +81,7 @@ def test_unreadable_and_missing_files(tmp_path):
 
 def test_unknown_host_lookup_lists_configured_ones(tmp_path):
     settings = load_settings(None, environ={"VMPLACER_DATA_DIR": str(tmp_path)})
-    with pytest.raises(ConfigError, match="configured: default"):
+    with pytest.raises(ConfigError, match="configured: example"):
         settings.host("missing")
 
 
@@ -149,3 +151,26 @@ def test_profile_command_defaults_to_the_configured_scope_and_sensitive_set():
                             settings)
     assert override.scope == ("db-*",)
     assert override.sensitive.labels == ()
+
+
+def test_a_test_driver_host_may_take_its_topology_from_a_file_relative_to_the_config(tmp_path):
+    (tmp_path / "hosts").mkdir()
+    caps = tmp_path / "hosts" / "big.xml"
+    caps.write_text("<capabilities/>")
+    config = tmp_path / "vmplacer.yaml"
+    config.write_text("hosts:\n  - {name: lab, uri: 'test:///default', capabilities: hosts/big.xml}\n"
+                      "  - {name: plain, uri: 'test:///default'}\n")
+    lab, plain = load_settings(config, environ={}).hosts
+    assert lab.capabilities == caps.resolve() and not lab.is_builtin_example
+    assert plain.capabilities is None  # libvirt's test driver as it is, reachable by its URI
+
+
+@pytest.mark.parametrize("host, fragment", [
+    ({"name": "h", "uri": "qemu:///system", "capabilities": "/etc/hostname"}, "only for libvirt's test driver"),
+    ({"name": "h", "uri": "test:///default", "capabilities": "/nonexistent/caps.xml"}, "no such file"),
+    ({"name": "h", "uri": "test:///default", "capabilities": 3}, "must be a non-empty string"),
+])
+def test_bad_capabilities_file_names_host_and_key(host, fragment):
+    with pytest.raises(ConfigError) as error:
+        settings_from_mapping({"hosts": [host]}, "c.yaml", environ={})
+    assert "hosts[0].capabilities" in str(error.value) and fragment in str(error.value)

@@ -1,11 +1,14 @@
-"""The pure core stays pure: a build-breaking check of ARCHITECTURE.md's rule."""
+"""Layering rules of docs/architecture.md, build-breaking: the pure core stays pure, the
+lower layers (config, core) know no front end, and no module imports itself back."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-CORE = Path(__file__).resolve().parents[2] / "vmplacer" / "core"
+PACKAGE = Path(__file__).resolve().parents[2] / "vmplacer"
+CORE = PACKAGE / "core"
+FRONT_ENDS = ("vmplacer.cli", "vmplacer.api")
 ALLOWED_THIRD_PARTY = {"numpy"}
 FORBIDDEN_PROJECT = ("vmplacer.adapters", "vmplacer.app", "vmplacer.api", "vmplacer.cli",
                      "vmplacer.bootstrap", "vmplacer.config", "vmplacer.ports", "vmplacer.testbed")
@@ -42,3 +45,89 @@ def test_core_imports_only_stdlib_numpy_and_core():
             elif top not in stdlib and top not in ALLOWED_THIRD_PARTY and top != "__future__":
                 problems.append(f"{path.relative_to(CORE.parent.parent)} imports {name}")
     assert not problems, "vmplacer/core must stay pure:\n" + "\n".join(problems)
+
+
+# ----- the package's import graph -------------------------------------------------------------
+# Every import counts, those inside functions too: a lazy import still ties the two modules
+# together (it only moves the failure to run time), so it may not close a cycle either.
+
+def _module_names() -> dict[str, Path]:
+    modules = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = list(path.relative_to(PACKAGE.parent).with_suffix("").parts)
+        if parts[-1] == "__init__":
+            parts.pop()
+        modules[".".join(parts)] = path
+    return modules
+
+
+def _project_imports(name: str, path: Path, modules: dict[str, Path]) -> set[str]:
+    """The package's modules `name` imports (a `from X import y` names X.y when that is a module)."""
+    package = name.split(".") if path.name == "__init__.py" else name.split(".")[:-1]
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if isinstance(node, ast.Import):
+            targets = [alias.name for alias in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                base = ".".join(package[:len(package) - node.level + 1] + ([base] if base else []))
+            targets = [f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base
+                       for alias in node.names]
+        else:
+            continue
+        found.update(t for t in targets if t in modules and t != name)
+    return found
+
+
+def _graph() -> dict[str, set[str]]:
+    modules = _module_names()
+    return {name: _project_imports(name, path, modules) for name, path in modules.items()}
+
+
+def test_config_and_core_import_no_front_end():
+    """Settings and pure logic sit below the CLI and the API; they must not reach up into them."""
+    problems = [f"{name} imports {target}"
+                for name, targets in sorted(_graph().items())
+                if name == "vmplacer.config" or name.startswith("vmplacer.core")
+                for target in sorted(targets) if target.startswith(FRONT_ENDS)]
+    assert not problems, "config and core import no front end:\n" + "\n".join(problems)
+
+
+def test_adapters_import_no_config():
+    """Adapters take plain values (e.g. `libvirt_host.HostAddress`), not the config's types:
+    the composition root reads the config and hands adapters what they need."""
+    problems = [f"{name} imports {target}"
+                for name, targets in sorted(_graph().items()) if name.startswith("vmplacer.adapters")
+                for target in sorted(targets) if target == "vmplacer.config"]
+    assert not problems, "adapters import no config:\n" + "\n".join(problems)
+
+
+def _cycle_from(graph: dict[str, set[str]], start: str) -> list[str] | None:
+    """One import path from `start` back to itself, or None."""
+    stack, seen = [(start, [start])], set()
+    while stack:
+        name, path = stack.pop()
+        for target in sorted(graph[name]):
+            if target == start:
+                return path + [start]
+            if target not in seen:
+                seen.add(target)
+                stack.append((target, path + [target]))
+    return None
+
+
+def test_no_import_cycle_in_the_package():
+    graph = _graph()
+    assert len(graph) > 50 and graph["vmplacer.cli.main"], "the import graph was not read"
+    cycles = [" → ".join(cycle) for name in sorted(graph) if (cycle := _cycle_from(graph, name))]
+    assert not cycles, "import cycles:\n" + "\n".join(cycles[:10])
+
+
+def test_the_cycle_check_sees_a_cycle():
+    """The graph check has teeth: a constructed two-module loop and a lazy-import edge are found."""
+    graph = {"a": {"b"}, "b": {"a"}, "c": {"a"}}
+    assert _cycle_from(graph, "a") == ["a", "b", "a"] and _cycle_from(graph, "c") is None
+    modules = _module_names()
+    lazy = _project_imports("vmplacer.cli.common", modules["vmplacer.cli.common"], modules)
+    assert "vmplacer.bootstrap" in lazy  # imported inside CliContext.container only

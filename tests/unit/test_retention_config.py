@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from vmplacer.cli.common import UsageError, duration_seconds, parse_duration
+from vmplacer.cli.common import UsageError, parse_duration
 from vmplacer.config import RETENTION_KEYS, ConfigError, RetentionSettings, load_settings, settings_from_mapping
+from vmplacer.core.durations import duration_seconds
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "vmplacer.yaml"
 DAY = 86_400.0
@@ -81,7 +82,9 @@ def test_example_documents_every_key():
     host = {"name": "h", "uri": "test:///default"}
     sections = {
         "": (example, _allowed({"no-such-key": 1}, "no-such-key")),
-        "hosts[0]": (example["hosts"][0], _allowed({"hosts": [{**host, "no-such-key": 1}]}, "hosts[0].no-such-key")),
+        # across the example's hosts: `capabilities` belongs on a test-driver host only
+        "hosts": ({name for entry in example["hosts"] for name in entry},
+                  _allowed({"hosts": [{**host, "no-such-key": 1}]}, "hosts[0].no-such-key")),
         "profiler": (example["profiler"], _allowed({"profiler": {"no-such-key": 1}}, "profiler.no-such-key")),
         "api": (example["api"], _allowed({"api": {"no-such-key": 1}}, "api.no-such-key")),
         "retention": (example["retention"], _allowed({"retention": {"no-such-key": 1}}, "retention.no-such-key")),

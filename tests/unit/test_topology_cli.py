@@ -143,17 +143,18 @@ def test_this_machines_sysfs():
 
 
 def test_default_host_and_unknown_host(tmp_path):
-    """No option: the first configured host (built-in default: libvirt's test driver, no daemon)."""
+    """No option: the first configured host (built-in default: the example host, its domains on
+    libvirt's test driver, no daemon)."""
     env = {"VMPLACER_DATA_DIR": str(tmp_path)}
     result = vmplacer("topology", "--format", "json", env=env)
     assert result.returncode == 0, result.stderr
     data = json.loads(result.stdout)
     check_contract(data)
-    assert data["name"] == "default"
-    assert len(data["nodes"]) >= 1 and len(data["cores"]) >= 1
+    assert data["name"] == "example"
+    assert len(data["nodes"]) == 2 and len(data["cores"]) == 32  # the example host, not the test driver's
     result = vmplacer("topology", "--host", "nosuch", env=env)
     assert result.returncode == 2
-    assert "nosuch" in result.stderr and "default" in result.stderr
+    assert "nosuch" in result.stderr and "example" in result.stderr
 
 
 def test_unreachable_host_exits_1(tmp_path):

@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from typing import TypeVar
+from pathlib import Path
+from typing import Protocol, TypeVar
 
 import libvirt
 
 from vmplacer.adapters.libvirt_errors import refused_definition, refused_start
-from vmplacer.config import HostSettings
 from vmplacer.core.topology import HostTopology
 from vmplacer.ports import DomainGone, DomainInfo, Hypervisor, HypervisorError
 
@@ -68,10 +68,20 @@ def pause_reason_name(reason: int) -> str:
     return _PAUSE_REASONS.get(reason, f"reason-{reason}")
 
 
+class HostAddress(Protocol):
+    """What the adapter needs to know of a host (the config's HostSettings has it): plain
+    values, so adapters stay below the config layer."""
+
+    name: str
+    uri: str
+    reserved_cpus: frozenset[int]
+    capabilities: Path | None  # topology from this file instead of the host (test driver only)
+
+
 class LibvirtHost(Hypervisor):
     """One libvirt connection, opened lazily and reopened after the daemon restarts."""
 
-    def __init__(self, settings: HostSettings):
+    def __init__(self, settings: HostAddress):
         self.name = settings.name
         self.uri = settings.uri
         self.settings = settings
@@ -140,11 +150,17 @@ class LibvirtHost(Hypervisor):
         return self._call("getCapabilities", conn.getCapabilities)
 
     def topology(self) -> HostTopology:
-        from vmplacer.adapters.capabilities import CapabilitiesError, read_capabilities_live
+        """The host's topology from libvirt, or from the configured capabilities file (a
+        test-driver host standing in for a real machine: read as idle, its domains then count)."""
+        from vmplacer.adapters.capabilities import CapabilitiesError, read_capabilities_file, read_capabilities_live
 
-        conn = self.connection()
         try:
-            topology = self._call("read capabilities", lambda: read_capabilities_live(conn, self.name))
+            if self.settings.capabilities is not None:
+                self.connection()  # the host must answer all the same: its domains live there
+                topology = read_capabilities_file(self.settings.capabilities, self.name)
+            else:
+                conn = self.connection()
+                topology = self._call("read capabilities", lambda: read_capabilities_live(conn, self.name))
         except CapabilitiesError as exc:
             raise HypervisorError(f"host {self.name}: unreadable capabilities: {exc}", host=self.name) from None
         if self.settings.reserved_cpus:

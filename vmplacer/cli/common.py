@@ -3,21 +3,25 @@
 Every command module exposes `register(subparsers)`; its handler takes
 `(args, ctx)` and returns an exit code. Errors raised as `UsageError` exit 2
 (bad input), `OperationalError` exit 1 (a host, the database, libvirt failed).
+A guest that does not fit is neither: `plan` and `place` exit 3 (EXIT_NO_FIT),
+having still planned or placed every guest that fits.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from vmplacer.core.durations import duration_seconds
+
 EXIT_OK = 0
 EXIT_OPERATIONAL = 1
 EXIT_USAGE = 2
+EXIT_NO_FIT = 3  # some guest fits on no host: an answer about capacity, not a failure of vmplacer
 
 
 class UsageError(Exception):
@@ -116,20 +120,6 @@ def resolve_hosts(ctx: CliContext, names: Sequence[str] | None) -> list[str]:
     if unknown:
         raise UsageError(f"--host {unknown[0]!r}: unknown host (configured: {', '.join(known)})")
     return list(dict.fromkeys(names))
-
-
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s|m|min|h|d)?\s*$")
-_DURATION_UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0,
-                   "d": 86_400.0}
-
-
-def duration_seconds(text: str, default_unit: str, *, days: bool = False) -> float | None:
-    """Seconds from a duration, or None when `text` is not one. Days ('30d') only when
-    `days` is set: retention ages are counted in days, a freeze or a grace never is."""
-    match = _DURATION.match(str(text))
-    if not match or (match.group(2) == "d" and not days):
-        return None
-    return float(match.group(1)) * _DURATION_UNITS[match.group(2) or default_unit]
 
 
 def parse_duration(text: str, option: str, default_unit: str, *, days: bool = False) -> float:

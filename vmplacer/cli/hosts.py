@@ -1,5 +1,8 @@
 """`vmplacer hosts`: the configured hosts, whether each answers, and maintenance mode.
 
+Without a config file the one host is the built-in example (said so in the
+table, and as "builtin_example" in the JSON).
+
 `hosts disable HOST --reason TEXT` puts a host in maintenance: the API places
 no new guest on it and the rebalancer moves none onto it (`vmplacer rebalance
 --drain HOST` moves its guests away). `hosts enable HOST` puts it back in
@@ -50,20 +53,24 @@ def _configured(ctx: CliContext, name: str) -> str:
 
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
+    from alembic.util.exc import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
     container = ctx.container
     database_error = None
-    try:  # a health check: the hosts are still listed when the database is down
+    try:  # a health check: the hosts are still listed when the database is down (or at a
+        # schema revision this version does not know: a newer vmplacer migrated it)
         container.upgrade_database()
         closed = container.maintenance.current()
-    except SQLAlchemyError as exc:
+    except (SQLAlchemyError, CommandError) as exc:
         database_error = f"database: {exc.__class__.__name__}: {str(exc).splitlines()[0]}"
         closed = {}
     rows = []
     for host in ctx.settings.hosts:
         entry: dict[str, object] = {"name": host.name, "uri": host.uri, "reachable": False,
-                                    "maintenance": closed[host.name].to_dict() if host.name in closed else None}
+                                    "maintenance": closed[host.name].to_dict() if host.name in closed else None,
+                                    "builtin_example": host.is_builtin_example,
+                                    "capabilities": str(host.capabilities) if host.capabilities else None}
         try:
             entry.update(container.hypervisor(host.name).ping())
             entry["reachable"] = True
@@ -83,11 +90,14 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
                     r.get("driver", ""),
                     r.get("domains", ""),
                     _maintenance_text(r["maintenance"]),
-                    r.get("error", r.get("hostname", "")),
+                    r.get("error", _detail(r)),
                 )
                 for r in data
             ],
         )
+        for r in data:
+            if r["builtin_example"]:
+                print(example_note(str(r["capabilities"])))
 
     emit(args, rows, table)
     if database_error:
@@ -95,6 +105,29 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     # Listing is the job; an unreachable host (or database) is reported, not an error of this
     # command, but scripts checking health want to know: exit 1 when anything is down.
     return 0 if all(r["reachable"] for r in rows) and not database_error else 1
+
+
+def example_note(capabilities: str) -> str:
+    """What the built-in example host is, read from its capabilities file."""
+    from vmplacer.adapters.capabilities import read_capabilities_file
+
+    topology = read_capabilities_file(capabilities)
+    node_gib = sorted({round(node.memory_kib / 1024**2) for node in topology.nodes.values()})
+    return (
+        f"built-in example host (no config file): the topology of a {len(topology.packages)}-socket server, "
+        f"{len(topology.cpus)} pCPUs (SMT-{topology.smt}), {len(topology.nodes)} NUMA nodes of "
+        f"{'/'.join(map(str, node_gib))} GiB, from {capabilities};\n"
+        "its domains go to libvirt's test driver, which keeps them only while this vmplacer process runs.\n"
+        "To place on real hosts, write a config file (examples/vmplacer.yaml) and pass --config or $VMPLACER_CONFIG."
+    )
+
+
+def _detail(row: dict[str, object]) -> str:
+    if row["builtin_example"]:
+        return "built-in example host"
+    if row["capabilities"]:
+        return f"topology from {row['capabilities']}"
+    return str(row.get("hostname", ""))
 
 
 def _maintenance_text(record: object) -> str:

@@ -17,23 +17,36 @@ from vmplacer.cli.common import (
     UsageError,
 )
 
-# Command modules, each with `register(subparsers)`; order = order in --help.
-COMMAND_MODULES = (
-    "vmplacer.cli.version",
-    "vmplacer.cli.db",
-    "vmplacer.cli.hosts",
-    "vmplacer.cli.topology",
-    "vmplacer.cli.plan",
-    "vmplacer.cli.place",
-    "vmplacer.cli.profile",
-    "vmplacer.cli.guard",
-    "vmplacer.cli.rebalance",
-    "vmplacer.cli.reconcile",
-    "vmplacer.cli.model",
-    "vmplacer.cli.eval",
-    "vmplacer.cli.serve",
-    "vmplacer.cli.token",
-)
+# Every command: (its module, which has `register(subparsers)`; its one-line help). Order = order
+# in --help. Only the module of the command being run is imported: `vmplacer --help` and
+# `vmplacer version` start without SQLAlchemy, numpy, libvirt or FastAPI. The help lines are
+# the modules' own (tests/unit/test_cli_startup.py keeps the two in step).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "version": ("vmplacer.cli.version", "print the version"),
+    "db": ("vmplacer.cli.db", "database schema migrations and data retention"),
+    "hosts": ("vmplacer.cli.hosts",
+              "list configured hosts and check that each answers; maintenance mode (disable/enable)"),
+    "topology": ("vmplacer.cli.topology", "show a host's NUMA nodes, cores, threads and caches"),
+    "plan": ("vmplacer.cli.plan", "dry run: place the guests of a request file and show pinning and domain XML"),
+    "place": ("vmplacer.cli.place", "place, define (and optionally start) the guests of a request file on a host"),
+    "placements": ("vmplacer.cli.place", "list the placements vmplacer recorded"),
+    "profile": ("vmplacer.cli.profile",
+                "measure interference with Freeze'nSense; `profile show VM` prints stored results"),
+    "guard": ("vmplacer.cli.guard", "resume guests left paused by a killed vmplacer process (once, or every second)"),
+    "rebalance": ("vmplacer.cli.rebalance",
+                  "profile, learn, plan and apply live repins/migrations (holds a lease per host)"),
+    "apply": ("vmplacer.cli.rebalance", "apply a stored plan (proposed or approved)"),
+    "plans": ("vmplacer.cli.rebalance", "list stored rebalancing plans, show one, or cancel one"),
+    "reconcile": ("vmplacer.cli.reconcile",
+                  "forget placements whose domains are gone, fix recorded states (holds a lease per host)"),
+    "model": ("vmplacer.cli.model", "the interference model learned from profiles"),
+    "eval": ("vmplacer.cli.eval", "evaluate the interference model on measured pair data"),
+    "serve": ("vmplacer.cli.serve", "run the REST API (uvicorn)"),
+    "token": ("vmplacer.cli.token", "create, revoke and list REST API bearer tokens"),
+}
+COMMAND_MODULES = tuple(dict.fromkeys(module for module, _help in COMMANDS.values()))
+# Options taken before the command, and whether each takes a value (argparse accepts prefixes).
+_GLOBAL_OPTIONS = {"--config": True, "--verbose": False, "--version": False, "--help": False}
 
 
 class _Parser(argparse.ArgumentParser):
@@ -45,7 +58,27 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(EXIT_USAGE)
 
 
-def build_parser() -> argparse.ArgumentParser:
+def command_in(argv: Sequence[str]) -> str | None:
+    """The command `argv` names (the first word after the global options), or None."""
+    words = iter(argv)
+    for word in words:
+        if word == "--":
+            return next(words, None)
+        if word.startswith("--"):
+            option = word.split("=", 1)[0]
+            matches = [name for name in _GLOBAL_OPTIONS if name.startswith(option)]
+            if len(matches) == 1 and _GLOBAL_OPTIONS[matches[0]] and "=" not in word:
+                next(words, None)  # the option's value, which may look like a command
+            continue
+        if word.startswith("-") and word != "-":
+            continue
+        return word
+    return None
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The parser; with `argv`, only the named command's module is imported and registered
+    (every other command is listed by name and help line). Without: every command in full."""
     parser = _Parser(
         prog="vmplacer",
         description="Interference-aware placement controller for libvirt/KVM hosts.",
@@ -58,13 +91,22 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
     parser.add_argument("--version", action="version", version=f"vmplacer {__version__}")
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    for module_name in COMMAND_MODULES:
-        importlib.import_module(module_name).register(subparsers)
+    chosen = command_in(argv) if argv is not None else None
+    wanted = ({COMMANDS[chosen][0]} if chosen in COMMANDS else set()) if argv is not None else set(COMMAND_MODULES)
+    registered: set[str] = set()
+    for name, (module_name, help_line) in COMMANDS.items():
+        if module_name in wanted:
+            if module_name not in registered:
+                importlib.import_module(module_name).register(subparsers)
+                registered.add(module_name)
+        else:
+            subparsers.add_parser(name, help=help_line, add_help=False)
     return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     logging.basicConfig(
         level=logging.WARNING - 10 * min(args.verbose, 2),

@@ -12,6 +12,7 @@ import sys
 from typing import Any
 
 from vmplacer.cli.common import (
+    EXIT_NO_FIT,
     EXIT_OK,
     EXIT_OPERATIONAL,
     EXIT_USAGE,
@@ -30,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "place",
         help="place, define (and optionally start) the guests of a request file on a host",
         description="Place each guest of a YAML request file on a configured host, define its domain "
-        "and record the placement. Exit 1 if any guest could not be placed (the others still are).",
+        "and record the placement. The others are still placed when one cannot be: exit 3 if a guest "
+        "does not fit, 1 if libvirt or the database failed for one, 2 if the domain XML policy refused one.",
     )
     parser.add_argument("--host", metavar="NAME", help="a configured host (default: the first)")
     parser.add_argument("--request", metavar="FILE", required=True, help="YAML request file (guests: [...])")
@@ -106,9 +108,12 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
             sys.stderr.write(f"vmplacer: guest #{e['index']} ({e['guest']}): {e['message']}\n")
 
     emit(args, data, table)
-    if any(e["kind"] == "xml-policy" for e in errors):
+    kinds = {e["kind"] for e in errors}
+    if "xml-policy" in kinds:
         return EXIT_USAGE
-    return EXIT_OPERATIONAL if errors else EXIT_OK
+    if kinds - {"no-fit"}:
+        return EXIT_OPERATIONAL
+    return EXIT_NO_FIT if kinds else EXIT_OK
 
 
 def _hold_to_policy(container: Any, host_name: str, request_file: str, requests: list) -> None:

@@ -15,8 +15,8 @@ stable contract:
 "repins" lists domains already on the host whose floating (shared) vCPUs must
 narrow because planned guests take pCPUs out of the shared pool.
 
-Exit codes: 0 every guest placed; 1 some guest does not fit (its NoFit reasons
-are in "errors", later guests are still placed) or the host failed; 2 bad input
+Exit codes: 0 every guest placed; 3 some guest does not fit (its NoFit reasons
+are in "errors", later guests are still placed); 1 the host failed; 2 bad input
 (request file, capabilities file, a base XML that does not validate or that the
 host's domain XML policy refuses: kind "xml-policy", each element, attribute and
 rule in "reasons").
@@ -31,8 +31,8 @@ from pathlib import Path
 from typing import Any
 
 from vmplacer.cli.common import (
+    EXIT_NO_FIT,
     EXIT_OK,
-    EXIT_OPERATIONAL,
     EXIT_USAGE,
     CliContext,
     OperationalError,
@@ -122,7 +122,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     kinds = {error["kind"] for error in result.errors}
     if kinds & {"invalid-xml", "xml-policy"}:
         return EXIT_USAGE
-    return EXIT_OPERATIONAL if kinds else EXIT_OK
+    return EXIT_NO_FIT if kinds else EXIT_OK  # what is left is "no-fit"
 
 
 def make_plan(state: HostState, requests: list) -> PlanResult:
