@@ -103,7 +103,7 @@ guests:
   - {name: fits, vcpus: 2, memory_mib: 1024, memory_node: 1}
 """)
     result = plan(request, "--format", "json")
-    assert result.returncode == 1, result.stderr
+    assert result.returncode == 3, result.stderr  # EXIT_NO_FIT
     data = json.loads(result.stdout)
     assert [p["guest"] for p in data["placements"]] == ["fits"]
     reasons = {e["guest"]: [(r["constraint"], r["where"], r["have"]) for r in e["reasons"]] for e in data["errors"]}
