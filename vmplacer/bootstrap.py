@@ -63,7 +63,19 @@ class Container:
             self.xml_policy(placement.host).check(xml, spec.name, "the rendered domain XML")
             return xml
 
-        return PlacementService(self.placement_store, render, self.allocation_options)
+        return PlacementService(self.placement_store, render, self.allocation_options, self.admission)
+
+    @cached_property
+    def admission(self):  # -> ModelAdmission
+        """The scorer source of every placement path: the stored interference model (read
+        lazily, reloaded every `placement.model_refresh`), weighted as configured."""
+        from vmplacer.app.admission import ModelAdmission
+        from vmplacer.core.interference_scorer import AdmissionSettings
+
+        placement = self.settings.placement
+        return ModelAdmission(self.load_model, AdmissionSettings(placement.interference_weight,
+                                                                 placement.interference_candidates),
+                              refresh_s=placement.model_refresh_s)
 
     def xml_policy(self, host_name: str):  # -> DomainXmlPolicy
         """The domain XML policy of a configured host (raises ConfigError if unknown). Kept per
