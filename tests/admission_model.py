@@ -19,7 +19,7 @@ LOSS = {  # (background class, foreground class) -> loss at same-llc
     ("noisy", "noisy"): 0.10, ("quiet", "noisy"): 0.01, ("victim", "noisy"): 0.02,
     ("noisy", "quiet"): 0.05, ("quiet", "quiet"): 0.01, ("victim", "quiet"): 0.01,
 }
-SCALE = {DistanceClass.SAME_CORE: 2.0, DistanceClass.SAME_LLC: 1.0}
+SCALE = {DistanceClass.SAME_CORE: 2.0, DistanceClass.SAME_LLC: 1.0, DistanceClass.REMOTE_NODE: 0.1}
 
 
 def guests(per_class: int = 6) -> dict[str, list[str]]:
