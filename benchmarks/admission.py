@@ -47,7 +47,7 @@ from vmplacer.adapters.simulator import GroundTruth, SimCluster  # noqa: E402
 from vmplacer.app.evaluate import ProfileSettings, profile_host  # noqa: E402
 from vmplacer.app.rebalance_eval import DISTANCE_PRIOR  # noqa: E402
 from vmplacer.core.allocate import NoFit, allocate  # noqa: E402
-from vmplacer.core.class_priors import ShrunkBetas  # noqa: E402
+from vmplacer.core.class_priors import Identity, ShrunkBetas  # noqa: E402
 from vmplacer.core.guest import GuestSpec  # noqa: E402
 from vmplacer.core.interference import InterferenceModel, ModelConfig  # noqa: E402
 from vmplacer.core.interference_scorer import (  # noqa: E402
@@ -194,7 +194,9 @@ def main(argv: list[str] | None = None) -> int:
             model = learned_model(table, seed)
             betas = ShrunkBetas(model)
             sequence = arrivals(table, seed, args.arrivals)
-            row = {"matrix": path.name, "seed": seed, "model_observations": model.observations}
+            row = {"matrix": path.name, "seed": seed, "model_observations": model.observations,
+                   "class_level_weight_min": round(min(betas.weights(Identity("unseen", w))["class"]
+                                                       for w in table.workloads), 4)}
             for placer in PLACERS:
                 row[placer] = run_placer(placer, table, sequence, betas, args.hosts, seed, settings)
             row["gain_predicted"] = round(row["model_aware"]["mean_predicted"] - row["topology"]["mean_predicted"], 4)
