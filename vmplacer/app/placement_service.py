@@ -14,9 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from vmplacer.app.admission import profiles_of
 from vmplacer.core.allocate import allocate, refresh_shared_pins
 from vmplacer.core.guest import GuestSpec
-from vmplacer.core.interference_scorer import GuestProfile, profile_from_labels
+from vmplacer.core.interference_scorer import GuestProfile
 from vmplacer.core.placement import Placement
 from vmplacer.core.policies.admit import AllocationOptions
 from vmplacer.core.scoring import Scorer
@@ -114,7 +115,7 @@ class PlacementService:
         live = {d.name: _floating(d, host.name) for d in domains}
         for recorded in self._store.occupied(host.name):
             live.setdefault(recorded.guest, recorded)
-        return topology, list(live.values()), {d.name: profile_from_labels(d.name, d.labels) for d in domains}
+        return topology, list(live.values()), profiles_of(domains)
 
     def _allocate(self, host: PlacingHost, spec: GuestSpec, topology: HostTopology, others: list[Placement],
                   profiles: dict[str, GuestProfile]) -> Placement:
