@@ -142,3 +142,16 @@ def test_cli_place_uses_the_model(driver, database_url, tmp_path, capsys):
     out = capsys.readouterr()
     assert code == 0, out.err
     assert _node(json.loads(out.out)["placements"][0]["vcpupin"]) == 1
+
+
+def test_a_dry_run_without_a_database_creates_none(tmp_path):
+    from vmplacer.bootstrap import Container
+    from vmplacer.config import settings_from_mapping
+
+    missing = tmp_path / "nothing-here" / "vmplacer.db"
+    settings = settings_from_mapping({"database_url": f"sqlite:///{missing}", "hosts": [HOST]}, "test", environ={})
+    container = Container(settings)
+    assert container.admission.betas().empty
+    assert container.admission.status == "no data (topology only)"
+    assert not missing.parent.exists()
+    container.close()
