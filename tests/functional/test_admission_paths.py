@@ -82,6 +82,7 @@ def test_plan_why_shows_predicted_loss_per_candidate(driver, database_url, tmp_p
         return
     assert why["model"].endswith("observations") and why["weight"] == 1.0
     assert why["identity"]["workload_class"] == "victim" and why["identity"]["levels"]["own"] == 0.0
+    assert why["identity"]["key"] == "victim" and why["identity"]["profiled"] is False
     assert why["identity"]["levels"]["class"] > 0.9
     assert _node(entry["vcpupin"]) == 1  # by the quiet guest
     by_node = {}
@@ -96,7 +97,7 @@ def test_plan_why_shows_predicted_loss_per_candidate(driver, database_url, tmp_p
     code, out = _plan(tmp_path, database_url, capsys, "--why")  # the table
     assert code == 0, out.err
     assert "candidates for guest victim (model: " in out.out and "guest loss" in out.out
-    assert "predicted as key victim, class victim: own 0.00" in out.out
+    assert "predicted as key victim (never profiled), class victim: own 0.00" in out.out
     assert "loud +" in out.out and "calm +" in out.out
 
 

@@ -96,8 +96,9 @@ def test_a_profiled_guest_is_mostly_itself():
 def test_identity_prefers_the_learned_name_then_the_workload_key():
     betas = ShrunkBetas(learned())
     assert betas.identity("noisy0", "web", "quiet") == Identity("noisy0", "quiet")
-    assert betas.identity("new", "web", "quiet") == Identity("web", "quiet")
-    assert betas.identity("new", "", "") == Identity("new", "unknown")
+    assert betas.identity("new", "quiet1", "quiet") == Identity("quiet1", "quiet")  # a replica's key
+    assert betas.identity("new", "web", "quiet") == Identity("", "quiet")  # never seen: its class speaks
+    assert betas.identity("new", "", "") == Identity("", "unknown")
 
 
 def test_evidence_counts_observations_as_target_and_as_neighbour():

@@ -5,7 +5,7 @@ JSON, per placement, under "why":
 
     {"model": str,                       # e.g. "1200 observations", "no data (topology only)"
      "weight": float | null,             # the interference scorer's weight (null: not used)
-     "identity": {"key", "workload_class", "levels": {"own", "class", "global"}} | null,
+     "identity": {"key", "workload_class", "profiled", "levels": {"own", "class", "global"}} | null,
      "candidates": [{"vcpupin": {"0": [cpus]}, "nodes": [...], "score": float, "chosen": bool,
                      "predicted_loss": {"guest", "total", "joined": {guest: loss}} | null}]}
 
@@ -38,7 +38,7 @@ def explain(state: Any, scorer: Any, chosen: Placement, candidates: list[Placeme
     identity = None
     if part is not None:
         ident = part.identity(chosen.guest)
-        identity = {"key": ident.key, "workload_class": ident.workload_class,
+        identity = {"key": part.guest.key, "workload_class": ident.workload_class, "profiled": bool(ident.key),
                     "levels": {k: round(v, 4) for k, v in part.betas.weights(ident).items()}}
     rows: dict[tuple, dict[str, Any]] = {}
     for candidate in sorted(candidates, key=lambda p: -p.score):
@@ -62,7 +62,8 @@ def print_why(guest: str, why: dict[str, Any]) -> None:
           + (f"; weight {why['weight']:g}" if why.get("weight") is not None else "") + ")")
     if identity:
         levels = identity["levels"]
-        print(f"  predicted as key {identity['key']}, class {identity['workload_class']}: "
+        seen = "" if identity["profiled"] else " (never profiled)"
+        print(f"  predicted as key {identity['key']}{seen}, class {identity['workload_class']}: "
               f"own {levels['own']:.2f}, class {levels['class']:.2f}, global {levels['global']:.2f}")
     print(f"  {'':1} {'vcpupin':24} {'node(s)':8} {'score':>7} {'guest loss':>10} {'joined loss':>11} "
           f"{'total':>7}  guests joined (most hurt first)")

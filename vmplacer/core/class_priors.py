@@ -30,6 +30,7 @@ import numpy as np
 from vmplacer.core.interference import UNKNOWN_CLASS, InterferenceModel
 
 LEVELS = ("own", "class", "global")
+UNSEEN = ""  # the key of every guest the model has no samples of
 
 
 @dataclass(frozen=True)
@@ -62,6 +63,7 @@ class ShrunkBetas:
         self.settings = settings or ShrinkageSettings()
         self.empty = model.observations == 0
         self._pairs: dict[tuple[Identity, Identity], np.ndarray] = {}
+        self._tables: dict[tuple[Identity, ...], np.ndarray] = {}
         evidence = model.evidence() if not self.empty else {}
         self._keys = [k for k in model.known_keys() if evidence.get(k, 0.0) > 0] if not self.empty else []
         self._evidence = np.array([evidence[k] for k in self._keys])
@@ -78,8 +80,9 @@ class ShrunkBetas:
 
     def identity(self, name: str, key: str, workload_class: str) -> Identity:
         """The guest's own name when the model learned it (samples are keyed by guest), else its
-        workload key (replicas share one), with its class for the levels above."""
-        chosen = name if name in self._key_index else (key or name)
+        workload key when learned (replicas share one), else no key at all: guests the model
+        never saw are alike but for their class, so they share one identity (and one β)."""
+        chosen = name if name in self._key_index else (key if key in self._key_index else UNSEEN)
         return Identity(chosen, workload_class or UNKNOWN_CLASS)
 
     # ----- levels -------------------------------------------------------------------------
@@ -108,7 +111,19 @@ class ShrunkBetas:
         block = self._table[:, backgrounds[:, None], foregrounds[None, :]]
         return (block * wb[None, :, None] * wf[None, None, :]).sum(axis=(1, 2)) / (wb.sum() * wf.sum())
 
-    # ----- the coefficient --------------------------------------------------------------------
+    # ----- the coefficients --------------------------------------------------------------------
+    def table(self, identities: tuple[Identity, ...]) -> np.ndarray:
+        """[distance rank, background, foreground] β̂ between `identities` (cached: a search asks
+        for the same few identities for every candidate)."""
+        found = self._tables.get(identities)
+        if found is None:
+            found = np.stack([np.stack([self.beta(bg, fg) for fg in identities], axis=-1)
+                              for bg in identities], axis=1)
+            if len(self._tables) > 256:
+                self._tables.clear()
+            self._tables[identities] = found
+        return found
+
     def beta(self, background: Identity, foreground: Identity) -> np.ndarray:
         """β̂ per distance rank (index = `DistanceClass.rank`); zeros when the model has no data."""
         key = (background, foreground)

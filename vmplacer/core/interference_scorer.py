@@ -117,13 +117,19 @@ class InterferenceScorer:
         self.alternatives = alternatives
         self._base_for: object = None
         self._base: dict[str, tuple[float, float]] = {}
+        self._before: list[Tenant] = []  # the others as tenants, before the candidate
+        self._floating: dict[str, Placement] = {}  # others with floating vCPUs (their pins may narrow)
+        self._identities: dict[str, Identity] = {}
 
     def score(self, topology: HostTopology, placement: Placement, others: Sequence[Placement]) -> float:
         return 1.0 / (1.0 + max(self.loss(topology, placement, others).total, 0.0))
 
     def identity(self, name: str) -> Identity:
-        profile = self.guest if name == self.guest.name else self.neighbours.get(name, GuestProfile(name))
-        return self.betas.identity(profile.name, profile.key, profile.workload_class)
+        found = self._identities.get(name)
+        if found is None:
+            profile = self.guest if name == self.guest.name else self.neighbours.get(name, GuestProfile(name))
+            found = self._identities[name] = self.betas.identity(profile.name, profile.key, profile.workload_class)
+        return found
 
     def _load(self, name: str) -> float:
         profile = self.guest if name == self.guest.name else self.neighbours.get(name)
@@ -131,9 +137,20 @@ class InterferenceScorer:
 
     def loss(self, topology: HostTopology, placement: Placement, others: Sequence[Placement]) -> AdmissionLoss:
         if self._base_for is not others:  # the baseline is the same for every candidate of one search
-            self._base = self._perf(topology, _tenants(topology, others, frozenset(), self._load))
+            self._before = _tenants(topology, others, frozenset(), self._load)
+            self._floating = {p.guest: p for p in others if split_vcpus(p)[1]}
+            self._base = self._perf(topology, self._before)
             self._base_for = others
-        after = self._perf(topology, _tenants(topology, [*others, placement], exclusive_of(placement), self._load))
+        taken = exclusive_of(placement)
+        tenants = []
+        for tenant in self._before:
+            floating = self._floating.get(tenant.name)
+            if floating is not None and any(cpus & taken for cpus in tenant.cpus.values()):
+                tenants.extend(_tenants(topology, [floating], taken, self._load))
+            else:
+                tenants.append(tenant)
+        tenants.extend(_tenants(topology, [placement], frozenset(), self._load))
+        after = self._perf(topology, tenants)
         joined = {}
         for name, (work, _) in after.items():
             if name == placement.guest or name not in self._base:
@@ -176,8 +193,7 @@ def _performance(betas: ShrunkBetas, topology: HostTopology, tenants: list[Tenan
     identities: dict[Identity, int] = {}
     kind = np.array([identities.setdefault(identity_of(t.name), len(identities)) for t in layout.tenants],
                     dtype=np.int64)
-    order = list(identities)
-    table = np.stack([np.stack([betas.beta(bg, fg) for fg in order], axis=-1) for bg in order], axis=1)
+    table = betas.table(tuple(identities))
     piece = kind[layout.owner]
     beta = table[layout.distance, piece[None, :], piece[:, None]]  # [x, y]: what y costs x
     weight = np.where(layout.neighbour, layout.granted[None, :], 0.0)
