@@ -171,3 +171,35 @@ def test_profiles_from_labels_and_specs():
 def test_settings_refuse_bad_values(field, value):
     with pytest.raises(ValueError, match=field):
         AdmissionSettings(**{field: value})
+
+
+def test_extra_candidates_keep_every_placement_rule():
+    """With data the engine builds candidates from other starting cores; each placed guest still
+    owns whole cores under isolate, sibling pairs under require, and nobody's pCPUs overlap."""
+    from vmplacer.core.allocate import owners_disjoint, refresh_shared_pins
+
+    topology = uniform_topology(nodes=2, cores_per_node=4, threads_per_core=2, name="h2")
+    betas = ShrunkBetas(learned())
+    classes = ("noisy", "quiet", "victim")
+    placed: list[Placement] = []
+    profiles: dict[str, GuestProfile] = {}
+    for index, data in enumerate(MIXED_GUESTS):
+        guest = GuestSpec.from_mapping({**data, "labels": {"workload_class": classes[index % 3]}})
+        candidates: list[Placement] = []
+        try:
+            placement = allocate(topology, guest, placed, scorer=admission_scorer(betas, guest, profiles,
+                                                                                  AdmissionSettings()),
+                                 candidates=candidates)
+        except NoFit:
+            continue
+        assert placement in candidates
+        for candidate in candidates:
+            # floating guests leave the pCPUs a dedicated newcomer takes, as after every placement
+            assert not owners_disjoint(refresh_shared_pins(topology, [*placed, candidate])), candidate
+        if guest.effective_thread_policy in ("isolate", "require") and guest.dedicated_vcpu_set:
+            cores = {topology.cpus[c].core for c in placement.pcpus}
+            owned = {c for core in cores for c in topology.cores[core].cpus}
+            assert owned <= placement.exclusive_cpus
+        placed = refresh_shared_pins(topology, [*placed, placement])
+        profiles[guest.name] = profile_of_spec(guest)
+    assert len(placed) >= 6
