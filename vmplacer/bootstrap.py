@@ -63,7 +63,36 @@ class Container:
             self.xml_policy(placement.host).check(xml, spec.name, "the rendered domain XML")
             return xml
 
-        return PlacementService(self.placement_store, render, self.allocation_options)
+        return PlacementService(self.placement_store, render, self.allocation_options, self.admission)
+
+    @cached_property
+    def admission(self):  # -> ModelAdmission
+        """The scorer source of every placement path: the stored interference model (read
+        lazily, reloaded every `placement.model_refresh`), weighted as configured."""
+        from vmplacer.app.admission import ModelAdmission
+        from vmplacer.core.interference_scorer import AdmissionSettings
+
+        placement = self.settings.placement
+        return ModelAdmission(self._stored_model_if_any, AdmissionSettings(placement.interference_weight,
+                                                                           placement.interference_candidates),
+                              refresh_s=placement.model_refresh_s)
+
+    def _stored_model_if_any(self):  # -> InterferenceModel
+        """The learned model; an empty one when the database has none yet — without creating
+        a database a dry run (`plan`) would otherwise leave behind."""
+        from pathlib import Path
+
+        from sqlalchemy import inspect
+        from sqlalchemy.engine import make_url
+
+        from vmplacer.core.interference import InterferenceModel
+
+        url = make_url(self.settings.database_url)
+        if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).exists():
+            return InterferenceModel()
+        if not inspect(self.engine).has_table("interference_models"):
+            return InterferenceModel()
+        return self.load_model()
 
     def xml_policy(self, host_name: str):  # -> DomainXmlPolicy
         """The domain XML policy of a configured host (raises ConfigError if unknown). Kept per

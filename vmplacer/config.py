@@ -99,6 +99,17 @@ DAY_S = 86_400.0
 
 
 @dataclass(frozen=True)
+class PlacementSettings:
+    """Model-aware admission (docs/placement.md, Interference): how much the interference
+    model's predicted loss counts next to the topology scorers, how many extra candidate
+    cores it may pick from per node, and how often a long-running process reloads the model."""
+
+    interference_weight: float = 1.0
+    interference_candidates: int = 16
+    model_refresh_s: float = 60.0
+
+
+@dataclass(frozen=True)
 class RetentionSettings:
     """How long `vmplacer db prune` keeps finished records, in seconds (docs/operations.md,
     Retention). Placements are never pruned: they are the live record."""
@@ -121,6 +132,7 @@ class Settings:
     api: ApiSettings = field(default_factory=ApiSettings)
     source: str = "built-in defaults"
     retention: RetentionSettings = field(default_factory=RetentionSettings)
+    placement: PlacementSettings = field(default_factory=PlacementSettings)
 
     def host(self, name: str) -> HostSettings:
         for host in self.hosts:
@@ -302,7 +314,8 @@ def settings_from_mapping(raw: Any, source: str, environ: dict[str, str] | None 
     paths in it start at `base_dir` (the config file's directory)."""
     env = os.environ if environ is None else environ
     reader = _Reader(source, base_dir)
-    data = reader.mapping(raw, "", ("database_url", "data_dir", "hosts", "profiler", "api", "retention"))
+    data = reader.mapping(raw, "", ("database_url", "data_dir", "hosts", "profiler", "api", "retention",
+                                    "placement"))
 
     data_dir_value = env.get(ENV_DATA_DIR) or data.get("data_dir")
     data_dir = Path(reader.string(data_dir_value, "data_dir")) if data_dir_value else default_data_dir()
@@ -356,7 +369,27 @@ def settings_from_mapping(raw: Any, source: str, environ: dict[str, str] | None 
         max_request_bytes=int(reader.number(api_raw.get("max_request_bytes", 1_048_576), "api.max_request_bytes", 1024, 1 << 30)),
     )
     retention = _retention(reader, data.get("retention"))
-    return Settings(data_dir, database_url, hosts, profiler, api, source, retention)
+    return Settings(data_dir, database_url, hosts, profiler, api, source, retention,
+                    _placement(reader, data.get("placement")))
+
+
+def _placement(reader: _Reader, raw: Any) -> PlacementSettings:
+    data = reader.mapping(raw, "placement", ("interference_weight", "interference_candidates", "model_refresh"))
+    defaults = PlacementSettings()
+    weight = reader.number(data.get("interference_weight", defaults.interference_weight),
+                           "placement.interference_weight", 0.0, 100.0)
+    candidates = data.get("interference_candidates", defaults.interference_candidates)
+    if isinstance(candidates, bool) or not isinstance(candidates, int) or not 0 <= candidates <= 1024:
+        raise reader.fail("placement.interference_candidates", f"must be an integer from 0 to 1024, got {candidates!r}")
+    refresh = data.get("model_refresh")
+    refresh_s = defaults.model_refresh_s
+    if refresh is not None:
+        seconds = None if isinstance(refresh, bool) else duration_seconds(str(refresh), "s")
+        if seconds is None or seconds <= 0:
+            raise reader.fail("placement.model_refresh", f"must be a duration longer than 0 such as 60s or 5m, "
+                                                         f"got {refresh!r}")
+        refresh_s = seconds
+    return PlacementSettings(weight, candidates, refresh_s)
 
 
 def load_settings(path: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None) -> Settings:

@@ -174,3 +174,25 @@ def test_bad_capabilities_file_names_host_and_key(host, fragment):
     with pytest.raises(ConfigError) as error:
         settings_from_mapping({"hosts": [host]}, "c.yaml", environ={})
     assert "hosts[0].capabilities" in str(error.value) and fragment in str(error.value)
+
+
+def test_placement_admission_settings_come_from_the_config():
+    assert settings_from_mapping(None, "t", environ={}).placement.interference_weight == 1.0
+    settings = settings_from_mapping({"placement": {"interference_weight": 2.5, "interference_candidates": 4,
+                                                    "model_refresh": "5m"}}, "t", environ={})
+    assert (settings.placement.interference_weight, settings.placement.interference_candidates,
+            settings.placement.model_refresh_s) == (2.5, 4, 300.0)
+
+
+@pytest.mark.parametrize("placement, key", [
+    ({"interference_weight": -1}, "placement.interference_weight"),
+    ({"interference_weight": "high"}, "placement.interference_weight"),
+    ({"interference_candidates": 1.5}, "placement.interference_candidates"),
+    ({"interference_candidates": True}, "placement.interference_candidates"),
+    ({"model_refresh": "soon"}, "placement.model_refresh"),
+    ({"model_refresh": 0}, "placement.model_refresh"),
+    ({"weight": 1}, "placement.weight"),
+])
+def test_bad_placement_settings_name_the_key(placement, key):
+    with pytest.raises(ConfigError, match=f"key '{key}'"):
+        settings_from_mapping({"placement": placement}, "t", environ={})

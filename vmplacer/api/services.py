@@ -69,7 +69,7 @@ class ApiServices:
         self.snapshots = HostSnapshots(container.hypervisor, container.placement_store.occupied)
         self.dry_run_maintenance = TimedValue(lambda: dict(container.maintenance.current()), MAINTENANCE_TTL_S)
         self.dry_runs = PlacementService(SnapshotStore(self.snapshots), self._render,  # type: ignore[arg-type]
-                                         container.allocation_options)
+                                         container.allocation_options, container.admission)
         token_store = SqlTokenStore(container.sessions)
         self.token_store = token_store
         self.tokens = TokenVerifier(token_store.verify)

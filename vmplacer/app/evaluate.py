@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from vmplacer.core.interference import (
@@ -126,10 +126,15 @@ def freeze_and_sense(hypervisor: Hypervisor, sampler: Sampler, clock: Clock, tar
 
 
 def profile_host(hypervisor: Hypervisor, sampler: Sampler, clock: Clock,
-                 settings: ProfileSettings = ProfileSettings()) -> list[Observation]:
-    """Freeze'nSense every running domain of one host; one observation per VM and round."""
+                 settings: ProfileSettings = ProfileSettings(), *, key_by_name: bool = False) -> list[Observation]:
+    """Freeze'nSense every running domain of one host; one observation per VM and round.
+
+    `key_by_name` keys observations by guest name, as the online learner does
+    (app/learn.py), instead of by the `workload` label shared by replicas."""
     topology = hypervisor.topology()
     tenants = tenants_of(hypervisor.domains())
+    if key_by_name:
+        tenants = [replace(t, key=t.name) for t in tenants]
     if not tenants:
         return []
     by_name = {t.name: t for t in tenants}

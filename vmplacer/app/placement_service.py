@@ -14,10 +14,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from vmplacer.app.admission import profiles_of
 from vmplacer.core.allocate import allocate, refresh_shared_pins
 from vmplacer.core.guest import GuestSpec
+from vmplacer.core.interference_scorer import GuestProfile
 from vmplacer.core.placement import Placement
 from vmplacer.core.policies.admit import AllocationOptions
+from vmplacer.core.scoring import Scorer
 from vmplacer.core.topology import HostTopology
 from vmplacer.ports import ClaimConflict, DomainGone, DomainInfo, HypervisorError, PlacementStore
 
@@ -42,6 +45,12 @@ class PlacingHost(Protocol):
 
 
 Renderer = Callable[[GuestSpec, Placement, str | None], str]
+
+
+class Admission(Protocol):
+    """Where the engine's scorer for a new guest comes from (app/admission.py: the model)."""
+
+    def scorer(self, spec: GuestSpec, neighbours: dict[str, GuestProfile]) -> Scorer: ...
 
 
 @dataclass
@@ -79,30 +88,44 @@ def _floating(domain: DomainInfo, host: str) -> Placement:
 
 class PlacementService:
     def __init__(self, store: PlacementStore, render: Renderer,
-                 options: Callable[[str], AllocationOptions] | None = None):
-        """`options` gives each host's allocation knobs (overcommit, memory reserve) by host name."""
+                 options: Callable[[str], AllocationOptions] | None = None,
+                 admission: Admission | None = None):
+        """`options` gives each host's allocation knobs (overcommit, memory reserve) by host name;
+        `admission` the scorer for each new guest (None: the topology scorers alone)."""
         self._store = store
         self._render = render
         self._options = options or (lambda _host: AllocationOptions())
+        self._admission = admission
 
     def acting_through(self, store: PlacementStore) -> PlacementService:
         """The same service recording (and auditing) through `store`, e.g. one that names
         the caller a request came from."""
-        return PlacementService(store, self._render, self._options)
+        return PlacementService(store, self._render, self._options, self._admission)
 
     def occupied(self, host: PlacingHost) -> tuple[HostTopology, list[Placement]]:
         """The host's topology and everything on it: live domains, plus placements
         recorded but not (yet) visible in libvirt."""
+        topology, others, _ = self._occupied(host)
+        return topology, others
+
+    def _occupied(self, host: PlacingHost) -> tuple[HostTopology, list[Placement], dict[str, GuestProfile]]:
+        """`occupied`, plus what admission knows of each guest there (from its labels)."""
         topology = host.topology()
-        live = {d.name: _floating(d, host.name) for d in host.domains()}
+        domains = host.domains()
+        live = {d.name: _floating(d, host.name) for d in domains}
         for recorded in self._store.occupied(host.name):
             live.setdefault(recorded.guest, recorded)
-        return topology, list(live.values())
+        return topology, list(live.values()), profiles_of(domains)
+
+    def _allocate(self, host: PlacingHost, spec: GuestSpec, topology: HostTopology, others: list[Placement],
+                  profiles: dict[str, GuestProfile]) -> Placement:
+        scorer = self._admission.scorer(spec, profiles) if self._admission is not None else None
+        return allocate(topology, spec, others, scorer=scorer, options=self._options(host.name))
 
     def plan(self, host: PlacingHost, spec: GuestSpec, base_xml: str | None = None) -> PlaceResult:
         """Dry run: the placement and XML vmplacer would use now; nothing is written."""
-        topology, others = self.occupied(host)
-        placement = allocate(topology, spec, others, options=self._options(host.name))
+        topology, others, profiles = self._occupied(host)
+        placement = self._allocate(host, spec, topology, others, profiles)
         return PlaceResult(placement, self._render(spec, placement, base_xml), "planned")
 
     def place(
@@ -159,8 +182,8 @@ class PlacementService:
         """Allocate and commit the claim; on a lost race, re-read the host and try again."""
         last_conflict: ClaimConflict | None = None
         for _ in range(MAX_CLAIM_ATTEMPTS):
-            topology, others = self.occupied(host)
-            placement = allocate(topology, spec, others, options=self._options(host.name))
+            topology, others, profiles = self._occupied(host)
+            placement = self._allocate(host, spec, topology, others, profiles)
             xml = self._render(spec, placement, base_xml)
             try:
                 self._store.record(host.name, host.uri, placement, spec.to_dict())

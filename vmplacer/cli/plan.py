@@ -8,7 +8,7 @@ stable contract:
     {"host": str,
      "placements": [{"index", "guest", "host", "nodes", "vcpupin": {"0": [cpus]},
                      "emulatorpin": [cpus], "memory_nodes": [...], "mem_mode",
-                     "score", "xml"}],
+                     "score", "xml", "why" (with --why)}],
      "errors": [{"index", "guest", "kind", "message", "reasons": [...]}],
      "repins": [{"guest", "vcpupin", "emulatorpin"}]}
 
@@ -65,6 +65,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     from vmplacer.cli.rebalance import add_policy_arguments
 
     add_policy_arguments(parser, host_group=False)
+    parser.add_argument("--why", action="store_true",
+                        help="show every candidate placement of each guest with its score and the interference "
+                        "model's predicted loss (for the guest and for the guests it joins)")
     parser.add_argument("--domain-type", choices=("kvm", "qemu"),
                         help="domain type of guests without base XML (default: the host's domain_type, else kvm)")
     add_format_argument(parser)
@@ -79,6 +82,8 @@ class HostState:
     domain_type: str = "kvm"
     options: AllocationOptions = field(default_factory=AllocationOptions)
     policy: Any = None  # its DomainXmlPolicy; None: a host known by name only (no emulator, no storage)
+    admission: Any = None  # its ModelAdmission (scorers from the model); None: topology scorers only
+    profiles: dict[str, Any] = field(default_factory=dict)  # what admission knows of the guests there
 
 
 @dataclass
@@ -115,7 +120,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     if args.domain_type:
         state.domain_type = args.domain_type
     try:
-        result = make_plan(state, requests)
+        result = make_plan(state, requests, why=args.why)
     except HypervisorError as exc:  # the host's emulators or storage pools could not be read
         raise OperationalError(str(exc)) from None
     emit(args, result.to_dict(), _print_table)
@@ -125,27 +130,36 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     return EXIT_NO_FIT if kinds else EXIT_OK  # what is left is "no-fit"
 
 
-def make_plan(state: HostState, requests: list) -> PlanResult:
+def make_plan(state: HostState, requests: list, *, why: bool = False) -> PlanResult:
     """Place each request in order; render XML of the final (pool-refreshed) placements.
 
     Each base XML is held to the host's domain XML policy before it is placed, and each
-    rendered document again; a refused guest holds no resources."""
+    rendered document again; a refused guest holds no resources. With `why`, each placement
+    lists every candidate the engine built, with its score and predicted loss."""
     from vmplacer.adapters.domain_xml import DomainXmlError, render_domain
     from vmplacer.adapters.domain_xml_policy import DomainXmlPolicy, DomainXmlPolicyError
+    from vmplacer.cli.plan_why import explain
     from vmplacer.core.allocate import NoFit, allocate, refresh_shared_pins
+    from vmplacer.core.interference_scorer import profile_of_spec
 
     policy = state.policy or DomainXmlPolicy(state.name)
     result = PlanResult(state.name)
     occupied: list[Placement] = list(state.existing)
     anti_affinity: dict[str, tuple[str, ...]] = {}
     planned: dict[str, Any] = {}  # guest -> request
+    profiles = dict(state.profiles)
+    reasons: dict[str, dict[str, Any]] = {}  # guest -> its candidates (--why)
     for request in requests:
         spec = request.spec
+        candidates: list[Placement] = []
         try:
             if request.base_xml is not None:
                 policy.check(request.base_xml, spec.name)
-            placement = allocate(state.topology, spec, occupied, options=state.options,
-                                 anti_affinity_of_others=anti_affinity)
+            scorer = state.admission.scorer(spec, profiles) if state.admission is not None else None
+            placement = allocate(state.topology, spec, occupied, scorer=scorer, options=state.options,
+                                 anti_affinity_of_others=anti_affinity, candidates=candidates if why else None)
+            if why:
+                reasons[spec.name] = explain(state, scorer, placement, candidates, list(occupied))
             # Render now: a base XML that cannot take the placement must not hold resources.
             policy.check(render_domain(spec, placement, base_xml=request.base_xml, domain_type=state.domain_type),
                          spec.name, "the rendered domain XML")
@@ -167,6 +181,7 @@ def make_plan(state: HostState, requests: list) -> PlanResult:
         occupied.append(placement)
         anti_affinity[spec.name] = spec.anti_affinity
         planned[spec.name] = request
+        profiles[spec.name] = profile_of_spec(spec)
 
     refreshed = {p.guest: p for p in refresh_shared_pins(state.topology, occupied)}
     for before in state.existing:
@@ -199,6 +214,7 @@ def make_plan(state: HostState, requests: list) -> PlanResult:
             "threads_per_core": placement.threads_per_core,
             "score": placement.score,
             "xml": xml,
+            **({"why": reasons[name]} if name in reasons else {}),
         })
     return result
 
@@ -250,9 +266,11 @@ def _from_host(ctx: CliContext, name: str | None) -> HostState:
         raise OperationalError(str(exc)) from None
     except DomainXmlError as exc:
         raise OperationalError(f"host {name}: a domain's XML cannot be read: {exc}") from None
+    from vmplacer.app.admission import profiles_of
+
     existing = [_occupied(d, name) for d in domains]
     return HostState(name, topology, existing, settings.domain_type, settings.allocation,
-                     ctx.container.xml_policy(name))
+                     ctx.container.xml_policy(name), ctx.container.admission, profiles_of(domains))
 
 
 def _occupied(domain: Any, host: str) -> Placement:
@@ -280,6 +298,11 @@ def _print_table(data: dict[str, Any]) -> None:
     for repin in data["repins"]:
         pins = " ".join(f"{v}→{format_cpuset(c)}" for v, c in repin["vcpupin"].items())
         print(f"existing guest {repin['guest']}: floating vCPUs narrow to {pins}")
+    for entry in data["placements"]:
+        if "why" in entry:
+            from vmplacer.cli.plan_why import print_why
+
+            print_why(entry["guest"], entry["why"])
     for entry in data["placements"]:
         print(f"\n<!-- domain XML of guest {entry['guest']} -->")
         sys.stdout.write(entry["xml"])

@@ -73,11 +73,14 @@ def allocate(
     scorer: Scorer | None = None,
     options: AllocationOptions | None = None,
     anti_affinity_of_others: Mapping[str, Sequence[str]] | None = None,
+    candidates: list[Placement] | None = None,
 ) -> Placement:
     """Place `guest` on `topology` next to `others`; the best-scoring Placement or NoFit.
 
     `anti_affinity_of_others` maps a placed guest to the guests it refuses to
     share a node with, so anti-affinity holds whichever side declared it.
+    `candidates`, when given, receives every candidate built, with its score
+    (to explain a choice).
     """
     options = options or AllocationOptions()
     occupancy = others if isinstance(others, Occupancy) else Occupancy(others)
@@ -89,6 +92,7 @@ def allocate(
         raise NoFit(guest.name, topology.name, [NoFitReason(
             "name", "host", "a name not yet used on the host", f"guest {guest.name} already placed")])
     search = _Search(topology, guest, occupancy, usage, scorer, options, anti_affinity_of_others or {})
+    search.trace = candidates
     return search.run()
 
 
@@ -156,6 +160,8 @@ class _Search:
         self.reasons: list[NoFitReason] = []
         self.banned = self._anti_affinity(anti_of_others)
         self._fills: dict[tuple, CellFill | NoFitReason] = {}
+        self.alternatives = int(getattr(scorer, "alternatives", 0) or 0)
+        self.trace: list[Placement] | None = None
         nodes = sorted(self.views)
         self.distance = {(a, b): topology.distance(a, b) for a in nodes for b in nodes}
 
@@ -362,8 +368,11 @@ class _Search:
     def _build(self, cells: tuple[CellRequest, ...], nodes: tuple[int, ...], pages: tuple[int, ...]):
         """Yield the placements of one node assignment (one per fill variant that works)."""
         page = pages[0]  # best page size every chosen node can give
-        variants = ("cores-first", "holes-first") if any(
+        variants: tuple = ("cores-first", "holes-first") if any(
             c.dedicated and c.thread_policy == "prefer" for c in cells) else ("cores-first",)
+        if self.alternatives and any(c.dedicated for c in cells):
+            # A scorer that can tell cores apart (the interference model) gets more to choose from.
+            variants += tuple(("anchor", i) for i in range(self.alternatives))
         seen: set[tuple] = set()
         for variant in variants:
             fills: list[CellFill] = []
@@ -371,7 +380,8 @@ class _Search:
             for cell, node in zip(cells, nodes):
                 fill = self._fill(cell, node, variant)
                 if isinstance(fill, NoFitReason):
-                    self.reasons.append(fill)
+                    if not isinstance(variant, tuple):  # an extra candidate that fails explains nothing
+                        self.reasons.append(fill)
                     failed = True
                     break
                 fills.append(fill)
@@ -384,7 +394,10 @@ class _Search:
             placement = self._assemble(cells, nodes, fills, page)
             if placement is not None:
                 score = self.scorer.score(self.topology, placement, self.occupancy)
-                yield _replace_score(placement, score)
+                placement = _replace_score(placement, score)
+                if self.trace is not None:
+                    self.trace.append(placement)
+                yield placement
 
     def _tiebreak(self, placement: Placement) -> tuple:
         """Equal scores: pCPUs of the preferred kind on hybrid hosts (performance cores for
@@ -393,11 +406,19 @@ class _Search:
         kind = sum(1 for c in placement.pcpus if cpus[c].kind == self.prefer_kind)
         return (kind, *(-n for n in sorted(placement.memory_nodes)), *(-c for c in sorted(placement.pcpus)[:8]))
 
-    def _fill(self, cell: CellRequest, node: int, variant: str) -> CellFill | NoFitReason:
+    def _fill(self, cell: CellRequest, node: int, variant: str | tuple) -> CellFill | NoFitReason:
         key = (len(cell.dedicated), cell.thread_policy, node, variant)
         if key not in self._fills:
-            self._fills[key] = fill_dedicated(self.views[node], len(cell.dedicated), cell.thread_policy,
-                                              variant, f"cell {cell.id} on node {node}")
+            where = f"cell {cell.id} on node {node}"
+            if isinstance(variant, tuple):
+                anchors = anchor_cores(self.views[node], self.alternatives)
+                anchor = anchors[variant[1]] if variant[1] < len(anchors) else None
+                self._fills[key] = (fill_anchored(self.views[node], len(cell.dedicated), cell.thread_policy,
+                                                  anchor, where) if anchor is not None else
+                                    NoFitReason("anchor", where, "another free core to start from", "none"))
+            else:
+                self._fills[key] = fill_dedicated(self.views[node], len(cell.dedicated), cell.thread_policy,
+                                                  variant, where)
         return self._fills[key]
 
     def _assemble(self, cells: tuple[CellRequest, ...], nodes: tuple[int, ...],
@@ -568,6 +589,53 @@ def fill_dedicated(view: NodeView, wanted: int, policy: str, variant: str, where
             break
     if len(cpus) < wanted:
         return NoFitReason("dedicated-cpus", where, f"{wanted} free pCPUs", f"{len(free_threads)}")
+    return CellFill(tuple(cpus), frozenset(cpus))
+
+
+def anchor_cores(view: NodeView, limit: int) -> list[CoreView]:
+    """Up to `limit` cores with free threads to start extra candidates from, spread over the
+    node's LLCs (round robin, half-used cores first in each), so a small limit still shows
+    every cache domain."""
+    by_llc: dict[int | None, list[CoreView]] = {}
+    for core in sorted((c for c in view.cores if c.free), key=lambda c: (c.whole, c.rank)):
+        by_llc.setdefault(core.llc, []).append(core)
+    groups = sorted(by_llc.values(), key=lambda g: g[0].rank)
+    result: list[CoreView] = []
+    depth = 0
+    while len(result) < limit and any(depth < len(g) for g in groups):
+        result.extend(g[depth] for g in groups if depth < len(g))
+        depth += 1
+    return result[:limit]
+
+
+def fill_anchored(view: NodeView, wanted: int, policy: str, anchor: CoreView, where: str) -> CellFill | NoFitReason:
+    """Like `fill_dedicated`, but starting from `anchor`: its threads first (isolate/require:
+    the anchor whole core first), then the usual order, cores in the anchor's LLC first."""
+    if wanted == 0:
+        return CellFill((), frozenset())
+    rest = [c for c in view.cores if c is not anchor]
+    rest.sort(key=lambda c: (c.llc != anchor.llc, c.rank))
+    if policy in ("isolate", "require"):
+        per_core = 1 if policy == "isolate" else max(2, len(anchor.free))
+        if not anchor.whole or len(anchor.free) < (1 if policy == "isolate" else 2):
+            return NoFitReason("anchor", where, "a free whole core to start from", f"core {anchor.core.id}")
+        pool = [c for c in rest if c.whole and (policy == "isolate" or len(c.free) >= 2)]
+        cores = [anchor, *pool][: math.ceil(wanted / per_core)]
+        threads = ([c.free[0] for c in cores] if policy == "isolate" else [t for c in cores for t in c.free])
+        if len(threads) < wanted:
+            return NoFitReason("anchor", where, f"{wanted} vCPUs on whole cores from core {anchor.core.id}",
+                               f"{len(threads)}")
+        owned = frozenset(t for c in cores for t in c.free)
+        return CellFill(tuple(threads[:wanted]), owned)
+    cpus = list(anchor.free[:wanted])
+    partial = [c for c in rest if not c.whole and c.free]
+    fresh = [c for c in rest if c.whole]
+    for core in partial + fresh:
+        if len(cpus) == wanted:
+            break
+        cpus.extend(core.free[: wanted - len(cpus)])
+    if len(cpus) < wanted:
+        return NoFitReason("dedicated-cpus", where, f"{wanted} free pCPUs", f"{view.free_threads}")
     return CellFill(tuple(cpus), frozenset(cpus))
 
 

@@ -517,6 +517,9 @@ class _Layout:
         return cls(tenants, own, dem, granted, alone, distance, neighbour)
 
 
+TenantLayout = _Layout  # the flattening `predict` uses, shared so other predictors do the same arithmetic
+
+
 def distance_matrix(topology: HostTopology, cpus: np.ndarray) -> np.ndarray:
     """Distance-class index (DistanceClass.rank) between every two pCPUs listed."""
     attrs = np.array(
@@ -737,6 +740,32 @@ class InterferenceModel:
 
     def known_keys(self) -> tuple[str, ...]:
         return tuple(self._solve().keys)
+
+    def workload_class_of(self, key: str) -> str:
+        """The workload class a known key was observed with (``unknown`` for others)."""
+        return self._wclass.get(key, UNKNOWN_CLASS)
+
+    def evidence(self) -> dict[str, float]:
+        """Per known key: how much data rests on it, in unit-exposure observations — the
+        observations of it as the measured VM plus its exposures as a neighbour (Σ w²), the
+        unit the shrinkage strengths are given in."""
+        result = {key: 0.0 for key in self._wclass}
+        for key, block in self._blocks.items():
+            result[key] = result.get(key, 0.0) + block.observations
+            diagonal = np.diag(block.views()[0])
+            for (neighbour, _), index in block.features.items():
+                result[neighbour] = result.get(neighbour, 0.0) + float(diagonal[index])
+        return result
+
+    def beta_tensor(self, identities: list[tuple[str, str]]) -> np.ndarray:
+        """[distance rank, background, foreground] β between (key, workload class) identities,
+        the same values `beta` gives one by one (0 at ``same-cpu``: time sharing only)."""
+        sol = self._solve()
+        idx, inter, sens, press, susc = self._key_vectors(identities)
+        base = inter[:, None] + sens[None, :] + press[:, None] * susc[None, :]
+        table = sol.scale[:, None, None] * base[None, :, :] + sol.residual[:, idx[:, None], idx[None, :]]
+        table[_SAME_CPU] = 0.0
+        return table
 
     def _key_vectors(self, keys: list[tuple[str, str]]) -> tuple[np.ndarray, ...]:
         """Per (key, workload class): padded index and the factor terms

@@ -3,7 +3,9 @@
 The allocator builds every feasible candidate it considers and keeps the one
 with the best score, so a policy is changed by changing scorers, not the
 search. Each built-in scorer returns a value in [0, 1]; `WeightedScorer`
-combines them. The interference model plugs in as one more `Scorer`.
+combines them. The interference model plugs in as one more `Scorer`
+(core/interference_scorer.py); a scorer with an `alternatives` attribute asks
+the engine to build that many more candidate pCPU choices per node.
 """
 
 from __future__ import annotations
@@ -201,6 +203,11 @@ class WeightedScorer:
 
     def plus(self, weight: float, scorer: Scorer) -> WeightedScorer:
         return WeightedScorer((*self.parts, (weight, scorer)))
+
+    @property
+    def alternatives(self) -> int:
+        """Extra candidate starting cores per node that some part asks the engine to build."""
+        return max((getattr(s, "alternatives", 0) for w, s in self.parts if w > 0), default=0)
 
 
 DEFAULT_WEIGHTS = {"locality": 0.4, "packing": 0.2, "siblings": 0.2, "balance": 0.2}

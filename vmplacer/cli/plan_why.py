@@ -1,0 +1,84 @@
+"""`vmplacer plan --why`: every candidate the engine built for a guest, its score and the
+interference model's predicted loss, so an operator sees why one set of pCPUs won.
+
+JSON, per placement, under "why":
+
+    {"model": str,                       # e.g. "1200 observations", "no data (topology only)"
+     "weight": float | null,             # the interference scorer's weight (null: not used)
+     "identity": {"key", "workload_class", "profiled", "levels": {"own", "class", "global"}} | null,
+     "candidates": [{"vcpupin": {"0": [cpus]}, "nodes": [...], "score": float, "chosen": bool,
+                     "predicted_loss": {"guest", "total", "joined": {guest: loss}} | null}]}
+
+Candidates are sorted best first; "predicted_loss" is null when the model has no data.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vmplacer.core.cpuset import format_cpuset
+from vmplacer.core.interference_scorer import interference_part
+from vmplacer.core.placement import Placement
+
+MAX_JOINED_SHOWN = 3
+
+
+def explain(state: Any, scorer: Any, chosen: Placement, candidates: list[Placement],
+            occupied: list[Placement]) -> dict[str, Any]:
+    part = interference_part(scorer) if scorer is not None else None
+    topology = state.topology
+    admission = state.admission
+    if admission is None:
+        status = "not used: a host read from a capabilities file has no guests to predict for"
+    else:
+        status = admission.status
+    weight = None
+    if part is not None:
+        weight = admission.settings.weight
+    identity = None
+    if part is not None:
+        ident = part.identity(chosen.guest)
+        identity = {"key": part.guest.key, "workload_class": ident.workload_class, "profiled": bool(ident.key),
+                    "levels": {k: round(v, 4) for k, v in part.betas.weights(ident).items()}}
+    rows: dict[tuple, dict[str, Any]] = {}
+    for candidate in sorted(candidates, key=lambda p: -p.score):
+        key = tuple(sorted((v, tuple(sorted(c))) for v, c in candidate.vcpupin.items()))
+        if key in rows:
+            continue
+        loss = part.loss(topology, candidate, occupied).to_dict() if part is not None else None
+        rows[key] = {
+            "vcpupin": {str(v): sorted(c) for v, c in sorted(candidate.vcpupin.items())},
+            "nodes": sorted({topology.cpus[c].node for c in candidate.pcpus if c in topology.cpus}),
+            "score": candidate.score,
+            "chosen": candidate.vcpupin == chosen.vcpupin and candidate.memory_nodes == chosen.memory_nodes,
+            "predicted_loss": loss,
+        }
+    return {"model": status, "weight": weight, "identity": identity, "candidates": list(rows.values())}
+
+
+def print_why(guest: str, why: dict[str, Any]) -> None:
+    identity = why.get("identity")
+    print(f"\ncandidates for guest {guest} (model: {why['model']}"
+          + (f"; weight {why['weight']:g}" if why.get("weight") is not None else "") + ")")
+    if identity:
+        levels = identity["levels"]
+        seen = "" if identity["profiled"] else " (never profiled)"
+        print(f"  predicted as key {identity['key']}{seen}, class {identity['workload_class']}: "
+              f"own {levels['own']:.2f}, class {levels['class']:.2f}, global {levels['global']:.2f}")
+    print(f"  {'':1} {'vcpupin':24} {'node(s)':8} {'score':>7} {'guest loss':>10} {'joined loss':>11} "
+          f"{'total':>7}  guests joined (most hurt first)")
+    for row in why["candidates"]:
+        pins = " ".join(f"{v}→{format_cpuset(c)}" for v, c in row["vcpupin"].items())
+        loss = row["predicted_loss"]
+        if loss is None:
+            numbers = f"{'-':>10} {'-':>11} {'-':>7}"
+            joined = ""
+        else:
+            hurt = sum(loss["joined"].values())
+            numbers = f"{loss['guest']:>10.4f} {hurt:>11.4f} {loss['total']:>7.4f}"
+            names = list(loss["joined"].items())[:MAX_JOINED_SHOWN]
+            joined = ", ".join(f"{n} {v:+.3f}" for n, v in names)
+            if len(loss["joined"]) > MAX_JOINED_SHOWN:
+                joined += f", … {len(loss['joined']) - MAX_JOINED_SHOWN} more"
+        mark = "*" if row["chosen"] else ""
+        print(f"  {mark:1} {pins:24} {format_cpuset(row['nodes']):8} {row['score']:>7.3f} {numbers}  {joined}")
