@@ -138,9 +138,7 @@ def make_plan(state: HostState, requests: list, *, why: bool = False) -> PlanRes
     lists every candidate the engine built, with its score and predicted loss."""
     from vmplacer.adapters.domain_xml import DomainXmlError, render_domain
     from vmplacer.adapters.domain_xml_policy import DomainXmlPolicy, DomainXmlPolicyError
-    from vmplacer.cli.plan_why import explain
     from vmplacer.core.allocate import NoFit, allocate, refresh_shared_pins
-    from vmplacer.core.interference_scorer import profile_of_spec
 
     policy = state.policy or DomainXmlPolicy(state.name)
     result = PlanResult(state.name)
@@ -159,6 +157,8 @@ def make_plan(state: HostState, requests: list, *, why: bool = False) -> PlanRes
             placement = allocate(state.topology, spec, occupied, scorer=scorer, options=state.options,
                                  anti_affinity_of_others=anti_affinity, candidates=candidates if why else None)
             if why:
+                from vmplacer.cli.plan_why import explain
+
                 reasons[spec.name] = explain(state, scorer, placement, candidates, list(occupied))
             # Render now: a base XML that cannot take the placement must not hold resources.
             policy.check(render_domain(spec, placement, base_xml=request.base_xml, domain_type=state.domain_type),
@@ -181,7 +181,10 @@ def make_plan(state: HostState, requests: list, *, why: bool = False) -> PlanRes
         occupied.append(placement)
         anti_affinity[spec.name] = spec.anti_affinity
         planned[spec.name] = request
-        profiles[spec.name] = profile_of_spec(spec)
+        if state.admission is not None:  # the model (and numpy) only where placing uses it
+            from vmplacer.core.interference_scorer import profile_of_spec
+
+            profiles[spec.name] = profile_of_spec(spec)
 
     refreshed = {p.guest: p for p in refresh_shared_pins(state.topology, occupied)}
     for before in state.existing:
