@@ -24,7 +24,7 @@ def make_engine(url: str) -> Engine:
             cursor.execute("PRAGMA journal_mode=WAL")
             # WAL's recommended setting: a commit survives a crash of vmplacer (not of the OS
             # or the power) without an fsync; FULL costs ~4 ms per commit on a shared disk,
-            # inside the host lock of every placement (docs/operations.md, "Databases").
+            # inside the host lock of every placement (docs/operations.md, "SQLite durability").
             cursor.execute("PRAGMA synchronous=NORMAL")
             cursor.execute("PRAGMA foreign_keys=ON")
             cursor.execute("PRAGMA busy_timeout=30000")

@@ -20,10 +20,11 @@ from vmplacer.api.schemas import (
     PlacementView,
     Removed,
 )
+from vmplacer.api.strict_json import StrictJsonRoute
 from vmplacer.api.xml_policy import admit_base_xml, policy_refusal
 from vmplacer.core.guest import GuestSpec
 
-router = APIRouter(prefix="/v1/placements", tags=["placements"])
+router = APIRouter(prefix="/v1/placements", tags=["placements"], route_class=StrictJsonRoute)
 
 
 @router.post(
