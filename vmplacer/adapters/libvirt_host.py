@@ -84,6 +84,7 @@ class LibvirtHost(Hypervisor):
         self._parsed: dict[str, tuple[str, Placement, dict[str, str]]] = {}
         # Concurrent callers share a read that started after they called (see shared_read).
         self._domains_read = SharedRead(self._read_domains)
+        self._placements_read = SharedRead(self._read_placements)
         self._topology_read = SharedRead(self._read_topology)
 
     # ----- connection ----------------------------------------------------------------
@@ -220,10 +221,33 @@ class LibvirtHost(Hypervisor):
                 result.append(self._info(dom))
             except DomainGone:
                 continue  # undefined while we listed: not ours to report
-        listed = {d.uuid for d in result}
-        for uuid in [u for u in self._parsed if u not in listed]:  # undefined: forget its parse
-            self._parsed.pop(uuid, None)
+        self._forget_parses_but({d.uuid for d in result})
         return sorted(result, key=lambda d: d.name)
+
+    def _forget_parses_but(self, listed: set[str]) -> None:
+        """Drop the parses of domains no longer listed (undefined)."""
+        for uuid in [u for u in self._parsed if u not in listed]:
+            self._parsed.pop(uuid, None)
+
+    def placements(self) -> dict[str, Placement]:
+        """Every domain's placement by name, as libvirt lists them after this call: what placing
+        needs, with one call per domain (its XML) instead of the three `domains` makes."""
+        return dict(self._placements_read.get())
+
+    def _read_placements(self) -> dict[str, Placement]:
+        conn = self.connection()
+        result: dict[str, Placement] = {}
+        listed: set[str] = set()
+        for dom in self._call("listAllDomains", conn.listAllDomains):
+            name, uuid = dom.name(), dom.UUIDString()
+            try:
+                xml = self._call("XMLDesc", lambda: dom.XMLDesc(0), name)  # noqa: B023 - called at once
+            except DomainGone:
+                continue  # undefined while we listed
+            result[name] = self._parsed_xml(uuid, xml)[0]
+            listed.add(uuid)
+        self._forget_parses_but(listed)
+        return result
 
     def domain(self, name: str) -> DomainInfo:
         return self._info(self._lookup(name))

@@ -109,6 +109,9 @@ class PlacementService:
     @staticmethod
     def _read_host(host: PlacingHost) -> tuple[HostTopology, dict[str, Placement]]:
         """The host's topology and its domains' placements, by name, as libvirt shows them now."""
+        placements = getattr(host, "placements", None)  # a libvirt host reads only what placing needs
+        if placements is not None:
+            return host.topology(), placements()
         return host.topology(), {d.name: _floating(d, host.name) for d in host.domains()}
 
     def _with_recorded(self, host: PlacingHost, live: dict[str, Placement]) -> list[Placement]:
