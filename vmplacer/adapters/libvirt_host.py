@@ -225,8 +225,9 @@ class LibvirtHost(Hypervisor):
         return sorted(result, key=lambda d: d.name)
 
     def _forget_parses_but(self, listed: set[str]) -> None:
-        """Drop the parses of domains no longer listed (undefined)."""
-        for uuid in [u for u in self._parsed if u not in listed]:
+        """Drop the parses of domains no longer listed (undefined). Two reads (`domains`,
+        `placements`) may run at once: `list()` copies the keys in one step."""
+        for uuid in [u for u in list(self._parsed) if u not in listed]:
             self._parsed.pop(uuid, None)
 
     def placements(self) -> dict[str, Placement]:
