@@ -18,6 +18,9 @@ The client is one asyncio loop in this process (one keep-alive connection per
 request in flight, plain HTTP/1.1), so the numbers are the server's, not a
 thread-bound client's; it still shares the machine's CPUs with the server.
 Only successful answers count: any other status is reported under `errors`.
+Each case also records the server process's CPU time per request (one Python
+process runs one thread at a time, so this bounds its rate), and `isolated`
+holds libvirt's defineXML/undefine of a rendered placement alone.
 PostgreSQL comes from $VMPLACER_TEST_POSTGRES_URL, else scripts/postgres.sh.
 
 Targets (this 2-core machine): rps at 200 in flight >= 0.8 x rps at 1; p99 at 32 in flight < 100 ms.
@@ -216,8 +219,17 @@ async def _load(port: int, requests: list[bytes], concurrency: int) -> tuple[flo
     return time.perf_counter() - started, results
 
 
-def run_load(port: int, requests: list[bytes], concurrency: int, success: int) -> dict[str, object]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time a process has used (Linux /proc)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def run_load(port: int, requests: list[bytes], concurrency: int, success: int,
+             pid: int | None = None) -> dict[str, object]:
+    cpu_before = cpu_seconds(pid) if pid else 0.0
     elapsed, results = asyncio.run(_load(port, requests, concurrency))
+    cpu = cpu_seconds(pid) - cpu_before if pid else None
     ok = sorted(latency for latency, status in results if status == success)
     statuses: dict[str, int] = {}
     for _, status in results:
@@ -230,6 +242,8 @@ def run_load(port: int, requests: list[bytes], concurrency: int, success: int) -
         "p99_ms": round(ok[int(0.99 * (len(ok) - 1))] * 1e3, 2) if ok else None,
         "errors": len(results) - len(ok),
         "statuses": statuses,
+        # one Python process serves: its CPU per request bounds its rate (~1 core, the GIL)
+        "server_cpu_ms_per_request": round(cpu * 1e3 / len(results), 2) if cpu is not None else None,
     }
 
 
@@ -251,18 +265,47 @@ def removals(token: str, names: list[str]) -> list[bytes]:
 def measure(server: Serve, kind: str, count: int, concurrency: int) -> dict[str, object]:
     port, token = server.port, server.token
     tag = f"{kind}-{concurrency}"
+    pid = server.process.pid if server.process is not None else None
     if kind == "dry_run":
         run_load(port, dry_runs(token, WARMUP, f"w{tag}"), concurrency, 200)
-        return run_load(port, dry_runs(token, count, tag), concurrency, 200)
+        return run_load(port, dry_runs(token, count, tag), concurrency, 200, pid)
     warm = [f"w{tag}-{i}" for i in range(PLACEMENT_WARMUP)]
     names = [f"{tag}-{i}" for i in range(count)]
     run_load(port, placements(token, warm), concurrency, 201)
     try:
-        return run_load(port, placements(token, names), concurrency, 201)
+        return {**run_load(port, placements(token, names), concurrency, 201, pid),
+                "guests_on_host": [PLACEMENT_WARMUP, PLACEMENT_WARMUP + count]}
     finally:
         removed = run_load(port, removals(token, warm + names), 8, 200)
         if set(removed["statuses"]) - {"200", "404"}:  # type: ignore[arg-type]  # 404: never placed
             raise RuntimeError(f"cleaning up placements failed: {removed['statuses']}")
+
+
+def define_cost(server: Serve, samples: int = 200) -> dict[str, object]:
+    """libvirt's defineXML (and undefine) of the XML a placement renders, alone: on the test
+    driver, in this process, without HTTP, database or vmplacer around it."""
+    import libvirt
+
+    answer = httpx.post(f"{server.url}/v1/placements", headers={"Authorization": f"Bearer {server.token}"},
+                        json={"name": "define-cost", "vcpus": 1, "memory_mib": 4, "dry_run": True}, timeout=30)
+    answer.raise_for_status()
+    xml = answer.json()["xml"]
+    conn = libvirt.open("test:///default")
+    try:
+        defines, undefines = [], []
+        for _ in range(samples):
+            started = time.perf_counter()
+            domain = conn.defineXML(xml)
+            defines.append(time.perf_counter() - started)
+            started = time.perf_counter()
+            domain.undefine()
+            undefines.append(time.perf_counter() - started)
+    finally:
+        conn.close()
+    return {"driver": "test:///default", "samples": samples,
+            "define_ms_p50": round(statistics.median(defines) * 1e3, 3),
+            "undefine_ms_p50": round(statistics.median(undefines) * 1e3, 3),
+            "budget_ms_per_placement_for_p99_at_32": round(TARGET_P99_MS_AT_32 / 32, 2)}
 
 
 def targets(cases: list[dict[str, object]]) -> list[dict[str, object]]:
@@ -296,9 +339,12 @@ def main(argv: list[str] | None = None) -> int:
     cases: list[dict[str, object]] = []
     load_before = load_average()
     counts: dict[str, int] = {"dry_run": args.requests, "place": args.placements}
+    isolated: dict[str, object] = {}
     for database in args.databases.split(","):
         with tempfile.TemporaryDirectory(prefix="vmplacer-bench-") as tmp, \
                 Database(database, Path(tmp)) as url, Serve(Path(tmp), url) as server:
+            if not isolated:
+                isolated = define_cost(server)
             for kind in args.kinds.split(","):
                 for concurrency in (int(c) for c in args.concurrency.split(",")):
                     load = load_average()
@@ -317,6 +363,7 @@ def main(argv: list[str] | None = None) -> int:
                  "in another process on the same machine. Load averages are the machine's (other work "
                  "shares it).",
         "targets": targets(cases),
+        "isolated": isolated,
         "cases": cases,
     }
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)

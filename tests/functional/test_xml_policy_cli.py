@@ -85,7 +85,7 @@ class _Host:
         return "00000000-0000-4000-8000-000000000000"
 
 
-def test_the_rendered_xml_is_held_to_the_policy_before_any_claim(sqlite_url, tmp_path):
+def test_the_rendered_xml_is_held_to_the_policy_before_libvirt_and_its_claim_is_undone(sqlite_url, tmp_path):
     container = make_container(sqlite_url, tmp_path, [{"name": "xeon-e3-4c8t", "uri": "test:///default"}])
     try:
         service = container.placement_service()

@@ -387,7 +387,16 @@ def parse_placement(xml_text: str, host: str, topology: HostTopology | None = No
     unknown, meaning "anywhere"). Without vmplacer metadata, a domain whose
     vCPUs each sit alone on a distinct pCPU counts as dedicated.
     """
+    return _placement(_fields(xml_text, f"domain XML on host {host}"), host, topology)
+
+
+def parse_placement_and_labels(xml_text: str, host: str) -> tuple[Placement, dict[str, str]]:
+    """`parse_placement` (no topology) and `parse_labels` from one parse of the document."""
     values = _fields(xml_text, f"domain XML on host {host}")
+    return _placement(values, host, None), dict(values["labels"])
+
+
+def _placement(values: dict[str, Any], host: str, topology: HostTopology | None) -> Placement:
     guest = values["guest"] or "<unnamed>"
     vcpus = values["vcpus"] or len(values["vcpupin"])
     fallback = values["vcpu_cpuset"]

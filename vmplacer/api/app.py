@@ -41,8 +41,12 @@ def create_app(container: Container, options: ApiOptions | None = None,
 
     @asynccontextmanager
     async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        from anyio.to_thread import current_default_thread_limiter
         from starlette.concurrency import run_in_threadpool
 
+        # Synchronous routes run on this loop's default thread limiter; the database pool is
+        # sized for it (services.POOL_SIZE + POOL_OVERFLOW).
+        current_default_thread_limiter().total_tokens = services.options.request_threads
         await run_in_threadpool(services.start, leases)
         # Everything loaded so far lives as long as the process: keep the cyclic garbage
         # collector from walking it again and again (shorter pauses under load).

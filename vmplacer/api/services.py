@@ -39,7 +39,7 @@ log = logging.getLogger(__name__)
 HOUSEKEEPING_EVERY_S = 600.0
 # Freeze journal rows whose owner and guardian both died (a cgroup kill) are replayed this often.
 FREEZE_REPLAY_EVERY_S = 1.0
-REQUEST_THREADS = 40  # anyio's default limit for synchronous routes
+REQUEST_THREADS = 40  # synchronous routes (and their database connections) running at once
 POOL_SIZE = 10  # kept open
 POOL_OVERFLOW = 30  # opened for bursts: up to REQUEST_THREADS requests at once, each one connection
 
@@ -55,6 +55,7 @@ class ApiOptions:
     lease_ttl_s: float = DEFAULT_LEASE_TTL_S
     run_jobs: bool = True  # False: this instance only queues jobs, others run them
     job_workers: int = 4
+    request_threads: int = REQUEST_THREADS  # threads running synchronous routes at once
     replay_freeze_journal: bool = True
 
 

@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from vmplacer.app.admission import profiles_of
-from vmplacer.core.allocate import allocate, refresh_shared_pins
+from vmplacer.core.allocate import allocate, may_narrow, refresh_shared_pins
 from vmplacer.core.guest import GuestSpec
-from vmplacer.core.interference_scorer import GuestProfile
+from vmplacer.core.interference_scorer import GuestProfile, profile_from_labels
 from vmplacer.core.placement import Placement
 from vmplacer.core.policies.admit import AllocationOptions
 from vmplacer.core.scoring import Scorer
@@ -37,6 +37,7 @@ class PlacingHost(Protocol):
 
     def topology(self) -> HostTopology: ...
     def domains(self) -> list[DomainInfo]: ...
+    def domain_state(self, name: str) -> tuple[str, str | None]: ...
     def define(self, xml: str, name: str = "") -> str: ...
     def start(self, name: str) -> None: ...
     def destroy(self, name: str) -> None: ...
@@ -86,6 +87,15 @@ def _floating(domain: DomainInfo, host: str) -> Placement:
                      memory_kib=domain.memory_kib)
 
 
+def _defined(host: PlacingHost, guest: str) -> bool:
+    """Whether the host has a domain of that name now (a reservation may have none yet)."""
+    try:
+        host.domain_state(guest)
+    except DomainGone:
+        return False
+    return True
+
+
 class PlacementService:
     def __init__(self, store: PlacementStore, render: Renderer,
                  options: Callable[[str], AllocationOptions] | None = None,
@@ -105,17 +115,27 @@ class PlacementService:
     def occupied(self, host: PlacingHost) -> tuple[HostTopology, list[Placement]]:
         """The host's topology and everything on it: live domains, plus placements
         recorded but not (yet) visible in libvirt."""
-        topology, others, _ = self._occupied(host)
-        return topology, others
+        topology, live, _ = self._read_host(host)
+        return topology, self._with_recorded(host, live)
 
-    def _occupied(self, host: PlacingHost) -> tuple[HostTopology, list[Placement], dict[str, GuestProfile]]:
-        """`occupied`, plus what admission knows of each guest there (from its labels)."""
-        topology = host.topology()
+    @staticmethod
+    def _read_host(host: PlacingHost) -> tuple[HostTopology, dict[str, Placement], dict[str, GuestProfile]]:
+        """The host's topology, its domains' placements by name as libvirt shows them now, and
+        what admission knows of each guest there (from its labels)."""
+        labelled = getattr(host, "labelled_placements", None)  # a libvirt host reads only the XML
+        if labelled is not None:
+            read = labelled()
+            return (host.topology(), {name: p for name, (p, _) in read.items()},
+                    {name: profile_from_labels(name, labels) for name, (_, labels) in read.items()})
         domains = host.domains()
-        live = {d.name: _floating(d, host.name) for d in domains}
+        return host.topology(), {d.name: _floating(d, host.name) for d in domains}, profiles_of(domains)
+
+    def _with_recorded(self, host: PlacingHost, live: dict[str, Placement]) -> list[Placement]:
+        """`live` plus the placements recorded for the host and not (yet) seen in libvirt."""
+        merged = dict(live)
         for recorded in self._store.occupied(host.name):
-            live.setdefault(recorded.guest, recorded)
-        return topology, list(live.values()), profiles_of(domains)
+            merged.setdefault(recorded.guest, recorded)
+        return list(merged.values())
 
     def _allocate(self, host: PlacingHost, spec: GuestSpec, topology: HostTopology, others: list[Placement],
                   profiles: dict[str, GuestProfile]) -> Placement:
@@ -124,8 +144,8 @@ class PlacementService:
 
     def plan(self, host: PlacingHost, spec: GuestSpec, base_xml: str | None = None) -> PlaceResult:
         """Dry run: the placement and XML vmplacer would use now; nothing is written."""
-        topology, others, profiles = self._occupied(host)
-        placement = self._allocate(host, spec, topology, others, profiles)
+        topology, live, profiles = self._read_host(host)
+        placement = self._allocate(host, spec, topology, self._with_recorded(host, live), profiles)
         return PlaceResult(placement, self._render(spec, placement, base_xml), "planned")
 
     def place(
@@ -137,33 +157,43 @@ class PlacementService:
         start: bool = False,
         actor_detail: dict[str, Any] | None = None,
     ) -> PlaceResult:
+        """Claim, render, define (and start); on any failure after the claim, undo it all.
+
+        The host lock covers only choosing the pCPUs and committing their claim. Reading
+        libvirt happens before it: every placement vmplacer made is in the store, which is
+        read inside the lock, so the claim is never planned on a stale view of vmplacer's
+        own work (and the claims' unique key keeps that true across instances). Rendering
+        and libvirt's define run after it: until they succeed, the committed claim keeps
+        the pCPUs from every other placement, and a failure forgets it."""
         if self._store.get(spec.name) is not None:
             from vmplacer.core.nofit import NoFit, NoFitReason
 
             raise NoFit(spec.name, host.name, [NoFitReason(
                 "name", "fleet", "a guest name not yet placed", f"guest {spec.name} is already placed")])
+        topology, live, profiles = self._read_host(host)
         with host_lock(host.name):
-            placement, xml, others, topology = self._claim(host, spec, base_xml)
+            placement = self._claim(host, spec, topology, live, profiles)
+        xml = self._render_claimed(spec, placement, base_xml)
+        try:
+            uuid = host.define(xml, spec.name)
+        except HypervisorError as exc:
+            self._store.forget(spec.name)
+            self._audit("define", "failed", host, spec, str(exc), actor_detail)
+            raise
+        state = "running" if start else "defined"
+        placed = {"action": "place", "outcome": "ok", "host": host.name, "guest": spec.name,
+                  "message": placement.describe_pinning(),
+                  "detail": {**(actor_detail or {}), "placement": placement.to_dict(), "state": state}}
+        self._store.set_state(spec.name, "defined", uuid, audit=None if start else placed)
+        if start:
             try:
-                uuid = host.define(xml, spec.name)
+                host.start(spec.name)
             except HypervisorError as exc:
-                self._store.forget(spec.name)
-                self._audit("define", "failed", host, spec, str(exc), actor_detail)
+                self._undo_define(host, spec.name)
+                self._audit("start", "failed", host, spec, str(exc), actor_detail)
                 raise
-            self._store.set_state(spec.name, "defined", uuid)
-            state = "defined"
-            if start:
-                try:
-                    host.start(spec.name)
-                except HypervisorError as exc:
-                    self._undo_define(host, spec.name)
-                    self._audit("start", "failed", host, spec, str(exc), actor_detail)
-                    raise
-                self._store.set_state(spec.name, "running", uuid)
-                state = "running"
-            narrowed = self._narrow_floating(host, topology, others + [placement])
-        self._audit("place", "ok", host, spec, placement.describe_pinning(),
-                    {**(actor_detail or {}), "placement": placement.to_dict(), "state": state})
+            self._store.set_state(spec.name, "running", uuid, audit=placed)
+        narrowed = self._narrow_floating(host, topology, live)
         return PlaceResult(placement, xml, state, uuid, narrowed)
 
     def reserve(self, host: PlacingHost, spec: GuestSpec, base_xml: str | None = None, *,
@@ -171,28 +201,42 @@ class PlacementService:
         """Claim the pCPUs and record the placement as `planned` without defining the
         domain: the caller defines it from the returned XML (an orchestrator that owns
         domain definition). The claimed pCPUs are exclusive from now on."""
+        topology, live, profiles = self._read_host(host)
         with host_lock(host.name):
-            placement, xml, others, topology = self._claim(host, spec, base_xml)
-            narrowed = self._narrow_floating(host, topology, others + [placement])
+            placement = self._claim(host, spec, topology, live, profiles)
+        xml = self._render_claimed(spec, placement, base_xml)
+        narrowed = self._narrow_floating(host, topology, live)
         self._audit("reserve", "ok", host, spec, placement.describe_pinning(),
                     {**(actor_detail or {}), "placement": placement.to_dict(), "state": "planned"})
         return PlaceResult(placement, xml, "planned", None, narrowed)
 
-    def _claim(self, host: PlacingHost, spec: GuestSpec, base_xml: str | None):
-        """Allocate and commit the claim; on a lost race, re-read the host and try again."""
+    def _claim(self, host: PlacingHost, spec: GuestSpec, topology: HostTopology,
+               live: dict[str, Placement], profiles: dict[str, GuestProfile]) -> Placement:
+        """Allocate and commit the claim (under the host lock); on a lost race (another
+        instance claimed first), re-read the host and try again."""
         last_conflict: ClaimConflict | None = None
-        for _ in range(MAX_CLAIM_ATTEMPTS):
-            topology, others, profiles = self._occupied(host)
+        for attempt in range(MAX_CLAIM_ATTEMPTS):
+            if attempt:
+                topology, live, profiles = self._read_host(host)
+            others = self._with_recorded(host, live)
             placement = self._allocate(host, spec, topology, others, profiles)
-            xml = self._render(spec, placement, base_xml)
             try:
                 self._store.record(host.name, host.uri, placement, spec.to_dict())
             except ClaimConflict as exc:
                 last_conflict = exc
                 continue
-            return placement, xml, others, topology
+            return placement
         assert last_conflict is not None
         raise last_conflict
+
+    def _render_claimed(self, spec: GuestSpec, placement: Placement, base_xml: str | None) -> str:
+        """The domain XML of a committed claim; a document that cannot be rendered (or that the
+        host's XML policy refuses) forgets the claim before the error goes on."""
+        try:
+            return self._render(spec, placement, base_xml)
+        except BaseException:
+            self._store.forget(spec.name)
+            raise
 
     def _undo_define(self, host: PlacingHost, guest: str) -> None:
         for step in (host.destroy, host.undefine):
@@ -203,27 +247,44 @@ class PlacementService:
         self._store.forget(guest)
 
     def _narrow_floating(self, host: PlacingHost, topology: HostTopology,
-                         placements: list[Placement]) -> list[str]:
+                         live: dict[str, Placement]) -> list[str]:
         """Floating (shared) vCPUs of defined domains leave pCPUs that became exclusive
-        (reservations without a domain yet get narrow pins when they are defined)."""
+        (reservations without a domain yet get narrow pins when they are defined).
+
+        Under the host lock, from `live` (read before the claim) and the store read now: every
+        exclusive claim vmplacer committed is in the store, and narrowing only ever takes
+        claimed pCPUs away, so a view of a domain older than another request's narrowing of it
+        never widens it back. Only the domains whose pins change are looked up."""
+        if not self._narrowings(topology, self._with_recorded(host, live)):
+            return []  # nothing floats on a claimed pCPU: the usual case, no lock needed
+        with host_lock(host.name):
+            placements = self._with_recorded(host, live)
+            before = {p.guest: p for p in placements}
+            narrowed = []
+            for after in self._narrowings(topology, placements):
+                if not _defined(host, after.guest):
+                    continue
+                old = before[after.guest]
+                try:
+                    for vcpu, cpus in after.vcpupin.items():
+                        if cpus and old.vcpupin.get(vcpu) != cpus:
+                            host.pin_vcpu(after.guest, vcpu, cpus)
+                    narrowed.append(after.guest)
+                    self._store.audit(action="narrow-shared-pins", outcome="ok", host=host.name,
+                                      guest=after.guest, message=after.describe_pinning())
+                except HypervisorError as exc:
+                    self._store.audit(action="narrow-shared-pins", outcome="failed", host=host.name,
+                                      guest=after.guest, message=str(exc))
+            return narrowed
+
+    @staticmethod
+    def _narrowings(topology: HostTopology, placements: list[Placement]) -> list[Placement]:
+        """The placements whose floating pins must leave pCPUs others claimed, narrowed."""
+        if not may_narrow(placements):
+            return []
         before = {p.guest: p for p in placements}
-        defined = {d.name for d in host.domains()}
-        narrowed = []
-        for after in refresh_shared_pins(topology, placements):
-            old = before.get(after.guest)
-            if after.guest not in defined or old is None or old.vcpupin == after.vcpupin:
-                continue
-            try:
-                for vcpu, cpus in after.vcpupin.items():
-                    if cpus and old.vcpupin.get(vcpu) != cpus:
-                        host.pin_vcpu(after.guest, vcpu, cpus)
-                narrowed.append(after.guest)
-                self._store.audit(action="narrow-shared-pins", outcome="ok", host=host.name,
-                                  guest=after.guest, message=after.describe_pinning())
-            except HypervisorError as exc:
-                self._store.audit(action="narrow-shared-pins", outcome="failed", host=host.name,
-                                  guest=after.guest, message=str(exc))
-        return narrowed
+        return [after for after in refresh_shared_pins(topology, placements)
+                if after.guest in before and before[after.guest].vcpupin != after.vcpupin]
 
     def remove(self, host: PlacingHost, guest: str, *, undefine: bool = True) -> str:
         """Forget a placement, by default destroying and undefining its domain first.

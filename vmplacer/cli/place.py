@@ -85,7 +85,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         except NoFit as exc:
             errors.append({"index": request.index, "guest": spec.name, "kind": "no-fit",
                            "message": str(exc), "reasons": [r.to_dict() for r in exc.reasons]})
-        except DomainXmlPolicyError as exc:  # the rendered XML, refused before any claim
+        except DomainXmlPolicyError as exc:  # the rendered XML, refused before libvirt saw it (claim undone)
             errors.append({"index": request.index, "guest": spec.name, "kind": "xml-policy",
                            "message": str(exc), "reasons": [v.to_dict() for v in exc.violations]})
         except DomainXmlError as exc:

@@ -694,6 +694,27 @@ def refresh_shared_pins(topology: HostTopology, placements: Sequence[Placement])
     return result
 
 
+def may_narrow(placements: Sequence[Placement]) -> bool:
+    """False only when `refresh_shared_pins` would return every placement unchanged: no
+    floating vCPU or emulator thread uses (or may use: empty pins) a pCPU someone else
+    owns. Placing checks this on every placement; it costs a pass over the pins instead
+    of building the host's usage."""
+    owned = [exclusive_of(p) for p in placements]
+    exclusive = frozenset().union(*owned)
+    if not exclusive:
+        return False
+    for placement, own in zip(placements, owned):
+        taken = exclusive - own
+        if not taken:
+            continue
+        if placement.emulatorpin & taken:
+            return True
+        for cpus in split_vcpus(placement)[1].values():
+            if not cpus or cpus & taken:
+                return True
+    return False
+
+
 def owners_disjoint(placements: Sequence[Placement]) -> list[str]:
     """Problems where a pCPU owned by one guest is used by another (empty list = consistent)."""
     problems = []

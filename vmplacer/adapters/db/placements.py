@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
+from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import delete, select
+from sqlalchemy import Text, cast, delete, select
 from sqlalchemy.orm import Session
 
 from vmplacer.adapters.db.models import CpuClaimRow, HostRow, PlacementRow, utcnow
@@ -15,17 +17,28 @@ from vmplacer.core.placement import Placement, placement_from_dict
 from vmplacer.ports import RecordedPlacement
 
 ACTIVE_STATES = ("planned", "defined", "running")
+PARSED_PLACEMENTS = 16384  # distinct stored placements kept built (a few KiB each at most)
 
 
 def placements_on_host(session: Session, host: str) -> list[Placement]:
-    """Placements recorded for `host` that still hold resources."""
-    rows = session.scalars(
-        select(PlacementRow)
+    """Placements recorded for `host` that still hold resources.
+
+    Every placement on a host reads this under the host's lock, so it reads the stored
+    JSON as text and builds each distinct text once: loading ORM rows and rebuilding
+    every placement cost ~50 us a row (8 ms at 170 guests), the query alone ~2 us."""
+    texts = session.scalars(
+        select(cast(PlacementRow.placement, Text))
         .join(HostRow)
         .where(HostRow.name == host, PlacementRow.state.in_(ACTIVE_STATES))
         .order_by(PlacementRow.id)
     )
-    return [placement_from_dict(row.placement) for row in rows]
+    return [_placement_from_json(text) for text in texts]
+
+
+@lru_cache(maxsize=PARSED_PLACEMENTS)
+def _placement_from_json(text: str) -> Placement:
+    """A stored placement, built once per distinct JSON text (placements are immutable)."""
+    return placement_from_dict(json.loads(text))
 
 
 def recorded_on_host(session: Session, host: str, now: datetime | None = None) -> list[RecordedPlacement]:
@@ -147,7 +160,12 @@ class SqlPlacementStore:
                     f"guest {placement.guest}: a pCPU or the name is already taken on host {host}"
                 ) from exc
 
-    def set_state(self, guest: str, state: str, domain_uuid: str | None = None) -> None:
+    def set_state(self, guest: str, state: str, domain_uuid: str | None = None, *,
+                  audit: dict[str, Any] | None = None) -> None:
+        """`audit`: the keyword arguments of `audit()`, written in the same transaction (one
+        commit instead of two on the path every placement takes)."""
+        from vmplacer.adapters.db.repositories import record_audit
+
         with self._sessions() as session:
             row = get_placement_row(session, guest)
             if row is None:
@@ -155,6 +173,9 @@ class SqlPlacementStore:
             row.state = state
             if domain_uuid:
                 row.domain_uuid = domain_uuid
+            if audit is not None:
+                record_audit(session, actor=self._actor, **{
+                    **audit, "detail": {**self._actor_detail, **(audit.get("detail") or {})}})
             session.commit()
 
     def forget(self, guest: str) -> None:

@@ -10,8 +10,9 @@ from fastapi import APIRouter, Query, Request
 from vmplacer.adapters.db.api import audit_entries
 from vmplacer.api.errors import COMMON_RESPONSES, ApiError
 from vmplacer.api.schemas import GUEST_NAME, HOST_NAME, AuditList
+from vmplacer.api.strict_json import StrictJsonRoute
 
-router = APIRouter(prefix="/v1/audit", tags=["audit"])
+router = APIRouter(prefix="/v1/audit", tags=["audit"], route_class=StrictJsonRoute)
 ISO_8601 = r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:?\d{2})?)?$"
 
 

@@ -12,8 +12,9 @@ from prometheus_client import CONTENT_TYPE_LATEST
 
 from vmplacer.api.errors import COMMON_RESPONSES
 from vmplacer.api.schemas import Health, Readiness, ReadyCheck
+from vmplacer.api.strict_json import StrictJsonRoute
 
-router = APIRouter(tags=["operations"])
+router = APIRouter(tags=["operations"], route_class=StrictJsonRoute)
 HOST_CHECK_TIMEOUT_S = 5.0
 
 

@@ -16,9 +16,10 @@ from vmplacer.api.leases import live_holders
 from vmplacer.api.errors import COMMON_RESPONSES, HOST_ERROR, NOT_FOUND, ApiError
 from vmplacer.api.actors import api_actor
 from vmplacer.api.schemas import HOST_NAME, HostList, HostView, MaintenanceRequest, MaintenanceView
+from vmplacer.api.strict_json import StrictJsonRoute
 from vmplacer.ports import HypervisorError
 
-router = APIRouter(prefix="/v1/hosts", tags=["hosts"])
+router = APIRouter(prefix="/v1/hosts", tags=["hosts"], route_class=StrictJsonRoute)
 
 
 def known_host(services: Any, name: str) -> None:

@@ -9,9 +9,10 @@ from fastapi import APIRouter, Path, Query, Request
 
 from vmplacer.api.errors import COMMON_RESPONSES, NOT_FOUND, ApiError
 from vmplacer.api.schemas import JobList, JobView
+from vmplacer.api.strict_json import StrictJsonRoute
 from vmplacer.ports import JobRecord
 
-router = APIRouter(prefix="/v1/jobs", tags=["jobs"])
+router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=StrictJsonRoute)
 JOB_ID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 
 

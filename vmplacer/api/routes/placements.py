@@ -20,10 +20,11 @@ from vmplacer.api.schemas import (
     PlacementView,
     Removed,
 )
+from vmplacer.api.strict_json import StrictJsonRoute
 from vmplacer.api.xml_policy import admit_base_xml, policy_refusal
 from vmplacer.core.guest import GuestSpec
 
-router = APIRouter(prefix="/v1/placements", tags=["placements"])
+router = APIRouter(prefix="/v1/placements", tags=["placements"], route_class=StrictJsonRoute)
 
 
 @router.post(
@@ -51,7 +52,7 @@ def create_placement(request: Request, body: PlacementRequest, response: Respons
         if body.dry_run:  # the dry-run renderer holds its XML to the policy too (services._render)
             return placer.plan(spec, hosts, base_xml).to_dict()
         outcome = placer.place(spec, hosts, base_xml, define=body.define, start=body.start, actor=actor.detail())
-    except DomainXmlPolicyError as exc:  # the rendered XML, refused before any claim
+    except DomainXmlPolicyError as exc:  # the rendered XML, refused before libvirt saw it (claim undone)
         raise policy_refusal(exc) from None
     response.status_code = 201
     response.headers["Location"] = f"/v1/placements/{spec.name}"

@@ -23,8 +23,9 @@ from vmplacer.api.schemas import (
     PlanState,
     PlanView,
 )
+from vmplacer.api.strict_json import StrictJsonRoute
 
-router = APIRouter(prefix="/v1/plans", tags=["plans"])
+router = APIRouter(prefix="/v1/plans", tags=["plans"], route_class=StrictJsonRoute)
 
 
 @router.post("", status_code=201, response_model=PlanView,

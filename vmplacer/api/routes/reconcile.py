@@ -19,8 +19,9 @@ from fastapi import APIRouter, Request
 from vmplacer.api.actors import acting_store, api_actor
 from vmplacer.api.errors import COMMON_RESPONSES, ApiError
 from vmplacer.api.schemas import ReconcileRequest, ReconcileView
+from vmplacer.api.strict_json import StrictJsonRoute
 
-router = APIRouter(prefix="/v1/reconcile", tags=["reconcile"])
+router = APIRouter(prefix="/v1/reconcile", tags=["reconcile"], route_class=StrictJsonRoute)
 
 
 @router.post("", response_model=ReconcileView,
