@@ -214,6 +214,7 @@ def plan_at_scale(hosts: int = 100, vms: int = 40, repeats: int = 3) -> dict:
         "objective_before": round(plan.objective_before, 3),
         "objective_after": round(plan.objective_after, 3),
         "model_observations": model.observations,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
 

@@ -11,12 +11,19 @@ import numpy as np
 import pytest
 
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
+from vmplacer.core import layout_sharing as sharing
 from vmplacer.core.interference import Exposure, InterferenceModel, Observation
 from vmplacer.core.layout_problem import OPTIMAL, brute_force
 from vmplacer.core.layout_sharing import fused, interchangeable, sharing_groups, solve_time_shared, without_sharing
 from vmplacer.core.placement import Placement
-from vmplacer.core.policies.rebalance import ClusterState, HostState, RebalanceSettings, _Search, describe_guest
-from vmplacer.core.policies.rebalance import plan_rebalance
+from vmplacer.core.policies.rebalance import (
+    ClusterState,
+    HostState,
+    RebalanceSettings,
+    _Search,
+    describe_guest,
+    plan_rebalance,
+)
 from vmplacer.core.policies.rebalance_exact import build_problem
 from vmplacer.core.topology import DistanceClass, uniform_topology
 
@@ -162,3 +169,20 @@ def test_no_time_sharing_when_every_guest_can_have_a_core():
     assert problem.violations(shared)  # two on one pCPU is outside this problem's space
     assert not replace(problem, max_shared=1).violations(shared)
     assert np.isclose(replace(problem, max_shared=1).time_share(shared)[:2], 0.5).all()
+
+
+def test_groups_beyond_the_cap_leave_the_answer_feasible_and_bounded(monkeypatch):
+    """A host with hundreds of possible groups is tried best ceiling first, up to the cap; groups that
+    leave the others no room are never tried. The answer says "feasible" and its bound still holds."""
+    rng = random.Random(5)
+    state = state_of([rng.choice("abc") for _ in range(6)], cores=2, seed=5)
+    problem = build_problem(_Search(state, random_model(5), RebalanceSettings(), None, {}, None), ["h0"])
+    best = brute_force(problem)
+    assert SOLVER.solve(without_sharing(problem), time_limit_s=5.0) is None  # six guests, four pCPUs
+    monkeypatch.setattr(sharing, "MAX_GROUPS", 1)
+    found = solve_time_shared(problem, SOLVER._solve, 5.0)
+    assert found is not None and not problem.violations(found.assignment)
+    assert found.objective <= best.objective + 1e-9 <= found.bound + 1e-5
+    fitting = [g for g in sharing_groups(problem) if len(g) == 3]  # a pair leaves five for three pCPUs
+    unpruned = [g for g in fitting if sharing.upper_bound(fused(problem, g)) > found.objective + 1e-9]
+    assert found.status == ("feasible" if len(unpruned) > 1 else OPTIMAL)

@@ -116,7 +116,8 @@ class CpSatLayoutSolver:
         solver.parameters.num_workers = self.workers
         solver.parameters.random_seed = self.seed
         solver.parameters.max_deterministic_time = max(0.01, time_limit_s)
-        solver.parameters.max_time_in_seconds = max(1.0, 10 * time_limit_s)  # a safety net: the deterministic limit rules
+        # a safety net only: the deterministic limit rules, so a loaded machine changes no answer
+        solver.parameters.max_time_in_seconds = max(1.0, 10 * time_limit_s)
         status = solver.solve(model)
         if status == cp_model.UNKNOWN:
             return LayoutSolution((), -math.inf, UNKNOWN, math.inf, time.perf_counter() - began, self.name)
