@@ -187,11 +187,12 @@ def starting_point(table: PairTable, case: Case) -> Start:
     placement: dict[str, tuple[str, int]] = {}
     topology = case.shape.topology(hosts[0])
     if case.start == "siblings":
-        # The seed's worst case: sibling threads of as few cores of the first host as possible
-        # (more VMs than pCPUs: round again from the first, time sharing).
+        # The seed's worst case: sibling threads of as few cores of the first host as possible.
         threads = [cpu for core in topology.cores for cpu in core.cpus]
-        for k, name in enumerate(names):
-            placement[name] = (hosts[0], threads[k % len(threads)])
+        if case.vms > len(threads):
+            raise ValueError(f"{case.vms} VMs do not fit the {len(threads)} pCPUs of one host")
+        for name, cpu in zip(names, threads):
+            placement[name] = (hosts[0], cpu)
     else:
         cpus = sorted(topology.cpus)
         placement_rng = random.Random(case.seed * 7919 + 1)
