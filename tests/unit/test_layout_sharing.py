@@ -169,6 +169,12 @@ def test_no_time_sharing_when_every_guest_can_have_a_core():
     assert problem.violations(shared)  # two on one pCPU is outside this problem's space
     assert not replace(problem, max_shared=1).violations(shared)
     assert np.isclose(replace(problem, max_shared=1).time_share(shared)[:2], 0.5).all()
+    three = [0, 0, 0]
+    assert not replace(problem, max_shared=1, share_group=3).violations(three)
+    assert replace(problem, max_shared=1, share_group=2).violations(three)
+    light = replace(problem, max_shared=1, share_group=3, item_load=np.full(problem.n_items, 0.4))
+    assert light.violations(three)  # 1.2 of a pCPU from guests that fit alone: not the sharing solved here
+    assert not light.sharing_items().any()
 
 
 def test_groups_beyond_the_cap_leave_the_answer_feasible_and_bounded(monkeypatch):

@@ -70,7 +70,7 @@ class LayoutProblem:
     origin_host: np.ndarray | None = None  # [G] host index now (−1: no items)
     move_cost: np.ndarray | None = None  # [G] objective paid when the guest's items leave its host
     hint: np.ndarray | None = None  # [I] slot per item (a known good layout)
-    shareable: np.ndarray | None = None  # [S] bool: two items of equal load may time-share it (None: none)
+    shareable: np.ndarray | None = None  # [S] bool: items of equal load may time-share it (None: none)
     item_time: np.ndarray | None = None  # [I] p of the item's guest per unit of the item's time (load / ideal)
     max_shared: int = 0  # how many slots may be time-shared (0: none; the solvers handle 0 and 1)
     share_group: int = 2  # at most this many items on a time-shared slot
@@ -179,12 +179,12 @@ class LayoutProblem:
 
     def time_shared(self, assignment: np.ndarray, slot: int) -> bool:
         """The one kind of time sharing the problem allows: up to `share_group` items of equal load
-        on a shareable slot."""
+        above half a pCPU (lighter ones fit without) on a shareable slot."""
         if self.max_shared < 1 or self.shareable is None or not self.shareable[slot]:
             return False
         on = np.flatnonzero(assignment == slot)
         loads = self.item_load[on]
-        return 2 <= len(on) <= self.share_group and float(np.ptp(loads)) < 1e-9
+        return 2 <= len(on) <= self.share_group and float(np.ptp(loads)) < 1e-9 and loads[0] > 0.5 + 1e-9
 
     def sharing_items(self) -> np.ndarray:
         """[I] bool: items that may time-share a slot (load above half a pCPU, else they fit without)."""
