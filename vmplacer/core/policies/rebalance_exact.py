@@ -10,15 +10,15 @@ any other move. Several small hosts are solved together (migrations included)
 when all their pCPUs together stay within the limit.
 
 The problem is exact for layouts where no pCPU is asked for more than its
-time, and for two equally loaded vCPUs time-sharing one pCPU no guest outside
-the problem is pinned to (each gets half of it, as the what-if has it): the
-solver's space, with at most one such pCPU (`SHARE_GROUP` vCPUs on it), and only where there are more
-vCPUs than cores (else a core of its own beats half a pCPU). On a full host
-with large sibling losses, two heavy guests on one pCPU with its sibling idle
-can beat any one-per-pCPU layout. Guests that stay where they are (floating, fixed,
-out of scope) count as load and as neighbours; whether their floating time
-shares change is left to the final evaluation, which always uses the search's
-own arithmetic.
+time, and for up to `SHARE_GROUP` equally loaded vCPUs time-sharing one pCPU
+no guest outside the problem is pinned to (each gets its share of it, as the
+what-if has it): the solver's space, with at most one such pCPU, and only
+where there are more vCPUs than cores (else a core of its own beats a share of
+a pCPU). On a full host with large sibling losses, heavy guests on one pCPU
+with its sibling idle can beat any one-per-pCPU layout. Guests that stay where
+they are (floating, fixed, out of scope) count as load and as neighbours;
+whether their floating time shares change is left to the final evaluation,
+which always uses the search's own arithmetic.
 """
 
 from __future__ import annotations
