@@ -214,6 +214,7 @@ def plan_at_scale(hosts: int = 100, vms: int = 40, repeats: int = 3) -> dict:
         "objective_before": round(plan.objective_before, 3),
         "objective_after": round(plan.objective_after, 3),
         "model_observations": model.observations,
+        "load_average": [round(x, 2) for x in os.getloadavg()],
     }
 
 
@@ -226,6 +227,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--matrix", action="append", help="only this pair file (a file name; repeatable)")
     args = parser.parse_args(argv)
     began = time.perf_counter()
+    load_before = os.getloadavg()
     shapes = [s for s in SHAPES if not args.shape or s[0] in args.shape]
     rows = run_cases(1 if args.quick else args.seeds, shapes, set(args.matrix or ()))
     scale = None if args.quick else plan_at_scale()
@@ -233,6 +235,9 @@ def main(argv: list[str] | None = None) -> int:
     verdicts = [r["vmplacer_vs_simple"]["verdict"] for r in rows]
     result = {
         "machine": machine(),
+        "load_average": {"start": [round(x, 2) for x in load_before],
+                         "end": [round(x, 2) for x in os.getloadavg()],
+                         "note": "1, 5 and 15 min load averages; the machine is shared with other work"},
         "cases": rows,
         "plan_100x40_s": None if scale is None else scale["median_s"],
         "plan_100x40": scale,

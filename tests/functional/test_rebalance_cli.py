@@ -199,6 +199,11 @@ def test_eval_rebalance_prints_one_case():
     assert row["matrix"] == "e7600_2core_pairs.csv" and row["start"] == "siblings"
     assert row["optimum"] is not None and row["none"] <= row["optimum"]
     assert set(row["per_vm"]["vmplacer"]) == {f"vm{i}" for i in range(row["vms"])}
+    # the optimum's layout is rebuilt so the model's rating of it can be compared with its own choice
+    assert set(row["model_objective"]) == {"none", "seed_policy", "blind_spread", "vmplacer", "optimum"}
+    cpus = [tuple(where) for where in row["optimum_found_by"]["layout"].values()]
+    assert row["time_shared_pcpus"]["optimum"] == sum(1 for c in set(cpus) if cpus.count(c) > 1)
+    assert row["time_shared_pcpus"]["none"] == 0  # four VMs on the siblings of two cores: one per pCPU
     code, _, err = vmplacer(None, "eval", "rebalance", "--pairs", str(E7600), "--shape", "1x2")
     assert code == 2 and "--shape" in err
     code, _, err = vmplacer(None, "eval", "rebalance", "--pairs", str(E7600), "--vms", "9")

@@ -7,7 +7,8 @@ direction the objective pushes against needs one). Each guest's performance is
 an integer-scaled affine expression; the concave utility is the minimum of its
 tangents (exact at the tangent points, above it in between — so the solver's
 bound stays a bound). One worker and a deterministic time limit: the same
-problem gives the same answer on any machine load.
+problem gives the same answer on any machine load. A problem that allows a
+time-shared pCPU is solved as several plain ones (core.layout_sharing).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ import time
 import numpy as np
 from ortools.sat.python import cp_model
 
-from vmplacer.core.layout_problem import FEASIBLE, OPTIMAL, LayoutProblem, LayoutSolution
+from vmplacer.core.layout_problem import FEASIBLE, OPTIMAL, UNKNOWN, LayoutProblem, LayoutSolution
+from vmplacer.core.layout_sharing import sharing_groups, solve_time_shared, without_sharing
 
 SCALE = 100_000  # performance units per 1.0 (one guest at full speed)
 SLOPE = 1_000  # resolution of the tangents' slopes
@@ -35,6 +37,14 @@ class CpSatLayoutSolver:
         self.seed = seed
 
     def solve(self, problem: LayoutProblem, *, time_limit_s: float) -> LayoutSolution | None:
+        """The best layout; with a time-shared slot allowed, as the best of plain problems (core.layout_sharing)."""
+        if problem.max_shared and sharing_groups(problem):
+            return solve_time_shared(problem, self._solve, time_limit_s)
+        found = self._solve(without_sharing(problem), time_limit_s)
+        return None if found is None or found.status == UNKNOWN else found
+
+    def _solve(self, problem: LayoutProblem, time_limit_s: float) -> LayoutSolution | None:
+        """A problem without time sharing; None when it has no layout, UNKNOWN when none was found in time."""
         began = time.perf_counter()
         model = cp_model.CpModel()
         n_items, n_slots, n_guests = problem.n_items, problem.n_slots, len(problem.guests)
@@ -48,6 +58,13 @@ class CpSatLayoutSolver:
             model.add_exactly_one(x[i, int(s)] for s in domain)
         self._capacity(model, problem, x)
         self._rules(model, problem, x)
+        for a, b in problem.same_slot:  # time-sharing partners: one pCPU
+            for s in range(n_slots):
+                va, vb = x.get((a, s)), x.get((b, s))
+                if va is not None and vb is not None:
+                    model.add(va == vb)
+                elif va is not None or vb is not None:
+                    model.add((va if va is not None else vb) == 0)
 
         perf = [_scaled(problem.base[g]) for g in range(n_guests)]
         terms: list[list[tuple[int, cp_model.IntVar]]] = [[] for _ in range(n_guests)]
@@ -87,6 +104,10 @@ class CpSatLayoutSolver:
         for g, var in moved.items():
             objective.append(-round(1000 * problem.move_cost[g] * SCALE) * var)
         model.maximize(sum(objective))
+        if problem.above > -math.inf:  # only layouts better than one known: a smaller search
+            slack = 1e-4 * (n_guests + 1)  # the rounding of scaled coefficients, as in the bound below
+            model.add(sum(objective) >= math.floor(
+                1000 * SCALE * (problem.above - slack - _constant(problem, terms, perf))))
         if problem.hint is not None:
             for (i, s), var in x.items():
                 model.add_hint(var, int(problem.hint[i] == s))
@@ -95,8 +116,11 @@ class CpSatLayoutSolver:
         solver.parameters.num_workers = self.workers
         solver.parameters.random_seed = self.seed
         solver.parameters.max_deterministic_time = max(0.01, time_limit_s)
-        solver.parameters.max_time_in_seconds = max(0.05, 4 * time_limit_s)
+        # a safety net only: the deterministic limit rules, so a loaded machine changes no answer
+        solver.parameters.max_time_in_seconds = max(1.0, 10 * time_limit_s)
         status = solver.solve(model)
+        if status == cp_model.UNKNOWN:
+            return LayoutSolution((), -math.inf, UNKNOWN, math.inf, time.perf_counter() - began, self.name)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return None
         assignment = tuple(next(s for s in np.flatnonzero(problem.allowed[i]) if solver.value(x[i, int(s)]))

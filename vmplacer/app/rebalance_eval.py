@@ -436,11 +436,38 @@ def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix:
     row["actions"] = actions
     row["workloads"] = dict(sorted(start.workloads.items()))
     row["model_observations"] = len(loop.observations)
+    layout = (how or {}).get("layout")
+    if layout:  # the optimum's layout, so the model's rating of it can be compared with its own choice
+        clusters["optimum"] = _laid_out(table, case, start, simulator, noise, layout)
+    row["time_shared_pcpus"] = {p: _time_shared(c) for p, c in clusters.items()}
     objectives = model_objectives(clusters, loop.model, settings)
     row["model_objective"] = objectives
     row["exact"] = _exact_summary(plans)
     row["vmplacer_vs_simple"] = verdict({p: row[p] for p in POLICIES}, objectives, plans, settings.min_gain)
     return row
+
+
+def _laid_out(table: PairTable, case: Case, start: Start, simulator: Simulator, noise: float,
+              layout: dict[str, Sequence[int]]) -> Any:
+    """A fresh cluster of the case with every VM pinned as `layout` says (vm → [host index, pCPU])."""
+    cluster = build(table, case, start, noise=noise, seed=case.seed, simulator=simulator)
+    where = {name: start.placement[name][0] for name in layout}
+    for name, (host_index, cpu) in sorted(layout.items()):
+        host = f"host{host_index}"
+        if where[name] != host:
+            cluster.hosts[where[name]].migrate(name, cluster.hosts[host])
+        cluster.hosts[host].pin_vcpu(name, 0, frozenset({cpu}))
+    return cluster
+
+
+def _time_shared(cluster: Any) -> int:
+    """pCPUs that more than one VM is pinned to alone (time sharing)."""
+    count = 0
+    for host in cluster.hosts.values():
+        pinned = [next(iter(d.placement.vcpupin[0])) for d in host.domains()
+                  if d.state == "running" and len(d.placement.vcpupin.get(0, ())) == 1]
+        count += sum(1 for c in set(pinned) if pinned.count(c) > 1)
+    return count
 
 
 def _exact_summary(plans: Sequence[Plan]) -> dict[str, int]:

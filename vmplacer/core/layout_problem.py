@@ -2,13 +2,19 @@
 
 The rebalancer's objective on a small host (or a few small hosts) is a
 quadratic assignment: each movable vCPU ("item") goes to one pCPU ("slot");
-every guest's predicted performance p_g is affine in the assignment —
+every guest's predicted performance is
 
-    p_g = max(0, base_g + Σ_i unary[i, s_i, g] + Σ_pairs Σ_levels together · pair[p, level, side])
+    p_g = max(0, base_g + Σ_i [f_i·unary[i, s_i, g] − (1 − f_i)·time_i]
+                          + Σ_pairs f_a·f_b·Σ_levels together · pair[p, level, side])
 
-— as long as no pCPU is asked for more than its time (then time shares do not
-depend on the layout; the capacity constraint keeps it so). `together` at a
-level means both items' slots are in one group of that level: levels are the
+where f_i is the share of its time item i gets: 1 while no pCPU is asked for
+more than its time; for k items of equal load time-sharing one pCPU no other
+guest is pinned to (a "shareable" slot), 1/(k·load_i) — throughput divided, no
+extra loss, as the search's what-if and the simulator have it. Time sharing
+cuts an item's own work and, as much, what it suffers from and causes to its
+neighbours, so heavy guests may do better on one pCPU than on two siblings.
+With no time sharing p_g is affine in the assignment. `together` at a level
+means both items' slots are in one group of that level: levels are the
 topology's nested groups (pCPU ⊂ core ⊂ L2 ⊂ LLC ⊂ node ⊂ host), so the
 interference of a pair is a sum of per-level increments. The objective is
 Σ_g w_g·u(p_g) − migration costs, with u(p) = p − φ·max(0, 1 − p)² (concave).
@@ -30,6 +36,7 @@ import numpy as np
 
 OPTIMAL = "optimal"
 FEASIBLE = "feasible"
+UNKNOWN = "unknown"  # no layout found in time (a plain solve inside a larger one; never returned to callers)
 
 
 @dataclass(frozen=True, eq=False)
@@ -63,6 +70,12 @@ class LayoutProblem:
     origin_host: np.ndarray | None = None  # [G] host index now (−1: no items)
     move_cost: np.ndarray | None = None  # [G] objective paid when the guest's items leave its host
     hint: np.ndarray | None = None  # [I] slot per item (a known good layout)
+    shareable: np.ndarray | None = None  # [S] bool: items of equal load may time-share it (None: none)
+    item_time: np.ndarray | None = None  # [I] p of the item's guest per unit of the item's time (load / ideal)
+    max_shared: int = 0  # how many slots may be time-shared (0: none; the solvers handle 0 and 1)
+    share_group: int = 2  # at most this many items on a time-shared slot
+    same_slot: tuple[tuple[int, int], ...] = ()  # item pairs that must sit on one slot
+    above: float = -math.inf  # solvers may ignore layouts whose objective is not above this
     approximate: bool = False  # time shares of guests outside the problem may still change
 
     @property
@@ -74,17 +87,28 @@ class LayoutProblem:
         return len(self.slots)
 
     # ----- evaluation ---------------------------------------------------------------------
+    def time_share(self, assignment: Sequence[int]) -> np.ndarray:
+        """[I] share of its time each item gets: its pCPU's time divided as the what-if divides it."""
+        s = np.asarray(assignment, dtype=np.int64)
+        used = np.bincount(s, weights=self.item_load, minlength=self.n_slots)
+        asked = 1.0 - self.capacity + used  # pinned guests outside the problem + items
+        return np.minimum(1.0, 1.0 / np.maximum(asked[s], 1e-12))
+
     def performance(self, assignment: Sequence[int]) -> np.ndarray:
         """p_g of every guest for `assignment` (item → slot); never below 0 (as the search has it)."""
         s = np.asarray(assignment, dtype=np.int64)
         p = self.base.copy()
+        share = self.time_share(s) if self.n_items else np.ones(0)
         if self.n_items:
-            p += self.unary[np.arange(self.n_items), s].sum(axis=0)
+            p += (self.unary[np.arange(self.n_items), s] * share[:, None]).sum(axis=0)
+            if self.item_time is not None:
+                np.add.at(p, self.item_guest, (share - 1.0) * self.item_time)
         if len(self.pairs):
             a, b = s[self.pairs[:, 0]], s[self.pairs[:, 1]]
             together = self.levels[:, a] == self.levels[:, b]  # [L, P]
-            first = (self.pair_effect[:, :, 0] * together.T).sum(axis=1)
-            second = (self.pair_effect[:, :, 1] * together.T).sum(axis=1)
+            both = share[self.pairs[:, 0]] * share[self.pairs[:, 1]]
+            first = (self.pair_effect[:, :, 0] * together.T).sum(axis=1) * both
+            second = (self.pair_effect[:, :, 1] * together.T).sum(axis=1) * both
             np.add.at(p, self.item_guest[self.pairs[:, 0]], first)
             np.add.at(p, self.item_guest[self.pairs[:, 1]], second)
         return np.maximum(p, 0.0)
@@ -117,8 +141,17 @@ class LayoutProblem:
             if not self.allowed[item, slot]:
                 problems.append(f"{self.items[item]} may not go to {self.slots[slot]}")
         used = np.bincount(s, weights=self.item_load, minlength=self.n_slots)
+        shared = 0
         for slot in np.flatnonzero(used > self.capacity + 1e-9):
-            problems.append(f"{self.slots[slot]} asked for {used[slot]:.2f} of {self.capacity[slot]:.2f}")
+            if self.time_shared(s, int(slot)):
+                shared += 1
+            else:
+                problems.append(f"{self.slots[slot]} asked for {used[slot]:.2f} of {self.capacity[slot]:.2f}")
+        if shared > self.max_shared:
+            problems.append(f"{shared} time-shared pCPUs, at most {self.max_shared}")
+        for a, b in self.same_slot:
+            if s[a] != s[b]:
+                problems.append(f"{self.items[a]} and {self.items[b]} must share one pCPU")
         if self.exclusive is not None:
             for item in np.flatnonzero(self.exclusive):
                 if np.count_nonzero(s == s[item]) > 1:
@@ -143,6 +176,24 @@ class LayoutProblem:
         for g in np.flatnonzero(p < self.floor - 1e-9):
             problems.append(f"{self.guests[g]} below its floor ({p[g]:.3f} < {self.floor[g]:.3f})")
         return problems
+
+    def time_shared(self, assignment: np.ndarray, slot: int) -> bool:
+        """The one kind of time sharing the problem allows: up to `share_group` items of equal load
+        above half a pCPU (lighter ones fit without) on a shareable slot."""
+        if self.max_shared < 1 or self.shareable is None or not self.shareable[slot]:
+            return False
+        on = np.flatnonzero(assignment == slot)
+        loads = self.item_load[on]
+        return 2 <= len(on) <= self.share_group and float(np.ptp(loads)) < 1e-9 and loads[0] > 0.5 + 1e-9
+
+    def sharing_items(self) -> np.ndarray:
+        """[I] bool: items that may time-share a slot (load above half a pCPU, else they fit without)."""
+        if self.max_shared < 1 or self.shareable is None or not self.shareable.any():
+            return np.zeros(self.n_items, dtype=bool)
+        result = (self.item_load > 0.5 + 1e-9) & (self.allowed & self.shareable[None, :]).any(axis=1)
+        if self.exclusive is not None:
+            result &= ~self.exclusive
+        return result
 
     def layouts(self) -> int:
         """How many assignments brute force would enumerate."""

@@ -10,10 +10,15 @@ any other move. Several small hosts are solved together (migrations included)
 when all their pCPUs together stay within the limit.
 
 The problem is exact for layouts where no pCPU is asked for more than its
-time: the solver's space. Guests that stay where they are (floating, fixed,
-out of scope) count as load and as neighbours; whether their floating time
-shares change is left to the final evaluation, which always uses the search's
-own arithmetic.
+time, and for up to `SHARE_GROUP` equally loaded vCPUs time-sharing one pCPU
+no guest outside the problem is pinned to (each gets its share of it, as the
+what-if has it): the solver's space, with at most one such pCPU, and only
+where there are more vCPUs than cores (else a core of its own beats a share of
+a pCPU). On a full host with large sibling losses, heavy guests on one pCPU
+with its sibling idle can beat any one-per-pCPU layout. Guests that stay where
+they are (floating, fixed, out of scope) count as load and as neighbours;
+whether their floating time shares change is left to the final evaluation,
+which always uses the search's own arithmetic.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from vmplacer.core.policies.rebalance_layout import _Host, _locality_nodes
 from vmplacer.core.policies.rebalance_state import EXCLUSIVE, PINNED, GuestState
 
 _RANKS = 6  # same-cpu … remote-node (DistanceClass.rank); rank 5 holds every pCPU pair of one host
+SHARE_GROUP = 3  # at most this many vCPUs on the one time-shared pCPU an exact layout may have
 
 
 class NotExact(Exception):
@@ -211,11 +217,13 @@ def build_problem(search, host_names: Sequence[str]) -> LayoutProblem:
                 if slots[s][1] in cpus and capacity[s] + 1e-9 >= load[i]:
                     allowed[i, s] = True
         if not allowed[i].any():
-            raise NotExact(f"{name} vCPU {vcpu}: no pCPU it may take without time sharing")
+            raise NotExact(f"{name} vCPU {vcpu}: no pCPU it may take")
 
-    if load.sum() > capacity.sum() + 1e-9:
+    shareable = capacity >= 1.0 - 1e-9  # no pinned guest outside the problem: time sharing is exact there
+    room = capacity.sum() + (SHARE_GROUP - 1.0 if shareable.any() else 0.0)  # one time-shared pCPU
+    if load.sum() > room + 1e-9:
         raise NotExact(f"the guests ask for {load.sum():.1f} pCPUs of the {capacity.sum():.1f} free: "
-                       "no layout without time sharing")
+                       "no layout with at most one time-shared pCPU")
 
     # ----- item ↔ fixed interference: the unary terms
     unary = np.zeros((n_items, n_slots, n_guests))
@@ -279,6 +287,8 @@ def build_problem(search, host_names: Sequence[str]) -> LayoutProblem:
                           dtype=np.int64)
     apart = tuple(sorted({tuple(sorted((g_index[a], g_index[b]))) for a in item_guests for b in refused[a]
                           if b in g_index and b in item_guests and b != a}))
+    # time sharing can only pay when some guests must share a core anyway (more vCPUs than cores)
+    max_shared = int(n_items > len(set(core_group[shareable].tolist())) and shareable.any())
     origin_host = np.full(n_guests, -1, dtype=np.int64)
     for name, k in origin.items():
         origin_host[g_index[name]] = k
@@ -294,7 +304,8 @@ def build_problem(search, host_names: Sequence[str]) -> LayoutProblem:
         isolate=isolate, core_group=core_group, node_group=node_group, apart=apart, slot_host=slot_host_a,
         origin_host=origin_host, move_cost=move_cost,
         hint=np.array(hint, dtype=np.int64) if min(hint, default=0) >= 0 else None,
-        approximate=approximate,
+        approximate=approximate, shareable=shareable, max_shared=max_shared, share_group=SHARE_GROUP,
+        item_time=np.array([load[i] / ideal[item_guest[i]] for i in range(n_items)], dtype=float),
     )
 
 

@@ -812,7 +812,7 @@ class _Search:
                 continue
             report.update(items=problem.n_items, slots=problem.n_slots, approximate=problem.approximate)
             if solution is None:
-                report.update(status="no solution", why="no layout without time sharing keeps every rule")
+                report.update(status="no solution", why="no layout (at most one time-shared pCPU) keeps every rule")
                 continue
             budget -= solution.seconds
             report.update(solution.to_dict())
