@@ -81,7 +81,7 @@ def test_place_defines_and_starts_what_it_planned(testbed, host1_conn, tmp_path)
             (name, "running", sorted(set().union(*planned.values())))]
         # placing it again is refused by name, nothing changes on the host
         again = _vmplacer(config, "place", "--request", str(request), "--format", "json")
-        assert again.returncode == 1
+        assert again.returncode == 3  # a NoFit (already placed)
         assert "already placed" in json.loads(again.stdout)["errors"][0]["message"]
         assert host1_conn.lookupByName(name).isActive()
     finally:
@@ -106,7 +106,7 @@ def test_concurrent_place_calls_never_double_book(testbed, host1_conn, tmp_path)
         placed = []
         for code, out, err in outcomes:
             data = json.loads(out)
-            assert code in (0, 1), err
+            assert code in (0, 1, 3), err  # 1: a lost claim race, 3: no fit
             placed.extend(data["placements"])
             for error in data["errors"]:
                 assert error["kind"] in ("no-fit", "conflict"), error
