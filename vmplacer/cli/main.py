@@ -29,6 +29,7 @@ COMMAND_MODULES = (
     "vmplacer.cli.guard",
     "vmplacer.cli.rebalance",
     "vmplacer.cli.reconcile",
+    "vmplacer.cli.protect",
     "vmplacer.cli.model",
     "vmplacer.cli.eval",
     "vmplacer.cli.serve",
