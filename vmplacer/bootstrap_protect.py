@@ -67,7 +67,7 @@ def build_protect_loop(container: Container, host_name: str, *, scope: Sequence[
             if name in names and vm.zeta and vm.zeta_b and statistics.median(vm.zeta_b) > 0:
                 ratios[name] = min(1.0, statistics.median(vm.zeta) / statistics.median(vm.zeta_b))
         wall = time.monotonic() - started
-        return Measurement(ratios, result.frozen_s / wall if wall > 0 else 0.0, wall)
+        return Measurement(ratios, result.frozen_s, wall)
 
     def propose(host: str):  # type: ignore[no-untyped-def]
         return rebalancer.make_plan([host])

@@ -38,8 +38,8 @@ class Measurement:
     """What one Freeze'nSense round gave: ζ/ζb per protected guest and the freeze overhead."""
 
     ratios: Mapping[str, float]
-    frozen_share: float = 0.0  # share of the round's wall time the neighbours were frozen
-    wall_s: float = 0.0
+    frozen_s: float = 0.0  # how long the neighbours were frozen in this round
+    wall_s: float = 0.0  # how long the measurement took
 
 
 @dataclass
@@ -52,6 +52,7 @@ class RoundReport:
     measurement: Measurement | None = None
     notes: list[str] = field(default_factory=list)
     shares: dict[str, float] = field(default_factory=dict)  # throttleable guest -> share after the round
+    overhead: float = 0.0  # neighbours' frozen time over the loop's wall time since it started
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -61,7 +62,8 @@ class RoundReport:
                        "share_after": round(s.after.share, 4), "protects": s.protects, "reason": s.reason}
                       for s in self.decision.steps],
             "plan": self.plan, "proposed_plan": self.proposed_plan,
-            "freeze_overhead": None if self.measurement is None else round(self.measurement.frozen_share, 5),
+            "frozen_ms": 0.0 if self.measurement is None else round(self.measurement.frozen_s * 1e3, 2),
+            "freeze_overhead": round(self.overhead, 5),
             "shares": {k: round(v, 4) for k, v in self.shares.items()},
             "notes": list(self.notes),
         }
@@ -101,9 +103,13 @@ class ProtectLoop:
         self.calm: dict[str, int] = {}
         self._proposed_at: float | None = None
         self._topology: HostTopology | None = None
+        self._frozen_s = 0.0
+        self._started: float | None = None
 
     # ----- one round --------------------------------------------------------------------------
     def round(self) -> RoundReport:
+        if self._started is None:
+            self._started = self.clock.now()
         notes: list[str] = []
         guests = self._observe(notes)
         protected = [g.name for g in guests if g.protection.protected and g.running]
@@ -127,6 +133,10 @@ class ProtectLoop:
         if decision.cannot_hold:
             report.proposed_plan = self._propose(notes)
         report.shares = self._shares(guests, notes)
+        if measurement is not None:
+            self._frozen_s += measurement.frozen_s
+        elapsed = self.clock.now() - self._started
+        report.overhead = self._frozen_s / elapsed if elapsed > 0 else 0.0
         return report
 
     def run(self, *, interval_s: float, rounds: int | None = None,

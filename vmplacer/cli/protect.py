@@ -116,8 +116,8 @@ def _print(args: argparse.Namespace, data: dict[str, Any]) -> None:
               f"({step['reason']})")
     if data["plan"]:
         print(f"  plan {data['plan']['id']}: {data['plan']['state']}")
-    if data["freeze_overhead"] is not None:
-        print(f"  freeze overhead this round: {data['freeze_overhead'] * 100:.2f} % of the round")
+    print(f"  neighbours frozen {data['frozen_ms']:.0f} ms this round; since start "
+          f"{data['freeze_overhead'] * 100:.2f} % of the time")
     for note in data["notes"]:
         sys.stderr.write(f"note: {note}\n")
     sys.stdout.flush()

@@ -238,11 +238,12 @@ def _throttle_for(victim: GuestView, floor: float, ratio: float, by_name: Mappin
                            f"(one step predicted +{gain:.3f})", gain)
         return Verdict(victim.name, floor, ratio, "below",
                        f"ζ/ζb {ratio:.2f} below floor {floor:.2f}: throttling {name} to share {target:.2f}")
-    hurting = sorted(name for name, gain in gains.items() if gain >= settings.min_gain)
-    at_min = ", ".join(hurting) or "none found"
+    at_min = ", ".join(sorted(
+        g.name for g in by_name.values() if g.name != victim.name and g.running and g.protection.throttleable
+        and g.bandwidth.share <= (g.protection.min_share or 1.0) + SHARE_EPSILON)) or "none"
     return Verdict(victim.name, floor, ratio, "cannot-hold",
                    f"ζ/ζb {ratio:.2f} below floor {floor:.2f} and no throttleable neighbour left above its minimum "
-                   f"share (antagonists at their minimum: {at_min}): throttling cannot hold the floor — "
+                   f"share (at their minimum: {at_min}): throttling cannot hold the floor — "
                    "rebalance (repin or migrate) instead")
 
 
