@@ -43,7 +43,7 @@ def _label(conn, name: str, labels: dict[str, str], workload_class: str) -> None
         libvirt.VIR_DOMAIN_METADATA_ELEMENT,
         f'<placement xmlns="{NAMESPACE}" version="1"><workload_class>{workload_class}</workload_class>'
         f'<labels>{items}</labels></placement>', "vmplacer", NAMESPACE,
-        libvirt.VIR_DOMAIN_AFFECT_LIVE | libvirt.VIR_DOMAIN_AFFECT_CONFIG)
+        libvirt.VIR_DOMAIN_AFFECT_CONFIG)  # before the start: the live XML takes it from here
 
 
 def _rate(console: Path, seconds: float = 1.0) -> float:

@@ -105,3 +105,29 @@ def test_a_restarted_loop_releases_throttles_whose_reason_is_gone(db):
     report = restarted.round()
     assert "no longer on this host" in report.decision.steps[0].reason
     assert not host.cpu_bandwidth("batch").limited and SqlThrottleLedger(db).current() == []
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL: nothing after the raise runs (no except clause catches it)."""
+
+
+@pytest.mark.parametrize("landed", [False, True], ids=["before-libvirt-changed", "after-libvirt-changed"])
+def test_a_loop_killed_mid_throttle_leaves_no_throttle_without_a_reason(db, landed):
+    sim = cluster(("batch", {MIN_SHARE_LABEL: "0.2"}))
+    host = sim.hosts["h1"]
+    real_set = host.set_cpu_bandwidth
+
+    def dies(name, bandwidth):
+        if landed:
+            real_set(name, bandwidth)
+        raise Killed()
+
+    host.set_cpu_bandwidth = dies  # type: ignore[method-assign]
+    with pytest.raises(Killed):
+        loop(sim, db).round()
+    host.set_cpu_bandwidth = real_set  # type: ignore[method-assign]
+    (record,) = SqlThrottleLedger(db).current()  # the intent was recorded before libvirt was asked
+    assert record.protects == "web" and host.cpu_bandwidth("batch").limited == landed
+    host.suspend("web")  # the reason goes away while no loop runs
+    loop(sim, db).round()  # the restarted loop
+    assert not host.cpu_bandwidth("batch").limited and SqlThrottleLedger(db).current() == []

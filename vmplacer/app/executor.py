@@ -211,6 +211,10 @@ class Executor:
             return self._finish(plan, action.moved_to("succeeded", "already in the target state"), record=True)
         action = action.moved_to("running")
         self._store(plan, action, started=True)
+        if action.kind == "throttle":
+            # Intent first (like the freeze journal): a process killed between libvirt's change and
+            # the record must not leave a throttle nobody knows the reason of.
+            self._note_throttle(plan, action, action.bandwidth_after)
         try:
             self._with_retries(action, lambda: self.execute(action))
             problem = self.verify(action)
@@ -227,7 +231,7 @@ class Executor:
     def _finish(self, plan: Plan, action: Action, record: bool = False) -> Plan:
         if record and action.state == "succeeded" and action.after is not None:
             self._record_placement(plan, action)
-        if action.kind in BANDWIDTH_KINDS and action.state in ("succeeded", "rolled_back"):
+        if action.kind in BANDWIDTH_KINDS and action.state in ("succeeded", "rolled_back", "failed"):
             self._note_throttle(plan, action)
         self._store(plan, action, finished=True)
         outcome = {"succeeded": "ok", "skipped": "skipped", "failed": "failed",
@@ -576,12 +580,14 @@ class Executor:
             after = replace(action.before, host=action.target_host) if action.before else after
         self._record(plan, [after])
 
-    def _note_throttle(self, plan: Plan, action: Action) -> None:
-        """Keep the throttle ledger true: the bandwidth this action left the guest with, and why."""
+    def _note_throttle(self, plan: Plan, action: Action, left: CpuBandwidth | None = None) -> None:
+        """Keep the throttle ledger true: the bandwidth this action left (or is about to leave) the
+        guest with, and why."""
         if self.throttles is None:
             return
         assert action.guest is not None
-        left = action.bandwidth_after if action.state == "succeeded" else action.bandwidth_before
+        if left is None:
+            left = action.bandwidth_after if action.state == "succeeded" else action.bandwidth_before
         original = action.parameters.get("bandwidth_original") or action.parameters["bandwidth_before"]
         assert left is not None
         try:

@@ -28,7 +28,15 @@ from vmplacer.core.plan import Plan
 from vmplacer.core.protect import Decision, GuestView, LoopSettings, Throttle, attribute, decide, plan_of
 from vmplacer.core.protection import ProtectionDefaults, protection_of
 from vmplacer.core.topology import HostTopology
-from vmplacer.ports import WORKLOAD_CLASS_LABEL, Clock, DomainFacts, HypervisorError, PlanStore, ThrottleLedger
+from vmplacer.ports import (
+    WORKLOAD_CLASS_LABEL,
+    Clock,
+    DomainFacts,
+    HypervisorError,
+    PlanStore,
+    ThrottleLedger,
+    ThrottleRecord,
+)
 
 log = logging.getLogger(__name__)
 
@@ -116,7 +124,7 @@ class ProtectLoop:
         measurement = self.measure(protected) if protected else None
         if measurement is not None:
             guests = [_with_ratio(g, measurement.ratios.get(g.name)) for g in guests]
-        records = self.ledger.current(self.host.name)
+        records = self._forget_lifted(self.ledger.current(self.host.name), guests)
         throttles = [Throttle(r.guest, r.bandwidth, r.original, r.protects) for r in records]
         gains = self._gains(guests)
         decision = decide(guests, throttles, gains, self.settings, self.calm)
@@ -183,6 +191,19 @@ class ProtectLoop:
             guests.append(GuestView(domain.name, protection, running, bandwidth, cpus or None,
                                     workload_class=labels.get(WORKLOAD_CLASS_LABEL, "unknown")))
         return guests
+
+    def _forget_lifted(self, records: list[ThrottleRecord], guests: Sequence[GuestView]) -> list[ThrottleRecord]:
+        """Ledger rows of guests libvirt shows unthrottled (a throttle recorded before a process
+        died, whose change never landed) are dropped: nothing is left to release."""
+        live = {g.name: g.bandwidth for g in guests if g.running}
+        kept = []
+        for record in records:
+            if record.guest in live and not live[record.guest].limited:
+                self.ledger.note(self.host.name, record.guest, live[record.guest], record.original,
+                                 protects=record.protects, reason="libvirt shows it unthrottled")
+                continue
+            kept.append(record)
+        return kept
 
     def _facts(self, names: list[str]) -> Mapping[str, DomainFacts]:
         read = getattr(self.host, "domain_facts", None)
