@@ -40,3 +40,30 @@ def test_one_round_on_the_test_driver(tmp_path):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["host"] == "default" and report["verdicts"] == [] and report["steps"] == []
     assert any("CPU bandwidth unreadable" in note and "not supported" in note for note in report["notes"])
+
+
+def test_the_loop_needs_a_host(tmp_path):
+    result = run(tmp_path, "--once")
+    assert result.returncode == 2 and "--host: required" in result.stderr
+
+
+def test_status_lists_the_ledger(tmp_path):
+    from vmplacer.adapters.db import migrate
+    from vmplacer.adapters.db.engine import make_engine, make_session_factory
+    from vmplacer.adapters.db.throttles import SqlThrottleLedger
+    from vmplacer.core.bandwidth import CpuBandwidth, throttled_to
+
+    url = f"sqlite:///{tmp_path / 'vmplacer.db'}"
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    SqlThrottleLedger(make_session_factory(engine)).note("default", "test", throttled_to(0.4), CpuBandwidth(),
+                                                         protects="web", plan_id=3)
+    engine.dispose()
+    empty = run(tmp_path, "status", "--host", "default", "--format", "json")
+    assert empty.returncode == 0, empty.stderr
+    (row,) = json.loads(empty.stdout)
+    assert (row["guest"], row["share"], row["protects"], row["plan_id"]) == ("test", 0.4, "web", 3)
+    assert "not supported" in row["live_share"]  # the test driver has no CPU bandwidth control
+    table = run(tmp_path, "status")
+    assert table.returncode == 0 and "throttles vmplacer set" in table.stdout and "web" in table.stdout
+    assert run(tmp_path, "status", "--host", "nope").returncode == 2

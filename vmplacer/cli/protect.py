@@ -2,11 +2,13 @@
 
     vmplacer protect --host H [--once | --rounds N] [--interval 2s] [--scope GLOB ...]
                      [--samples N] [--t-m-ms MS] [--format table|json]
+    vmplacer protect status [--host H] [--format table|json]
 
 Runs in the foreground (systemd/vmplacer-protect@.service runs it per host). Each round profiles
 the protected guests with short Freeze'nSense rounds, asks the interference model who costs them
 their performance, and throttles or releases throttleable neighbours one step through a stored
-plan (shown by `vmplacer plans`). Policy and limits: docs/protect.md. Exit codes: 0 done
+plan (shown by `vmplacer plans`). `status` lists the throttles in force that vmplacer set (the
+throttle ledger) with the share libvirt shows now. Policy and limits: docs/protect.md. Exit codes: 0 done
 (or stopped by a signal); 1 the host or the database failed; 2 bad input.
 """
 
@@ -38,7 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "headroom, release at once when it stops. A floor throttling cannot hold is reported with a "
         "proposed rebalance plan. See docs/protect.md.",
     )
-    parser.add_argument("--host", required=True, metavar="NAME", help="the configured host to protect on")
+    parser.add_argument("what", nargs="?", choices=("status",), help="status: the throttles in force, no loop")
+    parser.add_argument("--host", metavar="NAME", help="the configured host to protect on (required for the loop; "
+                        "status: only this host)")
     runs = parser.add_mutually_exclusive_group()
     runs.add_argument("--once", action="store_true", help="one round, then exit")
     runs.add_argument("--rounds", type=int, metavar="N", help="this many rounds, then exit (default: until stopped)")
@@ -60,6 +64,10 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
 
     from vmplacer.ports import HypervisorError
 
+    if args.what == "status":
+        return _status(args, ctx)
+    if args.host is None:
+        raise UsageError("--host: required (the loop protects one host; `vmplacer protect status` lists all)")
     if args.host not in [h.name for h in ctx.settings.hosts]:
         known = ", ".join(h.name for h in ctx.settings.hosts)
         raise UsageError(f"--host {args.host!r}: not a configured host (configured: {known})")
@@ -98,6 +106,40 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         raise OperationalError(str(exc)) from None
     except SQLAlchemyError as exc:
         raise OperationalError(f"database: {exc}") from None
+    return EXIT_OK
+
+
+def _status(args: argparse.Namespace, ctx: CliContext) -> int:
+    from sqlalchemy.exc import SQLAlchemyError
+
+    from vmplacer.adapters.db.throttles import SqlThrottleLedger
+    from vmplacer.cli.common import emit, print_table
+    from vmplacer.ports import HypervisorError
+
+    known = [h.name for h in ctx.settings.hosts]
+    if args.host is not None and args.host not in known:
+        raise UsageError(f"--host {args.host!r}: not a configured host (configured: {', '.join(known)})")
+    try:
+        ctx.container.upgrade_database()
+        records = SqlThrottleLedger(ctx.container.sessions).current(args.host)
+    except SQLAlchemyError as exc:
+        raise OperationalError(f"database: {exc}") from None
+    rows = []
+    for record in records:
+        try:
+            live: float | str = ctx.container.hypervisor(record.host).cpu_bandwidth(record.guest).share
+        except (HypervisorError, ValueError) as exc:
+            live = f"unreadable: {exc}"
+        rows.append({"host": record.host, "guest": record.guest, "share": round(record.bandwidth.share, 4),
+                     "live_share": round(live, 4) if isinstance(live, float) else live,
+                     "original_share": round(record.original.share, 4), "protects": record.protects,
+                     "age_s": round(record.age_s, 1), "plan_id": record.plan_id, "reason": record.reason})
+    emit(args, rows, lambda data: print_table(
+        "throttles vmplacer set" + ("" if data else ": none"),
+        ("host", "guest", "share", "libvirt shows", "before", "protects", "age", "plan"),
+        [(r["host"], r["guest"], f"{r['share']:.2f}", r["live_share"] if isinstance(r["live_share"], str)
+          else f"{r['live_share']:.2f}", f"{r['original_share']:.2f}", r["protects"], f"{r['age_s']:.0f} s",
+          r["plan_id"] or "") for r in data]))
     return EXIT_OK
 
 
