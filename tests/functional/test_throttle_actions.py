@@ -192,3 +192,16 @@ def test_reconcile_reports_throttles_gone_changed_and_not_ours(sim, db):
     kinds = {t["guest"]: t["kind"] for t in report["hosts"][0]["throttles"]}
     assert kinds == {"other": "throttle-unrecorded", "batch": "throttle-gone"}
     assert host.cpu_bandwidth("other").share == pytest.approx(0.3)  # reported, never changed
+
+
+def test_metrics_show_each_throttle_and_whom_it_protects(sim, db):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from vmplacer.api.metrics import _DatabaseGauges, throttle_gauges
+
+    apply(sim, db, action("throttle", UNLIMITED, throttled_to(0.25)))
+    registry = CollectorRegistry()
+    registry.register(_DatabaseGauges([throttle_gauges(SqlThrottleLedger(db).current)]))
+    text = generate_latest(registry).decode()
+    assert 'vmplacer_throttle_share{guest="batch",host="h1",protects="web"} 0.25' in text
+    assert 'vmplacer_throttle_age_seconds{guest="batch",host="h1",protects="web"}' in text
