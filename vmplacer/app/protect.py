@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vmplacer.core.bandwidth import CpuBandwidth
@@ -248,6 +248,4 @@ class ProtectLoop:
 
 
 def _with_ratio(guest: GuestView, ratio: float | None) -> GuestView:
-    from dataclasses import replace
-
     return replace(guest, ratio=ratio) if ratio is not None else guest

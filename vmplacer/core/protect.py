@@ -180,28 +180,36 @@ def decide(guests: Sequence[GuestView], throttles: Iterable[Throttle], gains: Ma
                                           settings, steps))
         elif ratio > floor + settings.release_margin:
             count = calm.get(victim.name, 0) + 1
+            step = _release_for(victim, ratio, count, by_name, ledger, settings, steps) \
+                if count >= settings.release_after else None
+            message = f"ζ/ζb {ratio:.2f} above floor {floor:.2f}"
+            if step is not None:
+                steps[step.guest] = step
+                count = 0  # the next release waits for `release_after` more rounds of headroom
+                message += f"; releasing {step.guest} to share {step.after.share:.2f}"
             new_calm[victim.name] = count
-            mine = [r for r in ledger.values() if r.protects == victim.name and r.guest in by_name
-                    and r.guest not in steps]
-            if mine and count >= settings.release_after:
-                record = max(mine, key=lambda r: r.original.share - r.bandwidth.share)
-                guest = by_name[record.guest]
-                target = min(record.original.share, guest.bandwidth.share + settings.step)
-                after = record.original if target >= record.original.share - SHARE_EPSILON else \
-                    throttled_to(target, guest.bandwidth.vcpu_period_us)
-                steps[guest.name] = _release_step(
-                    guest, record, after, f"{victim.name} at ζ/ζb {ratio:.2f}, above its floor {floor:.2f} + "
-                                          f"{settings.release_margin:.2f} for {count} rounds: release a step")
-                new_calm[victim.name] = 0
-            verdicts.append(Verdict(victim.name, floor, ratio, "headroom",
-                                    f"ζ/ζb {ratio:.2f} above floor {floor:.2f}" +
-                                    (f"; releasing {steps[record.guest].guest}" if mine and count >=
-                                     settings.release_after else "")))
+            verdicts.append(Verdict(victim.name, floor, ratio, "headroom", message))
         else:
             new_calm[victim.name] = 0
             verdicts.append(Verdict(victim.name, floor, ratio, "held", f"ζ/ζb {ratio:.2f} within "
                                     f"{floor:.2f}..{floor + settings.release_margin:.2f}: holding"))
     return Decision(tuple(steps[name] for name in sorted(steps)), tuple(verdicts), new_calm)
+
+
+def _release_for(victim: GuestView, ratio: float, rounds: int, by_name: Mapping[str, GuestView],
+                 ledger: Mapping[str, Throttle], settings: LoopSettings, steps: Mapping[str, Step]) -> Step | None:
+    """One release step of the deepest throttle set for `victim` (None when it set none)."""
+    mine = [r for r in ledger.values() if r.protects == victim.name and r.guest in by_name and r.guest not in steps]
+    if not mine:
+        return None
+    record = max(mine, key=lambda r: r.original.share - r.bandwidth.share)
+    guest = by_name[record.guest]
+    target = min(record.original.share, guest.bandwidth.share + settings.step)
+    after = record.original if target >= record.original.share - SHARE_EPSILON else \
+        throttled_to(target, guest.bandwidth.vcpu_period_us)
+    floor = victim.protection.floor or 0.0
+    return _release_step(guest, record, after, f"{victim.name} at ζ/ζb {ratio:.2f}, above its floor {floor:.2f} + "
+                                               f"{settings.release_margin:.2f} for {rounds} rounds: release a step")
 
 
 def _reason_gone(victim: GuestView | None, name: str) -> str:
