@@ -115,3 +115,17 @@ def test_decision_becomes_a_plan_of_throttle_actions_that_round_trips():
     assert plan.diff() == []
     empty = plan_of("h1", decide([view("web", PROTECTED, ratio=0.83)], [], {}, SETTINGS))
     assert empty.state == "empty" and "holding" in empty.summary
+
+
+def test_a_release_the_model_says_would_break_the_floor_waits():
+    from vmplacer.core.protect import release_costs
+
+    ledger = [Throttle("batch", throttled_to(0.2), CpuBandwidth(), "web")]
+    guests = [view("web", PROTECTED, ratio=0.9), view("batch", BATCH, share=0.2)]
+    costs = {"web": release_costs(TOPOLOGY, InterferenceModel(), guests, "web", SETTINGS.step)}
+    assert costs["web"]["batch"] > 0.1  # 0.2 → 0.4 takes a sixth of the pCPU back from web
+    held = decide(guests, ledger, {}, SETTINGS, {"web": 5}, costs)
+    assert held.steps == () and "would cost about" in held.verdicts[0].message
+    cheap = {"web": {"batch": 0.02}}
+    (step,) = decide(guests, ledger, {}, SETTINGS, {"web": 5}, cheap).steps
+    assert step.kind == "release"

@@ -25,7 +25,16 @@ from typing import Any
 from vmplacer.core.bandwidth import CpuBandwidth
 from vmplacer.core.interference import InterferenceModel
 from vmplacer.core.plan import Plan
-from vmplacer.core.protect import Decision, GuestView, LoopSettings, Throttle, attribute, decide, plan_of
+from vmplacer.core.protect import (
+    Decision,
+    GuestView,
+    LoopSettings,
+    Throttle,
+    attribute,
+    decide,
+    plan_of,
+    release_costs,
+)
 from vmplacer.core.protection import ProtectionDefaults, protection_of
 from vmplacer.core.topology import HostTopology
 from vmplacer.ports import (
@@ -126,8 +135,8 @@ class ProtectLoop:
             guests = [_with_ratio(g, measurement.ratios.get(g.name)) for g in guests]
         records = self._forget_lifted(self.ledger.current(self.host.name), guests)
         throttles = [Throttle(r.guest, r.bandwidth, r.original, r.protects) for r in records]
-        gains = self._gains(guests)
-        decision = decide(guests, throttles, gains, self.settings, self.calm)
+        gains, costs = self._gains(guests)
+        decision = decide(guests, throttles, gains, self.settings, self.calm, costs)
         self.calm = dict(decision.calm)
         report = RoundReport(self.host.name, self.wall(), decision, measurement=measurement, notes=notes)
         plan = plan_of(self.host.name, decision, created_at=report.at)
@@ -209,15 +218,21 @@ class ProtectLoop:
         read = getattr(self.host, "domain_facts", None)
         return read(names) if callable(read) else {}
 
-    def _gains(self, guests: Sequence[GuestView]) -> dict[str, dict[str, float]]:
-        below = [g for g in guests if g.protection.protected and g.running and g.ratio is not None
-                 and g.protection.floor is not None and g.ratio < g.protection.floor]
-        if not below:
-            return {}
+    def _gains(self, guests: Sequence[GuestView]) -> tuple[dict[str, dict[str, float]], dict[str, dict[str, float]]]:
+        """What one more throttle step would give each protected guest below its floor, and what
+        one release step would cost each one with headroom (both from the model)."""
+        measured = [g for g in guests if g.protection.protected and g.running and g.ratio is not None
+                    and g.protection.floor is not None]
+        below = [g for g in measured if g.ratio < g.protection.floor]  # type: ignore[operator]
+        above = [g for g in measured if g not in below and any(o.bandwidth.limited for o in guests)]
+        if not below and not above:
+            return {}, {}
         if self._topology is None:
             self._topology = self.host.topology()
         model = self.model()
-        return {g.name: attribute(self._topology, model, guests, g.name, self.settings.step) for g in below}
+        step = self.settings.step
+        return ({g.name: attribute(self._topology, model, guests, g.name, step) for g in below},
+                {g.name: release_costs(self._topology, model, guests, g.name, step) for g in above})
 
     def _shares(self, guests: Sequence[GuestView], notes: list[str]) -> dict[str, float]:
         shares = {}

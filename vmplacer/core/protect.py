@@ -11,8 +11,9 @@ that neighbour got one step less CPU (`attribute`). Then, per protected guest:
   throttleable); no such neighbour left → the floor cannot be held by
   throttling: say so (the caller proposes a rebalance instead);
 * ratio above floor + margin for `release_after` rounds in a row → release
-  one step of the throttles set for it (hysteresis: the band between floor
-  and floor + margin holds still, so the loop does not oscillate);
+  one step of the throttles set for it, unless the model predicts that step
+  would take it below floor + margin (hysteresis: the band between floor and
+  floor + margin holds still, so the loop does not oscillate);
 * protected guest gone, stopped, or no longer protected → release every
   throttle set for it at once; a throttled guest that is no longer
   throttleable is released at once too.
@@ -136,6 +137,23 @@ def attribute(topology: HostTopology, model: InterferenceModel, guests: Sequence
     return gains
 
 
+def release_costs(topology: HostTopology, model: InterferenceModel, guests: Sequence[GuestView], victim: str,
+                  step: float) -> dict[str, float]:
+    """Per throttled running neighbour: the predicted loss of `victim`'s performance if that
+    neighbour's share went up one step — what a release would cost it."""
+    tenants = {g.name: _tenant(g, g.bandwidth.share) for g in guests if g.running and g.cpus}
+    if victim not in tenants:
+        return {}
+    base = model.predict(topology, tenants.values())[victim].perf
+    costs: dict[str, float] = {}
+    for guest in guests:
+        if guest.name == victim or guest.name not in tenants or not guest.bandwidth.limited:
+            continue
+        what_if = {**tenants, guest.name: _tenant(guest, min(1.0, guest.bandwidth.share + step))}
+        costs[guest.name] = max(0.0, base - model.predict(topology, what_if.values())[victim].perf)
+    return costs
+
+
 def _tenant(guest: GuestView, share: float) -> Tenant:
     assert guest.cpus is not None
     load = max(0.01, min(1.0, guest.demand, share))
@@ -143,12 +161,16 @@ def _tenant(guest: GuestView, share: float) -> Tenant:
 
 
 def decide(guests: Sequence[GuestView], throttles: Iterable[Throttle], gains: Mapping[str, Mapping[str, float]],
-           settings: LoopSettings, calm: Mapping[str, int] | None = None) -> Decision:
+           settings: LoopSettings, calm: Mapping[str, int] | None = None,
+           costs: Mapping[str, Mapping[str, float]] | None = None) -> Decision:
     """The steps of one round on one host (see the module docstring for the rules).
 
-    `gains[victim][neighbour]` comes from `attribute`; `calm` is the previous round's count of
-    rounds with headroom per protected guest.
+    `gains[victim][neighbour]` comes from `attribute`; `costs[victim][neighbour]` from
+    `release_costs` (a release predicted to take the victim below floor + margin waits; without
+    costs, headroom alone decides); `calm` is the previous round's count of rounds with headroom
+    per protected guest.
     """
+    costs = costs or {}
     calm = dict(calm or {})
     by_name = {g.name: g for g in guests}
     ledger = {t.guest: t for t in throttles}
@@ -183,6 +205,11 @@ def decide(guests: Sequence[GuestView], throttles: Iterable[Throttle], gains: Ma
             step = _release_for(victim, ratio, count, by_name, ledger, settings, steps) \
                 if count >= settings.release_after else None
             message = f"ζ/ζb {ratio:.2f} above floor {floor:.2f}"
+            cost = costs.get(victim.name, {}).get(step.guest) if step is not None else None
+            if step is not None and cost is not None and ratio - cost < floor + settings.release_margin:
+                message += (f"; releasing {step.guest} a step would cost about {cost:.2f} "
+                            f"(below {floor + settings.release_margin:.2f}): holding")
+                step = None
             if step is not None:
                 steps[step.guest] = step
                 count = 0  # the next release waits for `release_after` more rounds of headroom
