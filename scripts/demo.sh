@@ -6,7 +6,10 @@
 # The testbed's two hosts are one machine: host1 may use pCPU 0 only and host2 pCPU 1 only
 # (reserved_cpus in the demo's config), so they behave like two one-pCPU machines. Two busy guests
 # share host1's pCPU, host2 runs only an idle guest: the rebalancer live-migrates one busy guest
-# to host2 and both run about twice as fast. Takes about a minute; cleans up after itself.
+# to host2 and both run about twice as fast. Then protection in place: a latency-critical guest
+# and a batch guest share host1's pCPU; `vmplacer protect` throttles the batch guest (libvirt CPU
+# bandwidth) until the latency-critical one holds its floor. Takes about two minutes; cleans up
+# after itself.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
@@ -45,6 +48,7 @@ hosts:
   - {name: host1, uri: "qemu:///system", domain_type: qemu, sampler: cpu, reserved_cpus: "1"}
   - {name: host2, uri: "qemu+tcp://127.0.0.1:16510/system", domain_type: qemu, sampler: cpu, reserved_cpus: "0"}
 profiler: {t_m_ms: 10, t_sleep_s: 0.5}
+protect: {step: 0.15}
 EOF
 
 driver() {
@@ -59,6 +63,9 @@ owner = int(os.environ["DEMO_OWNER"])
 work = os.environ["DEMO_WORK"]
 hosts = {"host1": daemons.HOST1_URI, "host2": daemons.HOST2_URI}
 layout = [("busy-a", "spin", "host1", "0"), ("busy-b", "spin", "host1", "0"), ("quiet", "idle", "host2", "1")]
+# Protection in place: vmplacer's metadata labels, as placing them through vmplacer would write them.
+protect_layout = [("lc", "latency-critical", {"vmplacer.protect": "0.8"}),
+                  ("batch", "batch", {"vmplacer.min_cpu_share": "0.1"})]
 name = lambda label: guests.owned_name(f"demo-{label}", pid=owner)
 
 
@@ -117,8 +124,56 @@ elif command == "table":
     if got < 1.6:
         print(f"(the two busy guests got {got:.2f} pCPUs after the move, not ~2: other work on this machine "
               "took the rest — see `top`)")
+elif command == "protect-start":
+    from vmplacer.adapters.domain_xml_fields import NAMESPACE
+
+    for label, *_ in layout:  # the first part's guests leave the stage
+        for conn in conns.values():
+            guests.destroy_and_undefine(conn, name(label))
+    for label, workload_class, labels in protect_layout:
+        handle = guests.define_guest(conns["host1"], name(label), workload="spin", pin="0")
+        items = "".join(f'<label name="{k}">{v}</label>' for k, v in labels.items())
+        conns["host1"].lookupByName(handle.name).setMetadata(
+            libvirt.VIR_DOMAIN_METADATA_ELEMENT,
+            f'<placement xmlns="{NAMESPACE}" version="1"><workload_class>{workload_class}</workload_class>'
+            f'<labels>{items}</labels></placement>', "vmplacer", NAMESPACE, libvirt.VIR_DOMAIN_AFFECT_CONFIG)
+        guests.start(conns["host1"], handle)
+    for label, *_ in protect_layout:
+        guests.wait_for_progress(guests.console_path(name(label)), samples=8, timeout_s=120)
+elif command == "protect-measure":
+    # The latency-critical guest's rate with the batch guest running, over its rate with the batch
+    # guest suspended (its isolated rate), from its own counter; and the batch guest's rate.
+    lc, batch = guests.console_path(name("lc")), guests.console_path(name("batch"))
+    batch_dom = conns["host1"].lookupByName(name("batch"))
+    shared, batch_rate = [], []
+    alone = []
+    for _ in range(3):
+        first_b = guests.wait_for_progress(batch)[-1]
+        shared.append(guests.progress_rate(lc, 1.0))
+        batch_rate.append(guests.rate(first_b, guests.wait_for_progress(batch, after_seq=first_b.seq)[-1]))
+        batch_dom.suspend()
+        try:
+            time.sleep(0.05)
+            alone.append(guests.progress_rate(lc, 1.0))
+        finally:
+            batch_dom.resume()
+        time.sleep(0.2)
+    med = lambda xs: sorted(xs)[len(xs) // 2]
+    json.dump({"shared": med(shared), "alone": med(alone), "batch": med(batch_rate)},
+              open(f"{work}/{sys.argv[2]}.json", "w"))
+elif command == "protect-table":
+    before, after = (json.load(open(f"{work}/protect-{k}.json")) for k in ("before", "after"))
+    share = conns["host1"].lookupByName(name("batch")).schedulerParameters()
+    quota = share.get("vcpu_quota", -1)
+    print(f"{'':28} {'before protect':>15} {'after protect':>14}")
+    print(f"{'lc: units/s among batch':28} {before['shared']:>15,.0f} {after['shared']:>14,.0f}")
+    print(f"{'lc: units/s alone':28} {before['alone']:>15,.0f} {after['alone']:>14,.0f}")
+    print(f"{'lc: shared / alone':28} {before['shared'] / before['alone']:>15.2f} {after['shared'] / after['alone']:>14.2f}"
+          "   (floor 0.80)")
+    print(f"{'batch: units/s':28} {before['batch']:>15,.0f} {after['batch']:>14,.0f}"
+          f"   (vcpu_quota now {quota} µs per 100000 µs; minimum share 0.10)")
 elif command == "cleanup":
-    for label, *_ in layout:
+    for label in [label for label, *_ in layout] + [label for label, *_ in protect_layout]:
         for conn in conns.values():
             guests.destroy_and_undefine(conn, name(label))
         guests.console_path(name(label)).unlink(missing_ok=True)
@@ -148,3 +203,14 @@ sleep 2
 driver measure after
 echo "== throughput from each guest's own progress counter (work units per second)"
 driver table
+echo
+echo "== protection in place: a latency-critical guest (vmplacer.protect 0.8) and a batch guest"
+echo "   (vmplacer.min_cpu_share 0.1) share host1's pCPU"
+driver protect-start
+driver protect-measure protect-before
+echo "== vmplacer protect --host host1: Freeze'nSense → who hurts it (model) → throttle one step, each round"
+"${VM[@]}" protect --host host1 --scope "$SCOPE" --rounds 10 --interval 1s --samples 5 --t-m-ms 50 || true
+sleep 1
+driver protect-measure protect-after
+echo "== the latency-critical guest's own counter, before and after (work units per second)"
+driver protect-table

@@ -114,6 +114,7 @@ class Container:
         in the host leases (the CLI and the API build it the same way); `store`: a placement
         store auditing as someone else than vmplacer (the API's caller)."""
         from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore
+        from vmplacer.adapters.db.throttles import SqlThrottleLedger
         from vmplacer.app.reconcile import Reconciler
 
         leases = SqlLeaseStore(self.sessions)
@@ -124,7 +125,7 @@ class Container:
 
         return Reconciler(hosts, store or self.placement_store, leases, holder=holder, lease_holder=holder_of,
                           placements=SqlPlacementUpdates(self.sessions, {h.name: h.uri for h in self.settings.hosts}),
-                          plans=SqlPlanStore(self.sessions))
+                          plans=SqlPlanStore(self.sessions), throttles=SqlThrottleLedger(self.sessions))
 
     def allocation_options(self, host_name: str):  # -> AllocationOptions
         """The configured allocation knobs of a host (defaults for hosts not in the config)."""

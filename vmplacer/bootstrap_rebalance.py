@@ -15,6 +15,7 @@ from typing import Any
 
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore, new_holder
+from vmplacer.adapters.db.throttles import SqlThrottleLedger
 from vmplacer.adapters.libvirt_rebalance import RebalanceHost
 from vmplacer.app.executor import ExecutorSettings
 from vmplacer.app.rebalance import Rebalancer
@@ -121,6 +122,7 @@ def build_rebalancer(
         executor_settings=executor_settings,
         placements=SqlPlacementUpdates(container.sessions, {h.name: h.uri for h in container.settings.hosts}),
         audit=store,
+        throttles=SqlThrottleLedger(container.sessions),
         specs=specs,
         load_model=load_model,
         learn=learn,

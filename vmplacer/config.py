@@ -22,6 +22,7 @@ import yaml
 from vmplacer.core.cpuset import CpusetError, parse_cpuset
 from vmplacer.core.durations import duration_seconds
 from vmplacer.core.policies.admit import AllocationOptions
+from vmplacer.core.protection import ProtectionDefaults, ProtectionError, check_floor, check_min_share
 
 ENV_CONFIG = "VMPLACER_CONFIG"
 ENV_DATABASE_URL = "VMPLACER_DATABASE_URL"
@@ -90,6 +91,16 @@ class ProfilerSettings:
 
 
 @dataclass(frozen=True)
+class ProtectSettings:
+    """The protection loop (docs/protect.md): class defaults and how it steps."""
+
+    defaults: ProtectionDefaults = field(default_factory=ProtectionDefaults)
+    interval_s: float = 2.0  # one profile + decision round per protected host every interval
+    step: float = 0.1  # each throttle/release moves a guest's share by this much
+    release_margin: float = 0.05  # release only when the ratio is this far above the floor (hysteresis)
+
+
+@dataclass(frozen=True)
 class ApiSettings:
     listen: str = "127.0.0.1:8470"
     max_request_bytes: int = 1_048_576
@@ -133,6 +144,7 @@ class Settings:
     source: str = "built-in defaults"
     retention: RetentionSettings = field(default_factory=RetentionSettings)
     placement: PlacementSettings = field(default_factory=PlacementSettings)
+    protect: ProtectSettings = field(default_factory=ProtectSettings)
 
     def host(self, name: str) -> HostSettings:
         for host in self.hosts:
@@ -315,7 +327,7 @@ def settings_from_mapping(raw: Any, source: str, environ: dict[str, str] | None 
     env = os.environ if environ is None else environ
     reader = _Reader(source, base_dir)
     data = reader.mapping(raw, "", ("database_url", "data_dir", "hosts", "profiler", "api", "retention",
-                                    "placement"))
+                                    "placement", "protect"))
 
     data_dir_value = env.get(ENV_DATA_DIR) or data.get("data_dir")
     data_dir = Path(reader.string(data_dir_value, "data_dir")) if data_dir_value else default_data_dir()
@@ -370,7 +382,7 @@ def settings_from_mapping(raw: Any, source: str, environ: dict[str, str] | None 
     )
     retention = _retention(reader, data.get("retention"))
     return Settings(data_dir, database_url, hosts, profiler, api, source, retention,
-                    _placement(reader, data.get("placement")))
+                    _placement(reader, data.get("placement")), _protect(reader, data.get("protect")))
 
 
 def _placement(reader: _Reader, raw: Any) -> PlacementSettings:
@@ -390,6 +402,27 @@ def _placement(reader: _Reader, raw: Any) -> PlacementSettings:
                                                          f"got {refresh!r}")
         refresh_s = seconds
     return PlacementSettings(weight, candidates, refresh_s)
+
+
+def _protect(reader: _Reader, raw: Any) -> ProtectSettings:
+    data = reader.mapping(raw, "protect", ("latency_critical_floor", "batch_min_share", "interval_s", "step",
+                                           "release_margin"))
+    base = ProtectSettings()
+    values: dict[str, float | None] = {}
+    for key, check in (("latency_critical_floor", check_floor), ("batch_min_share", check_min_share)):
+        value = data.get(key, getattr(base.defaults, key))
+        try:  # `none` switches the class default off
+            values[key] = None if value is None or value == "none" else check(value, f"protect.{key}")
+        except ProtectionError as exc:
+            raise reader.fail(f"protect.{key}", str(exc).split(": ", 1)[1] + " (or none)") from None
+    defaults = ProtectionDefaults(**values)  # type: ignore[arg-type]
+    return ProtectSettings(
+        defaults=defaults,
+        interval_s=reader.number(data.get("interval_s", base.interval_s), "protect.interval_s", 0.2, 3600),
+        step=reader.number(data.get("step", base.step), "protect.step", 0.01, 0.5),
+        release_margin=reader.number(data.get("release_margin", base.release_margin), "protect.release_margin",
+                                     0.0, 0.5),
+    )
 
 
 def load_settings(path: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None) -> Settings:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Protocol, runtime_checkable
 
+from vmplacer.core.bandwidth import CpuBandwidth
 from vmplacer.core.placement import Placement
 from vmplacer.core.topology import HostTopology
 
@@ -329,6 +330,44 @@ class PlacementUpdates(Protocol):
 
     def apply(self, placements: list[Placement]) -> list[str]:
         """Raises ClaimConflict when a new exclusive pCPU is claimed by someone else."""
+        ...
+
+
+@runtime_checkable
+class BandwidthControl(Protocol):
+    """A host that can cap a running guest's CPU time (CFS quota), live and persistently."""
+
+    def cpu_bandwidth(self, name: str) -> CpuBandwidth: ...
+    def set_cpu_bandwidth(self, name: str, bandwidth: CpuBandwidth) -> None: ...
+
+
+@dataclass(frozen=True)
+class ThrottleRecord:
+    """A throttle vmplacer set and has not released: on which guest, to what, and for whom.
+
+    `original` is the guest's bandwidth before vmplacer first throttled it (what a release
+    returns to); `protects` the protected guest it serves — the throttle's reason.
+    """
+
+    host: str
+    guest: str
+    bandwidth: CpuBandwidth
+    original: CpuBandwidth
+    protects: str
+    reason: str = ""
+    plan_id: int | None = None
+    age_s: float = 0.0  # seconds since it last changed
+
+
+@runtime_checkable
+class ThrottleLedger(Protocol):
+    """The durable record of throttles in force (the database in production); throttles outlive
+    the process that set them, so their reasons must too."""
+
+    def current(self, host: str | None = None) -> list[ThrottleRecord]: ...
+    def note(self, host: str, guest: str, bandwidth: CpuBandwidth, original: CpuBandwidth, *, protects: str,
+             reason: str = "", plan_id: int | None = None) -> None:
+        """Record `guest` at `bandwidth`; an unthrottled bandwidth removes the record."""
         ...
 
 

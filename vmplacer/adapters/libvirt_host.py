@@ -16,6 +16,7 @@ import libvirt
 from vmplacer.adapters.libvirt_errors import refused_definition, refused_start
 from vmplacer.adapters.shared_read import SharedRead
 from vmplacer.core.placement import Placement
+from vmplacer.core.bandwidth import UNLIMITED, BandwidthError, CpuBandwidth
 from vmplacer.core.topology import HostTopology
 from vmplacer.ports import DomainGone, DomainInfo, Hypervisor, HypervisorError
 
@@ -60,6 +61,8 @@ _RETRIABLE = {
     libvirt.VIR_ERR_INTERNAL_ERROR,
 }
 _GONE = {libvirt.VIR_ERR_NO_DOMAIN}
+# What the kernel reports for "no limit" besides -1 (cgroup v2 'max' as libvirt hands it over).
+_QUOTA_UNLIMITED_FROM = 17_592_186_044_415
 
 
 def state_name(state: int) -> str:
@@ -418,3 +421,64 @@ class LibvirtHost(Hypervisor):
         finally:
             if timer is not None:
                 timer.cancel()
+
+    # ----- CPU bandwidth (CFS quota) ------------------------------------------------------
+    def cpu_bandwidth(self, name: str) -> CpuBandwidth:
+        """The guest's vCPU and emulator CFS bandwidth as libvirt reads it back (live when running)."""
+        dom = self._lookup(name)
+        flags = libvirt.VIR_DOMAIN_AFFECT_LIVE if dom.isActive() else libvirt.VIR_DOMAIN_AFFECT_CONFIG
+        params = self._bandwidth_call("schedulerParametersFlags", lambda: dom.schedulerParametersFlags(flags), name)
+        if "vcpu_quota" not in params or "vcpu_period" not in params:
+            raise HypervisorError(f"host {self.name}, domain {name}: the driver reports no vcpu_quota/vcpu_period: "
+                                  "CPU bandwidth control is not available", host=self.name, domain=name)
+
+        def quota(key: str) -> int | None:
+            if key not in params:
+                return None
+            value = int(params[key])
+            return UNLIMITED if value <= 0 or value >= _QUOTA_UNLIMITED_FROM else value
+
+        try:
+            return CpuBandwidth(int(params["vcpu_period"]), quota("vcpu_quota") or UNLIMITED,
+                                int(params["emulator_period"]) if "emulator_period" in params else None,
+                                quota("emulator_quota"))
+        except BandwidthError as exc:
+            raise HypervisorError(f"host {self.name}, domain {name}: unexpected CPU bandwidth: {exc}",
+                                  host=self.name, domain=name) from None
+
+    def set_cpu_bandwidth(self, name: str, bandwidth: CpuBandwidth) -> None:
+        """Set vCPU (and, when given, emulator) CFS bandwidth, live and in the persistent
+        definition, so a restarted guest keeps the limit (revert sets the old values the same way)."""
+        dom = self._lookup(name)
+        params: dict[str, int] = {"vcpu_period": bandwidth.vcpu_period_us, "vcpu_quota": bandwidth.vcpu_quota_us}
+        if bandwidth.emulator_quota_us is not None:
+            params["emulator_period"] = bandwidth.emulator_period_us or bandwidth.vcpu_period_us
+            params["emulator_quota"] = bandwidth.emulator_quota_us
+        flags = self._affect_flags(dom)
+        try:
+            dom.setSchedulerParametersFlags(params, flags)
+            return
+        except libvirt.libvirtError as exc:
+            both = libvirt.VIR_DOMAIN_AFFECT_LIVE | libvirt.VIR_DOMAIN_AFFECT_CONFIG
+            if not (flags & both == both and "mutually exclusive" in (exc.get_error_message() or "")):
+                raise self._bandwidth_failure("setSchedulerParametersFlags", exc, name) from None
+        # Drivers that take one of LIVE/CONFIG per call: the running guest first, then its definition.
+        for one in (libvirt.VIR_DOMAIN_AFFECT_LIVE, libvirt.VIR_DOMAIN_AFFECT_CONFIG):
+            self._bandwidth_call("setSchedulerParametersFlags",
+                                 lambda one=one: dom.setSchedulerParametersFlags(params, one), name)
+
+    def _bandwidth_call(self, what: str, fn: Callable[[], T], domain: str) -> T:
+        try:
+            return fn()
+        except libvirt.libvirtError as exc:
+            raise self._bandwidth_failure(what, exc, domain) from None
+
+    def _bandwidth_failure(self, what: str, exc: libvirt.libvirtError, domain: str) -> HypervisorError:
+        """A driver without CFS bandwidth control says so plainly; anything else as usual."""
+        code, message = exc.get_error_code(), exc.get_error_message() or ""
+        unsupported = code in (libvirt.VIR_ERR_NO_SUPPORT, libvirt.VIR_ERR_CONFIG_UNSUPPORTED,
+                               libvirt.VIR_ERR_ARGUMENT_UNSUPPORTED)
+        if unsupported or (code == libvirt.VIR_ERR_INVALID_ARG and "unsupported" in message):
+            return HypervisorError(f"host {self.name}, domain {domain}: CPU bandwidth control is not supported "
+                                   f"here ({what}: {message})", host=self.name, domain=domain)
+        return self._failure(what, exc, domain)

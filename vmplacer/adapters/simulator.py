@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from vmplacer.core.bandwidth import CpuBandwidth
 from vmplacer.core.interference import distance_matrix
 from vmplacer.core.pairs import PairTable
 from vmplacer.core.placement import Placement
@@ -158,6 +159,8 @@ class _Domain:
     pause_reason: str | None = None
     instructions: float = 0.0
     uuid: str = field(default="")
+    bandwidth: CpuBandwidth = field(default_factory=CpuBandwidth)
+    labels: dict[str, str] = field(default_factory=dict)
 
     def info(self, host: str) -> DomainInfo:
         placement = Placement(
@@ -175,7 +178,8 @@ class _Domain:
             vcpus=len(self.vcpupin),
             memory_kib=self.memory_kib,
             placement=placement,
-            labels={"workload": self.workload, "workload_class": self.workload_class, "load": repr(self.load)},
+            labels={**self.labels, "workload": self.workload, "workload_class": self.workload_class,
+                    "load": repr(self.load)},
         )
 
 
@@ -338,6 +342,18 @@ class SimHost:
         self._layout_changed()
         destination._layout_changed()
 
+    # ----- BandwidthControl port (throttles) ---------------------------------------------
+    def cpu_bandwidth(self, name: str) -> CpuBandwidth:
+        return self._get(name).bandwidth
+
+    def set_cpu_bandwidth(self, name: str, bandwidth: CpuBandwidth) -> None:
+        """Cap each vCPU at `bandwidth.share` of a pCPU (the guest's demand is cut to it)."""
+        self._operation("set_cpu_bandwidth", name)
+        domain = self._get(name)
+        self._sync()
+        domain.bandwidth = bandwidth
+        self._layout_changed()
+
     # ----- FreezableHost port (what the production profiler uses) ------------------------
     def domain_states(self) -> dict[str, DomainStatus]:
         return {
@@ -368,6 +384,7 @@ class SimHost:
         workload_class: str = "unknown",
         memory_kib: int = 1024 * 1024,
         running: bool = True,
+        labels: Mapping[str, str] | None = None,
     ) -> DomainInfo:
         """Create (and by default start) a domain running `workload` with this pinning."""
         if not name:
@@ -398,6 +415,7 @@ class SimHost:
             state="running" if running else "paused",
             pause_reason=None if running else "user",
             uuid=str(uuid.uuid5(uuid.NAMESPACE_URL, f"vmplacer-sim:{self.name}:{name}")),
+            labels=dict(labels or {}),
         )
         self._layout_changed()
         return self.domain(name)
@@ -478,7 +496,7 @@ class SimHost:
                 for cpu in sorted(allowed):
                     owner.append(index)
                     cpus.append(cpu)
-                    demand.append(domain.load / len(allowed))
+                    demand.append(min(domain.load, domain.bandwidth.share) / len(allowed))
         own = np.asarray(owner, dtype=np.int64)
         cpu = np.asarray(cpus, dtype=np.int64)
         dem = np.asarray(demand)

@@ -156,3 +156,23 @@ def freeze_rescue_metrics(summary: Callable[[], tuple[dict[str, int], float]]):
                                 value=worst_s)
 
     return freeze_rescues
+
+
+def throttle_gauges(records: Callable[[], Iterable[Any]]):
+    """vmplacer_throttle_share{host, guest, protects}: the CPU share of each guest vmplacer throttled
+    (the throttle ledger), and whom it protects; vmplacer_throttle_age_seconds the time since it changed."""
+
+    def throttles() -> Iterable[GaugeMetricFamily]:
+        share = GaugeMetricFamily("vmplacer_throttle_share",
+                                  "CPU share (quota/period) of each guest vmplacer throttled, by the guest it protects",
+                                  labels=("host", "guest", "protects"))
+        age = GaugeMetricFamily("vmplacer_throttle_age_seconds", "seconds since the throttle last changed",
+                                labels=("host", "guest", "protects"))
+        for record in records():
+            key = (record.host, record.guest, record.protects)
+            share.add_metric(key, float(record.bandwidth.share))
+            age.add_metric(key, float(record.age_s))
+        yield share
+        yield age
+
+    return throttles

@@ -18,6 +18,7 @@ from typing import Any
 from sqlalchemy import Engine, func, select
 
 from vmplacer.adapters.db.api import SqlIdempotencyStore, SqlJobStore, SqlTokenStore
+from vmplacer.adapters.db.throttles import SqlThrottleLedger
 from vmplacer.adapters.domain_xml import render_domain
 from vmplacer.api.auth import TokenVerifier
 from vmplacer.api.hostcache import MAINTENANCE_TTL_S, HostSnapshots, SnapshotStore, TimedValue
@@ -28,6 +29,7 @@ from vmplacer.api.metrics import (
     job_gauges,
     maintenance_gauges,
     plan_action_gauges,
+    throttle_gauges,
 )
 from vmplacer.app.jobs import DEFAULT_LEASE_TTL_S, JobRunner
 from vmplacer.app.placement_service import PlacementService
@@ -85,6 +87,7 @@ class ApiServices:
             plan_action_gauges(self.plan_action_counts),
             maintenance_gauges(lambda: self.host_names, lambda: container.maintenance.current().keys()),
             freeze_rescue_metrics(self.freeze_rescues),
+            throttle_gauges(SqlThrottleLedger(container.sessions).current),
         )
 
     def _render(self, spec: Any, placement: Any, base_xml: str | None) -> str:

@@ -8,10 +8,11 @@ Each action goes through one contract:
   as done (applying a plan twice is harmless);
 * execute — live repin (vCPUs, then emulator threads), live memory-node
   change, live migration (bandwidth limit, timeout → the job is aborted and
-  the guest keeps running on the source), or a probe; retriable host errors
-  are retried after a delay, fatal ones are not;
-* verify — read the host back (live domain XML) and compare with the
-  action's `after`;
+  the guest keeps running on the source), a throttle or release (CPU
+  bandwidth, live and persistent), or a probe; retriable host errors are
+  retried after a delay, fatal ones are not;
+* verify — read the host back (live domain XML, or the scheduler
+  parameters for a throttle) and compare with the action's `after`;
 * revert — idempotent: puts back whatever of `before` is not in place (it
   reads the live state first, so running it twice, or after a partial
   execute, is safe).
@@ -25,7 +26,8 @@ action done so far. Every outcome is written to the plan store before the
 next action starts, to the audit log, and — for guests vmplacer recorded —
 to their placement rows (one transaction per action with the exclusive-pCPU
 claims; a claim still held by a guest this plan moves later waits until that
-guest has moved).
+guest has moved) — and, for throttles, to the throttle ledger with whom each
+throttle protects, so no throttle outlives its reason unnoticed.
 """
 
 from __future__ import annotations
@@ -35,10 +37,12 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from vmplacer.core.bandwidth import CpuBandwidth
 from vmplacer.core.cpuset import format_cpuset
 from vmplacer.core.placement import Placement
-from vmplacer.core.plan import Action, CancelRequest, Plan, PlanError
+from vmplacer.core.plan import BANDWIDTH_KINDS, Action, CancelRequest, Plan, PlanError
 from vmplacer.ports import (
+    BandwidthControl,
     ClaimConflict,
     Clock,
     DomainGone,
@@ -47,6 +51,7 @@ from vmplacer.ports import (
     HypervisorError,
     PlacementUpdates,
     PlanStore,
+    ThrottleLedger,
 )
 
 log = logging.getLogger(__name__)
@@ -118,6 +123,7 @@ class Executor:
         probe: Callable[[str, float], str] | None = None,
         keep_lease: Callable[[], bool] | None = None,
         settings: ExecutorSettings | None = None,
+        throttles: ThrottleLedger | None = None,
     ):
         self.hosts = dict(hosts)
         self.clock = clock
@@ -127,6 +133,7 @@ class Executor:
         self.probe = probe
         self.keep_lease = keep_lease or (lambda: True)
         self.settings = settings or ExecutorSettings()
+        self.throttles = throttles
         self._deferred: list[Placement] = []
 
     # ----- the plan ---------------------------------------------------------------------------
@@ -204,6 +211,10 @@ class Executor:
             return self._finish(plan, action.moved_to("succeeded", "already in the target state"), record=True)
         action = action.moved_to("running")
         self._store(plan, action, started=True)
+        if action.kind == "throttle":
+            # Intent first (like the freeze journal): a process killed between libvirt's change and
+            # the record must not leave a throttle nobody knows the reason of.
+            self._note_throttle(plan, action, action.bandwidth_after)
         try:
             self._with_retries(action, lambda: self.execute(action))
             problem = self.verify(action)
@@ -220,6 +231,8 @@ class Executor:
     def _finish(self, plan: Plan, action: Action, record: bool = False) -> Plan:
         if record and action.state == "succeeded" and action.after is not None:
             self._record_placement(plan, action)
+        if action.kind in BANDWIDTH_KINDS and action.state in ("succeeded", "rolled_back", "failed"):
+            self._note_throttle(plan, action)
         self._store(plan, action, finished=True)
         outcome = {"succeeded": "ok", "skipped": "skipped", "failed": "failed",
                    "rolled_back": "rolled_back"}[action.state]
@@ -258,6 +271,8 @@ class Executor:
             if self.probe is None:
                 return Check(False, "no profiler is available to probe with")
             return Check(True)
+        if action.kind in BANDWIDTH_KINDS:
+            return self._precheck_bandwidth(action)
         assert action.guest is not None and action.before is not None and action.after is not None
         if action.kind == "migrate":
             return self._precheck_migrate(action)
@@ -307,6 +322,34 @@ class Executor:
                 return f"drift: {other.name} now runs on pCPUs {format_cpuset(clash)}, which {action.guest} would own"
         return ""
 
+    def _bandwidth_host(self, action: Action) -> BandwidthControl | None:
+        host = self.hosts[action.host]
+        if callable(getattr(host, "cpu_bandwidth", None)) and callable(getattr(host, "set_cpu_bandwidth", None)):
+            return host  # type: ignore[return-value]
+        return None
+
+    def _precheck_bandwidth(self, action: Action) -> Check:
+        """Throttle/release: the guest runs here and its bandwidth is what the planner read."""
+        assert action.guest is not None
+        before, after = action.bandwidth_before, action.bandwidth_after
+        assert before is not None and after is not None
+        host = self._bandwidth_host(action)
+        if host is None:
+            return Check(False, f"host {action.host} cannot change a guest's CPU bandwidth "
+                                "(its adapter has no CFS quota control)")
+        info = _find(self.hosts[action.host], action.guest)
+        if info is None:
+            return Check(False, f"drift: {action.guest} is no longer on {action.host}")
+        if info.state != "running":
+            return Check(False, f"drift: {action.guest} is {info.state}, not running")
+        live = host.cpu_bandwidth(action.guest)
+        if live.same_limits(after):
+            return Check(True, done=True)
+        if not live.same_limits(before):
+            return Check(False, f"drift: {action.guest} has CPU bandwidth {live.describe()}, the plan expected "
+                                f"{before.describe()}")
+        return Check(True)
+
     def _precheck_migrate(self, action: Action) -> Check:
         assert action.guest is not None and action.before is not None and action.target_host is not None
         source, destination = self.hosts[action.host], self.hosts[action.target_host]
@@ -342,6 +385,11 @@ class Executor:
             seconds = float(action.parameters.get("seconds", 5.0))
             self.probe(action.host, seconds)
             return
+        if action.kind in BANDWIDTH_KINDS:
+            host = self._bandwidth_host(action)
+            assert host is not None and action.guest is not None and action.bandwidth_after is not None
+            host.set_cpu_bandwidth(action.guest, action.bandwidth_after)
+            return
         assert action.guest is not None and action.after is not None
         if action.kind == "migrate":
             assert action.target_host is not None
@@ -369,6 +417,13 @@ class Executor:
     def verify(self, action: Action) -> str:
         """What is not as the action promised (empty: verified)."""
         if action.kind == "probe":
+            return ""
+        if action.kind in BANDWIDTH_KINDS:
+            host = self._bandwidth_host(action)
+            assert host is not None and action.guest is not None and action.bandwidth_after is not None
+            live = host.cpu_bandwidth(action.guest)
+            if not live.same_limits(action.bandwidth_after):
+                return f"CPU bandwidth read back as {live.describe()}, expected {action.bandwidth_after.describe()}"
             return ""
         assert action.guest is not None and action.after is not None
         if action.kind == "migrate":
@@ -398,6 +453,12 @@ class Executor:
     def revert(self, action: Action) -> None:
         """Put back `before` where it is not in place; safe to repeat."""
         if action.kind == "probe":
+            return
+        if action.kind in BANDWIDTH_KINDS:
+            host = self._bandwidth_host(action)
+            assert host is not None and action.guest is not None and action.bandwidth_before is not None
+            if not host.cpu_bandwidth(action.guest).same_limits(action.bandwidth_before):
+                host.set_cpu_bandwidth(action.guest, action.bandwidth_before)
             return
         assert action.guest is not None and action.before is not None
         if action.kind == "migrate":
@@ -508,6 +569,8 @@ class Executor:
             return f"running on {action.target_host}"
         if action.kind == "probe":
             return "probed"
+        if action.kind in BANDWIDTH_KINDS:
+            return "CPU bandwidth read back from the host"
         return "verified on the host"
 
     def _record_placement(self, plan: Plan, action: Action) -> None:
@@ -516,6 +579,26 @@ class Executor:
         if action.kind == "migrate":
             after = replace(action.before, host=action.target_host) if action.before else after
         self._record(plan, [after])
+
+    def _note_throttle(self, plan: Plan, action: Action, left: CpuBandwidth | None = None) -> None:
+        """Keep the throttle ledger true: the bandwidth this action left (or is about to leave) the
+        guest with, and why."""
+        if self.throttles is None:
+            return
+        assert action.guest is not None
+        if left is None:
+            left = action.bandwidth_after if action.state == "succeeded" else action.bandwidth_before
+        original = action.parameters.get("bandwidth_original") or action.parameters["bandwidth_before"]
+        assert left is not None
+        try:
+            self.throttles.note(action.host, action.guest, left, CpuBandwidth.from_dict(original),
+                                protects=str(action.parameters.get("protects") or ""), reason=action.reason,
+                                plan_id=plan.id)
+        except Exception as exc:  # noqa: BLE001 - the host is changed already; say the record is behind
+            log.error("plan %s: throttle of %s not recorded: %s", plan.id, action.guest, exc)
+            self._audit("throttle-record", "failed", action.host, action.guest,
+                        f"{action.describe()}: not recorded ({exc}); `vmplacer reconcile` reports it",
+                        self._detail(plan, action))
 
     def _record(self, plan: Plan, placements: list[Placement]) -> None:
         if self.placements is None:
@@ -550,8 +633,8 @@ class Executor:
             "action": action.index,
             "kind": action.kind,
             "target_host": action.target_host,
-            "before": _pins_text(action.before) if action.before else None,
-            "after": _pins_text(action.after) if action.after else None,
+            "before": _change_text(action, "before"),
+            "after": _change_text(action, "after"),
             "reason": action.reason,
             "predicted_gain": round(action.predicted_gain, 6),
             "state": action.state,
@@ -566,6 +649,15 @@ class Executor:
                                detail=detail)
         except Exception as exc:  # noqa: BLE001 - the audit log must never stop the executor
             log.error("audit log write failed (%s): %s", name, exc)
+
+
+def _change_text(action: Action, side: str) -> str | None:
+    """An action's before/after for the audit log: pinning, or CPU bandwidth for throttles."""
+    if action.kind in BANDWIDTH_KINDS:
+        bandwidth = action.bandwidth_before if side == "before" else action.bandwidth_after
+        return bandwidth.describe() if bandwidth is not None else None
+    placement = action.before if side == "before" else action.after
+    return _pins_text(placement) if placement else None
 
 
 def _find(host: Hypervisor, name: str) -> DomainInfo | None:

@@ -49,7 +49,15 @@ from vmplacer.core.policies.rebalance_state import (
     RebalanceSettings,
     describe_guest,
 )
-from vmplacer.ports import Clock, Hypervisor, HypervisorError, LeaseStore, PlacementUpdates, PlanStore
+from vmplacer.ports import (
+    Clock,
+    Hypervisor,
+    HypervisorError,
+    LeaseStore,
+    PlacementUpdates,
+    PlanStore,
+    ThrottleLedger,
+)
 
 log = logging.getLogger(__name__)
 
@@ -206,8 +214,10 @@ class Rebalancer:
         allocation: Callable[[str], AllocationOptions] | None = None,
         in_maintenance: Callable[[], Iterable[str]] | None = None,
         solver: LayoutSolver | None = None,
+        throttles: ThrottleLedger | None = None,
     ):
         self.hosts = dict(hosts)
+        self.throttles = throttles  # where throttle/release actions record what they leave in force
         self.solver = solver  # exact layouts of small hosts (None: the local search alone)
         self.in_maintenance = in_maintenance or (lambda: ())
         self.allocation = allocation or (lambda _host: AllocationOptions())
@@ -399,7 +409,7 @@ class Rebalancer:
 
         executor = Executor(
             self.hosts, clock=self.clock, plans=self.plans, audit=self.auditor, placements=self.placements,
-            probe=self.probe, keep_lease=keep_lease, settings=self.executor_settings,
+            probe=self.probe, keep_lease=keep_lease, settings=self.executor_settings, throttles=self.throttles,
         )
         try:
             done = executor.run(plan)

@@ -21,6 +21,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from vmplacer.core.protect import Throttle, ThrottleFinding, throttle_findings
 from vmplacer.core.reconcile import (
     DEFAULT_PLANNED_GRACE_S,
     DEFAULT_SETTLE_S,
@@ -43,6 +44,7 @@ from vmplacer.ports import (
     PlacementUpdates,
     PlanStore,
     RecordedPlacement,
+    ThrottleLedger,
 )
 
 HOST_STATUSES = ("reconciled", "busy", "unreachable")
@@ -75,6 +77,7 @@ class HostResult:
     status: str  # reconciled | busy | unreachable
     message: str = ""
     outcomes: list[Outcome] = field(default_factory=list)
+    throttles: list[ThrottleFinding] = field(default_factory=list)  # reported only
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -83,6 +86,7 @@ class HostResult:
             "message": self.message,
             "counts": count_by_kind([o.finding for o in self.outcomes]),
             "findings": [o.to_dict() for o in self.outcomes],
+            "throttles": [t.to_dict() for t in self.throttles],
         }
 
 
@@ -135,6 +139,7 @@ class Reconciler:
         wall: Callable[[], float] = time.time,
         placements: PlacementUpdates | None = None,
         plans: PlanStore | None = None,
+        throttles: ThrottleLedger | None = None,
     ):
         """`lease_holder(host)` names who holds a busy host's lease, for the report (optional);
         with `placements`, the record of a domain moved by hand to another configured host
@@ -142,6 +147,7 @@ class Reconciler:
         left running are closed first."""
         self.hosts = dict(hosts)
         self.plans = plans
+        self.throttles = throttles  # with it, throttles the ledger and libvirt disagree on are reported
         self.placements = placements
         self._elsewhere: dict[str, list[DomainInfo] | None] = {}
         self.store = store
@@ -173,8 +179,26 @@ class Reconciler:
         report.closed_plans = self._close_orphaned_plans(dry_run)  # before our leases, which would hide them
         self._elsewhere = {}
         for name in names:
-            report.hosts.append(self._host(name, dry_run, planned_grace_s, settle_s))
+            result = self._host(name, dry_run, planned_grace_s, settle_s)
+            if result.status == "reconciled":
+                result.throttles = self._throttles(name)
+            report.hosts.append(result)
         return report
+
+    def _throttles(self, name: str) -> list[ThrottleFinding]:
+        """The throttle ledger against the bandwidth libvirt shows on `name` (when both can be read)."""
+        host = self.hosts[name]
+        read = getattr(host, "cpu_bandwidth", None)
+        if self.throttles is None or not callable(read):
+            return []
+        live: dict[str, Any] = {}
+        for domain in self._elsewhere.get(name) or []:
+            try:
+                live[domain.name] = read(domain.name) if domain.state == "running" else None
+            except HypervisorError:
+                live[domain.name] = None  # no bandwidth control here (test driver), or it vanished
+        recorded = [Throttle(r.guest, r.bandwidth, r.original, r.protects) for r in self.throttles.current(name)]
+        return throttle_findings(name, recorded, live)
 
     def _close_orphaned_plans(self, dry_run: bool) -> list[dict[str, Any]]:
         if self.plans is None:

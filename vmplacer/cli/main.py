@@ -39,6 +39,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "plans": ("vmplacer.cli.rebalance", "list stored rebalancing plans, show one, or cancel one"),
     "reconcile": ("vmplacer.cli.reconcile",
                   "forget placements whose domains are gone, fix recorded states (holds a lease per host)"),
+    "protect": ("vmplacer.cli.protect",
+                "hold protected guests above their ζ/ζb floor by throttling the neighbours that hurt them"),
     "model": ("vmplacer.cli.model", "the interference model learned from profiles"),
     "eval": ("vmplacer.cli.eval", "evaluate the interference model on measured pair data"),
     "serve": ("vmplacer.cli.serve", "run the REST API (uvicorn)"),

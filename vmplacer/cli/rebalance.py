@@ -407,6 +407,13 @@ def _change(action: dict[str, Any]) -> str:
 
     if action["kind"] == "probe":
         return f"Freeze'nSense {action['parameters'].get('seconds', '')} s"
+    if action["kind"] in ("throttle", "release"):
+        from vmplacer.core.bandwidth import CpuBandwidth
+
+        parameters = action["parameters"]
+        shares = [CpuBandwidth.from_dict(parameters[k]).share for k in ("bandwidth_before", "bandwidth_after")]
+        protects = f" for {parameters['protects']}" if parameters.get("protects") else ""
+        return f"CPU share {shares[0]:.2f} → {shares[1]:.2f}{protects}"
     before, after = placement_from_dict(action["before"]), placement_from_dict(action["after"])
     if action["kind"] == "migrate":
         return "live migration"

@@ -97,6 +97,10 @@ def _render(data: dict[str, Any]) -> None:
         counts = ", ".join(f"{n} {kind}" for kind, n in host["counts"].items()) or "records agree with libvirt"
         print(f"host {host['host']}: {host['status']}" + (f" ({counts})" if host["status"] == "reconciled"
                                                           else f": {host['message']}"))
+    throttles = [(t["host"], t["guest"], t["kind"], t["detail"]) for host in data["hosts"]
+                 for t in host.get("throttles", [])]
+    if throttles:
+        print_table("throttles (reported, not changed)", ("host", "guest", "kind", "detail"), throttles)
     for plan in data.get("closed_plans", []):
         print(f"plan {plan['id']}: " + (plan["message"] if data["dry_run"] else f"closed as failed: {plan['message']}"))
     verb = "would release" if data["dry_run"] else "released"

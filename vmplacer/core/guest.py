@@ -15,6 +15,7 @@ from typing import Any
 
 from vmplacer.core.cpuset import CpusetError, format_cpuset, parse_cpuset
 from vmplacer.core.placement import MEM_MODES
+from vmplacer.core.protection import PROTECTION_EXTRA_SPECS, label_problems
 from vmplacer.core.text import control_problem
 
 CPU_POLICIES = ("shared", "dedicated", "mixed")
@@ -218,6 +219,7 @@ class _Validator:
     def __init__(self, data: Any):
         self.data = data
         self.problems: list[Problem] = []
+        self.spec_labels: dict[str, tuple[str, str]] = {}  # label -> (extra spec name, value)
         raw_name = data.get("name") if isinstance(data, Mapping) else None
         self.label = raw_name if isinstance(raw_name, str) and NAME_RE.match(raw_name) else (
             repr(raw_name) if raw_name is not None else "<unnamed>"
@@ -243,7 +245,7 @@ class _Validator:
         emulator = self._choice(values, "emulator_threads", EMULATOR_POLICIES, "share")
         workload = self._choice(values, "workload_class", WORKLOAD_CLASSES, "unknown")
         page_size = self._page_size(values)
-        labels = self._labels(values.get("labels"))
+        labels = self._protection_labels(self._labels(values.get("labels")))
         affinity = self._names(values, "affinity", name)
         anti = self._names(values, "anti_affinity", name)
         both = sorted(set(affinity) & set(anti))
@@ -316,6 +318,9 @@ class _Validator:
             if not isinstance(key, str) or ":" not in key:
                 self.fail(where, "extra spec names look like 'namespace:name'")
                 continue
+            if key.startswith("vmplacer:"):
+                self._protection_spec(key, raw, where)
+                continue
             if not key.startswith("hw:"):
                 continue
             value = self._extra_spec_value(raw, where, key)
@@ -339,6 +344,29 @@ class _Validator:
                 self.fail(where, f"conflicts with {native}={values[native]!r}")
                 continue
             values[native] = value
+
+    def _protection_spec(self, key: str, raw: Any, where: str) -> None:
+        """`vmplacer:protect` / `vmplacer:min_cpu_share` become labels; other `vmplacer:` names are typos."""
+        label = PROTECTION_EXTRA_SPECS.get(key)
+        if label is None:
+            self.fail(where, f"not supported by vmplacer (supported: {', '.join(sorted(PROTECTION_EXTRA_SPECS))})")
+            return
+        if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
+            self.fail(where, f"must be a number, got {raw!r}")
+            return
+        self.spec_labels[label] = (key, str(raw).strip())
+
+    def _protection_labels(self, labels: dict[str, str]) -> dict[str, str]:
+        """Fold protection extra specs into the labels and check the protection values."""
+        for label, (key, value) in self.spec_labels.items():
+            if label in labels and not _same_number(labels[label], value):
+                self.fail(f"extra_specs.{key}", f"conflicts with labels.{label}={labels[label]!r}")
+                continue
+            labels[label] = labels.get(label, value)
+        for label, reason in label_problems(labels):
+            where = f"extra_specs.{self.spec_labels[label][0]}" if label in self.spec_labels else f"labels.{label}"
+            self.fail(where, reason)
+        return labels
 
     def _extra_spec_value(self, raw: Any, where: str, key: str) -> Any:
         if isinstance(raw, bool) or not isinstance(raw, (str, int)):
@@ -594,6 +622,13 @@ class _Validator:
             self.fail("thread_policy", "latency-critical guests get whole cores with idle siblings (isolate); require would co-run their own vCPUs on siblings")
         if workload == "latency-critical" and cpu_policy == "mixed":
             self.fail("cpu_policy", "latency-critical guests are fully dedicated; mixed leaves vCPUs floating")
+
+
+def _same_number(a: Any, b: Any) -> bool:
+    try:
+        return float(str(a)) == float(str(b))
+    except ValueError:
+        return str(a).strip() == str(b).strip()
 
 
 def _same_value(a: Any, b: Any, native: str = "") -> bool:

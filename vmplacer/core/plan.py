@@ -26,6 +26,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vmplacer.core.bandwidth import BandwidthError, CpuBandwidth
 from vmplacer.core.cpuset import format_cpuset
 from vmplacer.core.placement import Placement, placement_from_dict
 
@@ -39,7 +40,10 @@ _PLAN_TRANSITIONS = {
     "running": ("succeeded", "failed", "rolled_back", "cancelled"),
 }
 
-ACTION_KINDS = ("repin", "set_memory_nodes", "migrate", "probe")
+ACTION_KINDS = ("repin", "set_memory_nodes", "migrate", "probe", "throttle", "release")
+# Actions that change a guest's CPU bandwidth, not its placement: their before/after live in
+# `parameters` ("bandwidth_before"/"bandwidth_after", CpuBandwidth dicts).
+BANDWIDTH_KINDS = ("throttle", "release")
 ACTION_STATES = ("pending", "running", "succeeded", "failed", "skipped", "rolled_back")
 ACTION_FINAL_STATES = ("succeeded", "failed", "skipped", "rolled_back")
 _ACTION_TRANSITIONS = {
@@ -119,7 +123,9 @@ class Action:
             raise PlanError(f"{where}: field 'kind' must be one of {', '.join(ACTION_KINDS)}, got {self.kind!r}")
         if self.state not in ACTION_STATES:
             raise PlanError(f"{where}: field 'state' must be one of {', '.join(ACTION_STATES)}, got {self.state!r}")
-        if self.kind != "probe":
+        if self.kind in BANDWIDTH_KINDS:
+            self._check_bandwidth(where)
+        elif self.kind != "probe":
             if not self.guest:
                 raise PlanError(f"{where} ({self.kind}): field 'guest' is required")
             if self.before is None or self.after is None:
@@ -135,6 +141,39 @@ class Action:
             raise PlanError(f"{where}: field 'depends_on' names the action itself")
         if not 0.0 <= self.confidence <= 1.0:
             raise PlanError(f"{where}: field 'confidence' must be in [0, 1], got {self.confidence!r}")
+
+    def _check_bandwidth(self, where: str) -> None:
+        if not self.guest:
+            raise PlanError(f"{where} ({self.kind}): field 'guest' is required")
+        if self.before is not None or self.after is not None:
+            raise PlanError(f"{where} ({self.kind} of {self.guest}): fields 'before'/'after' describe placements; "
+                            "a bandwidth change keeps its own in 'parameters'")
+        for key in ("bandwidth_before", "bandwidth_after"):
+            raw = self.parameters.get(key)
+            if not isinstance(raw, Mapping):
+                raise PlanError(f"{where} ({self.kind} of {self.guest}): parameters.{key} is required")
+            try:
+                CpuBandwidth.from_dict(raw)
+            except (BandwidthError, TypeError, ValueError) as exc:
+                raise PlanError(f"{where} ({self.kind} of {self.guest}): parameters.{key}: {exc}") from None
+        before, after = self.bandwidth_before, self.bandwidth_after
+        assert before is not None and after is not None
+        if self.kind == "throttle" and not after.share < before.share:
+            raise PlanError(f"{where} (throttle of {self.guest}): the share must go down, "
+                            f"{before.share:.2f} ⇒ {after.share:.2f}")
+        if self.kind == "release" and not after.share > before.share:
+            raise PlanError(f"{where} (release of {self.guest}): the share must go up, "
+                            f"{before.share:.2f} ⇒ {after.share:.2f}")
+
+    @property
+    def bandwidth_before(self) -> CpuBandwidth | None:
+        raw = self.parameters.get("bandwidth_before")
+        return CpuBandwidth.from_dict(raw) if isinstance(raw, Mapping) else None
+
+    @property
+    def bandwidth_after(self) -> CpuBandwidth | None:
+        raw = self.parameters.get("bandwidth_after")
+        return CpuBandwidth.from_dict(raw) if isinstance(raw, Mapping) else None
 
     @property
     def final(self) -> bool:
@@ -153,6 +192,10 @@ class Action:
         """One line: what changes, e.g. "repin g1 on h1: 0→0 ⇒ 0→1"."""
         if self.kind == "probe":
             return f"probe {self.host}"
+        if self.kind in BANDWIDTH_KINDS:
+            before, after = self.bandwidth_before, self.bandwidth_after
+            assert before is not None and after is not None
+            return f"{self.kind} {self.guest} on {self.host}: {before.describe()} ⇒ {after.describe()}"
         assert self.before is not None and self.after is not None
         if self.kind == "migrate":
             return f"migrate {self.guest}: {self.host} ⇒ {self.target_host}"

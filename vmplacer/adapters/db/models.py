@@ -108,6 +108,25 @@ class AuditRow(Base):
     message: Mapped[str] = mapped_column(Text, default="")
 
 
+class ThrottleRow(Base):
+    """A CPU bandwidth limit vmplacer set and has not released, and the protected guest it serves.
+    Throttles persist in libvirt beyond the process that set them; this row is their reason."""
+
+    __tablename__ = "throttles"
+    __table_args__ = (UniqueConstraint("host", "guest"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    host: Mapped[str] = mapped_column(String(64))
+    guest: Mapped[str] = mapped_column(String(64))
+    bandwidth: Mapped[dict] = mapped_column(JSON)  # CpuBandwidth now in force
+    original: Mapped[dict] = mapped_column(JSON)  # CpuBandwidth before vmplacer first throttled it
+    protects: Mapped[str] = mapped_column(String(64))
+    reason: Mapped[str] = mapped_column(Text, default="")
+    plan_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    updated_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+
+
 # ----- Freeze'nSense ---------------------------------------------------------------------
 
 
@@ -227,7 +246,7 @@ class PlanActionRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     plan_id: Mapped[int] = mapped_column(ForeignKey("plans.id", ondelete="CASCADE"), index=True)
     seq: Mapped[int] = mapped_column(Integer)
-    kind: Mapped[str] = mapped_column(String(24))  # repin | set_memory_nodes | migrate | probe
+    kind: Mapped[str] = mapped_column(String(24))  # repin | set_memory_nodes | migrate | probe | throttle | release
     host: Mapped[str] = mapped_column(String(64))
     guest: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
     target_host: Mapped[str | None] = mapped_column(String(64), nullable=True)

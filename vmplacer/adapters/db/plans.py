@@ -332,6 +332,9 @@ def _outcome_unknown(action: Action) -> str:
         return (f"{stopped}; {action.guest} may be on {action.host} or on {action.target_host} (a "
                 f"half-migrated copy may be left on {action.target_host}): check both hosts with "
                 "`vmplacer reconcile` or `virsh list --all`")
+    if action.kind in ("throttle", "release"):
+        return (f"{stopped}; check the CPU bandwidth of {action.guest} on {action.host} with `vmplacer reconcile` "
+                "or `virsh schedinfo` (vcpu_quota): it may have the old or the new limit")
     if action.kind == "probe":
         return f"{stopped}; guests it froze on {action.host} are resumed by `vmplacer profile replay`"
     return (f"{stopped}; check {action.guest} on {action.host} with `vmplacer reconcile` or virsh "

@@ -1,0 +1,69 @@
+"""`vmplacer protect` through the real console script: bad input exits 2 naming the option; one
+round on libvirt's test driver (no CPU bandwidth control there) exits 0 and says why it left the
+guest alone."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
+
+
+def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
+    env["VMPLACER_DATA_DIR"] = str(tmp_path)
+    return subprocess.run([VMPLACER, "protect", *args], capture_output=True, text=True, env=env, timeout=120)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (("--host", "nope", "--once"), "--host 'nope': not a configured host"),
+    (("--host", "default", "--rounds", "0"), "--rounds: must be at least 1"),
+    (("--host", "default", "--samples", "0"), "--samples: must be 1..100"),
+    (("--host", "default", "--t-m-ms", "0"), "--t-m-ms: must be 0.1..1000 ms"),
+    (("--host", "default", "--interval", "soon"), "--interval"),
+    (("--host", "default", "--scope", " "), "--scope: a glob must not be empty"),
+])
+def test_bad_input_exits_2_naming_the_option(tmp_path, args, message):
+    result = run(tmp_path, *args)
+    assert result.returncode == 2 and message in result.stderr, result.stderr
+
+
+def test_one_round_on_the_test_driver(tmp_path):
+    result = run(tmp_path, "--host", "default", "--once", "--format", "json")
+    assert result.returncode == 0, result.stderr
+    report = json.loads(result.stdout.strip().splitlines()[-1])
+    assert report["host"] == "default" and report["verdicts"] == [] and report["steps"] == []
+    assert any("CPU bandwidth unreadable" in note and "not supported" in note for note in report["notes"])
+
+
+def test_the_loop_needs_a_host(tmp_path):
+    result = run(tmp_path, "--once")
+    assert result.returncode == 2 and "--host: required" in result.stderr
+
+
+def test_status_lists_the_ledger(tmp_path):
+    from vmplacer.adapters.db import migrate
+    from vmplacer.adapters.db.engine import make_engine, make_session_factory
+    from vmplacer.adapters.db.throttles import SqlThrottleLedger
+    from vmplacer.core.bandwidth import CpuBandwidth, throttled_to
+
+    url = f"sqlite:///{tmp_path / 'vmplacer.db'}"
+    migrate.upgrade(url)
+    engine = make_engine(url)
+    SqlThrottleLedger(make_session_factory(engine)).note("default", "test", throttled_to(0.4), CpuBandwidth(),
+                                                         protects="web", plan_id=3)
+    engine.dispose()
+    empty = run(tmp_path, "status", "--host", "default", "--format", "json")
+    assert empty.returncode == 0, empty.stderr
+    (row,) = json.loads(empty.stdout)
+    assert (row["guest"], row["share"], row["protects"], row["plan_id"]) == ("test", 0.4, "web", 3)
+    assert "not supported" in row["live_share"]  # the test driver has no CPU bandwidth control
+    table = run(tmp_path, "status")
+    assert table.returncode == 0 and "throttles vmplacer set" in table.stdout and "web" in table.stdout
+    assert run(tmp_path, "status", "--host", "nope").returncode == 2

@@ -1,0 +1,133 @@
+"""The protection loop on a simulated host with a real database (SQLite and PostgreSQL): throttles
+the neighbour that costs a protected guest its floor, in steps, never below the neighbour's minimum
+share and never an unlabelled guest; releases when the protected guest stops; reports a floor
+throttling cannot hold; a loop restarted after a crash releases throttles whose reason is gone."""
+
+from __future__ import annotations
+
+import pytest
+
+from vmplacer.adapters.db import migrate
+from vmplacer.adapters.db.engine import make_engine, make_session_factory
+from vmplacer.adapters.db.placements import SqlPlacementStore
+from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
+from vmplacer.adapters.db.throttles import SqlThrottleLedger
+from vmplacer.adapters.simulator import SimCluster
+from vmplacer.app.protect import Measurement, ProtectLoop
+from vmplacer.app.rebalance import Rebalancer
+from vmplacer.core.protect import LoopSettings
+from vmplacer.core.protection import MIN_SHARE_LABEL, PROTECT_LABEL
+from vmplacer.core.topology import uniform_topology
+
+
+@pytest.fixture
+def db(database_url):
+    migrate.upgrade(database_url)
+    engine = make_engine(database_url)
+    yield make_session_factory(engine)
+    engine.dispose()
+
+
+def cluster(*neighbours: tuple[str, dict[str, str]]) -> SimCluster:
+    sim = SimCluster(seed=3, noise=0.0)
+    host = sim.add_host("h1", uniform_topology(nodes=1, cores_per_node=2, name="h1"))
+    host.define_domain("web", workload="spin", vcpupin=[0], labels={PROTECT_LABEL: "0.8"})
+    for name, labels in neighbours:
+        host.define_domain(name, workload="spin", vcpupin=[0], labels=labels)
+    return sim
+
+
+def loop(sim, db, **kwargs) -> ProtectLoop:
+    host = sim.hosts["h1"]
+    plans = SqlPlanStore(db)
+    rebalancer = Rebalancer(dict(sim.hosts), plans=plans, leases=SqlLeaseStore(db), clock=sim.clock,
+                            holder="protect", audit=SqlPlacementStore(db), throttles=SqlThrottleLedger(db))
+
+    def measure(names: list[str]) -> Measurement:
+        # The simulator's noise-free performance stands in for Freeze'nSense here; the real
+        # profiler drives the loop in the integration test.
+        return Measurement({n: host.true_performance(n) for n in names})
+
+    return ProtectLoop(host, measure=measure, ledger=SqlThrottleLedger(db), plans=plans,
+                       apply=lambda plan_id: rebalancer.apply(plan_id), clock=sim.clock,
+                       wall=lambda: sim.clock.now(), settings=LoopSettings(step=0.1, release_after=2), **kwargs)
+
+
+def test_throttles_the_antagonist_until_the_floor_holds_then_releases_when_the_victim_stops(db):
+    sim = cluster(("batch", {MIN_SHARE_LABEL: "0.2"}))
+    host = sim.hosts["h1"]
+    protect = loop(sim, db)
+    assert host.true_performance("web") == pytest.approx(0.5)
+    reports = [protect.round() for _ in range(10)]
+    assert host.true_performance("web") >= 0.8
+    assert 0.2 <= host.cpu_bandwidth("batch").share < 1.0
+    throttled_rounds = [r for r in reports if r.plan]
+    assert throttled_rounds and all(r.plan["state"] == "succeeded" for r in throttled_rounds)
+    assert reports[-1].decision.verdicts[0].state in ("held", "headroom")
+    stored = SqlPlanStore(db).get(throttled_rounds[0].plan["id"])
+    assert stored.actions[0].kind == "throttle" and stored.actions[0].parameters["protects"] == "web"
+    (record,) = SqlThrottleLedger(db).current("h1")
+    assert record.protects == "web"
+
+    host.suspend("web")  # the protected guest stops
+    report = protect.round()
+    assert [s.kind for s in report.decision.steps] == ["release"] and "is not running" in report.decision.steps[0].reason
+    assert not host.cpu_bandwidth("batch").limited and SqlThrottleLedger(db).current() == []
+
+
+def test_an_unlabelled_neighbour_is_never_throttled_and_the_floor_is_reported_with_a_proposal(db):
+    sim = cluster(("plain", {}))
+    proposals: list[str] = []
+
+    def propose(host_name: str):
+        from vmplacer.core.plan import Plan
+
+        proposals.append(host_name)
+        return SqlPlanStore(db).save(Plan(actions=(), hosts=(host_name,), state="empty", summary="nothing"))
+
+    protect = loop(sim, db, propose=propose)
+    first, second = protect.round(), protect.round()
+    assert not sim.hosts["h1"].cpu_bandwidth("plain").limited
+    assert first.decision.cannot_hold and "cannot hold the floor" in first.decision.cannot_hold[0].message
+    assert first.proposed_plan is not None and second.proposed_plan is None  # proposed once, not every round
+    assert proposals == ["h1"] and SqlThrottleLedger(db).current() == []
+
+
+def test_a_restarted_loop_releases_throttles_whose_reason_is_gone(db):
+    sim = cluster(("batch", {MIN_SHARE_LABEL: "0.2"}))
+    host = sim.hosts["h1"]
+    first = loop(sim, db)
+    for _ in range(3):
+        first.round()
+    assert host.cpu_bandwidth("batch").limited  # throttled, and the process "dies" here
+    host.undefine("web")  # while no loop ran, the protected guest went away
+    restarted = loop(sim, db)
+    report = restarted.round()
+    assert "no longer on this host" in report.decision.steps[0].reason
+    assert not host.cpu_bandwidth("batch").limited and SqlThrottleLedger(db).current() == []
+
+
+class Killed(BaseException):
+    """Stands in for SIGKILL: nothing after the raise runs (no except clause catches it)."""
+
+
+@pytest.mark.parametrize("landed", [False, True], ids=["before-libvirt-changed", "after-libvirt-changed"])
+def test_a_loop_killed_mid_throttle_leaves_no_throttle_without_a_reason(db, landed):
+    sim = cluster(("batch", {MIN_SHARE_LABEL: "0.2"}))
+    host = sim.hosts["h1"]
+    real_set = host.set_cpu_bandwidth
+
+    def dies(name, bandwidth):
+        if landed:
+            real_set(name, bandwidth)
+        raise Killed()
+
+    host.set_cpu_bandwidth = dies  # type: ignore[method-assign]
+    with pytest.raises(Killed):
+        loop(sim, db).round()
+    host.set_cpu_bandwidth = real_set  # type: ignore[method-assign]
+    (record,) = SqlThrottleLedger(db).current()  # the intent was recorded before libvirt was asked
+    assert record.protects == "web" and host.cpu_bandwidth("batch").limited == landed
+    host.suspend("web")  # the reason goes away while no loop runs
+    loop(sim, db).round()  # the restarted loop
+    assert not host.cpu_bandwidth("batch").limited and SqlThrottleLedger(db).current() == []

@@ -1,0 +1,81 @@
+"""Composition of the protection loop: the libvirt host, Freeze'nSense rounds, the rebalancer's
+executor (leases, plans, audit, throttle ledger) and the learned interference model."""
+
+from __future__ import annotations
+
+import fnmatch
+import statistics
+import time
+from collections.abc import Sequence
+
+from vmplacer.adapters.db.throttles import SqlThrottleLedger
+from vmplacer.adapters.libvirt_freeze import labels_from_xml
+from vmplacer.app.profiler import ProfilerConfig, SensitiveSelector
+from vmplacer.app.protect import Measurement, ProtectLoop
+from vmplacer.bootstrap import Container
+from vmplacer.bootstrap_profiler import build_profiler
+from vmplacer.bootstrap_rebalance import build_rebalancer
+from vmplacer.core.protect import LoopSettings
+from vmplacer.ports import DomainFacts
+
+
+class _ProtectHost:
+    """The libvirt host as the loop reads it: domains, bandwidth, and labels with the workload class."""
+
+    def __init__(self, container: Container, name: str):
+        self._host = container.hypervisor(name)
+        self._labels = labels_from_xml(self._host)
+        self.name = name
+
+    def __getattr__(self, item: str):  # type: ignore[no-untyped-def]
+        return getattr(self._host, item)
+
+    def domain_facts(self, names: list[str]) -> dict[str, DomainFacts]:
+        facts = {}
+        for name in names:
+            try:
+                facts[name] = DomainFacts(None, self._labels(name))
+            except Exception:  # noqa: BLE001 - a domain gone or foreign: no labels, never protected
+                facts[name] = DomainFacts(None, {})
+        return facts
+
+
+def build_protect_loop(container: Container, host_name: str, *, scope: Sequence[str] = ("*",),
+                       samples: int = 5, t_m_s: float | None = None, holder: str = "protect") -> ProtectLoop:
+    """A ready loop for one host; `scope` (globs) limits the guests it reads, freezes and may throttle."""
+    settings = container.settings
+    protect = settings.protect
+    t_m = t_m_s if t_m_s is not None else settings.profiler.t_m_ms / 1e3
+    patterns = tuple(scope)
+    rebalancer = build_rebalancer(container, holder=holder, measure_demand=False)
+
+    def in_scope(name: str) -> bool:
+        return any(fnmatch.fnmatchcase(name, p) for p in patterns)
+
+    def measure(names: list[str]) -> Measurement:
+        config = ProfilerConfig(t_m_s=t_m, t_sleep_s=max(0.05, t_m * 2), max_freeze_s=max(0.5, t_m * 4),
+                                samples=samples, scope=patterns, sensitive=SensitiveSelector(frozenset(names)),
+                                excluded=settings.profiler.excluded_domains)
+        profiler, freezer = build_profiler(container, host_name, config, store=False)
+        started = time.monotonic()
+        try:
+            result = profiler.run()
+        finally:
+            freezer.close()
+        ratios = {}
+        for name, vm in result.vms.items():
+            if name in names and vm.zeta and vm.zeta_b and statistics.median(vm.zeta_b) > 0:
+                ratios[name] = min(1.0, statistics.median(vm.zeta) / statistics.median(vm.zeta_b))
+        wall = time.monotonic() - started
+        return Measurement(ratios, result.frozen_s, wall)
+
+    def propose(host: str):  # type: ignore[no-untyped-def]
+        return rebalancer.make_plan([host])
+
+    return ProtectLoop(
+        _ProtectHost(container, host_name), measure=measure, ledger=SqlThrottleLedger(container.sessions),
+        plans=rebalancer.plans, apply=lambda plan_id: rebalancer.apply(plan_id, lease_ttl_s=120.0, wait_s=5.0),
+        clock=rebalancer.clock, wall=time.time, defaults=protect.defaults,
+        settings=LoopSettings(step=protect.step, release_margin=protect.release_margin),
+        model=container.load_model, propose=propose, scope=in_scope,
+    )
