@@ -23,11 +23,11 @@ def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.mark.parametrize(("args", "message"), [
     (("--host", "nope", "--once"), "--host 'nope': not a configured host"),
-    (("--host", "default", "--rounds", "0"), "--rounds: must be at least 1"),
-    (("--host", "default", "--samples", "0"), "--samples: must be 1..100"),
-    (("--host", "default", "--t-m-ms", "0"), "--t-m-ms: must be 0.1..1000 ms"),
-    (("--host", "default", "--interval", "soon"), "--interval"),
-    (("--host", "default", "--scope", " "), "--scope: a glob must not be empty"),
+    (("--host", "example", "--rounds", "0"), "--rounds: must be at least 1"),
+    (("--host", "example", "--samples", "0"), "--samples: must be 1..100"),
+    (("--host", "example", "--t-m-ms", "0"), "--t-m-ms: must be 0.1..1000 ms"),
+    (("--host", "example", "--interval", "soon"), "--interval"),
+    (("--host", "example", "--scope", " "), "--scope: a glob must not be empty"),
 ])
 def test_bad_input_exits_2_naming_the_option(tmp_path, args, message):
     result = run(tmp_path, *args)
@@ -35,10 +35,10 @@ def test_bad_input_exits_2_naming_the_option(tmp_path, args, message):
 
 
 def test_one_round_on_the_test_driver(tmp_path):
-    result = run(tmp_path, "--host", "default", "--once", "--format", "json")
+    result = run(tmp_path, "--host", "example", "--once", "--format", "json")
     assert result.returncode == 0, result.stderr
     report = json.loads(result.stdout.strip().splitlines()[-1])
-    assert report["host"] == "default" and report["verdicts"] == [] and report["steps"] == []
+    assert report["host"] == "example" and report["verdicts"] == [] and report["steps"] == []
     assert any("CPU bandwidth unreadable" in note and "not supported" in note for note in report["notes"])
 
 
@@ -56,10 +56,10 @@ def test_status_lists_the_ledger(tmp_path):
     url = f"sqlite:///{tmp_path / 'vmplacer.db'}"
     migrate.upgrade(url)
     engine = make_engine(url)
-    SqlThrottleLedger(make_session_factory(engine)).note("default", "test", throttled_to(0.4), CpuBandwidth(),
+    SqlThrottleLedger(make_session_factory(engine)).note("example", "test", throttled_to(0.4), CpuBandwidth(),
                                                          protects="web", plan_id=3)
     engine.dispose()
-    empty = run(tmp_path, "status", "--host", "default", "--format", "json")
+    empty = run(tmp_path, "status", "--host", "example", "--format", "json")
     assert empty.returncode == 0, empty.stderr
     (row,) = json.loads(empty.stdout)
     assert (row["guest"], row["share"], row["protects"], row["plan_id"]) == ("test", 0.4, "web", 3)
