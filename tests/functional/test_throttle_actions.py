@@ -160,7 +160,6 @@ def test_bandwidth_actions_need_their_parameters():
 
 
 def test_libvirt_test_driver_refuses_bandwidth_with_a_clear_error():
-    pytest.importorskip("libvirt")
     from vmplacer.adapters.libvirt_host import LibvirtHost
     from vmplacer.config import HostSettings
 
