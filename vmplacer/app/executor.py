@@ -1,6 +1,8 @@
 """The executor: the only code that changes a host on a plan's behalf.
 
-Each action goes through one contract:
+It sequences, journals, audits and reverts; what each action kind does lives
+in that kind's class (`vmplacer/app/actions/`). Each action goes through one
+contract:
 
 * precheck — is the world still what the planner saw? A guest whose pinning,
   memory nodes or host changed since planning is skipped with the reason (a
@@ -34,25 +36,24 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
+from vmplacer.app.actions import ActionFailed, ActionKind, Check, action_kinds
 from vmplacer.core.bandwidth import CpuBandwidth
-from vmplacer.core.cpuset import format_cpuset
 from vmplacer.core.placement import Placement
-from vmplacer.core.plan import BANDWIDTH_KINDS, Action, CancelRequest, Plan, PlanError
+from vmplacer.core.plan import Action, CancelRequest, Plan, PlanError
 from vmplacer.ports import (
-    BandwidthControl,
     ClaimConflict,
     Clock,
-    DomainGone,
-    DomainInfo,
     Hypervisor,
     HypervisorError,
     PlacementUpdates,
     PlanStore,
     ThrottleLedger,
 )
+
+__all__ = ["ActionFailed", "Auditor", "Check", "Executor", "ExecutorError", "ExecutorSettings"]
 
 log = logging.getLogger(__name__)
 
@@ -86,31 +87,6 @@ class Auditor:
               message: str = "", detail: dict[str, object] | None = None) -> None: ...
 
 
-@dataclass(frozen=True)
-class Check:
-    ok: bool
-    reason: str = ""
-    done: bool = False  # already in the target state
-
-
-class ActionFailed(Exception):
-    def __init__(self, message: str, retriable: bool = False):
-        super().__init__(message)
-        self.retriable = retriable
-
-
-def _pins_equal(live: Placement, wanted: Placement) -> bool:
-    """vCPU pins (those the wanted placement names) and, when named, the emulator pins."""
-    for vcpu, cpus in wanted.vcpupin.items():
-        if cpus and live.vcpupin.get(vcpu) != cpus:
-            return False
-    return not wanted.emulatorpin or live.emulatorpin == wanted.emulatorpin
-
-
-def _pins_text(placement: Placement) -> str:
-    return placement.describe_pinning() or "(unpinned)"
-
-
 class Executor:
     def __init__(
         self,
@@ -135,6 +111,9 @@ class Executor:
         self.settings = settings or ExecutorSettings()
         self.throttles = throttles
         self._deferred: list[Placement] = []
+        self.kinds: dict[str, ActionKind] = action_kinds(
+            self.hosts, probe=probe, migration_bandwidth_mib_s=self.settings.migration_bandwidth_mib_s,
+            migration_timeout_s=self.settings.migration_timeout_s)
 
     # ----- the plan ---------------------------------------------------------------------------
     def run(self, plan: Plan) -> Plan:
@@ -200,8 +179,9 @@ class Executor:
             if state != "succeeded":
                 return self._finish(plan, action.moved_to(
                     "skipped", f"depends on action {dep} ({plan.actions[dep].kind}), which {state}"))
+        kind = self.kinds[action.kind]
         try:
-            check = self.precheck(action, plan)
+            check = kind.precheck(action, plan)
         except HypervisorError as exc:
             check = Check(False, f"cannot read the host: {exc}")
         if not check.ok:
@@ -211,27 +191,26 @@ class Executor:
             return self._finish(plan, action.moved_to("succeeded", "already in the target state"), record=True)
         action = action.moved_to("running")
         self._store(plan, action, started=True)
-        if action.kind == "throttle":
+        if kind.ledger_intent_first:
             # Intent first (like the freeze journal): a process killed between libvirt's change and
-            # the record must not leave a throttle nobody knows the reason of.
+            # the record must not leave a change nobody knows the reason of.
             self._note_throttle(plan, action, action.bandwidth_after)
         try:
-            self._with_retries(action, lambda: self.execute(action))
-            problem = self.verify(action)
+            self._with_retries(kind, action)
+            problem = kind.verify(action)
             if problem:
                 raise ActionFailed(f"verify: {problem}")
         except (ActionFailed, HypervisorError) as exc:
-            undo = self._revert_quietly(action)
-            message = f"{exc}; {undo}"
-            if action.kind == "migrate":
-                message += "; " + self._where(action)
-            return self._finish(plan, action.moved_to("failed", message))
-        return self._finish(plan, action.moved_to("succeeded", self._done_message(action)), record=True)
+            return self._finish(plan, action.moved_to("failed", f"{exc}; {kind.after_failure(action)}"))
+        return self._finish(plan, action.moved_to("succeeded", kind.done(action)), record=True)
 
     def _finish(self, plan: Plan, action: Action, record: bool = False) -> Plan:
+        kind = self.kinds[action.kind]
         if record and action.state == "succeeded" and action.after is not None:
-            self._record_placement(plan, action)
-        if action.kind in BANDWIDTH_KINDS and action.state in ("succeeded", "rolled_back", "failed"):
+            after = kind.placement_after(action)
+            if after is not None:
+                self._record(plan, [after])
+        if kind.throttle_ledger and action.state in ("succeeded", "rolled_back", "failed"):
             self._note_throttle(plan, action)
         self._store(plan, action, finished=True)
         outcome = {"succeeded": "ok", "skipped": "skipped", "failed": "failed",
@@ -253,332 +232,36 @@ class Executor:
         for action in reversed(plan.actions):
             if action.state != "succeeded":
                 continue
+            kind = self.kinds[action.kind]
             try:
-                self.revert(action)
+                kind.revert(action)
             except (HypervisorError, ActionFailed) as exc:
                 self._audit("rebalance-revert", "failed", action.host, action.guest,
                             f"{action.describe()}: could not revert: {exc}", self._detail(plan, action))
                 continue
             undone = action.moved_to("rolled_back", "undone: another action of the plan failed")
-            if undone.before is not None and undone.kind != "probe":
-                self._record(plan, [undone.before])
+            before = kind.placement_before(undone)
+            if before is not None:
+                self._record(plan, [before])
             plan = self._finish(plan, undone)
         return self._skip_rest(plan, "the plan was rolled back")
 
-    # ----- the action contract ------------------------------------------------------------------
-    def precheck(self, action: Action, plan: Plan | None = None) -> Check:
-        if action.kind == "probe":
-            if self.probe is None:
-                return Check(False, "no profiler is available to probe with")
-            return Check(True)
-        if action.kind in BANDWIDTH_KINDS:
-            return self._precheck_bandwidth(action)
-        assert action.guest is not None and action.before is not None and action.after is not None
-        if action.kind == "migrate":
-            return self._precheck_migrate(action)
-        host = self.hosts[action.host]
-        try:
-            info = host.domain(action.guest)
-        except DomainGone:
-            return Check(False, f"drift: {action.guest} is no longer on {action.host}")
-        if info.state != "running":
-            return Check(False, f"drift: {action.guest} is {info.state}, not running")
-        live = info.placement
-        if live is None:
-            return Check(False, f"cannot read the pinning of {action.guest}")
-        if action.kind == "set_memory_nodes":
-            if live.memory_nodes == action.after.memory_nodes:
-                return Check(True, done=True)
-            if live.memory_nodes != action.before.memory_nodes:
-                return Check(False, f"drift: memory nodes of {action.guest} are "
-                                    f"{format_cpuset(live.memory_nodes) or '-'}, planned from "
-                                    f"{format_cpuset(action.before.memory_nodes) or '-'}")
-            if not callable(getattr(host, "set_memory_nodes", None)):
-                return Check(False, f"host {action.host} cannot move a running guest's memory "
-                                    "(its adapter has no live NUMA tuning)")
-            return Check(True)
-        if _pins_equal(live, action.after):
-            return Check(True, done=True)
-        if not _pins_equal(live, action.before):
-            return Check(False, f"drift: {action.guest} is pinned {_pins_text(live)}, the plan expected "
-                                f"{_pins_text(action.before)}")
-        conflict = self._exclusive_conflict(action, plan)
-        if conflict:
-            return Check(False, conflict)
-        return Check(True)
-
-    def _exclusive_conflict(self, action: Action, plan: Plan | None) -> str:
-        """A guest outside the plan now runs on pCPUs this action makes exclusive."""
-        assert action.after is not None
-        wanted = action.after.exclusive_cpus
-        if not wanted:
-            return ""
-        moving = {a.guest for a in plan.actions} if plan is not None else set()
-        for other in self.hosts[action.host].domains():
-            if other.name == action.guest or other.name in moving or other.placement is None:
-                continue
-            clash = {c for pins in other.placement.vcpupin.values() if len(pins) == 1 for c in pins} & wanted
-            if clash:
-                return f"drift: {other.name} now runs on pCPUs {format_cpuset(clash)}, which {action.guest} would own"
-        return ""
-
-    def _bandwidth_host(self, action: Action) -> BandwidthControl | None:
-        host = self.hosts[action.host]
-        if callable(getattr(host, "cpu_bandwidth", None)) and callable(getattr(host, "set_cpu_bandwidth", None)):
-            return host  # type: ignore[return-value]
-        return None
-
-    def _precheck_bandwidth(self, action: Action) -> Check:
-        """Throttle/release: the guest runs here and its bandwidth is what the planner read."""
-        assert action.guest is not None
-        before, after = action.bandwidth_before, action.bandwidth_after
-        assert before is not None and after is not None
-        host = self._bandwidth_host(action)
-        if host is None:
-            return Check(False, f"host {action.host} cannot change a guest's CPU bandwidth "
-                                "(its adapter has no CFS quota control)")
-        info = _find(self.hosts[action.host], action.guest)
-        if info is None:
-            return Check(False, f"drift: {action.guest} is no longer on {action.host}")
-        if info.state != "running":
-            return Check(False, f"drift: {action.guest} is {info.state}, not running")
-        live = host.cpu_bandwidth(action.guest)
-        if live.same_limits(after):
-            return Check(True, done=True)
-        if not live.same_limits(before):
-            return Check(False, f"drift: {action.guest} has CPU bandwidth {live.describe()}, the plan expected "
-                                f"{before.describe()}")
-        return Check(True)
-
-    def _precheck_migrate(self, action: Action) -> Check:
-        assert action.guest is not None and action.before is not None and action.target_host is not None
-        source, destination = self.hosts[action.host], self.hosts[action.target_host]
-        there = _find(destination, action.guest)
-        here = _find(source, action.guest)
-        if there is not None and here is None:
-            if there.state == "running":
-                return Check(True, done=True)
-            return Check(False, f"drift: {action.guest} is on {action.target_host} but {there.state}")
-        if here is None:
-            return Check(False, f"drift: {action.guest} is on neither {action.host} nor {action.target_host}")
-        if there is not None:
-            return Check(False, f"a domain named {action.guest} already exists on {action.target_host}")
-        if here.state != "running":
-            return Check(False, f"drift: {action.guest} is {here.state}, not running")
-        if here.placement is not None and not _pins_equal(here.placement, action.before):
-            return Check(False, f"drift: {action.guest} is pinned {_pins_text(here.placement)}, the plan expected "
-                                f"{_pins_text(action.before)}")
-        topology = destination.topology()
-        missing = sorted(action.before.pcpus - topology.online_cpus)
-        if missing:
-            return Check(False, f"{action.target_host} has no pCPUs {format_cpuset(missing)} that "
-                                f"{action.guest} is pinned to (repin it first)")
-        free = sum(node.free_kib for node in topology.nodes.values())
-        if free and here.memory_kib > free:
-            return Check(False, f"{action.target_host} has {free // 1024} MiB free, {action.guest} needs "
-                                f"{here.memory_kib // 1024} MiB")
-        return Check(True)
-
-    def execute(self, action: Action) -> None:
-        if action.kind == "probe":
-            assert self.probe is not None
-            seconds = float(action.parameters.get("seconds", 5.0))
-            self.probe(action.host, seconds)
-            return
-        if action.kind in BANDWIDTH_KINDS:
-            host = self._bandwidth_host(action)
-            assert host is not None and action.guest is not None and action.bandwidth_after is not None
-            host.set_cpu_bandwidth(action.guest, action.bandwidth_after)
-            return
-        assert action.guest is not None and action.after is not None
-        if action.kind == "migrate":
-            assert action.target_host is not None
-            self.hosts[action.host].migrate(
-                action.guest, self.hosts[action.target_host],
-                bandwidth_mib_s=self.settings.migration_bandwidth_mib_s,
-                timeout_s=self.settings.migration_timeout_s,
-            )
-            return
-        host = self.hosts[action.host]
-        if action.kind == "set_memory_nodes":
-            host.set_memory_nodes(action.guest, action.after.memory_nodes)  # type: ignore[attr-defined]
-            return
-        self._apply_pins(host, action.guest, action.after)
-
-    @staticmethod
-    def _apply_pins(host: Hypervisor, guest: str, wanted: Placement) -> None:
-        live = host.domain(guest).placement
-        for vcpu, cpus in sorted(wanted.vcpupin.items()):
-            if cpus and (live is None or live.vcpupin.get(vcpu) != cpus):
-                host.pin_vcpu(guest, vcpu, cpus)
-        if wanted.emulatorpin and (live is None or live.emulatorpin != wanted.emulatorpin):
-            host.pin_emulator(guest, wanted.emulatorpin)
-
-    def verify(self, action: Action) -> str:
-        """What is not as the action promised (empty: verified)."""
-        if action.kind == "probe":
-            return ""
-        if action.kind in BANDWIDTH_KINDS:
-            host = self._bandwidth_host(action)
-            assert host is not None and action.guest is not None and action.bandwidth_after is not None
-            live = host.cpu_bandwidth(action.guest)
-            if not live.same_limits(action.bandwidth_after):
-                return f"CPU bandwidth read back as {live.describe()}, expected {action.bandwidth_after.describe()}"
-            return ""
-        assert action.guest is not None and action.after is not None
-        if action.kind == "migrate":
-            assert action.target_host is not None
-            there = _find(self.hosts[action.target_host], action.guest)
-            here = _find(self.hosts[action.host], action.guest)
-            if there is None:
-                return f"{action.guest} is not on {action.target_host}"
-            if there.state != "running":
-                return f"{action.guest} is {there.state} on {action.target_host}"
-            if here is not None:
-                return f"{action.guest} is still defined on {action.host} as well"
-            return ""
-        info = self.hosts[action.host].domain(action.guest)
-        live = info.placement
-        if live is None:
-            return f"cannot read back the pinning of {action.guest}"
-        if action.kind == "set_memory_nodes":
-            if live.memory_nodes != action.after.memory_nodes:
-                return (f"memory nodes read back as {format_cpuset(live.memory_nodes) or '-'}, "
-                        f"expected {format_cpuset(action.after.memory_nodes)}")
-            return ""
-        if not _pins_equal(live, action.after):
-            return f"pinning read back as {_pins_text(live)}, expected {_pins_text(action.after)}"
-        return ""
-
-    def revert(self, action: Action) -> None:
-        """Put back `before` where it is not in place; safe to repeat."""
-        if action.kind == "probe":
-            return
-        if action.kind in BANDWIDTH_KINDS:
-            host = self._bandwidth_host(action)
-            assert host is not None and action.guest is not None and action.bandwidth_before is not None
-            if not host.cpu_bandwidth(action.guest).same_limits(action.bandwidth_before):
-                host.set_cpu_bandwidth(action.guest, action.bandwidth_before)
-            return
-        assert action.guest is not None and action.before is not None
-        if action.kind == "migrate":
-            assert action.target_host is not None
-            there = _find(self.hosts[action.target_host], action.guest)
-            here = _find(self.hosts[action.host], action.guest)
-            if here is None and there is not None and there.state == "running":
-                self.hosts[action.target_host].migrate(
-                    action.guest, self.hosts[action.host],
-                    bandwidth_mib_s=self.settings.migration_bandwidth_mib_s,
-                    timeout_s=self.settings.migration_timeout_s)
-            return
-        host = self.hosts[action.host]
-        if action.kind == "set_memory_nodes":
-            live = host.domain(action.guest).placement
-            if live is not None and live.memory_nodes != action.before.memory_nodes and action.before.memory_nodes:
-                host.set_memory_nodes(action.guest, action.before.memory_nodes)  # type: ignore[attr-defined]
-            return
-        self._apply_pins(host, action.guest, action.before)
-
     # ----- helpers ------------------------------------------------------------------------------------
-    def _with_retries(self, action: Action, step: Callable[[], None]) -> None:
+    def _with_retries(self, kind: ActionKind, action: Action) -> None:
         attempt = 0
         while True:
             try:
-                step()
+                kind.execute(action)
                 return
             except HypervisorError as exc:
                 if not exc.retriable or attempt >= self.settings.retries:
                     raise
-                if action.kind == "migrate" and self._arrived(action):
-                    return  # the call failed but the guest did arrive
+                if kind.arrived(action):
+                    return  # the call failed but the change did happen
                 attempt += 1
                 log.warning("%s: retriable error (%s), attempt %d of %d in %.1f s", action.describe(), exc,
                             attempt + 1, self.settings.retries + 1, self.settings.retry_delay_s)
                 self.clock.sleep(self.settings.retry_delay_s)
-
-    def _arrived(self, action: Action) -> bool:
-        try:
-            return not self.verify(action)
-        except HypervisorError:
-            return False  # cannot tell (a host unreachable): report the migration's own error
-
-    def _revert_quietly(self, action: Action) -> str:
-        if action.kind == "migrate":
-            return self._after_failed_migration(action)
-        try:
-            self.revert(action)
-            return "its partial effect was reverted"
-        except (HypervisorError, ActionFailed) as exc:
-            return f"revert failed: {exc}"
-
-    def _after_failed_migration(self, action: Action) -> str:
-        """Where the guest is after a failed migration; the source is authoritative while it runs there."""
-        assert action.guest is not None and action.target_host is not None
-        try:
-            here = _find(self.hosts[action.host], action.guest)
-        except HypervisorError as exc:
-            return f"the source cannot be read ({exc})"
-        if here is not None and here.state == "running":
-            try:
-                cleaned = self._clean_failed_migration(action)
-            except HypervisorError as exc:
-                cleaned = f"{action.target_host} unreachable, not checked for a leftover copy ({exc})"
-            return "the guest stays on the source" + (f"; {cleaned}" if cleaned else "")
-        try:
-            self.revert(action)
-            return "migrated back to the source"
-        except (HypervisorError, ActionFailed) as exc:
-            return f"the guest is not running on the source and could not be brought back: {exc}"
-
-    def _clean_failed_migration(self, action: Action) -> str:
-        """A failed incoming copy on the destination, next to the guest still running on the
-        source, is a leftover of the failed job: remove it (same UUID only)."""
-        assert action.guest is not None and action.target_host is not None
-        destination = self.hosts[action.target_host]
-        here = _find(self.hosts[action.host], action.guest)
-        there = _find(destination, action.guest)
-        if here is None or there is None or here.state != "running" or there.state == "running":
-            return ""
-        if here.uuid != there.uuid:
-            return ""
-        removed = []
-        for step in ("destroy", "undefine"):
-            fn = getattr(destination, step, None)
-            if callable(fn):
-                try:
-                    fn(action.guest)
-                    removed.append(step)
-                except HypervisorError:
-                    pass
-        return f"removed the half-migrated copy on {action.target_host} ({', '.join(removed) or 'could not'})"
-
-    def _where(self, action: Action) -> str:
-        assert action.guest is not None and action.target_host is not None
-        places = []
-        for name in (action.host, action.target_host):
-            try:
-                found = _find(self.hosts[name], action.guest)
-            except HypervisorError as exc:
-                places.append(f"{name}: unreachable ({exc})")
-                continue
-            places.append(f"{name}: {found.state if found else 'absent'}")
-        return "now " + ", ".join(places)
-
-    def _done_message(self, action: Action) -> str:
-        if action.kind == "migrate":
-            return f"running on {action.target_host}"
-        if action.kind == "probe":
-            return "probed"
-        if action.kind in BANDWIDTH_KINDS:
-            return "CPU bandwidth read back from the host"
-        return "verified on the host"
-
-    def _record_placement(self, plan: Plan, action: Action) -> None:
-        assert action.after is not None
-        after = action.after
-        if action.kind == "migrate":
-            after = replace(action.before, host=action.target_host) if action.before else after
-        self._record(plan, [after])
 
     def _note_throttle(self, plan: Plan, action: Action, left: CpuBandwidth | None = None) -> None:
         """Keep the throttle ledger true: the bandwidth this action left (or is about to leave) the
@@ -628,13 +311,14 @@ class Executor:
                 log.error("plan %s: could not record action %d: %s", plan.id, action.index, exc)
 
     def _detail(self, plan: Plan, action: Action) -> dict[str, Any]:
+        kind = self.kinds[action.kind]
         return {
             "plan_id": plan.id,
             "action": action.index,
             "kind": action.kind,
             "target_host": action.target_host,
-            "before": _change_text(action, "before"),
-            "after": _change_text(action, "after"),
+            "before": kind.change_text(action, "before"),
+            "after": kind.change_text(action, "after"),
             "reason": action.reason,
             "predicted_gain": round(action.predicted_gain, 6),
             "state": action.state,
@@ -649,19 +333,3 @@ class Executor:
                                detail=detail)
         except Exception as exc:  # noqa: BLE001 - the audit log must never stop the executor
             log.error("audit log write failed (%s): %s", name, exc)
-
-
-def _change_text(action: Action, side: str) -> str | None:
-    """An action's before/after for the audit log: pinning, or CPU bandwidth for throttles."""
-    if action.kind in BANDWIDTH_KINDS:
-        bandwidth = action.bandwidth_before if side == "before" else action.bandwidth_after
-        return bandwidth.describe() if bandwidth is not None else None
-    placement = action.before if side == "before" else action.after
-    return _pins_text(placement) if placement else None
-
-
-def _find(host: Hypervisor, name: str) -> DomainInfo | None:
-    try:
-        return host.domain(name)
-    except DomainGone:
-        return None
