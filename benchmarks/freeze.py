@@ -46,7 +46,7 @@ from vmplacer.adapters.process_identity import current_owner  # noqa: E402
 from vmplacer.app.freeze import Freezer  # noqa: E402
 from vmplacer.app.profiler import ProfilerConfig, SensitiveSelector  # noqa: E402
 from vmplacer.bootstrap import Container  # noqa: E402
-from vmplacer.bootstrap_profiler import build_profiler  # noqa: E402
+from vmplacer.bootstrap.profiler import build_profiler  # noqa: E402
 from vmplacer.config import HostSettings, settings_from_mapping  # noqa: E402
 from vmplacer.core.profile_stats import overhead_formula  # noqa: E402
 from vmplacer.testbed import daemons, guests  # noqa: E402

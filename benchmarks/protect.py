@@ -30,7 +30,7 @@ import libvirt  # noqa: E402
 
 from vmplacer.adapters.domain_xml_fields import NAMESPACE  # noqa: E402
 from vmplacer.bootstrap import Container  # noqa: E402
-from vmplacer.bootstrap_protect import build_protect_loop  # noqa: E402
+from vmplacer.bootstrap.protect import build_protect_loop  # noqa: E402
 from vmplacer.config import settings_from_mapping  # noqa: E402
 from vmplacer.testbed import daemons, guests  # noqa: E402
 

@@ -1,14 +1,16 @@
 """Protocols between the application layer and the outside world.
 
 `app/` depends only on these; libvirt, the simulator and the database are
-adapters injected by `bootstrap.py`, so the same profiler, executor and
+adapters injected by `vmplacer/bootstrap/`, so the same profiler, executor and
 rebalancer run against real hosts and simulated ones.
 """
 
 from __future__ import annotations
 
+import hashlib
+import time
 from dataclasses import dataclass, field
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from vmplacer.core.bandwidth import CpuBandwidth
 from vmplacer.core.placement import Placement
@@ -376,3 +378,48 @@ class MemoryTuning(Protocol):
     """A host that can move a running guest's memory to other NUMA nodes."""
 
     def set_memory_nodes(self, name: str, nodes: frozenset[int]) -> None: ...
+
+
+class SystemClock:
+    """The real monotonic clock (the simulator has its own)."""
+
+    def now(self) -> float:
+        return time.monotonic()
+
+    def sleep(self, seconds: float) -> None:
+        if seconds > 0:
+            time.sleep(seconds)
+
+
+# ----- API tokens and plan applies: what the stores and the front ends both speak ----------------
+
+
+class TokenError(ValueError):
+    """Bad token name or scope, or a name already in use; the message says which."""
+
+
+def hash_token(token: str) -> str:
+    """A token's stored (and cached) form: its SHA-256; the token itself is never kept."""
+    return hashlib.sha256(token.encode("utf-8")).hexdigest()
+
+
+@dataclass(frozen=True)
+class TokenInfo:
+    name: str
+    scope: str
+    created_at: float
+    last_used_at: float | None
+    id: int | None = None  # the row's id: names are reused after a revoke, ids are not
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"name": self.name, "scope": self.scope, "created_at": self.created_at,
+                "last_used_at": self.last_used_at}
+
+
+class ApplyRefused(Exception):
+    """The plan cannot be applied now; `reason` says why, `job` names a competing job."""
+
+    def __init__(self, reason: str, *, state: str | None = None, job: str | None = None):
+        super().__init__(reason)
+        self.state = state
+        self.job = job

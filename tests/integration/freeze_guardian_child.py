@@ -24,7 +24,7 @@ def main(argv: list[str]) -> None:
 
     from vmplacer.app.profiler import ProfilerConfig, SensitiveSelector
     from vmplacer.bootstrap import Container
-    from vmplacer.bootstrap_profiler import build_profiler
+    from vmplacer.bootstrap.profiler import build_profiler
     from vmplacer.config import load_settings
 
     def on_phase(phase: str) -> None:

@@ -23,7 +23,7 @@ from vmplacer.adapters.samplers import _local_pmu, choose_metric, detect_perf_co
 from vmplacer.adapters.samplers.cpu import CpuShareSampler
 from vmplacer.app.profiler import ProfilerConfig, SensitiveSelector
 from vmplacer.bootstrap import Container
-from vmplacer.bootstrap_profiler import build_profiler
+from vmplacer.bootstrap.profiler import build_profiler
 from vmplacer.config import settings_from_mapping
 from vmplacer.testbed.guests import rate, read_progress, wait_for_progress
 

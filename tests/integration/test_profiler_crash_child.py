@@ -28,7 +28,7 @@ def main(argv: list[str]) -> None:
     names = tuple(names_arg.split(","))
 
     from vmplacer.bootstrap import Container
-    from vmplacer.bootstrap_profiler import replay_freeze_journal
+    from vmplacer.bootstrap.profiler import replay_freeze_journal
     from vmplacer.config import load_settings
 
     imported = time.monotonic()
@@ -41,7 +41,7 @@ def main(argv: list[str]) -> None:
         return
 
     from vmplacer.app.profiler import ProfilerConfig, SensitiveSelector
-    from vmplacer.bootstrap_profiler import build_profiler
+    from vmplacer.bootstrap.profiler import build_profiler
 
     seen = {"n": 0}
     guardian = {"pid": 0}

@@ -15,7 +15,7 @@ import pytest
 
 from vmplacer.adapters.domain_xml_fields import NAMESPACE
 from vmplacer.bootstrap import Container
-from vmplacer.bootstrap_protect import build_protect_loop
+from vmplacer.bootstrap.protect import build_protect_loop
 from vmplacer.config import settings_from_mapping
 from vmplacer.testbed.guests import rate, read_progress, wait_for_progress
 

@@ -38,9 +38,7 @@ def api_actor(request: Request) -> ApiActor:
 
 def acting_store(services: Any, actor: ApiActor):  # -> SqlPlacementStore
     """The placement store, auditing as `actor`."""
-    from vmplacer.adapters.db.placements import SqlPlacementStore
-
-    return SqlPlacementStore(services.container.sessions, actor=actor.name, actor_detail=actor.detail())
+    return services.container.placement_store_as(actor.name, actor.detail())
 
 
 def acting_placement(services: Any, actor: ApiActor):  # -> PlacementService

@@ -45,7 +45,7 @@ def create_app(container: Container, options: ApiOptions | None = None,
         from starlette.concurrency import run_in_threadpool
 
         # Synchronous routes run on this loop's default thread limiter; the database pool is
-        # sized for it (services.POOL_SIZE + POOL_OVERFLOW).
+        # sized for it (bootstrap.container.SERVER_POOL_SIZE + SERVER_POOL_OVERFLOW).
         current_default_thread_limiter().total_tokens = services.options.request_threads
         await run_in_threadpool(services.start, leases)
         # Everything loaded so far lives as long as the process: keep the cyclic garbage

@@ -20,7 +20,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from vmplacer.adapters.db.api import TokenInfo, hash_token
+from vmplacer.ports import TokenInfo, hash_token
 from vmplacer.api.errors import ApiError
 
 PUBLIC_PATHS = frozenset({"/healthz"})

@@ -32,7 +32,7 @@ from urllib.parse import parse_qsl
 
 from starlette.concurrency import run_in_threadpool
 
-from vmplacer.adapters.db.api import hash_token
+from vmplacer.ports import hash_token
 from vmplacer.api.auth import TokenVerifier, bearer_token
 
 HEADER = b"idempotency-key"

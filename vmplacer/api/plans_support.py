@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import func, select
-
 from vmplacer.api.errors import ApiError
 from vmplacer.app.jobs import Handler, JobContext, JobFailed
 
@@ -23,15 +21,13 @@ APPLY_JOB = "apply-plan"
 def build_rebalancer(services: Any, holder: str):  # -> Rebalancer
     """The rebalancer as the CLI builds it (stored model, learning, vCPU demand, probes),
     acting under `holder` in the host leases."""
-    from vmplacer.bootstrap_rebalance import build_rebalancer as compose
+    from vmplacer.bootstrap.rebalance import build_rebalancer as compose
 
     return compose(services.container, holder=holder)
 
 
 def plan_store(services: Any):  # -> SqlPlanStore
-    from vmplacer.adapters.db.plans import SqlPlanStore
-
-    return SqlPlanStore(services.container.sessions)
+    return services.container.plan_store
 
 
 def plan_hosts(plan: Any) -> list[str]:
@@ -82,7 +78,7 @@ def plan_view(plan: Any) -> dict[str, Any]:
 
 def start_apply(services: Any, plan_id: int, created_by: str) -> Any:
     """Approve the plan and queue the job that applies it (one of racing callers wins); 409 otherwise."""
-    from vmplacer.adapters.db.api import ApplyRefused, queue_plan_apply
+    from vmplacer.ports import ApplyRefused
 
     plan = plan_store(services).get(plan_id)
     if plan is None:
@@ -93,7 +89,7 @@ def start_apply(services: Any, plan_id: int, created_by: str) -> Any:
         raise ApiError(409, "conflict", f"plan {plan_id} acts on hosts no longer configured: {', '.join(unknown)}",
                        {"plan": plan_id, "hosts": unknown})
     try:
-        return queue_plan_apply(services.container.sessions, plan_id, hosts, created_by, APPLY_JOB)
+        return services.container.queue_plan_apply(plan_id, hosts, created_by, APPLY_JOB)
     except LookupError:
         raise ApiError(404, "not-found", f"plan {plan_id} does not exist", {"plan": plan_id}) from None
     except ApplyRefused as exc:
@@ -130,12 +126,3 @@ def job_handlers(services: Any) -> dict[str, Handler]:
     except ImportError:
         return {}
     return {APPLY_JOB: apply_handler(services)}
-
-
-def action_counts(container: Any) -> dict[str, int]:
-    """Plan actions in the database by state (their outcome once final)."""
-    from vmplacer.adapters.db.models import PlanActionRow
-
-    with container.sessions() as session:
-        rows = session.execute(select(PlanActionRow.state, func.count()).group_by(PlanActionRow.state))
-        return {state: int(n) for state, n in rows}

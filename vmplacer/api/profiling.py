@@ -19,29 +19,25 @@ PROFILE_JOB = "profile"
 
 def profiler_config(params: dict[str, Any], settings: Any):  # -> ProfilerConfig
     """ProfilerConfig from request parameters and the settings' defaults; 422 naming the field."""
-    from vmplacer.app.profiler import ProfilerConfig, SensitiveSelector
+    from vmplacer.bootstrap.profiler_config import SensitiveSpecError
+    from vmplacer.bootstrap.profiler_config import profiler_config as compose
 
-    defaults = settings.profiler
-    try:
-        sensitive = SensitiveSelector.parse(params.get("sensitive") or defaults.sensitive, params.get("vms") or [])
-    except ValueError as exc:
-        raise ApiError(422, "validation", str(exc), field_problems([("sensitive", str(exc))])) from None
-    t_m_ms = params.get("t_m_ms") or defaults.t_m_ms
-    max_freeze_ms = params.get("max_freeze_ms") or defaults.max_freeze_ms
     samples = params.get("samples")
     duration = params.get("duration_s")
     if samples is None and duration is None:
         samples = 20
     try:
-        return ProfilerConfig(
-            t_m_s=t_m_ms / 1e3,
-            t_sleep_s=params["t_sleep_s"] if params.get("t_sleep_s") is not None else defaults.t_sleep_s,
-            max_freeze_s=max_freeze_ms / 1e3,
-            sensitive=sensitive,
-            excluded=tuple(defaults.excluded_domains) + tuple(params.get("exclude") or ()),
-            scope=tuple(params.get("scope") or ()) or defaults.scope,
+        return compose(
+            settings.profiler,
+            t_m_s=params["t_m_ms"] / 1e3 if params.get("t_m_ms") else None,
+            t_sleep_s=params.get("t_sleep_s"),
+            max_freeze_s=params["max_freeze_ms"] / 1e3 if params.get("max_freeze_ms") else None,
+            sensitive=params.get("sensitive") or None, vms=params.get("vms") or [],
+            exclude=params.get("exclude") or (), scope=params.get("scope") or (),
             samples=samples, duration_s=duration, adaptive=bool(params.get("adaptive")),
         )
+    except SensitiveSpecError as exc:
+        raise ApiError(422, "validation", str(exc), field_problems([("sensitive", str(exc))])) from None
     except ValueError as exc:
         text = str(exc)
         field = "t_m_ms" if "t_m" in text else "max_freeze_ms" if "max_freeze" in text else \
@@ -90,7 +86,7 @@ class _Progress:
 def profile_handler(services: Any):
     def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         from vmplacer.app.profiler import ProfilerError
-        from vmplacer.bootstrap_profiler import build_profiler
+        from vmplacer.bootstrap.profiler import build_profiler
 
         host = params["host"]
         try:
@@ -122,7 +118,7 @@ def profile_handler(services: Any):
 def stored_profile(services: Any, guest: str, run_id: int | None, host: str | None) -> dict[str, Any]:
     """ζ, ζb and degradation distributions of one VM from the stored samples of one run
     (the newest run holding samples of it, unless `run_id` says which)."""
-    from vmplacer.bootstrap_profiler import profile_store
+    from vmplacer.bootstrap.profiler import profile_store
     from vmplacer.core.profile_stats import Distribution, degradation
 
     store = profile_store(services.container)

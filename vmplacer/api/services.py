@@ -12,14 +12,8 @@ import socket
 import threading
 import uuid
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any
 
-from sqlalchemy import Engine, func, select
-
-from vmplacer.adapters.db.api import SqlIdempotencyStore, SqlJobStore, SqlTokenStore
-from vmplacer.adapters.db.throttles import SqlThrottleLedger
-from vmplacer.adapters.domain_xml import render_domain
 from vmplacer.api.auth import TokenVerifier
 from vmplacer.api.hostcache import MAINTENANCE_TTL_S, HostSnapshots, SnapshotStore, TimedValue
 from vmplacer.api.metrics import (
@@ -32,7 +26,6 @@ from vmplacer.api.metrics import (
     throttle_gauges,
 )
 from vmplacer.app.jobs import DEFAULT_LEASE_TTL_S, JobRunner
-from vmplacer.app.placement_service import PlacementService
 from vmplacer.bootstrap import Container
 from vmplacer.ports import LeaseStore
 
@@ -41,9 +34,9 @@ log = logging.getLogger(__name__)
 HOUSEKEEPING_EVERY_S = 600.0
 # Freeze journal rows whose owner and guardian both died (a cgroup kill) are replayed this often.
 FREEZE_REPLAY_EVERY_S = 1.0
-REQUEST_THREADS = 40  # synchronous routes (and their database connections) running at once
-POOL_SIZE = 10  # kept open
-POOL_OVERFLOW = 30  # opened for bursts: up to REQUEST_THREADS requests at once, each one connection
+# Synchronous routes (and their database connections) running at once: the server container's
+# pool (bootstrap.container.SERVER_POOL_SIZE + SERVER_POOL_OVERFLOW) holds one connection for each.
+REQUEST_THREADS = 40
 
 
 def instance_name() -> str:
@@ -71,13 +64,12 @@ class ApiServices:
         self.placement = container.placement_service()
         self.snapshots = HostSnapshots(container.hypervisor, container.placement_store.occupied)
         self.dry_run_maintenance = TimedValue(lambda: dict(container.maintenance.current()), MAINTENANCE_TTL_S)
-        self.dry_runs = PlacementService(SnapshotStore(self.snapshots), self._render,  # type: ignore[arg-type]
-                                         container.allocation_options, container.admission)
-        token_store = SqlTokenStore(container.sessions)
-        self.token_store = token_store
-        self.tokens = TokenVerifier(token_store.verify)
-        self.idempotency = SqlIdempotencyStore(container.sessions)
-        self.jobs = SqlJobStore(container.sessions)
+        # Dry runs place on host snapshots, rendered and held to the XML policy like real placements.
+        self.dry_runs = container.placement_service(SnapshotStore(self.snapshots))
+        self.token_store = container.token_store
+        self.tokens = TokenVerifier(self.token_store.verify)
+        self.idempotency = container.idempotency_store
+        self.jobs = container.job_store
         self.runner: JobRunner | None = None
         self._housekeeping_stop = threading.Event()
         self._housekeeping: threading.Thread | None = None
@@ -87,17 +79,8 @@ class ApiServices:
             plan_action_gauges(self.plan_action_counts),
             maintenance_gauges(lambda: self.host_names, lambda: container.maintenance.current().keys()),
             freeze_rescue_metrics(self.freeze_rescues),
-            throttle_gauges(SqlThrottleLedger(container.sessions).current),
+            throttle_gauges(container.throttle_ledger.current),
         )
-
-    def _render(self, spec: Any, placement: Any, base_xml: str | None) -> str:
-        """Render a dry run's XML and hold it to the host's domain XML policy, as the placement
-        service's renderer does, so no caller of `dry_runs` can hand out XML the host would refuse
-        (raises DomainXmlPolicyError)."""
-        host = self.settings.host(placement.host)
-        xml = render_domain(spec, placement, base_xml=base_xml, domain_type=host.domain_type)
-        self.container.xml_policy(placement.host).check(xml, spec.name, "the rendered domain XML")
-        return xml
 
     @property
     def base_xml_limit(self) -> int:
@@ -151,15 +134,13 @@ class ApiServices:
                 log.warning("housekeeping failed: %s", exc)
 
     def host_leases(self) -> LeaseStore:
-        from vmplacer.api.leases import host_leases
-
-        return host_leases(self.container)
+        return self.container.lease_store
 
     def _replay_freeze_journal(self, cause: str = "start", hosts: dict[str, Any] | None = None) -> None:
         """Resume domains a killed vmplacer process left paused (before serving anything, then
         every second: what killed a freezer and its guardian together may strike any time)."""
         try:
-            from vmplacer.bootstrap_profiler import replay_freeze_journal
+            from vmplacer.bootstrap.profiler import replay_freeze_journal
 
             report = replay_freeze_journal(self.container, cause=cause, hosts=hosts)
         except Exception as exc:  # noqa: BLE001 - report it; the API still serves
@@ -176,16 +157,12 @@ class ApiServices:
             self._replay_freeze_journal("housekeeping", hosts)
 
     def freeze_rescues(self) -> tuple[dict[str, int], float]:
-        from vmplacer.adapters.db.freeze_rescues import rescue_summary
-
-        return rescue_summary(self.container.sessions)
+        return self.container.freeze_rescue_summary()
 
     def _close_orphaned_plans(self) -> None:
         """End plans left `running` by a process that stopped (no live lease on their hosts) as failed."""
-        from vmplacer.api import plans_support
-
         try:
-            closed = plans_support.plan_store(self).close_orphaned(f"api:{self.instance}")
+            closed = self.container.plan_store.close_orphaned(f"api:{self.instance}")
         except Exception as exc:  # noqa: BLE001 - report it; the API still serves
             log.error("closing plans left running by a stopped process failed: %s", exc)
             return
@@ -199,41 +176,7 @@ class ApiServices:
 
     # ----- database-derived metrics -----------------------------------------------------------
     def latest_profile_results(self) -> list[tuple[str, dict[str, Any]]]:
-        from vmplacer.adapters.db.models import ProfileRunRow
-
-        with self.container.sessions() as session:
-            newest = (select(ProfileRunRow.host, func.max(ProfileRunRow.id).label("id"))
-                      .where(ProfileRunRow.status == "finished", ProfileRunRow.results.is_not(None))
-                      .group_by(ProfileRunRow.host).subquery())
-            rows = session.execute(select(ProfileRunRow.host, ProfileRunRow.results)
-                                   .join(newest, ProfileRunRow.id == newest.c.id))
-            return [(host, results or {}) for host, results in rows]
+        return self.container.profile_store.latest_results()
 
     def plan_action_counts(self) -> dict[str, int]:
-        from vmplacer.api import plans_support
-
-        return plans_support.action_counts(self.container)
-
-
-class ApiContainer(Container):
-    """The composition root for a server process: an engine pool sized for concurrent requests.
-
-    The default pool (5 connections + 10 overflow, closed after use) makes a busy
-    server open and close PostgreSQL connections all the time; requests run on
-    up to REQUEST_THREADS threads, each holding at most one connection at a time.
-    (Several instances on one server: POOL_SIZE + POOL_OVERFLOW each, mind
-    PostgreSQL's max_connections.)
-    """
-
-    @cached_property
-    def engine(self) -> Engine:
-        from sqlalchemy import create_engine
-        from sqlalchemy.engine import make_url
-
-        from vmplacer.adapters.db.engine import make_engine
-
-        url = self.settings.database_url
-        if make_url(url).get_backend_name() != "postgresql":
-            return make_engine(url)  # SQLite: local file, opening a connection is cheap
-        return create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW,
-                             pool_timeout=30)
+        return self.container.plan_store.action_counts()

@@ -49,6 +49,7 @@ from vmplacer.ports import (
     ProfileStore,
     Sample,
     Sampler,
+    SystemClock,
 )
 
 log = logging.getLogger(__name__)
@@ -297,15 +298,6 @@ class _Schedule:
     recent: deque[float] = field(default_factory=lambda: deque(maxlen=ADAPT_WINDOW))
 
 
-class _SystemClock:
-    def now(self) -> float:
-        return time.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        if seconds > 0:
-            time.sleep(seconds)
-
-
 # ----- the profiler ----------------------------------------------------------------------------
 
 
@@ -331,7 +323,7 @@ class Profiler:
         self.config = config
         self.store = store
         self.topology = topology
-        self.clock: Clock = clock or _SystemClock()
+        self.clock: Clock = clock or SystemClock()
         self.wall = wall
         self.replay = replay
         self.on_progress = on_progress or (lambda _p: None)

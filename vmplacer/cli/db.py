@@ -42,70 +42,58 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prune.set_defaults(func=run_prune)
 
 
-def _redacted(url: str) -> str:
-    from sqlalchemy.engine import make_url
-
-    return make_url(url).render_as_string(hide_password=True)
-
-
 def run_upgrade(args: argparse.Namespace, ctx: CliContext) -> int:
-    from vmplacer.adapters.db.migrate import upgrade
-
-    url = ctx.settings.database_url
+    name = ctx.container.database_name()
     try:
-        upgrade(url, args.revision)
+        ctx.container.upgrade_database(args.revision)
     except SQLAlchemyError as exc:
-        raise OperationalError(f"database {_redacted(url)}: upgrade failed: {exc.__class__.__name__}: {exc}") from None
-    print(f"database {_redacted(url)} at revision {args.revision}")
+        raise OperationalError(f"database {name}: upgrade failed: {exc.__class__.__name__}: {exc}") from None
+    print(f"database {name} at revision {args.revision}")
     return 0
 
 
 def run_downgrade(args: argparse.Namespace, ctx: CliContext) -> int:
-    from vmplacer.adapters.db.migrate import downgrade
-
-    url = ctx.settings.database_url
+    name = ctx.container.database_name()
     try:
-        downgrade(url, args.revision)
+        ctx.container.downgrade_database(args.revision)
     except SQLAlchemyError as exc:
-        raise OperationalError(f"database {_redacted(url)}: downgrade failed: {exc}") from None
-    print(f"database {_redacted(url)} at revision {args.revision}")
+        raise OperationalError(f"database {name}: downgrade failed: {exc}") from None
+    print(f"database {name} at revision {args.revision}")
     return 0
 
 
 def run_current(args: argparse.Namespace, ctx: CliContext) -> int:
-    from vmplacer.adapters.db.migrate import current_revision, head_revision
-
+    name = ctx.container.database_name()
     try:
-        current = current_revision(ctx.container.engine)
+        current, head = ctx.container.schema_revisions()
     except SQLAlchemyError as exc:
-        raise OperationalError(f"database {_redacted(ctx.settings.database_url)}: {exc}") from None
+        raise OperationalError(f"database {name}: {exc}") from None
     data = {
-        "database": _redacted(ctx.settings.database_url),
+        "database": name,
         "current": current,
-        "head": head_revision(),
+        "head": head,
     }
     emit(args, data, lambda d: print(f"{d['database']}: revision {d['current'] or 'none'} (head {d['head']})"))
     return 0
 
 
 def run_prune(args: argparse.Namespace, ctx: CliContext) -> int:
-    from vmplacer.adapters.db.retention import Pruner, RetentionAges
     from vmplacer.cli.serve import ensure_schema
 
     if args.older_than is not None:
         age = parse_duration(args.older_than, "--older-than", "s", days=True)
         if age <= 0:
             raise UsageError(f"--older-than: must be longer than 0, got {args.older_than!r}")
-        ages = RetentionAges(plans_s=age, profiles_s=age, audit_s=age, jobs_s=age)
+        ages = {"plans_s": age, "profiles_s": age, "audit_s": age, "jobs_s": age}
     else:
         kept = ctx.settings.retention
-        ages = RetentionAges(plans_s=kept.plans_s, profiles_s=kept.profiles_s, audit_s=kept.audit_s,
-                             jobs_s=kept.jobs_s)
+        ages = {"plans_s": kept.plans_s, "profiles_s": kept.profiles_s, "audit_s": kept.audit_s,
+                "jobs_s": kept.jobs_s}
     ensure_schema(ctx)
     try:
-        report = Pruner(ctx.container.sessions, actor="vmplacer db prune").prune(ages, dry_run=args.dry_run)
+        report = ctx.container.prune(**ages, actor="vmplacer db prune", dry_run=args.dry_run)
     except SQLAlchemyError as exc:
-        raise OperationalError(f"database {_redacted(ctx.settings.database_url)}: prune failed: "
+        raise OperationalError(f"database {ctx.container.database_name()}: prune failed: "
                                f"{exc.__class__.__name__}: {exc}") from None
     emit(args, report.to_dict(), _render_prune)
     return 0

@@ -43,7 +43,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     every = parse_duration(args.every, "--every", "s")
     if every <= 0:
         raise UsageError(f"--every: must be positive, got {args.every!r}")
-    from vmplacer.bootstrap_profiler import replay_freeze_journal
+    from vmplacer.bootstrap.profiler import replay_freeze_journal
 
     if args.once:
         report = replay_freeze_journal(ctx.container, cause="guard")

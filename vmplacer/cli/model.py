@@ -48,23 +48,19 @@ def run_show(args: argparse.Namespace, ctx: CliContext) -> int:
 
 
 def run_learn(args: argparse.Namespace, ctx: CliContext) -> int:
-    from sqlalchemy import select
-
-    from vmplacer.adapters.db.models import ProfileRunRow
-    from vmplacer.adapters.db.profiles import SqlProfileStore
     from vmplacer.app.learn import learn_from_runs
 
     container = ctx.container
     container.upgrade_database()
-    with container.sessions() as session:
-        known = set(session.scalars(select(ProfileRunRow.id).where(ProfileRunRow.status == "finished")))
-    runs = sorted(known)
+    store = container.profile_store
+    runs = store.finished_run_ids()
+    known = set(runs)
     if args.run:
         missing = sorted(set(args.run) - known)
         if missing:
             raise UsageError(f"--run: no finished profile run {', '.join(map(str, missing))}")
         runs = sorted(set(args.run))
-    report = learn_from_runs(runs, SqlProfileStore(container.sessions), container.model_repository)
+    report = learn_from_runs(runs, store, container.model_repository)
     emit(args, report.to_dict(), lambda d: print(
         f"learned {d['observations']} observations from runs {d['runs'] or 'none'}; "
         f"model holds {d['total_observations']}; skipped {d['skipped'] or 'nothing'}"))

@@ -124,7 +124,7 @@ def _probes(specs: list[str]) -> dict[str, Any]:
 
 def build_config(args: argparse.Namespace, settings: Any) -> Any:
     """ProfilerConfig from options and settings; bad values exit 2 naming the option."""
-    from vmplacer.app.profiler import ProfilerConfig, SensitiveSelector
+    from vmplacer.bootstrap.profiler_config import SensitiveSpecError, profiler_config
 
     defaults = settings.profiler
     t_m = parse_duration(args.tm, "--tm", "ms") if args.tm else defaults.t_m_ms / 1e3
@@ -145,16 +145,13 @@ def build_config(args: argparse.Namespace, settings: Any) -> Any:
         raise UsageError(f"--samples: must be at least 1, got {args.samples}")
     samples = args.samples if args.samples is not None or duration is not None else DEFAULT_SAMPLES
     try:
-        sensitive = SensitiveSelector.parse(args.sensitive or defaults.sensitive, args.vms)
-    except ValueError as exc:
-        raise UsageError(f"--sensitive: {exc}") from None
-    try:
-        return ProfilerConfig(
-            t_m_s=t_m, t_sleep_s=t_sleep, max_freeze_s=max_freeze, sensitive=sensitive,
-            excluded=tuple(defaults.excluded_domains) + tuple(args.exclude),
-            scope=tuple(args.scope) or defaults.scope, samples=samples, duration_s=duration,
+        return profiler_config(
+            defaults, t_m_s=t_m, t_sleep_s=t_sleep, max_freeze_s=max_freeze, sensitive=args.sensitive,
+            vms=args.vms, exclude=args.exclude, scope=args.scope, samples=samples, duration_s=duration,
             adaptive=args.adaptive,
         )
+    except SensitiveSpecError as exc:
+        raise UsageError(f"--sensitive: {exc}") from None
     except ValueError as exc:
         raise UsageError(str(exc)) from None
 
@@ -166,7 +163,7 @@ def _replay(ctx: CliContext, host: str | None) -> Any:
     """Replay the journal, creating the schema on a fresh database first."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from vmplacer.bootstrap_profiler import replay_freeze_journal
+    from vmplacer.bootstrap.profiler import replay_freeze_journal
 
     report = replay_freeze_journal(ctx.container, host)
     if report.errors and any("freeze journal unreadable" in e for e in report.errors):
@@ -193,7 +190,7 @@ def run_profile(args: argparse.Namespace, ctx: CliContext) -> int:
     host_name = resolve_host(ctx, args.host)
 
     from vmplacer.app.profiler import ProfilerError
-    from vmplacer.bootstrap_profiler import build_profiler
+    from vmplacer.bootstrap.profiler import build_profiler
     from vmplacer.ports import HypervisorError
 
     replay = _replay(ctx, host_name)
@@ -324,7 +321,7 @@ def show_data(store: Any, vms: list[str], run_id: int | None) -> dict[str, Any]:
 def run_show(args: argparse.Namespace, ctx: CliContext, vms: list[str]) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from vmplacer.bootstrap_profiler import profile_store
+    from vmplacer.bootstrap.profiler import profile_store
 
     _only_for(args, "show", ("host", "tm", "tsleep", "max_freeze", "samples", "duration", "metric", "exclude",
                              "scope", "adaptive", "probe", "no_progress"))

@@ -86,7 +86,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         raise UsageError(f"--interval: must be longer than 0, got {args.interval}")
     rounds = 1 if args.once else args.rounds
 
-    from vmplacer.bootstrap_protect import build_protect_loop
+    from vmplacer.bootstrap.protect import build_protect_loop
 
     stopping = {"now": False}
 

@@ -156,7 +156,7 @@ def _executor_settings(args: argparse.Namespace) -> Any:
 def _rebalancer(ctx: CliContext, args: argparse.Namespace, *, executor: bool) -> Any:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from vmplacer.bootstrap_rebalance import build_rebalancer
+    from vmplacer.bootstrap.rebalance import build_rebalancer
 
     container = ctx.container
     try:
@@ -311,14 +311,12 @@ def run_plans(args: argparse.Namespace, ctx: CliContext) -> int:
 
     from sqlalchemy.exc import SQLAlchemyError
 
-    from vmplacer.adapters.db.plans import SqlPlanStore
-
     container = ctx.container
     try:
         container.upgrade_database()
     except SQLAlchemyError as exc:
         raise OperationalError(f"database: {exc}") from None
-    store = SqlPlanStore(container.sessions)
+    store = container.plan_store
     if cancel:
         return _cancel(args, store, container, plan_id)  # type: ignore[arg-type]
     if plan_id is not None:

@@ -74,13 +74,10 @@ def ensure_schema(ctx: CliContext) -> None:
     SQLite (the single-node default just works); PostgreSQL is upgraded by the operator."""
     from sqlalchemy.exc import SQLAlchemyError
 
-    from vmplacer.adapters.db.migrate import current_revision, head_revision
-
     container = ctx.container
     url = ctx.settings.database_url
     try:
-        current = current_revision(container.engine)
-        head = head_revision()
+        current, head = container.schema_revisions()
         if current is None and url.startswith("sqlite"):
             container.upgrade_database()
             return
@@ -96,7 +93,8 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     import uvicorn
 
     from vmplacer.api.app import create_app
-    from vmplacer.api.services import ApiContainer, ApiOptions, instance_name
+    from vmplacer.api.services import ApiOptions, instance_name
+    from vmplacer.bootstrap import ServerContainer
 
     host, port = parse_listen(args.listen or ctx.settings.api.listen)
     if bool(args.ssl_certfile) != bool(args.ssl_keyfile):
@@ -116,7 +114,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     ensure_schema(ctx)
     options = ApiOptions(instance=args.instance or instance_name(), lease_ttl_s=args.lease_ttl,
                          run_jobs=not args.no_jobs)
-    container = ApiContainer(ctx.settings)
+    container = ServerContainer(ctx.settings)
     app = create_app(container, options)
     log.info("vmplacer API instance %s on %s:%d", options.instance, host, port)
     config = uvicorn.Config(

@@ -35,17 +35,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _store(ctx: CliContext):  # -> SqlTokenStore
-    from vmplacer.adapters.db.api import SqlTokenStore
     from vmplacer.cli.serve import ensure_schema
 
     ensure_schema(ctx)
-    return SqlTokenStore(ctx.container.sessions)
+    return ctx.container.token_store
 
 
 def run_create(args: argparse.Namespace, ctx: CliContext) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from vmplacer.adapters.db.api import TokenError
+    from vmplacer.ports import TokenError
 
     store = _store(ctx)
     try:

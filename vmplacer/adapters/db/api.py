@@ -8,7 +8,6 @@ can share one PostgreSQL database.
 
 from __future__ import annotations
 
-import hashlib
 import hmac
 import secrets
 import uuid
@@ -21,7 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
 from vmplacer.adapters.db.models import ApiTokenRow, AuditRow, IdempotencyKeyRow, JobRow, utcnow
-from vmplacer.ports import JobRecord
+from vmplacer.ports import ApplyRefused, JobRecord, TokenError, TokenInfo, hash_token
 
 TOKEN_PREFIX = "vmp_"
 TOKEN_BYTES = 32
@@ -45,29 +44,8 @@ def _epoch(moment: datetime | None) -> float | None:
 # ----- tokens ------------------------------------------------------------------------------------
 
 
-class TokenError(ValueError):
-    """Bad token name or scope, or a name already in use; the message says which."""
-
-
-def hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode("utf-8")).hexdigest()
-
-
 def new_token() -> str:
     return TOKEN_PREFIX + secrets.token_urlsafe(TOKEN_BYTES)
-
-
-@dataclass(frozen=True)
-class TokenInfo:
-    name: str
-    scope: str
-    created_at: float
-    last_used_at: float | None
-    id: int | None = None  # the row's id: names are reused after a revoke, ids are not
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "scope": self.scope, "created_at": self.created_at,
-                "last_used_at": self.last_used_at}
 
 
 def check_token_name(name: str) -> str:
@@ -386,15 +364,6 @@ def placement_records(sessions: sessionmaker[Session], host: str | None = None,
 
 
 # ----- applying a plan through the API -------------------------------------------------------------------
-
-
-class ApplyRefused(Exception):
-    """The plan cannot be applied now; `reason` says why, `job` names a competing job."""
-
-    def __init__(self, reason: str, *, state: str | None = None, job: str | None = None):
-        super().__init__(reason)
-        self.state = state
-        self.job = job
 
 
 def queue_plan_apply(sessions: sessionmaker[Session], plan_id: int, hosts: list[str], created_by: str,

@@ -265,6 +265,12 @@ class SqlPlanStore:
                 return None
             return _plan_of(row)
 
+    def action_counts(self) -> dict[str, int]:
+        """Plan actions in the database by state (their outcome once final)."""
+        with self.sessions() as session:
+            rows = session.execute(select(PlanActionRow.state, func.count()).group_by(PlanActionRow.state))
+            return {state: int(n) for state, n in rows}
+
     def recent(self, limit: int = 20, states: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """The newest plans first, as summaries; `states` keeps only plans in those states."""
         query = select(PlanRow).order_by(PlanRow.id.desc()).limit(limit)

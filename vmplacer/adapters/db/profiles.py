@@ -133,6 +133,21 @@ class SqlProfileStore:
         with self.sessions() as session:
             return session.get(ProfileRunRow, run_id)
 
+    def finished_run_ids(self) -> list[int]:
+        """Ids of the runs that finished (what model learning may read), ascending."""
+        with self.sessions() as session:
+            return sorted(session.scalars(select(ProfileRunRow.id).where(ProfileRunRow.status == "finished")))
+
+    def latest_results(self) -> list[tuple[str, dict[str, Any]]]:
+        """(host, results) of each host's newest finished run that has results."""
+        with self.sessions() as session:
+            newest = (select(ProfileRunRow.host, func.max(ProfileRunRow.id).label("id"))
+                      .where(ProfileRunRow.status == "finished", ProfileRunRow.results.is_not(None))
+                      .group_by(ProfileRunRow.host).subquery())
+            rows = session.execute(select(ProfileRunRow.host, ProfileRunRow.results)
+                                   .join(newest, ProfileRunRow.id == newest.c.id))
+            return [(host, results or {}) for host, results in rows]
+
     def samples(self, run_id: int, guest: str | None = None) -> list[dict[str, Any]]:
         query = select(ProfileSampleRow).where(ProfileSampleRow.run_id == run_id).order_by(ProfileSampleRow.id)
         if guest is not None:

@@ -7,7 +7,6 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request
 
-from vmplacer.adapters.db.api import audit_entries
 from vmplacer.api.errors import COMMON_RESPONSES, ApiError
 from vmplacer.api.schemas import GUEST_NAME, HOST_NAME, AuditList
 from vmplacer.api.strict_json import StrictJsonRoute
@@ -37,6 +36,6 @@ def list_audit(request: Request,
                before_id: int | None = Query(default=None, ge=1, le=2**31 - 1,
                                              description="page: entries older than this id")) -> dict[str, Any]:
     moment = _moment(since) if since is not None else None
-    entries = audit_entries(request.app.state.services.container.sessions, limit=limit, since=moment,
-                            host=host, guest=guest, action=action, before_id=before_id)
+    entries = request.app.state.services.container.audit_entries(limit=limit, since=moment, host=host,
+                                                                 guest=guest, action=action, before_id=before_id)
     return {"entries": entries}

@@ -7,7 +7,6 @@ from typing import Any
 
 from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
-from sqlalchemy import text
 from prometheus_client import CONTENT_TYPE_LATEST
 
 from vmplacer.api.errors import COMMON_RESPONSES
@@ -62,12 +61,9 @@ def _read_host(host: Any) -> dict[str, Any]:
 
 
 def _database_check(services) -> ReadyCheck:  # type: ignore[no-untyped-def]
-    from vmplacer.adapters.db.migrate import current_revision, head_revision
-
     try:
-        with services.container.engine.connect() as connection:
-            connection.execute(text("SELECT 1"))
-        current, head = current_revision(services.container.engine), head_revision()
+        services.container.ping_database()
+        current, head = services.container.schema_revisions()
     except Exception as exc:  # noqa: BLE001
         return ReadyCheck(name="database", ok=False, detail=f"{exc.__class__.__name__}: {exc}"[:500])
     if current != head:

@@ -12,7 +12,6 @@ from typing import Any
 
 from fastapi import APIRouter, Path, Request
 
-from vmplacer.api.leases import live_holders
 from vmplacer.api.errors import COMMON_RESPONSES, HOST_ERROR, NOT_FOUND, ApiError
 from vmplacer.api.actors import api_actor
 from vmplacer.api.schemas import HOST_NAME, HostList, HostView, MaintenanceRequest, MaintenanceView
@@ -32,7 +31,7 @@ def known_host(services: Any, name: str) -> None:
             responses=COMMON_RESPONSES)
 def list_hosts(request: Request) -> HostList:
     services = request.app.state.services
-    leases = live_holders(services.container)
+    leases = services.container.live_leases()
     closed = services.container.maintenance.current()
     hosts = []
     for settings in services.settings.hosts:

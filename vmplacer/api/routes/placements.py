@@ -6,7 +6,6 @@ from typing import Any
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
-from vmplacer.adapters.db.api import placement_records
 from vmplacer.adapters.domain_xml_policy import DomainXmlPolicyError
 from vmplacer.api.actors import acting_placement, acting_store, api_actor
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, HOST_ERROR, NOT_FOUND, ApiError
@@ -65,7 +64,7 @@ def list_placements(request: Request,
                     host: str | None = Query(default=None, pattern=HOST_NAME, max_length=63),
                     limit: int = Query(default=1000, ge=1, le=10_000)) -> dict[str, Any]:
     services = request.app.state.services
-    return {"placements": placement_records(services.container.sessions, host, limit)}
+    return {"placements": services.container.placement_records(host, limit)}
 
 
 @router.get("/{guest}", response_model=PlacementRecord, summary="one recorded placement",

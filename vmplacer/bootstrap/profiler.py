@@ -1,6 +1,6 @@
 """Composition of the Freeze'nSense profiler: settings + container -> adapters -> app.
 
-Kept next to `bootstrap.py` (same role, one job): the CLI, the API service and
+Part of the composition root (one job): the CLI, the API service and
 benchmarks build profilers and replay the freeze journal through these
 functions, never by wiring adapters themselves.
 """
@@ -20,7 +20,7 @@ from vmplacer.adapters.freeze_guardian import FreezeGuardian, shared_guardian
 from vmplacer.adapters.libvirt_freeze import LibvirtFreezableHost, labels_from_xml
 from vmplacer.adapters.process_identity import current_owner, owner_alive
 from vmplacer.app.freeze import Freezer, ReplayReport, replay_journal
-from vmplacer.bootstrap import Container
+from vmplacer.bootstrap.container import Container
 from vmplacer.ports import HypervisorError
 
 if TYPE_CHECKING:
@@ -43,7 +43,7 @@ def freeze_journal(container: Container) -> SqlFreezeJournal:
 
 
 def profile_store(container: Container) -> SqlProfileStore:
-    return SqlProfileStore(container.sessions)
+    return container.profile_store  # type: ignore[no-any-return]
 
 
 def replay_freeze_journal(container: Container, host: str | None = None, *, cause: str = "start",

@@ -8,13 +8,13 @@ import statistics
 import time
 from collections.abc import Sequence
 
-from vmplacer.adapters.db.throttles import SqlThrottleLedger
 from vmplacer.adapters.libvirt_freeze import labels_from_xml
-from vmplacer.app.profiler import ProfilerConfig, SensitiveSelector
+from vmplacer.app.profiler import SensitiveSelector
 from vmplacer.app.protect import Measurement, ProtectLoop
-from vmplacer.bootstrap import Container
-from vmplacer.bootstrap_profiler import build_profiler
-from vmplacer.bootstrap_rebalance import build_rebalancer
+from vmplacer.bootstrap.container import Container
+from vmplacer.bootstrap.profiler import build_profiler
+from vmplacer.bootstrap.profiler_config import profiler_config
+from vmplacer.bootstrap.rebalance import build_rebalancer
 from vmplacer.core.protect import LoopSettings
 from vmplacer.ports import DomainFacts
 
@@ -53,9 +53,10 @@ def build_protect_loop(container: Container, host_name: str, *, scope: Sequence[
         return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
     def measure(names: list[str]) -> Measurement:
-        config = ProfilerConfig(t_m_s=t_m, t_sleep_s=max(0.05, t_m * 2), max_freeze_s=max(0.5, t_m * 4),
-                                samples=samples, scope=patterns, sensitive=SensitiveSelector(frozenset(names)),
-                                excluded=settings.profiler.excluded_domains)
+        # Short freezes, close together: a protection round must answer within its interval.
+        config = profiler_config(settings.profiler, t_m_s=t_m, t_sleep_s=max(0.05, t_m * 2),
+                                 max_freeze_s=max(0.5, t_m * 4), samples=samples, scope=patterns,
+                                 sensitive=SensitiveSelector(frozenset(names)))
         profiler, freezer = build_profiler(container, host_name, config, store=False)
         started = time.monotonic()
         try:
@@ -73,7 +74,7 @@ def build_protect_loop(container: Container, host_name: str, *, scope: Sequence[
         return rebalancer.make_plan([host])
 
     return ProtectLoop(
-        _ProtectHost(container, host_name), measure=measure, ledger=SqlThrottleLedger(container.sessions),
+        _ProtectHost(container, host_name), measure=measure, ledger=container.throttle_ledger,
         plans=rebalancer.plans, apply=lambda plan_id: rebalancer.apply(plan_id, lease_ttl_s=120.0, wait_s=5.0),
         clock=rebalancer.clock, wall=time.time, defaults=protect.defaults,
         settings=LoopSettings(step=protect.step, release_margin=protect.release_margin),

@@ -1,6 +1,6 @@
 """Composition of the rebalancer: settings + container → adapters → `Rebalancer`.
 
-Kept next to `bootstrap.py` and `bootstrap_profiler.py` (same role): the CLI,
+Part of the composition root (same role as `container.py` and `profiler.py`): the CLI,
 the API and the timer build rebalancers through `build_rebalancer`, never by
 wiring adapters themselves. Optional steps are wired when their modules are
 present and otherwise reported as unavailable (the run goes on without them).
@@ -14,45 +14,30 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
-from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore, new_holder
-from vmplacer.adapters.db.throttles import SqlThrottleLedger
+from vmplacer.adapters.db.plans import new_holder
 from vmplacer.adapters.libvirt_rebalance import RebalanceHost
 from vmplacer.app.executor import ExecutorSettings
 from vmplacer.app.rebalance import Rebalancer
-from vmplacer.bootstrap import Container
+from vmplacer.bootstrap.container import Container
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
+from vmplacer.ports import SystemClock
 
 log = logging.getLogger(__name__)
 
 DEMAND_WINDOW_S = 1.0
 
 
-class SystemClock:
-    def now(self) -> float:
-        return time.monotonic()
-
-    def sleep(self, seconds: float) -> None:
-        if seconds > 0:
-            time.sleep(seconds)
-
-
 def _learning(container: Container) -> tuple[Callable[[], Any] | None, Callable[[], str] | None, dict[str, str]]:
     """(load the stored model, learn the profile runs not learned yet, reasons for what is missing)."""
     try:
-        from vmplacer.adapters.db.profiles import SqlProfileStore
         from vmplacer.app.learn import learn_from_runs
     except ImportError as exc:
         why = f"model learning cannot be loaded ({exc})"
         return None, None, {"model": why, "learn": why}
 
     def learn() -> str:
-        from sqlalchemy import select
-
-        from vmplacer.adapters.db.models import ProfileRunRow
-
-        with container.sessions() as session:
-            runs = sorted(session.scalars(select(ProfileRunRow.id).where(ProfileRunRow.status == "finished")))
-        report = learn_from_runs(runs, SqlProfileStore(container.sessions), container.model_repository)
+        store = container.profile_store
+        report = learn_from_runs(store.finished_run_ids(), store, container.model_repository)
         skipped = ", ".join(f"{k} {v}" for k, v in sorted(report.skipped.items()) if k != "already-learned-run")
         return (f"{report.observations} new observations from runs {report.runs or 'none'}; the model holds "
                 f"{report.total_observations}" + (f"; skipped: {skipped}" if skipped else ""))
@@ -62,20 +47,17 @@ def _learning(container: Container) -> tuple[Callable[[], Any] | None, Callable[
 
 def _profiler(container: Container) -> tuple[Callable[[str, float, Sequence[str]], str] | None, str]:
     try:
-        from vmplacer.app.profiler import ProfilerConfig, SensitiveSelector
-        from vmplacer.bootstrap_profiler import build_profiler
+        from vmplacer.bootstrap.profiler import build_profiler
+        from vmplacer.bootstrap.profiler_config import profiler_config
     except ImportError as exc:  # the profiler's adapters need libvirt-python and friends
         return None, f"the Freeze'nSense profiler cannot be loaded ({exc})"
 
     def profile(host: str, seconds: float, scope: Sequence[str]) -> str:
         defaults = container.settings.profiler
-        config = ProfilerConfig(
-            t_m_s=defaults.t_m_ms / 1e3,
+        config = profiler_config(
+            defaults,
             t_sleep_s=min(defaults.t_sleep_s, max(0.2, seconds / 10)),
-            max_freeze_s=defaults.max_freeze_ms / 1e3,
-            excluded=tuple(defaults.excluded_domains),
-            scope=tuple(scope) if tuple(scope) not in ((), ("*",)) else defaults.scope,
-            sensitive=SensitiveSelector.parse(defaults.sensitive, []),
+            scope=tuple(scope) if tuple(scope) != ("*",) else (),
             duration_s=seconds,
         )
         profiler, freezer = build_profiler(container, host, config)
@@ -113,16 +95,16 @@ def build_rebalancer(
 
     return Rebalancer(
         hosts,
-        plans=SqlPlanStore(container.sessions),
-        leases=SqlLeaseStore(container.sessions),
+        plans=container.plan_store,
+        leases=container.lease_store,
         clock=SystemClock(),
         wall=time.time,
         holder=holder or new_holder(),
         settings=settings,
         executor_settings=executor_settings,
-        placements=SqlPlacementUpdates(container.sessions, {h.name: h.uri for h in container.settings.hosts}),
+        placements=container.placement_updates(),
         audit=store,
-        throttles=SqlThrottleLedger(container.sessions),
+        throttles=container.throttle_ledger,
         specs=specs,
         load_model=load_model,
         learn=learn,
