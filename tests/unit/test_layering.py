@@ -131,3 +131,41 @@ def test_the_cycle_check_sees_a_cycle():
     modules = _module_names()
     lazy = _project_imports("vmplacer.cli.common", modules["vmplacer.cli.common"], modules)
     assert "vmplacer.bootstrap" in lazy  # imported inside CliContext.container only
+
+
+# Front-end modules still built around their own database reads; each is to move behind the
+# composition root (`vmplacer/bootstrap/`), and then leaves this list.
+FRONT_END_DATABASE_EXEMPT = {
+    "vmplacer/cli/plan.py",  # host choice moves to the application layer
+    "vmplacer/cli/place.py",  # its maintenance check and raw select of placements go with it
+    "vmplacer/api/placing.py",  # the API's Placer, thin over the same fleet placement service
+    "vmplacer/cli/protect.py",  # the throttle ledger listing
+}
+
+
+def _database_imports(path: Path) -> list[str]:
+    """What `path` imports that reaches the database: `adapters.db`, or SQLAlchemy beyond its
+    exception classes (which a front end may catch)."""
+    return [name for name in _imports(path)
+            if name.startswith("vmplacer.adapters.db")
+            or (name.split(".")[0] == "sqlalchemy" and name != "sqlalchemy.exc")]
+
+
+def test_front_ends_reach_the_database_only_through_the_composition_root():
+    """`api` and `cli` import no `adapters.db` module and run no SQL: stores, queries and
+    migrations come from `vmplacer/bootstrap/`."""
+    problems = [f"{where} imports {name}"
+                for package in ("api", "cli") for path in sorted((PACKAGE / package).rglob("*.py"))
+                if (where := str(path.relative_to(PACKAGE.parent))) not in FRONT_END_DATABASE_EXEMPT
+                for name in _database_imports(path)]
+    assert not problems, "front ends use the database through vmplacer/bootstrap only:\n" + "\n".join(problems)
+
+
+def test_the_front_end_database_rule_has_teeth(tmp_path):
+    module = tmp_path / "handler.py"
+    module.write_text("from sqlalchemy.exc import SQLAlchemyError\n"
+                      "def run():\n    from sqlalchemy import select\n"
+                      "    from vmplacer.adapters.db.models import PlanRow\n")
+    assert _database_imports(module) == ["sqlalchemy", "vmplacer.adapters.db.models"]
+    missing = sorted(name for name in FRONT_END_DATABASE_EXEMPT if not (PACKAGE.parent / name).exists())
+    assert not missing, f"exempt modules gone, drop them from the list: {missing}"
