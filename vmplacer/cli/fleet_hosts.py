@@ -43,12 +43,13 @@ class Candidates:
         return self.names + [r.host for r in self.closed]
 
 
-def configured_candidates(args: argparse.Namespace, ctx: CliContext, *, honour_maintenance: bool = True,
+def configured_candidates(args: argparse.Namespace, ctx: CliContext, *, maintenance: str = "fleet",
                           alternatives: str = "") -> Candidates:
     """The configured hosts named (or all of them, or the first), minus those in maintenance.
 
-    One named host in maintenance is an operational error (the operator asked for it);
-    among several, it is reported as refused."""
+    `maintenance`: "fleet" reads it only when there are several candidates (a dry run on one
+    host needs no database), "always" for one too, "ignore" never. One host in maintenance
+    is an operational error (the operator asked for it); among several, it is refused."""
     from vmplacer.app.fleet_planner import Refusal
 
     if args.all:
@@ -59,7 +60,7 @@ def configured_candidates(args: argparse.Namespace, ctx: CliContext, *, honour_m
         names = [resolve_host(ctx, None, alternatives)]
     several = args.all or len(names) > 1
     closed: list[Refusal] = []
-    if honour_maintenance and (several or getattr(args, "needs_database", False)):
+    if maintenance == "always" or (maintenance == "fleet" and several):
         ctx.container.upgrade_database()
         down = ctx.container.maintenance.current()
         if not several and names[0] in down:
