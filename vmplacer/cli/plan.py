@@ -44,7 +44,6 @@ from vmplacer.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
     CliContext,
-    OperationalError,
     UsageError,
     add_format_argument,
     emit,
