@@ -17,11 +17,13 @@ def _spec(name: str, vcpus: int, **extra) -> GuestSpec:  # type: ignore[no-untyp
 
 
 # ----- ordering ---------------------------------------------------------------------------------------------
-def test_hardest_first_puts_dedicated_then_multi_cell_then_large_first_and_keeps_file_order_on_ties():
-    specs = [_spec("small", 1), _spec("big-shared", 8), _spec("ded", 2, cpu_policy="dedicated"),
-             _spec("ded-two-cells", 2, cpu_policy="dedicated", numa_nodes=2), _spec("small-too", 1)]
+def test_hardest_first_orders_multi_cell_then_whole_cores_then_size_and_keeps_file_order_on_ties():
+    specs = [_spec("small", 1), _spec("ded", 2, cpu_policy="dedicated"), _spec("big-shared", 8),
+             _spec("ded-two-cells", 2, cpu_policy="dedicated", numa_nodes=2), _spec("small-too", 1),
+             _spec("lc", 1, workload_class="latency-critical"), _spec("ded-big", 6, cpu_policy="dedicated")]
+    # guests holding no pCPU first (they only keep a shared pool), then the hardest of the others
     assert [specs[i].name for i in hardest_first(specs)] == [
-        "ded-two-cells", "ded", "big-shared", "small", "small-too"]
+        "big-shared", "small", "small-too", "ded-two-cells", "lc", "ded-big", "ded"]
 
 
 # ----- the search, on bins of plain sizes -------------------------------------------------------------------

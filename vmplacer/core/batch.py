@@ -1,7 +1,8 @@
 """Place the guests of one request as a batch: hardest first, then search a better order.
 
 Placing in file order lets small guests scatter over the room a big one needed.
-The batch is placed hardest first (dedicated, multi-cell, large); when a guest
+The batch is placed hardest first (multi-cell, whole cores, large; see `hardness`);
+when a guest
 still does not fit, a bounded search tries other orders (the guests that failed
 moved to the front) and other host choices (a guest taking its second-best host),
 and keeps the assignment placing the most guests. The budget is CPU time
@@ -61,11 +62,15 @@ class BatchResult:
 
 
 def hardness(spec: GuestSpec) -> tuple:
-    """Sort key, hardest first: dedicated pCPUs, then more NUMA cells, then size."""
-    dedicated = spec.cpu_policy != "shared"
+    """Sort key, hardest first among the guests that hold pCPUs (dedicated or latency-critical):
+    more NUMA cells, then whole cores (isolate, require), then pCPUs held (isolate counts the
+    idle siblings), then size. Guests holding no pCPU go before them all: they only keep a
+    shared pool, which dedicated guests placed first would leave empty."""
+    exclusive = len(spec.dedicated_vcpu_set)
     cells = max(len(spec.numa_cells), spec.numa_nodes or 1)
-    return (not dedicated, -cells, -len(spec.dedicated_vcpu_set) if dedicated else 0,
-            -spec.vcpus, -spec.memory_mib)
+    whole = spec.effective_thread_policy in ("isolate", "require")
+    held = exclusive * (2 if spec.effective_thread_policy == "isolate" else 1)
+    return (bool(exclusive), -cells, not whole, -held, -spec.vcpus, -spec.memory_mib)
 
 
 def hardest_first(specs: Sequence[GuestSpec]) -> list[int]:
@@ -142,12 +147,13 @@ class BatchSearch:
                    for guest in best.refused for host in range(self.hosts))
 
     def _alternatives(self, first: BatchResult, rng: random.Random):  # type: ignore[no-untyped-def]
-        """Squeaky wheel (left-out guests first), then one guest on its second-best host
-        (each in turn), then seeded random swaps and detours around the best so far."""
+        """Squeaky wheel (left-out guests first), the request's own order, then one guest on
+        its second-best host (each in turn), then seeded random swaps and detours."""
         order = list(first.order)
         left = [g for g in order if g in first.refused]
         promoted = left + [g for g in order if g not in first.refused]
         yield promoted, {}
+        yield sorted(order), {}  # the file order: small guests first may place more of them
         for base in (order, promoted):
             for guest in base:
                 yield base, {guest: 1}
