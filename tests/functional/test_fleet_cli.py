@@ -126,3 +126,14 @@ def test_place_never_replaces_a_domain_of_the_same_name(two_hosts, tmp_path):
     assert code == 3 and data["errors"][0]["refused"][0]["kind"] == "exists", err
     code, listed, _, _ = _vmplacer("placements", "--format", "json", config=two_hosts)
     assert listed == {} or listed == []
+
+
+def test_placing_a_guest_again_is_refused_as_already_placed(two_hosts, tmp_path):
+    request = _request(tmp_path, "guests:\n  - {name: once, vcpus: 1, memory_mib: 64}\n")
+    code, data, _, err = _vmplacer("place", "--all", "--request", request, "--format", "json", config=two_hosts)
+    assert code == 0, err
+    (placed,) = data["placements"]
+    assert placed["guest"] == "once" and placed["host"] in ("big", "small") and placed["state"] == "defined"
+    code, data, _, err = _vmplacer("place", "--all", "--request", request, "--format", "json", config=two_hosts)
+    assert code == 3 and data["placements"] == [], err
+    assert "guest once is already placed" in data["errors"][0]["message"]

@@ -126,6 +126,9 @@ def _place_all(args: argparse.Namespace, ctx: CliContext, candidates: Any,
         request, planned = requests[index], plan.guests[index].host
         spec = request.spec
         order = [planned] + [n for n in names if n != planned] if planned else list(names)
+        if container.placement_store.get(spec.name) is not None:
+            errors.append(_already_placed(request, order[0]))
+            continue
         try:
             choice = fleet.place(spec, names, request.base_xml, service=service, start=args.start,
                                  actor={"via": "cli"}, order=order)
@@ -148,6 +151,17 @@ def _place_all(args: argparse.Namespace, ctx: CliContext, candidates: Any,
                            "message": str(exc), "reasons": []})
     errors.sort(key=lambda e: e["index"])
     return [placed[i] for i in sorted(placed)], errors
+
+
+def _already_placed(request: Any, host: str) -> dict[str, Any]:
+    """A guest vmplacer placed before, on whichever host: the same answer the placement service gives."""
+    from vmplacer.core.nofit import NoFit, NoFitReason
+
+    spec = request.spec
+    exc = NoFit(spec.name, host, [NoFitReason("name", "fleet", "a guest name not yet placed",
+                                              f"guest {spec.name} is already placed")])
+    return {"index": request.index, "guest": spec.name, "kind": "no-fit", "message": str(exc),
+            "reasons": [r.to_dict() for r in exc.reasons]}
 
 
 def _nothing_fits(request: Any, exc: Any) -> dict[str, Any]:
