@@ -71,7 +71,7 @@ class FleetPlacement:
         self._on_libvirt_error = on_libvirt_error or (lambda _exc: None)
         self._invalidate = invalidate or (lambda _host: None)
 
-    def survey(self, spec: GuestSpec, hosts: Sequence[str], base_xml: str | None
+    def survey(self, spec: GuestSpec, hosts: Sequence[str], base_xml: str | None, *, report_errors: bool = True
                ) -> tuple[list[tuple[str, PlaceResult]], list[tuple[str, Exception]], list[dict[str, Any]]]:
         """Each host's dry run: the ranked fits (best first, ties in host order), the hosts
         that refused (NoFit) or could not be read, and a report entry per host."""
@@ -86,7 +86,8 @@ class FleetPlacement:
                 report.append({"host": name, "reasons": [r.to_dict() for r in exc.reasons]})
                 continue
             except HypervisorError as exc:
-                self._on_libvirt_error(exc)
+                if report_errors:
+                    self._on_libvirt_error(exc)
                 failures.append((name, exc))
                 report.append({"host": name, "error": str(exc)})
                 continue
@@ -109,7 +110,7 @@ class FleetPlacement:
         unreachable ones are still tried."""
         if len(hosts) == 1:
             return list(hosts), []
-        planned, failures, report = self.survey(spec, hosts, base_xml)
+        planned, failures, report = self.survey(spec, hosts, base_xml, report_errors=False)  # placing reports them
         return [name for name, _ in planned] + [name for name, _ in failures], report
 
     def place(self, spec: GuestSpec, hosts: Sequence[str], base_xml: str | None, *, service: PlacementService,
