@@ -15,8 +15,8 @@ and a time cap; a capped run is reported as such.
 The fill case places 100 mixed guests one after another on a 2-socket SMT
 host (2 x 28 cores x 2 threads) until it is full.
 
-The fleet batch case places one request of 100 mixed guests (about 110% of the
-fleet's pCPUs, big and multi-cell guests scattered through the file) across 10
+The fleet batch case places one request of 100 mixed guests (about 83% of the
+fleet's pCPUs in vCPUs, big and multi-cell guests scattered through the file) across 10
 two-node hosts, once in file order (one pass, each guest on its best host) and
 once as vmplacer places a request (hardest first, then the bounded search); it
 reports how many guests each placed and the batch's time (wall and CPU).
@@ -232,12 +232,13 @@ def fleet_batch_case(seed: int = 14) -> dict:
 
     hosts = [FleetHost(f"h{i}", replace(host(2, 8, 2, 1, 64), name=f"h{i}")) for i in range(10)]  # 32 pCPUs each
     rng = random.Random(seed)
-    small = [({"cpu_policy": "dedicated"}, [1, 2, 2, 3]), ({"cpu_policy": "dedicated", "thread_policy": "isolate"}, [1, 2]),
+    small = [({"cpu_policy": "dedicated"}, [1, 2, 2]),
+             ({"cpu_policy": "dedicated", "thread_policy": "isolate"}, [1, 2]),
              ({}, [1, 2, 4]), ({"workload_class": "latency-critical"}, [1])]
     big = [({"cpu_policy": "dedicated", "numa_nodes": 2}, [20, 24]), ({"cpu_policy": "dedicated"}, [12, 14])]
     specs = []
-    for index in range(100):  # every tenth guest is big: a node or a host's worth of pCPUs
-        kind, sizes = rng.choice(big if index % 10 == 9 else small)
+    for index in range(100):  # every twelfth guest is big: a node or a host's worth of pCPUs
+        kind, sizes = rng.choice(big if index % 12 == 11 else small)
         specs.append(GuestSpec.from_mapping({"name": f"g{index}", "vcpus": rng.choice(sizes),
                                              "memory_mib": rng.choice([2048, 4096, 8192]), **kind}))
     file_order = FleetPlanner(max_passes=1).plan(specs, hosts, order=list(range(len(specs))))

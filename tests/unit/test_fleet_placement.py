@@ -51,7 +51,8 @@ class _Store:
     def record(self, host: str, uri: str, placement: Placement, spec: dict) -> None:
         self.placements[placement.guest] = (host, placement)
 
-    def set_state(self, guest: str, state: str, domain_uuid: str | None = None, *, audit=None) -> None:  # type: ignore[no-untyped-def]
+    def set_state(self, guest: str, state: str, domain_uuid: str | None = None, *,
+                  audit: dict | None = None) -> None:
         pass
 
     def forget(self, guest: str) -> None:

@@ -93,7 +93,8 @@ def observe(ctx: CliContext, candidates: Candidates, *, recorded: bool = False) 
             views.append(observe_host(host, ctx.container.allocation_options(name), ctx.container.admission,
                                       stored))
         except (HypervisorError, DomainXmlError) as exc:
-            text = str(exc) if isinstance(exc, HypervisorError) else f"host {name}: a domain's XML cannot be read: {exc}"
+            text = (str(exc) if isinstance(exc, HypervisorError)
+                    else f"host {name}: a domain's XML cannot be read: {exc}")
             if len(candidates.names) == 1:
                 raise OperationalError(text) from None
             candidates.names.remove(name)
