@@ -35,7 +35,7 @@ from vmplacer.cli.fleet_hosts import add_host_arguments
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "place",
-        help="place, define (and optionally start) the guests of a request file on the best hosts",
+        help="place, define (and optionally start) a request file's guests on the best hosts",
         description="Place each guest of a YAML request file on the best candidate host, define its "
         "domain and record the placement. The others are still placed when one cannot be: exit 3 if a "
         "guest does not fit, 1 if libvirt or the database failed for one, 2 if the domain XML policy "
