@@ -108,10 +108,9 @@ class Placer:
         return usable
 
     def _fleet(self) -> FleetPlacement:
-        services = self.services
-        return FleetPlacement(services.dry_runs, services.snapshots.view, services.container.hypervisor,
-                              on_libvirt_error=self.metrics.libvirt_error,
-                              invalidate=services.snapshots.invalidate, refusals=(DomainRefused,))
+        from vmplacer.bootstrap_fleet import api_fleet_placement
+
+        return api_fleet_placement(self.services)
 
     # ----- dry run ---------------------------------------------------------------------------------
     def plan(self, spec: GuestSpec, hosts: list[str], base_xml: str | None) -> Outcome:

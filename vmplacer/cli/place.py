@@ -107,9 +107,9 @@ def _place_all(args: argparse.Namespace, ctx: CliContext, candidates: Any,
     on its planned host first."""
     from vmplacer.adapters.domain_xml import DomainXmlError
     from vmplacer.adapters.domain_xml_policy import DomainXmlPolicyError
-    from vmplacer.adapters.libvirt_errors import DomainRefused
-    from vmplacer.app.fleet_placement import FleetPlacement, NothingFits
+    from vmplacer.app.fleet_placement import NothingFits
     from vmplacer.app.fleet_planner import FleetPlanner
+    from vmplacer.bootstrap_fleet import cli_fleet_placement
     from vmplacer.cli.fleet_hosts import observe
     from vmplacer.ports import ClaimConflict, HypervisorError
 
@@ -117,8 +117,7 @@ def _place_all(args: argparse.Namespace, ctx: CliContext, candidates: Any,
     views = observe(ctx, candidates, recorded=True)
     names = candidates.names
     plan = FleetPlanner().plan([r.spec for r in requests], views)
-    service = container.placement_service()
-    fleet = FleetPlacement(service, container.hypervisor, container.hypervisor, refusals=(DomainRefused,))
+    fleet, service = cli_fleet_placement(container)
     placed: dict[int, dict[str, Any]] = {}
     errors: list[dict[str, Any]] = []
     left_out = [g.index for g in plan.guests if g.host is None]
