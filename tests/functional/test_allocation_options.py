@@ -16,7 +16,8 @@ from vmplacer.adapters.request_file import parse_request_text
 from vmplacer.adapters.simulator import SimCluster
 from vmplacer.app.placement_service import PlacementService
 from vmplacer.app.rebalance import Rebalancer
-from vmplacer.cli.plan import HostState, make_plan
+from vmplacer.app.fleet_planner import FleetHost
+from vmplacer.cli.fleet_plan import plan_on
 from vmplacer.core.guest import GuestSpec
 from vmplacer.core.nofit import NoFit
 from vmplacer.core.policies.admit import AllocationOptions
@@ -65,12 +66,11 @@ def test_plan_command_state_applies_the_cpu_allocation_ratio():
     usable = len(topology.usable_cpus)
     requests = parse_request_text(yaml.safe_dump({"guests": [
         {"name": f"g{i}", "vcpus": usable, "memory_mib": 256} for i in range(3)]}), "request.yaml")
-    loose = make_plan(HostState("e3", topology, domain_type="kvm"), requests)
-    strict = make_plan(HostState("e3", topology, domain_type="kvm",
-                                 options=AllocationOptions(cpu_allocation_ratio=2.0)), requests)
-    assert [e["guest"] for e in loose.errors] == []
-    assert [e["guest"] for e in strict.errors] == ["g2"]
-    assert "ratio 2" in strict.errors[0]["message"]
+    loose = plan_on([FleetHost("e3", topology)], requests)
+    strict = plan_on([FleetHost("e3", topology, options=AllocationOptions(cpu_allocation_ratio=2.0))], requests)
+    assert [e["guest"] for e in loose["errors"]] == []
+    assert [e["guest"] for e in strict["errors"]] == ["g2"]
+    assert "ratio 2" in strict["errors"][0]["message"]
 
 
 def test_rebalancer_never_migrates_onto_a_host_whose_memory_is_reserved(sqlite_url):

@@ -85,6 +85,20 @@ def test_a_uuid_another_domain_has_is_409_exists(host):
         "mine", "<os><type>hvm</type></os>")}).status_code == 201
 
 
+def test_a_domain_of_the_same_name_is_never_replaced(host):
+    client, connection, _ = host
+    connection.defineXML("<domain type='test'><name>taken</name><memory>1024</memory>"
+                         "<vcpu>1</vcpu><os><type>hvm</type></os></domain>")
+    for define in (True, False):  # defining and reserving alike
+        response = client.post("/v1/placements", json={**GUEST, "name": "taken", "define": define})
+        assert response.status_code == 409, response.text
+        error = _error(response)
+        assert error["code"] == "no-fit" and "a domain named taken exists" in error["message"]
+        assert [r["constraint"] for r in error["details"]["reasons"]] == ["name"]
+    assert client.get("/v1/placements/taken").status_code == 404
+    assert connection.lookupByName("taken").maxMemory() == 1024  # its definition is untouched
+
+
 def test_a_name_libvirt_cannot_carry_names_no_domain():
     from vmplacer.adapters.libvirt_host import LibvirtHost
     from vmplacer.config import HostSettings

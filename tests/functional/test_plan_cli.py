@@ -14,7 +14,8 @@ import pytest
 from tests.support import require
 from vmplacer.adapters.domain_xml import parse_placement
 from vmplacer.adapters.request_file import load_request_file
-from vmplacer.cli.plan import HostState, make_plan
+from vmplacer.app.fleet_planner import FleetHost
+from vmplacer.cli.fleet_plan import plan_on
 from vmplacer.core.occupancy import exclusive_of
 from vmplacer.core.placement import Placement
 from vmplacer.core.topology import uniform_topology
@@ -167,11 +168,11 @@ def test_existing_domains_are_avoided_and_floating_ones_repinned(tmp_path):
                          emulatorpin=frozenset(range(2, 8)), memory_kib=1024 * 1024)
     request = tmp_path / "guests.yaml"
     request.write_text("guests:\n  - {name: new, vcpus: 2, memory_mib: 1024, cpu_policy: dedicated}\n")
-    result = make_plan(HostState("h", topology, [pinned, floating]), load_request_file(request))
-    (placed,) = result.placements
+    result = plan_on([FleetHost("h", topology, [pinned, floating])], load_request_file(request))
+    (placed,) = result["placements"]
     owned = {c for cpus in placed["vcpupin"].values() for c in cpus}
     assert not owned & {0, 1}
-    (repin,) = result.repins
-    assert repin["guest"] == "old-floating"
+    (repin,) = result["repins"]
+    assert repin["guest"] == "old-floating" and repin["host"] == "h"
     assert set(repin["vcpupin"]["0"]) == set(range(2, 8)) - owned
     assert set(repin["emulatorpin"]) == set(range(2, 8)) - owned

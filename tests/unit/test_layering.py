@@ -136,9 +136,6 @@ def test_the_cycle_check_sees_a_cycle():
 # Front-end modules still built around their own database reads; each is to move behind the
 # composition root (`vmplacer/bootstrap/`), and then leaves this list.
 FRONT_END_DATABASE_EXEMPT = {
-    "vmplacer/cli/plan.py",  # host choice moves to the application layer
-    "vmplacer/cli/place.py",  # its maintenance check and raw select of placements go with it
-    "vmplacer/api/placing.py",  # the API's Placer, thin over the same fleet placement service
     "vmplacer/cli/protect.py",  # the throttle ledger listing
 }
 

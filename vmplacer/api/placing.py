@@ -1,8 +1,11 @@
 """Placement requests: pick the host, plan or place, and say why when nothing fits.
 
+Host choice is the application's (app/fleet_placement.py); this module maps its
+answers and errors to HTTP.
+
 - dry run: every candidate host is planned on its snapshot (see hostcache), the
   best score wins; nothing is written.
-- place: candidates are tried best first, live: the placement service takes
+- place: candidates are tried best first, live, never over a domain of the same name: the placement service takes
   the host's lock, claims the exclusive pCPUs in the database (a unique key,
   so no pCPU is ever double-booked, whatever other instances do), then defines
   (and starts) the domain. `define=false` stops after the claim: the pCPUs are
@@ -18,10 +21,11 @@ from typing import Any
 from vmplacer.adapters.domain_xml import DomainXmlError, parse_domain
 from vmplacer.adapters.libvirt_errors import INVALID, DomainRefused
 from vmplacer.api.errors import ApiError, field_problems
+from vmplacer.app.fleet_placement import FleetPlacement, NothingFits
 from vmplacer.app.placement_service import PlaceResult
 from vmplacer.core.guest import GuestSpec
 from vmplacer.core.nofit import NoFit
-from vmplacer.ports import ClaimConflict, DomainGone, HypervisorError
+from vmplacer.ports import HypervisorError
 
 # Hosts leave maintenance at an operator's pace: a client polling faster learns nothing.
 NO_HOSTS_RETRY = {"Retry-After": "60"}
@@ -103,33 +107,23 @@ class Placer:
                            {"hosts": {n: closed[n].to_dict() for n in names}}, NO_HOSTS_RETRY)
         return usable
 
+    def _fleet(self) -> FleetPlacement:
+        from vmplacer.bootstrap.fleet import api_fleet_placement
+
+        return api_fleet_placement(self.services)
+
     # ----- dry run ---------------------------------------------------------------------------------
     def plan(self, spec: GuestSpec, hosts: list[str], base_xml: str | None) -> Outcome:
         started = time.perf_counter()
-        planned: list[tuple[str, PlaceResult]] = []
-        report: list[dict[str, Any]] = []
-        failures: list[tuple[str, Exception]] = []
-        for name in hosts:
-            try:
-                result = self.services.dry_runs.plan(self.services.snapshots.view(name), spec, base_xml)
-            except NoFit as exc:
-                failures.append((name, exc))
-                report.append({"host": name, "reasons": [r.to_dict() for r in exc.reasons]})
-                continue
-            except HypervisorError as exc:
-                self.metrics.libvirt_error(exc)
-                failures.append((name, exc))
-                report.append({"host": name, "error": str(exc)})
-                continue
-            planned.append((name, result))
-            report.append({"host": name, "score": result.placement.score})
-        self.metrics.placement_latency.labels("dry_run").observe(time.perf_counter() - started)
-        if not planned:
-            self._count(hosts, "dry_run", failures)
-            raise self._nothing_fits(spec, failures, report)
-        best_host, best = max(planned, key=lambda item: item[1].placement.score)
-        self.metrics.placements.labels(best_host, "dry_run", "planned").inc()
-        return Outcome(best, best_host, True, report)
+        try:
+            choice = self._fleet().plan(spec, hosts, base_xml)
+        except NothingFits as exc:
+            self._count(hosts, "dry_run", exc.failures)
+            raise self._nothing_fits(spec, exc.failures, exc.report) from None
+        finally:
+            self.metrics.placement_latency.labels("dry_run").observe(time.perf_counter() - started)
+        self.metrics.placements.labels(choice.host, "dry_run", "planned").inc()
+        return Outcome(choice.result, choice.host, True, choice.report)
 
     # ----- placing -----------------------------------------------------------------------------------
     def place(self, spec: GuestSpec, hosts: list[str], base_xml: str | None, *, define: bool, start: bool,
@@ -140,70 +134,21 @@ class Placer:
             self.metrics.placements.labels(hosts[0] if len(hosts) == 1 else "any", mode, "exists").inc()
             raise ApiError(409, "exists", f"guest {spec.name} is already placed "
                            f"(DELETE /v1/placements/{spec.name} first)", {"guest": spec.name})
-        order, report = self._ranked(spec, hosts, base_xml)
-        failures: list[tuple[str, Exception]] = []
+
+        def record(host: str, outcome: str) -> None:
+            self.metrics.placements.labels(host, mode, outcome).inc()
+
         try:
-            for name in order:
-                host = self.services.container.hypervisor(name)
-                try:
-                    self._refuse_existing_domain(host, spec.name)
-                    if define:
-                        result = self.service.place(host, spec, base_xml, start=start, actor_detail=actor)
-                    else:
-                        result = self.service.reserve(host, spec, base_xml, actor_detail=actor)
-                except NoFit as exc:
-                    failures.append((name, exc))
-                    continue
-                except DomainRefused as exc:
-                    self.metrics.placements.labels(name, mode, "refused").inc()
-                    raise _blame(exc, base_xml) from None
-                except HypervisorError as exc:
-                    self.metrics.libvirt_error(exc)
-                    if not exc.retriable or len(hosts) == 1:
-                        self.metrics.placements.labels(name, mode, "error").inc()
-                        raise
-                    failures.append((name, exc))
-                    continue
-                except ClaimConflict:
-                    self.metrics.placements.labels(name, mode, "conflict").inc()
-                    raise
-                finally:
-                    self.services.snapshots.invalidate(name)
-                self.metrics.placements.labels(name, mode, "placed").inc()
-                return Outcome(result, name, False, report)
+            choice = self._fleet().place(spec, hosts, base_xml, service=self.service, define=define,
+                                         start=start, actor=actor, record=record)
+        except DomainRefused as exc:
+            raise _blame(exc, base_xml) from None
+        except NothingFits as exc:
+            self._count(hosts, mode, exc.failures)
+            raise self._nothing_fits(spec, exc.failures, exc.report) from None
         finally:
             self.metrics.placement_latency.labels(mode).observe(time.perf_counter() - started)
-        self._count(hosts, mode, failures)
-        raise self._nothing_fits(spec, failures, report)
-
-    def _ranked(self, spec: GuestSpec, hosts: list[str], base_xml: str | None) -> tuple[list[str], list[dict]]:
-        """Hosts best first by a dry run on their snapshots; those that seemed full come
-        last (a snapshot may be a second old), unreachable ones are still tried."""
-        if len(hosts) == 1:
-            return hosts, []
-        scored, rest, report = [], [], []
-        for name in hosts:
-            try:
-                result = self.services.dry_runs.plan(self.services.snapshots.view(name), spec, base_xml)
-                scored.append((result.placement.score, name))
-                report.append({"host": name, "score": result.placement.score})
-            except NoFit as exc:
-                rest.append(name)
-                report.append({"host": name, "reasons": [r.to_dict() for r in exc.reasons]})
-            except HypervisorError as exc:
-                rest.append(name)
-                report.append({"host": name, "error": str(exc)})
-        scored.sort(key=lambda item: -item[0])
-        return [name for _, name in scored] + rest, report
-
-    @staticmethod
-    def _refuse_existing_domain(host: Any, name: str) -> None:
-        """libvirt's define replaces an existing domain of the same name: never do that."""
-        try:
-            host.domain_state(name)
-        except DomainGone:
-            return
-        raise NoFit(name, host.name, [_exists_reason(name, host.name)])
+        return Outcome(choice.result, choice.host, False, choice.report)
 
     def _count(self, hosts: list[str], mode: str, failures: list[tuple[str, Exception]]) -> None:
         for name, exc in failures:
@@ -235,10 +180,3 @@ def _blame(exc: DomainRefused, base_xml: str | None) -> HypervisorError:
     if exc.reason == INVALID and base_xml is None:
         return HypervisorError(str(exc), host=exc.host, domain=exc.domain, retriable=False)
     return exc
-
-
-def _exists_reason(name: str, host: str):  # type: ignore[no-untyped-def]
-    from vmplacer.core.nofit import NoFitReason
-
-    return NoFitReason("name", f"host {host}", "a domain name not in use on the host",
-                       f"a domain named {name} exists", "libvirt would replace its definition")

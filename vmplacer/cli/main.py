@@ -28,7 +28,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
               "list configured hosts and check that each answers; maintenance mode (disable/enable)"),
     "topology": ("vmplacer.cli.topology", "show a host's NUMA nodes, cores, threads and caches"),
     "plan": ("vmplacer.cli.plan", "dry run: place the guests of a request file and show pinning and domain XML"),
-    "place": ("vmplacer.cli.place", "place, define (and optionally start) the guests of a request file on a host"),
+    "place": ("vmplacer.cli.place", "place, define (and optionally start) a request file's guests on the best hosts"),
     "placements": ("vmplacer.cli.place", "list the placements vmplacer recorded"),
     "profile": ("vmplacer.cli.profile",
                 "measure interference with Freeze'nSense; `profile show VM` prints stored results"),

@@ -1,8 +1,14 @@
-"""`vmplacer place`: define (and optionally start) guests on a host, recording their placement.
+"""`vmplacer place`: define (and optionally start) guests on the best candidate hosts,
+recording their placement.
 
-Unlike `vmplacer plan` this changes the host. Placements on one host are
-serialized, and exclusive pCPUs are claimed in the database before libvirt
-sees the domain, so concurrent `place` calls never double-book a pCPU.
+Unlike `vmplacer plan` this changes the hosts. The candidates are the first
+configured host (default), those named with `--host` (repeatable) or every
+configured host not in maintenance (`--all`). The request is planned as a batch
+(hardest first, app/fleet_planner.py), then each guest is placed on its planned
+host, or the next one that takes it, through the placement service (claim,
+define, undo on failure), never over a domain of the same name. Placements on one
+host are serialized, and exclusive pCPUs are claimed in the database before
+libvirt sees the domain, so concurrent `place` calls never double-book a pCPU.
 """
 
 from __future__ import annotations
@@ -22,23 +28,24 @@ from vmplacer.cli.common import (
     add_format_argument,
     emit,
     print_table,
-    resolve_host,
 )
+from vmplacer.cli.fleet_hosts import add_host_arguments
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "place",
-        help="place, define (and optionally start) the guests of a request file on a host",
-        description="Place each guest of a YAML request file on a configured host, define its domain "
-        "and record the placement. The others are still placed when one cannot be: exit 3 if a guest "
-        "does not fit, 1 if libvirt or the database failed for one, 2 if the domain XML policy refused one.",
+        help="place, define (and optionally start) a request file's guests on the best hosts",
+        description="Place each guest of a YAML request file on the best candidate host, define its "
+        "domain and record the placement. The others are still placed when one cannot be: exit 3 if a "
+        "guest does not fit, 1 if libvirt or the database failed for one, 2 if the domain XML policy "
+        "refused one.",
     )
-    parser.add_argument("--host", metavar="NAME", help="a configured host (default: the first)")
+    add_host_arguments(parser, caps=False)
     parser.add_argument("--request", metavar="FILE", required=True, help="YAML request file (guests: [...])")
     parser.add_argument("--start", action="store_true", help="start each domain after defining it")
     parser.add_argument("--ignore-maintenance", action="store_true",
-                        help="place on the host even though it is in maintenance (e.g. a test guest after "
+                        help="place on hosts in maintenance all the same (e.g. a test guest after "
                              "the work, before `vmplacer hosts enable`)")
     add_format_argument(parser)
     parser.set_defaults(func=run)
@@ -50,41 +57,83 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
-    from vmplacer.adapters.domain_xml import DomainXmlError
-    from vmplacer.adapters.domain_xml_policy import DomainXmlPolicyError
     from vmplacer.adapters.request_file import RequestFileError, load_request_file
     from vmplacer.config import ConfigError
-    from vmplacer.core.nofit import NoFit
-    from vmplacer.ports import ClaimConflict, HypervisorError
 
     try:
         requests = load_request_file(args.request)
     except RequestFileError as exc:
         raise UsageError(f"--request: {exc}") from None
     container = ctx.container
-    host_name = resolve_host(ctx, args.host)
+    from vmplacer.cli.fleet_hosts import configured_candidates
+
     try:
-        host = container.hypervisor(host_name)
+        candidates = configured_candidates(args, ctx, maintenance="ignore")
+        for name in candidates.names:
+            container.hypervisor(name)
     except ConfigError as exc:
         raise UsageError(f"--host: {exc}") from None
-    _hold_to_policy(container, host_name, args.request, requests)
+    for name in candidates.names:
+        _hold_to_policy(container, name, args.request, requests)
+    if not args.ignore_maintenance:
+        candidates = configured_candidates(args, ctx, maintenance="always")
     container.upgrade_database()
-    maintenance = container.maintenance.get(host_name)
-    if maintenance is not None and not args.ignore_maintenance:
-        raise OperationalError(f"{maintenance.describe()}: it takes no new guest "
-                               "(--ignore-maintenance places there all the same)")
-    service = container.placement_service()
-    placed: list[dict[str, Any]] = []
+    placed, errors = _place_all(args, ctx, candidates, requests)
+    data = {"host": candidates.names[0] if len(candidates.all_names) == 1 else None,
+            "hosts": candidates.all_names, "placements": placed, "errors": errors,
+            "refused_hosts": [r.to_dict() for r in candidates.closed]}
+
+    def table(d: dict[str, Any]) -> None:
+        where = f"host {d['host']}" if d["host"] else "hosts " + ", ".join(d["hosts"])
+        print_table(f"placed on {where}", ("guest", "host", "state", "pinning", "uuid"),
+                    [(p["guest"], p["host"], p["state"], _pins(p), p["domain_uuid"]) for p in d["placements"]])
+        for refused in d["refused_hosts"]:
+            print(f"host {refused['host']} takes no guest: {refused['message']}")
+        for e in d["errors"]:
+            sys.stderr.write(f"vmplacer: guest #{e['index']} ({e['guest']}): {e['message']}\n")
+
+    emit(args, data, table)
+    kinds = {e["kind"] for e in errors}
+    if "xml-policy" in kinds:
+        return EXIT_USAGE
+    if kinds - {"no-fit"}:
+        return EXIT_OPERATIONAL
+    return EXIT_NO_FIT if kinds else EXIT_OK
+
+
+def _place_all(args: argparse.Namespace, ctx: CliContext, candidates: Any,
+               requests: list) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """The batch planned on the hosts as they are, then each guest placed in the planned order,
+    on its planned host first."""
+    from vmplacer.adapters.domain_xml import DomainXmlError
+    from vmplacer.adapters.domain_xml_policy import DomainXmlPolicyError
+    from vmplacer.app.fleet_placement import NothingFits
+    from vmplacer.app.fleet_planner import FleetPlanner
+    from vmplacer.bootstrap.fleet import cli_fleet_placement
+    from vmplacer.cli.fleet_hosts import observe
+    from vmplacer.ports import ClaimConflict, HypervisorError
+
+    container = ctx.container
+    views = observe(ctx, candidates, recorded=True)
+    names = candidates.names
+    plan = FleetPlanner().plan([r.spec for r in requests], views)
+    fleet, service = cli_fleet_placement(container)
+    placed: dict[int, dict[str, Any]] = {}
     errors: list[dict[str, Any]] = []
-    for request in requests:
+    left_out = [g.index for g in plan.guests if g.host is None]
+    for index in plan.placed_in_order + left_out:
+        request, planned = requests[index], plan.guests[index].host
         spec = request.spec
+        order = [planned] + [n for n in names if n != planned] if planned else list(names)
+        if container.placement_store.get(spec.name) is not None:
+            errors.append(_already_placed(request, order[0]))
+            continue
         try:
-            result = service.place(host, spec, request.base_xml, start=args.start,
-                                   actor_detail={"via": "cli"})
-            placed.append(result.to_dict())
-        except NoFit as exc:
-            errors.append({"index": request.index, "guest": spec.name, "kind": "no-fit",
-                           "message": str(exc), "reasons": [r.to_dict() for r in exc.reasons]})
+            choice = fleet.place(spec, names, request.base_xml, service=service, start=args.start,
+                                 actor={"via": "cli"}, order=order)
+            placed[index] = {"index": request.index, **choice.result.to_dict(), "host": choice.host}
+        except NothingFits as exc:
+            errors.append(_nothing_fits(request, exc))
         except DomainXmlPolicyError as exc:  # the rendered XML, refused before libvirt saw it (claim undone)
             errors.append({"index": request.index, "guest": spec.name, "kind": "xml-policy",
                            "message": str(exc), "reasons": [v.to_dict() for v in exc.violations]})
@@ -99,21 +148,39 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
                 raise OperationalError(str(exc)) from None
             errors.append({"index": request.index, "guest": spec.name, "kind": "libvirt",
                            "message": str(exc), "reasons": []})
-    data = {"host": host_name, "placements": placed, "errors": errors}
+    errors.sort(key=lambda e: e["index"])
+    return [placed[i] for i in sorted(placed)], errors
 
-    def table(d: dict[str, Any]) -> None:
-        print_table(f"placed on host {d['host']}", ("guest", "state", "pinning", "uuid"),
-                    [(p["guest"], p["state"], _pins(p), p["domain_uuid"]) for p in d["placements"]])
-        for e in d["errors"]:
-            sys.stderr.write(f"vmplacer: guest #{e['index']} ({e['guest']}): {e['message']}\n")
 
-    emit(args, data, table)
-    kinds = {e["kind"] for e in errors}
-    if "xml-policy" in kinds:
-        return EXIT_USAGE
-    if kinds - {"no-fit"}:
-        return EXIT_OPERATIONAL
-    return EXIT_NO_FIT if kinds else EXIT_OK
+def _already_placed(request: Any, host: str) -> dict[str, Any]:
+    """A guest vmplacer placed before, on whichever host: the same answer the placement service gives."""
+    from vmplacer.core.nofit import NoFit, NoFitReason
+
+    spec = request.spec
+    exc = NoFit(spec.name, host, [NoFitReason("name", "fleet", "a guest name not yet placed",
+                                              f"guest {spec.name} is already placed")])
+    return {"index": request.index, "guest": spec.name, "kind": "no-fit", "message": str(exc),
+            "reasons": [r.to_dict() for r in exc.reasons]}
+
+
+def _nothing_fits(request: Any, exc: Any) -> dict[str, Any]:
+    """A guest no candidate host took: one host's answer as it is; several, each named."""
+    from vmplacer.app.fleet_planner import no_fit_refusal
+    from vmplacer.core.nofit import NoFit
+
+    spec = request.spec
+    no_fits = [(h, e) for h, e in exc.failures if isinstance(e, NoFit)]
+    if len(exc.failures) == 1:
+        message = str(exc.failures[0][1])
+    else:
+        message = f"guest {spec.name} fits on no candidate host:\n" + "\n".join(
+            f"  host {h}: " + ("; ".join(str(r) for r in e.reasons) if isinstance(e, NoFit) else str(e))
+            for h, e in exc.failures)
+    return {"index": request.index, "guest": spec.name, "kind": "no-fit" if no_fits else "libvirt",
+            "message": message, "reasons": [r.to_dict() for _, e in no_fits for r in e.reasons],
+            "refused": [no_fit_refusal(e, h).to_dict() if isinstance(e, NoFit)
+                        else {"host": h, "kind": "unreadable", "message": str(e), "reasons": []}
+                        for h, e in exc.failures]}
 
 
 def _hold_to_policy(container: Any, host_name: str, request_file: str, requests: list) -> None:
@@ -143,21 +210,9 @@ def _pins(entry: dict[str, Any]) -> str:
 
 
 def run_list(args: argparse.Namespace, ctx: CliContext) -> int:
-    from sqlalchemy import select
-
-    from vmplacer.adapters.db.models import HostRow, PlacementRow
-
     container = ctx.container
     container.upgrade_database()
-    with container.sessions() as session:
-        query = select(PlacementRow, HostRow.name).join(HostRow).order_by(PlacementRow.id)
-        if args.host:
-            query = query.where(HostRow.name == args.host)
-        rows = [
-            {"guest": row.guest, "host": host, "state": row.state, "domain_uuid": row.domain_uuid,
-             "placement": row.placement, "claims": sorted(c.cpu for c in row.claims)}
-            for row, host in session.execute(query)
-        ]
+    rows = container.placement_store.listing(args.host)
     emit(args, rows, lambda d: print_table(
         "placements", ("guest", "host", "state", "pinning", "exclusive pCPUs"),
         [(r["guest"], r["host"], r["state"], _pins(r["placement"]),

@@ -201,6 +201,18 @@ class SqlPlacementStore:
                 "claims": sorted(c.cpu for c in row.claims),
             }
 
+    def listing(self, host: str | None = None) -> list[dict[str, Any]]:
+        """Every recorded placement (of one host, if named), oldest first, for `vmplacer placements`."""
+        with self._sessions() as session:
+            query = select(PlacementRow, HostRow.name).join(HostRow).order_by(PlacementRow.id)
+            if host:
+                query = query.where(HostRow.name == host)
+            return [
+                {"guest": row.guest, "host": name, "state": row.state, "domain_uuid": row.domain_uuid,
+                 "placement": row.placement, "claims": sorted(c.cpu for c in row.claims)}
+                for row, name in session.execute(query)
+            ]
+
     def audit(self, *, action: str, outcome: str, host: str | None, guest: str | None,
               message: str = "", detail: dict[str, Any] | None = None) -> None:
         from vmplacer.adapters.db.repositories import record_audit

@@ -1,0 +1,179 @@
+"""Host choice for the whole fleet: which host each guest lands on, and why not the others.
+
+One path for every front end. `FleetPlacement` answers for one guest (the API's
+requests, and each guest `vmplacer place` places): it plans the guest on each candidate host's view, ranks the hosts by
+the placement's score (best first; ties keep the configured order) and places
+best-first through `PlacementService` (claim, define, undo), never over a domain
+of the same name. A request of many guests is planned as a batch by
+app/fleet_planner.py, on views of the hosts `observe_host` reads.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from vmplacer.app.admission import profiles_of
+from vmplacer.app.placement_service import PlaceResult, PlacementService, PlacingHost
+from vmplacer.app.fleet_planner import FleetHost, exists_reason
+from vmplacer.core.guest import GuestSpec
+from vmplacer.core.nofit import NoFit
+from vmplacer.core.placement import Placement
+from vmplacer.core.policies.admit import AllocationOptions
+from vmplacer.ports import ClaimConflict, DomainGone, DomainInfo, HypervisorError
+
+
+def refuse_existing_domain(host: PlacingHost, guest: str) -> None:
+    """libvirt's define replaces an existing domain of the same name: never do that."""
+    try:
+        host.domain_state(guest)
+    except DomainGone:
+        return
+    raise NoFit(guest, host.name, [exists_reason(guest, host.name)])
+
+
+
+# ----- one guest, ranked over the fleet (the API) ---------------------------------------------------------
+class NothingFits(Exception):
+    """No candidate host took the guest; `failures` says why each one did not."""
+
+    def __init__(self, spec: GuestSpec, failures: list[tuple[str, Exception]], report: list[dict[str, Any]]):
+        self.spec = spec
+        self.failures = failures
+        self.report = report
+        super().__init__(f"guest {spec.name} fits on no candidate host")
+
+
+@dataclass
+class Choice:
+    host: str
+    result: PlaceResult
+    report: list[dict[str, Any]] = field(default_factory=list)  # each candidate: its score or why not
+
+
+Record = Callable[[str, str], None]  # (host, outcome): placed | refused | error | conflict
+
+
+class FleetPlacement:
+    def __init__(self, planning: PlacementService, view: Callable[[str], PlacingHost],
+                 live: Callable[[str], PlacingHost], *,
+                 on_libvirt_error: Callable[[HypervisorError], None] | None = None,
+                 invalidate: Callable[[str], None] | None = None,
+                 refusals: tuple[type[Exception], ...] = ()):
+        """`planning` dry-runs on `view(host)` (e.g. a short-lived snapshot); placing reads
+        `live(host)`; `invalidate(host)` drops a host's view after a placement touched it;
+        `refusals`: the host errors that refuse the document itself (no other host is tried)."""
+        self._refusals = refusals
+        self._planning = planning
+        self._view = view
+        self._live = live
+        self._on_libvirt_error = on_libvirt_error or (lambda _exc: None)
+        self._invalidate = invalidate or (lambda _host: None)
+
+    def survey(self, spec: GuestSpec, hosts: Sequence[str], base_xml: str | None, *, report_errors: bool = True
+               ) -> tuple[list[tuple[str, PlaceResult]], list[tuple[str, Exception]], list[dict[str, Any]]]:
+        """Each host's dry run: the ranked fits (best first, ties in host order), the hosts
+        that refused (NoFit) or could not be read, and a report entry per host."""
+        planned: list[tuple[str, PlaceResult]] = []
+        failures: list[tuple[str, Exception]] = []
+        report: list[dict[str, Any]] = []
+        for name in hosts:
+            try:
+                result = self._planning.plan(self._view(name), spec, base_xml)
+            except NoFit as exc:
+                failures.append((name, exc))
+                report.append({"host": name, "reasons": [r.to_dict() for r in exc.reasons]})
+                continue
+            except HypervisorError as exc:
+                if report_errors:
+                    self._on_libvirt_error(exc)
+                failures.append((name, exc))
+                report.append({"host": name, "error": str(exc)})
+                continue
+            planned.append((name, result))
+            report.append({"host": name, "score": result.placement.score})
+        planned.sort(key=lambda item: -item[1].placement.score)  # stable: ties keep host order
+        return planned, failures, report
+
+    def plan(self, spec: GuestSpec, hosts: Sequence[str], base_xml: str | None) -> Choice:
+        """Dry run: the best host and its placement, or NothingFits."""
+        planned, failures, report = self.survey(spec, hosts, base_xml)
+        if not planned:
+            raise NothingFits(spec, failures, report)
+        host, result = planned[0]
+        return Choice(host, result, report)
+
+    def ranked(self, spec: GuestSpec, hosts: Sequence[str], base_xml: str | None
+               ) -> tuple[list[str], list[dict[str, Any]]]:
+        """Hosts best first; those that seemed full come last (a view may be a second old),
+        unreachable ones are still tried."""
+        if len(hosts) == 1:
+            return list(hosts), []
+        planned, failures, report = self.survey(spec, hosts, base_xml, report_errors=False)  # placing reports them
+        return [name for name, _ in planned] + [name for name, _ in failures], report
+
+    def place(self, spec: GuestSpec, hosts: Sequence[str], base_xml: str | None, *, service: PlacementService,
+              define: bool = True, start: bool = False, actor: dict[str, Any] | None = None,
+              record: Record | None = None, order: Sequence[str] | None = None) -> Choice:
+        """Try the hosts best first (or in `order`) through `service`: claim, define (and
+        start), undone on failure; `define=False` stops after the claim. A host with a domain
+        of the guest's name is skipped. Raises NothingFits, or the first error that is not a
+        host's to skip (a refusal of the XML, a lost claim, a host error when no other host
+        may be tried)."""
+        record = record or (lambda _host, _outcome: None)
+        if order is None:
+            order, report = self.ranked(spec, hosts, base_xml)
+        else:
+            report = []
+        failures: list[tuple[str, Exception]] = []
+        for name in order:
+            host = self._live(name)
+            try:
+                refuse_existing_domain(host, spec.name)
+                if define:
+                    result = service.place(host, spec, base_xml, start=start, actor_detail=actor)
+                else:
+                    result = service.reserve(host, spec, base_xml, actor_detail=actor)
+            except NoFit as exc:
+                failures.append((name, exc))
+                continue
+            except HypervisorError as exc:
+                if isinstance(exc, self._refusals):  # libvirt refused the document: so would the others
+                    record(name, "refused")
+                    raise
+                self._on_libvirt_error(exc)
+                if not exc.retriable or len(order) == 1:
+                    record(name, "error")
+                    raise
+                failures.append((name, exc))
+                continue
+            except ClaimConflict:
+                record(name, "conflict")
+                raise
+            finally:
+                self._invalidate(name)
+            record(name, "placed")
+            return Choice(name, result, report)
+        raise NothingFits(spec, failures, report)
+
+
+def floating(domain: DomainInfo, host: str) -> Placement:
+    """A domain's placement; one read without pinning floats anywhere with its vCPUs and memory."""
+    if domain.placement is not None:
+        return domain.placement
+    return Placement(guest=domain.name, host=host, vcpupin={v: frozenset() for v in range(domain.vcpus)},
+                     memory_kib=domain.memory_kib)
+
+
+def observe_host(host: PlacingHost, options: AllocationOptions, admission: Any = None,
+                 recorded: Sequence[Placement] = ()) -> FleetHost:
+    """A live host's planning view: its topology and domains (plus placements recorded
+    but not yet defined, when given)."""
+    topology = host.topology()
+    domains = host.domains()
+    existing = {d.name: floating(d, host.name) for d in domains}
+    for placement in recorded:
+        existing.setdefault(placement.guest, placement)
+    return FleetHost(host.name, topology, list(existing.values()), frozenset(existing),
+                     profiles_of(domains), options, admission)

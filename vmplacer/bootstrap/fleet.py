@@ -1,0 +1,27 @@
+"""Composition of host choice over the fleet: container (and API services) → `FleetPlacement`.
+
+Part of the composition root: the CLI and the API get their fleet placement
+here, never by wiring hosts, snapshots and libvirt's refusals themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from vmplacer.adapters.libvirt_errors import DomainRefused
+from vmplacer.app.fleet_placement import FleetPlacement
+from vmplacer.app.placement_service import PlacementService
+
+
+def cli_fleet_placement(container: Any) -> tuple[FleetPlacement, PlacementService]:
+    """Live reads for ranking and placing (a CLI run places a few guests, then exits)."""
+    service = container.placement_service()
+    return FleetPlacement(service, container.hypervisor, container.hypervisor, refusals=(DomainRefused,)), service
+
+
+def api_fleet_placement(services: Any) -> FleetPlacement:
+    """Dry runs on the API's short-lived host snapshots, placements live; every placement
+    drops its host's snapshot, and libvirt errors are counted."""
+    return FleetPlacement(services.dry_runs, services.snapshots.view, services.container.hypervisor,
+                          on_libvirt_error=services.metrics.libvirt_error,
+                          invalidate=services.snapshots.invalidate, refusals=(DomainRefused,))

@@ -1,0 +1,147 @@
+"""The candidate hosts of `plan` and `place`: named (`--host`, repeatable), every configured
+one (`--all`), or capabilities files (`--caps`, repeatable, an offline fleet).
+
+A host in maintenance takes no new guest and one that cannot be read takes none either:
+both are reported as refused, next to the guests' own reasons.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from vmplacer.cli.common import CliContext, OperationalError, UsageError, resolve_host, resolve_hosts
+
+
+def add_host_arguments(parser: argparse.ArgumentParser, *, caps: bool) -> None:
+    source = parser.add_mutually_exclusive_group()
+    source.add_argument("--host", metavar="NAME", action="append",
+                        help="a configured host (repeatable: the best of them for each guest; "
+                        "default: the first configured host)")
+    source.add_argument("--all", action="store_true",
+                        help="every configured host not in maintenance: each guest goes to the best one")
+    if caps:
+        source.add_argument("--caps", metavar="[NAME=]FILE", action="append",
+                            help="a libvirt capabilities XML file, an idle host (repeatable: an offline "
+                            "fleet; named from the file, or NAME=FILE)")
+
+
+@dataclass
+class Candidates:
+    """The hosts a request may land on, and those refused outright (maintenance, unreadable)."""
+
+    names: list[str]
+    closed: list[Any] = field(default_factory=list)  # Refusal per host taking no guest
+    configured: bool = True  # False: capabilities files
+    policies: dict[str, Any] = field(default_factory=dict)
+    domain_types: dict[str, str] = field(default_factory=dict)
+
+    @property
+    def all_names(self) -> list[str]:
+        return self.names + [r.host for r in self.closed]
+
+
+def configured_candidates(args: argparse.Namespace, ctx: CliContext, *, maintenance: str = "fleet",
+                          alternatives: str = "") -> Candidates:
+    """The configured hosts named (or all of them, or the first), minus those in maintenance.
+
+    `maintenance`: "fleet" reads it only when there are several candidates (a dry run on one
+    host needs no database), "always" for one too, "ignore" never. One host in maintenance
+    is an operational error (the operator asked for it); among several, it is refused."""
+    from vmplacer.app.fleet_planner import Refusal
+
+    if args.all:
+        names = resolve_hosts(ctx, None)
+    elif args.host:
+        names = resolve_hosts(ctx, args.host)
+    else:
+        names = [resolve_host(ctx, None, alternatives)]
+    several = args.all or len(names) > 1
+    closed: list[Refusal] = []
+    if maintenance == "always" or (maintenance == "fleet" and several):
+        ctx.container.upgrade_database()
+        down = ctx.container.maintenance.current()
+        if not several and names[0] in down:
+            raise OperationalError(f"{down[names[0]].describe()}: it takes no new guest "
+                                   "(--ignore-maintenance places there all the same)")
+        closed = [Refusal(n, "maintenance", down[n].describe() + ": it takes no new guest") for n in names if n in down]
+        names = [n for n in names if n not in down]
+        if not names:
+            raise OperationalError("every candidate host is in maintenance: "
+                                   + "; ".join(r.message for r in closed))
+    return Candidates(names, closed, True,
+                      {n: ctx.container.xml_policy(n) for n in names},
+                      {n: ctx.settings.host(n).domain_type for n in names})
+
+
+def observe(ctx: CliContext, candidates: Candidates, *, recorded: bool = False) -> list[Any]:
+    """Each configured candidate's planning view (live topology and domains; with `recorded`,
+    the placements recorded but not yet defined too). A host that cannot be read is refused,
+    unless it was the only one (then it is an operational error)."""
+    from vmplacer.adapters.domain_xml import DomainXmlError
+    from vmplacer.app.fleet_placement import observe_host
+    from vmplacer.app.fleet_planner import Refusal
+    from vmplacer.ports import HypervisorError
+
+    views = []
+    for name in list(candidates.names):
+        try:
+            host = ctx.container.hypervisor(name)
+            stored = ctx.container.placement_store.occupied(name) if recorded else ()
+            views.append(observe_host(host, ctx.container.allocation_options(name), ctx.container.admission,
+                                      stored))
+        except (HypervisorError, DomainXmlError) as exc:
+            text = (str(exc) if isinstance(exc, HypervisorError)
+                    else f"host {name}: a domain's XML cannot be read: {exc}")
+            if len(candidates.names) == 1:
+                raise OperationalError(text) from None
+            candidates.names.remove(name)
+            candidates.closed.append(Refusal(name, "unreadable", text))
+    if not views:
+        raise OperationalError("no candidate host could be read: "
+                               + "; ".join(r.message for r in candidates.closed))
+    return views
+
+
+def caps_candidates(entries: list[str], domain_type: str | None) -> tuple[Candidates, list[Any]]:
+    """Capabilities files as idle hosts: named from the file, or NAME=FILE."""
+    from vmplacer.adapters.capabilities import CapabilitiesError, read_capabilities_file
+    from vmplacer.app.fleet_planner import FleetHost
+
+    hosts: list[FleetHost] = []
+    candidates = Candidates([], configured=False)
+    for entry in entries:
+        name, _, path_text = entry.rpartition("=") if "=" in entry and not Path(entry).is_file() else ("", "", entry)
+        path = Path(path_text)
+        if not path.is_file():
+            raise UsageError(f"--caps {path}: no such file")
+        try:
+            topology = read_capabilities_file(path)
+        except CapabilitiesError as exc:
+            raise UsageError(f"--caps: {exc}") from None
+        if name:
+            topology = _renamed(topology, name)
+        if topology.name in candidates.names:
+            raise UsageError(f"--caps {entry}: host {topology.name!r} is given twice (name them: NAME=FILE)")
+        candidates.names.append(topology.name)
+        candidates.policies[topology.name] = _caps_policy(topology.name, path)
+        candidates.domain_types[topology.name] = domain_type or "kvm"
+        hosts.append(FleetHost(topology.name, topology))
+    return candidates, hosts
+
+
+def _renamed(topology: Any, name: str) -> Any:
+    import dataclasses
+
+    return dataclasses.replace(topology, name=name)
+
+
+def _caps_policy(name: str, path: Path) -> Any:
+    """A host known from its capabilities: its emulators are listed there; its storage is
+    taken to be libvirt's default pool."""
+    from vmplacer.adapters.domain_xml_policy import DEFAULT_POOL_PATH, DomainXmlPolicy, HostFacts, emulators_in
+
+    facts = HostFacts(emulators_in(path.read_text(encoding="utf-8")), (DEFAULT_POOL_PATH,))
+    return DomainXmlPolicy(name, facts=lambda: facts)
