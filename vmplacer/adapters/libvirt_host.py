@@ -13,7 +13,7 @@ from typing import Protocol, TypeVar
 
 import libvirt
 
-from vmplacer.adapters.libvirt_errors import refused_definition, refused_start
+from vmplacer.adapters.libvirt_errors import operation_failed, refused_definition, refused_start
 from vmplacer.adapters.shared_read import SharedRead
 from vmplacer.core.placement import Placement
 from vmplacer.core.bandwidth import UNLIMITED, BandwidthError, CpuBandwidth
@@ -51,16 +51,6 @@ _PAUSE_REASONS = {
     libvirt.VIR_DOMAIN_PAUSED_POSTCOPY: "postcopy",
     libvirt.VIR_DOMAIN_PAUSED_POSTCOPY_FAILED: "postcopy-failed",
 }
-# Errors worth retrying: the daemon or the network hiccuped, the domain is busy.
-_RETRIABLE = {
-    libvirt.VIR_ERR_SYSTEM_ERROR,
-    libvirt.VIR_ERR_RPC,
-    libvirt.VIR_ERR_OPERATION_TIMEOUT,
-    libvirt.VIR_ERR_AGENT_UNRESPONSIVE,
-    libvirt.VIR_ERR_NO_CONNECT,
-    libvirt.VIR_ERR_INTERNAL_ERROR,
-}
-_GONE = {libvirt.VIR_ERR_NO_DOMAIN}
 # What the kernel reports for "no limit" besides -1 (cgroup v2 'max' as libvirt hands it over).
 _QUOTA_UNLIMITED_FROM = 17_592_186_044_415
 
@@ -139,12 +129,7 @@ class LibvirtHost(Hypervisor):
             raise self._failure(what, exc, domain) from None
 
     def _failure(self, what: str, exc: libvirt.libvirtError, domain: str = "") -> HypervisorError:
-        code = exc.get_error_code()
-        subject = f"host {self.name}" + (f", domain {domain}" if domain else "")
-        message = f"{subject}: {what} failed: {exc.get_error_message()}"
-        if code in _GONE:
-            return DomainGone(message, host=self.name, domain=domain)
-        return HypervisorError(message, host=self.name, domain=domain, retriable=code in _RETRIABLE)
+        return operation_failed(exc, host=self.name, domain=domain, what=what)
 
     def ping(self) -> dict[str, object]:
         """Liveness facts for `vmplacer hosts` and /readyz; raises HypervisorError."""
