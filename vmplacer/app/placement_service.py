@@ -181,19 +181,21 @@ class PlacementService:
             self._audit("define", "failed", host, spec, str(exc), actor_detail)
             raise
         state = "running" if start else "defined"
-        placed = {"action": "place", "outcome": "ok", "host": host.name, "guest": spec.name,
-                  "message": placement.describe_pinning(),
-                  "detail": {**(actor_detail or {}), "placement": placement.to_dict(), "state": state}}
-        self._store.set_state(spec.name, "defined", uuid, audit=None if start else placed)
         if start:
+            self._store.set_state(spec.name, "defined", uuid)
             try:
                 host.start(spec.name)
             except HypervisorError as exc:
                 self._undo_define(host, spec.name)
                 self._audit("start", "failed", host, spec, str(exc), actor_detail)
                 raise
-            self._store.set_state(spec.name, "running", uuid, audit=placed)
         narrowed = self._narrow_floating(host, topology, live)
+        # "place ok" comes last: the guest's pCPUs are its own only once the floaters left them
+        placed = {"action": "place", "outcome": "ok", "host": host.name, "guest": spec.name,
+                  "message": placement.describe_pinning(),
+                  "detail": {**(actor_detail or {}), "placement": placement.to_dict(), "state": state,
+                             "narrowed": narrowed}}
+        self._store.set_state(spec.name, state, uuid, audit=placed)
         return PlaceResult(placement, xml, state, uuid, narrowed)
 
     def reserve(self, host: PlacingHost, spec: GuestSpec, base_xml: str | None = None, *,
