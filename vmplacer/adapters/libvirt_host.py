@@ -85,6 +85,8 @@ class LibvirtHost(Hypervisor):
         # Parsed domain XML by domain UUID: (the XML text it came from, placement, labels).
         # Keyed by the text itself, so any change libvirt reports, by anyone, is parsed anew.
         self._parsed: dict[str, tuple[str, Placement, dict[str, str]]] = {}
+        # The same for placing, keyed by the XML text alone: no name or UUID call per domain.
+        self._parsed_by_text: dict[str, tuple[Placement, dict[str, str]]] = {}
         # Concurrent callers share a read that started after they called (see shared_read).
         self._domains_read = SharedRead(self._read_domains)
         self._placements_read = SharedRead(self._read_placements)
@@ -244,18 +246,27 @@ class LibvirtHost(Hypervisor):
         return {name: (placement, dict(labels)) for name, (placement, labels) in self._placements_read.get().items()}
 
     def _read_placements(self) -> dict[str, tuple[Placement, dict[str, str]]]:
+        """One XMLDesc per domain, each distinct text parsed once (the name is in the text).
+        The parses kept are those of this read: an undefined domain's go with it."""
+        from vmplacer.adapters.domain_xml import parse_placement_and_labels
+
         conn = self.connection()
+        known, seen = self._parsed_by_text, {}
         result: dict[str, tuple[Placement, dict[str, str]]] = {}
-        listed: set[str] = set()
         for dom in self._call("listAllDomains", conn.listAllDomains):
-            name, uuid = dom.name(), dom.UUIDString()
             try:
-                xml = self._call("XMLDesc", lambda: dom.XMLDesc(0), name)  # noqa: B023 - called at once
-            except DomainGone:
-                continue  # undefined while we listed
-            result[name] = self._parsed_xml(uuid, xml)
-            listed.add(uuid)
-        self._forget_parses_but(listed)
+                xml = dom.XMLDesc(0)
+            except libvirt.libvirtError as exc:
+                failure = self._failure("XMLDesc", exc, _name_of(dom))
+                if isinstance(failure, DomainGone):
+                    continue  # undefined while we listed
+                raise failure from None
+            parsed = known.get(xml)
+            if parsed is None:
+                parsed = parse_placement_and_labels(xml, self.name)
+            seen[xml] = parsed
+            result[parsed[0].guest] = parsed
+        self._parsed_by_text = seen
         return result
 
     def domain(self, name: str) -> DomainInfo:
@@ -467,3 +478,10 @@ class LibvirtHost(Hypervisor):
             return HypervisorError(f"host {self.name}, domain {domain}: CPU bandwidth control is not supported "
                                    f"here ({what}: {message})", host=self.name, domain=domain)
         return self._failure(what, exc, domain)
+
+
+def _name_of(dom: libvirt.virDomain) -> str:
+    try:
+        return dom.name()
+    except libvirt.libvirtError:
+        return ""
