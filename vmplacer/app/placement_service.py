@@ -174,7 +174,8 @@ class PlacementService:
         own work (and the claims' unique key keeps that true across instances). Rendering
         and libvirt's define run after it: until they succeed, the committed claim keeps
         the pCPUs from every other placement, and a failure forgets it."""
-        if self._store.get(spec.name) is not None:
+        is_placed = getattr(self._store, "is_placed", None)
+        if (is_placed(spec.name) if is_placed is not None else self._store.get(spec.name) is not None):
             from vmplacer.core.nofit import NoFit, NoFitReason
 
             raise NoFit(spec.name, host.name, [NoFitReason(

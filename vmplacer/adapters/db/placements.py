@@ -11,7 +11,7 @@ from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Text, cast, delete, func, select
+from sqlalchemy import Text, cast, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from vmplacer.adapters.db.models import CpuClaimRow, HostRow, PlacementRow, utcnow
@@ -153,20 +153,28 @@ def record_placement(
     The caller commits; a concurrent writer that claimed any of the same pCPUs
     makes the commit fail with an IntegrityError, so nothing is double-booked.
     """
-    host_row = ensure_host(session, host, uri)
+    host_id = _host_id(session, host, uri)
     row = PlacementRow(
         guest=placement.guest,
-        host_id=host_row.id,
+        host_id=host_id,
         state=state,
         vcpus=placement.vcpus,
         memory_kib=placement.memory_kib,
         spec=spec,
         placement=placement.to_dict(),
     )
-    row.claims = [CpuClaimRow(host_id=host_row.id, cpu=cpu) for cpu in sorted(exclusive_of(placement))]
+    row.claims = [CpuClaimRow(host_id=host_id, cpu=cpu) for cpu in sorted(exclusive_of(placement))]
     session.add(row)
     session.flush()
     return row
+
+
+def _host_id(session: Session, host: str, uri: str) -> int:
+    """The host's row id, without loading the row (its stored topology) unless it must change."""
+    found = session.execute(select(HostRow.id, HostRow.uri).where(HostRow.name == host)).first()
+    if found is not None and found.uri == uri:
+        return int(found.id)
+    return ensure_host(session, host, uri).id
 
 
 def update_placement(session: Session, row: PlacementRow, placement: Placement) -> None:
@@ -229,12 +237,12 @@ class SqlPlacementStore:
         from vmplacer.adapters.db.repositories import record_audit
 
         with self._sessions() as session:
-            row = get_placement_row(session, guest)
-            if row is None:
-                raise KeyError(guest)
-            row.state = state
+            values: dict[str, Any] = {"state": state, "updated_at": utcnow()}
             if domain_uuid:
-                row.domain_uuid = domain_uuid
+                values["domain_uuid"] = domain_uuid
+            # one UPDATE, not a load of the row (its spec and placement JSON) and a flush
+            if not session.execute(update(PlacementRow).where(PlacementRow.guest == guest).values(**values)).rowcount:
+                raise KeyError(guest)
             if audit is not None:
                 record_audit(session, actor=self._actor, **{
                     **audit, "detail": {**self._actor_detail, **(audit.get("detail") or {})}})
@@ -246,6 +254,11 @@ class SqlPlacementStore:
             if row is not None:
                 remove_placement(session, row)
                 session.commit()
+
+    def is_placed(self, guest: str) -> bool:
+        """Whether a placement of that name is recorded (without loading it)."""
+        with self._sessions() as session:
+            return session.scalar(select(PlacementRow.id).where(PlacementRow.guest == guest)) is not None
 
     def get(self, guest: str) -> dict[str, Any] | None:
         with self._sessions() as session:
