@@ -227,7 +227,6 @@ class ApiContainer(Container):
 
     @cached_property
     def engine(self) -> Engine:
-        from sqlalchemy import create_engine
         from sqlalchemy.engine import make_url
 
         from vmplacer.adapters.db.engine import make_engine
@@ -235,5 +234,4 @@ class ApiContainer(Container):
         url = self.settings.database_url
         if make_url(url).get_backend_name() != "postgresql":
             return make_engine(url)  # SQLite: local file, opening a connection is cheap
-        return create_engine(url, pool_pre_ping=True, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW,
-                             pool_timeout=30)
+        return make_engine(url, pool_size=POOL_SIZE, max_overflow=POOL_OVERFLOW, pool_timeout=30)

@@ -234,8 +234,11 @@ def occupancy_after(previous: Occupancy | None, topology: HostTopology,
         now = by_guest.pop(before.guest, None)
         if now is None or (now is not before and now != before):
             return current
-    usage = cached[1].copy()
-    usage.topology = topology  # free memory is read from the newest topology
+    if not by_guest and cached[0] is topology:
+        usage = cached[1]  # nothing new on the same topology: usages are never modified
+    else:
+        usage = cached[1].copy()
+        usage.topology = topology  # free memory is read from the newest topology
     for added in by_guest.values():
         usage.add(added)
     current.__dict__["_usage"] = {id(topology): (topology, usage)}
