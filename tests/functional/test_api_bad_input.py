@@ -169,3 +169,23 @@ def test_every_error_code_is_in_the_one_table():
     assert len(raised) >= 20  # the scan still finds the calls
     assert raised - documented == set(), f"docs/api.md's error table misses {sorted(raised - documented)}"
     assert ("503", "no-hosts") in documented
+
+
+@pytest.mark.parametrize(("code", "status", "answer"), [
+    ("VIR_ERR_RPC", 503, "host-unavailable"),  # the daemon hiccuped
+    ("VIR_ERR_INTERNAL_ERROR", 502, "host-error"),  # the host failed; the same request fails again
+])
+def test_libvirt_failures_are_told_apart_by_code(api, monkeypatch, code, status, answer):
+    import libvirt
+
+    def failing(_connection, *_args):  # type: ignore[no-untyped-def]
+        exc = libvirt.libvirtError("listing failed")
+        exc.err = (getattr(libvirt, code), libvirt.VIR_FROM_RPC, "listing failed", 2, None, None, None, 0, 0)
+        raise exc
+
+    monkeypatch.setattr(libvirt.virConnect, "listAllDomains", failing)
+    response = api.post("/v1/placements", json={**GUEST, "host": "t"})
+    assert response.status_code == status, response.text
+    error = _error(response)
+    assert error["code"] == answer and error["details"]["host"] == "t"
+    assert ("retry-after" in response.headers) == (status == 503)

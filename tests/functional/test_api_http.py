@@ -387,6 +387,18 @@ def test_plans_dry_run_read_and_apply_once(server, api):
     assert job["status"] == "succeeded", job
     assert job["result"]["state"] == "succeeded"
     assert api.get(f"/v1/plans/{plan_id}").json()["state"] == "succeeded"
+    # the executor's entries name the token that asked for the apply, as the request's own entry does
+    queued = [e for e in api.get("/v1/audit", params={"action": "rebalance-apply-queued"}).json()["entries"]
+              if e["detail"].get("plan_id") == plan_id]
+    assert len(queued) == 1 and isinstance(queued[0]["detail"]["token_id"], int)
+    for action in ("rebalance-repin", "rebalance-plan"):
+        entries = [e for e in api.get("/v1/audit", params={"action": action}).json()["entries"]
+                   if e["detail"].get("plan_id") == plan_id]
+        assert entries, action
+        for entry in entries:
+            assert entry["actor"] == f"api:admin-{server.instance}", entry
+            assert entry["detail"]["token"] == f"admin-{server.instance}"
+            assert entry["detail"]["token_id"] == queued[0]["detail"]["token_id"]
     again = api.post(f"/v1/plans/{plan_id}/apply")
     assert again.status_code == 409 and "succeeded" in _error(again)["message"]
     assert api.post("/v1/plans/999999/apply").status_code == 404

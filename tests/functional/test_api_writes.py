@@ -182,3 +182,4 @@ def test_every_write_names_the_token(host):
     assert "web-dry" not in {e["guest"] for e in entries}  # a dry run writes nothing
     proposed = next(e for e in entries if e["action"] == "rebalance-propose")
     assert proposed["detail"]["plan_id"] == plan.json()["id"]
+

@@ -26,6 +26,7 @@ Capabilities carry no free memory: a live reader asks the connection
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -69,9 +70,7 @@ def read_capabilities_live(conn: libvirt.virConnect, name: str = "host") -> Host
     libvirt errors propagate as `libvirt.libvirtError` (the caller maps them);
     a driver that cannot report free memory leaves free = total.
     """
-    topology = parse_capabilities(
-        conn.getCapabilities(), name=name, source=f"capabilities of host {name}"
-    )
+    topology = _parsed_live(conn.getCapabilities(), name)
     free_kib = _live_free_memory(conn, topology)
     free_pages = _live_free_hugepages(conn, topology)
     nodes = {}
@@ -82,6 +81,13 @@ def read_capabilities_live(conn: libvirt.virConnect, name: str = "host") -> Host
         )
         nodes[node_id] = replace(node, free_kib=free_kib.get(node_id, node.free_kib), hugepages=pools)
     return replace(topology, nodes=nodes)
+
+
+@lru_cache(maxsize=64)
+def _parsed_live(xml_text: str, name: str) -> HostTopology:
+    """A host's capabilities parsed once per distinct text: placing reads them on every
+    placement (for free memory, read separately), and they rarely change."""
+    return parse_capabilities(xml_text, name=name, source=f"capabilities of host {name}")
 
 
 def parse_capabilities(xml_text: str, name: str = "host", *, source: str | None = None) -> HostTopology:

@@ -6,6 +6,14 @@ over. Callers must tell the two apart: the first is the caller's mistake (an
 API client gets a 4xx naming its XML and must not retry), the second the
 host's (502/503, maybe worth a retry). Only the error code decides, never
 the message text, which libvirt translates.
+
+Every other failure is the host's: retriable (503 with Retry-After, the
+executor tries again) only when the code says the daemon, the connection or
+the domain was briefly unavailable. VIR_ERR_INTERNAL_ERROR is not one of
+them: libvirt uses it for a QEMU that died, a monitor that answered
+nonsense, a broken driver state, none of which a retry cures (502). A
+definition refused with it is still the caller's when a lookup finds another
+domain holding the XML's name or UUID.
 """
 
 from __future__ import annotations
@@ -14,7 +22,7 @@ from collections.abc import Callable
 
 import libvirt
 
-from vmplacer.ports import HypervisorError
+from vmplacer.ports import DomainGone, HypervisorError
 
 # The document is invalid, or asks for something this host does not offer.
 _INVALID_DEFINITION = frozenset({
@@ -43,8 +51,19 @@ _MISSING_ON_START = frozenset({
     libvirt.VIR_ERR_NO_NWFILTER,
     libvirt.VIR_ERR_NO_SECRET,
 })
-# A name or UUID in use: a dedicated code, or the generic one (told apart by a lookup).
-_CLASH = frozenset({libvirt.VIR_ERR_DOM_EXIST, libvirt.VIR_ERR_OPERATION_FAILED})
+# A name or UUID in use: a dedicated code, or a generic one (told apart by a lookup).
+_CLASH = frozenset({libvirt.VIR_ERR_DOM_EXIST, libvirt.VIR_ERR_OPERATION_FAILED, libvirt.VIR_ERR_INTERNAL_ERROR})
+# Briefly unavailable: the daemon or the network hiccuped, the domain or its agent is busy.
+TRANSIENT = frozenset({
+    libvirt.VIR_ERR_SYSTEM_ERROR,  # e.g. the connection's socket broke
+    libvirt.VIR_ERR_RPC,
+    libvirt.VIR_ERR_NO_CONNECT,
+    libvirt.VIR_ERR_INVALID_CONN,
+    libvirt.VIR_ERR_OPERATION_TIMEOUT,
+    libvirt.VIR_ERR_AGENT_UNRESPONSIVE,
+    libvirt.VIR_ERR_RESOURCE_BUSY,
+})
+_GONE = frozenset({libvirt.VIR_ERR_NO_DOMAIN})
 
 INVALID = "invalid-xml"
 EXISTS = "exists"
@@ -83,3 +102,14 @@ def refused_start(exc: libvirt.libvirtError, *, host: str, domain: str) -> Domai
         return DomainRefused(f"host {host}, domain {domain}: start refused: {exc.get_error_message()}",
                              host=host, domain=domain, reason=INVALID)
     return None
+
+
+def operation_failed(exc: libvirt.libvirtError, *, host: str, domain: str, what: str) -> HypervisorError:
+    """What a failed libvirt call on a host means: the domain is gone, the host is briefly
+    unavailable (retriable), or the host failed (not retriable)."""
+    subject = f"host {host}" + (f", domain {domain}" if domain else "")
+    message = f"{subject}: {what} failed: {exc.get_error_message()}"
+    code = exc.get_error_code()
+    if code in _GONE:
+        return DomainGone(message, host=host, domain=domain)
+    return HypervisorError(message, host=host, domain=domain, retriable=code in TRANSIENT)

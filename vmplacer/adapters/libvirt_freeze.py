@@ -13,12 +13,10 @@ from collections.abc import Callable
 
 import libvirt
 
+from vmplacer.adapters.libvirt_errors import operation_failed
 from vmplacer.adapters.libvirt_host import LibvirtHost, pause_reason_name, state_name
-from vmplacer.ports import WORKLOAD_CLASS_LABEL, DomainFacts, DomainGone, DomainStatus, HypervisorError
+from vmplacer.ports import WORKLOAD_CLASS_LABEL, DomainFacts, DomainStatus, HypervisorError
 
-_GONE = {libvirt.VIR_ERR_NO_DOMAIN}
-_RETRIABLE = {libvirt.VIR_ERR_SYSTEM_ERROR, libvirt.VIR_ERR_RPC, libvirt.VIR_ERR_OPERATION_TIMEOUT,
-              libvirt.VIR_ERR_NO_CONNECT, libvirt.VIR_ERR_INTERNAL_ERROR}
 
 
 class LibvirtFreezableHost:
@@ -32,11 +30,7 @@ class LibvirtFreezableHost:
         self._lock = threading.Lock()
 
     def _fail(self, what: str, name: str, exc: libvirt.libvirtError) -> HypervisorError:
-        message = f"host {self.name}, domain {name}: {what} failed: {exc.get_error_message()}"
-        code = exc.get_error_code()
-        if code in _GONE:
-            return DomainGone(message, host=self.name, domain=name)
-        return HypervisorError(message, host=self.name, domain=name, retriable=code in _RETRIABLE)
+        return operation_failed(exc, host=self.name, domain=name, what=what)
 
     def _handle(self, name: str) -> libvirt.virDomain:
         with self._lock:

@@ -13,7 +13,7 @@ from typing import Protocol, TypeVar
 
 import libvirt
 
-from vmplacer.adapters.libvirt_errors import refused_definition, refused_start
+from vmplacer.adapters.libvirt_errors import operation_failed, refused_definition, refused_start
 from vmplacer.adapters.shared_read import SharedRead
 from vmplacer.core.placement import Placement
 from vmplacer.core.bandwidth import UNLIMITED, BandwidthError, CpuBandwidth
@@ -51,16 +51,6 @@ _PAUSE_REASONS = {
     libvirt.VIR_DOMAIN_PAUSED_POSTCOPY: "postcopy",
     libvirt.VIR_DOMAIN_PAUSED_POSTCOPY_FAILED: "postcopy-failed",
 }
-# Errors worth retrying: the daemon or the network hiccuped, the domain is busy.
-_RETRIABLE = {
-    libvirt.VIR_ERR_SYSTEM_ERROR,
-    libvirt.VIR_ERR_RPC,
-    libvirt.VIR_ERR_OPERATION_TIMEOUT,
-    libvirt.VIR_ERR_AGENT_UNRESPONSIVE,
-    libvirt.VIR_ERR_NO_CONNECT,
-    libvirt.VIR_ERR_INTERNAL_ERROR,
-}
-_GONE = {libvirt.VIR_ERR_NO_DOMAIN}
 # What the kernel reports for "no limit" besides -1 (cgroup v2 'max' as libvirt hands it over).
 _QUOTA_UNLIMITED_FROM = 17_592_186_044_415
 
@@ -95,6 +85,8 @@ class LibvirtHost(Hypervisor):
         # Parsed domain XML by domain UUID: (the XML text it came from, placement, labels).
         # Keyed by the text itself, so any change libvirt reports, by anyone, is parsed anew.
         self._parsed: dict[str, tuple[str, Placement, dict[str, str]]] = {}
+        # The same for placing, keyed by the XML text alone: no name or UUID call per domain.
+        self._parsed_by_text: dict[str, tuple[Placement, dict[str, str]]] = {}
         # Concurrent callers share a read that started after they called (see shared_read).
         self._domains_read = SharedRead(self._read_domains)
         self._placements_read = SharedRead(self._read_placements)
@@ -139,12 +131,7 @@ class LibvirtHost(Hypervisor):
             raise self._failure(what, exc, domain) from None
 
     def _failure(self, what: str, exc: libvirt.libvirtError, domain: str = "") -> HypervisorError:
-        code = exc.get_error_code()
-        subject = f"host {self.name}" + (f", domain {domain}" if domain else "")
-        message = f"{subject}: {what} failed: {exc.get_error_message()}"
-        if code in _GONE:
-            return DomainGone(message, host=self.name, domain=domain)
-        return HypervisorError(message, host=self.name, domain=domain, retriable=code in _RETRIABLE)
+        return operation_failed(exc, host=self.name, domain=domain, what=what)
 
     def ping(self) -> dict[str, object]:
         """Liveness facts for `vmplacer hosts` and /readyz; raises HypervisorError."""
@@ -259,18 +246,27 @@ class LibvirtHost(Hypervisor):
         return {name: (placement, dict(labels)) for name, (placement, labels) in self._placements_read.get().items()}
 
     def _read_placements(self) -> dict[str, tuple[Placement, dict[str, str]]]:
+        """One XMLDesc per domain, each distinct text parsed once (the name is in the text).
+        The parses kept are those of this read: an undefined domain's go with it."""
+        from vmplacer.adapters.domain_xml import parse_placement_and_labels
+
         conn = self.connection()
+        known, seen = self._parsed_by_text, {}
         result: dict[str, tuple[Placement, dict[str, str]]] = {}
-        listed: set[str] = set()
         for dom in self._call("listAllDomains", conn.listAllDomains):
-            name, uuid = dom.name(), dom.UUIDString()
             try:
-                xml = self._call("XMLDesc", lambda: dom.XMLDesc(0), name)  # noqa: B023 - called at once
-            except DomainGone:
-                continue  # undefined while we listed
-            result[name] = self._parsed_xml(uuid, xml)
-            listed.add(uuid)
-        self._forget_parses_but(listed)
+                xml = dom.XMLDesc(0)
+            except libvirt.libvirtError as exc:
+                failure = self._failure("XMLDesc", exc, _name_of(dom))
+                if isinstance(failure, DomainGone):
+                    continue  # undefined while we listed
+                raise failure from None
+            parsed = known.get(xml)
+            if parsed is None:
+                parsed = parse_placement_and_labels(xml, self.name)
+            seen[xml] = parsed
+            result[parsed[0].guest] = parsed
+        self._parsed_by_text = seen
         return result
 
     def domain(self, name: str) -> DomainInfo:
@@ -482,3 +478,10 @@ class LibvirtHost(Hypervisor):
             return HypervisorError(f"host {self.name}, domain {domain}: CPU bandwidth control is not supported "
                                    f"here ({what}: {message})", host=self.name, domain=domain)
         return self._failure(what, exc, domain)
+
+
+def _name_of(dom: libvirt.virDomain) -> str:
+    try:
+        return dom.name()
+    except libvirt.libvirtError:
+        return ""

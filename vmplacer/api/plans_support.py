@@ -76,8 +76,9 @@ def plan_view(plan: Any) -> dict[str, Any]:
     return data
 
 
-def start_apply(services: Any, plan_id: int, created_by: str) -> Any:
-    """Approve the plan and queue the job that applies it (one of racing callers wins); 409 otherwise."""
+def start_apply(services: Any, plan_id: int, created_by: str, token_id: int | None = None) -> Any:
+    """Approve the plan and queue the job that applies it (one of racing callers wins); 409 otherwise.
+    The job keeps the token's name and id: the executor's audit entries name them."""
     from vmplacer.ports import ApplyRefused
 
     plan = plan_store(services).get(plan_id)
@@ -89,7 +90,7 @@ def start_apply(services: Any, plan_id: int, created_by: str) -> Any:
         raise ApiError(409, "conflict", f"plan {plan_id} acts on hosts no longer configured: {', '.join(unknown)}",
                        {"plan": plan_id, "hosts": unknown})
     try:
-        return services.container.queue_plan_apply(plan_id, hosts, created_by, APPLY_JOB)
+        return services.container.queue_plan_apply(plan_id, hosts, created_by, APPLY_JOB, token_id=token_id)
     except LookupError:
         raise ApiError(404, "not-found", f"plan {plan_id} does not exist", {"plan": plan_id}) from None
     except ApplyRefused as exc:
@@ -102,10 +103,14 @@ def apply_handler(services: Any) -> Handler:
 
         plan_id = int(params["plan_id"])
         ctx.progress(0.0, f"applying plan {plan_id}")
+        from vmplacer.api.actors import ApiActor, acting_store
+
         rebalancer = build_rebalancer(services, services.instance)  # the runner's lease holder
         ttl = services.options.lease_ttl_s
+        token_id = params.get("token_id")
+        actor = ApiActor(ctx.job.created_by, token_id if isinstance(token_id, int) else None, services.instance)
         try:
-            plan = rebalancer.apply(plan_id, lease_ttl_s=ttl, wait_s=0.0)
+            plan = rebalancer.apply(plan_id, lease_ttl_s=ttl, wait_s=0.0, audit=acting_store(services, actor))
         except RebalanceError as exc:
             raise JobFailed(str(exc), code="invalid" if exc.bad_input else "conflict",
                             details={"plan": plan_id}) from None

@@ -18,6 +18,7 @@ from vmplacer.app.admission import profiles_of
 from vmplacer.core.allocate import allocate, may_narrow, refresh_shared_pins
 from vmplacer.core.guest import GuestSpec
 from vmplacer.core.interference_scorer import GuestProfile, profile_from_labels
+from vmplacer.core.occupancy import Occupancy, occupancy_after
 from vmplacer.core.placement import Placement
 from vmplacer.core.policies.admit import AllocationOptions
 from vmplacer.core.scoring import Scorer
@@ -99,18 +100,22 @@ def _defined(host: PlacingHost, guest: str) -> bool:
 class PlacementService:
     def __init__(self, store: PlacementStore, render: Renderer,
                  options: Callable[[str], AllocationOptions] | None = None,
-                 admission: Admission | None = None):
+                 admission: Admission | None = None, *, occupancies: dict[str, Occupancy] | None = None):
         """`options` gives each host's allocation knobs (overcommit, memory reserve) by host name;
-        `admission` the scorer for each new guest (None: the topology scorers alone)."""
+        `admission` the scorer for each new guest (None: the topology scorers alone).
+        `occupancies` holds each host's last occupancy, whose usage the next placement extends
+        instead of rebuilding it over every guest (shared by the services `acting_through` makes)."""
         self._store = store
         self._render = render
         self._options = options or (lambda _host: AllocationOptions())
         self._admission = admission
+        self._occupancies: dict[str, Occupancy] = occupancies if occupancies is not None else {}
 
     def acting_through(self, store: PlacementStore) -> PlacementService:
         """The same service recording (and auditing) through `store`, e.g. one that names
         the caller a request came from."""
-        return PlacementService(store, self._render, self._options, self._admission)
+        return PlacementService(store, self._render, self._options, self._admission,
+                                occupancies=self._occupancies)
 
     def occupied(self, host: PlacingHost) -> tuple[HostTopology, list[Placement]]:
         """The host's topology and everything on it: live domains, plus placements
@@ -140,7 +145,11 @@ class PlacementService:
     def _allocate(self, host: PlacingHost, spec: GuestSpec, topology: HostTopology, others: list[Placement],
                   profiles: dict[str, GuestProfile]) -> Placement:
         scorer = self._admission.scorer(spec, profiles) if self._admission is not None else None
-        return allocate(topology, spec, others, scorer=scorer, options=self._options(host.name))
+        occupancy = occupancy_after(self._occupancies.get(host.name), topology, others)
+        try:
+            return allocate(topology, spec, occupancy, scorer=scorer, options=self._options(host.name))
+        finally:
+            self._occupancies[host.name] = occupancy  # its usage is built now: the next one extends it
 
     def plan(self, host: PlacingHost, spec: GuestSpec, base_xml: str | None = None) -> PlaceResult:
         """Dry run: the placement and XML vmplacer would use now; nothing is written."""
@@ -165,14 +174,15 @@ class PlacementService:
         own work (and the claims' unique key keeps that true across instances). Rendering
         and libvirt's define run after it: until they succeed, the committed claim keeps
         the pCPUs from every other placement, and a failure forgets it."""
-        if self._store.get(spec.name) is not None:
+        is_placed = getattr(self._store, "is_placed", None)
+        if (is_placed(spec.name) if is_placed is not None else self._store.get(spec.name) is not None):
             from vmplacer.core.nofit import NoFit, NoFitReason
 
             raise NoFit(spec.name, host.name, [NoFitReason(
                 "name", "fleet", "a guest name not yet placed", f"guest {spec.name} is already placed")])
         topology, live, profiles = self._read_host(host)
         with host_lock(host.name):
-            placement = self._claim(host, spec, topology, live, profiles)
+            placement, claimed_among = self._claim(host, spec, topology, live, profiles)
         xml = self._render_claimed(spec, placement, base_xml)
         try:
             uuid = host.define(xml, spec.name)
@@ -181,19 +191,21 @@ class PlacementService:
             self._audit("define", "failed", host, spec, str(exc), actor_detail)
             raise
         state = "running" if start else "defined"
-        placed = {"action": "place", "outcome": "ok", "host": host.name, "guest": spec.name,
-                  "message": placement.describe_pinning(),
-                  "detail": {**(actor_detail or {}), "placement": placement.to_dict(), "state": state}}
-        self._store.set_state(spec.name, "defined", uuid, audit=None if start else placed)
         if start:
+            self._store.set_state(spec.name, "defined", uuid)
             try:
                 host.start(spec.name)
             except HypervisorError as exc:
                 self._undo_define(host, spec.name)
                 self._audit("start", "failed", host, spec, str(exc), actor_detail)
                 raise
-            self._store.set_state(spec.name, "running", uuid, audit=placed)
-        narrowed = self._narrow_floating(host, topology, live)
+        narrowed = self._narrow_floating(host, topology, live, claimed_among)
+        # "place ok" comes last: the guest's pCPUs are its own only once the floaters left them
+        placed = {"action": "place", "outcome": "ok", "host": host.name, "guest": spec.name,
+                  "message": placement.describe_pinning(),
+                  "detail": {**(actor_detail or {}), "placement": placement.to_dict(), "state": state,
+                             "narrowed": narrowed}}
+        self._store.set_state(spec.name, state, uuid, audit=placed)
         return PlaceResult(placement, xml, state, uuid, narrowed)
 
     def reserve(self, host: PlacingHost, spec: GuestSpec, base_xml: str | None = None, *,
@@ -203,17 +215,18 @@ class PlacementService:
         domain definition). The claimed pCPUs are exclusive from now on."""
         topology, live, profiles = self._read_host(host)
         with host_lock(host.name):
-            placement = self._claim(host, spec, topology, live, profiles)
+            placement, claimed_among = self._claim(host, spec, topology, live, profiles)
         xml = self._render_claimed(spec, placement, base_xml)
-        narrowed = self._narrow_floating(host, topology, live)
+        narrowed = self._narrow_floating(host, topology, live, claimed_among)
         self._audit("reserve", "ok", host, spec, placement.describe_pinning(),
                     {**(actor_detail or {}), "placement": placement.to_dict(), "state": "planned"})
         return PlaceResult(placement, xml, "planned", None, narrowed)
 
     def _claim(self, host: PlacingHost, spec: GuestSpec, topology: HostTopology,
-               live: dict[str, Placement], profiles: dict[str, GuestProfile]) -> Placement:
+               live: dict[str, Placement], profiles: dict[str, GuestProfile]) -> tuple[Placement, list[Placement]]:
         """Allocate and commit the claim (under the host lock); on a lost race (another
-        instance claimed first), re-read the host and try again."""
+        instance claimed first), re-read the host and try again. Returns the placement and
+        everything on the host with it, as the claim saw them."""
         last_conflict: ClaimConflict | None = None
         for attempt in range(MAX_CLAIM_ATTEMPTS):
             if attempt:
@@ -225,7 +238,7 @@ class PlacementService:
             except ClaimConflict as exc:
                 last_conflict = exc
                 continue
-            return placement
+            return placement, [*others, placement]
         assert last_conflict is not None
         raise last_conflict
 
@@ -247,16 +260,19 @@ class PlacementService:
         self._store.forget(guest)
 
     def _narrow_floating(self, host: PlacingHost, topology: HostTopology,
-                         live: dict[str, Placement]) -> list[str]:
+                         live: dict[str, Placement], claimed_among: list[Placement]) -> list[str]:
         """Floating (shared) vCPUs of defined domains leave pCPUs that became exclusive
         (reservations without a domain yet get narrow pins when they are defined).
 
         Under the host lock, from `live` (read before the claim) and the store read now: every
         exclusive claim vmplacer committed is in the store, and narrowing only ever takes
         claimed pCPUs away, so a view of a domain older than another request's narrowing of it
-        never widens it back. Only the domains whose pins change are looked up."""
-        if not self._narrowings(topology, self._with_recorded(host, live)):
-            return []  # nothing floats on a claimed pCPU: the usual case, no lock needed
+        never widens it back. Only the domains whose pins change are looked up.
+
+        Whether there is anything to do is asked of `claimed_among`, the host as the claim saw
+        it: a floater on this claim's pCPUs was there then (a guest placed later avoids them)."""
+        if not self._narrowings(topology, claimed_among):
+            return []  # nothing floats on a claimed pCPU: the usual case, no lock, no read
         with host_lock(host.name):
             placements = self._with_recorded(host, live)
             before = {p.guest: p for p in placements}

@@ -373,9 +373,11 @@ class Rebalancer:
         return notes
 
     # ----- apply ---------------------------------------------------------------------------------------
-    def apply(self, plan_id: int, *, lease_ttl_s: float = 900.0, wait_s: float = 0.0) -> Plan:
+    def apply(self, plan_id: int, *, lease_ttl_s: float = 900.0, wait_s: float = 0.0,
+              audit: Auditor | None = None) -> Plan:
         """Approve (if proposed) and run a stored plan, holding leases on the hosts it touches
-        (plans a stopped process left running are closed first: logged and audited)."""
+        (plans a stopped process left running are closed first: logged and audited). `audit`
+        records the run's actions as whoever asked for it (default: this rebalancer's auditor)."""
         self.close_orphaned()
         plan = self.plans.get(plan_id)
         if plan is None:
@@ -387,11 +389,11 @@ class Rebalancer:
         if not self._acquire(hosts, lease_ttl_s, wait_s):
             raise RebalanceError(f"hosts {', '.join(hosts)} are busy: another run holds their lease")
         try:
-            return self._apply_held(plan, hosts, lease_ttl_s)
+            return self._apply_held(plan, hosts, lease_ttl_s, audit or self.auditor)
         finally:
             self.leases.release(hosts, self.holder)
 
-    def _apply_held(self, plan: Plan, hosts: list[str], lease_ttl_s: float) -> Plan:
+    def _apply_held(self, plan: Plan, hosts: list[str], lease_ttl_s: float, auditor: Auditor | None) -> Plan:
         assert plan.id is not None
         if plan.state == "proposed":
             if not self.plans.transition(plan.id, "proposed", "approved", "approved by " + self.holder):
@@ -408,7 +410,7 @@ class Rebalancer:
             return not isinstance(stored, Plan) or stored.state == "running"
 
         executor = Executor(
-            self.hosts, clock=self.clock, plans=self.plans, audit=self.auditor, placements=self.placements,
+            self.hosts, clock=self.clock, plans=self.plans, audit=auditor, placements=self.placements,
             probe=self.probe, keep_lease=keep_lease, settings=self.executor_settings, throttles=self.throttles,
         )
         try:
@@ -454,7 +456,7 @@ class Rebalancer:
                 return report
             self.leases.renew(host_names, self.holder, options.lease_ttl_s)
             started = self.clock.now()
-            plan = self._apply_held(plan, host_names, options.lease_ttl_s)
+            plan = self._apply_held(plan, host_names, options.lease_ttl_s, self.auditor)
             report.steps.append(Step("apply", {"succeeded": "ok", "cancelled": "skipped"}.get(plan.state, "failed"),
                                      self.clock.now() - started, f"plan {plan.id} {plan.state}: {plan.message}"))
             report.plan = plan

@@ -232,11 +232,13 @@ class Container:
 
         return placement_records(self.sessions, host, limit)
 
-    def queue_plan_apply(self, plan_id: int, hosts: list[str], created_by: str, kind: str) -> Any:
-        """Approve a plan and queue the job that applies it (raises ApplyRefused, LookupError)."""
+    def queue_plan_apply(self, plan_id: int, hosts: list[str], created_by: str, kind: str, *,
+                         token_id: int | None = None) -> Any:
+        """Approve a plan and queue the job that applies it (raises ApplyRefused, LookupError);
+        the job keeps the token's id, so the executor's audit entries name it."""
         from vmplacer.adapters.db.api import queue_plan_apply
 
-        return queue_plan_apply(self.sessions, plan_id, hosts, created_by, kind)
+        return queue_plan_apply(self.sessions, plan_id, hosts, created_by, kind, token_id=token_id)
 
     def freeze_rescue_summary(self) -> Any:
         from vmplacer.adapters.db.freeze_rescues import rescue_summary
@@ -305,7 +307,6 @@ class ServerContainer(Container):
 
     @cached_property
     def engine(self) -> Engine:
-        from sqlalchemy import create_engine
         from sqlalchemy.engine import make_url
 
         from vmplacer.adapters.db.engine import make_engine
@@ -313,5 +314,4 @@ class ServerContainer(Container):
         url = self.settings.database_url
         if make_url(url).get_backend_name() != "postgresql":
             return make_engine(url)  # SQLite: local file, opening a connection is cheap
-        return create_engine(url, pool_pre_ping=True, pool_size=SERVER_POOL_SIZE,
-                             max_overflow=SERVER_POOL_OVERFLOW, pool_timeout=30)
+        return make_engine(url, pool_size=SERVER_POOL_SIZE, max_overflow=SERVER_POOL_OVERFLOW, pool_timeout=30)

@@ -203,6 +203,48 @@ class Occupancy(tuple):
         return entry[1]
 
 
+def same_layout(a: HostTopology, b: HostTopology) -> bool:
+    """Same CPUs (ids, nodes, cores, online), nodes, reserved and isolated CPUs: what a usage's
+    sums and its TopologyIndex depend on (free memory and hugepage pools are read at query time)."""
+    return a is b or (a.cpus == b.cpus and a.nodes.keys() == b.nodes.keys() and a.reserved == b.reserved
+                      and a.isolated == b.isolated)
+
+
+def occupancy_after(previous: Occupancy | None, topology: HostTopology,
+                    placements: Sequence[Placement]) -> Occupancy:
+    """`placements` as an Occupancy whose usage is `previous`'s plus what was added since.
+
+    Placing on a host with hundreds of guests rebuilt the usage of all of them for every
+    request; between two requests usually only new guests appear. When every placement of
+    `previous` is still in `placements` unchanged (the same object, or an equal one) the
+    usage is a copy of the previous one with the new placements added; anything removed or
+    changed rebuilds it. The previous usage is never modified. A host's topology is read
+    anew for each placement (its free memory changes); the usage depends only on its layout
+    (CPUs, nodes, reserved and isolated CPUs), so a topology of the same layout extends it."""
+    current = Occupancy(placements)
+    if previous is None:
+        return current
+    cached = next(iter(previous.__dict__.get("_usage", {}).values()), None)
+    if cached is None or not same_layout(cached[0], topology):
+        return current
+    by_guest = {p.guest: p for p in current}
+    if len(by_guest) != len(current) or len(previous) > len(current):
+        return current
+    for before in previous:
+        now = by_guest.pop(before.guest, None)
+        if now is None or (now is not before and now != before):
+            return current
+    if not by_guest and cached[0] is topology:
+        usage = cached[1]  # nothing new on the same topology: usages are never modified
+    else:
+        usage = cached[1].copy()
+        usage.topology = topology  # free memory is read from the newest topology
+    for added in by_guest.values():
+        usage.add(added)
+    current.__dict__["_usage"] = {id(topology): (topology, usage)}
+    return current
+
+
 def usage_of(topology: HostTopology, others: Sequence[Placement]) -> HostUsage:
     """The usage of `others`, computed once when they come as an `Occupancy`."""
     if isinstance(others, Occupancy):

@@ -367,7 +367,7 @@ def placement_records(sessions: sessionmaker[Session], host: str | None = None,
 
 
 def queue_plan_apply(sessions: sessionmaker[Session], plan_id: int, hosts: list[str], created_by: str,
-                     kind: str = "apply-plan") -> JobRecord:
+                     kind: str = "apply-plan", *, token_id: int | None = None) -> JobRecord:
     """Approve a plan and queue the job applying it, atomically: of racing callers one gets
     the job, the others ApplyRefused. The plan row is written first, which locks it (the
     row on PostgreSQL, the database on SQLite) until the job row is committed."""
@@ -394,7 +394,8 @@ def queue_plan_apply(sessions: sessionmaker[Session], plan_id: int, hosts: list[
             session.rollback()
             raise ApplyRefused(not_appliable(plan_id, state), state=state)
         job_row = JobRow(id=str(uuid.uuid4()), kind=kind, hosts=sorted(set(hosts)), status="queued", progress=0.0,
-                         message="queued", parameters={"plan_id": plan_id}, created_by=created_by,
+                         message="queued", parameters={"plan_id": plan_id, "token_id": token_id},
+                         created_by=created_by,
                          created_at=utcnow())
         session.add(job_row)
         session.commit()

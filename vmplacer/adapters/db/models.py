@@ -29,6 +29,10 @@ NAMING_CONVENTION = {
 }
 
 
+# Every column holding a libvirt domain name: libvirt takes names up to 251 bytes.
+GUEST_NAME_LENGTH = 255
+
+
 def utcnow() -> datetime:
     return datetime.now(timezone.utc)
 
@@ -60,7 +64,7 @@ class PlacementRow(Base):
     __tablename__ = "placements"
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
-    guest: Mapped[str] = mapped_column(String(64), unique=True)
+    guest: Mapped[str] = mapped_column(String(GUEST_NAME_LENGTH), unique=True)
     host_id: Mapped[int] = mapped_column(ForeignKey("hosts.id", ondelete="RESTRICT"), index=True)
     domain_uuid: Mapped[str | None] = mapped_column(String(36), nullable=True)
     state: Mapped[str] = mapped_column(String(16), default="planned")  # planned|defined|running|removed
@@ -102,7 +106,7 @@ class AuditRow(Base):
     actor: Mapped[str] = mapped_column(String(64))
     action: Mapped[str] = mapped_column(String(64))
     host: Mapped[str | None] = mapped_column(String(64), nullable=True)
-    guest: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    guest: Mapped[str | None] = mapped_column(String(GUEST_NAME_LENGTH), nullable=True)
     outcome: Mapped[str] = mapped_column(String(16))  # ok|failed|skipped|rolled_back
     detail: Mapped[dict] = mapped_column(JSON, default=dict)
     message: Mapped[str] = mapped_column(Text, default="")
@@ -117,10 +121,10 @@ class ThrottleRow(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     host: Mapped[str] = mapped_column(String(64))
-    guest: Mapped[str] = mapped_column(String(64))
+    guest: Mapped[str] = mapped_column(String(GUEST_NAME_LENGTH))
     bandwidth: Mapped[dict] = mapped_column(JSON)  # CpuBandwidth now in force
     original: Mapped[dict] = mapped_column(JSON)  # CpuBandwidth before vmplacer first throttled it
-    protects: Mapped[str] = mapped_column(String(64))
+    protects: Mapped[str] = mapped_column(String(GUEST_NAME_LENGTH))
     reason: Mapped[str] = mapped_column(Text, default="")
     plan_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
@@ -174,7 +178,7 @@ class ProfileSampleRow(Base):
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("profile_runs.id", ondelete="CASCADE"), index=True)
-    guest: Mapped[str] = mapped_column(String(64), index=True)
+    guest: Mapped[str] = mapped_column(String(GUEST_NAME_LENGTH), index=True)
     kind: Mapped[str] = mapped_column(String(8))  # zeta | zeta_b
     metric: Mapped[str] = mapped_column(String(16))
     value: Mapped[float] = mapped_column(Float)
@@ -248,7 +252,7 @@ class PlanActionRow(Base):
     seq: Mapped[int] = mapped_column(Integer)
     kind: Mapped[str] = mapped_column(String(24))  # repin | set_memory_nodes | migrate | probe | throttle | release
     host: Mapped[str] = mapped_column(String(64))
-    guest: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    guest: Mapped[str | None] = mapped_column(String(GUEST_NAME_LENGTH), nullable=True, index=True)
     target_host: Mapped[str | None] = mapped_column(String(64), nullable=True)
     before: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     after: Mapped[dict | None] = mapped_column(JSON, nullable=True)

@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import json
+import threading
+import time
+import weakref
+from dataclasses import dataclass
 from datetime import datetime, timezone
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import Text, cast, delete, select
+from sqlalchemy import Text, cast, delete, func, select, update
 from sqlalchemy.orm import Session
 
 from vmplacer.adapters.db.models import CpuClaimRow, HostRow, PlacementRow, utcnow
@@ -33,6 +37,65 @@ def placements_on_host(session: Session, host: str) -> list[Placement]:
         .order_by(PlacementRow.id)
     )
     return [_placement_from_json(text) for text in texts]
+
+
+# What a host's placement rows look like now: any insert raises the highest id, any delete
+# lowers the count (or, with an insert, raises the id), any update raises the newest updated_at.
+RECORDED_MAX_AGE_S = 1.0  # a full read at least this often: a writer's clock may run behind
+_recorded_cache: weakref.WeakKeyDictionary[Any, dict[str, _HostRows]] = weakref.WeakKeyDictionary()
+_recorded_guard = threading.Lock()
+
+
+@dataclass(frozen=True)
+class _HostRows:
+    version: tuple  # (row count, highest id, newest updated_at) of every row of the host
+    read_at: float  # when every row was last read
+    rows: dict[int, Placement | None]  # every row by id: its placement while active, else None
+
+    def placements(self) -> list[Placement]:
+        return [self.rows[i] for i in sorted(self.rows) if self.rows[i] is not None]  # type: ignore[misc]
+
+
+def _rows_version(session: Session, host: str) -> tuple:
+    return tuple(session.execute(
+        select(func.count(PlacementRow.id), func.max(PlacementRow.id), func.max(PlacementRow.updated_at))
+        .join(HostRow).where(HostRow.name == host)).one())
+
+
+def _rows(session: Session, host: str, since: datetime | None = None) -> dict[int, Placement | None]:
+    query = (select(PlacementRow.id, PlacementRow.state, cast(PlacementRow.placement, Text))
+             .join(HostRow).where(HostRow.name == host))
+    if since is not None:
+        query = query.where(PlacementRow.updated_at >= since)
+    return {row_id: _placement_from_json(text) if state in ACTIVE_STATES else None
+            for row_id, state, text in session.execute(query)}
+
+
+def cached_placements_on_host(sessions: Any, host: str) -> list[Placement]:
+    """`placements_on_host` (same placements, same order) without reading every row each time.
+
+    Placing reads the host's placements under its lock on every request. Here one aggregate
+    query tells whether the rows changed; if they did, only the rows written since the last
+    read are fetched, and a count that does not add up (a row deleted) reads them all."""
+    clock = time.monotonic
+    with sessions() as session:
+        version = _rows_version(session, host)
+        with _recorded_guard:
+            by_host = _recorded_cache.setdefault(sessions, {})
+            cached = by_host.get(host)
+        fresh = cached is not None and clock() - cached.read_at < RECORDED_MAX_AGE_S
+        if fresh and cached is not None and cached.version == version:
+            return cached.placements()
+        current: _HostRows | None = None
+        if fresh and cached is not None and cached.version[2] is not None:
+            rows = {**cached.rows, **_rows(session, host, since=cached.version[2])}
+            if len(rows) == version[0]:
+                current = _HostRows(version, cached.read_at, rows)
+        if current is None:
+            current = _HostRows(version, clock(), _rows(session, host))
+    with _recorded_guard:
+        by_host[host] = current
+    return current.placements()
 
 
 @lru_cache(maxsize=PARSED_PLACEMENTS)
@@ -90,20 +153,28 @@ def record_placement(
     The caller commits; a concurrent writer that claimed any of the same pCPUs
     makes the commit fail with an IntegrityError, so nothing is double-booked.
     """
-    host_row = ensure_host(session, host, uri)
+    host_id = _host_id(session, host, uri)
     row = PlacementRow(
         guest=placement.guest,
-        host_id=host_row.id,
+        host_id=host_id,
         state=state,
         vcpus=placement.vcpus,
         memory_kib=placement.memory_kib,
         spec=spec,
         placement=placement.to_dict(),
     )
-    row.claims = [CpuClaimRow(host_id=host_row.id, cpu=cpu) for cpu in sorted(exclusive_of(placement))]
+    row.claims = [CpuClaimRow(host_id=host_id, cpu=cpu) for cpu in sorted(exclusive_of(placement))]
     session.add(row)
     session.flush()
     return row
+
+
+def _host_id(session: Session, host: str, uri: str) -> int:
+    """The host's row id, without loading the row (its stored topology) unless it must change."""
+    found = session.execute(select(HostRow.id, HostRow.uri).where(HostRow.name == host)).first()
+    if found is not None and found.uri == uri:
+        return int(found.id)
+    return ensure_host(session, host, uri).id
 
 
 def update_placement(session: Session, row: PlacementRow, placement: Placement) -> None:
@@ -138,8 +209,7 @@ class SqlPlacementStore:
         self._actor_detail = dict(actor_detail or {})
 
     def occupied(self, host: str) -> list[Placement]:
-        with self._sessions() as session:
-            return placements_on_host(session, host)
+        return cached_placements_on_host(self._sessions, host)
 
     def records(self, host: str) -> list[RecordedPlacement]:
         with self._sessions() as session:
@@ -167,12 +237,12 @@ class SqlPlacementStore:
         from vmplacer.adapters.db.repositories import record_audit
 
         with self._sessions() as session:
-            row = get_placement_row(session, guest)
-            if row is None:
-                raise KeyError(guest)
-            row.state = state
+            values: dict[str, Any] = {"state": state, "updated_at": utcnow()}
             if domain_uuid:
-                row.domain_uuid = domain_uuid
+                values["domain_uuid"] = domain_uuid
+            # one UPDATE, not a load of the row (its spec and placement JSON) and a flush
+            if not session.execute(update(PlacementRow).where(PlacementRow.guest == guest).values(**values)).rowcount:
+                raise KeyError(guest)
             if audit is not None:
                 record_audit(session, actor=self._actor, **{
                     **audit, "detail": {**self._actor_detail, **(audit.get("detail") or {})}})
@@ -184,6 +254,11 @@ class SqlPlacementStore:
             if row is not None:
                 remove_placement(session, row)
                 session.commit()
+
+    def is_placed(self, guest: str) -> bool:
+        """Whether a placement of that name is recorded (without loading it)."""
+        with self._sessions() as session:
+            return session.scalar(select(PlacementRow.id).where(PlacementRow.guest == guest)) is not None
 
     def get(self, guest: str) -> dict[str, Any] | None:
         with self._sessions() as session:

@@ -74,7 +74,7 @@ def get_plan(request: Request, plan_id: int = Path(ge=1, le=2**31 - 1)) -> dict[
 def apply_plan(request: Request, response: Response, plan_id: int = Path(ge=1, le=2**31 - 1)) -> dict[str, Any]:
     services = request.app.state.services
     actor = api_actor(request)
-    job = plans_support.start_apply(services, plan_id, actor.token)
+    job = plans_support.start_apply(services, plan_id, actor.token, actor.token_id)
     audit(services, actor, action="rebalance-apply-queued", message=f"plan {plan_id}: job {job.id} queued",
           detail={"plan_id": plan_id, "job": job.id, "hosts": list(job.hosts)})
     if services.runner is not None:

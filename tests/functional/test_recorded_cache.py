@@ -1,0 +1,84 @@
+"""The placements recorded for a host, as placing reads them (cached between reads), always
+match the database: rows another instance inserts, updates, re-states or deletes are seen by
+the next read (SQLite and PostgreSQL)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from sqlalchemy import text
+
+from vmplacer.adapters.db import migrate
+from vmplacer.adapters.db.engine import make_engine, make_session_factory
+from vmplacer.adapters.db.placements import SqlPlacementStore, placements_on_host
+from vmplacer.adapters.db.plans import SqlPlacementUpdates
+from vmplacer.core.placement import Placement
+
+
+def _pinned(guest: str, cpus: set[int], host: str = "h1") -> Placement:
+    return Placement(guest=guest, host=host, vcpupin={0: frozenset(cpus)}, memory_kib=65536)
+
+
+@pytest.fixture
+def two_instances(database_url):
+    """Two stores on two engines: what one writes, the other did not see being written."""
+    migrate.upgrade(database_url)
+    engines = [make_engine(database_url), make_engine(database_url)]
+    sessions = [make_session_factory(e) for e in engines]
+    yield SqlPlacementStore(sessions[0]), SqlPlacementStore(sessions[1]), sessions
+    for engine in engines:
+        engine.dispose()
+
+
+def _seen(store: SqlPlacementStore, sessions, host: str = "h1") -> list[tuple[str, dict]]:  # type: ignore[no-untyped-def]
+    cached = store.occupied(host)
+    with sessions() as session:
+        direct = placements_on_host(session, host)
+    assert cached == direct  # same placements, same order as a full read
+    return [(p.guest, {v: sorted(c) for v, c in p.vcpupin.items()}) for p in cached]
+
+
+def test_writes_of_another_instance_are_seen_by_the_next_read(two_instances):
+    reader, writer, sessions = two_instances
+    assert _seen(reader, sessions[0]) == []
+    writer.record("h1", "test:///h1", _pinned("a", {0, 1}), {})
+    writer.record("h1", "test:///h1", _pinned("b", {2}), {})
+    writer.record("h2", "test:///h2", _pinned("z", {0}, "h2"), {})  # another host's rows change nothing here
+    assert _seen(reader, sessions[0]) == [("a", {0: [0, 1]}), ("b", {0: [2]})]
+    assert _seen(reader, sessions[0]) == [("a", {0: [0, 1]}), ("b", {0: [2]})]  # unchanged: served again
+
+    SqlPlacementUpdates(sessions[1], {"h1": "test:///h1"}).apply([_pinned("a", {3})])  # repinned elsewhere
+    assert _seen(reader, sessions[0]) == [("a", {0: [3]}), ("b", {0: [2]})]
+
+    writer.set_state("b", "removed")  # no longer holds resources
+    assert _seen(reader, sessions[0]) == [("a", {0: [3]})]
+    writer.set_state("b", "defined")
+    assert _seen(reader, sessions[0]) == [("a", {0: [3]}), ("b", {0: [2]})]
+
+    writer.forget("a")  # deleted: the count no longer adds up, everything is read again
+    assert _seen(reader, sessions[0]) == [("b", {0: [2]})]
+    writer.forget("b")
+    writer.record("h1", "test:///h1", _pinned("c", {5}), {})  # a delete and an insert between two reads
+    assert _seen(reader, sessions[0]) == [("c", {0: [5]})]
+
+
+def test_a_row_changed_without_a_newer_timestamp_is_seen_within_the_full_read_interval(two_instances,
+                                                                                       monkeypatch):
+    """A writer whose clock runs behind leaves the newest updated_at as it was: the periodic
+    full read catches its change."""
+    from vmplacer.adapters.db import placements as module
+
+    reader, writer, sessions = two_instances
+    writer.record("h1", "test:///h1", _pinned("a", {0}), {})
+    writer.record("h1", "test:///h1", _pinned("b", {1}), {})
+    now = [1000.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: now[0])
+    assert [p.guest for p in reader.occupied("h1")] == ["a", "b"]
+    with sessions[1]() as session:  # b's placement changes, its updated_at goes back in time
+        moved = _pinned("b", {7}).to_dict()
+        session.execute(text("UPDATE placements SET placement = :p, updated_at = :t WHERE guest = 'b'"),
+                        {"p": json.dumps(moved), "t": "2000-01-01 00:00:00"})
+        session.commit()
+    now[0] += module.RECORDED_MAX_AGE_S + 0.1
+    assert _seen(reader, sessions[0]) == [("a", {0: [0]}), ("b", {0: [7]})]
