@@ -43,7 +43,7 @@ def loop(sim, db, **kwargs) -> ProtectLoop:
     rebalancer = Rebalancer(dict(sim.hosts), plans=plans, leases=SqlLeaseStore(db), clock=sim.clock,
                             holder="protect", audit=SqlPlacementStore(db), throttles=SqlThrottleLedger(db))
 
-    def measure(names: list[str]) -> Measurement:
+    def measure(names: list[str], samples: int) -> Measurement:
         # The simulator's noise-free performance stands in for Freeze'nSense here; the real
         # profiler drives the loop in the integration test.
         return Measurement({n: host.true_performance(n) for n in names})
@@ -131,3 +131,77 @@ def test_a_loop_killed_mid_throttle_leaves_no_throttle_without_a_reason(db, land
     host.suspend("web")  # the reason goes away while no loop runs
     loop(sim, db).round()  # the restarted loop
     assert not host.cpu_bandwidth("batch").limited and SqlThrottleLedger(db).current() == []
+
+
+def paced_loop(sim, db, *, t_m_s=0.05, **kwargs) -> ProtectLoop:
+    """A loop whose measurement freezes neighbours `t_m_s` per sample on the virtual clock."""
+    from vmplacer.core.protect_cadence import CadenceSettings
+
+    host = sim.hosts["h1"]
+    plans = SqlPlanStore(db)
+    rebalancer = Rebalancer(dict(sim.hosts), plans=plans, leases=SqlLeaseStore(db), clock=sim.clock,
+                            holder="protect", audit=SqlPlacementStore(db), throttles=SqlThrottleLedger(db))
+
+    def measure(names: list[str], samples: int) -> Measurement:
+        ratios = {n: host.true_performance(n) for n in names}
+        frozen = samples * len(names) * t_m_s
+        sim.clock.sleep(2 * frozen)  # ζ windows and ζb windows
+        return Measurement(ratios, frozen, 2 * frozen)
+
+    cadence = kwargs.pop("cadence", CadenceSettings(fast_interval_s=2.0, slow_interval_s=10.0, fast_samples=5,
+                                                    slow_samples=2, budget=0.02, window_s=120.0))
+    return ProtectLoop(host, measure=measure, ledger=SqlThrottleLedger(db), plans=plans,
+                       apply=lambda plan_id: rebalancer.apply(plan_id), clock=sim.clock,
+                       wall=lambda: sim.clock.now(), settings=LoopSettings(step=0.1, release_after=2),
+                       cadence=cadence, t_m_s=t_m_s, **kwargs)
+
+
+def test_the_freeze_budget_bounds_frozen_time_while_the_floor_still_holds(db):
+    sim = cluster(("batch", {MIN_SHARE_LABEL: "0.2"}))
+    host = sim.hosts["h1"]
+    history: list[dict] = []
+    protect = paced_loop(sim, db, history=history.append)
+    protect.run(rounds=150)
+    assert host.true_performance("web") >= 0.8
+    frozen = [(r["at"], r["frozen_ms"] / 1e3) for r in history]
+    for end, _ in frozen:  # every 120 s window ending at a round: within 2 %
+        assert sum(f for at, f in frozen if end - 120.0 < at <= end) <= 0.02 * 120.0 + 1e-9
+    skipped = [r for r in history if any("freeze budget" in n for n in r["notes"])]
+    assert skipped, "the budget had to hold some measurements back at the fast pace"
+    later = history[len(history) // 2:]
+    assert all(r["guests"]["web"]["state"] in ("held", "headroom", "unmeasured") for r in later)
+    assert max(r["pace"]["interval_s"] for r in later) > 2.0  # it backed off while the floor held
+    assert later[-1]["budget"]["share"] <= 0.02
+
+
+def test_an_idle_protected_guest_gets_its_antagonist_released_within_30_s_and_rethrottled_when_busy(db):
+    sim = cluster(("batch", {MIN_SHARE_LABEL: "0.2"}))
+    host = sim.hosts["h1"]
+    protect = paced_loop(sim, db)
+    protect.run(rounds=20)
+    assert host.cpu_bandwidth("batch").limited
+    host.set_load("web", 0.01)  # idle, still running
+    went_idle = sim.clock.now()
+    while host.cpu_bandwidth("batch").limited:
+        sim.clock.sleep(protect.pace.interval_s)  # the loop's own pace between rounds
+        protect.round()
+        assert sim.clock.now() - went_idle <= 30.0, "the throttle outlived the protected guest's work"
+    assert SqlThrottleLedger(db).current() == []
+    report = protect.round()
+    assert report.guests["web"]["state"] == "idle" and not report.decision.steps
+    host.set_load("web", 1.0)  # busy again
+    protect.run(rounds=15)
+    assert host.cpu_bandwidth("batch").limited and host.true_performance("web") >= 0.8
+
+
+def test_per_guest_counters_count_throttles_and_time_below_the_floor(db):
+    sim = cluster(("batch", {MIN_SHARE_LABEL: "0.2"}))
+    protect = paced_loop(sim, db)
+    reports = [protect.round() for _ in range(8)]
+    stats = reports[-1].guests["web"]
+    throttled = sum(1 for r in reports for s in r.decision.steps if s.kind == "throttle")
+    assert stats["throttles_applied"] == throttled >= 3
+    below_rounds = [r for r in reports if r.guests["web"]["state"] == "below"]
+    assert stats["below_floor_s"] > 0
+    assert stats["below_floor_s"] <= reports[-1].at - reports[0].at
+    assert len(below_rounds) == throttled

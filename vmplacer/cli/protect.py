@@ -97,8 +97,9 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     try:
         ctx.container.upgrade_database()
         loop = build_protect_loop(ctx.container, args.host, scope=tuple(args.scope or ("*",)),
-                                  samples=args.samples, t_m_s=None if args.t_m_ms is None else args.t_m_ms / 1e3)
-        loop.run(interval_s=interval, rounds=rounds, stop=lambda: stopping["now"],
+                                  samples=args.samples, t_m_s=None if args.t_m_ms is None else args.t_m_ms / 1e3,
+                                  interval_s=interval)
+        loop.run(rounds=rounds, stop=lambda: stopping["now"],
                  on_round=lambda report: _print(args, report.to_dict()))
     except KeyboardInterrupt:
         return EXIT_OK
