@@ -205,3 +205,46 @@ def test_per_guest_counters_count_throttles_and_time_below_the_floor(db):
     assert stats["below_floor_s"] > 0
     assert stats["below_floor_s"] <= reports[-1].at - reports[0].at
     assert len(below_rounds) == throttled
+
+
+def test_metrics_show_each_protected_guest_from_the_recorded_rounds(db, tmp_path):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from vmplacer.adapters.protect_history import ProtectHistory
+    from vmplacer.api.metrics import _DatabaseGauges, protect_metrics
+
+    sim = cluster(("batch", {MIN_SHARE_LABEL: "0.2"}))
+    history = ProtectHistory(tmp_path)
+    protect = paced_loop(sim, db, history=history.append)
+    reports = [protect.round() for _ in range(8)]
+    last = history.latest("h1")
+    assert last is not None and last["guests"] == reports[-1].to_dict()["guests"]
+    assert len(history.read("h1")) == 8
+    registry = CollectorRegistry()
+    registry.register(_DatabaseGauges([protect_metrics(lambda: [last], lambda: last["at"] + 1.0)]))
+    text = generate_latest(registry).decode()
+    stats = reports[-1].guests["web"]
+    assert f'vmplacer_protect_floor{{guest="web",host="h1"}} 0.8' in text
+    assert f'vmplacer_protect_throttles_applied_total{{guest="web",host="h1"}} {float(stats["throttles_applied"])}' \
+        in text
+    assert 'vmplacer_protect_below_floor_seconds_total{guest="web",host="h1"}' in text
+    assert f'vmplacer_protect_ratio{{guest="web",host="h1"}} {stats["ratio"]}' in text
+    assert 'vmplacer_protect_last_round_age_seconds{host="h1"} 1.0' in text
+    stale = CollectorRegistry()
+    stale.register(_DatabaseGauges([protect_metrics(lambda: [last], lambda: last["at"] + 3600.0)]))
+    assert 'guest="web"' not in generate_latest(stale).decode()  # a loop long gone shows nothing
+
+
+def test_the_history_file_stays_bounded(tmp_path):
+    from vmplacer.adapters.protect_history import ProtectHistory
+
+    history = ProtectHistory(tmp_path, max_bytes=4096)
+    for i in range(500):
+        history.append({"host": "h1", "at": float(i), "guests": {"web": {"ratio": 0.8}}})
+    files = sorted(tmp_path.iterdir())
+    assert [f.name for f in files] == ["h1.jsonl", "h1.jsonl.1"]
+    assert all(f.stat().st_size <= 4096 for f in files)
+    rounds = history.read("h1")
+    assert rounds[-1]["at"] == 499.0 and [r["at"] for r in rounds] == sorted(r["at"] for r in rounds)
+    with pytest.raises(ValueError, match="cannot name a file"):
+        history.path("../etc")

@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from functools import cached_property
@@ -29,6 +30,7 @@ from vmplacer.api.metrics import (
     job_gauges,
     maintenance_gauges,
     plan_action_gauges,
+    protect_metrics,
     throttle_gauges,
 )
 from vmplacer.app.jobs import DEFAULT_LEASE_TTL_S, JobRunner
@@ -88,6 +90,7 @@ class ApiServices:
             maintenance_gauges(lambda: self.host_names, lambda: container.maintenance.current().keys()),
             freeze_rescue_metrics(self.freeze_rescues),
             throttle_gauges(SqlThrottleLedger(container.sessions).current),
+            protect_metrics(self.protect_rounds, time.time),
         )
 
     def _render(self, spec: Any, placement: Any, base_xml: str | None) -> str:
@@ -208,6 +211,13 @@ class ApiServices:
             rows = session.execute(select(ProfileRunRow.host, ProfileRunRow.results)
                                    .join(newest, ProfileRunRow.id == newest.c.id))
             return [(host, results or {}) for host, results in rows]
+
+    def protect_rounds(self) -> list[dict[str, Any]]:
+        """The newest round each configured host's protection loop recorded (the history files)."""
+        from vmplacer.adapters.protect_history import ProtectHistory
+
+        history = ProtectHistory.in_data_dir(self.settings.data_dir)
+        return [record for host in self.host_names if (record := history.latest(host)) is not None]
 
     def plan_action_counts(self) -> dict[str, int]:
         from vmplacer.api import plans_support
