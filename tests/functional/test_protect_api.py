@@ -68,6 +68,10 @@ def test_post_get_delete_a_protection_job(api):
     assert client.post("/v1/protect", json={"host": "t", "samples": 0}).status_code == 422
     stopped = client.delete(f"/v1/protect/{job['id']}")
     assert stopped.status_code == 202 and stopped.json()["job"]["parameters"]["stop"]["by"] == "api:operator"
+    assert stopped.headers["Location"] == f"/v1/jobs/{job['id']}"
+    assert client.get(f"/v1/protect/{job['id']}").status_code == 404  # the protection is gone ...
+    assert client.delete(f"/v1/protect/{job['id']}").status_code == 404
+    assert client.get(f"/v1/jobs/{job['id']}").json()["parameters"]["stop"]  # ... its job tells how it ended
     missing = client.delete("/v1/protect/00000000-0000-4000-8000-000000000000")
     assert missing.status_code == 404
     audit = client.get("/v1/audit", params={"limit": 20}).json()

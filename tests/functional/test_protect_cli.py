@@ -27,6 +27,7 @@ def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
     (("--host", "example", "--samples", "0"), "--samples: must be 1..100"),
     (("--host", "example", "--t-m-ms", "0"), "--t-m-ms: must be 0.1..1000 ms"),
     (("--host", "example", "--interval", "soon"), "--interval"),
+    (("--host", "example", "--interval", "0.1s"), "--interval: must be 0.2 s..1 h"),
     (("--host", "example", "--scope", " "), "--scope: a glob must not be empty"),
 ])
 def test_bad_input_exits_2_naming_the_option(tmp_path, args, message):
@@ -40,6 +41,9 @@ def test_one_round_on_the_test_driver(tmp_path):
     report = json.loads(result.stdout.strip().splitlines()[-1])
     assert report["host"] == "example" and report["verdicts"] == [] and report["steps"] == []
     assert any("CPU bandwidth unreadable" in note and "not supported" in note for note in report["notes"])
+    assert report["budget"]["max_share"] == 0.02 and report["pace"]["interval_s"] == 2.0
+    table = run(tmp_path, "--host", "example", "--once")
+    assert table.returncode == 0 and "budget 2.00 %" in table.stdout, table.stdout + table.stderr
 
 
 def test_the_loop_needs_a_host(tmp_path):

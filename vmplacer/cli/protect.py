@@ -48,8 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     runs = parser.add_mutually_exclusive_group()
     runs.add_argument("--once", action="store_true", help="one round, then exit")
     runs.add_argument("--rounds", type=int, metavar="N", help="this many rounds, then exit (default: until stopped)")
-    parser.add_argument("--interval", metavar="DURATION", help="time between round starts (default: the config's "
-                        "protect.interval_s)")
+    parser.add_argument("--interval", metavar="DURATION", help="time between round starts while acting or near a "
+                        "floor (default: the config's protect.interval_s); the loop backs off to "
+                        "protect.slow_interval_s while every floor holds with margin")
     parser.add_argument("--scope", action="append", metavar="GLOB",
                         help="only guests whose names match (repeatable; default every guest): read, frozen and "
                         "throttled only within it")
@@ -88,8 +89,8 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
             raise UsageError("--scope: a glob must not be empty")
     interval = (parse_duration(args.interval, "--interval", "s") if args.interval
                 else ctx.settings.protect.interval_s)
-    if interval <= 0:
-        raise UsageError(f"--interval: must be longer than 0, got {args.interval}")
+    if not 0.2 <= interval <= 3600:
+        raise UsageError(f"--interval: must be 0.2 s..1 h, got {args.interval}")
     rounds = 1 if args.once else args.rounds
 
     from vmplacer.bootstrap_protect import build_protect_loop
@@ -229,8 +230,12 @@ def _print(args: argparse.Namespace, data: dict[str, Any]) -> None:
               f"({step['reason']})")
     if data["plan"]:
         print(f"  plan {data['plan']['id']}: {data['plan']['state']}")
+    budget, pace = data.get("budget") or {}, data.get("pace") or {}
     print(f"  neighbours frozen {data['frozen_ms']:.0f} ms this round; since start "
-          f"{data['freeze_overhead'] * 100:.2f} % of the time")
+          f"{data['freeze_overhead'] * 100:.2f} % of the time; last {budget.get('window_s', 0):.0f} s "
+          f"{budget.get('share', 0.0) * 100:.2f} % (budget {budget.get('max_share', 0.0) * 100:.2f} %); "
+          f"next round in {pace.get('interval_s', 0.0):.0f} s with {pace.get('samples', 0)} samples "
+          f"({pace.get('reason', '')})")
     for note in data["notes"]:
         sys.stderr.write(f"note: {note}\n")
     sys.stdout.flush()

@@ -18,9 +18,14 @@ router = APIRouter(prefix="/v1/protect", tags=["protect"], route_class=StrictJso
 
 
 def _protect_job(services: Any, job_id: str):  # -> JobRecord
+    """The protection job, 404 when there is none — or when it was deleted (asked to stop): the
+    protection is gone; how its stop and releases went stays at /v1/jobs/{id}."""
     job = services.jobs.get(job_id)
     if job is None or job.kind != PROTECT_JOB:
         raise ApiError(404, "not-found", f"protection job {job_id} does not exist", {"job": job_id})
+    if (job.parameters or {}).get("stop"):
+        raise ApiError(404, "not-found", f"protection job {job_id} was deleted (stopped); its outcome is at "
+                       f"/v1/jobs/{job_id}", {"job": job_id, "location": f"/v1/jobs/{job_id}"})
     return job
 
 
@@ -59,7 +64,8 @@ def get_protect(request: Request, job_id: str = Path(pattern=JOB_ID, max_length=
 
 
 @router.delete("/{job_id}", status_code=202, response_model=JobAccepted,
-               summary="stop a protection job: it releases every throttle it holds on the host, then finishes",
+               summary="stop a protection job: it releases every throttle it holds on the host, then finishes "
+               "(follow it at /v1/jobs/{id}; /v1/protect/{id} is 404 from now on)",
                responses={**COMMON_RESPONSES, **NOT_FOUND, **CONFLICT})
 def stop_protect(request: Request, response: Response,
                  job_id: str = Path(pattern=JOB_ID, max_length=36)) -> dict[str, Any]:
@@ -72,6 +78,6 @@ def stop_protect(request: Request, response: Response,
     job = services.jobs.request_stop(job_id, actor.name) or job
     audit(services, actor, action="protect-stop", host=job.hosts[0], message=f"protection job {job_id}: stop "
           "requested (its throttles are released)", detail={"job": job_id})
-    location = f"/v1/protect/{job_id}"
+    location = f"/v1/jobs/{job_id}"  # the protection is gone; the job shows how the stop went
     response.headers["Location"] = location
     return {"job": job_view(job), "location": location}
