@@ -98,6 +98,9 @@ class ProtectSettings:
     interval_s: float = 2.0  # one profile + decision round per protected host every interval
     step: float = 0.1  # each throttle/release moves a guest's share by this much
     release_margin: float = 0.05  # release only when the ratio is this far above the floor (hysteresis)
+    slow_interval_s: float = 10.0  # the longest interval while every floor holds with margin
+    freeze_budget: float = 0.02  # the most neighbours' frozen time per wall time over budget_window_s
+    budget_window_s: float = 300.0
 
 
 @dataclass(frozen=True)
@@ -406,7 +409,7 @@ def _placement(reader: _Reader, raw: Any) -> PlacementSettings:
 
 def _protect(reader: _Reader, raw: Any) -> ProtectSettings:
     data = reader.mapping(raw, "protect", ("latency_critical_floor", "batch_min_share", "interval_s", "step",
-                                           "release_margin"))
+                                           "release_margin", "slow_interval_s", "freeze_budget", "budget_window_s"))
     base = ProtectSettings()
     values: dict[str, float | None] = {}
     for key, check in (("latency_critical_floor", check_floor), ("batch_min_share", check_min_share)):
@@ -422,6 +425,12 @@ def _protect(reader: _Reader, raw: Any) -> ProtectSettings:
         step=reader.number(data.get("step", base.step), "protect.step", 0.01, 0.5),
         release_margin=reader.number(data.get("release_margin", base.release_margin), "protect.release_margin",
                                      0.0, 0.5),
+        slow_interval_s=reader.number(data.get("slow_interval_s", base.slow_interval_s), "protect.slow_interval_s",
+                                      0.2, 3600),
+        freeze_budget=reader.number(data.get("freeze_budget", base.freeze_budget), "protect.freeze_budget",
+                                    0.001, 1.0),
+        budget_window_s=reader.number(data.get("budget_window_s", base.budget_window_s), "protect.budget_window_s",
+                                      10, 86_400),
     )
 
 

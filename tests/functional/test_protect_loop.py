@@ -43,7 +43,7 @@ def loop(sim, db, **kwargs) -> ProtectLoop:
     rebalancer = Rebalancer(dict(sim.hosts), plans=plans, leases=SqlLeaseStore(db), clock=sim.clock,
                             holder="protect", audit=SqlPlacementStore(db), throttles=SqlThrottleLedger(db))
 
-    def measure(names: list[str]) -> Measurement:
+    def measure(names: list[str], samples: int) -> Measurement:
         # The simulator's noise-free performance stands in for Freeze'nSense here; the real
         # profiler drives the loop in the integration test.
         return Measurement({n: host.true_performance(n) for n in names})
@@ -131,3 +131,120 @@ def test_a_loop_killed_mid_throttle_leaves_no_throttle_without_a_reason(db, land
     host.suspend("web")  # the reason goes away while no loop runs
     loop(sim, db).round()  # the restarted loop
     assert not host.cpu_bandwidth("batch").limited and SqlThrottleLedger(db).current() == []
+
+
+def paced_loop(sim, db, *, t_m_s=0.05, **kwargs) -> ProtectLoop:
+    """A loop whose measurement freezes neighbours `t_m_s` per sample on the virtual clock."""
+    from vmplacer.core.protect_cadence import CadenceSettings
+
+    host = sim.hosts["h1"]
+    plans = SqlPlanStore(db)
+    rebalancer = Rebalancer(dict(sim.hosts), plans=plans, leases=SqlLeaseStore(db), clock=sim.clock,
+                            holder="protect", audit=SqlPlacementStore(db), throttles=SqlThrottleLedger(db))
+
+    def measure(names: list[str], samples: int) -> Measurement:
+        ratios = {n: host.true_performance(n) for n in names}
+        frozen = samples * len(names) * t_m_s
+        sim.clock.sleep(2 * frozen)  # ζ windows and ζb windows
+        return Measurement(ratios, frozen, 2 * frozen)
+
+    cadence = kwargs.pop("cadence", CadenceSettings(fast_interval_s=2.0, slow_interval_s=10.0, fast_samples=5,
+                                                    slow_samples=2, budget=0.02, window_s=120.0))
+    return ProtectLoop(host, measure=measure, ledger=SqlThrottleLedger(db), plans=plans,
+                       apply=lambda plan_id: rebalancer.apply(plan_id), clock=sim.clock,
+                       wall=lambda: sim.clock.now(), settings=LoopSettings(step=0.1, release_after=2),
+                       cadence=cadence, t_m_s=t_m_s, **kwargs)
+
+
+def test_the_freeze_budget_bounds_frozen_time_while_the_floor_still_holds(db):
+    sim = cluster(("batch", {MIN_SHARE_LABEL: "0.2"}))
+    host = sim.hosts["h1"]
+    history: list[dict] = []
+    protect = paced_loop(sim, db, history=history.append)
+    protect.run(rounds=150)
+    assert host.true_performance("web") >= 0.8
+    frozen = [(r["at"], r["frozen_ms"] / 1e3) for r in history]
+    for end, _ in frozen:  # every 120 s window ending at a round: within 2 %
+        assert sum(f for at, f in frozen if end - 120.0 < at <= end) <= 0.02 * 120.0 + 1e-9
+    skipped = [r for r in history if any("freeze budget" in n for n in r["notes"])]
+    assert skipped, "the budget had to hold some measurements back at the fast pace"
+    later = history[len(history) // 2:]
+    assert all(r["guests"]["web"]["state"] in ("held", "headroom", "unmeasured") for r in later)
+    assert max(r["pace"]["interval_s"] for r in later) > 2.0  # it backed off while the floor held
+    assert later[-1]["budget"]["share"] <= 0.02
+
+
+def test_an_idle_protected_guest_gets_its_antagonist_released_within_30_s_and_rethrottled_when_busy(db):
+    sim = cluster(("batch", {MIN_SHARE_LABEL: "0.2"}))
+    host = sim.hosts["h1"]
+    protect = paced_loop(sim, db)
+    protect.run(rounds=20)
+    assert host.cpu_bandwidth("batch").limited
+    host.set_load("web", 0.01)  # idle, still running
+    went_idle = sim.clock.now()
+    while host.cpu_bandwidth("batch").limited:
+        sim.clock.sleep(protect.pace.interval_s)  # the loop's own pace between rounds
+        protect.round()
+        assert sim.clock.now() - went_idle <= 30.0, "the throttle outlived the protected guest's work"
+    assert SqlThrottleLedger(db).current() == []
+    report = protect.round()
+    assert report.guests["web"]["state"] == "idle" and not report.decision.steps
+    host.set_load("web", 1.0)  # busy again
+    protect.run(rounds=15)
+    assert host.cpu_bandwidth("batch").limited and host.true_performance("web") >= 0.8
+
+
+def test_per_guest_counters_count_throttles_and_time_below_the_floor(db):
+    sim = cluster(("batch", {MIN_SHARE_LABEL: "0.2"}))
+    protect = paced_loop(sim, db)
+    reports = [protect.round() for _ in range(8)]
+    stats = reports[-1].guests["web"]
+    throttled = sum(1 for r in reports for s in r.decision.steps if s.kind == "throttle")
+    assert stats["throttles_applied"] == throttled >= 3
+    below_rounds = [r for r in reports if r.guests["web"]["state"] == "below"]
+    assert stats["below_floor_s"] > 0
+    assert stats["below_floor_s"] <= reports[-1].at - reports[0].at
+    assert len(below_rounds) == throttled
+
+
+def test_metrics_show_each_protected_guest_from_the_recorded_rounds(db, tmp_path):
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    from vmplacer.adapters.protect_history import ProtectHistory
+    from vmplacer.api.metrics import _DatabaseGauges, protect_metrics
+
+    sim = cluster(("batch", {MIN_SHARE_LABEL: "0.2"}))
+    history = ProtectHistory(tmp_path)
+    protect = paced_loop(sim, db, history=history.append)
+    reports = [protect.round() for _ in range(8)]
+    last = history.latest("h1")
+    assert last is not None and last["guests"] == reports[-1].to_dict()["guests"]
+    assert len(history.read("h1")) == 8
+    registry = CollectorRegistry()
+    registry.register(_DatabaseGauges([protect_metrics(lambda: [last], lambda: last["at"] + 1.0)]))
+    text = generate_latest(registry).decode()
+    stats = reports[-1].guests["web"]
+    assert f'vmplacer_protect_floor{{guest="web",host="h1"}} 0.8' in text
+    assert f'vmplacer_protect_throttles_applied_total{{guest="web",host="h1"}} {float(stats["throttles_applied"])}' \
+        in text
+    assert 'vmplacer_protect_below_floor_seconds_total{guest="web",host="h1"}' in text
+    assert f'vmplacer_protect_ratio{{guest="web",host="h1"}} {stats["ratio"]}' in text
+    assert 'vmplacer_protect_last_round_age_seconds{host="h1"} 1.0' in text
+    stale = CollectorRegistry()
+    stale.register(_DatabaseGauges([protect_metrics(lambda: [last], lambda: last["at"] + 3600.0)]))
+    assert 'guest="web"' not in generate_latest(stale).decode()  # a loop long gone shows nothing
+
+
+def test_the_history_file_stays_bounded(tmp_path):
+    from vmplacer.adapters.protect_history import ProtectHistory
+
+    history = ProtectHistory(tmp_path, max_bytes=4096)
+    for i in range(500):
+        history.append({"host": "h1", "at": float(i), "guests": {"web": {"ratio": 0.8}}})
+    files = sorted(tmp_path.iterdir())
+    assert [f.name for f in files] == ["h1.jsonl", "h1.jsonl.1"]
+    assert all(f.stat().st_size <= 4096 for f in files)
+    rounds = history.read("h1")
+    assert rounds[-1]["at"] == 499.0 and [r["at"] for r in rounds] == sorted(r["at"] for r in rounds)
+    with pytest.raises(ValueError, match="cannot name a file"):
+        history.path("../etc")

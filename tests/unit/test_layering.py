@@ -133,13 +133,6 @@ def test_the_cycle_check_sees_a_cycle():
     assert "vmplacer.bootstrap" in lazy  # imported inside CliContext.container only
 
 
-# Front-end modules still built around their own database reads; each is to move behind the
-# composition root (`vmplacer/bootstrap/`), and then leaves this list.
-FRONT_END_DATABASE_EXEMPT = {
-    "vmplacer/cli/protect.py",  # the throttle ledger listing
-}
-
-
 def _database_imports(path: Path) -> list[str]:
     """What `path` imports that reaches the database: `adapters.db`, or SQLAlchemy beyond its
     exception classes (which a front end may catch)."""
@@ -153,7 +146,7 @@ def test_front_ends_reach_the_database_only_through_the_composition_root():
     migrations come from `vmplacer/bootstrap/`."""
     problems = [f"{where} imports {name}"
                 for package in ("api", "cli") for path in sorted((PACKAGE / package).rglob("*.py"))
-                if (where := str(path.relative_to(PACKAGE.parent))) not in FRONT_END_DATABASE_EXEMPT
+                if (where := str(path.relative_to(PACKAGE.parent)))
                 for name in _database_imports(path)]
     assert not problems, "front ends use the database through vmplacer/bootstrap only:\n" + "\n".join(problems)
 
@@ -164,5 +157,3 @@ def test_the_front_end_database_rule_has_teeth(tmp_path):
                       "def run():\n    from sqlalchemy import select\n"
                       "    from vmplacer.adapters.db.models import PlanRow\n")
     assert _database_imports(module) == ["sqlalchemy", "vmplacer.adapters.db.models"]
-    missing = sorted(name for name in FRONT_END_DATABASE_EXEMPT if not (PACKAGE.parent / name).exists())
-    assert not missing, f"exempt modules gone, drop them from the list: {missing}"

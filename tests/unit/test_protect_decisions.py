@@ -129,3 +129,15 @@ def test_a_release_the_model_says_would_break_the_floor_waits():
     cheap = {"web": {"batch": 0.02}}
     (step,) = decide(guests, ledger, {}, SETTINGS, {"web": 5}, cheap).steps
     assert step.kind == "release"
+
+
+def test_an_idle_protected_guest_releases_its_throttles_at_once_and_is_not_measured():
+    from dataclasses import replace
+
+    guests = [replace(view("web", PROTECTED), idle=True), view("batch", BATCH, share=0.4)]
+    record = Throttle("batch", throttled_to(0.4), CpuBandwidth(), "web")
+    decision = decide(guests, [record], {}, SETTINGS)
+    (step,) = decision.steps
+    assert (step.kind, step.guest, step.after.share) == ("release", "batch", 1.0)
+    assert "is idle" in step.reason
+    assert [(v.guest, v.state) for v in decision.verdicts] == [("web", "idle")]

@@ -278,6 +278,13 @@ class LibvirtHost(Hypervisor):
         state, reason = self._call("state", dom.state, name)
         return state_name(state), (pause_reason_name(reason) if state == libvirt.VIR_DOMAIN_PAUSED else None)
 
+    def cpu_time_s(self, name: str) -> float:
+        """CPU time the domain used since it started (vCPUs and QEMU's threads), from
+        virDomainGetInfo: a read that never pauses the guest, for telling an idle guest from a busy one."""
+        dom = self._lookup(name)
+        info = self._call("info", dom.info, name)
+        return float(info[4]) / 1e9
+
     def domain_xml(self, name: str, inactive: bool = False) -> str:
         dom = self._lookup(name)
         flags = libvirt.VIR_DOMAIN_XML_INACTIVE if inactive else 0

@@ -158,6 +158,7 @@ class _Domain:
     state: str = "running"
     pause_reason: str | None = None
     instructions: float = 0.0
+    cpu_s: float = 0.0  # CPU time granted so far (what virDomainGetInfo's cpuTime reads)
     uuid: str = field(default="")
     bandwidth: CpuBandwidth = field(default_factory=CpuBandwidth)
     labels: dict[str, str] = field(default_factory=dict)
@@ -431,6 +432,20 @@ class SimHost:
         self._sync()
         return self._get(name).instructions
 
+    def cpu_time_s(self, name: str) -> float:
+        """CPU time the domain was granted so far, in seconds (noise-free)."""
+        self._sync()
+        return self._get(name).cpu_s
+
+    def set_load(self, name: str, load: float) -> None:
+        """Change what the guest's workload asks for (0 < load ≤ 1 of a pCPU per vCPU): idle ↔ busy."""
+        if not 0.0 < load <= 1.0:
+            raise ValueError(f"domain {name!r}: field 'load' must be in (0, 1], got {load!r}")
+        domain = self._get(name)
+        self._sync()
+        domain.load = float(load)
+        self._layout_changed()
+
     def true_performance(self, name: str) -> float:
         """Noise-free performance now, as a fraction of running alone (0 when paused)."""
         domain = self._get(name)
@@ -473,6 +488,8 @@ class SimHost:
         if elapsed > 0:
             for name, (rate, _) in self._rates().items():
                 self._domains[name].instructions += rate * elapsed
+            for name, cpu in self._cpu_rates().items():
+                self._domains[name].cpu_s += cpu * elapsed
         self._synced_at = now
 
     def _rates(self) -> dict[str, tuple[float, float]]:
@@ -486,6 +503,17 @@ class SimHost:
         result = self._compute_rates([self._domains[n] for n in running])
         self._rate_cache[running] = result
         return result
+
+    def _cpu_rates(self) -> dict[str, float]:
+        """Per running domain: pCPU time granted per second (all vCPUs), by the same fair split."""
+        running = [d for d in self._domains.values() if d.state == "running"]
+        asked: dict[int, float] = {}
+        for domain in running:
+            for allowed in domain.vcpupin.values():
+                for cpu in allowed:
+                    asked[cpu] = asked.get(cpu, 0.0) + min(domain.load, domain.bandwidth.share) / len(allowed)
+        return {d.name: sum(min(d.load, d.bandwidth.share) / len(allowed) * min(1.0, 1.0 / asked[cpu])
+                            for allowed in d.vcpupin.values() for cpu in allowed) for d in running}
 
     def _compute_rates(self, domains: list[_Domain]) -> dict[str, tuple[float, float]]:
         if not domains:

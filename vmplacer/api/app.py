@@ -70,9 +70,9 @@ def create_app(container: Container, options: ApiOptions | None = None,
     app.state.services = services
     install_error_handlers(app, on_libvirt_error=services.metrics.libvirt_error)
 
-    from vmplacer.api.routes import audit, health, hosts, jobs, placements, plans, profiles, reconcile
+    from vmplacer.api.routes import audit, health, hosts, jobs, placements, plans, profiles, protect, reconcile
 
-    for module in (health, hosts, placements, profiles, plans, reconcile, jobs, audit):
+    for module in (health, hosts, placements, profiles, plans, protect, reconcile, jobs, audit):
         app.include_router(module.router)
 
     _finish_schema(app, services.host_names, services.base_xml_limit)

@@ -5,12 +5,13 @@ from __future__ import annotations
 from typing import Any
 
 from vmplacer.api.profiling import PROFILE_JOB, profile_handler
+from vmplacer.api.protecting import PROTECT_JOB, protect_handler
 from vmplacer.app.jobs import Handler
 
 
 def handlers(services: Any) -> dict[str, Handler]:
     from vmplacer.api import plans_support
 
-    table: dict[str, Handler] = {PROFILE_JOB: profile_handler(services)}
+    table: dict[str, Handler] = {PROFILE_JOB: profile_handler(services), PROTECT_JOB: protect_handler(services)}
     table.update(plans_support.job_handlers(services))
     return table

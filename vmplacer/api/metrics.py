@@ -176,3 +176,55 @@ def throttle_gauges(records: Callable[[], Iterable[Any]]):
         yield age
 
     return throttles
+
+
+PROTECT_STALE_S = 900.0  # a host whose loop recorded no round for this long is not shown
+
+
+def protect_metrics(latest: Callable[[], Iterable[dict[str, Any]]], now: Callable[[], float]):
+    """Per protected guest, from the newest round each host's protection loop recorded:
+    vmplacer_protect_ratio (smoothed ζ/ζb), vmplacer_protect_floor, the counters
+    vmplacer_protect_throttles_applied_total and vmplacer_protect_below_floor_seconds_total (since that
+    loop started); per host the loop's frozen share over its budget window, its budget and the
+    age of its last round."""
+
+    def protect() -> Iterable[Any]:
+        guest_labels = ("host", "guest")
+        ratio = GaugeMetricFamily("vmplacer_protect_ratio", "smoothed ζ/ζb of each protected guest (latest round)",
+                                  labels=guest_labels)
+        floor = GaugeMetricFamily("vmplacer_protect_floor", "ζ/ζb floor the protection loop holds",
+                                  labels=guest_labels)
+        applied = CounterMetricFamily("vmplacer_protect_throttles_applied",
+                                      "throttle steps applied for each protected guest since its loop started",
+                                      labels=guest_labels)
+        below = CounterMetricFamily("vmplacer_protect_below_floor_seconds",
+                                    "seconds each protected guest spent below its floor since its loop started",
+                                    labels=guest_labels)
+        frozen = GaugeMetricFamily("vmplacer_protect_freeze_share",
+                                   "neighbours' frozen time over wall time in the loop's budget window",
+                                   labels=("host",))
+        budget = GaugeMetricFamily("vmplacer_protect_freeze_budget", "the most frozen share the loop allows itself",
+                                   labels=("host",))
+        age = GaugeMetricFamily("vmplacer_protect_last_round_age_seconds",
+                                "seconds since the host's protection loop last recorded a round", labels=("host",))
+        moment = now()
+        for record in latest():
+            host = str(record.get("host"))
+            since = moment - float(record.get("at", 0.0))
+            if since > PROTECT_STALE_S:
+                continue
+            age.add_metric((host,), since)
+            spend = record.get("budget") or {}
+            if "share" in spend:
+                frozen.add_metric((host,), float(spend["share"]))
+                budget.add_metric((host,), float(spend["max_share"]))
+            for guest, stats in sorted((record.get("guests") or {}).items()):
+                key = (host, guest)
+                if stats.get("ratio") is not None:
+                    ratio.add_metric(key, float(stats["ratio"]))
+                floor.add_metric(key, float(stats["floor"]))
+                applied.add_metric(key, float(stats.get("throttles_applied", 0)))
+                below.add_metric(key, float(stats.get("below_floor_s", 0.0)))
+        yield from (ratio, floor, applied, below, frozen, budget, age)
+
+    return protect

@@ -228,6 +228,23 @@ class ProfileRequest(_Strict):
     adaptive: bool = False
 
 
+class ProtectRequest(_Strict):
+    host: str | None = Field(default=None, pattern=HOST_NAME, description="default: the first configured host")
+    scope: list[Glob] = Field(default_factory=list, max_length=256,
+                              description="only guests whose names match are read, frozen and throttled (globs)")
+    samples: int = Field(default=5, ge=1, le=100, description="ζ and ζb samples per protected guest per fast round")
+    t_m_ms: float | None = Field(default=None, ge=0.1, le=1000, description="Freeze'nSense window")
+
+
+class ProtectView(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    job: JobView
+    host: str
+    guests: list[dict[str, Any]]
+    throttles: list[dict[str, Any]]
+
+
 class Distribution(BaseModel):
     model_config = ConfigDict(extra="allow")
 

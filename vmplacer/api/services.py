@@ -10,6 +10,7 @@ import logging
 import os
 import socket
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from typing import Any
@@ -23,6 +24,7 @@ from vmplacer.api.metrics import (
     job_gauges,
     maintenance_gauges,
     plan_action_gauges,
+    protect_metrics,
     throttle_gauges,
 )
 from vmplacer.app.jobs import DEFAULT_LEASE_TTL_S, JobRunner
@@ -80,6 +82,7 @@ class ApiServices:
             maintenance_gauges(lambda: self.host_names, lambda: container.maintenance.current().keys()),
             freeze_rescue_metrics(self.freeze_rescues),
             throttle_gauges(container.throttle_ledger.current),
+            protect_metrics(self.protect_rounds, time.time),
         )
 
     @property
@@ -177,6 +180,13 @@ class ApiServices:
     # ----- database-derived metrics -----------------------------------------------------------
     def latest_profile_results(self) -> list[tuple[str, dict[str, Any]]]:
         return self.container.profile_store.latest_results()
+
+    def protect_rounds(self) -> list[dict[str, Any]]:
+        """The newest round each configured host's protection loop recorded (the history files)."""
+        from vmplacer.adapters.protect_history import ProtectHistory
+
+        history = ProtectHistory.in_data_dir(self.settings.data_dir)
+        return [record for host in self.host_names if (record := history.latest(host)) is not None]
 
     def plan_action_counts(self) -> dict[str, int]:
         return self.container.plan_store.action_counts()

@@ -13,6 +13,13 @@ throttling further — at most once per `propose_every_s` per host.
 Throttles persist in libvirt beyond this process by design; the ledger keeps
 their reasons, and the first round after a start releases those whose
 reason is gone (the protected guest stopped, left, or lost its label).
+
+Cadence and cost (core.protect_cadence): decisions use a smoothed ζ/ζb; the
+next round comes sooner while acting or near a floor and later while every
+floor holds with margin; a measurement that would take the neighbours'
+frozen time over the budget is skipped (the round still watches stops and
+idleness, which cost no freezing). A protected guest's own CPU time tells
+whether it is idle; an idle one releases the throttles set for it.
 """
 
 from __future__ import annotations
@@ -28,12 +35,24 @@ from vmplacer.core.plan import Plan
 from vmplacer.core.protect import (
     Decision,
     GuestView,
+    Step,
+    IdleSettings,
     LoopSettings,
     Throttle,
     attribute,
+    cpu_busy,
     decide,
+    idle_now,
     plan_of,
     release_costs,
+)
+from vmplacer.core.protect_cadence import (
+    CadenceSettings,
+    FreezeBudget,
+    Pace,
+    RatioSmoother,
+    expected_freeze_s,
+    next_pace,
 )
 from vmplacer.core.protection import ProtectionDefaults, protection_of
 from vmplacer.core.topology import HostTopology
@@ -70,10 +89,17 @@ class RoundReport:
     notes: list[str] = field(default_factory=list)
     shares: dict[str, float] = field(default_factory=dict)  # throttleable guest -> share after the round
     overhead: float = 0.0  # neighbours' frozen time over the loop's wall time since it started
+    guests: dict[str, dict[str, Any]] = field(default_factory=dict)  # per protected guest: ratios, counters
+    pace: Pace | None = None  # when the next round comes and with how many samples
+    budget: dict[str, float] = field(default_factory=dict)  # the freeze budget: limit, spend, share
 
     def to_dict(self) -> dict[str, Any]:
         return {
             "host": self.host, "at": self.at,
+            "guests": {k: dict(v) for k, v in self.guests.items()},
+            "pace": None if self.pace is None else {"interval_s": self.pace.interval_s, "samples": self.pace.samples,
+                                                    "reason": self.pace.reason},
+            "budget": dict(self.budget),
             "verdicts": [v.to_dict() for v in self.decision.verdicts],
             "steps": [{"kind": s.kind, "guest": s.guest, "share_before": round(s.before.share, 4),
                        "share_after": round(s.after.share, 4), "protects": s.protects, "reason": s.reason}
@@ -91,7 +117,7 @@ class ProtectLoop:
         self,
         host: Any,  # Hypervisor + BandwidthControl (+ domain_facts for labels)
         *,
-        measure: Callable[[list[str]], Measurement],
+        measure: Callable[[list[str], int], Measurement],  # (guests, samples)
         ledger: ThrottleLedger,
         plans: PlanStore,
         apply: Callable[[int], Plan],
@@ -103,6 +129,10 @@ class ProtectLoop:
         propose: Callable[[str], Plan] | None = None,
         propose_every_s: float = 300.0,
         scope: Callable[[str], bool] | None = None,
+        cadence: CadenceSettings | None = None,
+        idle: IdleSettings | None = None,
+        t_m_s: float = 0.01,
+        history: Callable[[dict[str, Any]], None] | None = None,
     ):
         self.host = host
         self.measure = measure
@@ -122,17 +152,44 @@ class ProtectLoop:
         self._topology: HostTopology | None = None
         self._frozen_s = 0.0
         self._started: float | None = None
+        self.cadence = cadence or CadenceSettings()
+        self.idle_settings = idle or IdleSettings()
+        self.t_m_s = t_m_s
+        self.history = history
+        self.budget = FreezeBudget(self.cadence.budget, self.cadence.window_s)
+        self.smoother = RatioSmoother(self.cadence.smooth_k)
+        self.pace = Pace(self.cadence.fast_interval_s, self.cadence.fast_samples, 0, "first round")
+        self._per_sample_s = t_m_s  # the longest frozen time per sample seen lately (the budget's estimate)
+        self._cpu_reads: dict[str, tuple[float, float]] = {}  # guest -> (clock, CPU seconds)
+        self._idle: dict[str, bool] = {}
+        self._counters: dict[str, dict[str, float]] = {}  # guest -> throttles_applied, below_floor_s
+        self._below_since: dict[str, float] = {}  # guest -> clock of the last round that found it below
 
     # ----- one round --------------------------------------------------------------------------
     def round(self) -> RoundReport:
         if self._started is None:
             self._started = self.clock.now()
         notes: list[str] = []
-        guests = self._observe(notes)
-        protected = [g.name for g in guests if g.protection.protected and g.running]
-        measurement = self.measure(protected) if protected else None
-        if measurement is not None:
-            guests = [_with_ratio(g, measurement.ratios.get(g.name)) for g in guests]
+        guests = self._mark_idle(self._observe(notes), notes)
+        protected = [g.name for g in guests if g.protection.protected and g.running and not g.idle]
+        samples = self.pace.samples
+        measurement = None
+        blocked_until: float | None = None
+        if protected:
+            expected = expected_freeze_s(samples, len(protected), self._per_sample_s)
+            now = self.clock.now()
+            if self.budget.allows(now, expected):
+                measurement = self.measure(protected, samples)
+            else:
+                blocked_until = self.budget.ready_at(now, expected)
+                notes.append(f"freeze budget: {self.budget.spent(now):.2f} s of {self.budget.limit_s:.2f} s spent in "
+                             f"the last {self.budget.window_s:.0f} s; this round's ~{expected:.2f} s would exceed it: "
+                             "not measured")
+        raw = dict(measurement.ratios) if measurement is not None else {}
+        smoothed = {name: self.smoother.add(name, raw.get(name)) for name in protected}
+        self.smoother.forget_except(protected)
+        if measurement is not None:  # decide on the smoothed ratio, and only in rounds that measured
+            guests = [_with_ratio(g, smoothed.get(g.name)) for g in guests]
         records = self._forget_lifted(self.ledger.current(self.host.name), guests)
         throttles = [Throttle(r.guest, r.bandwidth, r.original, r.protects) for r in records]
         gains, costs = self._gains(guests)
@@ -150,15 +207,42 @@ class ProtectLoop:
         if decision.cannot_hold:
             report.proposed_plan = self._propose(notes)
         report.shares = self._shares(guests, notes)
+        now = self.clock.now()
         if measurement is not None:
             self._frozen_s += measurement.frozen_s
-        elapsed = self.clock.now() - self._started
+            self.budget.record(now, measurement.frozen_s)
+            taken = samples * max(1, len(measurement.ratios) or len(protected))
+            if measurement.frozen_s > 0:  # the estimate follows what freezing really costs here
+                self._per_sample_s = max(self.t_m_s, 0.5 * self._per_sample_s + 0.5 * measurement.frozen_s / taken,
+                                         measurement.frozen_s / taken)
+        elapsed = now - self._started
         report.overhead = self._frozen_s / elapsed if elapsed > 0 else 0.0
+        report.budget = {"max_share": self.budget.max_share, "window_s": self.budget.window_s,
+                         "spent_s": round(self.budget.spent(now), 4),
+                         "share": round(self.budget.share(now, self._started), 5)}
+        changed = {s.protects for s in decision.steps}
+        self.smoother.reset(changed)
+        report.guests = self._guest_stats(guests, decision, raw, report.plan, now)
+        margins = [None if g.ratio is None or g.protection.floor is None
+                   else g.ratio - g.protection.floor - self.settings.release_margin
+                   for g in guests if g.name in protected]
+        if blocked_until is not None and not decision.steps:  # wait for the budget, not for a fast pace
+            wait = min(self.cadence.slow_interval_s, max(self.cadence.fast_interval_s, blocked_until - now))
+            self.pace = Pace(wait, self.pace.samples, self.pace.calm, "waiting for the freeze budget")
+        else:
+            self.pace = next_pace(self.cadence, acted=bool(decision.steps), margins=margins, calm=self.pace.calm)
+        report.pace = self.pace
+        if self.history is not None:
+            try:
+                self.history(report.to_dict())
+            except OSError as exc:  # history is for looking back; the loop goes on without it
+                notes.append(f"round history not recorded: {exc}")
         return report
 
-    def run(self, *, interval_s: float, rounds: int | None = None,
-            on_round: Callable[[RoundReport], None] | None = None, stop: Callable[[], bool] | None = None) -> int:
-        """Rounds every `interval_s` until `stop()` (or `rounds` rounds); returns how many ran."""
+    def run(self, *, rounds: int | None = None, on_round: Callable[[RoundReport], None] | None = None,
+            stop: Callable[[], bool] | None = None, poll_s: float = 1.0) -> int:
+        """Rounds at the cadence's pace until `stop()` (or `rounds` rounds); returns how many ran.
+        `stop` is asked at least every `poll_s` while waiting for the next round."""
         done = 0
         while rounds is None or done < rounds:
             if stop is not None and stop():
@@ -174,8 +258,101 @@ class ProtectLoop:
                 on_round(report)
             if rounds is not None and done >= rounds:
                 break
-            self.clock.sleep(max(0.0, interval_s - (self.clock.now() - started)))
+            due = started + self.pace.interval_s
+            while (left := due - self.clock.now()) > 0:
+                if stop is not None and stop():
+                    return done
+                self.clock.sleep(min(left, poll_s))
         return done
+
+    def release_all(self, reason: str) -> RoundReport:
+        """Release every throttle in the ledger on this host (within scope) at once: the loop is
+        being stopped for good and its throttles have no reason left."""
+        notes: list[str] = []
+        guests = self._observe(notes)
+        by_name = {g.name: g for g in guests}
+        records = self._forget_lifted(self.ledger.current(self.host.name), guests)
+        steps = tuple(Step("release", r.guest, by_name[r.guest].bandwidth, r.original, r.original, r.protects,
+                           f"{reason}: release") for r in records if r.guest in by_name and by_name[r.guest].running)
+        decision = Decision(steps, ())
+        report = RoundReport(self.host.name, self.wall(), decision, notes=notes)
+        plan = plan_of(self.host.name, decision, created_at=report.at)
+        if plan.actions:
+            stored = self.plans.save(plan, created_by="protect")
+            assert stored.id is not None
+            done = self.apply(stored.id)
+            report.plan = {"id": done.id, "state": done.state,
+                           "actions": [{"kind": a.kind, "guest": a.guest, "state": a.state, "message": a.message}
+                                       for a in done.actions]}
+        report.shares = self._shares(guests, notes)
+        return report
+
+    # ----- idleness and per-guest bookkeeping ------------------------------------------------------
+    def _mark_idle(self, guests: list[GuestView], notes: list[str]) -> list[GuestView]:
+        """Mark running protected guests idle from their own CPU time (read without freezing anyone)."""
+        read = getattr(self.host, "cpu_time_s", None)
+        if not callable(read):
+            return guests
+        now = self.clock.now()
+        marked = []
+        for guest in guests:
+            if not (guest.protection.protected and guest.running):
+                self._cpu_reads.pop(guest.name, None)
+                self._idle.pop(guest.name, None)
+                marked.append(guest)
+                continue
+            try:
+                after = (now, float(read(guest.name)))
+            except HypervisorError as exc:
+                notes.append(f"{guest.name}: CPU time unreadable ({exc}): idleness not judged")
+                marked.append(guest)
+                continue
+            before = self._cpu_reads.get(guest.name)
+            vcpus = len(guest.cpus) if guest.cpus else 1
+            busy = cpu_busy(before, after, vcpus)
+            span = after[0] - before[0] if before is not None else 0.0
+            was = self._idle.get(guest.name, False)
+            idle = idle_now(was, busy, span, self.idle_settings)
+            if busy is None or span >= self.idle_settings.min_span_s:
+                self._cpu_reads[guest.name] = after  # short spans accumulate into the next read
+            if idle != was:
+                notes.append(f"{guest.name}: {'idle' if idle else 'busy again'} "
+                             f"({busy:.2f} of a pCPU per vCPU over {span:.1f} s)")
+                self.smoother.reset([guest.name])
+            self._idle[guest.name] = idle
+            marked.append(replace(guest, idle=idle))
+        return marked
+
+    def _guest_stats(self, guests: Sequence[GuestView], decision: Decision, raw: Mapping[str, float],
+                     plan: dict[str, Any] | None, now: float) -> dict[str, dict[str, Any]]:
+        """Per protected guest: raw and smoothed ζ/ζb, floor, state, throttles applied and time below
+        its floor so far (the span since the previous round counts as below when that round was)."""
+        applied: dict[str, int] = {}
+        if plan is not None:
+            done = {a["guest"] for a in plan["actions"] if a["kind"] == "throttle" and a["state"] == "succeeded"}
+            for step in decision.steps:
+                if step.kind == "throttle" and step.guest in done:
+                    applied[step.protects] = applied.get(step.protects, 0) + 1
+        stats = {}
+        for verdict in decision.verdicts:
+            counters = self._counters.setdefault(verdict.guest, {"throttles_applied": 0, "below_floor_s": 0.0})
+            below_at = self._below_since.pop(verdict.guest, None)
+            if below_at is not None:
+                counters["below_floor_s"] += max(0.0, now - below_at)
+            if verdict.state in ("below", "cannot-hold"):
+                self._below_since[verdict.guest] = now
+            counters["throttles_applied"] += applied.get(verdict.guest, 0)
+            stats[verdict.guest] = {
+                "floor": verdict.floor, "state": verdict.state,
+                "ratio": None if verdict.ratio is None else round(verdict.ratio, 4),
+                "ratio_raw": None if verdict.guest not in raw else round(raw[verdict.guest], 4),
+                "throttles_applied": int(counters["throttles_applied"]),
+                "below_floor_s": round(counters["below_floor_s"], 3),
+            }
+        seen = {g.name for g in guests if g.protection.protected and g.running}
+        for name in [n for n in self._below_since if n not in seen]:
+            del self._below_since[name]
+        return stats
 
     # ----- reading the host ---------------------------------------------------------------------
     def _observe(self, notes: list[str]) -> list[GuestView]:

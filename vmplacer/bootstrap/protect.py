@@ -9,13 +9,16 @@ import time
 from collections.abc import Sequence
 
 from vmplacer.adapters.libvirt_freeze import labels_from_xml
+from vmplacer.adapters.protect_history import ProtectHistory
 from vmplacer.app.profiler import SensitiveSelector
 from vmplacer.app.protect import Measurement, ProtectLoop
 from vmplacer.bootstrap.container import Container
 from vmplacer.bootstrap.profiler import build_profiler
 from vmplacer.bootstrap.profiler_config import profiler_config
 from vmplacer.bootstrap.rebalance import build_rebalancer
+from vmplacer.config import ProtectSettings
 from vmplacer.core.protect import LoopSettings
+from vmplacer.core.protect_cadence import CadenceSettings
 from vmplacer.ports import DomainFacts
 
 
@@ -41,8 +44,10 @@ class _ProtectHost:
 
 
 def build_protect_loop(container: Container, host_name: str, *, scope: Sequence[str] = ("*",),
-                       samples: int = 5, t_m_s: float | None = None, holder: str = "protect") -> ProtectLoop:
-    """A ready loop for one host; `scope` (globs) limits the guests it reads, freezes and may throttle."""
+                       samples: int = 5, t_m_s: float | None = None, holder: str = "protect",
+                       interval_s: float | None = None, record: bool = True) -> ProtectLoop:
+    """A ready loop for one host; `scope` (globs) limits the guests it reads, freezes and may throttle;
+    `samples` and `interval_s` are its fast pace (it backs off from there while floors hold)."""
     settings = container.settings
     protect = settings.protect
     t_m = t_m_s if t_m_s is not None else settings.profiler.t_m_ms / 1e3
@@ -52,7 +57,7 @@ def build_protect_loop(container: Container, host_name: str, *, scope: Sequence[
     def in_scope(name: str) -> bool:
         return any(fnmatch.fnmatchcase(name, p) for p in patterns)
 
-    def measure(names: list[str]) -> Measurement:
+    def measure(names: list[str], samples: int) -> Measurement:
         # Short freezes, close together: a protection round must answer within its interval.
         config = profiler_config(settings.profiler, t_m_s=t_m, t_sleep_s=max(0.05, t_m * 2),
                                  max_freeze_s=max(0.5, t_m * 4), samples=samples, scope=patterns,
@@ -79,4 +84,13 @@ def build_protect_loop(container: Container, host_name: str, *, scope: Sequence[
         clock=rebalancer.clock, wall=time.time, defaults=protect.defaults,
         settings=LoopSettings(step=protect.step, release_margin=protect.release_margin),
         model=container.load_model, propose=propose, scope=in_scope,
+        cadence=cadence_of(protect, samples, interval_s), t_m_s=t_m,
+        history=ProtectHistory.in_data_dir(settings.data_dir).append if record else None,
     )
+
+
+def cadence_of(protect: ProtectSettings, samples: int, interval_s: float | None) -> CadenceSettings:
+    fast = interval_s if interval_s is not None else protect.interval_s
+    return CadenceSettings(fast_interval_s=fast, slow_interval_s=max(fast, protect.slow_interval_s),
+                           fast_samples=samples, slow_samples=min(2, samples), budget=protect.freeze_budget,
+                           window_s=protect.budget_window_s)

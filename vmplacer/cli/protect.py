@@ -2,13 +2,15 @@
 
     vmplacer protect --host H [--once | --rounds N] [--interval 2s] [--scope GLOB ...]
                      [--samples N] [--t-m-ms MS] [--format table|json]
-    vmplacer protect status [--host H] [--format table|json]
+    vmplacer protect status [--host H] [--format table|json] [--plot FILE.png] [--since DURATION]
 
 Runs in the foreground (systemd/vmplacer-protect@.service runs it per host). Each round profiles
 the protected guests with short Freeze'nSense rounds, asks the interference model who costs them
 their performance, and throttles or releases throttleable neighbours one step through a stored
-plan (shown by `vmplacer plans`). `status` lists the throttles in force that vmplacer set (the
-throttle ledger) with the share libvirt shows now. Policy and limits: docs/protect.md. Exit codes: 0 done
+plan (shown by `vmplacer plans`). `status` shows each protected guest as its loop last saw it
+(smoothed ζ/ζb, floor, throttles applied, time below the floor, the freeze budget) and the throttles
+in force that vmplacer set (the throttle ledger) with the share libvirt shows now; `--plot` draws
+ζ/ζb and throttle levels over time from the loop's recorded rounds. Policy and limits: docs/protect.md. Exit codes: 0 done
 (or stopped by a signal); 1 the host or the database failed; 2 bad input.
 """
 
@@ -46,8 +48,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     runs = parser.add_mutually_exclusive_group()
     runs.add_argument("--once", action="store_true", help="one round, then exit")
     runs.add_argument("--rounds", type=int, metavar="N", help="this many rounds, then exit (default: until stopped)")
-    parser.add_argument("--interval", metavar="DURATION", help="time between round starts (default: the config's "
-                        "protect.interval_s)")
+    parser.add_argument("--interval", metavar="DURATION", help="time between round starts while acting or near a "
+                        "floor (default: the config's protect.interval_s); the loop backs off to "
+                        "protect.slow_interval_s while every floor holds with margin")
     parser.add_argument("--scope", action="append", metavar="GLOB",
                         help="only guests whose names match (repeatable; default every guest): read, frozen and "
                         "throttled only within it")
@@ -55,6 +58,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="ζ and ζb samples per protected guest per round (default 5)")
     parser.add_argument("--t-m-ms", type=float, metavar="MS",
                         help="Freeze'nSense window (default: the config's profiler.t_m_ms)")
+    parser.add_argument("--plot", metavar="FILE.png", help="status: draw ζ/ζb and throttle shares over time into "
+                        "this PNG (from the rounds the loop recorded)")
+    parser.add_argument("--since", metavar="DURATION", help="status --plot: only the last DURATION (e.g. 30m; "
+                        "default all that is recorded)")
     add_format_argument(parser)
     parser.set_defaults(func=run)
 
@@ -82,8 +89,8 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
             raise UsageError("--scope: a glob must not be empty")
     interval = (parse_duration(args.interval, "--interval", "s") if args.interval
                 else ctx.settings.protect.interval_s)
-    if interval <= 0:
-        raise UsageError(f"--interval: must be longer than 0, got {args.interval}")
+    if not 0.2 <= interval <= 3600:
+        raise UsageError(f"--interval: must be 0.2 s..1 h, got {args.interval}")
     rounds = 1 if args.once else args.rounds
 
     from vmplacer.bootstrap.protect import build_protect_loop
@@ -97,8 +104,9 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     try:
         ctx.container.upgrade_database()
         loop = build_protect_loop(ctx.container, args.host, scope=tuple(args.scope or ("*",)),
-                                  samples=args.samples, t_m_s=None if args.t_m_ms is None else args.t_m_ms / 1e3)
-        loop.run(interval_s=interval, rounds=rounds, stop=lambda: stopping["now"],
+                                  samples=args.samples, t_m_s=None if args.t_m_ms is None else args.t_m_ms / 1e3,
+                                  interval_s=interval)
+        loop.run(rounds=rounds, stop=lambda: stopping["now"],
                  on_round=lambda report: _print(args, report.to_dict()))
     except KeyboardInterrupt:
         return EXIT_OK
@@ -112,16 +120,27 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
 def _status(args: argparse.Namespace, ctx: CliContext) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from vmplacer.adapters.db.throttles import SqlThrottleLedger
     from vmplacer.cli.common import emit, print_table
     from vmplacer.ports import HypervisorError
 
     known = [h.name for h in ctx.settings.hosts]
     if args.host is not None and args.host not in known:
         raise UsageError(f"--host {args.host!r}: not a configured host (configured: {', '.join(known)})")
+    since_s = parse_duration(args.since, "--since", "s") if args.since else None
+    if since_s is not None and since_s <= 0:
+        raise UsageError(f"--since: must be longer than 0, got {args.since}")
+    if args.plot is not None and not args.plot.lower().endswith(".png"):
+        raise UsageError(f"--plot {args.plot!r}: must name a .png file")
+    hosts = [args.host] if args.host is not None else known
+    from vmplacer.adapters.protect_history import ProtectHistory
+
+    history = ProtectHistory.in_data_dir(ctx.settings.data_dir)
+    if args.plot is not None:
+        return _plot(args, history, hosts, since_s)
+    guests, loops = _guest_rows(history, hosts)
     try:
         ctx.container.upgrade_database()
-        records = SqlThrottleLedger(ctx.container.sessions).current(args.host)
+        records = ctx.container.throttle_ledger.current(args.host)
     except SQLAlchemyError as exc:
         raise OperationalError(f"database: {exc}") from None
     rows = []
@@ -134,12 +153,64 @@ def _status(args: argparse.Namespace, ctx: CliContext) -> int:
                      "live_share": round(live, 4) if isinstance(live, float) else live,
                      "original_share": round(record.original.share, 4), "protects": record.protects,
                      "age_s": round(record.age_s, 1), "plan_id": record.plan_id, "reason": record.reason})
-    emit(args, rows, lambda data: print_table(
-        "throttles vmplacer set" + ("" if data else ": none"),
-        ("host", "guest", "share", "libvirt shows", "before", "protects", "age", "plan"),
-        [(r["host"], r["guest"], f"{r['share']:.2f}", r["live_share"] if isinstance(r["live_share"], str)
-          else f"{r['live_share']:.2f}", f"{r['original_share']:.2f}", r["protects"], f"{r['age_s']:.0f} s",
-          r["plan_id"] or "") for r in data]))
+    def table(data: dict[str, Any]) -> None:
+        print_table("protected guests (as their loop last saw them)" + ("" if data["guests"] else ": none recorded"),
+                    ("host", "guest", "ζ/ζb", "floor", "state", "throttles applied", "below floor", "round age"),
+                    [(g["host"], g["guest"], "-" if g["ratio"] is None else f"{g['ratio']:.2f}", f"{g['floor']:.2f}",
+                      g["state"], g["throttles_applied"], f"{g['below_floor_s']:.0f} s", f"{g['round_age_s']:.0f} s")
+                     for g in data["guests"]])
+        if data["loops"]:
+            print_table("freeze budget", ("host", "frozen share", "budget", "window", "next round in", "samples"),
+                        [(h["host"], f"{h['freeze_share'] * 100:.2f} %", f"{h['freeze_budget'] * 100:.2f} %",
+                          f"{h['window_s']:.0f} s", f"{h['interval_s']:.0f} s", h["samples"]) for h in data["loops"]])
+        rows = data["throttles"]
+        print_table(
+            "throttles vmplacer set" + ("" if rows else ": none"),
+            ("host", "guest", "share", "libvirt shows", "before", "protects", "age", "plan"),
+            [(r["host"], r["guest"], f"{r['share']:.2f}", r["live_share"] if isinstance(r["live_share"], str)
+              else f"{r['live_share']:.2f}", f"{r['original_share']:.2f}", r["protects"], f"{r['age_s']:.0f} s",
+              r["plan_id"] or "") for r in rows])
+
+    emit(args, {"guests": guests, "loops": loops, "throttles": rows}, table)
+    return EXIT_OK
+
+
+def _guest_rows(history: Any, hosts: list[str]) -> tuple[list[dict[str, Any]], list[dict[str, Any]]]:
+    """Per protected guest and per host loop: the newest recorded round."""
+    import time
+
+    guests, loops = [], []
+    for host in hosts:
+        record = history.latest(host)
+        if record is None:
+            continue
+        age = max(0.0, time.time() - float(record.get("at", 0.0)))
+        budget, pace = record.get("budget") or {}, record.get("pace") or {}
+        loops.append({"host": host, "round_age_s": round(age, 1), "freeze_share": budget.get("share", 0.0),
+                      "freeze_budget": budget.get("max_share", 0.0), "window_s": budget.get("window_s", 0.0),
+                      "interval_s": pace.get("interval_s", 0.0), "samples": pace.get("samples", 0)})
+        for name, stats in sorted((record.get("guests") or {}).items()):
+            guests.append({"host": host, "guest": name, "ratio": stats.get("ratio"), "floor": stats.get("floor"),
+                           "state": stats.get("state"), "throttles_applied": stats.get("throttles_applied", 0),
+                           "below_floor_s": stats.get("below_floor_s", 0.0), "round_age_s": round(age, 1)})
+    return guests, loops
+
+
+def _plot(args: argparse.Namespace, history: Any, hosts: list[str], since_s: float | None) -> int:
+    import time
+
+    from vmplacer.cli.protect_plot import draw
+
+    since = time.time() - since_s if since_s is not None else None
+    rounds = [r for host in hosts for r in history.read(host, since=since)]
+    if not rounds:
+        raise OperationalError(f"no recorded protection rounds for {', '.join(hosts)}"
+                               + (f" in the last {args.since}" if args.since else "") + ": nothing to plot")
+    try:
+        drawn = draw(rounds, args.plot)
+    except OSError as exc:
+        raise OperationalError(f"--plot {args.plot}: {exc}") from None
+    print(f"{args.plot}: {drawn} series over {len(rounds)} rounds")
     return EXIT_OK
 
 
@@ -158,8 +229,12 @@ def _print(args: argparse.Namespace, data: dict[str, Any]) -> None:
               f"({step['reason']})")
     if data["plan"]:
         print(f"  plan {data['plan']['id']}: {data['plan']['state']}")
+    budget, pace = data.get("budget") or {}, data.get("pace") or {}
     print(f"  neighbours frozen {data['frozen_ms']:.0f} ms this round; since start "
-          f"{data['freeze_overhead'] * 100:.2f} % of the time")
+          f"{data['freeze_overhead'] * 100:.2f} % of the time; last {budget.get('window_s', 0):.0f} s "
+          f"{budget.get('share', 0.0) * 100:.2f} % (budget {budget.get('max_share', 0.0) * 100:.2f} %); "
+          f"next round in {pace.get('interval_s', 0.0):.0f} s with {pace.get('samples', 0)} samples "
+          f"({pace.get('reason', '')})")
     for note in data["notes"]:
         sys.stderr.write(f"note: {note}\n")
     sys.stdout.flush()

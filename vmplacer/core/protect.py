@@ -14,9 +14,11 @@ that neighbour got one step less CPU (`attribute`). Then, per protected guest:
   one step of the throttles set for it, unless the model predicts that step
   would take it below floor + margin (hysteresis: the band between floor and
   floor + margin holds still, so the loop does not oscillate);
-* protected guest gone, stopped, or no longer protected → release every
-  throttle set for it at once; a throttled guest that is no longer
-  throttleable is released at once too.
+* protected guest gone, stopped, idle, or no longer protected → release
+  every throttle set for it at once; a throttled guest that is no longer
+  throttleable is released at once too. Idle means running but using almost
+  no CPU (`cpu_busy`, `idle_now`): it gives no valid ζ/ζb and needs no
+  protection; when it gets busy again it is measured and throttled again.
 
 Pure: no clock, no I/O; the app layer measures, applies and remembers.
 """
@@ -65,6 +67,7 @@ class GuestView:
     demand: float = 1.0  # share of a pCPU each vCPU asks for (1.0 when not measured)
     key: str = ""  # workload key for the model (default: the name)
     workload_class: str = "unknown"
+    idle: bool = False  # running but using almost no CPU (see idle_now)
 
 
 @dataclass(frozen=True)
@@ -98,7 +101,7 @@ class Verdict:
     guest: str
     floor: float
     ratio: float | None
-    state: str  # "below" | "held" | "headroom" | "unmeasured" | "cannot-hold"
+    state: str  # "below" | "held" | "headroom" | "unmeasured" | "cannot-hold" | "idle"
     message: str
 
     def to_dict(self) -> dict[str, Any]:
@@ -191,6 +194,11 @@ def decide(guests: Sequence[GuestView], throttles: Iterable[Throttle], gains: Ma
     for victim in sorted((g for g in guests if g.protection.protected and g.running), key=lambda g: g.name):
         floor = victim.protection.floor
         assert floor is not None
+        if victim.idle:
+            verdicts.append(Verdict(victim.name, floor, None, "idle", "idle (almost no CPU used): nothing to "
+                                    "protect, its throttles released"))
+            new_calm[victim.name] = 0
+            continue
         if victim.ratio is None:
             verdicts.append(Verdict(victim.name, floor, None, "unmeasured", "no ζ/ζb this round: holding"))
             new_calm[victim.name] = 0
@@ -246,7 +254,44 @@ def _reason_gone(victim: GuestView | None, name: str) -> str:
         return f"{name}, which it protected, is not running"
     if not victim.protection.protected:
         return f"{name}, which it protected, is no longer protected"
+    if victim.idle:
+        return f"{name}, which it protected, is idle"
     return ""
+
+
+@dataclass(frozen=True)
+class IdleSettings:
+    idle_below: float = 0.1  # CPU used per vCPU (share of a pCPU) under which a guest counts as idle
+    busy_above: float = 0.2  # ... and over which an idle guest counts as busy again (hysteresis)
+    min_span_s: float = 1.0  # shorter spans between two reads decide nothing
+
+    def __post_init__(self) -> None:
+        if not 0.0 < self.idle_below <= self.busy_above <= 1.0:
+            raise ValueError(f"protect: fields 'idle_below' and 'busy_above' must satisfy 0 < idle_below <= "
+                             f"busy_above <= 1, got {self.idle_below!r}, {self.busy_above!r}")
+
+
+def cpu_busy(before: tuple[float, float] | None, after: tuple[float, float], vcpus: int) -> float | None:
+    """Share of a pCPU each vCPU used between two (wall time, CPU time) reads; None when it cannot
+    be told (no earlier read, no time passed, or the counter went back: the guest restarted)."""
+    if before is None or vcpus < 1:
+        return None
+    span, used = after[0] - before[0], after[1] - before[1]
+    if span <= 0 or used < 0:
+        return None
+    return used / span / vcpus
+
+
+def idle_now(was_idle: bool, busy: float | None, span_s: float, settings: IdleSettings) -> bool:
+    """Idle after this read? Below `idle_below` → idle; above `busy_above` → busy; in between,
+    unknown, or a span too short to judge → as it was."""
+    if busy is None or span_s < settings.min_span_s:
+        return was_idle
+    if busy < settings.idle_below:
+        return True
+    if busy > settings.busy_above:
+        return False
+    return was_idle
 
 
 def _throttle_for(victim: GuestView, floor: float, ratio: float, by_name: Mapping[str, GuestView],

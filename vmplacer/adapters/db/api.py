@@ -246,6 +246,19 @@ class SqlJobStore:
                 JobRow.kind == kind, JobRow.status.in_(("queued", "running"))))
             return [_record(row) for row in rows if host in (row.hosts or ())]
 
+    def request_stop(self, job_id: str, by: str) -> JobRecord | None:
+        """Ask an unfinished job to stop (recorded in its parameters as `stop`; the handler of a
+        job that runs until told, like the protection loop, polls for it). The job as it now is,
+        None when it does not exist; a finished job is returned unchanged."""
+        with self.sessions() as session:
+            row = session.get(JobRow, job_id, with_for_update=True)
+            if row is None:
+                return None
+            if row.status in ("queued", "running") and not (row.parameters or {}).get("stop"):
+                row.parameters = {**(row.parameters or {}), "stop": {"by": by, "at": utcnow().timestamp()}}
+                session.commit()
+            return _record(row)
+
     def queued(self, limit: int) -> list[JobRecord]:
         with self.sessions() as session:
             rows = session.scalars(select(JobRow).where(JobRow.status == "queued")
