@@ -103,7 +103,8 @@ def test_the_runner_runs_the_loop_until_deleted_and_the_stop_releases_its_thrott
     host.define_domain("batch", workload="spin", vcpupin=[0], labels={MIN_SHARE_LABEL: "0.2"})
     jobs, leases = SqlJobStore(sessions), SqlLeaseStore(sessions)
     services = SimpleNamespace(jobs=jobs, instance="instance-1", options=SimpleNamespace(lease_ttl_s=30.0),
-                               container=SimpleNamespace(sessions=sessions),
+                               container=SimpleNamespace(sessions=sessions, lease_store=leases,
+                                                         throttle_ledger=SqlThrottleLedger(sessions)),
                                metrics=SimpleNamespace(libvirt_error=lambda exc: None))
     clock = _PacedClock(sim.clock)
 
