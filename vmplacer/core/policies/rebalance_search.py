@@ -803,7 +803,7 @@ class _Search:
             report: dict = {"hosts": group}
             self.exact.append(report)
             if budget <= 0:
-                report.update(status="skipped", why=f"solver budget of {settings.exact_budget_s:g} s spent")
+                report.update(status="skipped", why=f"solver budget of {settings.exact_budget_s:g} deterministic s spent")
                 continue
             try:
                 problem, solution = solve_hosts(self, self.solver, group, min(settings.exact_time_s, budget))
@@ -814,7 +814,7 @@ class _Search:
             if solution is None:
                 report.update(status="no solution", why="no layout (at most one time-shared pCPU) keeps every rule")
                 continue
-            budget -= solution.seconds
+            budget -= solution.spent
             report.update(solution.to_dict())
             if problem.hint is not None:
                 report["before"] = round(problem.objective(problem.hint), 6)

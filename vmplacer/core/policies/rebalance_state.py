@@ -68,8 +68,8 @@ class RebalanceSettings:
     exhaustive_limit: int = 20000  # layouts per host the exhaustive check may enumerate
     guess_weight: float = 0.5  # share of a predicted interference change its data do not identify that counts
     exact_max_cpus: int = 16  # hosts with at most this many usable pCPUs get an exact solver's layout
-    exact_time_s: float = 1.0  # solver budget per host (or group of small hosts solved together)
-    exact_budget_s: float = 3.0  # solver budget per plan, all hosts together
+    exact_time_s: float = 1.0  # solver budget per host (or group of small hosts solved together), deterministic s
+    exact_budget_s: float = 3.0  # solver budget per plan, all hosts together (deterministic s: load-independent)
 
     def __post_init__(self) -> None:
         for name in ("min_gain", "min_migration_gain", "cooldown_s", "horizon_s", "copy_slowdown",
