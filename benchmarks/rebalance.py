@@ -62,11 +62,17 @@ FULL_HOST_GAIN_TARGET = 0.03  # mean gain over the blind spread on full hosts
 PLAN_TARGET_S = 5.0
 EXACT_MAX_CPUS = 16
 FULL_HOST = "1 host, 4 cores x 2 threads, 8 VMs"
+OVERCOMMITTED = "1 host, 4 cores x 2 threads, 9 VMs (overcommitted)"
+# (label, hosts, VMs, host shape, workload mix)
 SHAPES = (
-    ("1 host, 4 cores x 2 threads, 4 VMs", 1, 4, HostShape(1, 4, 2)),  # the seed's relocation experiment
-    ("2 hosts, 2 cores x 2 threads, 4 VMs", 2, 4, HostShape(1, 2, 2)),  # migrations count
-    ("1 host, 2 nodes x 4 cores x 2 threads, 8 VMs", 1, 8, HostShape(2, 4, 2)),  # NUMA
-    (FULL_HOST, 1, 8, HostShape(1, 4, 2)),  # every pCPU busy: which guests share a core decides
+    ("1 host, 4 cores x 2 threads, 4 VMs", 1, 4, HostShape(1, 4, 2), "any"),  # the seed's relocation experiment
+    ("2 hosts, 2 cores x 2 threads, 4 VMs", 2, 4, HostShape(1, 2, 2), "any"),  # migrations count
+    ("1 host, 2 nodes x 4 cores x 2 threads, 8 VMs", 1, 8, HostShape(2, 4, 2), "any"),  # NUMA
+    (FULL_HOST, 1, 8, HostShape(1, 4, 2), "any"),  # every pCPU busy: which guests share a core decides
+    # every pCPU busy, half the guests cache-hungry and half compute-bound: pairing decides most
+    ("1 host, 4 cores x 2 threads, 8 VMs, hungry + compute", 1, 8, HostShape(1, 4, 2), "hungry-compute"),
+    (OVERCOMMITTED, 1, 9, HostShape(1, 4, 2), "any"),  # more vCPUs than pCPUs: who time-shares decides
+    (OVERCOMMITTED + ", hungry + compute", 1, 9, HostShape(1, 4, 2), "hungry-compute"),
 )
 
 
@@ -103,13 +109,14 @@ def run_cases(seeds: int, shapes=SHAPES, names: set[str] | None = None) -> list[
         if names and path.name not in names:
             continue
         table = parse_pairs(path.read_text(), path.name)
-        for label, hosts, vms, shape in shapes:
+        for label, hosts, vms, shape, mix in shapes:
             for start in ("siblings", "random"):
                 for seed in range(seeds):
                     began = time.perf_counter()
-                    row = evaluate_case(table, Case(start, hosts, vms, shape, seed), matrix=path.name,
+                    row = evaluate_case(table, Case(start, hosts, vms, shape, seed, mix), matrix=path.name,
                                         simulator=simulator, solver=solver, best=best)
                     row["shape"] = label
+                    row["mix"] = mix
                     row["seconds"] = round(time.perf_counter() - began, 2)
                     rows.append(row)
                     verdict = row["vmplacer_vs_simple"]["verdict"]
@@ -136,6 +143,9 @@ def summarize(rows: list[dict]) -> dict:
         full = [r for r in mine if r["shape"] == FULL_HOST]
         full_gain = statistics.mean(r["vmplacer"] - r["blind_spread"] for r in full) if full else None
         full_best = statistics.mean(r["optimum"] - r["blind_spread"] for r in full if r["optimum"]) if full else None
+        groups = {"full_host_hungry_compute": [r for r in mine if r["shape"].startswith(FULL_HOST + ",")],
+                  "overcommitted": [r for r in mine if r["shape"] == OVERCOMMITTED],
+                  "overcommitted_hungry_compute": [r for r in mine if r["shape"].startswith(OVERCOMMITTED + ",")]}
         summary[matrix] = {
             "cases": len(mine),
             "mean_gain": {p: round(g, 4) for p, g in gains.items()},
@@ -150,7 +160,10 @@ def summarize(rows: list[dict]) -> dict:
                 "cases": len(full),
                 "mean_gain_over_blind_spread": round(full_gain, 4),
                 "optimum_gain_over_blind_spread": round(full_best, 4),
+                # the target is out of reach when even the optimum is less than 3 points above spreading
+                "target_reachable": full_best is not None and full_best >= FULL_HOST_GAIN_TARGET,
             },
+            **{name: _group(rows) for name, rows in groups.items()},
             "targets": {
                 "vmplacer_ge_99pct_optimum": all(x >= OPTIMUM_SHARE_TARGET for x in shares),
                 "no_real_loss_to_simple_rules": verdicts.count("search") + verdicts.count("model") == 0,
@@ -158,6 +171,41 @@ def summarize(rows: list[dict]) -> dict:
             },
         }
     return summary
+
+
+def _group(rows: list[dict]) -> dict | None:
+    """Mean gains over the blind spread of a group of cases (vmplacer's and the optimum's)."""
+    if not rows:
+        return None
+    return {
+        "cases": len(rows),
+        "mean_gain_over_blind_spread": round(statistics.mean(r["vmplacer"] - r["blind_spread"] for r in rows), 4),
+        "optimum_gain_over_blind_spread": round(statistics.mean(r["optimum"] - r["blind_spread"] for r in rows
+                                                                if r["optimum"] is not None), 4),
+        "min_gain_over_blind_spread": round(min(r["vmplacer"] - r["blind_spread"] for r in rows), 4),
+        "share_of_optimum_min": round(min(r["share_of_optimum"]["vmplacer"] for r in rows
+                                          if r["share_of_optimum"] is not None), 4),
+    }
+
+
+def below_simple_rules(rows: list[dict]) -> list[dict]:
+    """Every case more than 0.5 % below a simple rule: why, and for a declined gain, the gain and
+    the threshold that declined it (those are counted apart from real losses)."""
+    found = []
+    for r in rows:
+        v = r["vmplacer_vs_simple"]
+        if v["verdict"] == "ok":
+            continue
+        entry = {"matrix": r["matrix"], "shape": r["shape"], "start": r["start"], "seed": r["seed"],
+                 "verdict": v["verdict"], "versus": v["versus"], "deficit": v["deficit"],
+                 "share_of_optimum": None if r["share_of_optimum"] is None else r["share_of_optimum"]["vmplacer"],
+                 "why": v.get("why", "")}
+        if v["verdict"] == "declined" and v.get("declined"):
+            top = max(v["declined"], key=lambda d: d.get("predicted_gain", 0.0))
+            entry["declined"] = {k: top.get(k) for k in ("move", "predicted_gain", "sure_gain", "threshold",
+                                                         "declined_by")}
+        found.append(entry)
+    return found
 
 
 def optimum_known(rows: list[dict]) -> bool:
@@ -225,11 +273,25 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one seed, no planning-time run")
     parser.add_argument("--shape", action="append", help="only this shape (a label; repeatable)")
     parser.add_argument("--matrix", action="append", help="only this pair file (a file name; repeatable)")
+    parser.add_argument("--rows-out", help="write only the case rows to this file (a part run in parallel)")
+    parser.add_argument("--rows-from", action="append",
+                        help="take the case rows from this file of --rows-out (repeatable) instead of running them")
     args = parser.parse_args(argv)
     began = time.perf_counter()
     load_before = os.getloadavg()
     shapes = [s for s in SHAPES if not args.shape or s[0] in args.shape]
-    rows = run_cases(1 if args.quick else args.seeds, shapes, set(args.matrix or ()))
+    if args.rows_from:
+        parts = [json.loads(Path(f).read_text()) for f in args.rows_from]
+        rows = [r for part in parts for r in part["cases"]]
+        load_before = tuple(min(part["load_average"]["start"][i] for part in parts) for i in range(3))
+    else:
+        rows = run_cases(1 if args.quick else args.seeds, shapes, set(args.matrix or ()))
+    if args.rows_out:
+        Path(args.rows_out).write_text(json.dumps({
+            "cases": rows, "seconds": round(time.perf_counter() - began, 1),
+            "load_average": {"start": [round(x, 2) for x in load_before],
+                             "end": [round(x, 2) for x in os.getloadavg()]}}, indent=1) + "\n")
+        return 0
     scale = None if args.quick else plan_at_scale()
     summary = summarize(rows)
     verdicts = [r["vmplacer_vs_simple"]["verdict"] for r in rows]
@@ -247,6 +309,17 @@ def main(argv: list[str] | None = None) -> int:
             "declined": verdicts.count("declined"),
             "search": verdicts.count("search"),
             "model": verdicts.count("model"),
+            "real_losses": verdicts.count("search") + verdicts.count("model"),
+            "list": below_simple_rules(rows),
+        },
+        "share_of_optimum": {
+            "cases_with_optimum": sum(1 for r in rows if r["optimum"] is not None),
+            "cases_ge_99pct": sum(1 for r in rows if r["share_of_optimum"] is not None
+                                  and r["share_of_optimum"]["vmplacer"] >= OPTIMUM_SHARE_TARGET),
+            "below_99pct": [{"matrix": r["matrix"], "shape": r["shape"], "start": r["start"], "seed": r["seed"],
+                             "vmplacer": r["share_of_optimum"]["vmplacer"]} for r in rows
+                            if r["share_of_optimum"] is not None
+                            and r["share_of_optimum"]["vmplacer"] < OPTIMUM_SHARE_TARGET],
         },
         "targets": {
             "no_real_loss_to_simple_rules": verdicts.count("search") + verdicts.count("model") == 0,
@@ -254,6 +327,13 @@ def main(argv: list[str] | None = None) -> int:
             "optimum_known_for_every_case_up_to_16_pcpus": optimum_known(rows),
             "full_host_gain_over_blind_ge_3_points_every_matrix": all(
                 s["targets"]["full_host_gain_over_blind_ge_3_points"] is not False for s in summary.values()),
+            # where 3 points are out of reach (the optimum itself is closer to spreading), within 1 point of it
+            "full_host_gain_over_blind_ge_3_points_where_reachable": all(
+                s["full_host"] is None or s["targets"]["full_host_gain_over_blind_ge_3_points"]
+                or (not s["full_host"]["target_reachable"]
+                    and s["full_host"]["optimum_gain_over_blind_spread"] - s["full_host"]["mean_gain_over_blind_spread"]
+                    <= 0.01)
+                for s in summary.values()),
             "plan_100x40_under_5s": None if scale is None else scale["median_s"] < PLAN_TARGET_S,
         },
         "total_s": round(time.perf_counter() - began, 1),

@@ -22,6 +22,7 @@ from vmplacer.core.nofit import NoFit
 from vmplacer.core.occupancy import HostUsage, memory_by_node
 from vmplacer.core.placement import GuestCell, Placement
 from vmplacer.core.policies.rebalance_exact import NotExact, layout_changes, solve_hosts
+from vmplacer.core.policies.rebalance_pessimistic import choose_pessimistically
 from vmplacer.core.policies.rebalance_layout import (
     BetaTable,
     _Host,
@@ -89,6 +90,7 @@ class _Search:
         self.solver = solver
         self.exact: list[dict] = []  # what the exact solver found, per host group
         self.declined: list[dict] = []  # gains the search saw and did not take, and why
+        self.pessimistic: list[dict] = []  # each host's layout against the blind spread, at the lower bound
         self.model = model
         self.settings = settings
         self.betas = BetaTable(model)
@@ -708,10 +710,12 @@ class _Search:
 
     def run(self) -> None:
         """Climb (single moves, swaps, pools, relocations, migrations); then, where hosts are
-        small, an exact solver's layout from where the climb stopped; then climb again."""
+        small, an exact solver's layout from where the climb stopped; then climb again; then
+        each host's layout against the blind spread, judged at the lower confidence bound."""
         self._climb()
         if self.solver is not None and self._polish():
             self._climb()
+        choose_pessimistically(self)
 
     def _climb(self) -> None:
         settings = self.settings
