@@ -11,11 +11,11 @@ deviations of what the coefficients of the pairs whose distance differs between
 F and S may be wrong by (`_Host.pair_spread`: few observations, or none at that
 distance), or when the two are predicted equal (fewer moves). Otherwise the
 host ends spread, provided the spread itself clears the plan's usual bar
-against the start (a sure gain of `min_gain`). A layout backed by data keeps its
-gain; one whose predicted advantage rests on unobserved pairs does not beat the
-spread. The next run starts from the spread, and the climb leaves it only by
-moves whose gain is sure and, again, for a layout whose advantage holds at its
-lower bound.
+against the start (a sure gain of `min_gain`); a host that starts spread (an
+earlier run spread it) stays so unless the model's layout holds at the same
+bound; a host whose start the model rates above the spread keeps the search's
+moves. A layout backed by data keeps its gain; one whose predicted advantage
+rests on few or unobserved pairs does not beat the spread.
 """
 
 from __future__ import annotations
@@ -126,9 +126,12 @@ def choose_pessimistically(search: _Search) -> bool:
         report["spread"] = {"advantage": round(advantage, 4), "sd": round(sigma, 4),
                             "sure_gain_from_start": round(sure, 4)}
         if sure < settings.min_gain:
-            # the spread is no move worth making from where the host started: the model's
-            # layout competes with staying there instead
             start = {g: dict(search.original[g].placement.vcpupin) for g in layout}
+            if start != layout:  # the start is better than the spread: the model's moves from it stand
+                report["kept"] = "model (the spread does not clear the minimum gain from the start)"
+                search.pessimistic.append(report)
+                continue
+            # the host is spread already (an earlier run spread it): leaving it must pass the same bound
             found = _compare(search, host, start, "stay")
             if found is None:
                 continue

@@ -66,7 +66,7 @@ class RebalanceSettings:
     probe_seconds: float = 5.0
     pin_floating_guests: bool = False  # also pin guests vmplacer did not place and that float
     exhaustive_limit: int = 20000  # layouts per host the exhaustive check may enumerate
-    pessimism: float = 1.0  # standard deviations a layout's predicted advantage over the blind spread must clear
+    pessimism: float = 1.5  # standard deviations a layout's predicted advantage over the blind spread must clear
     guess_weight: float = 0.5  # share of a predicted interference change its data do not identify that counts
     exact_max_cpus: int = 16  # hosts with at most this many usable pCPUs get an exact solver's layout
     exact_time_s: float = 1.0  # solver budget per host (or group of small hosts solved together), deterministic s
