@@ -50,6 +50,9 @@ def spread_layout(search: _Search, host: _Host) -> dict[str, dict[int, frozenset
             for c in cpus:
                 cpu_load[c] = cpu_load.get(c, 0.0) + 1.0 / len(cpus)
     core_of = {c: host.topology.cpus[c].core for c in host.cpus}
+    core_load: dict[int, float] = {}
+    for cpu, load in cpu_load.items():
+        core_load[core_of[cpu]] = core_load.get(core_of[cpu], 0.0) + load
     layout: dict[str, dict[int, frozenset[int]]] = {}
     for name in movable:
         nodes = _locality_nodes(host, host.guests[name], host.pins[name])
@@ -58,12 +61,10 @@ def spread_layout(search: _Search, host: _Host) -> dict[str, dict[int, frozenset
             return None
         pins: dict[int, frozenset[int]] = {}
         for vcpu in sorted(host.pins[name]):
-            def crowding(c: int) -> tuple:
-                core = sum(load for cpu, load in cpu_load.items() if core_of[cpu] == core_of[c])
-                return (cpu_load[c], core, c)
-            cpu = min(allowed, key=crowding)
+            cpu = min(allowed, key=lambda c: (cpu_load[c], core_load[core_of[c]], c))
             pins[vcpu] = frozenset({cpu})
             cpu_load[cpu] += 1.0
+            core_load[core_of[cpu]] += 1.0
         layout[name] = pins
     return layout
 
