@@ -102,7 +102,8 @@ def best(table, case, start):
                         cores=case.shape.cores_per_node, threads=case.shape.threads_per_core)
 
 
-def run_cases(seeds: int, shapes=SHAPES, names: set[str] | None = None) -> list[dict]:
+def run_cases(seeds: int, shapes=SHAPES, names: set[str] | None = None,
+              pessimism: float | None = None) -> list[dict]:
     rows = []
     solver = CpSatLayoutSolver()
     for path in matrices():
@@ -113,8 +114,10 @@ def run_cases(seeds: int, shapes=SHAPES, names: set[str] | None = None) -> list[
             for start in ("siblings", "random"):
                 for seed in range(seeds):
                     began = time.perf_counter()
+                    settings = RebalanceSettings(max_actions=vms, **(
+                        {} if pessimism is None else {"pessimism": pessimism}))
                     row = evaluate_case(table, Case(start, hosts, vms, shape, seed, mix), matrix=path.name,
-                                        simulator=simulator, solver=solver, best=best)
+                                        simulator=simulator, solver=solver, best=best, settings=settings)
                     row["shape"] = label
                     row["mix"] = mix
                     row["seconds"] = round(time.perf_counter() - began, 2)
@@ -208,6 +211,34 @@ def below_simple_rules(rows: list[dict]) -> list[dict]:
     return found
 
 
+def _baseline(rows: list[dict], base: list[dict], label: str) -> dict:
+    """The same cases run with other settings: means, shares and losses side by side."""
+    def key(r):
+        return (r["matrix"], r["shape"], r["start"], r["seed"])
+    pairs = [(r, b) for b in base for r in rows if key(r) == key(b)]
+    by_matrix = {}
+    for matrix in sorted({r["matrix"] for r, _ in pairs}):
+        mine = [(r, b) for r, b in pairs if r["matrix"] == matrix]
+        by_matrix[matrix] = {
+            "vmplacer_mean": round(statistics.mean(r["vmplacer"] for r, _ in mine), 4),
+            "baseline_mean": round(statistics.mean(b["vmplacer"] for _, b in mine), 4),
+            "cases_ge_99pct_optimum": sum(1 for r, _ in mine if r["share_of_optimum"]["vmplacer"] >= OPTIMUM_SHARE_TARGET),
+            "baseline_cases_ge_99pct_optimum": sum(1 for _, b in mine
+                                                   if b["share_of_optimum"]["vmplacer"] >= OPTIMUM_SHARE_TARGET),
+        }
+    verdicts = [b["vmplacer_vs_simple"]["verdict"] for _, b in pairs]
+    return {
+        "label": label, "cases": len(pairs), "by_matrix": by_matrix,
+        "vmplacer_mean": round(statistics.mean(r["vmplacer"] for r, _ in pairs), 4) if pairs else None,
+        "baseline_mean": round(statistics.mean(b["vmplacer"] for _, b in pairs), 4) if pairs else None,
+        "baseline_below_simple_rules": {v: verdicts.count(v) for v in ("declined", "search", "model")},
+        "baseline_cases_below_simple_rules": [{"matrix": b["matrix"], "shape": b["shape"], "start": b["start"],
+                                               "seed": b["seed"], "verdict": b["vmplacer_vs_simple"]["verdict"],
+                                               "deficit": b["vmplacer_vs_simple"]["deficit"]}
+                                              for _, b in pairs if b["vmplacer_vs_simple"]["verdict"] != "ok"],
+    }
+
+
 def optimum_known(rows: list[dict]) -> bool:
     """Every case whose hosts have at most EXACT_MAX_CPUS pCPUs has its optimum."""
     def pcpus(r):
@@ -273,6 +304,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--quick", action="store_true", help="one seed, no planning-time run")
     parser.add_argument("--shape", action="append", help="only this shape (a label; repeatable)")
     parser.add_argument("--matrix", action="append", help="only this pair file (a file name; repeatable)")
+    parser.add_argument("--pessimism", type=float, default=None,
+                        help="standard deviations of the lower bound against the blind spread (default: the "
+                             "product's; 0 turns the check off)")
+    parser.add_argument("--baseline-from", action="append",
+                        help="case rows of a run with other settings (--rows-out files), summarized beside")
+    parser.add_argument("--baseline-label", default="", help="what the baseline run changed")
     parser.add_argument("--rows-out", help="write only the case rows to this file (a part run in parallel)")
     parser.add_argument("--rows-from", action="append",
                         help="take the case rows from this file of --rows-out (repeatable) instead of running them")
@@ -285,7 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for part in parts for r in part["cases"]]
         load_before = tuple(min(part["load_average"]["start"][i] for part in parts) for i in range(3))
     else:
-        rows = run_cases(1 if args.quick else args.seeds, shapes, set(args.matrix or ()))
+        rows = run_cases(1 if args.quick else args.seeds, shapes, set(args.matrix or ()), args.pessimism)
     if args.rows_out:
         Path(args.rows_out).write_text(json.dumps({
             "cases": rows, "seconds": round(time.perf_counter() - began, 1),
@@ -338,6 +375,9 @@ def main(argv: list[str] | None = None) -> int:
         },
         "total_s": round(time.perf_counter() - began, 1),
     }
+    if args.baseline_from:
+        base = [r for f in args.baseline_from for r in json.loads(Path(f).read_text())["cases"]]
+        result["baseline"] = _baseline(rows, base, args.baseline_label)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps({"summary": summary, "below_simple_rules": result["below_simple_rules"],
