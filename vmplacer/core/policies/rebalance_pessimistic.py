@@ -21,23 +21,17 @@ rests on few or unobserved pairs does not beat the spread.
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
 
 import numpy as np
 
+from vmplacer.core.policies.rebalance_layout import _Host, _locality_nodes
 from vmplacer.core.policies.rebalance_state import PINNED
 
-if TYPE_CHECKING:  # pragma: no cover
-    from vmplacer.core.policies.rebalance_layout import _Host
-    from vmplacer.core.policies.rebalance_search import _Move, _Search
 
-
-def spread_layout(search: _Search, host: _Host) -> dict[str, dict[int, frozenset[int]]] | None:
+def spread_layout(search, host: _Host) -> dict[str, dict[int, frozenset[int]]] | None:
     """The blind spread of the host's movable one-pCPU-pinned vCPUs (guest-name order): each on
     the pCPU with the fewest vCPUs, then the emptiest core; others count as load. None when
     nothing may move or the result breaks a rule."""
-    from vmplacer.core.policies.rebalance_layout import _locality_nodes
-
     movable = [n for n in sorted(host.guests) if host.guests[n].mode == PINNED and search.movable(n)
                and n not in search.migrated and all(len(p) == 1 for p in host.pins[n].values())]
     if not movable:
@@ -69,7 +63,7 @@ def spread_layout(search: _Search, host: _Host) -> dict[str, dict[int, frozenset
     return layout
 
 
-def doubt(search: _Search, move: _Move) -> float:
+def doubt(search, move) -> float:
     """Standard deviation of the move's predicted interference change: every pair term that
     changes (who hurts whom, at which distance, with what share of time) counts the variance
     of its coefficient before and after."""
@@ -100,12 +94,10 @@ def doubt(search: _Search, move: _Move) -> float:
     return math.sqrt(variance)
 
 
-def choose_pessimistically(search: _Search) -> bool:
+def choose_pessimistically(search) -> bool:
     """Each host ends at the model's layout, or at the blind spread when the model's advantage
     over it fails at its lower confidence bound (module docstring); True when a host was spread.
     Reports go to `search.pessimistic`."""
-    from vmplacer.core.policies.rebalance_search import _Change, _Move
-
     settings = search.settings
     if settings.pessimism <= 0 or search.betas.empty:
         return False
@@ -156,17 +148,15 @@ def choose_pessimistically(search: _Search) -> bool:
     return changed
 
 
-def _compare(search: _Search, host: _Host, layout: dict[str, dict[int, frozenset[int]]],
-             kind: str) -> tuple[float, float, _Move] | None:
+def _compare(search, host: _Host, layout: dict[str, dict[int, frozenset[int]]],
+             kind: str) -> tuple[float, float, object] | None:
     """(the model's advantage of the host as it is over `layout`, its standard deviation, the move
     to `layout`); None when `layout` is where the host is or breaks a rule."""
-    from vmplacer.core.policies.rebalance_search import _Change, _Move
-
     current = {g: dict(host.pins[g]) for g in layout}
-    changes = [_Change(g, host.name, pins) for g, pins in layout.items() if current[g] != pins]
+    changes = [(g, host.name, pins) for g, pins in layout.items() if current[g] != pins]
     if not changes:
         return None
-    move = _Move(kind, changes, 0.0, 0.0)
+    move = search.new_move(kind, changes)
     before, before_lin = search.host_objective(host), search._linear_objective(host)
     undo = search._try(move)
     try:
@@ -180,17 +170,14 @@ def _compare(search: _Search, host: _Host, layout: dict[str, dict[int, frozenset
     return before - after, doubt(search, move), move
 
 
-def _sure_from_start(search: _Search, host: _Host, layout: dict[str, dict[int, frozenset[int]]]) -> float:
+def _sure_from_start(search, host: _Host, layout: dict[str, dict[int, frozenset[int]]]) -> float:
     """The sure gain of going from the guests' starting pins straight to `layout`."""
-    from vmplacer.core.policies.rebalance_search import _Change, _Move
-
     current = {g: dict(host.pins[g]) for g in host.guests}
     start = {g: dict(search.original[g].placement.vcpupin) for g in layout}
     for g, pins in start.items():
         host.set_pins(g, pins)
     try:
-        move = _Move("spread", [_Change(g, host.name, pins) for g, pins in layout.items() if start[g] != pins],
-                     0.0, 0.0)
+        move = search.new_move("spread", [(g, host.name, pins) for g, pins in layout.items() if start[g] != pins])
         if not move.changes:
             return 0.0
         before, before_lin = search.host_objective(host), search._linear_objective(host)

@@ -702,6 +702,11 @@ class _Search:
             self.touched.add(name)
         self.moves.append(move)
 
+    @staticmethod
+    def new_move(kind: str, changes: Iterable[tuple[str, str, dict[int, frozenset[int]]]]) -> _Move:
+        """A move of (guest, host, pins) changes, its gains still to be computed."""
+        return _Move(kind, [_Change(g, h, dict(p)) for g, h, p in changes], 0.0, 0.0)
+
     def actions_if(self, move: _Move) -> int:
         touched = self.touched | {c.guest for c in move.changes}
         migrated = set(self.migrated) | {c.guest for c in move.changes if c.host != self.host_of[c.guest]}
