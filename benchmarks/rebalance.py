@@ -2,11 +2,16 @@
 policy, interference-blind spreading and the optimum; and planning time at scale.
 
     python benchmarks/rebalance.py [--out benchmarks/results/rebalance.json] [--seeds 3] [--quick]
-                                   [--shape LABEL ...] [--matrix NAME ...]
+                                   [--shape LABEL ...] [--matrix NAME ...] [--pessimism Z]
+
+    # in parallel, one part per matrix, then merged (with a baseline run beside, optional):
+    python benchmarks/rebalance.py --matrix NAME --rows-out part.json        # per matrix
+    python benchmarks/rebalance.py --rows-from part1.json --rows-from ... [--baseline-from ...]
 
 For each pair matrix in tests/data/interference/*_pairs.csv (the simulator's hidden truth), for
-each host shape and starting point (the seed's worst case — VMs packed on SMT sibling threads of
-the first host — and random pCPUs), for each seed: see vmplacer/app/rebalance_eval.py for the
+each host shape (SHAPES: free cores, two hosts, NUMA, full hosts, full hosts with cache-hungry and
+compute-bound guests, overcommitted hosts) and starting point (the seed's worst case — VMs packed
+on SMT sibling threads of the first host — and random pCPUs), for each seed: see vmplacer/app/rebalance_eval.py for the
 policies. vmplacer plans with the exact solver (CP-SAT) on hosts of at most 16 pCPUs.
 Performance = mean fraction of isolated performance over all VMs, from the simulator's
 noise-free truth. The optimum enumerates every distinct layout (hosts, nodes, cores and threads
