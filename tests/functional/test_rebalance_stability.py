@@ -57,7 +57,10 @@ def test_hysteresis_keeps_a_stable_cluster_settled_over_100_runs():
 
 
 def test_without_hysteresis_the_same_loop_flaps():
-    moves, _, backs = run_loop(RebalanceSettings(min_gain=0.0, min_migration_gain=0.0, cooldown_s=0.0), 30)
+    """No minimum gain, no cool-down, and no pessimistic check against the blind spread (which
+    also holds a layout still: a move away from it must be sure beyond the model's doubt)."""
+    moves, _, backs = run_loop(RebalanceSettings(min_gain=0.0, min_migration_gain=0.0, cooldown_s=0.0,
+                                                 pessimism=0.0), 30)
     print(f"\nmoves per run without hysteresis: {moves}; straight back: {backs}")
     assert sum(moves[10:]) > 2
     assert backs, "no guest moved straight back"

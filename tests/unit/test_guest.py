@@ -174,3 +174,33 @@ def test_to_dict_round_trips():
 def test_not_a_mapping():
     with pytest.raises(GuestSpecError, match="must be a mapping"):
         GuestSpec.from_mapping(["db1"])
+
+
+def test_workload_class_extra_spec_becomes_the_class_label():
+    guest = spec(extra_specs={"vmplacer:workload_class": "web-frontend"})
+    assert guest.labels["workload_class"] == "web-frontend"
+    assert guest.workload_class == "unknown"  # not one of the native classes: the field keeps its default
+    native = spec(extra_specs={"vmplacer:workload_class": "latency-critical"})
+    assert (native.workload_class, native.labels["workload_class"]) == ("latency-critical", "latency-critical")
+    same = spec(labels={"workload_class": "web"}, extra_specs={"vmplacer:workload_class": "web"})
+    assert same.labels["workload_class"] == "web"
+
+
+@pytest.mark.parametrize("fields, message", [
+    ({"extra_specs": {"vmplacer:workload_class": "bad class"}}, "must be a class name"),
+    ({"extra_specs": {"vmplacer:workload_class": 3}}, "must be a class name"),
+    ({"extra_specs": {"vmplacer:workload_class": ""}}, "must be a class name"),
+    ({"labels": {"workload_class": "db"}, "extra_specs": {"vmplacer:workload_class": "web"}},
+     "conflicts with labels.workload_class='db'"),
+    ({"workload_class": "batch", "extra_specs": {"vmplacer:workload_class": "latency-critical"}},
+     "conflicts with workload_class='batch'"),
+])
+def test_workload_class_extra_spec_is_validated(fields, message):
+    lines = problems(**fields)
+    assert len(lines) == 1 and lines[0].startswith("guest db1: field extra_specs.vmplacer:workload_class: ")
+    assert message in lines[0]
+
+
+def test_unknown_vmplacer_extra_spec_lists_the_class_spec():
+    (line,) = problems(extra_specs={"vmplacer:workload": "web"})
+    assert "vmplacer:workload_class" in line and "vmplacer:protect" in line

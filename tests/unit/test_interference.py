@@ -313,3 +313,21 @@ def test_unseen_pairs_use_the_factor_model():
     mean = np.mean([v for u, row in beta.items() for k, v in row.items() if (u, k) != held_out])
     error = abs(model.beta(*held_out) - beta[held_out[0]][held_out[1]])
     assert error < abs(mean - beta[held_out[0]][held_out[1]]) / 2
+
+
+def test_noise_sd_recovers_the_noise_of_the_observations():
+    """Losses of a fixed additive form plus Gaussian noise of σ: the residual standard deviation
+    the model reports is σ (and 0 with no data)."""
+    assert InterferenceModel().noise_sd == 0.0
+    rng = random.Random(7)
+    keys = ("a", "b", "c", "d")
+    cost = {k: 0.05 * (i + 1) for i, k in enumerate(keys)}
+    observations = []
+    for _ in range(2000):
+        key = rng.choice(keys)
+        company = rng.sample([k for k in keys if k != key], rng.randint(1, 3))
+        loss = sum(cost[k] for k in company) + rng.gauss(0.0, 0.04)
+        observations.append(Observation(key, 1.0 - loss, 1.0,
+                                        tuple(Exposure(k, DistanceClass.SAME_LLC, 1.0) for k in company)))
+    model = InterferenceModel().fit(observations)
+    assert 0.036 < model.noise_sd < 0.044

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import random
 
+import numpy as np
 import pytest
 
 from tests.admission_model import learned
@@ -164,6 +165,22 @@ def test_profiles_from_labels_and_specs():
     assert profile_of_spec(spec("n", "victim")) == GuestProfile("n", "n", "victim", 1.0)
     assert profile_of_spec(GuestSpec.from_mapping({"name": "b", "vcpus": 1, "memory_mib": 64,
                                                    "workload_class": "batch"})).workload_class == "batch"
+
+
+def test_flavor_class_feeds_the_class_priors():
+    """A guest whose flavor names its class (`vmplacer:workload_class`) is predicted from that
+    class's profiled guests, exactly as one labelled with it; without it, from the fleet."""
+    betas = ShrunkBetas(learned())
+    flavored = GuestSpec.from_mapping({"name": "n1", "vcpus": 1, "memory_mib": 64,
+                                       "extra_specs": {"vmplacer:workload_class": "victim"}})
+    profile = profile_of_spec(flavored)
+    assert profile == profile_of_spec(spec("n1", "victim"))
+    plain = profile_of_spec(GuestSpec.from_mapping({"name": "n1", "vcpus": 1, "memory_mib": 64}))
+    as_class = betas.identity(profile.name, profile.key, profile.workload_class)
+    as_nobody = betas.identity(plain.name, plain.key, plain.workload_class)
+    assert betas.weights(as_class)["class"] > 0.5 and betas.weights(as_nobody)["class"] == 0.0
+    noisy = betas.identity("x", "x", "noisy")
+    assert not np.allclose(betas.beta(noisy, as_class), betas.beta(noisy, as_nobody))
 
 
 @pytest.mark.parametrize("field, value", [("weight", -1), ("weight", float("inf")), ("candidates", -1),

@@ -173,3 +173,32 @@ def test_the_exact_layout_beats_a_local_optimum_on_a_full_host():
     assert exact.objective_after > climb.objective_after + 0.1
     assert exact.objective_after == pytest.approx(report["objective"], abs=1e-6)
     assert report["bound"] >= report["objective"]
+
+
+class SlowClock:
+    """CP-SAT whose every solve reports a minute of wall time, as on a badly loaded machine."""
+
+    name = "slow"
+
+    def __init__(self):
+        self.calls = 0
+
+    def solve(self, problem, *, time_limit_s):
+        from dataclasses import replace
+
+        self.calls += 1
+        found = SOLVER.solve(problem, time_limit_s=time_limit_s)
+        return None if found is None else replace(found, seconds=60.0)
+
+
+def test_the_plan_budget_counts_deterministic_work_not_wall_time():
+    """Three hosts solved one by one: a minute of wall time each would spend a 3 s budget at the
+    first; the deterministic work the solver reports does not, so the answer does not depend on load."""
+    state = random_state(5, nodes=1, vms=9, hosts=3)
+    slow = SlowClock()
+    plan = plan_rebalance(state, model(5), RebalanceSettings(exact_budget_s=3.0, allow_migration=False),
+                          now=0.0, solver=slow)
+    reports = plan.settings["notes"]["exact"]
+    assert reports and not any(r.get("status") == "skipped" for r in reports)
+    solved = [r for r in reports if "objective" in r]
+    assert solved and all(r["seconds"] == 60.0 and 0.0 <= r["work"] < 3.0 for r in solved)

@@ -120,7 +120,8 @@ class CpSatLayoutSolver:
         solver.parameters.max_time_in_seconds = max(1.0, 10 * time_limit_s)
         status = solver.solve(model)
         if status == cp_model.UNKNOWN:
-            return LayoutSolution((), -math.inf, UNKNOWN, math.inf, time.perf_counter() - began, self.name)
+            return LayoutSolution((), -math.inf, UNKNOWN, math.inf, time.perf_counter() - began, self.name,
+                                  work=solver.deterministic_time)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return None
         assignment = tuple(next(s for s in np.flatnonzero(problem.allowed[i]) if solver.value(x[i, int(s)]))
@@ -133,7 +134,7 @@ class CpSatLayoutSolver:
             assignment=assignment, objective=exact,
             status=OPTIMAL if status == cp_model.OPTIMAL else FEASIBLE,
             bound=max(bound, exact), seconds=time.perf_counter() - began, solver=self.name,
-            notes={"branches": float(solver.num_branches), "deterministic_time": solver.deterministic_time},
+            notes={"branches": float(solver.num_branches)}, work=solver.deterministic_time,
         )
 
     # ----- constraints ------------------------------------------------------------------------

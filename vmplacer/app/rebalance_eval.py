@@ -161,6 +161,9 @@ class HostShape:
         return self.nodes * self.cores_per_node * self.threads_per_core
 
 
+MIXES = ("any", "hungry-compute")
+
+
 @dataclass(frozen=True)
 class Case:
     start: str
@@ -168,6 +171,23 @@ class Case:
     vms: int
     shape: HostShape = HostShape()
     seed: int = 0
+    mix: str = "any"  # any: workloads drawn from the whole matrix; hungry-compute: see `workloads_of`
+
+
+def workloads_of(table: PairTable, case: Case, names: Sequence[str], rng: random.Random) -> dict[str, str]:
+    """The VMs' workloads. `any`: each drawn from the matrix. `hungry-compute`: alternately from
+    the half of the matrix that hurts and suffers most (cache- and memory-hungry) and the half
+    that hurts and suffers least (compute-bound), so each hungry guest has a quiet one to pair with."""
+    if case.mix not in MIXES:
+        raise ValueError(f"mix must be one of {', '.join(MIXES)}, got {case.mix!r}")
+    workloads = list(table.workloads)
+    if case.mix == "any":
+        return {name: rng.choice(workloads) for name in names}
+    hurts, suffers = table.interference(), table.sensitivity()
+    ranked = sorted(workloads, key=lambda w: (-(hurts.get(w, 0.0) + suffers.get(w, 0.0)), w))
+    half = max(1, len(ranked) // 2)
+    hungry, compute = ranked[:half], ranked[half:] or ranked[:half]
+    return {name: rng.choice(hungry if i % 2 == 0 else compute) for i, name in enumerate(names)}
 
 
 @dataclass
@@ -182,17 +202,16 @@ def starting_point(table: PairTable, case: Case) -> Start:
         raise ValueError(f"start must be one of {', '.join(STARTS)}, got {case.start!r}")
     rng = random.Random(case.seed)
     names = [f"vm{i}" for i in range(case.vms)]
-    workloads = {name: rng.choice(list(table.workloads)) for name in names}
+    workloads = workloads_of(table, case, names, rng)
     hosts = [f"host{i}" for i in range(case.hosts)]
     placement: dict[str, tuple[str, int]] = {}
     topology = case.shape.topology(hosts[0])
     if case.start == "siblings":
         # The seed's worst case: sibling threads of as few cores of the first host as possible.
+        # More VMs than pCPUs (overcommitted): the rest time-share them in the same order.
         threads = [cpu for core in topology.cores for cpu in core.cpus]
-        if case.vms > len(threads):
-            raise ValueError(f"{case.vms} VMs do not fit the {len(threads)} pCPUs of one host")
-        for name, cpu in zip(names, threads):
-            placement[name] = (hosts[0], cpu)
+        for index, name in enumerate(names):
+            placement[name] = (hosts[0], threads[index % len(threads)])
     else:
         cpus = sorted(topology.cpus)
         placement_rng = random.Random(case.seed * 7919 + 1)

@@ -54,6 +54,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rebalance.add_argument("--rounds", type=int, default=5,
                            help="rebalancing runs (profile, learn, plan, apply) for vmplacer (default 5)")
     rebalance.add_argument("--noise", type=float, default=0.03, help="σ of each simulated sample (default 0.03)")
+    rebalance.add_argument("--mix", choices=("any", "hungry-compute"), default="any",
+                           help="workloads drawn from the whole matrix, or alternately from its most and least "
+                                "interfering halves (default any)")
     add_format_argument(rebalance)
     rebalance.set_defaults(func=run_rebalance)
 
@@ -209,7 +212,7 @@ def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
     from vmplacer.adapters.simulator_optimum import case_optimum
 
     table = load_pairs(args.pairs)
-    row = evaluate_case(table, Case(args.start, args.hosts, args.vms, shape, args.seed),
+    row = evaluate_case(table, Case(args.start, args.hosts, args.vms, shape, args.seed, args.mix),
                         simulator=lambda truth, seed, noise: SimCluster(truth, seed=seed, noise=noise),
                         matrix=Path(table.source).name, rounds=args.rounds, noise=args.noise,
                         solver=CpSatLayoutSolver(),

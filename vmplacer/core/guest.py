@@ -22,6 +22,10 @@ CPU_POLICIES = ("shared", "dedicated", "mixed")
 THREAD_POLICIES = ("prefer", "isolate", "require")
 EMULATOR_POLICIES = ("share", "isolate")
 WORKLOAD_CLASSES = ("latency-critical", "batch", "unknown")
+# A flavor's workload class: the label admission's class priors are keyed by (docs/placement.md).
+CLASS_EXTRA_SPEC = "vmplacer:workload_class"
+CLASS_LABEL = "workload_class"
+CLASS_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
 PAGE_SIZE_WORDS = ("small", "large", "any")
 
 MAX_VCPUS = 1024
@@ -220,6 +224,7 @@ class _Validator:
         self.data = data
         self.problems: list[Problem] = []
         self.spec_labels: dict[str, tuple[str, str]] = {}  # label -> (extra spec name, value)
+        self.spec_class: str | None = None  # from vmplacer:workload_class
         raw_name = data.get("name") if isinstance(data, Mapping) else None
         self.label = raw_name if isinstance(raw_name, str) and NAME_RE.match(raw_name) else (
             repr(raw_name) if raw_name is not None else "<unnamed>"
@@ -318,6 +323,9 @@ class _Validator:
             if not isinstance(key, str) or ":" not in key:
                 self.fail(where, "extra spec names look like 'namespace:name'")
                 continue
+            if key == CLASS_EXTRA_SPEC:
+                self._class_spec(raw, where, values)
+                continue
             if key.startswith("vmplacer:"):
                 self._protection_spec(key, raw, where)
                 continue
@@ -345,11 +353,29 @@ class _Validator:
                 continue
             values[native] = value
 
+    def _class_spec(self, raw: Any, where: str, values: dict[str, Any]) -> None:
+        """`vmplacer:workload_class` becomes the `workload_class` label, the class whose profiled
+        guests teach admission about a new one (a flavor names it once for every guest it
+        launches); one of the native classes also sets the `workload_class` field."""
+        if isinstance(raw, bool) or not isinstance(raw, str) or not CLASS_RE.match(raw.strip()):
+            self.fail(where, f"must be a class name of 1-63 characters of A-Z a-z 0-9 _ . - starting with a "
+                             f"letter or digit, got {raw!r}")
+            return
+        value = raw.strip()
+        if value in WORKLOAD_CLASSES and value != "unknown":
+            native = values.get("workload_class")
+            if native is not None and native != value:
+                self.fail(where, f"conflicts with workload_class={native!r}")
+                return
+            values["workload_class"] = value
+        self.spec_class = value
+
     def _protection_spec(self, key: str, raw: Any, where: str) -> None:
         """`vmplacer:protect` / `vmplacer:min_cpu_share` become labels; other `vmplacer:` names are typos."""
         label = PROTECTION_EXTRA_SPECS.get(key)
         if label is None:
-            self.fail(where, f"not supported by vmplacer (supported: {', '.join(sorted(PROTECTION_EXTRA_SPECS))})")
+            supported = ", ".join(sorted([*PROTECTION_EXTRA_SPECS, CLASS_EXTRA_SPEC]))
+            self.fail(where, f"not supported by vmplacer (supported: {supported})")
             return
         if isinstance(raw, bool) or not isinstance(raw, (str, int, float)):
             self.fail(where, f"must be a number, got {raw!r}")
@@ -357,7 +383,13 @@ class _Validator:
         self.spec_labels[label] = (key, str(raw).strip())
 
     def _protection_labels(self, labels: dict[str, str]) -> dict[str, str]:
-        """Fold protection extra specs into the labels and check the protection values."""
+        """Fold protection and class extra specs into the labels and check the protection values."""
+        if self.spec_class is not None:
+            given = labels.get(CLASS_LABEL)
+            if given is not None and given != self.spec_class:
+                self.fail(f"extra_specs.{CLASS_EXTRA_SPEC}", f"conflicts with labels.{CLASS_LABEL}={given!r}")
+            else:
+                labels[CLASS_LABEL] = self.spec_class
         for label, (key, value) in self.spec_labels.items():
             if label in labels and not _same_number(labels[label], value):
                 self.fail(f"extra_specs.{key}", f"conflicts with labels.{label}={labels[label]!r}")

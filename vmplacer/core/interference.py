@@ -332,6 +332,7 @@ class _Solution:
     residual: np.ndarray  # [class, interferer, target] (padded)
     confidence: np.ndarray  # [class, interferer, target] (padded)
     reference: DistanceClass
+    noise_sd: float = 0.0  # residual standard deviation of one observation's loss around the fit
 
 
 def _nearer_never_less(scale: np.ndarray, evidence: np.ndarray, reference: DistanceClass) -> np.ndarray:
@@ -660,6 +661,7 @@ class InterferenceModel:
         params = _FactorLayout(n_wcls, n_keys)
 
         blocks = []  # (target index, interferer indices, distance indices, ZᵀZ, Zᵀy)
+        sizes: list[tuple[int, float]] = []  # (observations, yᵀy) per block
         evidence_by_class = np.zeros(_N_CLASSES)
         for name, block in self._blocks.items():
             if block.size == 0:
@@ -669,6 +671,7 @@ class InterferenceModel:
             u = np.array([keys[f[0]] for f, _ in feats], dtype=np.int64)
             c = np.array([f[1] for f, _ in feats], dtype=np.int64)
             blocks.append((keys[name], u, c, gram, rhs))
+            sizes.append((block.observations, block.yy))
             np.add.at(evidence_by_class, c, np.diag(gram))
         observed = np.flatnonzero(evidence_by_class > 0)
         reference = (_CLASSES[int(observed[np.argmax(evidence_by_class[observed])])]
@@ -696,16 +699,20 @@ class InterferenceModel:
         pad = n_keys + 1
         residual = np.zeros((_N_CLASSES, pad, pad))
         ev_triple = np.zeros((_N_CLASSES, pad, pad))
-        for (v, u, c, gram, rhs) in blocks:
+        squares, freedom = 0.0, 0
+        for (v, u, c, gram, rhs), (count, yy) in zip(blocks, sizes):
             base = (mu + ci[key_wclass[u]] + inter[u] + cs[key_wclass[v]] + sens[v] + press[u] * susc[v])
             prior = scale[c] * base
             beta = ridge_toward(gram, rhs, prior, cfg.pair_shrinkage)
             residual[c, u, v] = beta - prior
             ev_triple[c, u, v] = np.diag(gram)
+            squares += max(0.0, yy - 2.0 * float(beta @ rhs) + float(beta @ gram @ beta))
+            freedom += count - len(beta)
+        noise_sd = math.sqrt(squares / freedom) if freedom > 0 else 0.0
 
         confidence = self._confidence(ev_triple, cfg.confidence_evidence)
         self._solution = _Solution(keys, wclasses, key_wclass, mu, ci, cs, inter, sens, press, susc, scale,
-                                   residual, confidence, reference)
+                                   residual, confidence, reference, noise_sd)
         return self._solution
 
     @staticmethod
@@ -730,6 +737,12 @@ class InterferenceModel:
                         fallback[None, :, :] * level_class[:, None, None])
 
     # ----- querying -------------------------------------------------------------
+    @property
+    def noise_sd(self) -> float:
+        """How far one observation's loss lies from the fit (residual standard deviation): the
+        scale of what a coefficient resting on few observations may be wrong by."""
+        return 0.0 if not self._blocks else float(self._solve().noise_sd)
+
     @property
     def reference_distance(self) -> DistanceClass:
         """The distance class best observed (its scale is fixed at its prior)."""

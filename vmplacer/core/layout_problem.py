@@ -211,10 +211,22 @@ class LayoutSolution:
     seconds: float = 0.0
     solver: str = ""
     notes: dict[str, float] = field(default_factory=dict)
+    # the solver's effort in its own deterministic seconds (the same on a busy or an idle machine);
+    # None when it has no such measure, and then wall seconds count
+    work: float | None = None
+
+    @property
+    def spent(self) -> float:
+        """What the solve takes out of a plan's solver budget: deterministic work, else wall time."""
+        return self.seconds if self.work is None else self.work
 
     def to_dict(self) -> dict[str, object]:
-        return {"status": self.status, "objective": round(self.objective, 6), "bound": round(self.bound, 6),
-                "seconds": round(self.seconds, 3), "solver": self.solver}
+        found: dict[str, object] = {"status": self.status, "objective": round(self.objective, 6),
+                                    "bound": round(self.bound, 6), "seconds": round(self.seconds, 3),
+                                    "solver": self.solver}
+        if self.work is not None:
+            found["work"] = round(self.work, 3)
+        return found
 
 
 class LayoutSolver(Protocol):

@@ -196,6 +196,8 @@ def solve_time_shared(problem: LayoutProblem, solve_plain: PlainSolve, time_limi
         assignment=best.assignment, objective=problem.objective(best.assignment),
         status=OPTIMAL if proven else FEASIBLE, bound=max(bound, best.objective),
         seconds=sum(r.seconds for r in results if r is not None), solver=best.solver,
+        work=None if any(r is not None and r.work is None for r in results) else
+        sum(r.work or 0.0 for r in results if r is not None),
         notes={**best.notes, "shared_groups_tried": float(sum(1 for r in results[1:] if r is None or r.assignment)),
                "shared_groups_skipped": float(skipped)},
     )

@@ -116,7 +116,7 @@ def plan_rebalance(
     if search.declined:
         summary += "; declined: " + declined_text(search.declined[-1])
     notes = {"fixed": fixed, "rejected": search.rejected[:20], "declined": search.declined[-5:],
-             "exact": search.exact}
+             "exact": search.exact, "pessimistic": search.pessimistic}
     return plan_from_search(search, actions, predicted, before=before, after=after, summary=summary, notes=notes,
                             now=now)
 

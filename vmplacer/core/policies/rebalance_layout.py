@@ -350,6 +350,29 @@ class _Host:
         confidence = conf_table[dist, pieces.key[None, :], pieces.key[:, None]]
         return keys, terms, confidence
 
+    def pair_spread(self, pieces: _Pieces) -> tuple[list[tuple[str, int, int]], np.ndarray, np.ndarray]:
+        """As `pair_terms`, with each term's variance instead of its confidence: what the model
+        may be wrong by. A coefficient learned from n observations of noise σ is off by about
+        σ/√(n + k) (k: `confidence_evidence`, the shrinkage's weight; confidence is n/(n + k), so
+        this is σ·√((1 − confidence)/k)); the part of a coefficient the data do not identify is
+        a guess, off by as much as the pair's largest coefficient at any distance."""
+        keys, terms, confidence = self.pair_terms(pieces)
+        if pieces.table is None or not keys:
+            return keys, terms, np.zeros_like(terms)
+        model = self.betas.model
+        k = max(model.config.confidence_evidence, 1e-9)
+        load = np.bincount(pieces.cpu, weights=pieces.demand, minlength=len(self.cpus))
+        granted = pieces.demand * np.minimum(1.0, 1.0 / np.maximum(load[pieces.cpu], 1e-12))
+        scale = (pieces.weight / pieces.ideal)[pieces.vm] * granted
+        dist = self.dist[pieces.cpu[:, None], pieces.cpu[None, :]]
+        other = (pieces.vm[:, None] != pieces.vm[None, :]) & (dist != 0)
+        reach = scale[:, None] * granted[None, :] * other
+        doubt = np.clip(1.0 - confidence, 0.0, 1.0)
+        # a guess may be off by as much as the pair's largest coefficient at any distance
+        largest = np.abs(pieces.table).max(axis=0)[pieces.key[None, :], pieces.key[:, None]]
+        variance = (reach * model.noise_sd) ** 2 * doubt / k + (doubt * reach * largest) ** 2
+        return keys, terms, variance
+
     @staticmethod
     def _per_guest(pieces: _Pieces, got: np.ndarray) -> np.ndarray:
         return np.maximum(got @ pieces.onehot, 0.0) / pieces.ideal[None, :]

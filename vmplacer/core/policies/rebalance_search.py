@@ -22,6 +22,7 @@ from vmplacer.core.nofit import NoFit
 from vmplacer.core.occupancy import HostUsage, memory_by_node
 from vmplacer.core.placement import GuestCell, Placement
 from vmplacer.core.policies.rebalance_exact import NotExact, layout_changes, solve_hosts
+from vmplacer.core.policies.rebalance_pessimistic import choose_pessimistically
 from vmplacer.core.policies.rebalance_layout import (
     BetaTable,
     _Host,
@@ -89,6 +90,7 @@ class _Search:
         self.solver = solver
         self.exact: list[dict] = []  # what the exact solver found, per host group
         self.declined: list[dict] = []  # gains the search saw and did not take, and why
+        self.pessimistic: list[dict] = []  # each host's layout against the blind spread, at the lower bound
         self.model = model
         self.settings = settings
         self.betas = BetaTable(model)
@@ -700,6 +702,11 @@ class _Search:
             self.touched.add(name)
         self.moves.append(move)
 
+    @staticmethod
+    def new_move(kind: str, changes: Iterable[tuple[str, str, dict[int, frozenset[int]]]]) -> _Move:
+        """A move of (guest, host, pins) changes, its gains still to be computed."""
+        return _Move(kind, [_Change(g, h, dict(p)) for g, h, p in changes], 0.0, 0.0)
+
     def actions_if(self, move: _Move) -> int:
         touched = self.touched | {c.guest for c in move.changes}
         migrated = set(self.migrated) | {c.guest for c in move.changes if c.host != self.host_of[c.guest]}
@@ -708,10 +715,12 @@ class _Search:
 
     def run(self) -> None:
         """Climb (single moves, swaps, pools, relocations, migrations); then, where hosts are
-        small, an exact solver's layout from where the climb stopped; then climb again."""
+        small, an exact solver's layout from where the climb stopped; then climb again; then
+        each host's layout against the blind spread, judged at the lower confidence bound."""
         self._climb()
         if self.solver is not None and self._polish():
             self._climb()
+        choose_pessimistically(self)
 
     def _climb(self) -> None:
         settings = self.settings
@@ -803,7 +812,7 @@ class _Search:
             report: dict = {"hosts": group}
             self.exact.append(report)
             if budget <= 0:
-                report.update(status="skipped", why=f"solver budget of {settings.exact_budget_s:g} s spent")
+                report.update(status="skipped", why=f"solver budget of {settings.exact_budget_s:g} deterministic s spent")
                 continue
             try:
                 problem, solution = solve_hosts(self, self.solver, group, min(settings.exact_time_s, budget))
@@ -814,7 +823,7 @@ class _Search:
             if solution is None:
                 report.update(status="no solution", why="no layout (at most one time-shared pCPU) keeps every rule")
                 continue
-            budget -= solution.seconds
+            budget -= solution.spent
             report.update(solution.to_dict())
             if problem.hint is not None:
                 report["before"] = round(problem.objective(problem.hint), 6)

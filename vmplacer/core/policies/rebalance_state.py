@@ -66,14 +66,16 @@ class RebalanceSettings:
     probe_seconds: float = 5.0
     pin_floating_guests: bool = False  # also pin guests vmplacer did not place and that float
     exhaustive_limit: int = 20000  # layouts per host the exhaustive check may enumerate
+    pessimism: float = 1.5  # standard deviations a layout's predicted advantage over the blind spread must clear
     guess_weight: float = 0.5  # share of a predicted interference change its data do not identify that counts
     exact_max_cpus: int = 16  # hosts with at most this many usable pCPUs get an exact solver's layout
-    exact_time_s: float = 1.0  # solver budget per host (or group of small hosts solved together)
-    exact_budget_s: float = 3.0  # solver budget per plan, all hosts together
+    exact_time_s: float = 1.0  # solver budget per host (or group of small hosts solved together), deterministic s
+    exact_budget_s: float = 3.0  # solver budget per plan, all hosts together (deterministic s: load-independent)
 
     def __post_init__(self) -> None:
         for name in ("min_gain", "min_migration_gain", "cooldown_s", "horizon_s", "copy_slowdown",
-                     "default_dirty_mib_s", "fairness", "probe_seconds", "exact_time_s", "exact_budget_s"):
+                     "default_dirty_mib_s", "fairness", "probe_seconds", "exact_time_s", "exact_budget_s",
+                     "pessimism"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be a number >= 0, got {value!r}")

@@ -1,0 +1,193 @@
+"""The model's layout against the blind spread, judged pessimistically.
+
+The search maximizes the model's prediction, and a maximum of a noisy estimate
+leans toward the layouts the model overrates: those whose predicted gain rests
+on coefficients it learned from few observations, or guessed. After the
+search, each host's final layout F competes with the interference-blind spread
+S of the same guests (each pinned vCPU on the least crowded pCPU, then core —
+the rule that needs no model). F stays when its predicted advantage over S holds
+at the lower confidence bound: the advantage minus `pessimism` standard
+deviations of what the coefficients of the pairs whose distance differs between
+F and S may be wrong by (`_Host.pair_spread`: few observations, or none at that
+distance), or when the two are predicted equal (fewer moves). Otherwise the
+host ends spread, provided the spread itself clears the plan's usual bar
+against the start (a sure gain of `min_gain`); a host that starts spread (an
+earlier run spread it) stays so unless the model's layout holds at the same
+bound; a host whose start the model rates above the spread keeps the search's
+moves. A layout backed by data keeps its gain; one whose predicted advantage
+rests on few or unobserved pairs does not beat the spread.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from vmplacer.core.policies.rebalance_layout import _Host, _locality_nodes
+from vmplacer.core.policies.rebalance_state import PINNED
+
+
+def spread_layout(search, host: _Host) -> dict[str, dict[int, frozenset[int]]] | None:
+    """The blind spread of the host's movable one-pCPU-pinned vCPUs (guest-name order): each on
+    the pCPU with the fewest vCPUs, then the emptiest core; others count as load. None when
+    nothing may move or the result breaks a rule."""
+    movable = [n for n in sorted(host.guests) if host.guests[n].mode == PINNED and search.movable(n)
+               and n not in search.migrated and all(len(p) == 1 for p in host.pins[n].values())]
+    if not movable:
+        return None
+    cpu_load: dict[int, float] = {c: 0.0 for c in host.cpus}
+    for name, pins in host.pins.items():
+        if name in movable:
+            continue
+        for cpus in pins.values():
+            for c in cpus:
+                cpu_load[c] = cpu_load.get(c, 0.0) + 1.0 / len(cpus)
+    core_of = {c: host.topology.cpus[c].core for c in host.cpus}
+    core_load: dict[int, float] = {}
+    for cpu, load in cpu_load.items():
+        core_load[core_of[cpu]] = core_load.get(core_of[cpu], 0.0) + load
+    layout: dict[str, dict[int, frozenset[int]]] = {}
+    for name in movable:
+        nodes = _locality_nodes(host, host.guests[name], host.pins[name])
+        allowed = sorted(c for c in host.usable if not nodes or host.node_of[c] in nodes)
+        if not allowed:
+            return None
+        pins: dict[int, frozenset[int]] = {}
+        for vcpu in sorted(host.pins[name]):
+            cpu = min(allowed, key=lambda c: (cpu_load[c], core_load[core_of[c]], c))
+            pins[vcpu] = frozenset({cpu})
+            cpu_load[cpu] += 1.0
+            core_load[core_of[cpu]] += 1.0
+        layout[name] = pins
+    return layout
+
+
+def doubt(search, move) -> float:
+    """Standard deviation of the move's predicted interference change: every pair term that
+    changes (who hurts whom, at which distance, with what share of time) counts the variance
+    of its coefficient before and after."""
+    hosts = sorted({search.host_of[c.guest] for c in move.changes} | {c.host for c in move.changes})
+    before = [search.hosts[h].pair_spread(search.hosts[h].pieces()) for h in hosts]
+    undo = search._try(move)
+    try:
+        after = [search.hosts[h].pair_spread(search.hosts[h].pieces()) for h in hosts]
+    finally:
+        undo()
+    variance = 0.0
+    for (keys_b, terms_b, var_b), (keys_a, terms_a, var_a) in zip(before, after):
+        # a piece is (guest, vCPU) wherever it runs: a pair at the same distance before and after
+        # has the same coefficient, and its change is known exactly
+        union = {k: i for i, k in enumerate(dict.fromkeys([k[:2] for k in keys_b + keys_a]))}
+        n = len(union)
+        if n == 0:
+            continue
+        delta = np.zeros((n, n))
+        spread = np.zeros((n, n))
+        for keys, terms, var, sign in ((keys_b, terms_b, var_b, -1.0), (keys_a, terms_a, var_a, 1.0)):
+            if not keys:
+                continue
+            at = np.array([union[k[:2]] for k in keys])
+            delta[np.ix_(at, at)] += sign * terms
+            spread[np.ix_(at, at)] += var
+        variance += float(spread[np.abs(delta) > 1e-12].sum())
+    return math.sqrt(variance)
+
+
+def choose_pessimistically(search) -> bool:
+    """Each host ends at the model's layout, or at the blind spread when the model's advantage
+    over it fails at its lower confidence bound (module docstring); True when a host was spread.
+    Reports go to `search.pessimistic`."""
+    settings = search.settings
+    if settings.pessimism <= 0 or search.betas.empty:
+        return False
+    moved_hosts = {search.host_of[g] for g in search.migrated} | set(search.migrated.values())
+    changed = False
+    for name in sorted(search.hosts):
+        host = search.hosts[name]
+        if name in moved_hosts:
+            continue
+        layout = spread_layout(search, host)
+        if layout is None:
+            continue
+        report: dict = {"host": name}
+        spread = _compare(search, host, layout, "spread")
+        if spread is None:
+            continue
+        target, (advantage, sigma, move) = "spread", spread
+        sure = _sure_from_start(search, host, layout)
+        report["spread"] = {"advantage": round(advantage, 4), "sd": round(sigma, 4),
+                            "sure_gain_from_start": round(sure, 4)}
+        if sure < settings.min_gain:
+            start = {g: dict(search.original[g].placement.vcpupin) for g in layout}
+            if start != layout:  # the start is better than the spread: the model's moves from it stand
+                report["kept"] = "model (the spread does not clear the minimum gain from the start)"
+                search.pessimistic.append(report)
+                continue
+            # the host is spread already (an earlier run spread it): leaving it must pass the same bound
+            found = _compare(search, host, start, "stay")
+            if found is None:
+                continue
+            target, (advantage, sigma, move) = "start", found
+            report["start"] = {"advantage": round(advantage, 4), "sd": round(sigma, 4)}
+        bound = advantage - settings.pessimism * sigma
+        report["lower_bound"] = round(bound, 4)
+        search.pessimistic.append(report)
+        if bound >= 0 or advantage <= 1e-9:  # surely better, or no better at all (fewer moves)
+            report["kept"] = "model"
+            continue
+        if search.actions_if(move) > settings.max_actions:
+            report["kept"] = "model (action budget)"
+            continue
+        what = "blind spread" if target == "spread" else "starting layout"
+        move.reason = (f"{what} of {name}: the model's layout predicted {advantage:+.3f} better, "
+                       f"but not at its lower bound ({bound:+.3f}, sd {sigma:.3f})")
+        search._take(move)
+        report["kept"] = target
+        changed = True
+    return changed
+
+
+def _compare(search, host: _Host, layout: dict[str, dict[int, frozenset[int]]],
+             kind: str) -> tuple[float, float, object] | None:
+    """(the model's advantage of the host as it is over `layout`, its standard deviation, the move
+    to `layout`); None when `layout` is where the host is or breaks a rule."""
+    current = {g: dict(host.pins[g]) for g in layout}
+    changes = [(g, host.name, pins) for g, pins in layout.items() if current[g] != pins]
+    if not changes:
+        return None
+    move = search.new_move(kind, changes)
+    before, before_lin = search.host_objective(host), search._linear_objective(host)
+    undo = search._try(move)
+    try:
+        after, after_lin = search.host_objective(host), search._linear_objective(host)
+        broken = search.violations(host, list(layout)) or not search._floors_hold(host)
+    finally:
+        undo()
+    if broken:
+        return None
+    move.gain, move.linear_gain = after - before, after_lin - before_lin
+    return before - after, doubt(search, move), move
+
+
+def _sure_from_start(search, host: _Host, layout: dict[str, dict[int, frozenset[int]]]) -> float:
+    """The sure gain of going from the guests' starting pins straight to `layout`."""
+    current = {g: dict(host.pins[g]) for g in host.guests}
+    start = {g: dict(search.original[g].placement.vcpupin) for g in layout}
+    for g, pins in start.items():
+        host.set_pins(g, pins)
+    try:
+        move = search.new_move("spread", [(g, host.name, pins) for g, pins in layout.items() if start[g] != pins])
+        if not move.changes:
+            return 0.0
+        before, before_lin = search.host_objective(host), search._linear_objective(host)
+        undo = search._try(move)
+        try:
+            after, after_lin = search.host_objective(host), search._linear_objective(host)
+        finally:
+            undo()
+        move.gain, move.linear_gain = after - before, after_lin - before_lin
+        return search._judge(move)
+    finally:
+        for g, pins in current.items():
+            host.set_pins(g, pins)
