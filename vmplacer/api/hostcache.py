@@ -1,7 +1,11 @@
 """Short-lived snapshots of each host for dry runs.
 
-A dry-run placement needs the host's topology, its domains (with their
-pinning, parsed from XML) and the placements recorded in the database.
+A dry-run placement takes the host's snapshot (app/host_snapshot.py: its
+topology, its domains with their pinning, parsed from XML, and the placements
+recorded in the database) through the same `take_snapshot` as every other
+path, from a `CachedHost` view and a `SnapshotStore`: this module caches the
+three parts it reads.
+
 Reading all of that costs ~10 ms on a real libvirtd plus a database round
 trip, which would cap dry runs at a few dozen per second, so bursts share a
 snapshot: the topology is kept for TOPOLOGY_TTL_S, the domain list for
@@ -115,7 +119,7 @@ class HostSnapshots:
 
 @dataclass(frozen=True)
 class CachedHost:
-    """The read side of a host, served from the snapshot (what `PlacementService.plan` needs)."""
+    """The read side of a host, served from the cache (what `take_snapshot` reads)."""
 
     name: str
     uri: str
@@ -129,7 +133,7 @@ class CachedHost:
 
 
 class SnapshotStore:
-    """The one `PlacementStore` read a dry run makes (`occupied`), from the snapshot."""
+    """The one `PlacementStore` read a dry run makes (`occupied`), from the cache."""
 
     def __init__(self, snapshots: HostSnapshots):
         self.snapshots = snapshots

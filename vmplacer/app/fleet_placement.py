@@ -5,7 +5,7 @@ requests, and each guest `vmplacer place` places): it plans the guest on each ca
 the placement's score (best first; ties keep the configured order) and places
 best-first through `PlacementService` (claim, define, undo), never over a domain
 of the same name. A request of many guests is planned as a batch by
-app/fleet_planner.py, on views of the hosts `observe_host` reads.
+app/fleet_planner.py, on views of the hosts' snapshots (`observe_host`, app/host_snapshot.py).
 """
 
 from __future__ import annotations
@@ -14,14 +14,13 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vmplacer.app.admission import profiles_of
+from vmplacer.app.host_snapshot import HostSnapshot, RecordedPlacements, take_snapshot
 from vmplacer.app.placement_service import PlaceResult, PlacementService, PlacingHost
 from vmplacer.app.fleet_planner import FleetHost, exists_reason
 from vmplacer.core.guest import GuestSpec
 from vmplacer.core.nofit import NoFit
-from vmplacer.core.placement import Placement
 from vmplacer.core.policies.admit import AllocationOptions
-from vmplacer.ports import ClaimConflict, DomainGone, DomainInfo, HypervisorError
+from vmplacer.ports import ClaimConflict, DomainGone, HypervisorError
 
 
 def refuse_existing_domain(host: PlacingHost, guest: str) -> None:
@@ -158,22 +157,14 @@ class FleetPlacement:
         raise NothingFits(spec, failures, report)
 
 
-def floating(domain: DomainInfo, host: str) -> Placement:
-    """A domain's placement; one read without pinning floats anywhere with its vCPUs and memory."""
-    if domain.placement is not None:
-        return domain.placement
-    return Placement(guest=domain.name, host=host, vcpupin={v: frozenset() for v in range(domain.vcpus)},
-                     memory_kib=domain.memory_kib)
-
-
 def observe_host(host: PlacingHost, options: AllocationOptions, admission: Any = None,
-                 recorded: Sequence[Placement] = ()) -> FleetHost:
-    """A live host's planning view: its topology and domains (plus placements recorded
-    but not yet defined, when given)."""
-    topology = host.topology()
-    domains = host.domains()
-    existing = {d.name: floating(d, host.name) for d in domains}
-    for placement in recorded:
-        existing.setdefault(placement.guest, placement)
-    return FleetHost(host.name, topology, list(existing.values()), frozenset(existing),
-                     profiles_of(domains), options, admission)
+                 store: RecordedPlacements | None = None) -> FleetHost:
+    """A live host's planning view: its snapshot (with `store`, the placements recorded but
+    not yet defined too), its allocation knobs and admission's scorers."""
+    return fleet_host(take_snapshot(host, store, listing=True), options, admission)
+
+
+def fleet_host(snapshot: HostSnapshot, options: AllocationOptions, admission: Any = None) -> FleetHost:
+    """The batch planner's view of a host snapshot."""
+    return FleetHost(snapshot.host, snapshot.topology, snapshot.placements, snapshot.names,
+                     dict(snapshot.profiles), options, admission)

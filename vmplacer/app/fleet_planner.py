@@ -4,7 +4,7 @@ each other host was refused.
 The guests are placed hardest first on in-memory views of the candidate hosts (each
 on the host where it scores best), with a bounded search for a better order when a
 guest is left out (core/batch.py). Nothing here reads a host or a database: callers
-build the views (app/fleet_placement.observe_host for live hosts, a capabilities
+build the views (app/fleet_placement.observe_host from a host snapshot for live hosts, a capabilities
 file for an offline one), so an offline plan stays light.
 """
 

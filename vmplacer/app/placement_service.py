@@ -14,10 +14,10 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from vmplacer.app.admission import profiles_of
+from vmplacer.app.host_snapshot import HostSnapshot, take_snapshot
 from vmplacer.core.allocate import allocate, may_narrow, refresh_shared_pins
 from vmplacer.core.guest import GuestSpec
-from vmplacer.core.interference_scorer import GuestProfile, profile_from_labels
+from vmplacer.core.interference_scorer import GuestProfile
 from vmplacer.core.occupancy import Occupancy, occupancy_after
 from vmplacer.core.placement import Placement
 from vmplacer.core.policies.admit import AllocationOptions
@@ -80,14 +80,6 @@ def host_lock(host: str) -> threading.Lock:
         return _host_locks.setdefault(host, threading.Lock())
 
 
-def _floating(domain: DomainInfo, host: str) -> Placement:
-    if domain.placement is not None:
-        return domain.placement
-    return Placement(guest=domain.name, host=host,
-                     vcpupin={v: frozenset() for v in range(domain.vcpus)},
-                     memory_kib=domain.memory_kib)
-
-
 def _defined(host: PlacingHost, guest: str) -> bool:
     """Whether the host has a domain of that name now (a reservation may have none yet)."""
     try:
@@ -120,31 +112,18 @@ class PlacementService:
     def occupied(self, host: PlacingHost) -> tuple[HostTopology, list[Placement]]:
         """The host's topology and everything on it: live domains, plus placements
         recorded but not (yet) visible in libvirt."""
-        topology, live, _ = self._read_host(host)
-        return topology, self._with_recorded(host, live)
+        snapshot = take_snapshot(host, self._store)
+        return snapshot.topology, snapshot.placements
 
-    @staticmethod
-    def _read_host(host: PlacingHost) -> tuple[HostTopology, dict[str, Placement], dict[str, GuestProfile]]:
-        """The host's topology, its domains' placements by name as libvirt shows them now, and
-        what admission knows of each guest there (from its labels)."""
-        labelled = getattr(host, "labelled_placements", None)  # a libvirt host reads only the XML
-        if labelled is not None:
-            read = labelled()
-            return (host.topology(), {name: p for name, (p, _) in read.items()},
-                    {name: profile_from_labels(name, labels) for name, (_, labels) in read.items()})
-        domains = host.domains()
-        return host.topology(), {d.name: _floating(d, host.name) for d in domains}, profiles_of(domains)
+    def _with_recorded(self, host: PlacingHost, snapshot: HostSnapshot) -> list[Placement]:
+        """`snapshot`'s domains plus the placements recorded for the host now and not (yet)
+        seen in libvirt (the store is read here: under the host lock when claiming)."""
+        return snapshot.with_recorded(self._store.occupied(host.name)).placements
 
-    def _with_recorded(self, host: PlacingHost, live: dict[str, Placement]) -> list[Placement]:
-        """`live` plus the placements recorded for the host and not (yet) seen in libvirt."""
-        merged = dict(live)
-        for recorded in self._store.occupied(host.name):
-            merged.setdefault(recorded.guest, recorded)
-        return list(merged.values())
-
-    def _allocate(self, host: PlacingHost, spec: GuestSpec, topology: HostTopology, others: list[Placement],
-                  profiles: dict[str, GuestProfile]) -> Placement:
-        scorer = self._admission.scorer(spec, profiles) if self._admission is not None else None
+    def _allocate(self, host: PlacingHost, spec: GuestSpec, snapshot: HostSnapshot,
+                  others: list[Placement]) -> Placement:
+        topology = snapshot.topology
+        scorer = self._admission.scorer(spec, snapshot.profiles) if self._admission is not None else None
         occupancy = occupancy_after(self._occupancies.get(host.name), topology, others)
         try:
             return allocate(topology, spec, occupancy, scorer=scorer, options=self._options(host.name))
@@ -153,8 +132,8 @@ class PlacementService:
 
     def plan(self, host: PlacingHost, spec: GuestSpec, base_xml: str | None = None) -> PlaceResult:
         """Dry run: the placement and XML vmplacer would use now; nothing is written."""
-        topology, live, profiles = self._read_host(host)
-        placement = self._allocate(host, spec, topology, self._with_recorded(host, live), profiles)
+        snapshot = take_snapshot(host)
+        placement = self._allocate(host, spec, snapshot, self._with_recorded(host, snapshot))
         return PlaceResult(placement, self._render(spec, placement, base_xml), "planned")
 
     def place(
@@ -180,9 +159,9 @@ class PlacementService:
 
             raise NoFit(spec.name, host.name, [NoFitReason(
                 "name", "fleet", "a guest name not yet placed", f"guest {spec.name} is already placed")])
-        topology, live, profiles = self._read_host(host)
+        snapshot = take_snapshot(host)
         with host_lock(host.name):
-            placement, claimed_among = self._claim(host, spec, topology, live, profiles)
+            placement, claimed_among = self._claim(host, spec, snapshot)
         xml = self._render_claimed(spec, placement, base_xml)
         try:
             uuid = host.define(xml, spec.name)
@@ -199,7 +178,7 @@ class PlacementService:
                 self._undo_define(host, spec.name)
                 self._audit("start", "failed", host, spec, str(exc), actor_detail)
                 raise
-        narrowed = self._narrow_floating(host, topology, live, claimed_among)
+        narrowed = self._narrow_floating(host, snapshot, claimed_among)
         # "place ok" comes last: the guest's pCPUs are its own only once the floaters left them
         placed = {"action": "place", "outcome": "ok", "host": host.name, "guest": spec.name,
                   "message": placement.describe_pinning(),
@@ -213,26 +192,26 @@ class PlacementService:
         """Claim the pCPUs and record the placement as `planned` without defining the
         domain: the caller defines it from the returned XML (an orchestrator that owns
         domain definition). The claimed pCPUs are exclusive from now on."""
-        topology, live, profiles = self._read_host(host)
+        snapshot = take_snapshot(host)
         with host_lock(host.name):
-            placement, claimed_among = self._claim(host, spec, topology, live, profiles)
+            placement, claimed_among = self._claim(host, spec, snapshot)
         xml = self._render_claimed(spec, placement, base_xml)
-        narrowed = self._narrow_floating(host, topology, live, claimed_among)
+        narrowed = self._narrow_floating(host, snapshot, claimed_among)
         self._audit("reserve", "ok", host, spec, placement.describe_pinning(),
                     {**(actor_detail or {}), "placement": placement.to_dict(), "state": "planned"})
         return PlaceResult(placement, xml, "planned", None, narrowed)
 
-    def _claim(self, host: PlacingHost, spec: GuestSpec, topology: HostTopology,
-               live: dict[str, Placement], profiles: dict[str, GuestProfile]) -> tuple[Placement, list[Placement]]:
+    def _claim(self, host: PlacingHost, spec: GuestSpec, snapshot: HostSnapshot
+               ) -> tuple[Placement, list[Placement]]:
         """Allocate and commit the claim (under the host lock); on a lost race (another
         instance claimed first), re-read the host and try again. Returns the placement and
         everything on the host with it, as the claim saw them."""
         last_conflict: ClaimConflict | None = None
         for attempt in range(MAX_CLAIM_ATTEMPTS):
             if attempt:
-                topology, live, profiles = self._read_host(host)
-            others = self._with_recorded(host, live)
-            placement = self._allocate(host, spec, topology, others, profiles)
+                snapshot = take_snapshot(host)
+            others = self._with_recorded(host, snapshot)
+            placement = self._allocate(host, spec, snapshot, others)
             try:
                 self._store.record(host.name, host.uri, placement, spec.to_dict())
             except ClaimConflict as exc:
@@ -259,22 +238,23 @@ class PlacementService:
                 pass
         self._store.forget(guest)
 
-    def _narrow_floating(self, host: PlacingHost, topology: HostTopology,
-                         live: dict[str, Placement], claimed_among: list[Placement]) -> list[str]:
+    def _narrow_floating(self, host: PlacingHost, snapshot: HostSnapshot,
+                         claimed_among: list[Placement]) -> list[str]:
         """Floating (shared) vCPUs of defined domains leave pCPUs that became exclusive
         (reservations without a domain yet get narrow pins when they are defined).
 
-        Under the host lock, from `live` (read before the claim) and the store read now: every
+        Under the host lock, from `snapshot` (read before the claim) and the store read now: every
         exclusive claim vmplacer committed is in the store, and narrowing only ever takes
         claimed pCPUs away, so a view of a domain older than another request's narrowing of it
         never widens it back. Only the domains whose pins change are looked up.
 
         Whether there is anything to do is asked of `claimed_among`, the host as the claim saw
         it: a floater on this claim's pCPUs was there then (a guest placed later avoids them)."""
+        topology = snapshot.topology
         if not self._narrowings(topology, claimed_among):
             return []  # nothing floats on a claimed pCPU: the usual case, no lock, no read
         with host_lock(host.name):
-            placements = self._with_recorded(host, live)
+            placements = self._with_recorded(host, snapshot)
             before = {p.guest: p for p in placements}
             narrowed = []
             for after in self._narrowings(topology, placements):

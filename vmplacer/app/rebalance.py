@@ -28,6 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vmplacer.app.executor import Auditor, Executor, ExecutorError, ExecutorSettings
+from vmplacer.app.host_snapshot import take_snapshot
 from vmplacer.core.guest import GuestSpec, GuestSpecError
 from vmplacer.core.interference import InterferenceModel
 from vmplacer.core.layout_problem import LayoutSolver
@@ -240,7 +241,8 @@ class Rebalancer:
 
     # ----- observe ------------------------------------------------------------------------------
     def observe(self, host_names: Iterable[str]) -> Observation:
-        """Hosts, their running guests and the rules each guest moves by."""
+        """Hosts, their running guests and the rules each guest moves by: each host's snapshot
+        (app/host_snapshot.py), with a description of each running guest on top."""
         hosts: dict[str, HostState] = {}
         guests: dict[str, GuestState] = {}
         notes: list[str] = []
@@ -248,15 +250,14 @@ class Rebalancer:
         errors: dict[str, str] = {}
         closed = set(self.in_maintenance())
         for name in host_names:
-            hypervisor = self.hosts[name]
             try:
-                topology = hypervisor.topology()
-                domains = hypervisor.domains()
+                snapshot = take_snapshot(self.hosts[name], listing=True)
             except HypervisorError as exc:
                 unreachable.append(name)
                 errors[name] = str(exc)
                 notes.append(f"host {name} left out: {exc}")
                 continue
+            topology, domains = snapshot.topology, snapshot.domains or ()
             hosts[name] = HostState(name, topology, accepts_migrations=name not in closed,
                                     options=self.allocation(name))
             if name in closed:

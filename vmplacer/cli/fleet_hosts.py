@@ -89,9 +89,9 @@ def observe(ctx: CliContext, candidates: Candidates, *, recorded: bool = False) 
     for name in list(candidates.names):
         try:
             host = ctx.container.hypervisor(name)
-            stored = ctx.container.placement_store.occupied(name) if recorded else ()
+            store = ctx.container.placement_store if recorded else None
             views.append(observe_host(host, ctx.container.allocation_options(name), ctx.container.admission,
-                                      stored))
+                                      store))
         except (HypervisorError, DomainXmlError) as exc:
             text = (str(exc) if isinstance(exc, HypervisorError)
                     else f"host {name}: a domain's XML cannot be read: {exc}")

@@ -1,0 +1,192 @@
+"""One observe: every planning path reads a host through `take_snapshot`, and a snapshot
+costs one topology read and one domain read (the API's cache serving repeats)."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from vmplacer.api.hostcache import HostSnapshots, SnapshotStore
+from vmplacer.app import fleet_placement, placement_service, rebalance
+from vmplacer.app.fleet_placement import FleetPlacement, observe_host
+from vmplacer.app.host_snapshot import HostSnapshot, take_snapshot
+from vmplacer.app.placement_service import PlacementService
+from vmplacer.app.rebalance import Rebalancer
+from vmplacer.core.guest import GuestSpec
+from vmplacer.core.placement import Placement
+from vmplacer.core.policies.admit import AllocationOptions
+from vmplacer.core.topology import uniform_topology
+from vmplacer.ports import DomainGone, DomainInfo
+
+
+class _CountingHost:
+    """A host with one pinned running guest and one floating (unpinned) guest, counting reads."""
+
+    def __init__(self, name: str = "h1") -> None:
+        self.name, self.uri = name, f"test:///{name}"
+        self.reads = {"topology": 0, "domains": 0}
+        self._topology = uniform_topology(nodes=1, cores_per_node=8, threads_per_core=1,
+                                          memory_mib_per_node=16384, name=name)
+        pinned = Placement(guest="pinned", host=name, vcpupin={0: frozenset({0})}, memory_kib=1024 * 1024,
+                           dedicated=True, exclusive_cpus=frozenset({0}))
+        self._domains = [
+            DomainInfo("pinned", "u-1", "running", None, 1, 1024 * 1024, pinned, {"workload_class": "noisy"}),
+            DomainInfo("floater", "u-2", "shutoff", None, 2, 512 * 1024, None, {}),
+        ]
+        self.defined: dict[str, str] = {}
+
+    def topology(self):  # type: ignore[no-untyped-def]
+        self.reads["topology"] += 1
+        return self._topology
+
+    def domains(self) -> list[DomainInfo]:
+        self.reads["domains"] += 1
+        return list(self._domains)
+
+    def domain_state(self, name: str) -> tuple[str, str | None]:
+        if name not in self.defined:
+            raise DomainGone(name)
+        return "shutoff", None
+
+    def define(self, xml: str, name: str = "") -> str:
+        self.defined[name] = xml
+        return f"uuid-{name}"
+
+
+class _Store:
+    def __init__(self, recorded: list[Placement] | None = None) -> None:
+        self.recorded = list(recorded or [])
+        self.reads = 0
+
+    def occupied(self, host: str) -> list[Placement]:
+        self.reads += 1
+        return [p for p in self.recorded if p.host == host]
+
+    def record(self, host: str, uri: str, placement: Placement, spec: dict) -> None:
+        self.recorded.append(placement)
+
+    def set_state(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def forget(self, guest: str) -> None:
+        self.recorded = [p for p in self.recorded if p.guest != guest]
+
+    def get(self, guest: str) -> Placement | None:
+        return next((p for p in self.recorded if p.guest == guest), None)
+
+    def audit(self, **entry: Any) -> None:
+        pass
+
+
+def _reserved(guest: str = "claimed", cpu: int = 1) -> Placement:
+    return Placement(guest=guest, host="h1", vcpupin={0: frozenset({cpu})}, memory_kib=1024 * 1024,
+                     dedicated=True, exclusive_cpus=frozenset({cpu}))
+
+
+def _spec(name: str = "new") -> GuestSpec:
+    return GuestSpec.from_mapping({"name": name, "vcpus": 2, "memory_mib": 1024, "cpu_policy": "dedicated"})
+
+
+@pytest.fixture
+def taken(monkeypatch: pytest.MonkeyPatch) -> list[HostSnapshot]:
+    """Every snapshot any path takes, through the one function each module imported."""
+    seen: list[HostSnapshot] = []
+
+    def spy(*args: Any, **kwargs: Any) -> HostSnapshot:
+        snapshot = take_snapshot(*args, **kwargs)
+        seen.append(snapshot)
+        return snapshot
+
+    for module in (placement_service, fleet_placement, rebalance):
+        monkeypatch.setattr(module, "take_snapshot", spy)
+    return seen
+
+
+def test_a_snapshot_reads_topology_and_domains_once_and_adds_what_is_only_recorded():
+    host = _CountingHost()
+    store = _Store([_reserved(), _reserved("pinned", 3), _reserved("claimed", 6)])
+    snapshot = take_snapshot(host, store, listing=True)
+    assert host.reads == {"topology": 1, "domains": 1} and store.reads == 1
+    assert [p.guest for p in snapshot.placements] == ["pinned", "floater", "claimed"]
+    assert snapshot.live["pinned"].vcpupin == {0: frozenset({0})}  # libvirt's view wins over a record
+    assert snapshot.live["floater"].vcpupin == {0: frozenset(), 1: frozenset()}  # floats anywhere
+    assert snapshot.recorded == (_reserved(),)  # the first record of a guest wins
+    assert snapshot.names == {"pinned", "floater", "claimed"}
+    assert snapshot.profiles["pinned"].workload_class == "noisy"
+    assert [d.name for d in snapshot.domains or ()] == ["pinned", "floater"]
+
+
+def test_a_host_offering_the_cheaper_read_is_read_so_unless_the_listing_is_asked_for():
+    host = _CountingHost()
+    read = {"pinned": (host._domains[0].placement, {"workload_class": "noisy"})}
+    host.labelled_placements = lambda: read  # type: ignore[attr-defined]
+    cheap = take_snapshot(host)
+    assert host.reads == {"topology": 1, "domains": 0}
+    assert list(cheap.live) == ["pinned"] and cheap.domains is None
+    assert cheap.profiles["pinned"].workload_class == "noisy"
+    listed = take_snapshot(host, listing=True)
+    assert host.reads == {"topology": 2, "domains": 1} and len(listed.domains or ()) == 2
+
+
+def test_placing_and_dry_runs_take_one_snapshot_each(taken: list[HostSnapshot]):
+    host, store = _CountingHost(), _Store([_reserved()])
+    service = PlacementService(store, lambda spec, placement, base: f"<domain>{spec.name}</domain>")
+    planned = service.plan(host, _spec())
+    assert len(taken) == 1 and host.reads == {"topology": 1, "domains": 1}
+    assert not set().union(*planned.placement.vcpupin.values()) & {0, 1}  # the domain and the record count
+    service.place(host, _spec("placed"))
+    assert len(taken) == 2 and host.reads == {"topology": 2, "domains": 2}
+    assert "placed" in host.defined
+
+
+def test_fleet_choice_and_the_batch_view_take_one_snapshot_per_host(taken: list[HostSnapshot]):
+    hosts = {name: _CountingHost(name) for name in ("h1", "h2")}
+    service = PlacementService(_Store(), lambda spec, placement, base: "<domain/>")
+    fleet = FleetPlacement(service, hosts.__getitem__, hosts.__getitem__)
+    fleet.plan(_spec(), ["h1", "h2"], None)
+    assert len(taken) == 2 and all(h.reads == {"topology": 1, "domains": 1} for h in hosts.values())
+
+    view = observe_host(hosts["h1"], AllocationOptions(), store=_Store([_reserved()]))
+    assert len(taken) == 3 and hosts["h1"].reads == {"topology": 2, "domains": 2}
+    assert view.domains == {"pinned", "floater", "claimed"} and len(view.existing) == 3
+
+
+def test_the_cli_observes_candidates_through_the_same_snapshot(taken: list[HostSnapshot]):
+    from vmplacer.cli.fleet_hosts import Candidates, observe
+
+    hosts = {name: _CountingHost(name) for name in ("h1", "h2")}
+    store = _Store([_reserved()])
+    container = SimpleNamespace(hypervisor=hosts.__getitem__, placement_store=store,
+                                allocation_options=lambda _name: AllocationOptions(), admission=None)
+    views = observe(SimpleNamespace(container=container), Candidates(["h1", "h2"]), recorded=True)
+    assert len(taken) == 2 and [v.name for v in views] == ["h1", "h2"]
+    assert all(h.reads == {"topology": 1, "domains": 1} for h in hosts.values())
+    assert "claimed" in views[0].domains and "claimed" not in views[1].domains
+
+
+def test_the_rebalancer_observes_each_host_through_one_snapshot(taken: list[HostSnapshot]):
+    hosts = {name: _CountingHost(name) for name in ("h1", "h2")}
+    run = Rebalancer(hosts, plans=None, leases=None, clock=None)  # type: ignore[arg-type]
+    observed = run.observe(["h1", "h2"])
+    assert len(taken) == 2 and all(h.reads == {"topology": 1, "domains": 1} for h in hosts.values())
+    assert set(observed.state.hosts) == {"h1", "h2"}
+    # running guests are described on top of the snapshots; the stopped floater is none of them,
+    # and a guest running on both hosts is seen on both
+    assert set(observed.state.guests) == {"pinned"}
+    assert any("running on both h1 and h2" in note for note in observed.notes)
+
+
+def test_the_api_cache_serves_repeated_snapshots_from_one_read(taken: list[HostSnapshot]):
+    host, store = _CountingHost(), _Store([_reserved()])
+    snapshots = HostSnapshots(lambda _name: host, store.occupied)
+    dry_runs = PlacementService(SnapshotStore(snapshots), lambda spec, placement, base: "<domain/>")
+    fleet = FleetPlacement(dry_runs, snapshots.view, lambda _name: host, invalidate=snapshots.invalidate)
+    for _ in range(3):
+        fleet.plan(_spec(), ["h1"], None)
+    assert len(taken) == 3  # a snapshot per dry run ...
+    assert host.reads == {"topology": 1, "domains": 1} and store.reads == 1  # ... from one read of each part
+    snapshots.invalidate("h1")  # a placement touched the host: its domains and records are read anew
+    fleet.plan(_spec(), ["h1"], None)
+    assert host.reads == {"topology": 1, "domains": 2} and store.reads == 2
