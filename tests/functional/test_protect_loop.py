@@ -63,7 +63,10 @@ def test_throttles_the_antagonist_until_the_floor_holds_then_releases_when_the_v
     assert 0.2 <= host.cpu_bandwidth("batch").share < 1.0
     throttled_rounds = [r for r in reports if r.plan]
     assert throttled_rounds and all(r.plan["state"] == "succeeded" for r in throttled_rounds)
-    assert reports[-1].decision.verdicts[0].state in ("held", "headroom")
+    # once the floor holds the loop measures at its steady pace, so judge the last measured round
+    measured = [r for r in reports if r.measurement is not None]
+    assert measured[-1].decision.verdicts[0].state in ("held", "headroom")
+    assert reports[-1].decision.verdicts[0].state in ("held", "headroom", "unmeasured")
     stored = SqlPlanStore(db).get(throttled_rounds[0].plan["id"])
     assert stored.actions[0].kind == "throttle" and stored.actions[0].parameters["protects"] == "web"
     (record,) = SqlThrottleLedger(db).current("h1")

@@ -83,3 +83,25 @@ def test_idleness_has_hysteresis_and_needs_a_long_enough_span():
     assert idle_now(False, 0.0, 0.5, settings) is False  # too short to judge
     with pytest.raises(ValueError, match="idle_below"):
         IdleSettings(idle_below=0.3, busy_above=0.2)
+
+
+def test_a_loop_that_is_not_acting_spreads_its_measurements_over_part_of_the_budget():
+    from vmplacer.core.protect_cadence import steady_spacing_s
+
+    settings = CadenceSettings(budget=0.02, steady_share=0.5)
+    # 0.18 s of freezing per measurement at 1 % of wall time: one every 18 s
+    assert steady_spacing_s(settings, 0.18) == pytest.approx(18.0)
+    assert steady_spacing_s(CadenceSettings(budget=0.02, steady_share=1.0), 0.18) == pytest.approx(9.0)
+
+
+def test_only_acting_or_missing_estimates_make_a_measurement_urgent():
+    settings = CadenceSettings()
+    assert next_pace(settings, acted=True, margins=[0.2], calm=0).urgent
+    assert next_pace(settings, acted=False, margins=[None], calm=0).urgent
+    assert not next_pace(settings, acted=False, margins=[0.0], calm=0).urgent  # near the floor
+    assert not next_pace(settings, acted=False, margins=[0.3], calm=5).urgent
+
+
+def test_steady_share_is_checked():
+    with pytest.raises(ValueError, match="steady_share"):
+        CadenceSettings(steady_share=0.0)

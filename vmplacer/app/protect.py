@@ -53,6 +53,7 @@ from vmplacer.core.protect_cadence import (
     RatioSmoother,
     expected_freeze_s,
     next_pace,
+    steady_spacing_s,
 )
 from vmplacer.core.protection import ProtectionDefaults, protection_of
 from vmplacer.core.topology import HostTopology
@@ -158,7 +159,8 @@ class ProtectLoop:
         self.history = history
         self.budget = FreezeBudget(self.cadence.budget, self.cadence.window_s)
         self.smoother = RatioSmoother(self.cadence.smooth_k)
-        self.pace = Pace(self.cadence.fast_interval_s, self.cadence.fast_samples, 0, "first round")
+        self.pace = Pace(self.cadence.fast_interval_s, self.cadence.fast_samples, 0, "first round", urgent=True)
+        self._measured_at: float | None = None  # when the last measurement started
         self._per_sample_s = t_m_s  # the longest frozen time per sample seen lately (the budget's estimate)
         self._cpu_reads: dict[str, tuple[float, float]] = {}  # guest -> (clock, CPU seconds)
         self._idle: dict[str, bool] = {}
@@ -172,13 +174,19 @@ class ProtectLoop:
         notes: list[str] = []
         guests = self._mark_idle(self._observe(notes), notes)
         protected = [g.name for g in guests if g.protection.protected and g.running and not g.idle]
-        samples = self.pace.samples
+        urgent = self.pace.urgent
+        samples = self.pace.samples if urgent else self.cadence.slow_samples
         measurement = None
         blocked_until: float | None = None
         if protected:
             expected = expected_freeze_s(samples, len(protected), self._per_sample_s)
             now = self.clock.now()
-            if self.budget.allows(now, expected):
+            spacing = steady_spacing_s(self.cadence, expected)
+            if not urgent and self._measured_at is not None and now - self._measured_at < spacing:
+                notes.append(f"steady pace: measuring every {spacing:.0f} s while not acting "
+                             f"({self.cadence.steady_share:.0%} of the freeze budget)")
+            elif self.budget.allows(now, expected):
+                self._measured_at = now
                 measurement = self.measure(protected, samples)
             else:
                 blocked_until = self.budget.ready_at(now, expected)
@@ -228,7 +236,8 @@ class ProtectLoop:
                    for g in guests if g.name in protected]
         if blocked_until is not None and not decision.steps:  # wait for the budget, not for a fast pace
             wait = min(self.cadence.slow_interval_s, max(self.cadence.fast_interval_s, blocked_until - now))
-            self.pace = Pace(wait, self.pace.samples, self.pace.calm, "waiting for the freeze budget")
+            self.pace = Pace(wait, self.pace.samples, self.pace.calm, "waiting for the freeze budget",
+                             urgent=self.pace.urgent)
         else:
             self.pace = next_pace(self.cadence, acted=bool(decision.steps), margins=margins, calm=self.pace.calm)
         report.pace = self.pace

@@ -39,6 +39,7 @@ class CadenceSettings:
     budget: float = 0.02  # the most frozen time per wall time over any window of window_s
     window_s: float = 300.0
     smooth_k: int = 3  # rounds the smoothed ratio is the median of
+    steady_share: float = 0.5  # of the budget, what a loop that is not acting spends (the rest: bursts)
 
     def __post_init__(self) -> None:
         checks = (
@@ -48,6 +49,7 @@ class CadenceSettings:
             ("slow_samples", 1 <= self.slow_samples <= self.fast_samples, "1..fast_samples"),
             ("calm_rounds", self.calm_rounds >= 1, "at least 1"),
             ("near", 0.0 <= self.near <= 0.5, "0..0.5"),
+            ("steady_share", 0.0 < self.steady_share <= 1.0, "in (0, 1]"),
             ("budget", 0.0 < self.budget <= 1.0, "in (0, 1]"),
             ("window_s", 10.0 <= self.window_s <= 86_400.0, "10..86400 s"),
             ("smooth_k", 1 <= self.smooth_k <= 20, "1..20"),
@@ -137,6 +139,7 @@ class Pace:
     samples: int
     calm: int  # rounds in a row holding with margin, nothing changed
     reason: str
+    urgent: bool = False  # just acted or no estimate yet: measure now, only the window's budget limits it
 
 
 def next_pace(settings: CadenceSettings, *, acted: bool, margins: Iterable[float | None], calm: int) -> Pace:
@@ -149,9 +152,10 @@ def next_pace(settings: CadenceSettings, *, acted: bool, margins: Iterable[float
     """
     values = list(margins)
     if acted:
-        return Pace(settings.fast_interval_s, settings.fast_samples, 0, "acted this round")
+        return Pace(settings.fast_interval_s, settings.fast_samples, 0, "acted this round", urgent=True)
     if any(m is None for m in values):
-        return Pace(settings.fast_interval_s, settings.fast_samples, 0, "a protected guest has no estimate yet")
+        return Pace(settings.fast_interval_s, settings.fast_samples, 0, "a protected guest has no estimate yet",
+                    urgent=True)
     if any(m < settings.near for m in values):  # type: ignore[operator]
         return Pace(settings.fast_interval_s, settings.fast_samples, 0, "near the floor")
     calm += 1
@@ -159,6 +163,13 @@ def next_pace(settings: CadenceSettings, *, acted: bool, margins: Iterable[float
         return Pace(settings.fast_interval_s, settings.fast_samples, calm, "holding with margin")
     interval = min(settings.slow_interval_s, settings.fast_interval_s * 2 ** (calm - settings.calm_rounds + 1))
     return Pace(interval, settings.slow_samples, calm, "holding with margin: backing off")
+
+
+def steady_spacing_s(settings: CadenceSettings, expected_s: float) -> float:
+    """The least time between measurements of a loop that is not acting: spread evenly, they spend
+    `steady_share` of the budget, so a window never starts empty after a burst and then starves
+    (the rest of the budget stays for the rounds right after a throttle step)."""
+    return expected_s / (settings.budget * settings.steady_share)
 
 
 def expected_freeze_s(samples: int, guests: int, per_sample_s: float) -> float:
