@@ -231,8 +231,9 @@ class ProtectLoop:
         changed = {s.protects for s in decision.steps}
         self.smoother.reset(changed)
         report.guests = self._guest_stats(guests, decision, raw, report.plan, now)
-        margins = [None if g.ratio is None or g.protection.floor is None
-                   else g.ratio - g.protection.floor - self.settings.release_margin
+        # the smoothed estimate stands in rounds that did not measure (steady pace, budget)
+        margins = [None if smoothed.get(g.name) is None or g.protection.floor is None
+                   else smoothed[g.name] - g.protection.floor - self.settings.release_margin  # type: ignore[operator]
                    for g in guests if g.name in protected]
         if blocked_until is not None and not decision.steps:  # wait for the budget, not for a fast pace
             wait = min(self.cadence.slow_interval_s, max(self.cadence.fast_interval_s, blocked_until - now))
