@@ -127,6 +127,38 @@ def test_loop_holds_the_floor_by_throttling_and_releases_when_the_victim_stops(t
           f"{share:.2f}; released {released_at:.1f} s after the stop")
 
 
+def test_a_floor_throttling_cannot_hold_is_reported_with_a_rebalance_plan(testbed, make_guest, host1_conn,
+                                                                           tmp_path):
+    """The neighbour may not go below 0.9 of its CPU: throttling cannot give the victim 0.8, so the
+    loop says so and stores a rebalance plan instead of throttling further; the unlabelled guest
+    and the neighbour's minimum share are left alone."""
+    victim = make_guest("prot-cant-victim", workload="spin", pin=1, emulator_pin=0)
+    batch = make_guest("prot-cant-batch", workload="spin", pin=1, emulator_pin=0)
+    plain = make_guest("prot-cant-plain", workload="idle", pin=0, emulator_pin=0)
+    label(host1_conn, victim.name, {"vmplacer.protect": str(FLOOR)}, "latency-critical")
+    label(host1_conn, batch.name, {"vmplacer.min_cpu_share": "0.9"}, "batch")
+    for guest in (victim, batch, plain):
+        wait_for_progress(guest.console, samples=3, timeout_s=60)
+
+    container = container_for(testbed, tmp_path)
+    loop = build_protect_loop(container, "host1", scope=(victim.name, batch.name, plain.name), samples=5,
+                              t_m_s=0.05)
+    reports = []
+    started = time.monotonic()
+    while time.monotonic() - started < WITHIN_S:
+        reports.append(loop.round().to_dict())
+        if reports[-1]["proposed_plan"] is not None:
+            break
+    history = [(r["verdicts"][0]["state"], r["verdicts"][0]["ratio"], r["shares"]) for r in reports]
+    proposed = reports[-1]["proposed_plan"]
+    assert proposed is not None, f"no rebalance plan proposed within {WITHIN_S:.0f} s: {history}"
+    assert any("cannot be held" in note for note in reports[-1]["notes"]), reports[-1]["notes"]
+    assert container.plan_store.get(proposed) is not None
+    assert loop.host.cpu_bandwidth(batch.name).share >= 0.9 - 1e-6, "throttled below its minimum share"
+    assert not loop.host.cpu_bandwidth(plain.name).limited, "an unlabelled guest was throttled"
+    assert not loop.host.cpu_bandwidth(victim.name).limited, "the protected guest was throttled"
+
+
 # ----- idle protected guests, kill -9 of the loop ---------------------------------------------------
 
 
