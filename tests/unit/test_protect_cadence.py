@@ -57,7 +57,8 @@ def test_pace_is_fast_while_acting_or_near_the_floor_and_backs_off_while_calm():
         pace = next_pace(settings, acted=False, margins=[0.2], calm=calm)
         calm = pace.calm
         paces.append((pace.interval_s, pace.samples))
-    assert paces == [(2.0, 5), (4.0, 2), (8.0, 2), (10.0, 2), (10.0, 2), (10.0, 2)]
+    assert paces == [(2.0, 2), (4.0, 2), (8.0, 2), (10.0, 2), (10.0, 2), (10.0, 2)]
+    assert next_pace(settings, acted=False, margins=[0.01], calm=5).samples == 2  # near, but not acting
 
 
 def test_cadence_settings_name_a_bad_field():
@@ -100,6 +101,8 @@ def test_only_acting_or_missing_estimates_make_a_measurement_urgent():
     assert next_pace(settings, acted=False, margins=[None], calm=0).urgent
     assert not next_pace(settings, acted=False, margins=[0.0], calm=0).urgent  # near the floor
     assert not next_pace(settings, acted=False, margins=[0.3], calm=5).urgent
+    below = next_pace(settings, acted=False, margins=[-0.06], calm=5, below=True)
+    assert below.urgent and below.samples == settings.fast_samples  # under the floor: look again soon
 
 
 def test_steady_share_is_checked():

@@ -175,7 +175,7 @@ class ProtectLoop:
         guests = self._mark_idle(self._observe(notes), notes)
         protected = [g.name for g in guests if g.protection.protected and g.running and not g.idle]
         urgent = self.pace.urgent
-        samples = self.pace.samples if urgent else self.cadence.slow_samples
+        samples = self.pace.samples
         measurement = None
         blocked_until: float | None = None
         if protected:
@@ -240,7 +240,11 @@ class ProtectLoop:
             self.pace = Pace(wait, self.pace.samples, self.pace.calm, "waiting for the freeze budget",
                              urgent=self.pace.urgent)
         else:
-            self.pace = next_pace(self.cadence, acted=bool(decision.steps), margins=margins, calm=self.pace.calm)
+            below = any(smoothed.get(g.name) is not None and g.protection.floor is not None
+                        and smoothed[g.name] < g.protection.floor  # type: ignore[operator]
+                        for g in guests if g.name in protected)
+            self.pace = next_pace(self.cadence, acted=bool(decision.steps), margins=margins, calm=self.pace.calm,
+                                  below=below)
         report.pace = self.pace
         if self.history is not None:
             try:

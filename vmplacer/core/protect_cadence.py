@@ -142,13 +142,16 @@ class Pace:
     urgent: bool = False  # just acted or no estimate yet: measure now, only the window's budget limits it
 
 
-def next_pace(settings: CadenceSettings, *, acted: bool, margins: Iterable[float | None], calm: int) -> Pace:
+def next_pace(settings: CadenceSettings, *, acted: bool, margins: Iterable[float | None], calm: int,
+              below: bool = False) -> Pace:
     """The next round's pace. `margins`: per protected guest that is measured and busy, its smoothed
-    ζ/ζb minus (floor + release_margin); None when it has no estimate yet.
+    ζ/ζb minus (floor + release_margin); None when it has no estimate yet. `below`: a protected
+    guest's smoothed ζ/ζb is under its floor (the freeze budget still bounds what that costs).
 
     Fast while acting, while a guest has no estimate or sits within `near` of floor + margin;
-    otherwise the interval doubles per calm round (after `calm_rounds`) up to `slow_interval_s`,
-    and the samples drop to `slow_samples`.
+    otherwise the interval doubles per calm round (after `calm_rounds`) up to `slow_interval_s`.
+    Only urgent rounds (acting, no estimate) take `fast_samples`; the others measure with
+    `slow_samples`, at most as often as the steady pace allows (`steady_spacing_s`).
     """
     values = list(margins)
     if acted:
@@ -156,11 +159,14 @@ def next_pace(settings: CadenceSettings, *, acted: bool, margins: Iterable[float
     if any(m is None for m in values):
         return Pace(settings.fast_interval_s, settings.fast_samples, 0, "a protected guest has no estimate yet",
                     urgent=True)
+    if below:  # look again soon: one noisy round below must not stand for a whole steady spacing
+        return Pace(settings.fast_interval_s, settings.fast_samples, 0, "a protected guest is below its floor",
+                    urgent=True)
     if any(m < settings.near for m in values):  # type: ignore[operator]
-        return Pace(settings.fast_interval_s, settings.fast_samples, 0, "near the floor")
+        return Pace(settings.fast_interval_s, settings.slow_samples, 0, "near the floor")
     calm += 1
     if calm < settings.calm_rounds:
-        return Pace(settings.fast_interval_s, settings.fast_samples, calm, "holding with margin")
+        return Pace(settings.fast_interval_s, settings.slow_samples, calm, "holding with margin")
     interval = min(settings.slow_interval_s, settings.fast_interval_s * 2 ** (calm - settings.calm_rounds + 1))
     return Pace(interval, settings.slow_samples, calm, "holding with margin: backing off")
 
