@@ -300,6 +300,7 @@ class PlanStore(Protocol):
     def record_action(self, plan_id: int, action: object, *, started: bool = False,
                       finished: bool = False) -> None: ...
     def last_moved(self, guests: list[str] | None = None) -> dict[str, float]: ...
+    def trial_outcomes(self, since: float) -> list[Any]: ...  # TrialOutcome of trial probes finished since
     def cancel(self, plan_id: int, from_state: str, message: str) -> bool:
         """Cancel a proposed or approved plan still in `from_state`: the plan becomes `cancelled`
         and its pending actions `skipped` with `message`, in one step; False if it moved on."""

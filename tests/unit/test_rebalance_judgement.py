@@ -86,7 +86,8 @@ def test_moving_off_a_busy_sibling_counts_even_when_the_model_cannot_say_why():
     model = InterferenceModel(ModelConfig(distance_prior={"same-core": 5.0})).fit(observations)
     plan = plan_rebalance(ClusterState({"h": HostState("h", topo)}, guests), model, now=0.0)
     assert any(a.kind == "repin" for a in plan.actions), plan.summary
-    cores = [topo.cpus[next(iter(a.after.vcpupin[0]))].core for a in plan.actions if a.kind == "repin"]
+    cores = [topo.cpus[next(iter(a.after.vcpupin[0]))].core for a in plan.actions
+             if a.kind == "repin" and not a.parameters.get("tried")]
     assert all(c in (2, 3) for c in cores)
 
 

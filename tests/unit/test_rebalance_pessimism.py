@@ -47,7 +47,7 @@ def learned(sibling_rounds: int, seed: int = 0) -> InterferenceModel:
 def final_cores(plan, state: ClusterState) -> dict[str, int]:
     pins = {n: next(iter(g.placement.vcpupin[0])) for n, g in state.guests.items()}
     for action in plan.actions:
-        if action.kind == "repin":
+        if action.kind == "repin" and not action.parameters.get("tried"):  # the plan's layout, not its trial
             pins[action.guest] = next(iter(action.after.vcpupin[0]))
     return {n: TOPO.cpus[c].core for n, c in pins.items()}
 
@@ -66,7 +66,14 @@ def test_a_layout_resting_on_few_observations_does_not_beat_the_spread():
     assert shares_a_core(final_cores(trusting, state)), trusting.summary
     plan = plan_rebalance(state, model, RebalanceSettings(), now=0.0)
     assert not shares_a_core(final_cores(plan, state)), plan.summary
-    assert not [a for a in plan.actions if a.kind == "repin"]
+    assert not [a for a in plan.actions if a.kind == "repin" and not a.parameters.get("tried")]
+    # the model's layout is not taken, but tried: its repins end in a probe that keeps them only if
+    # Freeze'nSense measures them better
+    tried = [a for a in plan.actions if a.parameters.get("tried")]
+    assert tried and all(a.parameters["tried"] == "model" for a in tried)
+    probe = plan.actions[-1]
+    assert probe.kind == "probe" and probe.parameters["trial"]["kind"] == "explore"
+    assert set(probe.depends_on) == {a.index for a in tried}
     (report,) = plan.settings["notes"]["pessimistic"]
     assert report["kept"] == "start" and report["lower_bound"] < 0 < report["start"]["advantage"]
 

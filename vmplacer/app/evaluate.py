@@ -28,6 +28,7 @@ from vmplacer.core.interference import (
 from vmplacer.core.pairs import PairTable
 from vmplacer.core.stats import rrmse
 from vmplacer.core.topology import HostTopology, uniform_topology
+from vmplacer.core.trial import Measured
 from vmplacer.ports import Clock, DomainInfo, Hypervisor, HypervisorError, Sample, Sampler
 
 log = logging.getLogger(__name__)
@@ -131,6 +132,26 @@ def profile_host(hypervisor: Hypervisor, sampler: Sampler, clock: Clock,
 
     `key_by_name` keys observations by guest name, as the online learner does
     (app/learn.py), instead of by the `workload` label shared by replicas."""
+    return [o for _, o in _profile_named(hypervisor, sampler, clock, settings, key_by_name)]
+
+
+def profile_and_measure(hypervisor: Hypervisor, sampler: Sampler, clock: Clock,
+                        settings: ProfileSettings = ProfileSettings(), *,
+                        key_by_name: bool = False) -> tuple[list[Observation], Measured]:
+    """`profile_host`, plus each guest's measured share of its isolated performance (mean ζ/ζb
+    over its valid samples): what a measured trial compares (core/trial.py)."""
+    named = _profile_named(hypervisor, sampler, clock, settings, key_by_name)
+    ratios: dict[str, list[float]] = {}
+    for name, observation in named:
+        ratios.setdefault(name, []).append(observation.zeta / observation.zeta_b)
+    measured = Measured(host=hypervisor.name,
+                        performance={n: sum(v) / len(v) for n, v in sorted(ratios.items())},
+                        samples={n: len(v) for n, v in sorted(ratios.items())})
+    return [o for _, o in named], measured
+
+
+def _profile_named(hypervisor: Hypervisor, sampler: Sampler, clock: Clock, settings: ProfileSettings,
+                   key_by_name: bool) -> list[tuple[str, Observation]]:
     topology = hypervisor.topology()
     tenants = tenants_of(hypervisor.domains())
     if key_by_name:
@@ -156,10 +177,10 @@ def profile_host(hypervisor: Hypervisor, sampler: Sampler, clock: Clock,
                 continue
             share, exposures = terms[name]
             tenant = by_name[name]
-            observations.append(Observation(
+            observations.append((name, Observation(
                 key=tenant.key, zeta=zeta.value, zeta_b=zeta_b.value, neighbours=exposures,
                 own_share=share, workload_class=tenant.workload_class,
-            ))
+            )))
     return observations
 
 

@@ -35,7 +35,7 @@ throttle protects, so no throttle outlives its reason unnoticed.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,6 +43,7 @@ from vmplacer.app.actions import ActionFailed, ActionKind, Check, action_kinds
 from vmplacer.core.bandwidth import CpuBandwidth
 from vmplacer.core.placement import Placement
 from vmplacer.core.plan import Action, CancelRequest, Plan, PlanError
+from vmplacer.core.trial import Measured
 from vmplacer.ports import (
     ClaimConflict,
     Clock,
@@ -100,6 +101,7 @@ class Executor:
         keep_lease: Callable[[], bool] | None = None,
         settings: ExecutorSettings | None = None,
         throttles: ThrottleLedger | None = None,
+        measurements: MutableMapping[str, Measured] | None = None,
     ):
         self.hosts = dict(hosts)
         self.clock = clock
@@ -113,7 +115,7 @@ class Executor:
         self._deferred: list[Placement] = []
         self.kinds: dict[str, ActionKind] = action_kinds(
             self.hosts, probe=probe, migration_bandwidth_mib_s=self.settings.migration_bandwidth_mib_s,
-            migration_timeout_s=self.settings.migration_timeout_s)
+            migration_timeout_s=self.settings.migration_timeout_s, measurements=measurements)
 
     # ----- the plan ---------------------------------------------------------------------------
     def run(self, plan: Plan) -> Plan:
@@ -202,7 +204,31 @@ class Executor:
                 raise ActionFailed(f"verify: {problem}")
         except (ActionFailed, HypervisorError) as exc:
             return self._finish(plan, action.moved_to("failed", f"{exc}; {kind.after_failure(action)}"))
+        rejected = kind.rejected(action)
+        if rejected:
+            return self._undo_trial(plan, action, rejected)
         return self._finish(plan, action.moved_to("succeeded", kind.done(action)), record=True)
+
+    def _undo_trial(self, plan: Plan, probe: Action, why: str) -> Plan:
+        """A trial measured worse: undo the moves the probe follows (newest first); the probe
+        ends rolled back, so whatever builds on it is skipped."""
+        for index in sorted(probe.depends_on, reverse=True):
+            action = plan.actions[index]
+            if action.state != "succeeded":
+                continue
+            kind = self.kinds[action.kind]
+            try:
+                kind.revert(action)
+            except (HypervisorError, ActionFailed) as exc:
+                self._audit("rebalance-revert", "failed", action.host, action.guest,
+                            f"{action.describe()}: could not undo after the trial: {exc}", self._detail(plan, action))
+                continue
+            undone = action.moved_to("rolled_back", f"undone: {why}")
+            before = kind.placement_before(undone)
+            if before is not None:
+                self._record(plan, [before])
+            plan = self._finish(plan, undone)
+        return self._finish(plan, probe.moved_to("rolled_back", why))
 
     def _finish(self, plan: Plan, action: Action, record: bool = False) -> Plan:
         kind = self.kinds[action.kind]

@@ -42,6 +42,7 @@ from vmplacer.core.plan import (
 from vmplacer.core.policies.admit import AllocationOptions
 from vmplacer.core.policies.rebalance import plan_rebalance
 from vmplacer.core.policies.rebalance_drain import plan_drain
+from vmplacer.core.trial import Measured
 from vmplacer.core.policies.rebalance_state import (
     ClusterState,
     GuestState,
@@ -208,9 +209,9 @@ class Rebalancer:
         specs: Callable[[str], Mapping[str, Any] | None] | None = None,
         load_model: Callable[[], InterferenceModel] | None = None,
         learn: Callable[[], str] | None = None,
-        profile: Callable[[str, float, Sequence[str]], str] | None = None,
+        profile: Callable[[str, float, Sequence[str]], str | Measured] | None = None,
         demand: Callable[[str, list[str]], dict[str, float]] | None = None,
-        probe: Callable[[str, float], str] | None = None,
+        probe: Callable[[str, float], str | Measured] | None = None,
         unavailable: Mapping[str, str] | None = None,
         allocation: Callable[[str], AllocationOptions] | None = None,
         in_maintenance: Callable[[], Iterable[str]] | None = None,
@@ -218,6 +219,8 @@ class Rebalancer:
         throttles: ThrottleLedger | None = None,
     ):
         self.hosts = dict(hosts)
+        # Each host's latest measurement (this run's profile, then its kept trials): what trials compare.
+        self.measurements: dict[str, Measured] = {}
         self.throttles = throttles  # where throttle/release actions record what they leave in force
         self.solver = solver  # exact layouts of small hosts (None: the local search alone)
         self.in_maintenance = in_maintenance or (lambda: ())
@@ -340,7 +343,7 @@ class Rebalancer:
         else:
             last_moved = self.plans.last_moved(list(observed.state.guests))
             plan = plan_rebalance(observed.state, model, settings, now=self.wall(), last_moved=last_moved,
-                                  scope=movable, solver=self.solver)
+                                  scope=movable, solver=self.solver, measured=self.measured_better(settings))
         unreadable = [{"host": host, "error": error} for host, error in observed.errors.items()]
         summary = plan.summary
         if unreadable:
@@ -349,6 +352,20 @@ class Rebalancer:
             **plan.settings, "observe_notes": list(observed.notes), "scope": list(scope),
             "model_observations": model.observations, "unreadable": unreadable})
         return self.plans.save(plan, created_by=self.holder)  # type: ignore[return-value]
+
+    def measured_better(self, settings: RebalanceSettings) -> set[tuple[str, str]]:
+        """(winner, loser) layout keys from the trials of the last `trial_memory_s`: a kept explore
+        trial beat the layout before it, an undone one lost to it, an undone confirm trial lost to
+        the layout it left. The policy follows these instead of trying the same pair again."""
+        if not settings.trials:
+            return set()
+        better: set[tuple[str, str]] = set()
+        for outcome in self.plans.trial_outcomes(self.wall() - settings.trial_memory_s):
+            if outcome.kind == "explore":
+                better.add((outcome.to_key, outcome.from_key) if outcome.kept else (outcome.from_key, outcome.to_key))
+            elif not outcome.kept:
+                better.add((outcome.from_key, outcome.to_key))
+        return better
 
     def _check_hosts(self, host_names: Sequence[str]) -> None:
         unknown = sorted(set(host_names) - set(self.hosts))
@@ -380,6 +397,7 @@ class Rebalancer:
         (plans a stopped process left running are closed first: logged and audited). `audit`
         records the run's actions as whoever asked for it (default: this rebalancer's auditor)."""
         self.close_orphaned()
+        self.measurements.clear()  # measured before this apply, by `_measure_before_trials`
         plan = self.plans.get(plan_id)
         if plan is None:
             raise PlanNotFound(plan_id)
@@ -395,6 +413,7 @@ class Rebalancer:
             self.leases.release(hosts, self.holder)
 
     def _apply_held(self, plan: Plan, hosts: list[str], lease_ttl_s: float, auditor: Auditor | None) -> Plan:
+        self._measure_before_trials(plan)
         assert plan.id is not None
         if plan.state == "proposed":
             if not self.plans.transition(plan.id, "proposed", "approved", "approved by " + self.holder):
@@ -413,6 +432,7 @@ class Rebalancer:
         executor = Executor(
             self.hosts, clock=self.clock, plans=self.plans, audit=auditor, placements=self.placements,
             probe=self.probe, keep_lease=keep_lease, settings=self.executor_settings, throttles=self.throttles,
+            measurements=self.measurements,
         )
         try:
             done = executor.run(plan)
@@ -422,6 +442,24 @@ class Rebalancer:
         if isinstance(stored, Plan) and stored.state != done.state:
             return stored  # closed as interrupted while our lease had lapsed: the stored record stands
         return done
+
+    def _measure_before_trials(self, plan: Plan) -> None:
+        """A trial compares the host after its moves with the host before them: hosts with a trial
+        and no measurement from this run (a stored plan applied later) are measured now."""
+        if self.probe is None:
+            return
+        for host in sorted({a.host for a in plan.actions if a.kind == "probe" and a.parameters.get("trial")}):
+            if host in self.measurements:
+                continue
+            seconds = min(float(a.parameters.get("seconds", 5.0)) for a in plan.actions
+                          if a.kind == "probe" and a.host == host)
+            try:
+                result = self.probe(host, seconds)
+            except Exception as exc:  # noqa: BLE001 - without it the trials keep only what is sure
+                log.warning("measuring %s before its trial failed: %s", host, exc)
+                continue
+            if isinstance(result, Measured):
+                self.measurements[host] = result
 
     def _cancelled_meanwhile(self, plan_id: int, problem: str) -> Plan:
         """The plan someone cancelled between our reading it and starting it; otherwise `problem`."""
@@ -440,6 +478,7 @@ class Rebalancer:
             report.status = "busy"
             report.notes.append(f"hosts {', '.join(host_names)}: another run holds a lease; nothing done")
             return report
+        self.measurements.clear()
         try:
             self._profile_step(report, host_names, options)
             self._learn_step(report)
@@ -482,7 +521,10 @@ class Rebalancer:
         for host in host_names:
             started = self.clock.now()
             try:
-                message = self.profile(host, options.profile_seconds, options.scope)
+                result = self.profile(host, options.profile_seconds, options.scope)
+                if isinstance(result, Measured):
+                    self.measurements[host] = result
+                message = result.message if isinstance(result, Measured) else result
                 report.steps.append(Step(f"profile {host}", "ok", self.clock.now() - started, message))
             except Exception as exc:  # noqa: BLE001 - a failed profile leaves the old model in place
                 report.steps.append(Step(f"profile {host}", "failed", self.clock.now() - started, str(exc)))

@@ -28,7 +28,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vmplacer.app.evaluate import ProfileSettings, freeze_and_sense, measure, profile_host
+from vmplacer.app.evaluate import ProfileSettings, freeze_and_sense, measure, profile_and_measure
 from vmplacer.app.executor import ExecutorSettings
 from vmplacer.app.rebalance import Rebalancer, RunOptions
 from vmplacer.app.rebalance_verdict import model_objectives, verdict
@@ -38,6 +38,7 @@ from vmplacer.core.pairs import PairTable
 from vmplacer.core.plan import Action, Plan, PlanError
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
 from vmplacer.core.topology import HostTopology, uniform_topology
+from vmplacer.core.trial import Measured, TrialOutcome, trial_outcome
 
 STARTS = ("siblings", "random")
 
@@ -120,6 +121,16 @@ class MemoryPlanStore:
                     if at is not None and (guests is None or action.guest in guests):
                         result[action.guest] = max(at, result.get(action.guest, at))
         return result
+
+    def trial_outcomes(self, since: float) -> list[TrialOutcome]:
+        found = []
+        for plan in self.plans.values():
+            for action in plan.actions:
+                at = self.finished.get((plan.id, action.index))
+                outcome = trial_outcome(action.kind, action.state, action.parameters)
+                if outcome is not None and at is not None and at >= since:
+                    found.append(outcome)
+        return found
 
     def moves(self) -> list[Action]:
         return [a for p in sorted(self.plans.values(), key=lambda p: p.id or 0) for a in p.actions
@@ -323,6 +334,7 @@ class VmplacerLoop:
     settings: RebalanceSettings = field(default_factory=RebalanceSettings)
     model_config: ModelConfig | None = None
     profile_rounds: int = 1
+    probe_rounds: int = 3  # Freeze'nSense rounds of a probe (a trial's measurement)
     observations: list[Observation] = field(default_factory=list)
     model: InterferenceModel | None = None
     solver: LayoutSolver | None = None
@@ -335,16 +347,19 @@ class VmplacerLoop:
             holder="eval", settings=self.settings,
             executor_settings=ExecutorSettings(retries=0, migration_timeout_s=600),
             load_model=lambda: self.model or InterferenceModel(self.model_config),
-            learn=self._learn, profile=self._profile, probe=lambda host, seconds: self._profile(host, seconds, ()),
+            learn=self._learn, profile=self._profile, probe=self._probe,
             solver=self.solver,
         )
 
-    def _profile(self, host_name: str, seconds: float, scope: Sequence[str]) -> str:
+    def _profile(self, host_name: str, seconds: float, scope: Sequence[str], rounds: int | None = None) -> Measured:
         host = self.cluster.hosts[host_name]
-        found = profile_host(host, self.cluster.sampler(host), self.cluster.clock,
-                             ProfileSettings(rounds=self.profile_rounds))
+        found, measured = profile_and_measure(host, self.cluster.sampler(host), self.cluster.clock,
+                                              ProfileSettings(rounds=rounds or self.profile_rounds))
         self.observations.extend(found)
-        return f"{len(found)} observations"
+        return Measured(host_name, measured.performance, measured.samples, f"{len(found)} observations")
+
+    def _probe(self, host_name: str, seconds: float) -> Measured:
+        return self._profile(host_name, seconds, (), self.probe_rounds)
 
     def _learn(self) -> str:
         self.model = InterferenceModel(self.model_config).fit(self.observations)
@@ -462,6 +477,7 @@ def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix:
     objectives = model_objectives(clusters, loop.model, settings)
     row["model_objective"] = objectives
     row["exact"] = _exact_summary(plans)
+    row["trials"] = _trial_summary(plans)
     row["vmplacer_vs_simple"] = verdict({p: row[p] for p in POLICIES}, objectives, plans, settings.min_gain)
     return row
 
@@ -495,3 +511,15 @@ def _exact_summary(plans: Sequence[Plan]) -> dict[str, int]:
     return {"solves": sum(1 for r in reports if "objective" in r),
             "optimal": sum(1 for r in reports if r.get("status") == "optimal"),
             "taken": sum(1 for r in reports if r.get("taken"))}
+
+
+def _trial_summary(plans: Sequence[Plan]) -> dict[str, int]:
+    """Measured trials in vmplacer's plans: layouts tried and kept, tried and undone, and planned
+    moves undone because they measured worse."""
+    probes = [a for p in plans for a in p.actions if a.kind == "probe" and a.parameters.get("trial")]
+    explore = [a for a in probes if a.parameters["trial"].get("kind") == "explore"]
+    confirm = [a for a in probes if a.parameters["trial"].get("kind") == "confirm"]
+    return {"explored": len(explore), "kept": sum(1 for a in explore if a.state == "succeeded"),
+            "undone": sum(1 for a in explore if a.state == "rolled_back"),
+            "confirmed": sum(1 for a in confirm if a.state == "succeeded"),
+            "moves_undone": sum(1 for a in confirm if a.state == "rolled_back")}

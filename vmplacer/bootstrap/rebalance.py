@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
@@ -20,6 +20,7 @@ from vmplacer.app.executor import ExecutorSettings
 from vmplacer.app.rebalance import Rebalancer
 from vmplacer.bootstrap.container import Container
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
+from vmplacer.core.trial import Measured
 from vmplacer.ports import SystemClock
 
 log = logging.getLogger(__name__)
@@ -45,14 +46,14 @@ def _learning(container: Container) -> tuple[Callable[[], Any] | None, Callable[
     return container.load_model, learn, {}
 
 
-def _profiler(container: Container) -> tuple[Callable[[str, float, Sequence[str]], str] | None, str]:
+def _profiler(container: Container) -> tuple[Callable[[str, float, Sequence[str]], Measured] | None, str]:
     try:
         from vmplacer.bootstrap.profiler import build_profiler
         from vmplacer.bootstrap.profiler_config import profiler_config
     except ImportError as exc:  # the profiler's adapters need libvirt-python and friends
         return None, f"the Freeze'nSense profiler cannot be loaded ({exc})"
 
-    def profile(host: str, seconds: float, scope: Sequence[str]) -> str:
+    def profile(host: str, seconds: float, scope: Sequence[str]) -> Measured:
         defaults = container.settings.profiler
         config = profiler_config(
             defaults,
@@ -65,10 +66,25 @@ def _profiler(container: Container) -> tuple[Callable[[str, float, Sequence[str]
             result = profiler.run()
         finally:
             freezer.close()
-        return (f"run {result.run_id}: {len(result.vms)} VMs, {result.freezes} freezes, "
-                f"{result.stopped_because or 'done'}")
+        message = (f"run {result.run_id}: {len(result.vms)} VMs, {result.freezes} freezes, "
+                   f"{result.stopped_because or 'done'}")
+        return measured_of(host, result.vms, message)
 
     return profile, ""
+
+
+def measured_of(host: str, vms: Mapping[str, Any], message: str) -> Measured:
+    """Each profiled guest's measured share of its isolated performance: mean ζ over mean ζb of
+    its valid samples (what a measured trial compares, core/trial.py)."""
+    performance: dict[str, float] = {}
+    samples: dict[str, int] = {}
+    for name, vm in sorted(vms.items()):
+        zeta, zeta_b = list(vm.zeta), list(vm.zeta_b)
+        if not zeta or not zeta_b or sum(zeta_b) <= 0:
+            continue
+        performance[name] = (sum(zeta) / len(zeta)) / (sum(zeta_b) / len(zeta_b))
+        samples[name] = min(len(zeta), len(zeta_b))
+    return Measured(host, performance, samples, message)
 
 
 def build_rebalancer(

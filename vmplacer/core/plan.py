@@ -351,11 +351,25 @@ class Plan:
         states = [a.state for a in self.actions]
         if any(s in ("pending", "running") for s in states):
             raise PlanError(f"plan {self.id}: actions still pending or running, no outcome yet")
+        undone = self.undone_by_trials()
+        states = [a.state for a in self.actions if a.index not in undone]
+        if not states:
+            return "succeeded"  # every move was tried, measured and undone: the plan did its job
         if "rolled_back" in states and "succeeded" not in states:
             return "rolled_back"  # whatever was done has been undone
         if "failed" in states or "rolled_back" in states:
             return "failed"
         return "succeeded"
+
+    def undone_by_trials(self) -> set[int]:
+        """Indexes of trial probes whose measurement undid their moves, and of those moves: an
+        outcome of the plan, not a failure (core/trial.py)."""
+        undone: set[int] = set()
+        for action in self.actions:
+            if action.kind == "probe" and action.parameters.get("trial") and action.state == "rolled_back":
+                undone.add(action.index)
+                undone.update(d for d in action.depends_on if self.actions[d].state == "rolled_back")
+        return undone
 
     # ----- the readable diff ---------------------------------------------------------------
     def diff(self) -> list[PinDiff]:
@@ -365,6 +379,8 @@ class Plan:
         for action in self.actions:
             if action.guest is None or action.before is None or action.after is None:
                 continue
+            if action.parameters.get("tried") and action.state != "succeeded":
+                continue  # a trial's moves count only once they are kept
             first.setdefault(action.guest, action.before)
             last[action.guest] = action.after
         rows = []

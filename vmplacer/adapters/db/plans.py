@@ -45,6 +45,7 @@ from vmplacer.adapters.db.repositories import ensure_host
 from vmplacer.core.occupancy import exclusive_of
 from vmplacer.core.placement import Placement
 from vmplacer.core.plan import Action, CancelRequest, Plan, PlanError
+from vmplacer.core.trial import TrialOutcome, trial_outcome
 from vmplacer.ports import ClaimConflict
 
 MOVING_KINDS = ("repin", "set_memory_nodes", "migrate")
@@ -291,6 +292,16 @@ class SqlPlanStore:
             query = query.where(PlanActionRow.guest.in_(list(guests)))
         with self.sessions() as session:
             return {guest: _epoch(moment) for guest, moment in session.execute(query) if moment is not None}
+
+    def trial_outcomes(self, since: float) -> list[TrialOutcome]:
+        """Trial probes finished since `since` (epoch seconds), with what they compared and kept."""
+        query = (select(PlanActionRow.kind, PlanActionRow.state, PlanActionRow.parameters)
+                 .where(PlanActionRow.kind == "probe", PlanActionRow.state.in_(("succeeded", "rolled_back")),
+                        PlanActionRow.finished_at >= datetime.fromtimestamp(since, timezone.utc))
+                 .order_by(PlanActionRow.id))
+        with self.sessions() as session:
+            found = [trial_outcome(kind, state, parameters or {}) for kind, state, parameters in session.execute(query)]
+        return [o for o in found if o is not None]
 
     def audit_rows(self, plan_id: int) -> list[dict[str, Any]]:
         """The audit-log entries of one plan's actions (oldest first)."""

@@ -11,7 +11,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 
 from vmplacer.app.actions.bandwidth import Release, Throttle
 from vmplacer.app.actions.base import ActionFailed, ActionKind, Check
@@ -19,6 +19,7 @@ from vmplacer.app.actions.memory import SetMemoryNodes
 from vmplacer.app.actions.migrate import Migrate
 from vmplacer.app.actions.pinning import Repin
 from vmplacer.app.actions.probe import Probe
+from vmplacer.core.trial import Measured
 from vmplacer.ports import Hypervisor
 
 __all__ = ["ActionFailed", "ActionKind", "Check", "action_kinds"]
@@ -27,9 +28,10 @@ __all__ = ["ActionFailed", "ActionKind", "Check", "action_kinds"]
 def action_kinds(
     hosts: Mapping[str, Hypervisor],
     *,
-    probe: Callable[[str, float], str] | None = None,
+    probe: Callable[[str, float], str | Measured] | None = None,
     migration_bandwidth_mib_s: int | None = None,
     migration_timeout_s: float = 300.0,
+    measurements: MutableMapping[str, Measured] | None = None,
 ) -> dict[str, ActionKind]:
     """Plan action kind → the class instance that carries its contract."""
     handlers: list[ActionKind] = [
@@ -38,6 +40,6 @@ def action_kinds(
         Migrate(hosts, bandwidth_mib_s=migration_bandwidth_mib_s, timeout_s=migration_timeout_s),
         Throttle(hosts),
         Release(hosts),
-        Probe(hosts, probe=probe),
+        Probe(hosts, probe=probe, measurements=measurements),
     ]
     return {kind: handler for handler in handlers for kind in handler.kinds}

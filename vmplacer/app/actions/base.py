@@ -63,6 +63,11 @@ class ActionKind:
         """The message of a succeeded action."""
         return "verified on the host"
 
+    def rejected(self, action: Action) -> str | None:
+        """Why the actions this one follows must be undone (a measured trial that went worse); None
+        for every kind but a trial probe."""
+        return None
+
     def arrived(self, action: Action) -> bool:
         """After a retriable error: did the change happen anyway (then no retry)?"""
         return False

@@ -1,21 +1,34 @@
-"""Probe: a short profiling run on a host; it changes nothing, so there is nothing to undo."""
+"""Probe: a short profiling run on a host; it changes nothing, so there is nothing to undo.
+
+A probe with a `trial` parameter also judges the moves it follows (core/trial.py):
+it compares what it measured with the host's measurement before those moves (the
+run's profile, or the previous trial's probe) and, when the verdict is to go back,
+`rejected` says why, and the executor undoes the moves the probe depends on.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, MutableMapping
 
 from vmplacer.app.actions.base import ActionKind, Check
 from vmplacer.core.placement import Placement
 from vmplacer.core.plan import Action, Plan
+from vmplacer.core.trial import Measured, TrialError, Verdict, judge
 from vmplacer.ports import Hypervisor
+
+ProbeResult = str | Measured
 
 
 class Probe(ActionKind):
     kinds = ("probe",)
 
-    def __init__(self, hosts: Mapping[str, Hypervisor], *, probe: Callable[[str, float], str] | None):
+    def __init__(self, hosts: Mapping[str, Hypervisor], *, probe: Callable[[str, float], ProbeResult] | None,
+                 measurements: MutableMapping[str, Measured] | None = None):
         super().__init__(hosts)
         self.probe = probe
+        # The latest measurement of each host's current layout: the run's profile, then each kept trial.
+        self.measurements: MutableMapping[str, Measured] = measurements if measurements is not None else {}
+        self.verdicts: dict[int, Verdict] = {}
 
     def precheck(self, action: Action, plan: Plan | None = None) -> Check:
         if self.probe is None:
@@ -24,7 +37,29 @@ class Probe(ActionKind):
 
     def execute(self, action: Action) -> None:
         assert self.probe is not None
-        self.probe(action.host, float(action.parameters.get("seconds", 5.0)))
+        result = self.probe(action.host, float(action.parameters.get("seconds", 5.0)))
+        measured = result if isinstance(result, Measured) else None
+        trial = action.parameters.get("trial")
+        if not trial:
+            if measured is not None:
+                self.measurements[action.host] = measured
+            return
+        try:
+            verdict = judge(self.measurements.get(action.host), measured, kind=str(trial.get("kind")),
+                            weights={str(g): float(w) for g, w in dict(trial.get("weights") or {}).items()},
+                            fairness=float(trial.get("fairness", 0.0)), min_gain=float(trial.get("min_gain", 0.0)),
+                            tolerance=float(trial.get("tolerance", 0.0)))
+        except (TrialError, TypeError, ValueError) as exc:
+            verdict = Verdict(str(trial.get("kind")) == "confirm", None, None, None, 0,
+                              f"the measurement could not be judged ({exc})")
+        self.verdicts[action.index] = verdict
+        if verdict.keep and measured is not None:
+            self.measurements[action.host] = measured
+
+    def rejected(self, action: Action) -> str | None:
+        """Why the moves this trial probe follows must be undone; None to keep them."""
+        verdict = self.verdicts.get(action.index)
+        return None if verdict is None or verdict.keep else verdict.text
 
     def verify(self, action: Action) -> str:
         return ""
@@ -33,7 +68,8 @@ class Probe(ActionKind):
         return
 
     def done(self, action: Action) -> str:
-        return "probed"
+        verdict = self.verdicts.get(action.index)
+        return verdict.text if verdict is not None else "probed"
 
     def placement_before(self, action: Action) -> Placement | None:
         return None

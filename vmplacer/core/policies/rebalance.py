@@ -87,6 +87,7 @@ def plan_rebalance(
     scope: Iterable[str] | None = None,
     hosts: Iterable[str] | None = None,
     solver: LayoutSolver | None = None,
+    measured: Iterable[tuple[str, str]] | None = None,
 ) -> Plan:
     """Search moves on a what-if copy of `state`; the resulting Plan (state "proposed", or
     "empty" — final — when no move is worth making).
@@ -94,7 +95,8 @@ def plan_rebalance(
     `now` and `last_moved` (guest -> epoch seconds of its last move) drive the
     cool-down; `scope` limits which guests may move (the others still count
     as load); `hosts` limits the hosts the plan may touch; `solver` (optional) lays out
-    small hosts exactly after the local search (`exact_max_cpus`).
+    small hosts exactly after the local search (`exact_max_cpus`); `measured` holds (winner,
+    loser) layout keys that earlier trials compared by measurement (core/trial.py).
     """
     settings = settings or RebalanceSettings()
     if hosts is not None:
@@ -105,6 +107,7 @@ def plan_rebalance(
         state = ClusterState({n: h for n, h in state.hosts.items() if n in allowed},
                              {n: g for n, g in state.guests.items() if g.host in allowed})
     search = _Search(state, model, settings, now, last_moved or {}, scope, solver)
+    search.measured_better = set(measured or ())
     before = search.total_objective()
     search.run()
     after = search.total_objective()
@@ -116,7 +119,9 @@ def plan_rebalance(
     if search.declined:
         summary += "; declined: " + declined_text(search.declined[-1])
     notes = {"fixed": fixed, "rejected": search.rejected[:20], "declined": search.declined[-5:],
-             "exact": search.exact, "pessimistic": search.pessimistic}
+             "exact": search.exact, "pessimistic": search.pessimistic,
+             "trials": [{"host": h, "what": t["what"], "from_key": t["from_key"], "to_key": t["to_key"]}
+                        for h, t in sorted(search.trials.items())]}
     return plan_from_search(search, actions, predicted, before=before, after=after, summary=summary, notes=notes,
                             now=now)
 

@@ -21,6 +21,7 @@ from vmplacer.core.plan import Action, Plan, initial_state
 from vmplacer.core.policies.rebalance_layout import _Host, _host_confidences
 from vmplacer.core.policies.rebalance_search import _EPS, _relocated_cells, _Search
 from vmplacer.core.policies.rebalance_state import EXCLUSIVE, FLOATING
+from vmplacer.core.trial import layout_key
 
 
 def _new_emulator(old: Placement, new_pins: Mapping[int, frozenset[int]], mode: str,
@@ -137,15 +138,76 @@ def _build_actions(search: _Search, model: InterferenceModel) -> tuple[list[Acti
                 if n in order or abs(search.start_perf.get(n, 0.0) - end_perf.get(n, 0.0)) > 1e-9]
     predicted = {name: {"before": search.start_perf.get(name, 0.0), "after": end_perf.get(name, 0.0)}
                  for name in sorted(affected)}
-    if actions and min(a.confidence for a in actions) < settings.probe_below_confidence:
-        hosts = sorted({a.target_host or a.host for a in actions})
-        for host in hosts:
-            deps = tuple(a.index for a in actions if (a.target_host or a.host) == host)
+    migrated_hosts = {a.host for a in actions if a.kind == "migrate"} | {a.target_host for a in actions
+                                                                           if a.kind == "migrate"}
+    low = bool(actions) and min(a.confidence for a in actions) < settings.probe_below_confidence
+    hosts = sorted({a.target_host or a.host for a in actions} | (set(search.trials) if settings.trials else set()))
+    for host in hosts:
+        deps = tuple(a.index for a in actions if (a.target_host or a.host) == host)
+        if settings.trials and host not in migrated_hosts and (host in search.trials or (deps and low)):
+            if deps:
+                actions.append(_trial_probe(search, host, len(actions), deps, "confirm"))
+            if host in search.trials:
+                _add_trial(search, host, actions)
+        elif deps and low:
             actions.append(Action(index=len(actions), kind="probe", host=host,
                                   reason="measure the new layout with Freeze'nSense: the model's confidence "
                                          "in these moves is low",
                                   depends_on=deps, parameters={"seconds": settings.probe_seconds}))
     return actions, predicted
+
+
+def _layout_guests(search: _Search, host: _Host) -> list[str]:
+    """The guests whose layout a trial names: the blind spread's (movable, pinned one vCPU to one
+    pCPU), else every guest so pinned."""
+    if host.name in search.layout_guests:
+        return search.layout_guests[host.name]
+    return sorted(g for g in host.guests if host.pins[g] and all(len(p) == 1 for p in host.pins[g].values()))
+
+
+def _trial_probe(search: _Search, host_name: str, index: int, deps: tuple[int, ...], kind: str,
+                 reason: str = "", from_key: str = "", to_key: str = "") -> Action:
+    """A probe that measures the host after `deps` and keeps or undoes them (core/trial.py)."""
+    settings = search.settings
+    host = search.hosts[host_name]
+    guests = _layout_guests(search, host)
+    if not from_key:
+        from_key = layout_key(host_name, {g: search.original[g].placement.vcpupin for g in guests})
+        to_key = layout_key(host_name, {g: host.pins[g] for g in guests})
+    trial = {"kind": kind, "weights": {g: search.guests[g].weight for g in sorted(host.guests)},
+             "fairness": settings.fairness, "min_gain": settings.trial_min_gain,
+             "tolerance": settings.trial_tolerance, "from_key": from_key, "to_key": to_key}
+    text = reason or ("measure the new layout with Freeze'nSense; undo these moves if it measures worse by more "
+                      f"than {settings.trial_tolerance:g} per guest")
+    return Action(index=index, kind="probe", host=host_name, reason=text, depends_on=deps,
+                  parameters={"seconds": settings.trial_seconds, "trial": trial})
+
+
+def _add_trial(search: _Search, host_name: str, actions: list[Action]) -> None:
+    """Repins from the plan's layout of the host to its trial layout, then an explore probe."""
+    trial = search.trials[host_name]
+    host = search.hosts[host_name]
+    last = {a.guest: a for a in actions if a.guest is not None and a.after is not None}
+    previous_probe = next((a.index for a in reversed(actions) if a.kind == "probe" and a.host == host_name), None)
+    first = len(actions)
+    for name, pins in sorted(trial["layout"].items()):
+        if dict(host.pins[name]) == pins:
+            continue
+        base = last[name].after if name in last else search.original[name].placement
+        after = _with_pins(search, name, host, pins, base)
+        after = replace(base, vcpupin=after.vcpupin, emulatorpin=after.emulatorpin)
+        actions.append(Action(index=len(actions), kind="repin", host=host_name, guest=name, before=base,
+                              after=after, reason=f"trial of the {trial['label']} on {host_name}",
+                              confidence=0.0, depends_on=() if previous_probe is None else (previous_probe,),
+                              parameters={"tried": trial["what"]}))
+    deps = tuple(range(first, len(actions)))
+    if not deps:
+        return
+    settings = search.settings
+    reason = (f"measure the {trial['label']} with Freeze'nSense: kept only if it measures better than the "
+              f"layout before it by at least {settings.trial_min_gain:g} per guest, else undone")
+    actions.append(_trial_probe(search, host_name, len(actions), deps, "explore", reason,
+                                trial["from_key"], trial["to_key"]))
 
 
 def _narrow_floating(search: _Search, actions: list[Action]) -> list[Action]:

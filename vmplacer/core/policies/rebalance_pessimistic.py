@@ -21,19 +21,23 @@ rests on few or unobserved pairs does not beat the spread.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 
 from vmplacer.core.policies.rebalance_layout import _Host, _locality_nodes
 from vmplacer.core.policies.rebalance_state import PINNED
+from vmplacer.core.trial import layout_key
 
 
 def spread_layout(search, host: _Host) -> dict[str, dict[int, frozenset[int]]] | None:
-    """The blind spread of the host's movable one-pCPU-pinned vCPUs (guest-name order): each on
+    """The blind spread of the host's movable vCPUs pinned one to a pCPU at the start (guest-name
+    order; the search may have pooled them since): each on
     the pCPU with the fewest vCPUs, then the emptiest core; others count as load. None when
     nothing may move or the result breaks a rule."""
-    movable = [n for n in sorted(host.guests) if host.guests[n].mode == PINNED and search.movable(n)
-               and n not in search.migrated and all(len(p) == 1 for p in host.pins[n].values())]
+    movable = [n for n in sorted(host.guests) if search.original[n].mode == PINNED and search.movable(n)
+               and n not in search.migrated
+               and all(len(p) == 1 for p in search.original[n].placement.vcpupin.values())]
     if not movable:
         return None
     cpu_load: dict[int, float] = {c: 0.0 for c in host.cpus}
@@ -97,9 +101,12 @@ def doubt(search, move) -> float:
 def choose_pessimistically(search) -> bool:
     """Each host ends at the model's layout, or at the blind spread when the model's advantage
     over it fails at its lower confidence bound (module docstring); True when a host was spread.
-    Reports go to `search.pessimistic`."""
+    A measurement that already compared the two (a trial of an earlier run) decides instead of
+    the model. The layout not chosen becomes the host's trial (`search.trials`): tried after the
+    plan's moves and kept only when Freeze'nSense measures it better. Reports go to
+    `search.pessimistic`."""
     settings = search.settings
-    if settings.pessimism <= 0 or search.betas.empty:
+    if search.betas.empty:
         return False
     moved_hosts = {search.host_of[g] for g in search.migrated} | set(search.migrated.values())
     changed = False
@@ -110,42 +117,82 @@ def choose_pessimistically(search) -> bool:
         layout = spread_layout(search, host)
         if layout is None:
             continue
+        model_layout = {g: dict(host.pins[g]) for g in layout}
+        search.layout_guests[name] = sorted(layout)
+        start = {g: dict(search.original[g].placement.vcpupin) for g in layout}
+        keys = {"model": layout_key(name, model_layout), "spread": layout_key(name, layout),
+                "start": layout_key(name, start)}
         report: dict = {"host": name}
         spread = _compare(search, host, layout, "spread")
-        if spread is None:
+        if spread is None:  # the search ended spread (or the spread breaks a rule)
             continue
         target, (advantage, sigma, move) = "spread", spread
         sure = _sure_from_start(search, host, layout)
         report["spread"] = {"advantage": round(advantage, 4), "sd": round(sigma, 4),
                             "sure_gain_from_start": round(sure, 4)}
-        if sure < settings.min_gain:
-            start = {g: dict(search.original[g].placement.vcpupin) for g in layout}
-            if start != layout:  # the start is better than the spread: the model's moves from it stand
-                report["kept"] = "model (the spread does not clear the minimum gain from the start)"
-                search.pessimistic.append(report)
-                continue
-            # the host is spread already (an earlier run spread it): leaving it must pass the same bound
-            found = _compare(search, host, start, "stay")
-            if found is None:
-                continue
-            target, (advantage, sigma, move) = "start", found
-            report["start"] = {"advantage": round(advantage, 4), "sd": round(sigma, 4)}
-        bound = advantage - settings.pessimism * sigma
-        report["lower_bound"] = round(bound, 4)
+        if (keys["spread"], keys["model"]) in search.measured_better:
+            report["measured"] = "the spread measured better than the model's layout"
+            bound = -math.inf
+        elif (keys["model"], keys["spread"]) in search.measured_better:
+            report["measured"] = "the model's layout measured better than the spread"
+            bound = math.inf
+        elif settings.pessimism <= 0:
+            bound = math.inf
+        else:
+            if sure < settings.min_gain:
+                if start != layout:  # the start is better than the spread: the model's moves from it stand
+                    report["kept"] = "model (the spread does not clear the minimum gain from the start)"
+                    search.pessimistic.append(report)
+                    if settings.trials:
+                        _offer_trial(search, name, keys, "model", layout, "spread", "blind spread")
+                    continue
+                # the host is spread already (an earlier run spread it): leaving it must pass the same bound
+                found = _compare(search, host, start, "stay")
+                if found is None:
+                    continue
+                target, (advantage, sigma, move) = "start", found
+                report["start"] = {"advantage": round(advantage, 4), "sd": round(sigma, 4)}
+            bound = advantage - settings.pessimism * sigma
+            report["lower_bound"] = round(bound, 4)
         search.pessimistic.append(report)
-        if bound >= 0 or advantage <= 1e-9:  # surely better, or no better at all (fewer moves)
+        if bound >= 0 or (advantage <= 1e-9 and "measured" not in report):  # surely better, or no worse
             report["kept"] = "model"
+            if settings.trials and model_layout != layout:
+                _offer_trial(search, name, keys, "model", layout, "spread", "blind spread")
             continue
         if search.actions_if(move) > settings.max_actions:
             report["kept"] = "model (action budget)"
             continue
         what = "blind spread" if target == "spread" else "starting layout"
-        move.reason = (f"{what} of {name}: the model's layout predicted {advantage:+.3f} better, "
-                       f"but not at its lower bound ({bound:+.3f}, sd {sigma:.3f})")
+        if "measured" in report:
+            move.reason = f"{what} of {name}: {report['measured']} in an earlier trial"
+        else:
+            move.reason = (f"{what} of {name}: the model's layout predicted {advantage:+.3f} better, "
+                           f"but not at its lower bound ({bound:+.3f}, sd {sigma:.3f})")
         search._take(move)
+        for guest in layout:  # guests the search pooled are pinned again, as they started
+            if search.guests[guest].mode != search.original[guest].mode:
+                search.guests[guest] = replace(search.guests[guest], mode=search.original[guest].mode)
+                host.guests[guest] = search.guests[guest]
         report["kept"] = target
         changed = True
+        if settings.trials and advantage > 1e-9:
+            _offer_trial(search, name, keys, "spread" if target == "spread" else "start", model_layout,
+                         "model", "model's layout")
     return changed
+
+
+def _offer_trial(search, host: str, keys: dict[str, str], at: str, layout: dict[str, dict[int, frozenset[int]]],
+                 what: str, label: str) -> None:
+    """Note the layout to try after the plan's moves, unless a measurement already compared it with
+    the one the host ends at (either way round)."""
+    here, there = keys[at], layout_key(host, layout)
+    if here == there or (here, there) in search.measured_better or (there, here) in search.measured_better:
+        return
+    if what == "spread" and any(loser == there for _, loser in search.measured_better):
+        return  # the spread measured worse than the model's layout lately: the model's later layouts keep it
+    search.trials[host] = {"layout": {g: dict(p) for g, p in layout.items()}, "what": what, "label": label,
+                           "from_key": here, "to_key": there}
 
 
 def _compare(search, host: _Host, layout: dict[str, dict[int, frozenset[int]]],

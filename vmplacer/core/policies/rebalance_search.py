@@ -91,6 +91,9 @@ class _Search:
         self.exact: list[dict] = []  # what the exact solver found, per host group
         self.declined: list[dict] = []  # gains the search saw and did not take, and why
         self.pessimistic: list[dict] = []  # each host's layout against the blind spread, at the lower bound
+        self.measured_better: set[tuple[str, str]] = set()  # (winner, loser) layout keys measured in trials
+        self.trials: dict[str, dict] = {}  # host -> the layout to try after the plan's moves (measured trial)
+        self.layout_guests: dict[str, list[str]] = {}  # host -> the guests its layout keys name
         self.model = model
         self.settings = settings
         self.betas = BetaTable(model)

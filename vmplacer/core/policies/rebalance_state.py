@@ -71,11 +71,16 @@ class RebalanceSettings:
     exact_max_cpus: int = 16  # hosts with at most this many usable pCPUs get an exact solver's layout
     exact_time_s: float = 1.0  # solver budget per host (or group of small hosts solved together), deterministic s
     exact_budget_s: float = 3.0  # solver budget per plan, all hosts together (deterministic s: load-independent)
+    trials: bool = True  # measure each host after its moves (Freeze'nSense) and undo what measures worse
+    trial_seconds: float = 3.0  # profiling time of a trial's measurement
+    trial_min_gain: float = 0.005  # a tried layout stays only if measured better by this much per guest
+    trial_tolerance: float = 0.02  # planned moves are undone only if measured worse by more than this per guest
+    trial_memory_s: float = 86400.0  # a measured comparison of two layouts is trusted (not tried again) this long
 
     def __post_init__(self) -> None:
         for name in ("min_gain", "min_migration_gain", "cooldown_s", "horizon_s", "copy_slowdown",
                      "default_dirty_mib_s", "fairness", "probe_seconds", "exact_time_s", "exact_budget_s",
-                     "pessimism"):
+                     "pessimism", "trial_seconds", "trial_min_gain", "trial_tolerance", "trial_memory_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be a number >= 0, got {value!r}")

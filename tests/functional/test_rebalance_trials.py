@@ -1,0 +1,129 @@
+"""Measured trials end to end on simulated hosts with a real database (SQLite and PostgreSQL):
+the executor keeps or undoes moves as Freeze'nSense measures them, stores the outcome, and the
+next plan follows what was measured instead of trying the same layouts again."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from vmplacer.adapters.db import migrate
+from vmplacer.adapters.db.engine import make_engine, make_session_factory
+from vmplacer.adapters.db.placements import SqlPlacementStore
+from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore
+from vmplacer.adapters.simulator import SimCluster
+from vmplacer.app.rebalance import Rebalancer
+from vmplacer.core.placement import Placement
+from vmplacer.core.plan import Action, Plan
+from vmplacer.core.policies.rebalance_state import RebalanceSettings
+from vmplacer.core.topology import uniform_topology
+from vmplacer.core.trial import Measured
+
+WEIGHTS = {"a": 1.0, "b": 1.0, "c": 1.0}
+
+
+@pytest.fixture
+def db(database_url):
+    migrate.upgrade(database_url)
+    engine = make_engine(database_url)
+    yield make_session_factory(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def sim():
+    cluster = SimCluster(seed=1, noise=0.0)
+    cluster.add_host("h1", uniform_topology(nodes=1, cores_per_node=4, name="h1"))
+    for name in "abc":
+        cluster.hosts["h1"].define_domain(name, workload="spin", vcpupin=[0], memory_kib=256 * 1024)
+    return cluster
+
+
+class ScriptedProbe:
+    """Freeze'nSense stand-in for the executor's probe: hands out the given measurements in turn."""
+
+    def __init__(self, *measurements: dict[str, float]):
+        self.left = list(measurements)
+        self.calls: list[str] = []
+
+    def __call__(self, host: str, seconds: float) -> Measured:
+        self.calls.append(host)
+        return Measured(host, self.left.pop(0), {g: 3 for g in WEIGHTS})
+
+
+def rebalancer(sim, db, probe) -> Rebalancer:
+    return Rebalancer(dict(sim.hosts), plans=SqlPlanStore(db), leases=SqlLeaseStore(db), clock=sim.clock,
+                      wall=lambda: 1_700_000_000.0 + sim.clock.now(), holder="run", settings=RebalanceSettings(),
+                      placements=SqlPlacementUpdates(db, {"h1": "sim://h1"}), audit=SqlPlacementStore(db),
+                      probe=probe)
+
+
+def pin(guest: str, cpu: int) -> Placement:
+    return Placement(guest, "h1", {0: frozenset({cpu})}, memory_kib=256 * 1024)
+
+
+def trial(kind: str, from_key: str, to_key: str) -> dict:
+    return {"kind": kind, "weights": WEIGHTS, "fairness": 0.0, "min_gain": 0.01, "tolerance": 0.02,
+            "from_key": from_key, "to_key": to_key}
+
+
+def two_stage_plan(db) -> Plan:
+    """b: 0 → 1 (planned, confirmed by a probe), then c: 0 → 2 (tried, kept only if measured better)."""
+    actions = (
+        Action(0, "repin", "h1", "b", before=pin("b", 0), after=pin("b", 1), reason="spread b"),
+        Action(1, "probe", "h1", depends_on=(0,), parameters={"seconds": 1.0, "trial": trial("confirm", "x", "t")}),
+        Action(2, "repin", "h1", "c", before=pin("c", 0), after=pin("c", 2), depends_on=(1,),
+               parameters={"tried": "model"}),
+        Action(3, "probe", "h1", depends_on=(2,), parameters={"seconds": 1.0, "trial": trial("explore", "t", "f")}),
+    )
+    return SqlPlanStore(db).save(Plan(actions=actions, hosts=("h1",)))
+
+
+def cpu_of(sim, guest: str) -> int:
+    return next(iter(sim.hosts["h1"].domain(guest).placement.vcpupin[0]))
+
+
+def test_a_tried_layout_that_measures_worse_is_undone_and_remembered(sim, db):
+    probe = ScriptedProbe({"a": 0.33, "b": 0.33, "c": 0.33},  # before the plan (measured by apply)
+                          {"a": 0.5, "b": 1.0, "c": 0.5},     # after b moved: better, kept
+                          {"a": 0.4, "b": 0.9, "c": 0.4})     # after c moved: worse, undone
+    run = rebalancer(sim, db, probe)
+    plan = two_stage_plan(db)
+    done = run.apply(plan.id)
+    assert probe.calls == ["h1"] * 3
+    assert [a.state for a in done.actions] == ["succeeded", "succeeded", "rolled_back", "rolled_back"]
+    assert done.state == "succeeded", "a trial undone on measurement is an outcome, not a failure"
+    assert cpu_of(sim, "b") == 1 and cpu_of(sim, "c") == 0
+    assert "0.667 → 0.567" in done.actions[3].message and "undone" in done.actions[3].message
+    assert done.actions[2].message.startswith("undone: measured")
+    stored = SqlPlanStore(db).get(plan.id)
+    assert stored.state == "succeeded" and stored.actions[2].state == "rolled_back"
+    # the diff shows what the plan left: b moved, c not
+    assert {d.guest for d in stored.diff()} == {"b"}
+    outcomes = SqlPlanStore(db).trial_outcomes(0.0)
+    assert [(o.kind, o.from_key, o.to_key, o.kept) for o in outcomes] == [("confirm", "x", "t", True),
+                                                                         ("explore", "t", "f", False)]
+    assert run.measured_better(RebalanceSettings()) == {("t", "f")}
+    assert run.measured_better(RebalanceSettings(trials=False)) == set()
+    audit = SqlPlanStore(db).audit_rows(plan.id)
+    assert [r["outcome"] for r in audit if r["action"] == "rebalance-repin" and r["guest"] == "c"] == [
+        "ok", "rolled_back"]
+
+
+def test_planned_moves_that_measure_clearly_worse_are_undone_and_the_trial_after_them_skipped(sim, db):
+    probe = ScriptedProbe({"a": 0.6, "b": 0.6, "c": 0.6}, {"a": 0.5, "b": 0.5, "c": 0.5})
+    run = rebalancer(sim, db, probe)
+    done = run.apply(two_stage_plan(db).id)
+    assert [a.state for a in done.actions] == ["rolled_back", "rolled_back", "skipped", "skipped"]
+    assert done.state == "succeeded"
+    assert cpu_of(sim, "b") == 0 and cpu_of(sim, "c") == 0
+    assert run.measured_better(RebalanceSettings()) == {("x", "t")}
+    assert SqlPlanStore(db).trial_outcomes(time.time() + 3600) == []  # finished before the time asked for
+
+
+def test_without_a_profiler_the_trials_keep_only_what_was_planned_for_sure(sim, db):
+    run = rebalancer(sim, db, None)
+    done = run.apply(two_stage_plan(db).id)
+    assert [a.state for a in done.actions] == ["succeeded", "skipped", "skipped", "skipped"]
+    assert cpu_of(sim, "b") == 1 and cpu_of(sim, "c") == 0

@@ -1,0 +1,83 @@
+"""Measured trials (core/trial.py): the verdict from two measurements, and what is remembered."""
+
+from __future__ import annotations
+
+import pytest
+
+from vmplacer.core.trial import Measured, TrialError, judge, layout_key, measured_objective, trial_outcome
+
+WEIGHTS = {"a": 1.0, "b": 1.0}
+
+
+def measured(**performance: float) -> Measured:
+    return Measured("h", performance, {g: 3 for g in performance})
+
+
+def test_the_objective_is_the_plans_own_per_unit_of_weight():
+    # J = Σ w (p − φ (1 − p)²) / Σ w: 0.5 with φ = 0.25 counts 0.5 − 0.0625
+    assert measured_objective({"a": 1.0, "b": 0.5}, WEIGHTS, 0.25, ["a", "b"]) == pytest.approx((1.0 + 0.4375) / 2)
+    # a heavier guest counts more
+    assert measured_objective({"a": 1.0, "b": 0.5}, {"a": 3.0, "b": 1.0}, 0.0, ["a", "b"]) == pytest.approx(3.5 / 4)
+
+
+def test_an_explore_trial_stays_only_when_measured_better_by_the_minimum_gain():
+    before = measured(a=0.80, b=0.80)
+    kept = judge(before, measured(a=0.84, b=0.80), kind="explore", weights=WEIGHTS, fairness=0.0,
+                 min_gain=0.01, tolerance=0.02)
+    assert kept.keep and kept.delta == pytest.approx(0.02)
+    assert "kept" in kept.text and "0.800 → 0.820" in kept.text
+    small = judge(before, measured(a=0.81, b=0.80), kind="explore", weights=WEIGHTS, fairness=0.0,
+                  min_gain=0.01, tolerance=0.02)
+    assert not small.keep and "undone" in small.text
+
+
+def test_a_confirm_trial_is_undone_only_when_measured_clearly_worse():
+    before = measured(a=0.80, b=0.80)
+    slightly = judge(before, measured(a=0.78, b=0.80), kind="confirm", weights=WEIGHTS, fairness=0.0,
+                     min_gain=0.01, tolerance=0.02)
+    assert slightly.keep
+    worse = judge(before, measured(a=0.70, b=0.80), kind="confirm", weights=WEIGHTS, fairness=0.0,
+                  min_gain=0.01, tolerance=0.02)
+    assert not worse.keep and worse.delta == pytest.approx(-0.05)
+
+
+def test_only_guests_measured_both_times_count():
+    before = measured(a=0.5, b=0.9)
+    after = measured(a=0.9, c=0.1)  # b not measured after, c not before: only a compares
+    verdict = judge(before, after, kind="explore", weights={"a": 1, "b": 1, "c": 1}, fairness=0.0,
+                    min_gain=0.01, tolerance=0.02)
+    assert verdict.guests == 1 and verdict.delta == pytest.approx(0.4) and verdict.keep
+
+
+def test_without_a_measurement_only_what_the_policy_was_sure_of_stays():
+    after = measured(a=0.9, b=0.9)
+    assert judge(None, after, kind="confirm", weights=WEIGHTS, fairness=0.0, min_gain=0.01, tolerance=0.02).keep
+    unbacked = judge(None, after, kind="explore", weights=WEIGHTS, fairness=0.0, min_gain=0.01, tolerance=0.02)
+    assert not unbacked.keep and "before the moves" in unbacked.text
+    assert not judge(measured(a=0.5), Measured("h"), kind="explore", weights=WEIGHTS, fairness=0.0,
+                     min_gain=0.0, tolerance=0.0).keep
+
+
+def test_bad_input_names_the_field():
+    with pytest.raises(TrialError, match="field 'kind'"):
+        judge(None, None, kind="guess", weights=WEIGHTS, fairness=0.0, min_gain=0.0, tolerance=0.0)
+    with pytest.raises(TrialError, match="guest 'a'.*finite"):
+        Measured("h", {"a": float("nan")})
+
+
+def test_a_layout_key_names_the_pins_not_their_spelling():
+    as_sets = {"b": {0: frozenset({3})}, "a": {0: frozenset({1}), 1: frozenset({2, 0})}}
+    as_lists = {"a": {"1": [0, 2], "0": [1]}, "b": {"0": [3]}}
+    assert layout_key("h", as_sets) == layout_key("h", as_lists)
+    assert layout_key("h", as_sets) != layout_key("other", as_sets)
+    assert layout_key("h", as_sets) != layout_key("h", {**as_sets, "b": {0: frozenset({2})}})
+
+
+def test_a_finished_trial_probe_is_remembered_with_its_outcome():
+    trial = {"kind": "explore", "from_key": "x", "to_key": "y"}
+    assert trial_outcome("probe", "succeeded", {"trial": trial}).kept
+    assert not trial_outcome("probe", "rolled_back", {"trial": trial}).kept
+    assert trial_outcome("probe", "skipped", {"trial": trial}) is None
+    assert trial_outcome("probe", "succeeded", {"seconds": 3}) is None
+    assert trial_outcome("repin", "succeeded", {"trial": trial}) is None
+    assert trial_outcome("probe", "succeeded", {"trial": {"kind": "explore", "from_key": ""}}) is None

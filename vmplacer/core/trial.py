@@ -1,0 +1,134 @@
+"""Measured trials: a layout is kept only when Freeze'nSense agrees it is better.
+
+The rebalancer chooses layouts by the interference model's prediction, and a
+prediction is only as good as the samples behind it. A trial asks the guests
+themselves: after the moves, a probe measures each guest's share of its
+isolated performance (ζ/ζb, time sharing included), and the host's measured
+objective — the plan's own J = Σ w_v · (p_v − φ · max(0, 1 − p_v)²) over the
+guests measured both times, per unit of weight — is compared with the one
+measured before the moves:
+
+* a **confirm** trial (moves the policy is sure of) is undone only when the
+  measurement says they made things worse by more than `tolerance`;
+* an **explore** trial (a layout the model prefers but cannot back, or the
+  blind spread tried against the model's layout) stays only when the
+  measurement says it is better by at least `min_gain`.
+
+Pure: measurements come in, a verdict goes out.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+TRIAL_KINDS = ("confirm", "explore")
+
+
+class TrialError(ValueError):
+    """A trial's parameters or measurements that cannot be used; names the field."""
+
+
+@dataclass(frozen=True)
+class Measured:
+    """What one profiling run saw on a host: each guest's measured share of its isolated
+    performance (mean over its valid samples) and how many samples back it."""
+
+    host: str
+    performance: Mapping[str, float] = field(default_factory=dict)
+    samples: Mapping[str, int] = field(default_factory=dict)
+    message: str = ""
+
+    def __post_init__(self) -> None:
+        for guest, value in self.performance.items():
+            if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
+                raise TrialError(f"measurement of {self.host}: guest {guest!r}: performance must be a finite "
+                                 f"number >= 0, got {value!r}")
+
+
+@dataclass(frozen=True)
+class Verdict:
+    """A trial's outcome: keep the new layout or go back, with the numbers that decided."""
+
+    keep: bool
+    before: float | None
+    after: float | None
+    delta: float | None
+    guests: int
+    text: str
+
+
+def measured_objective(performance: Mapping[str, float], weights: Mapping[str, float], fairness: float,
+                       guests: list[str]) -> float:
+    """The plan's objective over `guests`, per unit of weight (a mean, so hosts of any size compare)."""
+    total = sum(weights.get(g, 1.0) for g in guests)
+    if total <= 0:
+        raise TrialError("trial: the guests' weights must add up to more than 0")
+    value = 0.0
+    for g in guests:
+        p = float(performance[g])
+        short = max(0.0, 1.0 - p)
+        value += weights.get(g, 1.0) * (p - fairness * short * short)
+    return value / total
+
+
+def judge(before: Measured | None, after: Measured | None, *, kind: str, weights: Mapping[str, float],
+          fairness: float, min_gain: float, tolerance: float) -> Verdict:
+    """Keep or undo the moves of one host, from its measurements before and after them.
+
+    Without a measurement on either side nothing can be confirmed: a confirm trial keeps
+    the moves (the policy was sure of them), an explore trial undoes them.
+    """
+    if kind not in TRIAL_KINDS:
+        raise TrialError(f"trial: field 'kind' must be one of {', '.join(TRIAL_KINDS)}, got {kind!r}")
+    common = sorted(set(before.performance if before else ()) & set(after.performance if after else ())
+                    & set(weights))
+    if before is None or after is None or not common:
+        missing = "before the moves" if before is None or not before.performance else "after them"
+        keep = kind == "confirm"
+        return Verdict(keep, None, None, None, 0,
+                       f"no measurement {missing}: {'kept as planned' if keep else 'undone, nothing backs it'}")
+    value_before = measured_objective(before.performance, weights, fairness, common)
+    value_after = measured_objective(after.performance, weights, fairness, common)
+    delta = value_after - value_before
+    if kind == "confirm":
+        keep = delta >= -tolerance
+        rule = f"kept unless worse by more than {tolerance:g}"
+    else:
+        keep = delta >= min_gain
+        rule = f"kept only if better by at least {min_gain:g}"
+    text = (f"measured {value_before:.3f} → {value_after:.3f} ({delta:+.3f} per guest, {len(common)} guests): "
+            f"{'kept' if keep else 'undone'} ({kind}: {rule})")
+    return Verdict(keep, value_before, value_after, delta, len(common), text)
+
+
+def layout_key(host: str, layout: Mapping[str, Mapping[int, frozenset[int]] | Mapping[int, list[int]]]) -> str:
+    """A short stable name of a host's layout (guest → vCPU → pCPUs), to remember trials by."""
+    canonical = {g: {str(v): sorted(int(c) for c in cpus) for v, cpus in sorted(pins.items(), key=lambda kv: int(kv[0]))}
+                 for g, pins in sorted(layout.items())}
+    text = json.dumps([host, canonical], sort_keys=True, separators=(",", ":"))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+@dataclass(frozen=True)
+class TrialOutcome:
+    """A finished trial: which layout it left (`from_key`), which it tried (`to_key`), kept or not."""
+
+    kind: str
+    from_key: str
+    to_key: str
+    kept: bool
+
+
+def trial_outcome(kind: str, state: str, parameters: Mapping[str, object]) -> TrialOutcome | None:
+    """The outcome of one stored plan action, if it is a finished trial probe."""
+    trial = parameters.get("trial") if kind == "probe" else None
+    if not isinstance(trial, Mapping) or state not in ("succeeded", "rolled_back"):
+        return None
+    from_key, to_key = trial.get("from_key"), trial.get("to_key")
+    if not (isinstance(from_key, str) and isinstance(to_key, str) and from_key and to_key):
+        return None
+    return TrialOutcome(str(trial.get("kind")), from_key, to_key, state == "succeeded")
