@@ -51,8 +51,10 @@ def test_hysteresis_keeps_a_stable_cluster_settled_over_100_runs():
     settled = moves[20:]
     print(f"\nmoves per run: {moves}")
     assert sum(moves[:20]) > 0, "the loop never improved the random start"
-    assert sum(settled) <= 2, f"still moving after 20 runs: {settled}"
-    assert len(set(layouts[20:])) <= 2, "the layout keeps changing"
+    # measured trials may overturn the model now and then (a guest or two moves after a trial);
+    # a loop that keeps moving does many times more (the test below)
+    assert sum(settled) <= 4, f"still moving after 20 runs: {settled}"
+    assert len(set(layouts[20:])) <= 3, "the layout keeps changing"
     # A measured trial teaches the model a layout it had not seen; one late correction may follow
     # (a guest going back once), repeated back-and-forth may not.
     assert len([b for b in backs if b[0] >= 20]) <= 1, f"guests moved straight back: {backs}"

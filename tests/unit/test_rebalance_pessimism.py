@@ -99,3 +99,69 @@ def test_doubt_counts_only_pairs_whose_distance_changes():
     assert doubt(search, pair) > doubt(_Search(spread_state(), learned(sibling_rounds=40), RebalanceSettings(),
                                                None, {}, None), pair)
     assert spread_layout(search, search.hosts["h"]) == {n: {0: frozenset({c})} for c, n in enumerate(GUESTS)}
+
+
+def _trial(plan):
+    return next((a.parameters["trial"] for a in plan.actions
+                 if a.kind == "probe" and a.parameters.get("trial", {}).get("kind") == "explore"), None)
+
+
+def test_a_measurement_decides_before_the_model_and_the_same_pair_is_not_tried_again():
+    """The host is spread and the model's layout fails the bound, so it is tried; once a trial
+    measured it better, the next plan takes it without trying anything; once a trial measured it
+    worse, the next plan neither takes it nor tries it again."""
+    model = learned(sibling_rounds=1)
+    state = spread_state()
+    first = plan_rebalance(state, model, RebalanceSettings(), now=0.0)
+    trial = _trial(first)
+    spread_key, model_key = trial["from_key"], trial["to_key"]
+
+    won = plan_rebalance(state, model, RebalanceSettings(), now=0.0, measured={(model_key, spread_key)})
+    assert shares_a_core(final_cores(won, state)), won.summary
+    assert _trial(won) is None
+    assert won.settings["notes"]["pessimistic"][0]["measured"] == "the model's layout measured better than the spread"
+
+    lost = plan_rebalance(state, model, RebalanceSettings(), now=0.0, measured={(spread_key, model_key)})
+    assert not [a for a in lost.actions if a.kind == "repin"], lost.summary
+    assert _trial(lost) is None
+
+
+def test_a_host_tries_at_most_trial_max_layouts_within_the_memory():
+    model = learned(sibling_rounds=1)
+    state = spread_state()
+    assert _trial(plan_rebalance(state, model, RebalanceSettings(trial_max=3), now=0.0, tried={"h": 2})) is not None
+    capped = plan_rebalance(state, model, RebalanceSettings(trial_max=3), now=0.0, tried={"h": 3})
+    assert _trial(capped) is None and not capped.actions
+    assert not plan_rebalance(state, model, RebalanceSettings(trials=False), now=0.0).actions
+
+
+def test_a_planned_layout_measured_worse_than_where_the_host_is_is_not_taken_again():
+    """Forty sibling samples: the model surely prefers pairing on siblings. A trial undid that
+    layout once (it measured worse than the spread the host is in): the plan stays put."""
+    model = learned(sibling_rounds=40)
+    state = spread_state()
+    plan = plan_rebalance(state, model, RebalanceSettings(), now=0.0)
+    confirm = next(a.parameters["trial"] for a in plan.actions if a.kind == "probe")
+    assert confirm["kind"] == "confirm"
+    again = plan_rebalance(state, model, RebalanceSettings(), now=0.0,
+                           measured={(confirm["from_key"], confirm["to_key"])})
+    assert not [a for a in again.actions if a.kind == "repin"], again.summary
+    # here where the host is is the spread: the measurement decides the comparison with the spread
+    assert again.settings["notes"]["pessimistic"][0]["measured"] == "the spread measured better than the model's layout"
+
+
+def test_moves_whose_layout_measured_worse_than_the_start_are_not_planned_again():
+    """From a packed start the plan moves guests apart; an earlier trial measured exactly that
+    layout worse than this start, so the next plan keeps the start."""
+    model = learned(sibling_rounds=40)
+    packed = {n: describe_guest(Placement(guest=n, host="h", vcpupin={0: frozenset({cpu})}, memory_kib=1024))
+              for n, cpu in zip(GUESTS, (0, 4, 1, 5))}
+    state = ClusterState({"h": HostState("h", TOPO)}, packed)
+    plan = plan_rebalance(state, model, RebalanceSettings(), now=0.0)
+    planned = [a for a in plan.actions if a.kind == "repin" and not a.parameters.get("tried")]
+    assert planned, plan.summary
+    confirm = next(a.parameters["trial"] for a in plan.actions
+                   if a.kind == "probe" and a.parameters["trial"]["kind"] == "confirm")
+    again = plan_rebalance(state, model, RebalanceSettings(), now=0.0,
+                           measured={(confirm["from_key"], confirm["to_key"])})
+    assert not [a for a in again.actions if a.kind == "repin" and not a.parameters.get("tried")], again.summary

@@ -342,8 +342,9 @@ class Rebalancer:
             plan = plan_drain(observed.state, model, drain, settings, now=self.wall(), scope=movable)
         else:
             last_moved = self.plans.last_moved(list(observed.state.guests))
+            better, tried = self._trial_memory(settings)
             plan = plan_rebalance(observed.state, model, settings, now=self.wall(), last_moved=last_moved,
-                                  scope=movable, solver=self.solver, measured=self.measured_better(settings))
+                                  scope=movable, solver=self.solver, measured=better, tried=tried)
         unreadable = [{"host": host, "error": error} for host, error in observed.errors.items()]
         summary = plan.summary
         if unreadable:
@@ -357,15 +358,21 @@ class Rebalancer:
         """(winner, loser) layout keys from the trials of the last `trial_memory_s`: a kept explore
         trial beat the layout before it, an undone one lost to it, an undone confirm trial lost to
         the layout it left. The policy follows these instead of trying the same pair again."""
+        return self._trial_memory(settings)[0]
+
+    def _trial_memory(self, settings: RebalanceSettings) -> tuple[set[tuple[str, str]], dict[str, int]]:
+        """`measured_better`, and how many layouts each host tried in that time."""
         if not settings.trials:
-            return set()
+            return set(), {}
         better: set[tuple[str, str]] = set()
+        tried: dict[str, int] = {}
         for outcome in self.plans.trial_outcomes(self.wall() - settings.trial_memory_s):
             if outcome.kind == "explore":
                 better.add((outcome.to_key, outcome.from_key) if outcome.kept else (outcome.from_key, outcome.to_key))
+                tried[outcome.host] = tried.get(outcome.host, 0) + 1
             elif not outcome.kept:
                 better.add((outcome.from_key, outcome.to_key))
-        return better
+        return better, tried
 
     def _check_hosts(self, host_names: Sequence[str]) -> None:
         unknown = sorted(set(host_names) - set(self.hosts))

@@ -127,7 +127,7 @@ class MemoryPlanStore:
         for plan in self.plans.values():
             for action in plan.actions:
                 at = self.finished.get((plan.id, action.index))
-                outcome = trial_outcome(action.kind, action.state, action.parameters)
+                outcome = trial_outcome(action.kind, action.state, action.parameters, action.host)
                 if outcome is not None and at is not None and at >= since:
                     found.append(outcome)
         return found

@@ -101,6 +101,8 @@ def add_policy_arguments(parser: argparse.ArgumentParser, *, host_group: bool = 
     parser.add_argument("--cooldown", type=float, metavar="SECONDS",
                         help="a guest moved this recently stays put (default 600)")
     parser.add_argument("--no-migrate", action="store_true", help="repins only, no live migration")
+    parser.add_argument("--no-trials", action="store_true",
+                        help="no measured trials: take the planned layout without measuring it, try no other")
     parser.add_argument("--drain", metavar="HOST",
                         help="maintenance: live-migrate every guest off HOST (it is put in maintenance first, "
                              "unless this is a dry run) instead of rebalancing")
@@ -130,6 +132,8 @@ def _settings(args: argparse.Namespace) -> Any:
         values["cooldown_s"] = args.cooldown
     if getattr(args, "no_migrate", False):
         values["allow_migration"] = False
+    if getattr(args, "no_trials", False):
+        values["trials"] = False
     if getattr(args, "bandwidth", None):
         values["migration_bandwidth_mib_s"] = float(args.bandwidth)
     try:

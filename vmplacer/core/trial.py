@@ -121,9 +121,10 @@ class TrialOutcome:
     from_key: str
     to_key: str
     kept: bool
+    host: str = ""
 
 
-def trial_outcome(kind: str, state: str, parameters: Mapping[str, object]) -> TrialOutcome | None:
+def trial_outcome(kind: str, state: str, parameters: Mapping[str, object], host: str = "") -> TrialOutcome | None:
     """The outcome of one stored plan action, if it is a finished trial probe."""
     trial = parameters.get("trial") if kind == "probe" else None
     if not isinstance(trial, Mapping) or state not in ("succeeded", "rolled_back"):
@@ -131,4 +132,4 @@ def trial_outcome(kind: str, state: str, parameters: Mapping[str, object]) -> Tr
     from_key, to_key = trial.get("from_key"), trial.get("to_key")
     if not (isinstance(from_key, str) and isinstance(to_key, str) and from_key and to_key):
         return None
-    return TrialOutcome(str(trial.get("kind")), from_key, to_key, state == "succeeded")
+    return TrialOutcome(str(trial.get("kind")), from_key, to_key, state == "succeeded", host)

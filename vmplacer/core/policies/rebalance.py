@@ -88,6 +88,7 @@ def plan_rebalance(
     hosts: Iterable[str] | None = None,
     solver: LayoutSolver | None = None,
     measured: Iterable[tuple[str, str]] | None = None,
+    tried: Mapping[str, int] | None = None,
 ) -> Plan:
     """Search moves on a what-if copy of `state`; the resulting Plan (state "proposed", or
     "empty" — final — when no move is worth making).
@@ -96,7 +97,8 @@ def plan_rebalance(
     cool-down; `scope` limits which guests may move (the others still count
     as load); `hosts` limits the hosts the plan may touch; `solver` (optional) lays out
     small hosts exactly after the local search (`exact_max_cpus`); `measured` holds (winner,
-    loser) layout keys that earlier trials compared by measurement (core/trial.py).
+    loser) layout keys that earlier trials compared by measurement (core/trial.py), `tried` how
+    many layouts each host tried lately (at most `trial_max` per `trial_memory_s`).
     """
     settings = settings or RebalanceSettings()
     if hosts is not None:
@@ -108,6 +110,7 @@ def plan_rebalance(
                              {n: g for n, g in state.guests.items() if g.host in allowed})
     search = _Search(state, model, settings, now, last_moved or {}, scope, solver)
     search.measured_better = set(measured or ())
+    search.tried = dict(tried or {})
     before = search.total_objective()
     search.run()
     after = search.total_objective()

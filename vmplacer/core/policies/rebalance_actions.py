@@ -144,7 +144,9 @@ def _build_actions(search: _Search, model: InterferenceModel) -> tuple[list[Acti
     hosts = sorted({a.target_host or a.host for a in actions} | (set(search.trials) if settings.trials else set()))
     for host in hosts:
         deps = tuple(a.index for a in actions if (a.target_host or a.host) == host)
-        if settings.trials and host not in migrated_hosts and (host in search.trials or (deps and low)):
+        # moves that rest on the model's data are measured (time sharing alone is arithmetic)
+        rests_on_data = not search.betas.empty
+        if settings.trials and host not in migrated_hosts and (host in search.trials or (deps and (low or rests_on_data))):
             if deps:
                 actions.append(_trial_probe(search, host, len(actions), deps, "confirm"))
             if host in search.trials:

@@ -16,6 +16,10 @@ earlier run spread it) stays so unless the model's layout holds at the same
 bound; a host whose start the model rates above the spread keeps the search's
 moves. A layout backed by data keeps its gain; one whose predicted advantage
 rests on few or unobserved pairs does not beat the spread.
+
+The layout not chosen is not forgotten: it becomes the host's measured trial
+(core/trial.py), tried after the plan's moves and kept only if Freeze'nSense
+measures it better; what earlier trials measured decides before the model does.
 """
 
 from __future__ import annotations
@@ -170,22 +174,53 @@ def choose_pessimistically(search) -> bool:
             move.reason = (f"{what} of {name}: the model's layout predicted {advantage:+.3f} better, "
                            f"but not at its lower bound ({bound:+.3f}, sd {sigma:.3f})")
         search._take(move)
-        for guest in layout:  # guests the search pooled are pinned again, as they started
-            if search.guests[guest].mode != search.original[guest].mode:
-                search.guests[guest] = replace(search.guests[guest], mode=search.original[guest].mode)
-                host.guests[guest] = search.guests[guest]
+        _restore_modes(search, host, layout)
         report["kept"] = target
         changed = True
         if settings.trials and advantage > 1e-9:
             _offer_trial(search, name, keys, "spread" if target == "spread" else "start", model_layout,
                          "model", "model's layout")
+    return _keep_what_measured_better(search) or changed
+
+
+def _keep_what_measured_better(search) -> bool:
+    """A host whose plan leads to a layout an earlier trial measured worse than where it is now
+    stays where it is (the planned moves were undone then, and the model has not learned why)."""
+    changed = False
+    for name, guests in sorted(search.layout_guests.items()):
+        host = search.hosts[name]
+        start = {g: dict(search.original[g].placement.vcpupin) for g in guests}
+        here = layout_key(name, start)
+        there = layout_key(name, {g: dict(host.pins[g]) for g in guests})
+        if here == there or (here, there) not in search.measured_better:
+            continue
+        found = _compare(search, host, start, "stay")
+        if found is None:
+            continue
+        _, _, move = found
+        move.reason = f"{name} stays as it is: the planned layout measured worse than this one in an earlier trial"
+        search._take(move)
+        _restore_modes(search, host, guests)
+        search.trials.pop(name, None)
+        search.pessimistic.append({"host": name, "kept": "start (measured better than the planned layout)"})
+        changed = True
     return changed
+
+
+def _restore_modes(search, host: _Host, guests) -> None:
+    """Guests the search pooled are pinned again, as they started."""
+    for guest in guests:
+        if search.guests[guest].mode != search.original[guest].mode:
+            search.guests[guest] = replace(search.guests[guest], mode=search.original[guest].mode)
+            host.guests[guest] = search.guests[guest]
 
 
 def _offer_trial(search, host: str, keys: dict[str, str], at: str, layout: dict[str, dict[int, frozenset[int]]],
                  what: str, label: str) -> None:
     """Note the layout to try after the plan's moves, unless a measurement already compared it with
     the one the host ends at (either way round)."""
+    if search.tried.get(host, 0) >= search.settings.trial_max:
+        return  # enough tried on this host lately: the model learns from what was measured
     here, there = keys[at], layout_key(host, layout)
     if here == there or (here, there) in search.measured_better or (there, here) in search.measured_better:
         return

@@ -94,6 +94,7 @@ class _Search:
         self.measured_better: set[tuple[str, str]] = set()  # (winner, loser) layout keys measured in trials
         self.trials: dict[str, dict] = {}  # host -> the layout to try after the plan's moves (measured trial)
         self.layout_guests: dict[str, list[str]] = {}  # host -> the guests its layout keys name
+        self.tried: dict[str, int] = {}  # host -> layouts it tried within the trial memory
         self.model = model
         self.settings = settings
         self.betas = BetaTable(model)

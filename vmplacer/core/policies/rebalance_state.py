@@ -74,8 +74,9 @@ class RebalanceSettings:
     trials: bool = True  # measure each host after its moves (Freeze'nSense) and undo what measures worse
     trial_seconds: float = 3.0  # profiling time of a trial's measurement
     trial_min_gain: float = 0.005  # a tried layout stays only if measured better by this much per guest
-    trial_tolerance: float = 0.02  # planned moves are undone only if measured worse by more than this per guest
+    trial_tolerance: float = 0.0  # planned moves are undone only if measured worse by more than this per guest
     trial_memory_s: float = 86400.0  # a measured comparison of two layouts is trusted (not tried again) this long
+    trial_max: int = 3  # layouts a host may try within trial_memory_s
 
     def __post_init__(self) -> None:
         for name in ("min_gain", "min_migration_gain", "cooldown_s", "horizon_s", "copy_slowdown",
@@ -89,7 +90,7 @@ class RebalanceSettings:
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be a number > 0, got {value!r}")
         for name in ("max_actions", "move_candidates", "swap_candidates", "migration_candidates",
-                     "destination_candidates", "max_rounds", "exhaustive_limit", "exact_max_cpus"):
+                     "destination_candidates", "max_rounds", "exhaustive_limit", "exact_max_cpus", "trial_max"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 0):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be an integer >= 0, got {value!r}")
