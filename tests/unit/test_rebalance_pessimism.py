@@ -141,7 +141,7 @@ def test_a_planned_layout_measured_worse_than_where_the_host_is_is_not_taken_aga
     model = learned(sibling_rounds=40)
     state = spread_state()
     plan = plan_rebalance(state, model, RebalanceSettings(), now=0.0)
-    confirm = next(a.parameters["trial"] for a in plan.actions if a.kind == "probe")
+    confirm = next(a.parameters["trial"] for a in plan.actions if a.kind == "probe" and "trial" in a.parameters)
     assert confirm["kind"] == "confirm"
     again = plan_rebalance(state, model, RebalanceSettings(), now=0.0,
                            measured={(confirm["from_key"], confirm["to_key"])})
@@ -161,7 +161,25 @@ def test_moves_whose_layout_measured_worse_than_the_start_are_not_planned_again(
     planned = [a for a in plan.actions if a.kind == "repin" and not a.parameters.get("tried")]
     assert planned, plan.summary
     confirm = next(a.parameters["trial"] for a in plan.actions
-                   if a.kind == "probe" and a.parameters["trial"]["kind"] == "confirm")
+                   if a.kind == "probe" and a.parameters.get("trial", {}).get("kind") == "confirm")
     again = plan_rebalance(state, model, RebalanceSettings(), now=0.0,
                            measured={(confirm["from_key"], confirm["to_key"])})
     assert not [a for a in again.actions if a.kind == "repin" and not a.parameters.get("tried")], again.summary
+
+
+def test_data_driven_moves_are_measured_before_and_after_in_the_plan():
+    """The plan first measures the host as it is (a baseline, pooled with the run's profile), then
+    moves, then confirms the moves by measuring again; a rule's moves (the blind spread) are
+    measured after, so a trial that follows compares with them."""
+    model = learned(sibling_rounds=40)
+    packed = {n: describe_guest(Placement(guest=n, host="h", vcpupin={0: frozenset({cpu})}, memory_kib=1024))
+              for n, cpu in zip(GUESTS, (0, 4, 1, 5))}
+    plan = plan_rebalance(ClusterState({"h": HostState("h", TOPO)}, packed), model, RebalanceSettings(), now=0.0)
+    kinds = [(a.kind, "baseline" if a.parameters.get("baseline") else a.parameters.get("trial", {}).get("kind", ""))
+             for a in plan.actions]
+    assert kinds[0] == ("probe", "baseline")
+    confirm = next(i for i, k in enumerate(kinds) if k == ("probe", "confirm"))
+    moves = [a for a in plan.actions[:confirm] if a.kind == "repin"]
+    assert moves and all(a.index > 0 for a in moves)
+    assert set(plan.actions[confirm].depends_on) == {a.index for a in moves}
+    assert all(d < a.index for a in plan.actions for d in a.depends_on)

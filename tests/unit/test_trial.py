@@ -81,3 +81,15 @@ def test_a_finished_trial_probe_is_remembered_with_its_outcome():
     assert trial_outcome("probe", "succeeded", {"seconds": 3}) is None
     assert trial_outcome("repin", "succeeded", {"trial": trial}) is None
     assert trial_outcome("probe", "succeeded", {"trial": {"kind": "explore", "from_key": ""}}) is None
+
+
+def test_two_measurements_of_one_layout_pool_by_their_samples():
+    from vmplacer.core.trial import pooled
+
+    profile = Measured("h", {"a": 0.9, "b": 0.5}, {"a": 1, "b": 1})
+    probe = Measured("h", {"a": 0.7, "c": 0.4}, {"a": 3, "c": 3})
+    both = pooled(profile, probe)
+    assert both.performance["a"] == pytest.approx((0.9 + 3 * 0.7) / 4)
+    assert both.samples == {"a": 4, "b": 1, "c": 3}
+    assert both.performance["b"] == 0.5 and both.performance["c"] == 0.4
+    assert pooled(None, probe) is probe

@@ -376,7 +376,8 @@ def _render_report(data: dict[str, Any]) -> None:
     print_table(
         f"plan {plan['id']} ({plan['state']}): {plan['summary']}",
         ("#", "action", "guest", "host", "change", "gain", "conf.", "after", "state", "reason / outcome"),
-        [(a["index"], a["kind"], a["guest"] or "", _where(a), _change(a), f"{a['predicted_gain']:+.3f}",
+        [(a["index"], a["kind"] + (" (tried)" if a["parameters"].get("tried") else ""), a["guest"] or "", _where(a),
+          _change(a), f"{a['predicted_gain']:+.3f}",
           f"{a['confidence']:.2f}", ",".join(map(str, a["depends_on"])), a["state"],
           a["message"] or a["reason"]) for a in plan["actions"]],
     )
@@ -408,7 +409,9 @@ def _change(action: dict[str, Any]) -> str:
     from vmplacer.core.placement import placement_from_dict
 
     if action["kind"] == "probe":
-        return f"Freeze'nSense {action['parameters'].get('seconds', '')} s"
+        trial = action["parameters"].get("trial")
+        judged = f", {trial.get('kind')} trial" if isinstance(trial, dict) else ""
+        return f"Freeze'nSense {action['parameters'].get('seconds', '')} s{judged}"
     if action["kind"] in ("throttle", "release"):
         from vmplacer.core.bandwidth import CpuBandwidth
 

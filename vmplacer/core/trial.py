@@ -49,6 +49,21 @@ class Measured:
                                  f"number >= 0, got {value!r}")
 
 
+def pooled(first: Measured | None, second: Measured) -> Measured:
+    """Two measurements of the same layout as one: each guest's mean weighted by its samples."""
+    if first is None:
+        return second
+    performance: dict[str, float] = {}
+    samples: dict[str, int] = {}
+    for guest in sorted(set(first.performance) | set(second.performance)):
+        parts = [(m.performance[guest], max(1, int(m.samples.get(guest, 1)))) for m in (first, second)
+                 if guest in m.performance]
+        count = sum(n for _, n in parts)
+        performance[guest] = sum(p * n for p, n in parts) / count
+        samples[guest] = count
+    return Measured(second.host, performance, samples, second.message)
+
+
 @dataclass(frozen=True)
 class Verdict:
     """A trial's outcome: keep the new layout or go back, with the numbers that decided."""

@@ -13,7 +13,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 from vmplacer.app.actions.base import ActionKind, Check
 from vmplacer.core.placement import Placement
 from vmplacer.core.plan import Action, Plan
-from vmplacer.core.trial import Measured, TrialError, Verdict, judge
+from vmplacer.core.trial import Measured, TrialError, Verdict, judge, pooled
 from vmplacer.ports import Hypervisor
 
 ProbeResult = str | Measured
@@ -42,7 +42,9 @@ class Probe(ActionKind):
         trial = action.parameters.get("trial")
         if not trial:
             if measured is not None:
-                self.measurements[action.host] = measured
+                # a baseline probe measures the layout the run's profile measured: both count
+                previous = self.measurements.get(action.host) if action.parameters.get("baseline") else None
+                self.measurements[action.host] = pooled(previous, measured)
             return
         try:
             verdict = judge(self.measurements.get(action.host), measured, kind=str(trial.get("kind")),

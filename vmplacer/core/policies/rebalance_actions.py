@@ -142,13 +142,23 @@ def _build_actions(search: _Search, model: InterferenceModel) -> tuple[list[Acti
                                                                            if a.kind == "migrate"}
     low = bool(actions) and min(a.confidence for a in actions) < settings.probe_below_confidence
     hosts = sorted({a.target_host or a.host for a in actions} | (set(search.trials) if settings.trials else set()))
+    baselines: list[str] = []
     for host in hosts:
         deps = tuple(a.index for a in actions if (a.target_host or a.host) == host)
-        # moves that rest on the model's data are measured (time sharing alone is arithmetic)
-        rests_on_data = not search.betas.empty
+        # moves that rest on the model's data are measured (time sharing alone is arithmetic; the
+        # blind spread, or staying, is the rule the trial is measured against, not a guess)
+        rests_on_data = not search.betas.empty and host not in search.ruled
         if settings.trials and host not in migrated_hosts and (host in search.trials or (deps and (low or rests_on_data))):
-            if deps:
+            confirm = bool(deps) and host not in search.ruled
+            if confirm or (host in search.trials and not deps):
+                baselines.append(host)  # the layout the next probe is compared with is the host as it is
+            if confirm:
                 actions.append(_trial_probe(search, host, len(actions), deps, "confirm"))
+            elif deps:  # moves by rule (the blind spread): measured, so a trial after them compares with them
+                actions.append(Action(index=len(actions), kind="probe", host=host, depends_on=deps,
+                                      reason="measure the host after these moves with Freeze'nSense, to compare "
+                                             "the trial with",
+                                      parameters={"seconds": settings.trial_seconds}))
             if host in search.trials:
                 _add_trial(search, host, actions)
         elif deps and low:
@@ -156,7 +166,25 @@ def _build_actions(search: _Search, model: InterferenceModel) -> tuple[list[Acti
                                   reason="measure the new layout with Freeze'nSense: the model's confidence "
                                          "in these moves is low",
                                   depends_on=deps, parameters={"seconds": settings.probe_seconds}))
-    return actions, predicted
+    return _with_baselines(search, actions, baselines), predicted
+
+
+def _with_baselines(search: _Search, actions: list[Action], hosts: list[str]) -> list[Action]:
+    """First, a probe of each host with a trial as it is: a trial compares two measurements, and
+    the one before the moves should be as long as the one after (it pools with the run's profile).
+    It runs before them (actions run in order) without holding them: with no profiler they still run."""
+    if not hosts:
+        return actions
+    shift = len(hosts)
+    first = [Action(index=i, kind="probe", host=host,
+                    reason="measure the host as it is with Freeze'nSense, to compare the moves with",
+                    parameters={"seconds": search.settings.trial_seconds, "baseline": True})
+             for i, host in enumerate(hosts)]
+    rest = []
+    for action in actions:
+        deps = {d + shift for d in action.depends_on}
+        rest.append(replace(action, index=action.index + shift, depends_on=tuple(sorted(deps))))
+    return first + rest
 
 
 def _layout_guests(search: _Search, host: _Host) -> list[str]:

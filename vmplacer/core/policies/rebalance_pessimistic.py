@@ -176,6 +176,7 @@ def choose_pessimistically(search) -> bool:
         search._take(move)
         _restore_modes(search, host, layout)
         report["kept"] = target
+        search.ruled.add(name)
         changed = True
         if settings.trials and advantage > 1e-9:
             _offer_trial(search, name, keys, "spread" if target == "spread" else "start", model_layout,
@@ -202,6 +203,7 @@ def _keep_what_measured_better(search) -> bool:
         search._take(move)
         _restore_modes(search, host, guests)
         search.trials.pop(name, None)
+        search.ruled.add(name)
         search.pessimistic.append({"host": name, "kept": "start (measured better than the planned layout)"})
         changed = True
     return changed

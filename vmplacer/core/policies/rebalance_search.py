@@ -95,6 +95,7 @@ class _Search:
         self.trials: dict[str, dict] = {}  # host -> the layout to try after the plan's moves (measured trial)
         self.layout_guests: dict[str, list[str]] = {}  # host -> the guests its layout keys name
         self.tried: dict[str, int] = {}  # host -> layouts it tried within the trial memory
+        self.ruled: set[str] = set()  # hosts the plan takes to the blind spread or keeps where they are, by rule
         self.model = model
         self.settings = settings
         self.betas = BetaTable(model)
