@@ -91,5 +91,5 @@ def test_two_measurements_of_one_layout_pool_by_their_samples():
     both = pooled(profile, probe)
     assert both.performance["a"] == pytest.approx((0.9 + 3 * 0.7) / 4)
     assert both.samples == {"a": 4, "b": 1, "c": 3}
-    assert both.performance["b"] == 0.5 and both.performance["c"] == 0.4
+    assert both.performance["b"] == pytest.approx(0.5) and both.performance["c"] == pytest.approx(0.4)
     assert pooled(None, probe) is probe
