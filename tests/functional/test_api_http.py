@@ -273,6 +273,11 @@ def test_audit_and_metrics(api):
     assert entries and all(e["action"] == "token-create" for e in entries)
     assert api.get("/v1/audit", params={"since": "2000-01-01T00:00:00"}).status_code == 200
     assert api.get("/v1/audit", params={"since": "yesterday"}).status_code == 422
+    # any libvirt domain name filters, up to libvirt's 251 bytes; longer ones name the rule
+    assert api.get("/v1/audit", params={"guest": "é" * 125}).json()["entries"] == []
+    refused = api.get("/v1/audit", params={"guest": "é" * 126})
+    assert refused.status_code == 422 and "252 bytes" in _error(refused)["message"]
+    assert api.get("/v1/audit", params={"guest": "a/b"}).status_code == 422
     api.post("/v1/placements", json={"name": "m1", "vcpus": 1, "memory_mib": 64, "host": "t", "dry_run": True})
     api.post("/v1/placements", json={"name": "m1", "vcpus": 1, "memory_mib": 64, "host": "down", "dry_run": True})
     text = api.get("/metrics").text
