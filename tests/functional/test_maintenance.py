@@ -183,3 +183,8 @@ def test_cli_hosts_still_lists_hosts_when_the_schema_is_from_a_newer_version(tmp
     assert code == 1 and "maintenance states unknown: database" in err and "9999" in err, err
     assert "Traceback" not in err
     assert [(h["name"], h["reachable"]) for h in listed] == [("t1", True)]
+    # every other command that needs the database says so in one line, without a traceback
+    for command in (("plans",), ("hosts", "disable", "t1", "--reason", "x"), ("reconcile",)):
+        code, _, _, err = _cli(config, *command)
+        assert code == 1 and "vmplacer: failed: database:" in err and "9999" in err, (command, err)
+        assert "Traceback" not in err, (command, err)

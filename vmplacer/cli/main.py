@@ -106,6 +106,20 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+def _database_problem(exc: Exception) -> str | None:
+    """A database that cannot be used (down, or at a schema revision this version does not know:
+    a newer vmplacer migrated it) in one line, for any command; None for every other error."""
+    from alembic.util.exc import CommandError
+    from sqlalchemy.exc import SQLAlchemyError
+
+    if isinstance(exc, CommandError):
+        return (f"database: {str(exc).splitlines()[0]} (the schema is not one this vmplacer knows: "
+                f"`vmplacer db current` shows it; a newer vmplacer may have migrated it)")
+    if isinstance(exc, SQLAlchemyError):
+        return f"database: {exc.__class__.__name__}: {str(exc).splitlines()[0]}"
+    return None
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
@@ -133,6 +147,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("vmplacer: interrupted\n")
         return 130
+    except Exception as exc:
+        problem = _database_problem(exc)
+        if problem is None:
+            raise
+        sys.stderr.write(f"vmplacer: failed: {problem}\n")
+        return EXIT_OPERATIONAL
     finally:
         if ctx._container is not None:
             ctx._container.close()
