@@ -83,6 +83,9 @@ def test_a_uuid_another_domain_has_is_409_exists(host):
     assert client.get("/v1/placements/mine").status_code == 404  # its claim was undone: the pCPUs are free
     assert client.post("/v1/placements", json={**GUEST, "name": "mine", "base_xml": _base(
         "mine", "<os><type>hvm</type></os>")}).status_code == 201
+    # a dry run of a placed name answers what the placement would: 409 exists, nothing planned
+    dry = client.post("/v1/placements", json={**GUEST, "name": "mine", "dry_run": True})
+    assert dry.status_code == 409 and _error(dry)["code"] == "exists", dry.text
 
 
 def test_a_domain_of_the_same_name_is_never_replaced(host):

@@ -114,7 +114,9 @@ class Placer:
 
     # ----- dry run ---------------------------------------------------------------------------------
     def plan(self, spec: GuestSpec, hosts: list[str], base_xml: str | None) -> Outcome:
+        """A dry run answers as the placement itself would, a name already placed included."""
         started = time.perf_counter()
+        self._refuse_placed(spec, hosts, "dry_run")
         try:
             choice = self._fleet().plan(spec, hosts, base_xml)
         except NothingFits as exc:
@@ -125,15 +127,18 @@ class Placer:
         self.metrics.placements.labels(choice.host, "dry_run", "planned").inc()
         return Outcome(choice.result, choice.host, True, choice.report)
 
+    def _refuse_placed(self, spec: GuestSpec, hosts: list[str], mode: str) -> None:
+        if self.services.container.placement_store.get(spec.name) is not None:
+            self.metrics.placements.labels(hosts[0] if len(hosts) == 1 else "any", mode, "exists").inc()
+            raise ApiError(409, "exists", f"guest {spec.name} is already placed "
+                           f"(DELETE /v1/placements/{spec.name} first)", {"guest": spec.name})
+
     # ----- placing -----------------------------------------------------------------------------------
     def place(self, spec: GuestSpec, hosts: list[str], base_xml: str | None, *, define: bool, start: bool,
               actor: dict[str, Any]) -> Outcome:
         mode = "define" if define else "reserve"
         started = time.perf_counter()
-        if self.services.container.placement_store.get(spec.name) is not None:
-            self.metrics.placements.labels(hosts[0] if len(hosts) == 1 else "any", mode, "exists").inc()
-            raise ApiError(409, "exists", f"guest {spec.name} is already placed "
-                           f"(DELETE /v1/placements/{spec.name} first)", {"guest": spec.name})
+        self._refuse_placed(spec, hosts, mode)
 
         def record(host: str, outcome: str) -> None:
             self.metrics.placements.labels(host, mode, outcome).inc()
