@@ -283,7 +283,7 @@ class LibvirtHost(Hypervisor):
         from vmplacer.adapters.domain_xml import parse_placement_and_labels
 
         before = self._placing_view
-        by_text = {xml: parsed for xml, parsed in before.values()}
+        by_text: dict[str, tuple[Placement, dict[str, str]]] | None = None  # built when a domain is read
         view: dict[str, tuple[str, tuple[Placement, dict[str, str]]]] = {}
         for dom in self._call("listAllDomains", conn.listAllDomains):
             name = dom.name()
@@ -298,6 +298,8 @@ class LibvirtHost(Hypervisor):
                 if isinstance(failure, DomainGone):
                     continue  # undefined while we listed
                 raise failure from None
+            if by_text is None:
+                by_text = {text: parsed for text, parsed in before.values()}
             parsed = by_text.get(xml)
             if parsed is None:
                 parsed = parse_placement_and_labels(xml, self.name)
