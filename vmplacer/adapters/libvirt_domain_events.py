@@ -103,8 +103,9 @@ class DomainEvents:
                         self.host, exc.get_error_message())
             _deregister(conn, ids)
             return False
-        with self._lock:
+        with self._lock:  # a read that took the marks before the callbacks were in reads all again
             self._conn, self._callbacks = conn, ids
+            self._all_dirty = True
         return True
 
     def unwatch(self, conn: libvirt.virConnect) -> None:
