@@ -68,6 +68,11 @@ class HostSettings:
     # Topology from this capabilities file instead of the host: only for libvirt's test driver,
     # whose own topology (16 CPUs, 6 GiB) is too small to place anything realistic on.
     capabilities: Path | None = None
+    # Placing re-reads only the domains libvirt's events (or vmplacer's own changes) say changed,
+    # and every domain at least this often: the longest a change that sends no event (an outside
+    # re-pin on the test driver, a shut-off guest's definition edited) or a lost one stays unseen.
+    # 0: every domain on every read (no events used).
+    domain_resync_s: float = 5.0
 
     @property
     def is_builtin_example(self) -> bool:
@@ -227,7 +232,7 @@ def _parse_host(reader: _Reader, raw: Any, index: int) -> HostSettings:
     key = f"hosts[{index}]"
     data = reader.mapping(raw, key, ("name", "uri", "reserved_cpus", "domain_type", "sampler",
                                      "cpu_allocation_ratio", "reserved_memory_mib_per_node", "emulator_cpus",
-                                     "xml_policy", "capabilities"))
+                                     "xml_policy", "capabilities", "domain_resync_s"))
     if "name" not in data:
         raise reader.fail(f"{key}.name", "is required")
     if "uri" not in data:
@@ -251,8 +256,9 @@ def _parse_host(reader: _Reader, raw: Any, index: int) -> HostSettings:
         raise reader.fail(f"{key}.sampler", f"must be one of {', '.join(SAMPLER_METRICS)}")
     xml_policy = _xml_policy(reader, data.get("xml_policy"), f"{key}.xml_policy")
     capabilities = _capabilities_file(reader, data.get("capabilities"), uri, f"{key}.capabilities")
+    resync = reader.number(data.get("domain_resync_s", 5.0), f"{key}.domain_resync_s", 0, 3600)
     return HostSettings(name, uri, reserved, domain_type, sampler, ratio, int(reserve), emulator_cpus, xml_policy,
-                        capabilities)
+                        capabilities, float(resync))
 
 
 def _capabilities_file(reader: _Reader, value: Any, uri: str, key: str) -> Path | None:

@@ -1,13 +1,15 @@
 """Real placements through the API on libvirt's test driver, SQLite and PostgreSQL:
 concurrent placements never share a pCPU, and what others do to the host's domains
 behind vmplacer's back (define, redefine, re-pin, undefine) is seen by the next
-placement, although parsed domain XML is kept between placements.
+placement once libvirt's event for it is in, and by every placement with
+`domain_resync_s: 0`, although parsed domain XML is kept between placements.
 
 The test driver's host has 16 pCPUs (0-15) on two nodes.
 """
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import warnings
 
@@ -27,17 +29,40 @@ HOST_CPUS = frozenset(range(16))
 EXTERNAL_UUID = "6f1c2f1e-2b0e-4a52-9a43-0d8a7c3e5b10"
 
 
-@pytest.fixture
-def host(database_url, tmp_path):
+EVENT_TIMEOUT_S = 30.0  # only how long a missing event is waited for before failing
+
+
+@contextlib.contextmanager
+def _serving(database_url, tmp_path, **host):  # type: ignore[no-untyped-def]
     with roomy_test_driver() as connection:
         container = make_container(database_url, tmp_path, [{"name": "t", "uri": "test:///default",
-                                                             "domain_type": "qemu"}])
+                                                             "domain_type": "qemu", **host}])
         admin = SqlTokenStore(container.sessions).create("orchestrator", "admin")
         app = create_app(container, ApiOptions(run_jobs=False, replay_freeze_journal=False))
         with TestClient(app, raise_server_exceptions=False) as client:
             client.headers["Authorization"] = f"Bearer {admin}"
-            yield client, connection
+            yield client, connection, container.hypervisor("t")
         container.close()
+
+
+@pytest.fixture
+def host(database_url, tmp_path):
+    with _serving(database_url, tmp_path) as (client, connection, _):
+        yield client, connection
+
+
+@pytest.fixture
+def strict_host(database_url, tmp_path):
+    """Every placement reads every domain's XML again (no events relied on)."""
+    with _serving(database_url, tmp_path, domain_resync_s=0) as (client, connection, _):
+        yield client, connection
+
+
+@pytest.fixture
+def watching_host(database_url, tmp_path):
+    """The default: domains re-read when libvirt's events say they changed, all every 5 s."""
+    with _serving(database_url, tmp_path) as served:
+        yield served
 
 
 def _dedicated(client, name: str):  # type: ignore[no-untyped-def]
@@ -97,8 +122,8 @@ def test_concurrent_placements_never_share_a_pcpu(host):
         assert name not in connection.listDefinedDomains()  # and no domain
 
 
-def test_domains_changed_behind_vmplacers_back_are_seen_by_the_next_placement(host):
-    client, connection = host
+def test_domains_changed_behind_vmplacers_back_are_seen_by_the_next_placement(strict_host):
+    client, connection = strict_host
     taken = _pcpus(_dedicated(client, "warm")) | _pcpus(_dedicated(client, "warm2"))  # domains read and parsed
     free = sorted(HOST_CPUS - taken)
 
@@ -119,6 +144,31 @@ def test_domains_changed_behind_vmplacers_back_are_seen_by_the_next_placement(ho
     domain.undefine()
     again = {next(iter(_pcpus(_dedicated(client, f"after-undefine-{i}")))) for i in range(len(free) - 1)}
     assert again == set(free) - {free[1]}
+    assert _dedicated(client, "one-too-many").status_code == 409
+
+
+def test_outside_changes_with_an_event_are_seen_by_the_first_placement_after_it(watching_host):
+    client, connection, hypervisor = watching_host
+    events = hypervisor.domain_events
+
+    def outside(change) -> None:  # type: ignore[no-untyped-def]
+        seen = events.events_seen
+        change()
+        assert events.wait_for_events(seen, EVENT_TIMEOUT_S), "no domain event arrived"
+
+    taken = _pcpus(_dedicated(client, "warm")) | _pcpus(_dedicated(client, "warm2"))
+    free = sorted(HOST_CPUS - taken)
+    outside(lambda: _external(connection, free[:-1]))
+    assert _pcpus(_dedicated(client, "after-define")) == {free[-1]}
+
+    outside(lambda: _external(connection, free[1:]))  # redefined, same name and UUID
+    client.delete("/v1/placements/after-define")
+    assert _pcpus(_dedicated(client, "after-redefine")) == {free[0]}
+
+    client.delete("/v1/placements/after-redefine")
+    outside(lambda: connection.lookupByName("theirs").undefine())  # its pCPUs are free again
+    again = {next(iter(_pcpus(_dedicated(client, f"after-undefine-{i}")))) for i in range(len(free))}
+    assert again == set(free)
     assert _dedicated(client, "one-too-many").status_code == 409
 
 

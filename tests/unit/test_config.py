@@ -98,12 +98,23 @@ def test_allocation_knobs_per_host():
         4.0, 0, frozenset())
 
 
+def test_domain_resync_interval_per_host():
+    settings = settings_from_mapping({"hosts": [
+        {"name": "h1", "uri": "qemu:///system", "domain_resync_s": 0},
+        {"name": "h2", "uri": "qemu:///system", "domain_resync_s": 30},
+        {"name": "h3", "uri": "qemu:///system"},
+    ]}, "cfg.yaml", environ={})
+    assert [settings.host(h).domain_resync_s for h in ("h1", "h2", "h3")] == [0.0, 30.0, 5.0]
+
+
 @pytest.mark.parametrize(("field", "value", "fragment"), [
     ("cpu_allocation_ratio", 0, "between 0.1 and 64"),
     ("cpu_allocation_ratio", "lots", "must be a number"),
     ("reserved_memory_mib_per_node", -1, "between 0"),
     ("reserved_memory_mib_per_node", 1.5, "whole number of MiB"),
     ("emulator_cpus", "0-x", "0-x"),
+    ("domain_resync_s", -1, "between 0 and 3600"),
+    ("domain_resync_s", "often", "must be a number"),
 ])
 def test_bad_allocation_knobs_name_host_and_field(field, value, fragment):
     with pytest.raises(ConfigError) as excinfo:

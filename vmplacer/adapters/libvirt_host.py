@@ -7,12 +7,14 @@ domain, so callers (CLI, API, executor) can report it without knowing libvirt.
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Protocol, TypeVar
 
 import libvirt
 
+from vmplacer.adapters.libvirt_domain_events import DomainEvents, start_event_loop
 from vmplacer.adapters.libvirt_errors import operation_failed, refused_definition, refused_start
 from vmplacer.adapters.shared_read import SharedRead
 from vmplacer.core.placement import Placement
@@ -71,12 +73,14 @@ class HostAddress(Protocol):
     uri: str
     reserved_cpus: frozenset[int]
     capabilities: Path | None  # topology from this file instead of the host (test driver only)
+    # Every domain's XML is re-read at least this often (s) although no event said it changed; 0: always.
+    domain_resync_s: float
 
 
 class LibvirtHost(Hypervisor):
     """One libvirt connection, opened lazily and reopened after the daemon restarts."""
 
-    def __init__(self, settings: HostAddress):
+    def __init__(self, settings: HostAddress, clock: Callable[[], float] = time.monotonic):
         self.name = settings.name
         self.uri = settings.uri
         self.settings = settings
@@ -85,8 +89,10 @@ class LibvirtHost(Hypervisor):
         # Parsed domain XML by domain UUID: (the XML text it came from, placement, labels).
         # Keyed by the text itself, so any change libvirt reports, by anyone, is parsed anew.
         self._parsed: dict[str, tuple[str, Placement, dict[str, str]]] = {}
-        # The same for placing, keyed by the XML text alone: no name or UUID call per domain.
-        self._parsed_by_text: dict[str, tuple[Placement, dict[str, str]]] = {}
+        # What placing read of each domain, by name: its XML text and that text parsed. Only the
+        # domains `_events` marks are read again, besides every domain each resync.
+        self._placing_view: dict[str, tuple[str, tuple[Placement, dict[str, str]]]] = {}
+        self._events = DomainEvents(self.name, settings.domain_resync_s, clock)
         # Concurrent callers share a read that started after they called (see shared_read).
         self._domains_read = SharedRead(self._read_domains)
         self._placements_read = SharedRead(self._read_placements)
@@ -102,6 +108,8 @@ class LibvirtHost(Hypervisor):
                 except libvirt.libvirtError:
                     pass
                 self._close_quietly()
+            if self._events.resync_s > 0:
+                start_event_loop()  # before the open: a connection opened without it has no events
             try:
                 self._conn = libvirt.open(self.uri)
             except libvirt.libvirtError as exc:
@@ -110,6 +118,7 @@ class LibvirtHost(Hypervisor):
                     host=self.name,
                     retriable=True,
                 ) from None
+            self._events.watch(self._conn)
             return self._conn
 
     def close(self) -> None:
@@ -118,6 +127,7 @@ class LibvirtHost(Hypervisor):
 
     def _close_quietly(self) -> None:
         if self._conn is not None:
+            self._events.unwatch(self._conn)
             try:
                 self._conn.close()
             except libvirt.libvirtError:
@@ -129,6 +139,14 @@ class LibvirtHost(Hypervisor):
             return fn()
         except libvirt.libvirtError as exc:
             raise self._failure(what, exc, domain) from None
+
+    def _changing(self, name: str, what: str, fn: Callable[[], T]) -> T:
+        """An operation that changes the domain: marked changed however it ends (a failure may
+        have changed it part way)."""
+        try:
+            return self._call(what, fn, name)
+        finally:
+            self.changed(name)
 
     def _failure(self, what: str, exc: libvirt.libvirtError, domain: str = "") -> HypervisorError:
         return operation_failed(exc, host=self.name, domain=domain, what=what)
@@ -246,28 +264,57 @@ class LibvirtHost(Hypervisor):
         return {name: (placement, dict(labels)) for name, (placement, labels) in self._placements_read.get().items()}
 
     def _read_placements(self) -> dict[str, tuple[Placement, dict[str, str]]]:
-        """One XMLDesc per domain, each distinct text parsed once (the name is in the text).
-        The parses kept are those of this read: an undefined domain's go with it."""
+        """Every listed domain's placement and labels. libvirt lists the domains (one call, so
+        additions and removals are always seen); the XML is read again only of domains not
+        read before and of those an event or an own change marked, or of all at a resync
+        (`DomainEvents`). Each distinct text is parsed once."""
+        conn = self.connection()
+        full, dirty = self._events.take()
+        try:
+            view = self._read_placing_view(conn, full, dirty)
+        except BaseException:
+            self._events.give_back(full, dirty)
+            raise
+        self._placing_view = view
+        return {parsed[0].guest: parsed for _, parsed in view.values()}
+
+    def _read_placing_view(self, conn: libvirt.virConnect, full: bool,
+                           dirty: frozenset[str]) -> dict[str, tuple[str, tuple[Placement, dict[str, str]]]]:
         from vmplacer.adapters.domain_xml import parse_placement_and_labels
 
-        conn = self.connection()
-        known, seen = self._parsed_by_text, {}
-        result: dict[str, tuple[Placement, dict[str, str]]] = {}
+        before = self._placing_view
+        by_text: dict[str, tuple[Placement, dict[str, str]]] | None = None  # built when a domain is read
+        view: dict[str, tuple[str, tuple[Placement, dict[str, str]]]] = {}
         for dom in self._call("listAllDomains", conn.listAllDomains):
+            name = dom.name()
+            known = before.get(name)
+            if known is not None and not full and name not in dirty:
+                view[name] = known
+                continue
             try:
                 xml = dom.XMLDesc(0)
             except libvirt.libvirtError as exc:
-                failure = self._failure("XMLDesc", exc, _name_of(dom))
+                failure = self._failure("XMLDesc", exc, name)
                 if isinstance(failure, DomainGone):
                     continue  # undefined while we listed
                 raise failure from None
-            parsed = known.get(xml)
+            if by_text is None:
+                by_text = {text: parsed for text, parsed in before.values()}
+            parsed = by_text.get(xml)
             if parsed is None:
                 parsed = parse_placement_and_labels(xml, self.name)
-            seen[xml] = parsed
-            result[parsed[0].guest] = parsed
-        self._parsed_by_text = seen
-        return result
+            view[name] = (xml, parsed)
+        return view
+
+    @property
+    def domain_events(self) -> DomainEvents:
+        """What libvirt's events have said of this host's domains (tests wait on it)."""
+        return self._events
+
+    def changed(self, name: str) -> None:
+        """Say that this domain was changed by vmplacer (through this connection or another):
+        the next read of the host's domains reads it again, not waiting for libvirt's event."""
+        self._events.mark(name)
 
     def domain(self, name: str) -> DomainInfo:
         return self._info(self._lookup(name))
@@ -300,6 +347,7 @@ class LibvirtHost(Hypervisor):
             refused = refused_definition(exc, host=self.name, domain=name, what="defineXML",
                                          clash=lambda: self._holder_of(conn, xml))
             raise (refused or self._failure("defineXML", exc, name)) from None
+        self.changed(_name_of(dom) or name)
         return dom.UUIDString()
 
     def _holder_of(self, conn: libvirt.virConnect, xml: str) -> str | None:
@@ -329,23 +377,28 @@ class LibvirtHost(Hypervisor):
         except libvirt.libvirtError as exc:
             refused = refused_start(exc, host=self.name, domain=name)
             raise (refused or self._failure("create", exc, name)) from None
+        finally:
+            self.changed(name)
 
     def destroy(self, name: str) -> None:
         dom = self._lookup(name)
         if dom.isActive():
-            self._call("destroy", dom.destroy, name)
+            try:
+                self._call("destroy", dom.destroy, name)
+            finally:
+                self.changed(name)
 
     def undefine(self, name: str) -> None:
         dom = self._lookup(name)
-        self._call("undefine", dom.undefine, name)
+        self._changing(name, "undefine", dom.undefine)
 
     def suspend(self, name: str) -> None:
         dom = self._lookup(name)
-        self._call("suspend", dom.suspend, name)
+        self._changing(name, "suspend", dom.suspend)
 
     def resume(self, name: str) -> None:
         dom = self._lookup(name)
-        self._call("resume", dom.resume, name)
+        self._changing(name, "resume", dom.resume)
 
     def _affect_flags(self, dom: libvirt.virDomain) -> int:
         flags = libvirt.VIR_DOMAIN_AFFECT_CONFIG if dom.isPersistent() else 0
@@ -367,12 +420,12 @@ class LibvirtHost(Hypervisor):
     def pin_vcpu(self, name: str, vcpu: int, cpus: frozenset[int]) -> None:
         dom = self._lookup(name)
         cpumap = self._cpumap(cpus)
-        self._call("pinVcpuFlags", lambda: dom.pinVcpuFlags(vcpu, cpumap, self._affect_flags(dom)), name)
+        self._changing(name, "pinVcpuFlags", lambda: dom.pinVcpuFlags(vcpu, cpumap, self._affect_flags(dom)))
 
     def pin_emulator(self, name: str, cpus: frozenset[int]) -> None:
         dom = self._lookup(name)
         cpumap = self._cpumap(cpus)
-        self._call("pinEmulator", lambda: dom.pinEmulator(cpumap, self._affect_flags(dom)), name)
+        self._changing(name, "pinEmulator", lambda: dom.pinEmulator(cpumap, self._affect_flags(dom)))
 
     def migrate(
         self,
@@ -424,6 +477,8 @@ class LibvirtHost(Hypervisor):
         finally:
             if timer is not None:
                 timer.cancel()
+            self.changed(name)
+            destination.changed(name)
 
     # ----- CPU bandwidth (CFS quota) ------------------------------------------------------
     def cpu_bandwidth(self, name: str) -> CpuBandwidth:
@@ -460,15 +515,19 @@ class LibvirtHost(Hypervisor):
         flags = self._affect_flags(dom)
         try:
             dom.setSchedulerParametersFlags(params, flags)
+            self.changed(name)
             return
         except libvirt.libvirtError as exc:
             both = libvirt.VIR_DOMAIN_AFFECT_LIVE | libvirt.VIR_DOMAIN_AFFECT_CONFIG
             if not (flags & both == both and "mutually exclusive" in (exc.get_error_message() or "")):
                 raise self._bandwidth_failure("setSchedulerParametersFlags", exc, name) from None
         # Drivers that take one of LIVE/CONFIG per call: the running guest first, then its definition.
-        for one in (libvirt.VIR_DOMAIN_AFFECT_LIVE, libvirt.VIR_DOMAIN_AFFECT_CONFIG):
-            self._bandwidth_call("setSchedulerParametersFlags",
-                                 lambda one=one: dom.setSchedulerParametersFlags(params, one), name)
+        try:
+            for one in (libvirt.VIR_DOMAIN_AFFECT_LIVE, libvirt.VIR_DOMAIN_AFFECT_CONFIG):
+                self._bandwidth_call("setSchedulerParametersFlags",
+                                     lambda one=one: dom.setSchedulerParametersFlags(params, one), name)
+        finally:
+            self.changed(name)
 
     def _bandwidth_call(self, what: str, fn: Callable[[], T], domain: str) -> T:
         try:

@@ -53,7 +53,7 @@ class RebalanceHost:
         if dom.isPersistent():
             flags |= libvirt.VIR_DOMAIN_AFFECT_CONFIG
         params = {libvirt.VIR_DOMAIN_NUMA_NODESET: format_cpuset(nodes)}
-        self.host._call("setNumaParameters", lambda: dom.setNumaParameters(params, flags), name)
+        self.host._changing(name, "setNumaParameters", lambda: dom.setNumaParameters(params, flags))
 
     # ----- demand ------------------------------------------------------------------------------------
     def vcpu_demand(self, names: list[str], window_s: float = DEFAULT_DEMAND_WINDOW_S) -> dict[str, float]:
