@@ -186,3 +186,25 @@ def test_every_write_names_the_token(host):
     proposed = next(e for e in entries if e["action"] == "rebalance-propose")
     assert proposed["detail"]["plan_id"] == plan.json()["id"]
 
+
+
+def test_a_name_placed_through_another_instance_meanwhile_is_409_exists(database_url, tmp_path):
+    """This instance's snapshot of the recorded placements may be a second old; a name another
+    instance placed in that second gets past it and is refused by the database's own check,
+    with the same answer."""
+    from vmplacer.adapters.db.placements import SqlPlacementStore
+    from vmplacer.core.placement import Placement
+
+    with roomy_test_driver():
+        container = make_container(database_url, tmp_path, [{"name": "t", "uri": "test:///default",
+                                                             "domain_type": "qemu"}])
+        admin = SqlTokenStore(container.sessions).create("orchestrator", "admin")
+        app = create_app(container, ApiOptions(run_jobs=False, replay_freeze_journal=False))
+        with TestClient(app, raise_server_exceptions=False) as client:
+            client.headers["Authorization"] = f"Bearer {admin}"
+            assert client.post("/v1/placements", json={**GUEST, "name": "warm", "dry_run": True}).status_code == 200
+            # another instance records "elsewhere" now: this one's snapshot still says nothing
+            SqlPlacementStore(container.sessions).record(
+                "t", "test:///default", Placement("elsewhere", "t", {0: frozenset({3})}, memory_kib=65536), {})
+            response = client.post("/v1/placements", json={**GUEST, "name": "elsewhere"})
+            assert response.status_code == 409 and _error(response)["code"] == "exists", response.text

@@ -114,7 +114,8 @@ class Placer:
 
     # ----- dry run ---------------------------------------------------------------------------------
     def plan(self, spec: GuestSpec, hosts: list[str], base_xml: str | None) -> Outcome:
-        """A dry run answers as the placement itself would, a name already placed included."""
+        """A dry run answers as the placement itself would, a name already placed included (read,
+        like the rest of a dry run, from the hosts' short-lived snapshots: api/hostcache.py)."""
         started = time.perf_counter()
         self._refuse_placed(spec, hosts, "dry_run")
         try:
@@ -128,10 +129,16 @@ class Placer:
         return Outcome(choice.result, choice.host, True, choice.report)
 
     def _refuse_placed(self, spec: GuestSpec, hosts: list[str], mode: str) -> None:
-        if self.services.container.placement_store.get(spec.name) is not None:
-            self.metrics.placements.labels(hosts[0] if len(hosts) == 1 else "any", mode, "exists").inc()
-            raise ApiError(409, "exists", f"guest {spec.name} is already placed "
-                           f"(DELETE /v1/placements/{spec.name} first)", {"guest": spec.name})
+        """From the hosts' snapshots (no query): a name placed through another instance in the last
+        second gets past this, and the placement service's own check in the database refuses it."""
+        snapshots = self.services.snapshots
+        if any(p.guest == spec.name for host in self.services.host_names for p in snapshots.recorded(host)):
+            self._exists(spec, hosts, mode)
+
+    def _exists(self, spec: GuestSpec, hosts: list[str], mode: str) -> None:
+        self.metrics.placements.labels(hosts[0] if len(hosts) == 1 else "any", mode, "exists").inc()
+        raise ApiError(409, "exists", f"guest {spec.name} is already placed "
+                       f"(DELETE /v1/placements/{spec.name} first)", {"guest": spec.name})
 
     # ----- placing -----------------------------------------------------------------------------------
     def place(self, spec: GuestSpec, hosts: list[str], base_xml: str | None, *, define: bool, start: bool,
@@ -149,6 +156,9 @@ class Placer:
         except DomainRefused as exc:
             raise _blame(exc, base_xml) from None
         except NothingFits as exc:
+            if exc.failures and all(isinstance(e, NoFit) and e.reasons and all(r.constraint == "name"
+                                    and r.where == "fleet" for r in e.reasons) for _, e in exc.failures):
+                self._exists(spec, hosts, mode)  # placed meanwhile, through another instance
             self._count(hosts, mode, exc.failures)
             raise self._nothing_fits(spec, exc.failures, exc.report) from None
         finally:
