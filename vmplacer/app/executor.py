@@ -213,22 +213,26 @@ class Executor:
         """A trial measured worse: undo the moves the probe follows (newest first); the probe
         ends rolled back, so whatever builds on it is skipped."""
         for index in sorted(probe.depends_on, reverse=True):
-            action = plan.actions[index]
-            if action.state != "succeeded":
-                continue
-            kind = self.kinds[action.kind]
-            try:
-                kind.revert(action)
-            except (HypervisorError, ActionFailed) as exc:
-                self._audit("rebalance-revert", "failed", action.host, action.guest,
-                            f"{action.describe()}: could not undo after the trial: {exc}", self._detail(plan, action))
-                continue
-            undone = action.moved_to("rolled_back", f"undone: {why}")
-            before = kind.placement_before(undone)
-            if before is not None:
-                self._record(plan, [before])
-            plan = self._finish(plan, undone)
+            plan = self._revert(plan, plan.actions[index], f"undone: {why}")
         return self._finish(plan, probe.moved_to("rolled_back", why))
+
+    def _revert(self, plan: Plan, action: Action, message: str) -> Plan:
+        """Undo one succeeded action (others are left as they are), keeping its placement row true;
+        a revert that fails is audited and the action stays as it was."""
+        if action.state != "succeeded":
+            return plan
+        kind = self.kinds[action.kind]
+        try:
+            kind.revert(action)
+        except (HypervisorError, ActionFailed) as exc:
+            self._audit("rebalance-revert", "failed", action.host, action.guest,
+                        f"{action.describe()}: could not revert: {exc}", self._detail(plan, action))
+            return plan
+        undone = action.moved_to("rolled_back", message)
+        before = kind.placement_before(undone)
+        if before is not None:
+            self._record(plan, [before])
+        return self._finish(plan, undone)
 
     def _finish(self, plan: Plan, action: Action, record: bool = False) -> Plan:
         kind = self.kinds[action.kind]
@@ -256,20 +260,7 @@ class Executor:
 
     def _roll_back(self, plan: Plan) -> Plan:
         for action in reversed(plan.actions):
-            if action.state != "succeeded":
-                continue
-            kind = self.kinds[action.kind]
-            try:
-                kind.revert(action)
-            except (HypervisorError, ActionFailed) as exc:
-                self._audit("rebalance-revert", "failed", action.host, action.guest,
-                            f"{action.describe()}: could not revert: {exc}", self._detail(plan, action))
-                continue
-            undone = action.moved_to("rolled_back", "undone: another action of the plan failed")
-            before = kind.placement_before(undone)
-            if before is not None:
-                self._record(plan, [before])
-            plan = self._finish(plan, undone)
+            plan = self._revert(plan, action, "undone: another action of the plan failed")
         return self._skip_rest(plan, "the plan was rolled back")
 
     # ----- helpers ------------------------------------------------------------------------------------
