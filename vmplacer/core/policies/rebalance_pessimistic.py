@@ -131,6 +131,9 @@ def choose_pessimistically(search) -> bool:
         if spread is None:  # the search ended spread (or the spread breaks a rule)
             continue
         target, (advantage, sigma, move) = "spread", spread
+        # when what sets the two apart is time sharing alone (arithmetic, not a guess), the model
+        # knows which is better, and a measurement would only add its noise: no trial
+        trial = settings.trials and abs(move.gain - move.linear_gain) >= settings.min_gain
         sure = _sure_from_start(search, host, layout)
         report["spread"] = {"advantage": round(advantage, 4), "sd": round(sigma, 4),
                             "sure_gain_from_start": round(sure, 4)}
@@ -147,7 +150,7 @@ def choose_pessimistically(search) -> bool:
                 if start != layout:  # the start is better than the spread: the model's moves from it stand
                     report["kept"] = "model (the spread does not clear the minimum gain from the start)"
                     search.pessimistic.append(report)
-                    if settings.trials:
+                    if trial:
                         _offer_trial(search, name, keys, "model", layout, "spread", "blind spread")
                     continue
                 # the host is spread already (an earlier run spread it): leaving it must pass the same bound
@@ -161,7 +164,7 @@ def choose_pessimistically(search) -> bool:
         search.pessimistic.append(report)
         if bound >= 0 or (advantage <= 1e-9 and "measured" not in report):  # surely better, or no worse
             report["kept"] = "model"
-            if settings.trials and model_layout != layout:
+            if trial and model_layout != layout:
                 _offer_trial(search, name, keys, "model", layout, "spread", "blind spread")
             continue
         if search.actions_if(move) > settings.max_actions:
@@ -178,7 +181,7 @@ def choose_pessimistically(search) -> bool:
         report["kept"] = target
         search.ruled.add(name)
         changed = True
-        if settings.trials and advantage > 1e-9:
+        if trial and advantage > 1e-9:
             _offer_trial(search, name, keys, "spread" if target == "spread" else "start", model_layout,
                          "model", "model's layout")
     return _keep_what_measured_better(search) or changed
