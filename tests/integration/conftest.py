@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.integration.machine_report import CpuTimes, snapshot
 from tests.support import require
 from vmplacer.testbed import daemons, guests
 from vmplacer.testbed.guests import GuestHandle
@@ -116,7 +117,62 @@ def make_guest(testbed: Testbed, host1_conn, host2_conn, request) -> Iterator[Gu
         return handle
 
     yield factory
+    left = {name: _remove_everywhere(testbed, name) for name in made}
     for name in made:
-        for conn in (host1_conn, host2_conn):
-            guests.destroy_and_undefine(conn, name)
         guests.console_path(name, testbed.dirs).unlink(missing_ok=True)
+    left = {name: problems for name, problems in left.items() if problems}
+    # A guest left behind would crowd the pCPUs of every later test: say so here, not there.
+    assert not left, f"guests this test made are still defined or running: {left}"
+
+
+def _remove_everywhere(testbed: Testbed, name: str, attempts: int = 3) -> list[str]:
+    """Destroy and undefine `name` on both hosts, on fresh connections (the test's own
+    may be broken); what still stands after the last attempt, with the errors seen."""
+    import time
+
+    import libvirt
+
+    problems: list[str] = []
+    for attempt in range(attempts):
+        problems = []
+        for uri in (testbed.host1_uri, testbed.host2_uri):
+            try:
+                conn = libvirt.open(uri)
+            except libvirt.libvirtError as exc:
+                problems.append(f"{uri}: cannot connect: {exc.get_error_message()}")
+                continue
+            try:
+                guests.destroy_and_undefine(conn, name)
+                conn.lookupByName(name)
+                problems.append(f"{uri}: still defined")
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() != libvirt.VIR_ERR_NO_DOMAIN:
+                    problems.append(f"{uri}: {exc.get_error_message()}")
+            finally:
+                conn.close()
+        if not problems:
+            return []
+        time.sleep(2.0 * (attempt + 1))
+    return problems
+
+
+_CPU_AT_SETUP = pytest.StashKey[CpuTimes]()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_setup(item):
+    item.stash[_CPU_AT_SETUP] = CpuTimes.now()
+    yield
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """A failed live test carries a snapshot of the machine: load, steal, busy processes, domains."""
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and call.when in ("call", "teardown"):
+        try:
+            text = snapshot(item.stash.get(_CPU_AT_SETUP, None))
+        except Exception as exc:  # noqa: BLE001 - the diagnosis must never hide the failure
+            text = f"no snapshot: {exc!r}"
+        report.sections.append(("machine when it failed", text))

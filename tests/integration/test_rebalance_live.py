@@ -77,7 +77,7 @@ def vmplacer(config: Path, *args: str, timeout: float = 240) -> tuple[int, dict,
 def virsh_affinity(uri: str, name: str) -> dict[int, str]:
     """vCPU -> CPU affinity as `virsh vcpupin` prints it (an independent client)."""
     out = subprocess.run([daemons.binary("virsh"), "-c", uri, "vcpupin", name], check=True,
-                         capture_output=True, text=True, timeout=30).stdout
+                         capture_output=True, text=True, timeout=120).stdout
     result = {}
     for line in out.splitlines():
         parts = line.split()
@@ -88,7 +88,7 @@ def virsh_affinity(uri: str, name: str) -> dict[int, str]:
 
 def virsh_names(uri: str, *extra: str) -> set[str]:
     out = subprocess.run([daemons.binary("virsh"), "-c", uri, "list", "--name", *extra], check=True,
-                         capture_output=True, text=True, timeout=30).stdout
+                         capture_output=True, text=True, timeout=120).stdout
     return {line.strip() for line in out.splitlines() if line.strip()}
 
 
@@ -402,8 +402,10 @@ def test_drift_is_skipped_and_concurrent_runs_never_both_act(testbed, host1_conn
     assert len(repins) >= 2
     drifted = repins[0]["guest"]
     subprocess.run([daemons.binary("virsh"), "-c", testbed.host1_uri, "vcpupin", drifted, "0", "0", "--live"],
-                   check=True, capture_output=True, timeout=30)
+                   check=True, capture_output=True, timeout=120)
+    started = time.monotonic()
     code, applied, stderr = vmplacer(config, "apply", str(plan["id"]))
+    print(f"apply: exit {code} in {time.monotonic() - started:.1f} s; stderr {stderr[-500:]}")
     by_guest = {x["guest"]: x for x in applied["plan"]["actions"]}
     assert by_guest[drifted]["state"] == "skipped"
     assert "drift" in by_guest[drifted]["message"]

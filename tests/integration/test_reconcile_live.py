@@ -47,13 +47,13 @@ def test_reconcile_releases_a_domain_undefined_by_hand(testbed, host1_conn, tmp_
     engine = create_engine(f"sqlite:///{database}")
     try:
         code, placed, err = _vmplacer(config, "place", "--request", str(request), "--start", "--format", "json")
-        assert code == 0, err
+        assert code == 0, (err, placed)
         claimed = placed["placements"][0]["exclusive_cpus"]
         assert placed["placements"][0]["state"] == "running" and claimed
 
         # as placed: the live domain (pinning read from its live XML) agrees with the record
         code, report, err = _vmplacer(config, "reconcile", "--host", "h1", "--settle", "0", "--format", "json")
-        assert code == 0, err
+        assert code == 0, (err, report)
         assert _mine(report, name) == []
 
         dom = host1_conn.lookupByName(name)  # the operator, by hand
@@ -62,17 +62,17 @@ def test_reconcile_releases_a_domain_undefined_by_hand(testbed, host1_conn, tmp_
 
         # just placed: within the default settle window the record is left alone
         code, report, err = _vmplacer(config, "reconcile", "--host", "h1", "--format", "json")
-        assert code == 0, err
+        assert code == 0, (err, report)
         assert _mine(report, name) == [("settling", "none", "reported")]
 
         code, report, err = _vmplacer(config, "reconcile", "--host", "h1", "--settle", "0s", "--format", "json")
-        assert code == 0, err
+        assert code == 0, (err, report)
         assert report["status"] == "complete" and report["hosts"][0]["status"] == "reconciled"
         assert _mine(report, name) == [("gone", "release", "applied")]
         assert report["released"] == 1
 
         code, listed, err = _vmplacer(config, "placements", "--format", "json")
-        assert code == 0, err
+        assert code == 0, (err, listed)
         assert name not in {p["guest"] for p in listed}
         with Session(engine) as session:
             assert session.scalars(select(CpuClaimRow)).all() == [], "the released claims must be gone"
@@ -105,7 +105,7 @@ def test_reconcile_moves_the_record_of_a_guest_migrated_by_hand(testbed, host1_c
     try:
         code, placed, err = _vmplacer(config, "place", "--host", "h1", "--request", str(request), "--start",
                                       "--format", "json")
-        assert code == 0, err
+        assert code == 0, (err, placed)
         dom = host1_conn.lookupByName(name)  # the operator moves it by hand, as `virsh migrate --live` would
         dom.migrate3(host2_conn, {libvirt.VIR_MIGRATE_PARAM_URI: daemons.MIGRATE_URI},
                      libvirt.VIR_MIGRATE_LIVE | libvirt.VIR_MIGRATE_PERSIST_DEST
@@ -113,12 +113,12 @@ def test_reconcile_moves_the_record_of_a_guest_migrated_by_hand(testbed, host1_c
         live_pins = host2_conn.lookupByName(name).vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE)
 
         code, report, err = _vmplacer(config, "reconcile", "--host", "h1", "--settle", "0", "--format", "json")
-        assert code == 0, err
+        assert code == 0, (err, report)
         assert _mine(report, name) == [("moved", "follow", "applied")]
         assert report["followed"] == 1 and report["released"] == 0
 
         code, listed, err = _vmplacer(config, "placements", "--format", "json")
-        assert code == 0, err
+        assert code == 0, (err, listed)
         record = next(p for p in listed if p["guest"] == name)
         assert record["host"] == "h2"
         pinned = {i for i, allowed in enumerate(live_pins[0]) if allowed}

@@ -180,8 +180,10 @@ def destroy_and_undefine(conn: libvirt.virConnect, name: str) -> bool:
     """Stop and forget one guest; False if it was not there. Safe to call twice."""
     try:
         dom = conn.lookupByName(name)
-    except libvirt.libvirtError:
-        return False
+    except libvirt.libvirtError as exc:
+        if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+            return False
+        raise  # a broken link or a busy daemon: the guest may still be there
     try:
         if dom.isActive():
             dom.destroy()

@@ -1,0 +1,89 @@
+"""What the machine was doing when a live test failed: load, CPU steal, busy processes, domains.
+
+A live test that fails on a busy or stalled machine and one that fails on a product bug
+look alike in a log; this snapshot, attached to the failure report, tells them apart.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from dataclasses import dataclass
+
+import psutil
+
+from vmplacer.testbed import daemons
+
+VIRSH_TIMEOUT_S = 15
+
+
+@dataclass(frozen=True)
+class CpuTimes:
+    """Jiffies per CPU from /proc/stat: (busy, idle, steal)."""
+
+    per_cpu: dict[str, tuple[int, int, int]]
+    wall: float
+
+    @classmethod
+    def now(cls) -> CpuTimes:
+        per_cpu = {}
+        with open("/proc/stat") as stat:
+            for line in stat:
+                if not line.startswith("cpu") or line.startswith("cpu "):
+                    continue
+                name, *fields = line.split()
+                values = [int(v) for v in fields[:8]] + [0] * max(0, 8 - len(fields))
+                user, nice, system, idle, iowait, irq, softirq, steal = values[:8]
+                per_cpu[name] = (user + nice + system + irq + softirq, idle + iowait, steal)
+        return cls(per_cpu, time.monotonic())
+
+    def since(self, before: CpuTimes) -> str:
+        parts = []
+        for name, (busy, idle, steal) in sorted(self.per_cpu.items()):
+            b0, i0, s0 = before.per_cpu.get(name, (busy, idle, steal))
+            total = (busy - b0) + (idle - i0) + (steal - s0)
+            if total > 0:
+                parts.append(f"{name} busy {(busy - b0) / total:.0%} steal {(steal - s0) / total:.0%}")
+        return f"over the last {self.wall - before.wall:.0f} s: " + ", ".join(parts)
+
+
+def busiest_processes(sample_s: float = 0.5, top: int = 6) -> list[str]:
+    processes = list(psutil.process_iter(["pid", "name", "cmdline"]))
+    for process in processes:
+        try:
+            process.cpu_percent(None)
+        except psutil.Error:
+            pass
+    time.sleep(sample_s)
+    rows = []
+    for process in processes:
+        try:
+            rows.append((process.cpu_percent(None), process.pid,
+                         " ".join(process.info["cmdline"] or [process.info["name"] or "?"])[:140]))
+        except psutil.Error:
+            continue
+    rows.sort(reverse=True)
+    return [f"{pct:5.0f}% pid {pid} {cmd}" for pct, pid, cmd in rows[:top]]
+
+
+def domains(uri: str) -> str:
+    started = time.monotonic()
+    try:
+        done = subprocess.run([daemons.binary("virsh"), "-c", uri, "list", "--all"], capture_output=True,
+                              text=True, timeout=VIRSH_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return f"{uri}: no answer within {VIRSH_TIMEOUT_S} s"
+    took = time.monotonic() - started
+    return f"{uri} (answered in {took:.1f} s, exit {done.returncode}):\n{done.stdout}{done.stderr}"
+
+
+def snapshot(before: CpuTimes | None) -> str:
+    lines = [f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"]
+    if before is not None:
+        lines.append(CpuTimes.now().since(before))
+    lines.append("busiest processes now:")
+    lines.extend("  " + row for row in busiest_processes())
+    for uri in (daemons.HOST1_URI, daemons.HOST2_URI):
+        lines.append(domains(uri))
+    return "\n".join(lines)
