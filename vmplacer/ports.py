@@ -218,6 +218,9 @@ class PlacementStore(Protocol):
     """Where vmplacer records the placements it made and the pCPUs they own exclusively."""
 
     def occupied(self, host: str) -> list[Placement]: ...
+    def anti_affinity_on(self, host: str) -> dict[str, tuple[str, ...]]:
+        """Guests recorded on `host` whose specs refuse neighbours: guest -> the guests it refuses."""
+        ...
     def record(self, host: str, uri: str, placement: Placement, spec: dict[str, object]) -> None:
         """Raises ClaimConflict when an exclusive pCPU is already claimed."""
         ...

@@ -44,6 +44,9 @@ class _EmptyStore:
     def occupied(self, host):
         return []
 
+    def anti_affinity_on(self, host):
+        return {}
+
 
 def _spec(**fields) -> GuestSpec:
     return GuestSpec.from_mapping({"name": "web", "vcpus": 2, "memory_mib": 2048, **fields})

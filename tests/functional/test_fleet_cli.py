@@ -137,3 +137,34 @@ def test_placing_a_guest_again_is_refused_as_already_placed(two_hosts, tmp_path)
     code, data, _, err = _vmplacer("place", "--all", "--request", request, "--format", "json", config=two_hosts)
     assert code == 3 and data["placements"] == [], err
     assert "guest once is already placed" in data["errors"][0]["message"]
+
+
+def _nodes_of(config: Path) -> dict[str, set[int]]:
+    """Each recorded guest's host nodes, from its pinned pCPUs (BIG: CPUs 0-27 and 56-83 are node 0)."""
+    code, _, out, err = _vmplacer("placements", "--format", "json", config=config)
+    assert code == 0, err
+    listed = json.loads(out)
+    node = lambda cpu: 0 if cpu % 56 < 28 else 1  # noqa: E731
+    return {row["guest"]: {node(c) for cpus in row["placement"]["vcpupin"].values() for c in cpus} for row in listed}
+
+
+def test_anti_affinity_binds_both_ways_within_a_request_and_across_requests(tmp_path):
+    config = tmp_path / "vmplacer.yaml"
+    config.write_text(f"database_url: sqlite:///{tmp_path / 'vmplacer.db'}\ndata_dir: {tmp_path}\n"
+                      f"hosts:\n  - {{name: big, uri: 'test:///default', domain_type: qemu, capabilities: '{BIG}'}}\n")
+    dedicated = "vcpus: 2, memory_mib: 1024, cpu_policy: dedicated"
+    # `first` refuses `second` (in the same request) and `later` (placed by another request);
+    # neither of them names `first`: the refusal is `first`'s alone.
+    request = _request(tmp_path, f"guests:\n  - {{name: first, {dedicated}, anti_affinity: [second, later]}}\n"
+                                 f"  - {{name: second, {dedicated}}}\n")
+    code, data, _, err = _vmplacer("place", "--host", "big", "--request", request, "--format", "json", config=config)
+    assert code == 0, err
+    request = _request(tmp_path, f"guests:\n  - {{name: later, {dedicated}}}\n  - {{name: free, {dedicated}}}\n")
+    code, data, _, err = _vmplacer("place", "--host", "big", "--request", request, "--format", "json", config=config)
+    assert code == 0, err
+    nodes = _nodes_of(config)
+    assert len(nodes["first"]) == 1
+    assert not nodes["second"] & nodes["first"], nodes
+    assert not nodes["later"] & nodes["first"], nodes
+    # the control: a guest nobody refuses packs next to `first`, so the two above moved for the rule
+    assert nodes["free"] == nodes["first"], nodes

@@ -82,3 +82,19 @@ def test_a_row_changed_without_a_newer_timestamp_is_seen_within_the_full_read_in
         session.commit()
     now[0] += module.RECORDED_MAX_AGE_S + 0.1
     assert _seen(reader, sessions[0]) == [("a", {0: [0]}), ("b", {0: [7]})]
+
+
+def test_the_recorded_guests_anti_affinity_follows_their_rows(two_instances):
+    reader, writer, _ = two_instances
+    writer.record("h1", "test:///h1", _pinned("a", {0}), {"anti_affinity": ["b", "c"]})
+    writer.record("h1", "test:///h1", _pinned("b", {1}), {"anti_affinity": []})
+    writer.record("h1", "test:///h1", _pinned("n", {2}), {})  # a spec of another era: no such key
+    writer.record("h2", "test:///h2", _pinned("z", {0}, "h2"), {"anti_affinity": ["a"]})
+    assert reader.anti_affinity_on("h1") == {"a": ("b", "c")}
+    assert reader.anti_affinity_on("h2") == {"z": ("a",)}
+    writer.set_state("a", "removed")  # holds nothing any more: refuses nothing either
+    assert reader.anti_affinity_on("h1") == {}
+    writer.set_state("a", "running")
+    assert reader.anti_affinity_on("h1") == {"a": ("b", "c")}
+    writer.forget("a")
+    assert reader.anti_affinity_on("h1") == {}

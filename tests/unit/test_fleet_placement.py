@@ -43,13 +43,19 @@ class _Host:
 class _Store:
     def __init__(self) -> None:
         self.placements: dict[str, tuple[str, Placement]] = {}
+        self.refusing: dict[str, tuple[str, ...]] = {}
         self.audits: list[dict] = []
 
     def occupied(self, host: str) -> list[Placement]:
         return [p for h, p in self.placements.values() if h == host]
 
+    def anti_affinity_on(self, host: str) -> dict[str, tuple[str, ...]]:
+        return {g: peers for g, peers in self.refusing.items() if g in self.placements and self.placements[g][0] == host}
+
     def record(self, host: str, uri: str, placement: Placement, spec: dict) -> None:
         self.placements[placement.guest] = (host, placement)
+        if spec.get("anti_affinity"):
+            self.refusing[placement.guest] = tuple(spec["anti_affinity"])
 
     def set_state(self, guest: str, state: str, domain_uuid: str | None = None, *,
                   audit: dict | None = None) -> None:

@@ -64,6 +64,9 @@ class _Store:
         self.reads += 1
         return [p for p in self.recorded if p.host == host]
 
+    def anti_affinity_on(self, host: str) -> dict[str, tuple[str, ...]]:
+        return {}
+
     def record(self, host: str, uri: str, placement: Placement, spec: dict) -> None:
         self.recorded.append(placement)
 

@@ -58,15 +58,21 @@ class _Entry:
     topology: _Cached = field(default_factory=_Cached)
     domains: _Cached = field(default_factory=_Cached)
     recorded: _Cached = field(default_factory=_Cached)
+    anti_affinity: _Cached = field(default_factory=_Cached)
 
 
 class HostSnapshots:
     def __init__(self, hosts: Callable[[str], Any], recorded: Callable[[str], list[Placement]], *,
+                 anti_affinity: Callable[[str], dict[str, tuple[str, ...]]] | None = None,
                  topology_ttl_s: float = TOPOLOGY_TTL_S, domains_ttl_s: float = DOMAINS_TTL_S,
                  recorded_ttl_s: float = RECORDED_TTL_S, clock: Callable[[], float] = time.monotonic):
+        """`recorded` and `anti_affinity` read the store (placements, and the recorded guests'
+        anti-affinity; None: no guest on record refuses neighbours)."""
         self._hosts = hosts
         self._recorded = recorded
-        self.ttl = {"topology": topology_ttl_s, "domains": domains_ttl_s, "recorded": recorded_ttl_s}
+        self._anti_affinity = anti_affinity or (lambda _name: {})
+        self.ttl = {"topology": topology_ttl_s, "domains": domains_ttl_s, "recorded": recorded_ttl_s,
+                    "anti_affinity": recorded_ttl_s}
         self._clock = clock
         self._entries: dict[str, _Entry] = {}
         self._guard = threading.Lock()
@@ -104,11 +110,14 @@ class HostSnapshots:
     def recorded(self, name: str) -> list[Placement]:
         return self._get(name, "recorded", lambda: self._recorded(name))
 
+    def anti_affinity(self, name: str) -> dict[str, tuple[str, ...]]:
+        return self._get(name, "anti_affinity", lambda: self._anti_affinity(name))
+
     def invalidate(self, name: str) -> None:
         """Forget what a write changes (domains, recorded placements); the topology stays."""
         entry = self._entry(name)
         with entry.lock:
-            for cached in (entry.domains, entry.recorded):
+            for cached in (entry.domains, entry.recorded, entry.anti_affinity):
                 cached.generation += 1
                 cached.value = None
 
@@ -140,6 +149,9 @@ class SnapshotStore:
 
     def occupied(self, host: str) -> list[Placement]:
         return self.snapshots.recorded(host)
+
+    def anti_affinity_on(self, host: str) -> dict[str, tuple[str, ...]]:
+        return self.snapshots.anti_affinity(host)
 
 
 class TimedValue:

@@ -64,7 +64,8 @@ class ApiServices:
         self.instance = self.options.instance
         self.metrics = ApiMetrics()
         self.placement = container.placement_service()
-        self.snapshots = HostSnapshots(container.hypervisor, container.placement_store.occupied)
+        store = container.placement_store
+        self.snapshots = HostSnapshots(container.hypervisor, store.occupied, anti_affinity=store.anti_affinity_on)
         self.dry_run_maintenance = TimedValue(lambda: dict(container.maintenance.current()), MAINTENANCE_TTL_S)
         # Dry runs place on host snapshots, rendered and held to the XML policy like real placements.
         self.dry_runs = container.placement_service(SnapshotStore(self.snapshots))

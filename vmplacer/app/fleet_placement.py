@@ -167,4 +167,4 @@ def observe_host(host: PlacingHost, options: AllocationOptions, admission: Any =
 def fleet_host(snapshot: HostSnapshot, options: AllocationOptions, admission: Any = None) -> FleetHost:
     """The batch planner's view of a host snapshot."""
     return FleetHost(snapshot.host, snapshot.topology, snapshot.placements, snapshot.names,
-                     dict(snapshot.profiles), options, admission)
+                     dict(snapshot.profiles), options, admission, dict(snapshot.anti_affinity))

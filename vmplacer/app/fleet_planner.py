@@ -61,6 +61,7 @@ class FleetHost:
     profiles: dict[str, Any] = field(default_factory=dict)  # what admission knows of the guests there
     options: AllocationOptions = field(default_factory=AllocationOptions)
     admission: Any = None  # scorers from the model; None: topology scorers only
+    anti_affinity: dict[str, tuple[str, ...]] = field(default_factory=dict)  # guests there that refuse others
 
 
 # Called before allocating (placement None: e.g. the guest's base XML) and after: a refusal
@@ -133,7 +134,7 @@ class FleetPlanner:
                 return Refused(refusal)
         occupied = list(host.existing)
         profiles = dict(host.profiles)
-        anti: dict[str, tuple[str, ...]] = {}
+        anti: dict[str, tuple[str, ...]] = dict(host.anti_affinity)
         for other in earlier:  # the batch's guests placed here before it (their placements are cached)
             before = self._placed(specs, other, host, earlier[:earlier.index(other)], vet)
             occupied.append(before)

@@ -16,7 +16,7 @@ with libvirt's domain listing, and needs no topology.
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from vmplacer.app.admission import profiles_of
@@ -39,6 +39,7 @@ class RecordedPlacements(Protocol):
     """The store's side of a snapshot: placements recorded on a host (claims included)."""
 
     def occupied(self, host: str) -> list[Placement]: ...
+    def anti_affinity_on(self, host: str) -> dict[str, tuple[str, ...]]: ...
 
 
 @dataclass(frozen=True)
@@ -51,6 +52,8 @@ class HostSnapshot:
     profiles: Mapping[str, GuestProfile]  # what admission knows of each domain's guest (its labels)
     domains: tuple[DomainInfo, ...] | None = None  # the full listing (states, UUIDs), when asked for
     recorded: tuple[Placement, ...] = ()  # recorded in the store, not (yet) defined in libvirt
+    # recorded guests whose specs refuse neighbours: guest -> refused guests (binds both ways)
+    anti_affinity: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
     def placements(self) -> list[Placement]:
@@ -62,16 +65,19 @@ class HostSnapshot:
         """The guest names in use on the host (domains and recorded guests)."""
         return frozenset(self.live) | {p.guest for p in self.recorded}
 
-    def with_recorded(self, recorded: Iterable[Placement]) -> HostSnapshot:
+    def with_recorded(self, recorded: Iterable[Placement],
+                      anti_affinity: Mapping[str, tuple[str, ...]] | None = None) -> HostSnapshot:
         """This snapshot plus the recorded placements libvirt does not show (a domain's own
-        view wins over its record; the first record of a guest wins over later ones)."""
+        view wins over its record; the first record of a guest wins over later ones), and
+        the recorded guests' anti-affinity."""
         seen = set(self.live) | {p.guest for p in self.recorded}
         kept = list(self.recorded)
         for placement in recorded:
             if placement.guest not in seen:
                 seen.add(placement.guest)
                 kept.append(placement)
-        return replace(self, recorded=tuple(kept))
+        refusing = {**self.anti_affinity, **(anti_affinity or {})}
+        return replace(self, recorded=tuple(kept), anti_affinity=refusing)
 
 
 def floating(domain: DomainInfo, host: str) -> Placement:
@@ -98,4 +104,6 @@ def take_snapshot(host: ObservedHost, store: RecordedPlacements | None = None, *
         listed = host.domains()
         snapshot = HostSnapshot(host.name, topology, {d.name: floating(d, host.name) for d in listed},
                                 profiles_of(listed), tuple(listed))
-    return snapshot if store is None else snapshot.with_recorded(store.occupied(host.name))
+    if store is None:
+        return snapshot
+    return snapshot.with_recorded(store.occupied(host.name), store.anti_affinity_on(host.name))

@@ -109,31 +109,27 @@ class PlacementService:
         return PlacementService(store, self._render, self._options, self._admission,
                                 occupancies=self._occupancies)
 
-    def occupied(self, host: PlacingHost) -> tuple[HostTopology, list[Placement]]:
-        """The host's topology and everything on it: live domains, plus placements
-        recorded but not (yet) visible in libvirt."""
-        snapshot = take_snapshot(host, self._store)
-        return snapshot.topology, snapshot.placements
+    def _with_recorded(self, host: PlacingHost, snapshot: HostSnapshot) -> HostSnapshot:
+        """`snapshot` plus the placements recorded for the host now and not (yet) seen in
+        libvirt, with the recorded guests' anti-affinity (the store is read here: under the
+        host lock when claiming)."""
+        return snapshot.with_recorded(self._store.occupied(host.name), self._store.anti_affinity_on(host.name))
 
-    def _with_recorded(self, host: PlacingHost, snapshot: HostSnapshot) -> list[Placement]:
-        """`snapshot`'s domains plus the placements recorded for the host now and not (yet)
-        seen in libvirt (the store is read here: under the host lock when claiming)."""
-        return snapshot.with_recorded(self._store.occupied(host.name)).placements
-
-    def _allocate(self, host: PlacingHost, spec: GuestSpec, snapshot: HostSnapshot,
-                  others: list[Placement]) -> Placement:
-        topology = snapshot.topology
-        scorer = self._admission.scorer(spec, snapshot.profiles) if self._admission is not None else None
-        occupancy = occupancy_after(self._occupancies.get(host.name), topology, others)
+    def _allocate(self, host: PlacingHost, spec: GuestSpec, view: HostSnapshot) -> Placement:
+        """Anti-affinity binds both ways: the guest keeps off the nodes of the guests it
+        refuses, and off those of the guests on record that refuse it."""
+        topology = view.topology
+        scorer = self._admission.scorer(spec, view.profiles) if self._admission is not None else None
+        occupancy = occupancy_after(self._occupancies.get(host.name), topology, view.placements)
         try:
-            return allocate(topology, spec, occupancy, scorer=scorer, options=self._options(host.name))
+            return allocate(topology, spec, occupancy, scorer=scorer, options=self._options(host.name),
+                            anti_affinity_of_others=view.anti_affinity)
         finally:
             self._occupancies[host.name] = occupancy  # its usage is built now: the next one extends it
 
     def plan(self, host: PlacingHost, spec: GuestSpec, base_xml: str | None = None) -> PlaceResult:
         """Dry run: the placement and XML vmplacer would use now; nothing is written."""
-        snapshot = take_snapshot(host)
-        placement = self._allocate(host, spec, snapshot, self._with_recorded(host, snapshot))
+        placement = self._allocate(host, spec, self._with_recorded(host, take_snapshot(host)))
         return PlaceResult(placement, self._render(spec, placement, base_xml), "planned")
 
     def place(
@@ -210,14 +206,14 @@ class PlacementService:
         for attempt in range(MAX_CLAIM_ATTEMPTS):
             if attempt:
                 snapshot = take_snapshot(host)
-            others = self._with_recorded(host, snapshot)
-            placement = self._allocate(host, spec, snapshot, others)
+            view = self._with_recorded(host, snapshot)
+            placement = self._allocate(host, spec, view)
             try:
                 self._store.record(host.name, host.uri, placement, spec.to_dict())
             except ClaimConflict as exc:
                 last_conflict = exc
                 continue
-            return placement, [*others, placement]
+            return placement, [*view.placements, placement]
         assert last_conflict is not None
         raise last_conflict
 
@@ -254,7 +250,7 @@ class PlacementService:
         if not self._narrowings(topology, claimed_among):
             return []  # nothing floats on a claimed pCPU: the usual case, no lock, no read
         with host_lock(host.name):
-            placements = self._with_recorded(host, snapshot)
+            placements = self._with_recorded(host, snapshot).placements
             before = {p.guest: p for p in placements}
             narrowed = []
             for after in self._narrowings(topology, placements):

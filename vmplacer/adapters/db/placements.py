@@ -47,13 +47,25 @@ _recorded_guard = threading.Lock()
 
 
 @dataclass(frozen=True)
+class _Row:
+    placement: Placement
+    anti_affinity: tuple[str, ...]  # the guests its spec refuses to share a node with
+
+
+@dataclass(frozen=True)
 class _HostRows:
     version: tuple  # (row count, highest id, newest updated_at) of every row of the host
     read_at: float  # when every row was last read
-    rows: dict[int, Placement | None]  # every row by id: its placement while active, else None
+    rows: dict[int, _Row | None]  # every row by id while active, else None
+
+    def active(self) -> list[_Row]:
+        return [row for _, row in sorted(self.rows.items()) if row is not None]
 
     def placements(self) -> list[Placement]:
-        return [self.rows[i] for i in sorted(self.rows) if self.rows[i] is not None]  # type: ignore[misc]
+        return [row.placement for row in self.active()]
+
+    def anti_affinity(self) -> dict[str, tuple[str, ...]]:
+        return {row.placement.guest: row.anti_affinity for row in self.active() if row.anti_affinity}
 
 
 def _rows_version(session: Session, host: str) -> tuple:
@@ -62,13 +74,15 @@ def _rows_version(session: Session, host: str) -> tuple:
         .join(HostRow).where(HostRow.name == host)).one())
 
 
-def _rows(session: Session, host: str, since: datetime | None = None) -> dict[int, Placement | None]:
-    query = (select(PlacementRow.id, PlacementRow.state, cast(PlacementRow.placement, Text))
+def _rows(session: Session, host: str, since: datetime | None = None) -> dict[int, _Row | None]:
+    query = (select(PlacementRow.id, PlacementRow.state, cast(PlacementRow.placement, Text),
+                    cast(PlacementRow.spec, Text))
              .join(HostRow).where(HostRow.name == host))
     if since is not None:
         query = query.where(PlacementRow.updated_at >= since)
-    return {row_id: _placement_from_json(text) if state in ACTIVE_STATES else None
-            for row_id, state, text in session.execute(query)}
+    return {row_id: _Row(_placement_from_json(text), _anti_affinity_from_json(spec))
+            if state in ACTIVE_STATES else None
+            for row_id, state, text, spec in session.execute(query)}
 
 
 def cached_placements_on_host(sessions: Any, host: str) -> list[Placement]:
@@ -77,6 +91,16 @@ def cached_placements_on_host(sessions: Any, host: str) -> list[Placement]:
     Placing reads the host's placements under its lock on every request. Here one aggregate
     query tells whether the rows changed; if they did, only the rows written since the last
     read are fetched, and a count that does not add up (a row deleted) reads them all."""
+    return _cached_rows(sessions, host).placements()
+
+
+def cached_anti_affinity_on_host(sessions: Any, host: str) -> dict[str, tuple[str, ...]]:
+    """The guests recorded on `host` whose specs refuse neighbours: guest -> refused guests
+    (anti-affinity binds both ways: a guest placed later must keep off their nodes too)."""
+    return _cached_rows(sessions, host).anti_affinity()
+
+
+def _cached_rows(sessions: Any, host: str) -> _HostRows:
     clock = time.monotonic
     with sessions() as session:
         version = _rows_version(session, host)
@@ -85,7 +109,7 @@ def cached_placements_on_host(sessions: Any, host: str) -> list[Placement]:
             cached = by_host.get(host)
         fresh = cached is not None and clock() - cached.read_at < RECORDED_MAX_AGE_S
         if fresh and cached is not None and cached.version == version:
-            return cached.placements()
+            return cached
         current: _HostRows | None = None
         if fresh and cached is not None and cached.version[2] is not None:
             rows = {**cached.rows, **_rows(session, host, since=cached.version[2])}
@@ -95,13 +119,22 @@ def cached_placements_on_host(sessions: Any, host: str) -> list[Placement]:
             current = _HostRows(version, clock(), _rows(session, host))
     with _recorded_guard:
         by_host[host] = current
-    return current.placements()
+    return current
 
 
 @lru_cache(maxsize=PARSED_PLACEMENTS)
 def _placement_from_json(text: str) -> Placement:
     """A stored placement, built once per distinct JSON text (placements are immutable)."""
     return placement_from_dict(json.loads(text))
+
+
+@lru_cache(maxsize=PARSED_PLACEMENTS)
+def _anti_affinity_from_json(text: str | None) -> tuple[str, ...]:
+    """The anti-affinity peers of a stored spec (none in a spec without any)."""
+    if not text:
+        return ()
+    peers = json.loads(text).get("anti_affinity") or ()
+    return tuple(str(peer) for peer in peers)
 
 
 def recorded_on_host(session: Session, host: str, now: datetime | None = None) -> list[RecordedPlacement]:
@@ -210,6 +243,9 @@ class SqlPlacementStore:
 
     def occupied(self, host: str) -> list[Placement]:
         return cached_placements_on_host(self._sessions, host)
+
+    def anti_affinity_on(self, host: str) -> dict[str, tuple[str, ...]]:
+        return cached_anti_affinity_on_host(self._sessions, host)
 
     def records(self, host: str) -> list[RecordedPlacement]:
         with self._sessions() as session:
