@@ -78,8 +78,9 @@ def configured_candidates(args: argparse.Namespace, ctx: CliContext, *, maintena
 
 def observe(ctx: CliContext, candidates: Candidates, *, recorded: bool = False) -> list[Any]:
     """Each configured candidate's planning view (live topology and domains; with `recorded`,
-    the placements recorded but not yet defined too). A host that cannot be read is refused,
-    unless it was the only one (then it is an operational error)."""
+    the placements recorded but not yet defined too; in both, the anti-affinity its guests on
+    record carry). A host that cannot be read is refused, unless it was the only one (then it
+    is an operational error)."""
     from vmplacer.adapters.domain_xml import DomainXmlError
     from vmplacer.app.fleet_placement import observe_host
     from vmplacer.app.fleet_planner import Refusal
@@ -89,9 +90,13 @@ def observe(ctx: CliContext, candidates: Candidates, *, recorded: bool = False) 
     for name in list(candidates.names):
         try:
             host = ctx.container.hypervisor(name)
-            store = ctx.container.placement_store if recorded else None
-            views.append(observe_host(host, ctx.container.allocation_options(name), ctx.container.admission,
-                                      store))
+            store = ctx.container.placement_store
+            view = observe_host(host, ctx.container.allocation_options(name), ctx.container.admission,
+                                store if recorded else None)
+            if not recorded:  # the live domains' refusals, from their records
+                view.anti_affinity = {guest: peers for guest, peers in store.anti_affinity_on(name).items()
+                                      if guest in view.domains}
+            views.append(view)
         except (HypervisorError, DomainXmlError) as exc:
             text = (str(exc) if isinstance(exc, HypervisorError)
                     else f"host {name}: a domain's XML cannot be read: {exc}")
