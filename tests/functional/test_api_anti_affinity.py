@@ -6,20 +6,12 @@ Host: libvirt's built-in test driver ("t") with a two-socket machine's capabilit
 
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 
 import pytest
 
-from tests.functional.test_api_helpers import make_container
+from tests.functional.test_api_helpers import admin_client
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from fastapi.testclient import TestClient
-
-from vmplacer.adapters.db.api import SqlTokenStore
-from vmplacer.api.app import create_app
-from vmplacer.api.services import ApiOptions
 
 CAPS = Path(__file__).resolve().parents[2] / "examples" / "hosts" / "xeon-2s-56c-smt2.xml"
 GUEST = {"vcpus": 1, "memory_mib": 64, "cpu_policy": "dedicated", "host": "t"}
@@ -27,14 +19,9 @@ GUEST = {"vcpus": 1, "memory_mib": 64, "cpu_policy": "dedicated", "host": "t"}
 
 @pytest.fixture
 def api(database_url, tmp_path):
-    container = make_container(database_url, tmp_path, [{"name": "t", "uri": "test:///default",
-                                                         "domain_type": "qemu", "capabilities": str(CAPS)}])
-    admin = SqlTokenStore(container.sessions).create("ops", "admin")
-    app = create_app(container, ApiOptions(run_jobs=False, replay_freeze_journal=False))
-    with TestClient(app, raise_server_exceptions=False) as client:
-        client.headers["Authorization"] = f"Bearer {admin}"
+    with admin_client(database_url, tmp_path, [{"name": "t", "uri": "test:///default",
+                                                         "domain_type": "qemu", "capabilities": str(CAPS)}]) as client:
         yield client
-    container.close()
 
 
 def _nodes(response) -> set[int]:  # type: ignore[no-untyped-def]

@@ -9,20 +9,12 @@ from __future__ import annotations
 
 import json
 import re
-import warnings
 from pathlib import Path
 
 import pytest
 
-from tests.functional.test_api_helpers import make_container
+from tests.functional.test_api_helpers import admin_client
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from fastapi.testclient import TestClient
-
-from vmplacer.adapters.db.api import SqlTokenStore
-from vmplacer.api.app import create_app
-from vmplacer.api.services import ApiOptions
 
 ROOT = Path(__file__).resolve().parents[2]
 GUEST = {"name": "g1", "vcpus": 1, "memory_mib": 64, "dry_run": True}
@@ -30,14 +22,9 @@ GUEST = {"name": "g1", "vcpus": 1, "memory_mib": 64, "dry_run": True}
 
 @pytest.fixture
 def api(database_url, tmp_path):
-    container = make_container(database_url, tmp_path, [{"name": "t", "uri": "test:///default",
-                                                         "domain_type": "qemu"}])
-    admin = SqlTokenStore(container.sessions).create("ops", "admin")
-    app = create_app(container, ApiOptions(run_jobs=False, replay_freeze_journal=False))
-    with TestClient(app, raise_server_exceptions=False) as client:
-        client.headers["Authorization"] = f"Bearer {admin}"
+    with admin_client(database_url, tmp_path, [{"name": "t", "uri": "test:///default",
+                                                         "domain_type": "qemu"}]) as client:
         yield client
-    container.close()
 
 
 def _error(response) -> dict:  # type: ignore[no-untyped-def]

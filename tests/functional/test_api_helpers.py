@@ -171,6 +171,31 @@ def make_container(database_url: str, data_dir: Path, hosts: list[dict[str, Any]
     return Container(settings)
 
 
+@contextlib.contextmanager
+def admin_client(database_url: str, data_dir: Path, hosts: list[dict[str, Any]] | None) -> Iterator[Any]:
+    """An in-process app on a fresh container (no job runner, no journal replay) and a
+    TestClient that carries an admin token; the container is closed after."""
+    import warnings
+
+    from vmplacer.adapters.db.api import SqlTokenStore
+    from vmplacer.api.app import create_app
+    from vmplacer.api.services import ApiOptions
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        from fastapi.testclient import TestClient
+
+    container = make_container(database_url, data_dir, hosts)
+    try:
+        admin = SqlTokenStore(container.sessions).create("ops", "admin")
+        app = create_app(container, ApiOptions(run_jobs=False, replay_freeze_journal=False))
+        with TestClient(app, raise_server_exceptions=False) as client:
+            client.headers["Authorization"] = f"Bearer {admin}"
+            yield client
+    finally:
+        container.close()
+
+
 def prepare_database(config: Path) -> None:
     """`vmplacer db upgrade`, as an operator does before starting instances."""
     result = vmplacer(config, "db", "upgrade")

@@ -7,35 +7,21 @@ the guest spec before any host is read.
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 
-from tests.functional.test_api_helpers import make_container
+from tests.functional.test_api_helpers import admin_client
 from vmplacer.api.schemas import PlacementRequest
 from vmplacer.core.guest import FIELDS, MAX_HOST_NODE
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from fastapi.testclient import TestClient
-
-from vmplacer.adapters.db.api import SqlTokenStore
-from vmplacer.api.app import create_app
-from vmplacer.api.services import ApiOptions
 
 GUEST = {"name": "g1", "vcpus": 1, "memory_mib": 64, "dry_run": True, "host": "t"}
 
 
 @pytest.fixture
 def api(database_url, tmp_path):
-    container = make_container(database_url, tmp_path, [{"name": "t", "uri": "test:///default",
-                                                         "domain_type": "qemu"}])
-    admin = SqlTokenStore(container.sessions).create("ops", "admin")
-    app = create_app(container, ApiOptions(run_jobs=False, replay_freeze_journal=False))
-    with TestClient(app, raise_server_exceptions=False) as client:
-        client.headers["Authorization"] = f"Bearer {admin}"
+    with admin_client(database_url, tmp_path, [{"name": "t", "uri": "test:///default",
+                                                         "domain_type": "qemu"}]) as client:
         yield client
-    container.close()
 
 
 def _fields(response) -> dict[str, str]:  # type: ignore[no-untyped-def]
@@ -77,7 +63,6 @@ def test_a_node_the_host_cannot_give_is_409_with_the_reason(api, node, have):
     assert error["code"] == "no-fit" and "guest g1" in error["message"]
     reasons = [(r["constraint"], r["where"], r["have"]) for r in error["details"]["reasons"]]
     assert reasons == [("memory-node", f"memory_node {node} (cell 0)", have)]
-
 
 
 def test_the_topology_route_serves_the_documented_keys(api):

@@ -7,19 +7,10 @@ that is not there ("down"). The real app, on SQLite and PostgreSQL.
 
 from __future__ import annotations
 
-import warnings
-
 import pytest
 
-from tests.functional.test_api_helpers import free_port, make_container
+from tests.functional.test_api_helpers import admin_client, free_port
 
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore")
-    from fastapi.testclient import TestClient
-
-from vmplacer.adapters.db.api import SqlTokenStore
-from vmplacer.api.app import create_app
-from vmplacer.api.services import ApiOptions
 
 NODE_WITHOUT_CELLS = """<node>
   <cpu><nodes>1</nodes><sockets>1</sockets><cores>4</cores><threads>2</threads><active>8</active>
@@ -33,17 +24,12 @@ NODE_WITHOUT_CELLS = """<node>
 def api(database_url, tmp_path):
     node = tmp_path / "node-without-cells.xml"
     node.write_text(NODE_WITHOUT_CELLS)
-    container = make_container(database_url, tmp_path, [
+    with admin_client(database_url, tmp_path, [
         {"name": "t", "uri": "test:///default", "domain_type": "qemu"},
         {"name": "blind", "uri": f"test://{node}", "domain_type": "qemu"},
         {"name": "down", "uri": f"qemu+tcp://127.0.0.1:{free_port()}/system"},
-    ])
-    admin = SqlTokenStore(container.sessions).create("ops", "admin")
-    app = create_app(container, ApiOptions(run_jobs=False, replay_freeze_journal=False))
-    with TestClient(app, raise_server_exceptions=False) as client:
-        client.headers["Authorization"] = f"Bearer {admin}"
+    ]) as client:
         yield client
-    container.close()
 
 
 def test_a_plan_names_each_host_it_could_not_read(api):
