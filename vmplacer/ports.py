@@ -218,8 +218,9 @@ class PlacementStore(Protocol):
     """Where vmplacer records the placements it made and the pCPUs they own exclusively."""
 
     def occupied(self, host: str) -> list[Placement]: ...
-    def anti_affinity_on(self, host: str) -> dict[str, tuple[str, ...]]:
-        """Guests recorded on `host` whose specs refuse neighbours: guest -> the guests it refuses."""
+    def occupied_and_refusals(self, host: str) -> tuple[list[Placement], dict[str, tuple[str, ...]]]:
+        """`occupied` in one read with the refusals of the guests recorded there: guest -> the
+        guests its spec refuses to share a node with (anti-affinity binds both ways)."""
         ...
     def record(self, host: str, uri: str, placement: Placement, spec: dict[str, object]) -> None:
         """Raises ClaimConflict when an exclusive pCPU is already claimed."""

@@ -44,8 +44,8 @@ class _EmptyStore:
     def occupied(self, host):
         return []
 
-    def anti_affinity_on(self, host):
-        return {}
+    def occupied_and_refusals(self, host):
+        return [], {}
 
 
 def _spec(**fields) -> GuestSpec:

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.functional.test_api_helpers import admin_client
+from tests.functional.test_api_helpers import admin_client, roomy_test_driver
 
 
 CAPS = Path(__file__).resolve().parents[2] / "examples" / "hosts" / "xeon-2s-56c-smt2.xml"
@@ -19,7 +19,7 @@ GUEST = {"vcpus": 1, "memory_mib": 64, "cpu_policy": "dedicated", "host": "t"}
 
 @pytest.fixture
 def api(database_url, tmp_path):
-    with admin_client(database_url, tmp_path, [{"name": "t", "uri": "test:///default",
+    with roomy_test_driver(), admin_client(database_url, tmp_path, [{"name": "t", "uri": "test:///default",
                                                          "domain_type": "qemu", "capabilities": str(CAPS)}]) as client:
         yield client
 
@@ -32,13 +32,11 @@ def _nodes(response) -> set[int]:  # type: ignore[no-untyped-def]
 def test_a_guest_on_record_that_refuses_the_new_one_keeps_it_off_its_node(api):
     refusing = _nodes(api.post("/v1/placements", json={**GUEST, "name": "aff-a", "anti_affinity": ["aff-b"]}))
     assert len(refusing) == 1
+    bulk = _nodes(api.post("/v1/placements", json={**GUEST, "name": "aff-bulk", "vcpus": 4}))
+    assert not bulk & refusing  # the allocator spreads: the other node is now the fuller one
+    free = _nodes(api.post("/v1/placements", json={**GUEST, "name": "aff-free", "dry_run": True}))
+    assert free == refusing  # the control: a guest nobody refuses goes next to aff-a
     planned = _nodes(api.post("/v1/placements", json={**GUEST, "name": "aff-b", "dry_run": True}))
     assert not planned & refusing, (planned, refusing)
     placed = _nodes(api.post("/v1/placements", json={**GUEST, "name": "aff-b"}))
     assert placed == planned
-
-
-def test_a_guest_nobody_refuses_may_share_the_node(api):
-    first = _nodes(api.post("/v1/placements", json={**GUEST, "name": "aff-c", "anti_affinity": ["someone-else"]}))
-    planned = _nodes(api.post("/v1/placements", json={**GUEST, "name": "aff-d", "dry_run": True}))
-    assert planned == first  # the control: without the refusal the allocator packs here

@@ -90,11 +90,11 @@ def test_the_recorded_guests_anti_affinity_follows_their_rows(two_instances):
     writer.record("h1", "test:///h1", _pinned("b", {1}), {"anti_affinity": []})
     writer.record("h1", "test:///h1", _pinned("n", {2}), {})  # a spec of another era: no such key
     writer.record("h2", "test:///h2", _pinned("z", {0}, "h2"), {"anti_affinity": ["a"]})
-    assert reader.anti_affinity_on("h1") == {"a": ("b", "c")}
-    assert reader.anti_affinity_on("h2") == {"z": ("a",)}
+    assert reader.occupied_and_refusals("h1")[1] == {"a": ("b", "c")}
+    assert reader.occupied_and_refusals("h2")[1] == {"z": ("a",)}
     writer.set_state("a", "removed")  # holds nothing any more: refuses nothing either
-    assert reader.anti_affinity_on("h1") == {}
+    assert reader.occupied_and_refusals("h1")[1] == {}
     writer.set_state("a", "running")
-    assert reader.anti_affinity_on("h1") == {"a": ("b", "c")}
+    assert reader.occupied_and_refusals("h1")[1] == {"a": ("b", "c")}
     writer.forget("a")
-    assert reader.anti_affinity_on("h1") == {}
+    assert reader.occupied_and_refusals("h1")[1] == {}

@@ -49,8 +49,9 @@ class _Store:
     def occupied(self, host: str) -> list[Placement]:
         return [p for h, p in self.placements.values() if h == host]
 
-    def anti_affinity_on(self, host: str) -> dict[str, tuple[str, ...]]:
-        return {g: peers for g, peers in self.refusing.items() if g in self.placements and self.placements[g][0] == host}
+    def occupied_and_refusals(self, host: str) -> tuple[list[Placement], dict[str, tuple[str, ...]]]:
+        return self.occupied(host), {g: peers for g, peers in self.refusing.items()
+                                     if g in self.placements and self.placements[g][0] == host}
 
     def record(self, host: str, uri: str, placement: Placement, spec: dict) -> None:
         self.placements[placement.guest] = (host, placement)

@@ -64,8 +64,8 @@ class _Store:
         self.reads += 1
         return [p for p in self.recorded if p.host == host]
 
-    def anti_affinity_on(self, host: str) -> dict[str, tuple[str, ...]]:
-        return {}
+    def occupied_and_refusals(self, host: str) -> tuple[list[Placement], dict[str, tuple[str, ...]]]:
+        return self.occupied(host), {}
 
     def record(self, host: str, uri: str, placement: Placement, spec: dict) -> None:
         self.recorded.append(placement)

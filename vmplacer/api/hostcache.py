@@ -150,8 +150,8 @@ class SnapshotStore:
     def occupied(self, host: str) -> list[Placement]:
         return self.snapshots.recorded(host)
 
-    def anti_affinity_on(self, host: str) -> dict[str, tuple[str, ...]]:
-        return self.snapshots.anti_affinity(host)
+    def occupied_and_refusals(self, host: str) -> tuple[list[Placement], dict[str, tuple[str, ...]]]:
+        return self.snapshots.recorded(host), self.snapshots.anti_affinity(host)
 
 
 class TimedValue:

@@ -145,7 +145,8 @@ class Placer:
               actor: dict[str, Any]) -> Outcome:
         mode = "define" if define else "reserve"
         started = time.perf_counter()
-        self._refuse_placed(spec, hosts, mode)
+        if self.service.is_placed(spec.name):  # one indexed read: the hosts' snapshots are stale after each write
+            self._exists(spec, hosts, mode)
 
         def record(host: str, outcome: str) -> None:
             self.metrics.placements.labels(host, mode, outcome).inc()

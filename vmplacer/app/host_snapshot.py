@@ -39,7 +39,7 @@ class RecordedPlacements(Protocol):
     """The store's side of a snapshot: placements recorded on a host (claims included)."""
 
     def occupied(self, host: str) -> list[Placement]: ...
-    def anti_affinity_on(self, host: str) -> dict[str, tuple[str, ...]]: ...
+    def occupied_and_refusals(self, host: str) -> tuple[list[Placement], dict[str, tuple[str, ...]]]: ...
 
 
 @dataclass(frozen=True)
@@ -106,4 +106,4 @@ def take_snapshot(host: ObservedHost, store: RecordedPlacements | None = None, *
                                 profiles_of(listed), tuple(listed))
     if store is None:
         return snapshot
-    return snapshot.with_recorded(store.occupied(host.name), store.anti_affinity_on(host.name))
+    return snapshot.with_recorded(*store.occupied_and_refusals(host.name))

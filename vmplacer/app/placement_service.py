@@ -113,7 +113,7 @@ class PlacementService:
         """`snapshot` plus the placements recorded for the host now and not (yet) seen in
         libvirt, with the recorded guests' anti-affinity (the store is read here: under the
         host lock when claiming)."""
-        return snapshot.with_recorded(self._store.occupied(host.name), self._store.anti_affinity_on(host.name))
+        return snapshot.with_recorded(*self._store.occupied_and_refusals(host.name))
 
     def _allocate(self, host: PlacingHost, spec: GuestSpec, view: HostSnapshot) -> Placement:
         """Anti-affinity binds both ways: the guest keeps off the nodes of the guests it
@@ -149,8 +149,7 @@ class PlacementService:
         own work (and the claims' unique key keeps that true across instances). Rendering
         and libvirt's define run after it: until they succeed, the committed claim keeps
         the pCPUs from every other placement, and a failure forgets it."""
-        is_placed = getattr(self._store, "is_placed", None)
-        if (is_placed(spec.name) if is_placed is not None else self._store.get(spec.name) is not None):
+        if self.is_placed(spec.name):
             from vmplacer.core.nofit import NoFit, NoFitReason
 
             raise NoFit(spec.name, host.name, [NoFitReason(
@@ -182,6 +181,11 @@ class PlacementService:
                              "narrowed": narrowed}}
         self._store.set_state(spec.name, state, uuid, audit=placed)
         return PlaceResult(placement, xml, state, uuid, narrowed)
+
+    def is_placed(self, guest: str) -> bool:
+        """Whether the store records a placement of that name (an indexed lookup where the store has one)."""
+        is_placed = getattr(self._store, "is_placed", None)
+        return bool(is_placed(guest)) if is_placed is not None else self._store.get(guest) is not None
 
     def reserve(self, host: PlacingHost, spec: GuestSpec, base_xml: str | None = None, *,
                 actor_detail: dict[str, Any] | None = None) -> PlaceResult:

@@ -94,7 +94,7 @@ def observe(ctx: CliContext, candidates: Candidates, *, recorded: bool = False) 
             view = observe_host(host, ctx.container.allocation_options(name), ctx.container.admission,
                                 store if recorded else None)
             if not recorded:  # the live domains' refusals, from their records
-                view.anti_affinity = {guest: peers for guest, peers in store.anti_affinity_on(name).items()
+                view.anti_affinity = {guest: peers for guest, peers in store.occupied_and_refusals(name)[1].items()
                                       if guest in view.domains}
             views.append(view)
         except (HypervisorError, DomainXmlError) as exc:

@@ -72,6 +72,8 @@ class GuestProfile:
 def profile_from_labels(name: str, labels: Mapping[str, str], workload_class: str = UNKNOWN_CLASS) -> GuestProfile:
     """A guest already on a host, from its labels. A `load` label that is not a number in
     (0, 1] is the rebalancer's to refuse; admission then takes the guest as fully busy."""
+    if not labels:  # most guests: every placement builds one profile per guest on the host
+        return GuestProfile(name, name, workload_class or UNKNOWN_CLASS, 1.0)
     try:
         load = float(labels.get(LABEL_LOAD, "1"))
     except ValueError:

@@ -94,10 +94,13 @@ def cached_placements_on_host(sessions: Any, host: str) -> list[Placement]:
     return _cached_rows(sessions, host).placements()
 
 
-def cached_anti_affinity_on_host(sessions: Any, host: str) -> dict[str, tuple[str, ...]]:
-    """The guests recorded on `host` whose specs refuse neighbours: guest -> refused guests
-    (anti-affinity binds both ways: a guest placed later must keep off their nodes too)."""
-    return _cached_rows(sessions, host).anti_affinity()
+def cached_placements_and_refusals_on_host(sessions: Any, host: str
+                                           ) -> tuple[list[Placement], dict[str, tuple[str, ...]]]:
+    """`cached_placements_on_host` in the same read as the refusals of the guests recorded
+    there: guest -> refused guests (anti-affinity binds both ways: a guest placed later must
+    keep off their nodes too)."""
+    rows = _cached_rows(sessions, host)
+    return rows.placements(), rows.anti_affinity()
 
 
 def _cached_rows(sessions: Any, host: str) -> _HostRows:
@@ -244,8 +247,8 @@ class SqlPlacementStore:
     def occupied(self, host: str) -> list[Placement]:
         return cached_placements_on_host(self._sessions, host)
 
-    def anti_affinity_on(self, host: str) -> dict[str, tuple[str, ...]]:
-        return cached_anti_affinity_on_host(self._sessions, host)
+    def occupied_and_refusals(self, host: str) -> tuple[list[Placement], dict[str, tuple[str, ...]]]:
+        return cached_placements_and_refusals_on_host(self._sessions, host)
 
     def records(self, host: str) -> list[RecordedPlacement]:
         with self._sessions() as session:
