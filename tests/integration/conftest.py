@@ -74,6 +74,38 @@ def testbed() -> Iterator[Testbed]:
         daemons.down(dirs, only=result.started)
 
 
+DAEMON_READY_S = 120.0  # a daemon a test killed and restarted, or one still tearing down a broken migration
+DAEMON_PROBE_S = 10.0
+
+
+@pytest.fixture(autouse=True)
+def daemons_answer(request):
+    """Each live test starts on daemons that answer: one left slow by the test before (a restart,
+    a migration whose destination died) is waited for here, and named if it never recovers."""
+    if "testbed" not in request.fixturenames:
+        yield
+        return
+    import subprocess
+    import time
+
+    request.getfixturevalue("testbed")  # up first
+    deadline = time.monotonic() + DAEMON_READY_S
+    for uri in (daemons.HOST1_URI, daemons.HOST2_URI):
+        while True:
+            try:
+                done = subprocess.run([daemons.binary("virsh"), "-c", uri, "list", "--all", "--name"],
+                                      capture_output=True, text=True, timeout=DAEMON_PROBE_S)
+                if done.returncode == 0:
+                    break
+                problem = done.stderr.strip()
+            except subprocess.TimeoutExpired:
+                problem = f"no answer within {DAEMON_PROBE_S:.0f} s"
+            if time.monotonic() > deadline:
+                pytest.fail(f"the testbed daemon at {uri} does not answer: {problem}")
+            time.sleep(1.0)
+    yield
+
+
 # One connection per test (cheap): a test may restart a daemon, which ends its connections.
 @pytest.fixture
 def host1_conn(testbed: Testbed):
