@@ -113,19 +113,24 @@ class Container:
     def _stored_model_if_any(self):  # -> InterferenceModel
         """The learned model; an empty one when the database has none yet — without creating
         a database a dry run (`plan`) would otherwise leave behind."""
+        from vmplacer.core.interference import InterferenceModel
+
+        if not self.database_has("interference_models"):
+            return InterferenceModel()
+        return self.load_model()
+
+    def database_has(self, table: str) -> bool:
+        """Whether the database exists and holds `table`, asked without creating a SQLite file:
+        a dry run on a machine never set up reads no records (there are none) and leaves none."""
         from pathlib import Path
 
         from sqlalchemy import inspect
         from sqlalchemy.engine import make_url
 
-        from vmplacer.core.interference import InterferenceModel
-
         url = make_url(self.settings.database_url)
         if url.get_backend_name() == "sqlite" and url.database and not Path(url.database).exists():
-            return InterferenceModel()
-        if not inspect(self.engine).has_table("interference_models"):
-            return InterferenceModel()
-        return self.load_model()
+            return False
+        return bool(inspect(self.engine).has_table(table))
 
     def xml_policy(self, host_name: str):  # -> DomainXmlPolicy
         """The domain XML policy of a configured host (raises ConfigError if unknown). Kept per

@@ -87,13 +87,14 @@ def observe(ctx: CliContext, candidates: Candidates, *, recorded: bool = False) 
     from vmplacer.ports import HypervisorError
 
     views = []
+    store = ctx.container.placement_store
+    refusals_on_record = not recorded and ctx.container.database_has("placements")
     for name in list(candidates.names):
         try:
             host = ctx.container.hypervisor(name)
-            store = ctx.container.placement_store
             view = observe_host(host, ctx.container.allocation_options(name), ctx.container.admission,
                                 store if recorded else None)
-            if not recorded:  # the live domains' refusals, from their records
+            if refusals_on_record:  # the live domains' refusals, from their records
                 view.anti_affinity = {guest: peers for guest, peers in store.occupied_and_refusals(name)[1].items()
                                       if guest in view.domains}
             views.append(view)
