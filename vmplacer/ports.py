@@ -305,6 +305,9 @@ class PlanStore(Protocol):
                       finished: bool = False) -> None: ...
     def last_moved(self, guests: list[str] | None = None) -> dict[str, float]: ...
     def trial_outcomes(self, since: float) -> list[Any]: ...  # TrialOutcome of trial probes finished since
+    def last_placements(self, guests: list[str]) -> dict[str, Any]:
+        """Guest -> the Placement its latest successful repin or migration left it in."""
+        ...
     def cancel(self, plan_id: int, from_state: str, message: str) -> bool:
         """Cancel a proposed or approved plan still in `from_state`: the plan becomes `cancelled`
         and its pending actions `skipped` with `message`, in one step; False if it moved on."""

@@ -344,7 +344,8 @@ class Rebalancer:
             last_moved = self.plans.last_moved(list(observed.state.guests))
             better, tried = self._trial_memory(settings)
             plan = plan_rebalance(observed.state, model, settings, now=self.wall(), last_moved=last_moved,
-                                  scope=movable, solver=self.solver, measured=better, tried=tried)
+                                  scope=movable, solver=self.solver, measured=better, tried=tried,
+                                  pooled=self.pooled_by_plans(observed.state))
         unreadable = [{"host": host, "error": error} for host, error in observed.errors.items()]
         summary = plan.summary
         if unreadable:
@@ -353,6 +354,17 @@ class Rebalancer:
             **plan.settings, "observe_notes": list(observed.notes), "scope": list(scope),
             "model_observations": model.observations, "unreadable": unreadable})
         return self.plans.save(plan, created_by=self.holder)  # type: ignore[return-value]
+
+    def pooled_by_plans(self, state) -> set[str]:
+        """Floating guests that float where one of vmplacer's own plans floated them, unchanged
+        since: the policy may pin them again (a guest someone else let float stays floating)."""
+        floating = [g.name for g in state.guests.values()
+                    if g.spec is None and any(len(p) > 1 for p in g.placement.vcpupin.values())]
+        if not floating:
+            return set()
+        last = self.plans.last_placements(floating)
+        return {name for name in floating if name in last and last[name].host == state.guests[name].host
+                and dict(last[name].vcpupin) == dict(state.guests[name].placement.vcpupin)}
 
     def measured_better(self, settings: RebalanceSettings) -> set[tuple[str, str]]:
         """(winner, loser) layout keys from the trials of the last `trial_memory_s`: a kept explore

@@ -122,6 +122,17 @@ class MemoryPlanStore:
                         result[action.guest] = max(at, result.get(action.guest, at))
         return result
 
+    def last_placements(self, guests: Sequence[str]) -> dict:
+        latest: dict[str, tuple[float, object]] = {}
+        for plan in self.plans.values():
+            for action in plan.actions:
+                at = self.finished.get((plan.id, action.index))
+                if (action.state == "succeeded" and action.kind in ("repin", "migrate") and action.guest in guests
+                        and action.after is not None and at is not None
+                        and at >= latest.get(action.guest, (-1.0, None))[0]):
+                    latest[action.guest] = (at, action.after)
+        return {guest: after for guest, (_, after) in latest.items()}
+
     def trial_outcomes(self, since: float) -> list[TrialOutcome]:
         found = []
         for plan in self.plans.values():

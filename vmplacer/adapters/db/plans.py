@@ -43,7 +43,7 @@ from vmplacer.adapters.db.models import (
 )
 from vmplacer.adapters.db.repositories import ensure_host
 from vmplacer.core.occupancy import exclusive_of
-from vmplacer.core.placement import Placement
+from vmplacer.core.placement import Placement, placement_from_dict
 from vmplacer.core.plan import Action, CancelRequest, Plan, PlanError
 from vmplacer.core.trial import TrialOutcome, trial_outcome
 from vmplacer.ports import ClaimConflict
@@ -292,6 +292,20 @@ class SqlPlanStore:
             query = query.where(PlanActionRow.guest.in_(list(guests)))
         with self.sessions() as session:
             return {guest: _epoch(moment) for guest, moment in session.execute(query) if moment is not None}
+
+    def last_placements(self, guests: Iterable[str]) -> dict[str, Placement]:
+        """Guest -> the Placement its latest successful repin or migration left it in."""
+        names = list(guests)
+        if not names:
+            return {}
+        latest = (select(func.max(PlanActionRow.id))
+                  .where(PlanActionRow.state == "succeeded", PlanActionRow.kind.in_(("repin", "migrate")),
+                         PlanActionRow.guest.in_(names), PlanActionRow.after.is_not(None))
+                  .group_by(PlanActionRow.guest))
+        query = select(PlanActionRow.guest, PlanActionRow.after).where(PlanActionRow.id.in_(latest))
+        with self.sessions() as session:
+            return {guest: placement_from_dict(after) for guest, after in session.execute(query)
+                    if guest is not None and after}
 
     def trial_outcomes(self, since: float) -> list[TrialOutcome]:
         """Trial probes finished since `since` (epoch seconds), with what they compared and kept."""

@@ -89,6 +89,7 @@ def plan_rebalance(
     solver: LayoutSolver | None = None,
     measured: Iterable[tuple[str, str]] | None = None,
     tried: Mapping[str, int] | None = None,
+    pooled: Iterable[str] | None = None,
 ) -> Plan:
     """Search moves on a what-if copy of `state`; the resulting Plan (state "proposed", or
     "empty" — final — when no move is worth making).
@@ -98,7 +99,8 @@ def plan_rebalance(
     as load); `hosts` limits the hosts the plan may touch; `solver` (optional) lays out
     small hosts exactly after the local search (`exact_max_cpus`); `measured` holds (winner,
     loser) layout keys that earlier trials compared by measurement (core/trial.py), `tried` how
-    many layouts each host tried lately (at most `trial_max` per `trial_memory_s`).
+    many layouts each host tried lately (at most `trial_max` per `trial_memory_s`); `pooled` names
+    floating guests an earlier plan floated, which the search may pin again.
     """
     settings = settings or RebalanceSettings()
     if hosts is not None:
@@ -111,6 +113,7 @@ def plan_rebalance(
     search = _Search(state, model, settings, now, last_moved or {}, scope, solver)
     search.measured_better = set(measured or ())
     search.tried = dict(tried or {})
+    search.pooled = set(pooled or ())
     before = search.total_objective()
     search.run()
     after = search.total_objective()

@@ -42,12 +42,14 @@ class NotExact(Exception):
 
 
 def _items_of(search, host: _Host) -> list[str]:
-    """Guests whose every vCPU the solver may place: movable, pinned 1:1."""
+    """Guests whose every vCPU the solver may place: movable and pinned 1:1, or floating where
+    the search may pin them again (`may_pin`: the solver's layout pins them 1:1)."""
     result = []
     for name, guest in host.guests.items():
-        if guest.mode not in (PINNED, EXCLUSIVE) or not search.movable(name):
-            continue
-        if all(len(p) == 1 for p in host.pins[name].values()):
+        if search.may_pin(name):
+            result.append(name)
+        elif (guest.mode in (PINNED, EXCLUSIVE) and search.movable(name)
+              and all(len(p) == 1 for p in host.pins[name].values())):
             result.append(name)
     return result
 
@@ -295,8 +297,8 @@ def build_problem(search, host_names: Sequence[str]) -> LayoutProblem:
     slot_of = {slot: s for s, slot in enumerate(slots)}
     hint = []
     for name, vcpu in items:
-        cpu = next(iter(search.hosts[host_names[origin[name]]].pins[name][vcpu]))
-        hint.append(slot_of.get((host_names[origin[name]], cpu), -1))
+        cpus = search.hosts[host_names[origin[name]]].pins[name][vcpu]
+        hint.append(slot_of.get((host_names[origin[name]], next(iter(cpus))), -1) if len(cpus) == 1 else -1)
     return LayoutProblem(
         guests=tuple(guests), items=tuple(items), slots=tuple(slots), item_guest=item_guest_a, allowed=allowed,
         item_load=load, capacity=capacity, base=base, unary=unary, levels=levels, pairs=pair_a,

@@ -136,6 +136,7 @@ class _Search:
         self.migrated: dict[str, str] = {}  # guest -> original host
         self.memory_moved: set[str] = set()
         self.rejected: list[str] = []
+        self.pooled: set[str] = set()  # floating guests an earlier plan of vmplacer's pooled
 
     # ----- evaluation helpers -------------------------------------------------------------------------
     def perf_by_guest(self) -> dict[str, float]:
@@ -173,6 +174,15 @@ class _Search:
 
     def movable(self, name: str) -> bool:
         return self.guests[name].movable
+
+    def may_pin(self, name: str) -> bool:
+        """A floating guest whose vCPUs the search may pin 1:1 again: vmplacer floated it (in this
+        search, or an earlier plan's pool that nobody has changed since), or the settings allow
+        pinning floating guests. A guest whose flavor asks for shared vCPUs keeps floating."""
+        guest = self.guests[name]
+        return (guest.mode == FLOATING and guest.spec is None and guest.movable
+                and (self.settings.pin_floating_guests or name in self.pooled
+                     or self.original[name].mode == PINNED))
 
     # ----- candidate moves on one host -----------------------------------------------------------
     def best_local(self, host: _Host) -> _Move | None:
@@ -348,21 +358,20 @@ class _Search:
                                              f"{len(pool)}: float them over the pool {_fmt(pool)}")
                 if move:
                     moves.append(move)
-            if self.settings.pin_floating_guests:
-                floating = [n for n, g in host.guests.items()
-                            if g.mode == FLOATING and g.spec is None and all(p and p <= pool for p in host.pins[n].values())]
-                vcpus = sum(len(host.pins[n]) for n in floating)
-                if floating and vcpus <= len(pool):
-                    free = sorted(pool - host.pinned_by_others(None))
-                    if len(free) >= vcpus:
-                        layout = dict(host.pins)
-                        it = iter(free)
-                        for n in floating:
-                            layout[n] = {v: frozenset({next(it)}) for v in sorted(host.pins[n])}
-                        move = self._evaluate_layout(host, layout, floating, "unpool", base_obj, base_lin,
-                                                     f"pin floating guests {', '.join(floating)} 1:1 in node {node}")
-                        if move:
-                            moves.append(move)
+            floating = [n for n in host.guests
+                        if self.may_pin(n) and all(p and p <= pool for p in host.pins[n].values())]
+            vcpus = sum(len(host.pins[n]) for n in floating)
+            if floating and vcpus <= len(pool):
+                free = _least_loaded(host, pool - host.pinned_by_others(None), set(floating))
+                if len(free) >= vcpus:
+                    layout = dict(host.pins)
+                    it = iter(free)
+                    for n in floating:
+                        layout[n] = {v: frozenset({next(it)}) for v in sorted(host.pins[n])}
+                    move = self._evaluate_layout(host, layout, floating, "unpool", base_obj, base_lin,
+                                                 f"pin floating guests {', '.join(floating)} 1:1 in node {node}")
+                    if move:
+                        moves.append(move)
         return moves
 
     def _evaluate_layout(self, host: _Host, layout: dict, members: list[str], kind: str, base_obj: float,
@@ -704,6 +713,9 @@ class _Search:
             if move.kind == "pool":
                 self.guests[name] = replace(self.guests[name], mode=FLOATING)
                 self.hosts[self.host_of[name]].guests[name] = self.guests[name]
+            elif self.may_pin(name) and all(len(p) == 1 for p in change.pins.values()):
+                self.guests[name] = replace(self.guests[name], mode=PINNED)
+                self.hosts[self.host_of[name]].guests[name] = self.guests[name]
             self.touched.add(name)
         self.moves.append(move)
 
@@ -978,6 +990,22 @@ class _Search:
             for step in reversed(undo):
                 step()
         return take_back
+
+
+def _least_loaded(host: _Host, cpus: set[int], leaving: set[str]) -> list[int]:
+    """`cpus` by how much of them the guests not in `leaving` ask for, then by their core's load."""
+    load: dict[int, float] = {}
+    for name, pins in host.pins.items():
+        if name in leaving:
+            continue
+        for allowed in pins.values():
+            for c in allowed:
+                load[c] = load.get(c, 0.0) + host.guests[name].load / len(allowed)
+    core_of = {c: host.topology.cpus[c].core for c in host.cpus}
+    core_load: dict[int, float] = {}
+    for c, value in load.items():
+        core_load[core_of[c]] = core_load.get(core_of[c], 0.0) + value
+    return sorted(cpus, key=lambda c: (load.get(c, 0.0), core_load.get(core_of[c], 0.0), c))
 
 
 def _spare(host: _Host) -> float:
