@@ -187,6 +187,27 @@ def choose_pessimistically(search) -> bool:
     return _keep_what_measured_better(search) or changed
 
 
+def offer_declined_layouts(search) -> None:
+    """An exact layout the model rates worth its threshold but whose sure gain is not (a host the
+    pessimistic check left alone, no migration) becomes the host's trial when it has none: the
+    measurement decides what the model's data could not. A layout measured either way lately is
+    not tried again (`_offer_trial`)."""
+    if not search.settings.trials:
+        return
+    moved_hosts = {search.host_of[g] for g in search.migrated} | set(search.migrated.values())
+    for name, layout in sorted(search.declined_layouts.items()):
+        if name in search.trials or name in moved_hosts or name in search.ruled:
+            continue
+        host = search.hosts[name]
+        if any(g not in host.guests for g in layout):
+            continue
+        here = {g: dict(host.pins[g]) for g in layout}
+        if here == layout:
+            continue
+        _offer_trial(search, name, {"here": layout_key(name, here)}, "here", layout, "exact",
+                     "exact layout whose predicted gain the model's confidence declined")
+
+
 def _keep_what_measured_better(search) -> bool:
     """A host whose plan leads to a layout an earlier trial measured worse than where it is now
     stays where it is (the planned moves were undone then, and the model has not learned why)."""

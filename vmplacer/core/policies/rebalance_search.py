@@ -22,7 +22,7 @@ from vmplacer.core.nofit import NoFit
 from vmplacer.core.occupancy import HostUsage, memory_by_node
 from vmplacer.core.placement import GuestCell, Placement
 from vmplacer.core.policies.rebalance_exact import NotExact, layout_changes, solve_hosts
-from vmplacer.core.policies.rebalance_pessimistic import choose_pessimistically
+from vmplacer.core.policies.rebalance_pessimistic import choose_pessimistically, offer_declined_layouts
 from vmplacer.core.policies.rebalance_layout import (
     BetaTable,
     _Host,
@@ -94,6 +94,7 @@ class _Search:
         self.measured_better: set[tuple[str, str]] = set()  # (winner, loser) layout keys measured in trials
         self.trials: dict[str, dict] = {}  # host -> the layout to try after the plan's moves (measured trial)
         self.layout_guests: dict[str, list[str]] = {}  # host -> the guests its layout keys name
+        self.declined_layouts: dict[str, dict[str, dict[int, frozenset[int]]]] = {}  # host -> exact layout
         self.tried: dict[str, int] = {}  # host -> layouts it tried within the trial memory
         self.ruled: set[str] = set()  # hosts the plan takes to the blind spread or keeps where they are, by rule
         self.model = model
@@ -738,6 +739,7 @@ class _Search:
         if self.solver is not None and self._polish():
             self._climb()
         choose_pessimistically(self)
+        offer_declined_layouts(self)
 
     def _climb(self) -> None:
         settings = self.settings
@@ -851,6 +853,9 @@ class _Search:
             if self._judge(move) < threshold:
                 self._decline(move, threshold)
                 report["taken"] = False
+                if move.gain >= threshold and len(group) == 1 and not move.cost:
+                    # worth it by the model, not sure enough by its data: worth measuring (a trial)
+                    self.declined_layouts[group[0]] = _solved_layout(problem, solution)
                 continue
             if self.actions_if(move) > settings.max_actions:
                 self._decline(move, threshold, "max_actions")
@@ -990,6 +995,14 @@ class _Search:
             for step in reversed(undo):
                 step()
         return take_back
+
+
+def _solved_layout(problem: LayoutProblem, solution: LayoutSolution) -> dict[str, dict[int, frozenset[int]]]:
+    """guest -> vCPU -> {pCPU}: where the solver put every guest it placed."""
+    layout: dict[str, dict[int, frozenset[int]]] = {}
+    for (name, vcpu), slot in zip(problem.items, solution.assignment):
+        layout.setdefault(name, {})[vcpu] = frozenset({problem.slots[slot][1]})
+    return layout
 
 
 def _least_loaded(host: _Host, cpus: set[int], leaving: set[str]) -> list[int]:
