@@ -120,3 +120,34 @@ def test_two_concurrent_runs_never_both_act(engine):
     plans = SqlPlanStore(make_session_factory(engine)).recent()
     applied = [p for p in plans if p["state"] == "succeeded"]
     assert len(applied) == 1
+
+
+def test_apply_keeps_a_lease_its_caller_held_and_releases_one_it_took(engine):
+    """A caller holding the hosts' lease between plans (the protect job) keeps it through apply:
+    releasing it would let another run take the hosts until the caller took it back."""
+    from vmplacer.core.placement import Placement
+    from vmplacer.core.plan import Action, Plan
+
+    sessions = make_session_factory(engine)
+    leases, plans = SqlLeaseStore(sessions), SqlPlanStore(sessions)
+    sim = SimCluster(seed=1, noise=0.0)
+    sim.add_host("h1", uniform_topology(nodes=1, cores_per_node=2, name="h1"))
+    sim.hosts["h1"].define_domain("a", workload="spin", vcpupin=[0], memory_kib=256 * 1024)
+    run = Rebalancer(dict(sim.hosts), plans=plans, leases=leases, clock=RealClock(), holder="job",
+                     settings=RebalanceSettings(trials=False))
+
+    def plan_to(cpu: int) -> int:
+        before = Placement("a", "h1", {0: frozenset({1 - cpu})}, memory_kib=256 * 1024)
+        after = Placement("a", "h1", {0: frozenset({cpu})}, memory_kib=256 * 1024)
+        return plans.save(Plan(actions=(Action(0, "repin", "h1", "a", before=before, after=after),),
+                               hosts=("h1",))).id
+
+    assert leases.acquire(["h1"], "job", 60)
+    assert run.apply(plan_to(1)).state == "succeeded"
+    held = leases.holders(["h1"])["h1"]
+    assert held["holder"] == "job" and held["live"], "apply let go of the lease its caller held"
+    assert not leases.acquire(["h1"], "other", 60)
+
+    leases.release(["h1"], "job")
+    assert run.apply(plan_to(0)).state == "succeeded"
+    assert leases.holders(["h1"])["h1"]["holder"] is None, "apply kept a lease it took itself"

@@ -45,17 +45,6 @@ def protect_handler(services: Any, build: Any = None) -> Handler:
         except HypervisorError as exc:
             services.metrics.libvirt_error(exc)
             raise JobFailed(str(exc), code="host-unavailable", details={"host": exc.host or host}) from None
-        leases = services.container.lease_store
-        ttl = services.options.lease_ttl_s
-        apply = loop.apply
-
-        def apply_keeping_the_lease(plan_id: int):  # type: ignore[no-untyped-def]
-            try:
-                return apply(plan_id)
-            finally:  # the executor lets the host's lease go when a plan ends; the job still needs it
-                leases.acquire([host], services.instance, ttl)
-
-        loop.apply = apply_keeping_the_lease
         asked: dict[str, Any] = {"stop": None, "checked": 0.0}
 
         def should_stop() -> bool:

@@ -424,12 +424,16 @@ class Rebalancer:
             raise PlanStateError(not_appliable(plan_id, plan.state), plan_id=plan_id, state=plan.state)
         hosts = sorted({a.host for a in plan.actions} | {a.target_host for a in plan.actions if a.target_host})
         self._check_hosts(hosts)
-        if not self._acquire(hosts, lease_ttl_s, wait_s):
+        # a caller that holds the hosts' lease already (the protect job, between its plans) keeps it:
+        # releasing it here would open a window for another run to take the hosts
+        held_already = bool(hosts) and self.leases.renew(hosts, self.holder, lease_ttl_s)
+        if not held_already and not self._acquire(hosts, lease_ttl_s, wait_s):
             raise RebalanceError(f"hosts {', '.join(hosts)} are busy: another run holds their lease")
         try:
             return self._apply_held(plan, hosts, lease_ttl_s, audit or self.auditor)
         finally:
-            self.leases.release(hosts, self.holder)
+            if not held_already:
+                self.leases.release(hosts, self.holder)
 
     def _apply_held(self, plan: Plan, hosts: list[str], lease_ttl_s: float, auditor: Auditor | None) -> Plan:
         self._measure_before_trials(plan)

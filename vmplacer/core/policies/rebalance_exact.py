@@ -331,3 +331,11 @@ def solve_hosts(search, solver: LayoutSolver, host_names: Sequence[str],
     if problem.hint is not None and problem.violations(problem.hint):
         problem = replace(problem, hint=None)
     return problem, solver.solve(problem, time_limit_s=time_limit_s)
+
+
+def solved_layout(problem: LayoutProblem, solution: LayoutSolution) -> dict[str, dict[int, frozenset[int]]]:
+    """guest -> vCPU -> {pCPU}: where the solver put every guest it placed."""
+    layout: dict[str, dict[int, frozenset[int]]] = {}
+    for (name, vcpu), slot in zip(problem.items, solution.assignment):
+        layout.setdefault(name, {})[vcpu] = frozenset({problem.slots[slot][1]})
+    return layout

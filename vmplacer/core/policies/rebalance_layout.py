@@ -28,10 +28,14 @@ class BetaTable:
     the number of distinct identities is bounded by what the model learned.
     """
 
-    def __init__(self, model: InterferenceModel):
+    def __init__(self, model: InterferenceModel, optimism: float = 0.0):
         from vmplacer.core.topology import DistanceClass
 
         self.model = model
+        # > 0: each β lowered by this many of its standard deviations (what the model may be
+        # wrong by, as `_Host.pair_spread` counts it), never below min(β, 0): the layout the model
+        # would pick were its doubtful pairs harmless, for exploration by trial
+        self.optimism = optimism
         self.empty = model.observations == 0
         self._known = set(model.known_keys()) if not self.empty else set()
         self._classes = list(DistanceClass)
@@ -89,6 +93,12 @@ class BetaTable:
                 query(bg_key, fg_key, cls, background_class=bg_class, foreground_class=fg_class)
                 for cls in self._classes[1:]
             ])
+            if self.optimism > 0 and not confidence:
+                doubt = np.clip(1.0 - self._pair(background, foreground, confidence=True), 0.0, 1.0)
+                k = max(self.model.config.confidence_evidence, 1e-9)
+                sd = np.sqrt(self.model.noise_sd ** 2 * doubt / k + (doubt * np.abs(found).max()) ** 2)
+                found = np.maximum(found - self.optimism * sd, np.minimum(found, 0.0))
+                found[0] = 0.0
             self._pairs[key] = found
         return found
 

@@ -151,7 +151,7 @@ def choose_pessimistically(search) -> bool:
                     report["kept"] = "model (the spread does not clear the minimum gain from the start)"
                     search.pessimistic.append(report)
                     if trial:
-                        _offer_trial(search, name, keys, "model", layout, "spread", "blind spread")
+                        offer_trial(search, name, keys, "model", layout, "spread", "blind spread")
                     continue
                 # the host is spread already (an earlier run spread it): leaving it must pass the same bound
                 found = _compare(search, host, start, "stay")
@@ -165,7 +165,7 @@ def choose_pessimistically(search) -> bool:
         if bound >= 0 or (advantage <= 1e-9 and "measured" not in report):  # surely better, or no worse
             report["kept"] = "model"
             if trial and model_layout != layout:
-                _offer_trial(search, name, keys, "model", layout, "spread", "blind spread")
+                offer_trial(search, name, keys, "model", layout, "spread", "blind spread")
             continue
         if search.actions_if(move) > settings.max_actions:
             report["kept"] = "model (action budget)"
@@ -182,7 +182,7 @@ def choose_pessimistically(search) -> bool:
         search.ruled.add(name)
         changed = True
         if trial and advantage > 1e-9:
-            _offer_trial(search, name, keys, "spread" if target == "spread" else "start", model_layout,
+            offer_trial(search, name, keys, "spread" if target == "spread" else "start", model_layout,
                          "model", "model's layout")
     return _keep_what_measured_better(search) or changed
 
@@ -191,7 +191,7 @@ def offer_declined_layouts(search) -> None:
     """An exact layout the model rates worth its threshold but whose sure gain is not (a host the
     pessimistic check left alone, no migration) becomes the host's trial when it has none: the
     measurement decides what the model's data could not. A layout measured either way lately is
-    not tried again (`_offer_trial`)."""
+    not tried again (`offer_trial`)."""
     if not search.settings.trials:
         return
     moved_hosts = {search.host_of[g] for g in search.migrated} | set(search.migrated.values())
@@ -204,7 +204,7 @@ def offer_declined_layouts(search) -> None:
         here = {g: dict(host.pins[g]) for g in layout}
         if here == layout:
             continue
-        _offer_trial(search, name, {"here": layout_key(name, here)}, "here", layout, "exact",
+        offer_trial(search, name, {"here": layout_key(name, here)}, "here", layout, "exact",
                      "exact layout whose predicted gain the model's confidence declined")
 
 
@@ -241,7 +241,7 @@ def _restore_modes(search, host: _Host, guests) -> None:
             host.guests[guest] = search.guests[guest]
 
 
-def _offer_trial(search, host: str, keys: dict[str, str], at: str, layout: dict[str, dict[int, frozenset[int]]],
+def offer_trial(search, host: str, keys: dict[str, str], at: str, layout: dict[str, dict[int, frozenset[int]]],
                  what: str, label: str) -> None:
     """Note the layout to try after the plan's moves, unless a measurement already compared it with
     the one the host ends at (either way round)."""

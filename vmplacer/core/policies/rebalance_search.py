@@ -21,7 +21,8 @@ from vmplacer.core.migration_cost import migration_cost
 from vmplacer.core.nofit import NoFit
 from vmplacer.core.occupancy import HostUsage, memory_by_node
 from vmplacer.core.placement import GuestCell, Placement
-from vmplacer.core.policies.rebalance_exact import NotExact, layout_changes, solve_hosts
+from vmplacer.core.policies.rebalance_exact import NotExact, layout_changes, solve_hosts, solved_layout
+from vmplacer.core.policies.rebalance_explore import offer_optimistic_layouts
 from vmplacer.core.policies.rebalance_pessimistic import choose_pessimistically, offer_declined_layouts
 from vmplacer.core.policies.rebalance_layout import (
     BetaTable,
@@ -85,7 +86,7 @@ class _Move:
 class _Search:
     def __init__(self, state: ClusterState, model: InterferenceModel, settings: RebalanceSettings,
                  now: float | None, last_moved: Mapping[str, float], scope: Iterable[str] | None,
-                 solver: LayoutSolver | None = None):
+                 solver: LayoutSolver | None = None, optimism: float = 0.0):
         self.state = state
         self.solver = solver
         self.exact: list[dict] = []  # what the exact solver found, per host group
@@ -99,7 +100,7 @@ class _Search:
         self.ruled: set[str] = set()  # hosts the plan takes to the blind spread or keeps where they are, by rule
         self.model = model
         self.settings = settings
-        self.betas = BetaTable(model)
+        self.betas = BetaTable(model, optimism)
         self.hosts = {name: _Host(host, self.betas) for name, host in state.hosts.items()}
         self.guests: dict[str, GuestState] = {}
         scope_set = set(scope) if scope is not None else None
@@ -740,6 +741,7 @@ class _Search:
             self._climb()
         choose_pessimistically(self)
         offer_declined_layouts(self)
+        offer_optimistic_layouts(self)
 
     def _climb(self) -> None:
         settings = self.settings
@@ -855,7 +857,7 @@ class _Search:
                 report["taken"] = False
                 if move.gain >= threshold and len(group) == 1 and not move.cost:
                     # worth it by the model, not sure enough by its data: worth measuring (a trial)
-                    self.declined_layouts[group[0]] = _solved_layout(problem, solution)
+                    self.declined_layouts[group[0]] = solved_layout(problem, solution)
                 continue
             if self.actions_if(move) > settings.max_actions:
                 self._decline(move, threshold, "max_actions")
@@ -995,14 +997,6 @@ class _Search:
             for step in reversed(undo):
                 step()
         return take_back
-
-
-def _solved_layout(problem: LayoutProblem, solution: LayoutSolution) -> dict[str, dict[int, frozenset[int]]]:
-    """guest -> vCPU -> {pCPU}: where the solver put every guest it placed."""
-    layout: dict[str, dict[int, frozenset[int]]] = {}
-    for (name, vcpu), slot in zip(problem.items, solution.assignment):
-        layout.setdefault(name, {})[vcpu] = frozenset({problem.slots[slot][1]})
-    return layout
 
 
 def _least_loaded(host: _Host, cpus: set[int], leaving: set[str]) -> list[int]:

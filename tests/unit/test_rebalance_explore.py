@@ -1,0 +1,73 @@
+"""Exploration: a host with no other trial tries the layout the model would choose were its
+doubtful pairs harmless, so a pairing the model fears without data gets measured once."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
+from vmplacer.core.policies.rebalance import RebalanceSettings
+from vmplacer.core.policies.rebalance_explore import offer_optimistic_layouts
+from vmplacer.core.policies.rebalance_layout import BetaTable
+from vmplacer.core.policies.rebalance_search import _Search
+from vmplacer.core.topology import DistanceClass
+
+from tests.unit.test_rebalance_pessimism import GUESTS, TOPO, learned, spread_state
+
+CORE, LLC = DistanceClass.SAME_CORE.rank, DistanceClass.SAME_LLC.rank
+
+
+def search(sibling_rounds: int, **settings) -> _Search:
+    return _Search(spread_state(), learned(sibling_rounds=sibling_rounds), RebalanceSettings(**settings), 0.0, {},
+                   None, CpSatLayoutSolver())
+
+
+def cores_of(layout) -> dict[str, int]:
+    return {g: TOPO.cpus[next(iter(p[0]))].core for g, p in layout.items()}
+
+
+def test_optimism_lowers_each_coefficient_by_its_doubt_never_below_zero():
+    """a and b were seen on SMT siblings once (noisy), every pair at LLC distance 200 times: the
+    sibling coefficient drops most; nothing that costs is turned into a benefit."""
+    model = learned(sibling_rounds=1)
+    ids = [("key", g) for g in GUESTS]
+    plain, hopeful = BetaTable(model).tensor(ids), BetaTable(model, optimism=1.5).tensor(ids)
+    assert np.all(hopeful <= plain + 1e-12)
+    assert np.all(hopeful >= np.minimum(plain, 0.0) - 1e-12)
+    a, b = 0, 1
+    assert plain[CORE, a, b] - hopeful[CORE, a, b] > plain[LLC, a, b] - hopeful[LLC, a, b]
+    assert np.array_equal(BetaTable(model, optimism=0.0).tensor(ids), plain)
+
+
+def test_a_pairing_never_observed_is_tried_when_nothing_else_is():
+    """No sibling samples at all: the prior says siblings hurt, so neither the plan nor its trials
+    would ever pair guests on a core. The optimistic layout does, and becomes the host's trial."""
+    s = search(sibling_rounds=0)
+    offer_optimistic_layouts(s)
+    trial = s.trials["h"]
+    assert trial["what"] == "optimistic"
+    cores = cores_of(trial["layout"])
+    assert len(set(cores.values())) < len(cores), f"no pair on one core's siblings: {cores}"
+
+
+def test_no_exploration_when_switched_off_capped_already_measured_or_another_trial_is_due():
+    assert not _offered(search(sibling_rounds=0, exploration=0.0))
+    assert not _offered(search(sibling_rounds=0, trials=False))
+    capped = search(sibling_rounds=0)
+    capped.tried = {"h": capped.settings.trial_max}
+    assert not _offered(capped)
+    first = search(sibling_rounds=0)
+    offer_optimistic_layouts(first)
+    here, there = first.trials["h"]["from_key"], first.trials["h"]["to_key"]
+    measured = search(sibling_rounds=0)
+    measured.measured_better = {(here, there)}
+    assert not _offered(measured)
+    busy = search(sibling_rounds=0)
+    busy.trials["h"] = {"layout": {}, "what": "spread", "label": "blind spread", "from_key": "x", "to_key": "y"}
+    offer_optimistic_layouts(busy)
+    assert busy.trials["h"]["what"] == "spread"
+
+
+def _offered(s: _Search) -> bool:
+    offer_optimistic_layouts(s)
+    return "h" in s.trials
