@@ -71,3 +71,22 @@ def test_no_exploration_when_switched_off_capped_already_measured_or_another_tri
 def _offered(s: _Search) -> bool:
     offer_optimistic_layouts(s)
     return "h" in s.trials
+
+
+def test_a_host_with_a_protected_guest_is_not_explored():
+    from dataclasses import replace
+
+    s = search(sibling_rounds=0)
+    s.guests["a"] = replace(s.guests["a"], protected=True)
+    assert not _offered(s)
+
+
+def test_operators_turn_exploration_off_without_losing_trials():
+    import argparse
+
+    from vmplacer.cli.rebalance import _settings
+
+    off = _settings(argparse.Namespace(no_explore=True))
+    assert off.exploration == 0.0 and off.trials
+    assert _settings(argparse.Namespace()).exploration > 0
+    assert not _offered(search(sibling_rounds=0, exploration=off.exploration))

@@ -103,6 +103,9 @@ def add_policy_arguments(parser: argparse.ArgumentParser, *, host_group: bool = 
     parser.add_argument("--no-migrate", action="store_true", help="repins only, no live migration")
     parser.add_argument("--no-trials", action="store_true",
                         help="no measured trials: take the planned layout without measuring it, try no other")
+    parser.add_argument("--no-explore", action="store_true",
+                        help="keep measured trials, but do not try layouts only to learn what the model "
+                             "has not seen (exploration)")
     parser.add_argument("--drain", metavar="HOST",
                         help="maintenance: live-migrate every guest off HOST (it is put in maintenance first, "
                              "unless this is a dry run) instead of rebalancing")
@@ -134,6 +137,8 @@ def _settings(args: argparse.Namespace) -> Any:
         values["allow_migration"] = False
     if getattr(args, "no_trials", False):
         values["trials"] = False
+    if getattr(args, "no_explore", False):
+        values["exploration"] = 0.0
     if getattr(args, "bandwidth", None):
         values["migration_bandwidth_mib_s"] = float(args.bandwidth)
     try:

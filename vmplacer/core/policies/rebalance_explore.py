@@ -10,7 +10,8 @@ by `exploration` standard deviations of what it may be wrong by, never below
 min(β, 0) — when that layout differs from the plan's. Like every trial it is
 kept only when Freeze'nSense measures it better, remembered either way, and
 counted against the host's `trial_max`; pairs the data back move little, so
-the layout differs only where the data are thin.
+the layout differs only where the data are thin. Hosts running a protected guest
+(a floor, a priority, latency-critical) are not explored.
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ def offer_optimistic_layouts(search) -> None:
                 or not 0 < len(host.usable) <= settings.exact_max_cpus
                 or search.tried.get(name, 0) >= settings.trial_max):
             continue
+        if any(search.guests[g].protected for g in host.guests):
+            continue  # a guaranteed guest is not put through a layout chosen for what is not known
         guests = {g: search.guests[g] for g in host.guests}
         state = ClusterState({name: host.state},
                              {g: _at_plan_end(search, g, guest) for g, guest in guests.items()})
