@@ -24,7 +24,7 @@ from vmplacer.core.policies.rebalance import (
     describe_guest,
     plan_rebalance,
 )
-from vmplacer.core.policies.rebalance_exact import build_problem
+from vmplacer.core.policies.rebalance_exact import SHARE_GROUP, build_problem
 from vmplacer.core.topology import DistanceClass, uniform_topology
 
 SOLVER = CpSatLayoutSolver()
@@ -91,13 +91,13 @@ def test_two_heavy_guests_time_share_a_pcpu_and_leave_its_sibling_idle():
 
 @pytest.mark.parametrize("seed", range(6))
 def test_cp_sat_with_time_sharing_finds_the_brute_force_optimum(seed):
-    """Five or six guests on two cores × two threads: every assignment (time sharing of up to three
-    on one pCPU included) against the solver."""
+    """Five or six guests on two cores × two threads: every assignment (time sharing of up to
+    SHARE_GROUP on one pCPU included) against the solver."""
     rng = random.Random(seed)
     state = state_of([rng.choice("abc") for _ in range(5 + seed % 2)], cores=2, seed=seed)
     search = _Search(state, random_model(seed), RebalanceSettings(), None, {}, None)
     problem = build_problem(search, ["h0"])
-    assert problem.max_shared == 1 and problem.share_group == 3
+    assert problem.max_shared == 1 and problem.share_group == SHARE_GROUP
     best = brute_force(problem)
     found = SOLVER.solve(problem, time_limit_s=5.0)
     assert found is not None and found.status == OPTIMAL
@@ -156,7 +156,8 @@ def test_identical_guests_make_one_kind_of_group():
     groups = sharing_groups(problem)
     shapes = sorted(tuple(sorted(kinds[problem.items[i][0]] for i in g)) for g in groups)
     assert len(shapes) == len(set(shapes))
-    assert len(groups) == 3 + 3  # aa ab bb; aaa aab abb (bbb impossible: two b's)
+    assert SHARE_GROUP == 4
+    assert len(groups) == 3 + 3 + 3  # aa ab bb; aaa aab abb (bbb impossible: two b's); aaaa aaab aabb
     best = brute_force(problem)
     found = solve_time_shared(problem, SOLVER._solve, 5.0)
     assert found.objective == pytest.approx(best.objective, abs=1e-5)

@@ -34,7 +34,7 @@ from vmplacer.core.policies.rebalance_layout import _Host, _locality_nodes
 from vmplacer.core.policies.rebalance_state import EXCLUSIVE, PINNED, GuestState
 
 _RANKS = 6  # same-cpu … remote-node (DistanceClass.rank); rank 5 holds every pCPU pair of one host
-SHARE_GROUP = 3  # at most this many vCPUs on the one time-shared pCPU an exact layout may have
+SHARE_GROUP = 4  # at most this many vCPUs on the one time-shared pCPU an exact layout may have
 
 
 class NotExact(Exception):
