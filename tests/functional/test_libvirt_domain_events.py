@@ -18,6 +18,7 @@ from vmplacer.config import HostSettings
 RESYNC_S = 5.0
 EVENT_TIMEOUT_S = 30.0  # only how long a missing event is waited for before failing
 THEIRS_UUID = "0b7e8c52-64f7-4d0e-9a51-3c1f1d2e7a01"
+BARRIER_UUID = "0b7e8c52-64f7-4d0e-9a51-3c1f1d2e7aff"
 
 
 class Clock:
@@ -41,6 +42,7 @@ def setup():  # type: ignore[no-untyped-def]
         host = LibvirtHost(HostSettings("t", "test:///default", domain_resync_s=RESYNC_S), clock=clock)
         assert host.placements() == {}  # connected, watching, read once (a full read)
         assert host.domain_events.watching
+        _barrier(host, other)  # events of earlier changes (the last test's clean-up) are in
         yield host, other, clock
         host.close()
 
@@ -49,11 +51,21 @@ def _pins(host: LibvirtHost, name: str) -> dict[int, frozenset[int]]:
     return host.placements()[name].vcpupin
 
 
-def _outside(host: LibvirtHost, change) -> None:  # type: ignore[no-untyped-def]
-    """Make a change through the other connection and wait until its event is in."""
+def _barrier(host: LibvirtHost, other) -> None:  # type: ignore[no-untyped-def]
+    """Define and undefine a domain of its own through the other connection and wait for its
+    second event: the driver delivers events in order, so every event of an earlier change has
+    arrived too, and none can come after a read and mark a domain the test expects unread."""
+    seen = host.domain_events.events_about("barrier")
+    other.defineXML(_xml("barrier", [0], uuid=BARRIER_UUID)).undefine()
+    assert host.domain_events.wait_for_events(seen + 1, EVENT_TIMEOUT_S, about="barrier"), "no domain event arrived"
+
+
+def _outside(host: LibvirtHost, other, change) -> None:  # type: ignore[no-untyped-def]
+    """Make a change through the other connection and wait until all its events are in."""
     seen = host.domain_events.events_seen
     change()
     assert host.domain_events.wait_for_events(seen, EVENT_TIMEOUT_S), "no domain event arrived"
+    _barrier(host, other)
 
 
 def _drop_events(host: LibvirtHost) -> None:
@@ -66,20 +78,20 @@ def _drop_events(host: LibvirtHost) -> None:
 
 def test_an_outside_define_redefine_and_undefine_are_seen_once_their_event_is_in(setup):
     host, other, clock = setup
-    _outside(host, lambda: other.defineXML(_xml("theirs", [3, 4])))
+    _outside(host, other, lambda: other.defineXML(_xml("theirs", [3, 4])))
     assert _pins(host, "theirs") == {0: {3}, 1: {4}}
 
-    _outside(host, lambda: other.defineXML(_xml("theirs", [5, 6])))  # same name and UUID, re-pinned
+    _outside(host, other, lambda: other.defineXML(_xml("theirs", [5, 6])))  # same name and UUID, re-pinned
     assert _pins(host, "theirs") == {0: {5}, 1: {6}}  # no resync: the clock has not moved
 
-    _outside(host, lambda: other.lookupByName("theirs").undefine())
+    _outside(host, other, lambda: other.lookupByName("theirs").undefine())
     assert "theirs" not in host.placements()
 
 
 def test_an_outside_live_re_pin_without_an_event_is_seen_at_the_resync(setup):
     host, other, clock = setup
-    _outside(host, lambda: other.defineXML(_xml("theirs", [3])))
-    _outside(host, lambda: other.lookupByName("theirs").create())
+    _outside(host, other, lambda: other.defineXML(_xml("theirs", [3])))
+    _outside(host, other, lambda: other.lookupByName("theirs").create())
     assert _pins(host, "theirs") == {0: {3}}
 
     seen = host.domain_events.events_seen
@@ -94,7 +106,7 @@ def test_an_outside_live_re_pin_without_an_event_is_seen_at_the_resync(setup):
 
 def test_a_lost_event_is_healed_by_the_resync(setup):
     host, other, clock = setup
-    _outside(host, lambda: other.defineXML(_xml("theirs", [3])))
+    _outside(host, other, lambda: other.defineXML(_xml("theirs", [3])))
     assert _pins(host, "theirs") == {0: {3}}
     _drop_events(host)
 
@@ -121,7 +133,7 @@ def test_own_changes_are_seen_at_once_without_their_event(setup):
 
 def test_a_reconnect_reads_every_domain_again(setup):
     host, other, clock = setup
-    _outside(host, lambda: other.defineXML(_xml("theirs", [3])))
+    _outside(host, other, lambda: other.defineXML(_xml("theirs", [3])))
     assert _pins(host, "theirs") == {0: {3}}
     _drop_events(host)
     other.defineXML(_xml("theirs", [8]))

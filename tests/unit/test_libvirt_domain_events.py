@@ -74,6 +74,9 @@ def test_a_read_re_reads_only_the_domains_marked_since_the_last_one(watched):
     conn.emit("web1")
     events.mark("db1")  # an own change
     assert events.events_seen == 1
+    assert (events.events_about("web1"), events.events_about("db1")) == (1, 0)  # own changes are no events
+    assert events.wait_for_events(0, 0.0, about="web1")
+    assert not events.wait_for_events(0, 0.0, about="db1")
     assert events.take() == (False, frozenset({"web1", "db1"}))
     assert events.take() == (False, frozenset())
 

@@ -84,6 +84,7 @@ class DomainEvents:
         self._conn: libvirt.virConnect | None = None  # the connection whose events are watched
         self._callbacks: list[int] = []
         self.events_seen = 0  # domain events received so far (how tests know one has arrived)
+        self._seen_by_name: dict[str, int] = {}
 
     # ----- connection ------------------------------------------------------------------------
     def watch(self, conn: libvirt.virConnect) -> bool:
@@ -135,13 +136,25 @@ class DomainEvents:
         with self._lock:
             self._dirty.add(name)
             self.events_seen += 1
+            self._seen_by_name[name] = self._seen_by_name.get(name, 0) + 1
             self._lock.notify_all()
 
-    def wait_for_events(self, seen: int, timeout_s: float) -> bool:
-        """Wait until more than `seen` domain events have arrived (False after `timeout_s`):
-        for callers that must know an outside change's event is in before they read."""
+    def events_about(self, name: str) -> int:
+        """Domain events received so far about the domain of that name."""
         with self._lock:
-            return self._lock.wait_for(lambda: self.events_seen > seen, timeout_s)
+            return self._seen_by_name.get(name, 0)
+
+    def wait_for_events(self, seen: int, timeout_s: float, about: str | None = None) -> bool:
+        """Wait until more than `seen` domain events have arrived, or, with `about`, more than
+        `seen` about that domain (False after `timeout_s`): for callers that must know an
+        outside change's event is in before they read. A driver delivers a connection's events
+        in the order they happened, so once the event of a later change is in, so are all
+        earlier ones."""
+        def arrived() -> bool:
+            return (self.events_seen if about is None else self._seen_by_name.get(about, 0)) > seen
+
+        with self._lock:
+            return self._lock.wait_for(arrived, timeout_s)
 
     def _on_close(self, conn: Any, _reason: int, _opaque: Any) -> None:
         """The connection was lost: events may have been missed; the next read is a full one."""
