@@ -1,8 +1,8 @@
-"""Why vmplacer ended below a simple rule: declined, search or model."""
+"""Why vmplacer ended below a simple rule: threshold, declined, search or model."""
 
 from __future__ import annotations
 
-from vmplacer.app.rebalance_verdict import verdict
+from vmplacer.app.rebalance_verdict import Reach, reach, verdict
 from vmplacer.core.plan import Plan
 
 MEANS = {"none": 0.7, "seed_policy": 0.80, "blind_spread": 0.90, "vmplacer": 0.85, "optimum": 0.95}
@@ -35,3 +35,36 @@ def test_a_model_that_prefers_its_own_layout_is_a_model_error():
 def test_a_better_layout_no_plan_offered_is_a_search_failure():
     result = verdict(MEANS, {"blind_spread": 3.6, "vmplacer": 3.4}, [plan()], 0.05)
     assert result["verdict"] == "search"
+
+
+def _reaches(gain: float, migrations: int = 0):
+    return {"blind_spread": Reach(gain, migrations), "seed_policy": Reach(-0.2, 0)}
+
+
+def test_a_step_a_perfect_model_declines_too_is_a_threshold_not_a_loss():
+    result = verdict(MEANS, {"blind_spread": 3.3, "vmplacer": 3.4}, [plan()], 0.05, reaches=_reaches(0.04))
+    assert result["verdict"] == "threshold" and result["threshold"] == 0.05 and "min_gain" in result["why"]
+    moved = verdict(MEANS, {"blind_spread": 3.3, "vmplacer": 3.4}, [plan()], 0.05,
+                    reaches=_reaches(0.08, migrations=1), min_migration_gain=0.1)
+    assert moved["verdict"] == "threshold" and moved["migrations"] == 1 and "min_migration_gain" in moved["why"]
+
+
+def test_a_true_gain_at_the_threshold_is_still_judged_by_the_model():
+    assert verdict(MEANS, {"blind_spread": 3.3, "vmplacer": 3.4}, [plan()], 0.05,
+                   reaches=_reaches(0.05))["verdict"] == "model"
+    assert verdict(MEANS, {"blind_spread": 3.3, "vmplacer": 3.4}, [plan()], 0.05,
+                   reaches=_reaches(0.08, migrations=1), min_migration_gain=0.05)["verdict"] == "model"
+
+
+def test_reach_sums_true_performance_and_counts_guests_on_another_host():
+    performance = {"vmplacer": {"a": 0.5, "b": 0.9, "c": 1.0}, "blind_spread": {"a": 0.8, "b": 0.8, "c": 1.0}}
+    hosts = {"vmplacer": {"a": "h1", "b": "h1", "c": "h2"}, "blind_spread": {"a": "h2", "b": "h1", "c": "h2"}}
+    step = reach(performance, hosts, "blind_spread")
+    assert step.migrations == 1 and abs(step.true_gain - 0.2) < 1e-9
+
+
+def test_on_interchangeable_hosts_the_renaming_that_moves_fewest_guests_counts():
+    performance = {"vmplacer": {"a": 0.5, "b": 0.9, "c": 1.0}, "blind_spread": {"a": 0.8, "b": 0.8, "c": 1.0}}
+    hosts = {"vmplacer": {"a": "h1", "b": "h1", "c": "h2"}, "blind_spread": {"a": "h2", "b": "h2", "c": "h1"}}
+    assert reach(performance, hosts, "blind_spread").migrations == 3
+    assert reach(performance, hosts, "blind_spread", interchangeable=True).migrations == 0

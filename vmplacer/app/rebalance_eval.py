@@ -31,7 +31,7 @@ from typing import Any
 from vmplacer.app.evaluate import ProfileSettings, freeze_and_sense, measure, profile_and_measure
 from vmplacer.app.executor import ExecutorSettings
 from vmplacer.app.rebalance import Rebalancer, RunOptions
-from vmplacer.app.rebalance_verdict import model_objectives, verdict
+from vmplacer.app.rebalance_verdict import SIMPLE, model_objectives, reach, verdict
 from vmplacer.core.interference import InterferenceModel, ModelConfig, Observation
 from vmplacer.core.layout_problem import LayoutSolver
 from vmplacer.core.pairs import PairTable
@@ -262,6 +262,11 @@ def performance(cluster) -> dict[str, float]:
     return {d.name: host.true_performance(d.name) for host in cluster.hosts.values() for d in host.domains()}
 
 
+def _hosts_of(cluster) -> dict[str, str]:
+    """Each VM's host in a simulated cluster."""
+    return {d.name: name for name, host in cluster.hosts.items() for d in host.domains()}
+
+
 def _mean(values: dict[str, float]) -> float:
     return sum(values.values()) / len(values) if values else 0.0
 
@@ -489,7 +494,11 @@ def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix:
     row["model_objective"] = objectives
     row["exact"] = _exact_summary(plans)
     row["trials"] = _trial_summary(plans)
-    row["vmplacer_vs_simple"] = verdict({p: row[p] for p in POLICIES}, objectives, plans, settings.min_gain)
+    hosts = {p: _hosts_of(c) for p, c in clusters.items()}
+    reaches = ({p: reach(per_vm, hosts, p, interchangeable=True) for p in SIMPLE if per_vm.get(p) is not None}
+               if per_vm.get("vmplacer") is not None else {})
+    row["vmplacer_vs_simple"] = verdict({p: row[p] for p in POLICIES}, objectives, plans, settings.min_gain,
+                                        reaches=reaches, min_migration_gain=settings.min_migration_gain)
     return row
 
 

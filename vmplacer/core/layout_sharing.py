@@ -27,7 +27,7 @@ import numpy as np
 
 from vmplacer.core.layout_problem import FEASIBLE, OPTIMAL, UNKNOWN, LayoutProblem, LayoutSolution, utility
 
-MAX_GROUPS = 48  # plain problems solved per time-shared layout problem (each costs a model build)
+MAX_GROUPS = 144  # plain problems solved per time-shared layout problem (each costs a model build)
 
 PlainSolve = Callable[[LayoutProblem, float], "LayoutSolution | None"]
 
