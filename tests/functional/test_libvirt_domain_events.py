@@ -72,8 +72,9 @@ def _drop_events(host: LibvirtHost) -> None:
     """Events from now on are lost: libvirt no longer delivers them (the host still believes it
     watches, as when an event goes missing without the connection failing)."""
     conn = host.connection()
-    for callback in host.domain_events._callbacks:
-        conn.domainEventDeregisterAny(callback)
+    callbacks = host.domain_events._callbacks
+    while callbacks:  # taken off the host's list too: its close must not deregister them again
+        conn.domainEventDeregisterAny(callbacks.pop())
 
 
 def test_an_outside_define_redefine_and_undefine_are_seen_once_their_event_is_in(setup):

@@ -112,12 +112,13 @@ class DomainEvents:
     def unwatch(self, conn: libvirt.virConnect) -> None:
         """Stop watching a connection about to be closed (all dirty: a later one starts afresh)."""
         with self._lock:
-            ids, self._callbacks = (self._callbacks, []) if self._conn is conn else ([], self._callbacks)
-            if self._conn is conn:
+            watched = self._conn is conn
+            ids, self._callbacks = (self._callbacks, []) if watched else ([], self._callbacks)
+            if watched:
                 self._conn = None
             self._all_dirty = True
         _deregister(conn, ids)
-        if ids:
+        if watched:
             try:
                 conn.unregisterCloseCallback()
             except libvirt.libvirtError:
@@ -196,8 +197,11 @@ class DomainEvents:
 
 
 def _deregister(conn: libvirt.virConnect, ids: list[int]) -> None:
+    """Best effort: closing a connection must not fail on its callbacks. libvirt-python raises
+    KeyError for an id libvirt still held but the binding had already dropped (deregistered
+    while an event was being dispatched to it)."""
     for callback in ids:
         try:
             conn.domainEventDeregisterAny(callback)
-        except libvirt.libvirtError:
+        except (libvirt.libvirtError, KeyError):
             pass
