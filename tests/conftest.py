@@ -58,3 +58,22 @@ def postgres_url() -> Iterator[str]:
 def database_url(request) -> str:
     """Run the test once on SQLite and once on PostgreSQL."""
     return request.getfixturevalue(f"{request.param}_url" if request.param == "sqlite" else "postgres_url")
+
+
+@pytest.fixture
+def sessions(database_url):  # type: ignore[no-untyped-def]
+    """A session factory on a database migrated to the newest revision by Alembic, once on
+    SQLite and once on PostgreSQL (`database_url`)."""
+    from vmplacer.adapters.db import migrate
+    from vmplacer.adapters.db.engine import make_engine, make_session_factory
+
+    migrate.upgrade(database_url)
+    engine = make_engine(database_url)
+    yield make_session_factory(engine)
+    engine.dispose()
+
+
+@pytest.fixture
+def db(sessions):  # type: ignore[no-untyped-def]
+    """`sessions`, under the name the tests of simulated hosts use."""
+    return sessions

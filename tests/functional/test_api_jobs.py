@@ -7,23 +7,12 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 
-import pytest
 from sqlalchemy import update
 
-from vmplacer.adapters.db import migrate
 from vmplacer.adapters.db.api import SqlJobStore
 from vmplacer.adapters.db.plans import SqlLeaseStore
-from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.models import HostLeaseRow, JobRow, utcnow
 from vmplacer.app.jobs import JobFailed, JobRunner
-
-
-@pytest.fixture
-def sessions(database_url):
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 def _wait(predicate, timeout=20.0):

@@ -12,7 +12,6 @@ import pytest
 from sqlalchemy import select
 
 from tests.unit.test_profiler import FakeDomain, FakeHost
-from vmplacer.adapters.db import migrate
 from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.models import FreezeJournalRow
 from vmplacer.adapters.db.profiles import SqlFreezeJournal
@@ -22,11 +21,8 @@ from vmplacer.ports import DomainGone, HypervisorError
 
 
 @pytest.fixture
-def journal(database_url):
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
-    yield SqlFreezeJournal(make_session_factory(engine))
-    engine.dispose()
+def journal(sessions):
+    return SqlFreezeJournal(sessions)
 
 
 def rows(journal: SqlFreezeJournal) -> list[FreezeJournalRow]:

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from vmplacer.adapters.db import migrate
-from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.models_repo import SqlModelRepository
 from vmplacer.adapters.db.profiles import SqlProfileStore
 from vmplacer.app.learn import learn_from_runs
@@ -16,12 +14,8 @@ from vmplacer.ports import Neighbour, ProfileSample
 
 
 @pytest.fixture
-def stores(database_url):
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
-    sessions = make_session_factory(engine)
-    yield SqlProfileStore(sessions), SqlModelRepository(sessions)
-    engine.dispose()
+def stores(sessions):
+    return SqlProfileStore(sessions), SqlModelRepository(sessions)
 
 
 def _run(store: SqlProfileStore, loss_of_a: float, rounds: int = 20) -> int:

@@ -12,20 +12,10 @@ import pytest
 from sqlalchemy import select
 
 from tests.support import require
-from vmplacer.adapters.db import migrate
-from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.maintenance import SqlMaintenanceStore
 from vmplacer.adapters.db.models import AuditRow, HostRow
 
 VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
-
-
-@pytest.fixture
-def sessions(database_url):
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 def _audit(sessions) -> list[tuple[str, str, str | None]]:

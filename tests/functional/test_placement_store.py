@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import pytest
 
-from vmplacer.adapters.db import migrate
-from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.core.placement import Placement
 from vmplacer.ports import ClaimConflict
@@ -19,11 +17,8 @@ def _dedicated(guest: str, cpus: list[int]) -> Placement:
 
 
 @pytest.fixture
-def store(database_url):
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
-    yield SqlPlacementStore(make_session_factory(engine))
-    engine.dispose()
+def store(sessions):
+    return SqlPlacementStore(sessions)
 
 
 def test_overlapping_claim_is_refused_and_leaves_nothing(store):

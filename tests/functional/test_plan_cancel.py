@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.functional.test_executor_sim import crowd, db, pins, rebalancer, sim  # noqa: F401 - fixtures
+from tests.functional.test_executor_sim import crowd, pins, rebalancer, sim  # noqa: F401 - fixtures
 from vmplacer.adapters.db.plans import SqlPlanStore
 from vmplacer.app.rebalance import PlanNotFound, PlanStateError, RunOptions, cancel_plan
 from vmplacer.core.plan import PLAN_FINAL_STATES

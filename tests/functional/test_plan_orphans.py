@@ -13,7 +13,7 @@ from datetime import datetime, timedelta, timezone
 import pytest
 from sqlalchemy import select, update
 
-from tests.functional.test_executor_sim import crowd, db, pins, rebalancer, sim  # noqa: F401 - fixtures
+from tests.functional.test_executor_sim import crowd, pins, rebalancer, sim  # noqa: F401 - fixtures
 from vmplacer.adapters.db.models import AuditRow, HostLeaseRow, utcnow
 from vmplacer.adapters.db.plans import STOPPED_BEFORE, SqlLeaseStore, SqlPlanStore
 from vmplacer.app.rebalance import PlanStateError, RunOptions, cancel_plan

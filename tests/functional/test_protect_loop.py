@@ -7,8 +7,6 @@ from __future__ import annotations
 
 import pytest
 
-from vmplacer.adapters.db import migrate
-from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
 from vmplacer.adapters.db.throttles import SqlThrottleLedger
@@ -18,14 +16,6 @@ from vmplacer.app.rebalance import Rebalancer
 from vmplacer.core.protect import LoopSettings
 from vmplacer.core.protection import MIN_SHARE_LABEL, PROTECT_LABEL
 from vmplacer.core.topology import uniform_topology
-
-
-@pytest.fixture
-def db(database_url):
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 def cluster(*neighbours: tuple[str, dict[str, str]]) -> SimCluster:

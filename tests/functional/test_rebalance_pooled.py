@@ -7,8 +7,6 @@ import time
 
 import pytest
 
-from vmplacer.adapters.db import migrate
-from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore
 from vmplacer.adapters.simulator import SimCluster
@@ -17,14 +15,6 @@ from vmplacer.core.placement import Placement
 from vmplacer.core.plan import Action, Plan
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
 from vmplacer.core.topology import uniform_topology
-
-
-@pytest.fixture
-def db(database_url):
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 @pytest.fixture

@@ -8,8 +8,6 @@ import time
 
 import pytest
 
-from vmplacer.adapters.db import migrate
-from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore
 from vmplacer.adapters.simulator import SimCluster
@@ -21,14 +19,6 @@ from vmplacer.core.topology import uniform_topology
 from vmplacer.core.trial import Measured
 
 WEIGHTS = {"a": 1.0, "b": 1.0, "c": 1.0}
-
-
-@pytest.fixture
-def db(database_url):
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 @pytest.fixture

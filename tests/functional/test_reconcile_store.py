@@ -56,14 +56,6 @@ class FakeHost:
 
 
 @pytest.fixture
-def sessions(database_url):
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    engine.dispose()
-
-
-@pytest.fixture
 def store(sessions) -> SqlPlacementStore:
     return SqlPlacementStore(sessions, actor="reconcile-test")
 

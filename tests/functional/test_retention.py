@@ -51,14 +51,6 @@ TABLES = (PlanRow, PlanActionRow, ProfileRunRow, ProfileSampleRow, AuditRow, Job
           PlacementRow, CpuClaimRow)
 
 
-@pytest.fixture
-def sessions(database_url):
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    engine.dispose()
-
-
 def _ago(seconds: float) -> datetime:
     return utcnow() - timedelta(seconds=seconds)
 

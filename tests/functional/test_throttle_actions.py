@@ -6,8 +6,6 @@ from __future__ import annotations
 
 import pytest
 
-from vmplacer.adapters.db import migrate
-from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
 from vmplacer.adapters.db.throttles import SqlThrottleLedger
@@ -20,14 +18,6 @@ from vmplacer.core.topology import uniform_topology
 from vmplacer.ports import HypervisorError
 
 UNLIMITED = CpuBandwidth()
-
-
-@pytest.fixture
-def db(database_url):
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
-    yield make_session_factory(engine)
-    engine.dispose()
 
 
 @pytest.fixture
