@@ -93,6 +93,7 @@ class ProfilerSettings:
     excluded_domains: tuple[str, ...] = ()
     scope: tuple[str, ...] = ("*",)  # globs: the domains the profiler considers at all
     sensitive: str = "all"  # which VMs get ζb: all | label:KEY=VALUE | class:NAME
+    pair_probes: int = 4  # per round: freeze all but a VM and one neighbour (docs/profiler.md)
 
 
 @dataclass(frozen=True)
@@ -363,7 +364,7 @@ def settings_from_mapping(raw: Any, source: str, environ: dict[str, str] | None 
     )
 
     prof = reader.mapping(data.get("profiler"), "profiler", ("t_m_ms", "t_sleep_s", "max_freeze_ms", "excluded_domains",
-                                                            "scope", "sensitive"))
+                                                            "scope", "sensitive", "pair_probes"))
     excluded = prof.get("excluded_domains", []) or []
     if not isinstance(excluded, list) or not all(isinstance(x, str) for x in excluded):
         raise reader.fail("profiler.excluded_domains", "must be a list of domain names")
@@ -380,6 +381,7 @@ def settings_from_mapping(raw: Any, source: str, environ: dict[str, str] | None 
         excluded_domains=tuple(excluded),
         scope=tuple(x.strip() for x in scope),
         sensitive=sensitive,
+        pair_probes=_whole(reader, prof.get("pair_probes", 4), "profiler.pair_probes", 0, 1000),
     )
     api_raw = reader.mapping(data.get("api"), "api", ("listen", "max_request_bytes"))
     listen = reader.string(api_raw.get("listen", "127.0.0.1:8470"), "api.listen")
@@ -392,6 +394,12 @@ def settings_from_mapping(raw: Any, source: str, environ: dict[str, str] | None 
     retention = _retention(reader, data.get("retention"))
     return Settings(data_dir, database_url, hosts, profiler, api, source, retention,
                     _placement(reader, data.get("placement")), _protect(reader, data.get("protect")))
+
+
+def _whole(reader: _Reader, value: Any, key: str, low: int, high: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
+        raise reader.fail(key, f"must be an integer from {low} to {high}, got {value!r}")
+    return value
 
 
 def _placement(reader: _Reader, raw: Any) -> PlacementSettings:

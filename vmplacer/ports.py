@@ -172,10 +172,10 @@ class Neighbour:
 
 @dataclass(frozen=True)
 class ProfileSample:
-    """One stored Freeze'nSense measurement: ζ (shared) or ζb (neighbours frozen)."""
+    """One stored Freeze'nSense measurement: ζ (shared), ζb (neighbours frozen) or ζp (all but one frozen)."""
 
     guest: str
-    kind: str  # "zeta" | "zeta_b"
+    kind: str  # "zeta" | "zeta_b" | "zeta_p" (a pair probe: one neighbour running)
     metric: str
     value: float
     window_s: float

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from vmplacer.app.evaluate import (
     evaluate_model,
     freeze_and_sense,
     parse_range,
+    profile_and_measure,
     profile_host,
     random_placement,
     simulated_topology,
@@ -92,6 +94,35 @@ def test_profiling_without_noise_observes_the_true_ratio():
         assert any(ratio == pytest.approx(t, abs=1e-9) for t in by_key[obs.key])
         assert obs.own_share == pytest.approx(0.5)
         assert sum(e.load for e in obs.neighbours) == pytest.approx(7 * 0.5)  # 7 other cores, full time
+
+
+def test_pair_probes_observe_one_neighbours_true_loss_and_stay_out_of_the_measured_share():
+    sim = SimCluster(GroundTruth(E7600), noise=0.0)
+    host = sim.add_host("h", uniform_topology(nodes=1, cores_per_node=2, threads_per_core=2))  # siblings n, n+2
+    workloads = sorted(E7600.workloads)[:3]
+    for name, workload, cpu in zip(("a", "b", "c"), workloads, (0, 2, 1)):
+        host.define_domain(name, workload=workload, vcpupin=[cpu], workload_class="batch")
+    probed = Counter()
+    observations, measured = profile_and_measure(host, sim.sampler(host), sim.clock,
+                                                 ProfileSettings(rounds=2, pair_probes=2), key_by_name=True,
+                                                 probed=probed)
+    pairs = [o for o in observations if len(o.neighbours) == 1]
+    assert len(observations) == 2 * 3 + len(pairs) and len(pairs) == 2 * 2 * 2  # 2 probes a round, both sampled
+    assert sorted(probed.values()) == [1, 1, 2]  # three pairs, least probed first
+    truth = GroundTruth(E7600)
+    workload = dict(zip(("a", "b", "c"), workloads))
+    for obs in pairs:
+        [exposure] = obs.neighbours
+        assert 1 - obs.zeta / obs.zeta_b == pytest.approx(
+            truth.loss(workload[exposure.key], workload[obs.key], exposure.distance), abs=1e-9)
+    assert measured.samples == {"a": 2, "b": 2, "c": 2}  # the probes are not the guests' shares
+    for name in ("a", "b", "c"):
+        assert measured.performance[name] == pytest.approx(host.true_performance(name), abs=1e-9)
+    two = sim.add_host("two", uniform_topology(nodes=1, cores_per_node=2, threads_per_core=2))
+    two.define_domain("x", workload=workloads[0], vcpupin=[0], workload_class="batch")
+    two.define_domain("y", workload=workloads[1], vcpupin=[2], workload_class="batch")
+    observations = profile_host(two, sim.sampler(two), sim.clock, ProfileSettings(rounds=2, pair_probes=2))
+    assert len(observations) == 4  # nothing else to freeze: no probe
 
 
 def test_fitting_recovers_the_pair_matrix_from_noiseless_simulated_samples():

@@ -469,3 +469,39 @@ def test_proc_reader_agrees_with_libvirt_on_a_real_guest(testbed, host1_conn, ma
     assert sample.valid, sample
     assert abs(sample.value - by_libvirt) < 0.1, (sample, by_libvirt)
     assert 0 < sample.value <= 0.6, sample
+
+
+def test_a_pair_probe_freezes_all_but_the_pair_and_isolates_one_neighbour(testbed, host1_conn, make_guest,
+                                                                          tmp_path, record_property):
+    """a and b time-share pCPU 1, c runs on pCPU 0. A probe of (a, c) freezes b: a then runs
+    alone on its pCPU, so its ζp/ζb recovers the half its ζ/ζb loses to b; the probe's
+    sample names c as the only neighbour it ran with. (a, b) is never probed (one pCPU)."""
+    from vmplacer.app.learn import observations_from_samples
+
+    a, b, c = boot(make_guest, ("a", {"pin": "1", "emulator_pin": "0", "report_ms": 50}),
+                   ("b", {"pin": "1", "emulator_pin": "0", "report_ms": 50}),
+                   ("c", {"pin": "0", "emulator_pin": "0", "report_ms": 50}))
+    names = [a.name, b.name, c.name]
+    container = container_for(testbed, tmp_path)
+    result = profile(container, names, samples=8, pair_probes=2)
+    assert result["pair_freezes"] >= 8
+    rows = container.profile_store.samples(result["run_id"])
+    probes = [r for r in rows if r["kind"] == "zeta_p"]
+    assert probes and {r["guest"] for r in probes} == set(names)
+    for row in probes:
+        ran_with = {n["name"] for n in row["neighbours"] if not n["frozen"]} & set(names)
+        assert len(ran_with) == 1 and {row["guest"], *ran_with} != {a.name, b.name}, row
+    observations = observations_from_samples(rows)
+    alone_with_c = [o.zeta / o.zeta_b for o in observations
+                    if o.key == a.name and [e.key for e in o.neighbours] == [c.name] and o.own_share == 1.0]
+    shared = [o.zeta / o.zeta_b for o in observations if o.key == a.name and o.own_share == 0.5]
+    assert alone_with_c and shared
+    probe_ratio, shared_ratio = statistics.median(alone_with_c), statistics.median(shared)
+    record_property("pair_probe_ratio", round(probe_ratio, 3))
+    record_property("shared_ratio", round(shared_ratio, 3))
+    # The probe takes back at least a third of what time sharing with b costs a, as measured here.
+    assert probe_ratio - shared_ratio >= (1 - shared_ratio) / 3, (
+        f"a: ζp/ζb {probe_ratio:.3f} with b frozen, ζ/ζb {shared_ratio:.3f} with b running"
+        f"{foreign_guests(host1_conn, names)}")
+    for name in names:
+        assert host1_conn.lookupByName(name).state()[0] == libvirt.VIR_DOMAIN_RUNNING

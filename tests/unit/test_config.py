@@ -129,6 +129,7 @@ def test_profiler_scope_and_sensitive_set_come_from_the_config():
     assert settings.profiler.scope == ("web-*", "db-*")
     assert settings.profiler.sensitive == "class:latency-critical"
     assert settings_from_mapping(None, "cfg.yaml", environ={}).profiler.scope == ("*",)
+    assert settings_from_mapping({"profiler": {"pair_probes": 0}}, "cfg.yaml", environ={}).profiler.pair_probes == 0
 
 
 @pytest.mark.parametrize(("profiler", "key"), [
@@ -136,6 +137,9 @@ def test_profiler_scope_and_sensitive_set_come_from_the_config():
     ({"scope": "web-*"}, "profiler.scope"),
     ({"sensitive": "some"}, "profiler.sensitive"),
     ({"sensitive": "label:=x"}, "profiler.sensitive"),
+    ({"pair_probes": -1}, "profiler.pair_probes"),
+    ({"pair_probes": 1.5}, "profiler.pair_probes"),
+    ({"pair_probes": True}, "profiler.pair_probes"),
 ])
 def test_bad_profiler_scope_or_sensitive_names_the_key(profiler, key):
     with pytest.raises(ConfigError) as excinfo:
@@ -157,6 +161,7 @@ def test_profile_command_defaults_to_the_configured_scope_and_sensitive_set():
     profile_cli.register(sub)
     config = build_config(parser.parse_args(["profile", "--host", "h"]), settings)
     assert config.scope == ("web-*",)
+    assert config.pair_probes == settings.profiler.pair_probes == 4
     assert config.sensitive.labels == (("tier", "gold"),)
     override = build_config(parser.parse_args(["profile", "--host", "h", "--scope", "db-*", "--sensitive", "all"]),
                             settings)

@@ -61,3 +61,36 @@ def test_metrics_are_never_mixed():
     skipped: Counter[str] = Counter()
     assert observations_from_samples(samples, skipped=skipped) == []
     assert skipped["no-zeta"] == 1
+
+
+def test_a_pair_sample_is_an_equation_in_its_running_neighbour_alone():
+    samples = [
+        sample("a", "zeta_b", 1.0, 10.0, [("b", "same-core", True), ("c", "same-llc", True),
+                                          ("x", "same-node", False)]),
+        sample("a", "zeta_b", 0.9, 30.0, [("b", "same-core", True), ("c", "same-llc", True)]),
+        sample("a", "zeta_p", 0.7, 11.0, [("b", "same-core", False), ("c", "same-llc", True),
+                                          ("x", "same-node", False)]),
+    ]
+    skipped: Counter[str] = Counter()
+    [obs] = observations_from_samples(samples, {"a": "batch", "b": "cache"}, skipped)
+    assert (obs.zeta, obs.zeta_b) == (0.7, 1.0)  # the ζb at t=10, nearer than t=30
+    assert [(e.key, e.distance, e.workload_class) for e in obs.neighbours] == [
+        ("b", DistanceClass.SAME_CORE, "cache")]  # x ran in both: it cancels out
+    assert obs.own_share == 1.0
+    assert skipped["no-zeta"] == 2  # the ζb samples had no ζ to pair with
+
+
+def test_pair_samples_without_a_zeta_b_or_a_partner_are_skipped_and_counted():
+    skipped: Counter[str] = Counter()
+    samples = [
+        sample("a", "zeta_p", 0.7, 1.0, [("b", "same-core", False)]),
+        sample("c", "zeta", 0.6, 1.0),
+        sample("c", "zeta_b", 1.0, 1.0, [("x", "same-llc", False)]),
+        sample("c", "zeta_p", 0.7, 1.0, [("x", "same-llc", False)]),
+        sample("d", "zeta", 0.6, 1.0),
+        sample("d", "zeta_b", 1.0, 1.0, [("b", "unknown", True)]),
+        sample("d", "zeta_p", 0.7, 1.0, [("b", "unknown", False)]),
+    ]
+    observations = observations_from_samples(samples, skipped=skipped)
+    assert [o.key for o in observations] == ["c"]  # c's ζ/ζb (no frozen neighbour: no exposure)
+    assert skipped == Counter({"pair-without-zeta-b": 1, "pair-without-neighbour": 1, "unknown-distance": 2})

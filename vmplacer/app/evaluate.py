@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections import Counter
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Protocol
@@ -61,6 +62,7 @@ class ProfileSettings:
     window_s: float = 1.0
     t_m: float = 0.01
     rounds: int = 1
+    pair_probes: int = 0  # per round: freeze all but two neighbours, sample both (app/profiler.py)
     max_ratio: float = 1.5  # ζ/ζb above this is physically implausible: sample rejected
 
 
@@ -101,15 +103,21 @@ def freeze_and_sense(hypervisor: Hypervisor, sampler: Sampler, clock: Clock, tar
     a failed resume is retried once and then reported after the others were
     resumed, because a VM left paused is worse than a lost sample.
     """
-    others = [d.name for d in hypervisor.domains() if d.name != target and d.state == "running"]
+    return freeze_all_but(hypervisor, sampler, clock, (target,), t_m)[target]
+
+
+def freeze_all_but(hypervisor: Hypervisor, sampler: Sampler, clock: Clock, keep: Sequence[str],
+                   t_m: float) -> dict[str, Sample]:
+    """Samples of `keep` over t_m while every other running domain is suspended."""
+    others = [d.name for d in hypervisor.domains() if d.name not in keep and d.state == "running"]
     frozen: list[str] = []
     try:
         for name in others:
             hypervisor.suspend(name)
             frozen.append(name)
-        token = sampler.begin([target])
+        token = sampler.begin(list(keep))
         clock.sleep(t_m)
-        return sampler.end(token)[target]
+        return sampler.end(token)
     finally:
         failures = []
         for name in frozen:
@@ -122,8 +130,8 @@ def freeze_and_sense(hypervisor: Hypervisor, sampler: Sampler, clock: Clock, tar
                     failures.append(exc)
         if failures:
             names = ", ".join(repr(exc.domain or str(exc)) for exc in failures)
-            raise HypervisorError(f"could not resume {names} after sampling {target!r}",
-                                  host=getattr(hypervisor, "name", ""), domain=target)
+            raise HypervisorError(f"could not resume {names} after sampling {', '.join(map(repr, keep))}",
+                                  host=getattr(hypervisor, "name", ""), domain=keep[0])
 
 
 def profile_host(hypervisor: Hypervisor, sampler: Sampler, clock: Clock,
@@ -137,12 +145,16 @@ def profile_host(hypervisor: Hypervisor, sampler: Sampler, clock: Clock,
 
 def profile_and_measure(hypervisor: Hypervisor, sampler: Sampler, clock: Clock,
                         settings: ProfileSettings = ProfileSettings(), *,
-                        key_by_name: bool = False) -> tuple[list[Observation], Measured]:
+                        key_by_name: bool = False,
+                        probed: Counter[frozenset[str]] | None = None) -> tuple[list[Observation], Measured]:
     """`profile_host`, plus each guest's measured share of its isolated performance (mean ζ/ζb
-    over its valid samples): what a measured trial compares (core/trial.py)."""
-    named = _profile_named(hypervisor, sampler, clock, settings, key_by_name)
+    over its valid ζ samples, pair probes left out): what a measured trial compares
+    (core/trial.py). `probed` counts the pair probes per pair across calls."""
+    named = _profile_named(hypervisor, sampler, clock, settings, key_by_name, probed)
     ratios: dict[str, list[float]] = {}
     for name, observation in named:
+        if name is None:
+            continue
         ratios.setdefault(name, []).append(observation.zeta / observation.zeta_b)
     measured = Measured(host=hypervisor.name,
                         performance={n: sum(v) / len(v) for n, v in sorted(ratios.items())},
@@ -151,7 +163,9 @@ def profile_and_measure(hypervisor: Hypervisor, sampler: Sampler, clock: Clock,
 
 
 def _profile_named(hypervisor: Hypervisor, sampler: Sampler, clock: Clock, settings: ProfileSettings,
-                   key_by_name: bool) -> list[tuple[str, Observation]]:
+                   key_by_name: bool, probed: Counter[frozenset[str]] | None = None,
+                   ) -> list[tuple[str | None, Observation]]:
+    """(guest, observation) per ζ/ζb pair; (None, observation) per pair probe."""
     topology = hypervisor.topology()
     tenants = tenants_of(hypervisor.domains())
     if key_by_name:
@@ -161,8 +175,10 @@ def _profile_named(hypervisor: Hypervisor, sampler: Sampler, clock: Clock, setti
     by_name = {t.name: t for t in tenants}
     terms = interference_terms(topology, tenants)
     names = [t.name for t in tenants]
-    observations = []
+    observations: list[tuple[str | None, Observation]] = []
+    probed = probed if probed is not None else Counter()
     for _ in range(settings.rounds):
+        alone: dict[str, float] = {}
         zetas = measure(sampler, clock, names, settings.window_s)
         for name in names:
             zeta_b = freeze_and_sense(hypervisor, sampler, clock, name, settings.t_m)
@@ -181,7 +197,47 @@ def _profile_named(hypervisor: Hypervisor, sampler: Sampler, clock: Clock, setti
                 key=tenant.key, zeta=zeta.value, zeta_b=zeta_b.value, neighbours=exposures,
                 own_share=share, workload_class=tenant.workload_class,
             )))
+            alone[name] = zeta_b.value
+        for first, second in _pairs_to_probe(topology, tenants, settings.pair_probes, probed):
+            observations += _pair_probe(hypervisor, sampler, clock, topology, (first, second), alone, settings)
     return observations
+
+
+def _pairs_to_probe(topology: HostTopology, tenants: list[Tenant], budget: int,
+                    probed: Counter[frozenset[str]]) -> list[tuple[Tenant, Tenant]]:
+    """Up to `budget` pairs of neighbours that interfere at some distance, least probed
+    first; none on a host of two (nothing else to freeze: the probe would be a ζ)."""
+    if budget <= 0 or len(tenants) < 3:
+        return []
+    pairs = [(a, b) for i, a in enumerate(tenants) for b in tenants[i + 1:]
+             if any(interference_terms(topology, [a, b])[t.name][1] for t in (a, b))]
+    pairs.sort(key=lambda pair: probed[frozenset((pair[0].name, pair[1].name))])  # stable: host order
+    chosen = pairs[:budget]
+    for a, b in chosen:
+        probed[frozenset((a.name, b.name))] += 1
+    return chosen
+
+
+def _pair_probe(hypervisor: Hypervisor, sampler: Sampler, clock: Clock, topology: HostTopology,
+                pair: tuple[Tenant, Tenant], alone: dict[str, float],
+                settings: ProfileSettings) -> list[tuple[str | None, Observation]]:
+    """Both guests sampled while everything else is frozen; each next to its ζb of the round."""
+    first, second = pair
+    terms = interference_terms(topology, [first, second])
+    samples = freeze_all_but(hypervisor, sampler, clock, (first.name, second.name), settings.t_m)
+    result: list[tuple[str | None, Observation]] = []
+    for tenant in (first, second):
+        share, exposures = terms[tenant.name]
+        sample = samples.get(tenant.name)
+        zeta_b = alone.get(tenant.name)
+        if not exposures or sample is None or not sample.valid or not zeta_b:
+            continue
+        if sample.value / zeta_b > settings.max_ratio:
+            continue
+        result.append((None, Observation(
+            key=tenant.key, zeta=sample.value, zeta_b=zeta_b, neighbours=exposures,
+            own_share=share, workload_class=tenant.workload_class)))
+    return result
 
 
 # --------------------------------------------------------------------------- placements

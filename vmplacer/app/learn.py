@@ -7,6 +7,10 @@ are time sharing, not interference, so they lower `own_share` instead of
 adding an exposure. Samples whose neighbours' distance is unknown (unpinned
 guests) are skipped and counted: guessing a distance would teach the model
 the wrong class.
+
+A pair sample (ζp: everything frozen but the guest and one neighbour) next to
+the guest's nearest ζb is an equation in that one neighbour's β alone: the
+neighbours running during ζp that were frozen during ζb.
 """
 
 from __future__ import annotations
@@ -53,11 +57,12 @@ def observations_from_samples(
     skipped = skipped if skipped is not None else Counter()
     by_guest: dict[tuple[str, str], dict[str, list[Mapping[str, Any]]]] = {}
     for sample in samples:
-        slot = by_guest.setdefault((sample["guest"], sample["metric"]), {"zeta": [], "zeta_b": []})
+        slot = by_guest.setdefault((sample["guest"], sample["metric"]), {"zeta": [], "zeta_b": [], "zeta_p": []})
         if sample["kind"] in slot:
             slot[sample["kind"]].append(sample)
     result: list[Observation] = []
     for (guest, _metric), kinds in sorted(by_guest.items()):
+        result += _pair_observations(guest, kinds["zeta_p"], kinds["zeta_b"], classes, skipped)
         shared = sorted(kinds["zeta"], key=lambda s: s["at"])
         if not shared:
             skipped["no-zeta"] += len(kinds["zeta_b"])
@@ -68,24 +73,62 @@ def observations_from_samples(
                 continue
             nearest = min(shared, key=lambda s: abs(s["at"] - alone["at"]))
             frozen = [n for n in alone.get("neighbours", []) if n.get("frozen", True)]
-            if any(n["distance"] == "unknown" for n in frozen):
+            observation = _observation(guest, float(nearest["value"]), float(alone["value"]), frozen, classes)
+            if observation is None:
                 skipped["unknown-distance"] += 1
                 continue
-            same_cpu = sum(1 for n in frozen if n["distance"] == SAME_CPU)
-            exposures = tuple(
-                Exposure(key=n["name"], distance=DistanceClass(n["distance"]), load=1.0,
-                         workload_class=classes.get(n["name"], UNKNOWN_CLASS))
-                for n in frozen if n["distance"] != SAME_CPU
-            )
-            result.append(Observation(
-                key=guest,
-                zeta=float(nearest["value"]),
-                zeta_b=float(alone["value"]),
-                neighbours=exposures,
-                own_share=1.0 / (1 + same_cpu),
-                workload_class=classes.get(guest, UNKNOWN_CLASS),
-            ))
+            result.append(observation)
     return result
+
+
+def _pair_observations(
+    guest: str,
+    pairs: list[Mapping[str, Any]],
+    alone_samples: list[Mapping[str, Any]],
+    classes: Mapping[str, str],
+    skipped: Counter[str],
+) -> list[Observation]:
+    """Each ζp with the guest's nearest-in-time ζb: the neighbours running in the first and
+    frozen in the second are the exposures (those never frozen cancel out)."""
+    alone_samples = [s for s in alone_samples if s["value"] > 0]
+    result = []
+    for pair in pairs:
+        if not alone_samples:
+            skipped["pair-without-zeta-b"] += 1
+            continue
+        alone = min(alone_samples, key=lambda s: abs(s["at"] - pair["at"]))
+        frozen_then = {n["name"] for n in alone.get("neighbours", []) if n.get("frozen", True)}
+        exposed = [n for n in pair.get("neighbours", []) if not n.get("frozen", True) and n["name"] in frozen_then]
+        if not exposed:
+            skipped["pair-without-neighbour"] += 1
+            continue
+        observation = _observation(guest, float(pair["value"]), float(alone["value"]), exposed, classes)
+        if observation is None:
+            skipped["unknown-distance"] += 1
+            continue
+        result.append(observation)
+    return result
+
+
+def _observation(guest: str, zeta: float, zeta_b: float, exposed: list[Mapping[str, Any]],
+                 classes: Mapping[str, str]) -> Observation | None:
+    """ζ/ζb = own_share − Σ β over `exposed`; None when a distance is unknown."""
+    if any(n["distance"] == "unknown" for n in exposed):
+        return None
+    same_cpu = sum(1 for n in exposed if n["distance"] == SAME_CPU)
+    exposures = tuple(
+        Exposure(key=n["name"], distance=DistanceClass(n["distance"]), load=1.0,
+                 workload_class=classes.get(n["name"], UNKNOWN_CLASS))
+        for n in exposed if n["distance"] != SAME_CPU
+    )
+    return Observation(
+        key=guest,
+        zeta=zeta,
+        zeta_b=zeta_b,
+        neighbours=exposures,
+        own_share=1.0 / (1 + same_cpu),
+        workload_class=classes.get(guest, UNKNOWN_CLASS),
+    )
 
 
 def learn_from_runs(

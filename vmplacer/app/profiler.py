@@ -9,6 +9,13 @@ One loop iteration is a round; its length is K_s·(t_m + freeze latency) +
 t_sleep, so the neighbours' frozen share is the seed's Eq. 5.1 with the
 latency added.
 
+Pair probes (`pair_probes` per round): everything but a sensitive VM and one
+neighbour is frozen, and both are sampled. Next to ζb, such a sample is one
+equation in a single β at a known distance, where a ζ sample mixes every
+neighbour's: a model learned from ζ alone cannot tell which neighbour costs
+what, and it is exactly that split a move away from one neighbour depends on.
+The pairs probed least so far go first. Each probe adds one freeze to the round.
+
 ζ windows are placed at a random point of the sleep, never right after a
 resume: a vCPU thread that was paused gets the scheduler's wake-up credit for
 a few milliseconds, which would bias a ζ window taken just then.
@@ -34,9 +41,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vmplacer.app.freeze import FreezeAborted, Freezer, ReplayReport
+from vmplacer.app.freeze import FreezeAborted, Freezer, FreezeReport, ReplayReport
 from vmplacer.core.profile_stats import Distribution, degradation, overhead_formula
-from vmplacer.core.topology import HostTopology
+from vmplacer.core.topology import DistanceClass, HostTopology
 from vmplacer.ports import (
     WORKLOAD_CLASS_LABEL,
     Clock,
@@ -55,6 +62,7 @@ from vmplacer.ports import (
 log = logging.getLogger(__name__)
 
 UNKNOWN_DISTANCE = "unknown"
+SAME_CPU_DISTANCE = DistanceClass.SAME_CPU.value
 FACTS_REFRESH_S = 30.0
 REPLAY_EVERY_S = 10.0
 # A vCPU thread resumed from a pause gets the scheduler's wake-up credit for a few
@@ -134,6 +142,7 @@ class ProfilerConfig:
     adaptive: bool = False
     t_m_min_s: float = 0.001
     t_m_max_s: float | None = None  # default: half of max_freeze_s
+    pair_probes: int = 0  # per round: freeze all but a sensitive VM and one neighbour, sample both
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -150,6 +159,8 @@ class ProfilerConfig:
             )
         if self.samples is not None and self.samples < 1:
             raise ValueError(f"samples must be at least 1, got {self.samples}")
+        if self.pair_probes < 0:
+            raise ValueError(f"pair_probes must not be negative, got {self.pair_probes}")
 
     @property
     def t_m_ceiling_s(self) -> float:
@@ -172,6 +183,7 @@ class ProfilerConfig:
             "samples": self.samples,
             "duration_s": self.duration_s,
             "adaptive": self.adaptive,
+            "pair_probes": self.pair_probes,
         }
 
 
@@ -184,6 +196,7 @@ class VmProfile:
     sensitive: bool
     zeta: list[float] = field(default_factory=list)
     zeta_b: list[float] = field(default_factory=list)
+    pair_samples: int = 0  # valid samples with one neighbour running (pair probes)
     dropped: Counter[str] = field(default_factory=Counter)
     t_m_s: float = 0.0
     neighbours: tuple[Neighbour, ...] = ()  # at the latest ζb sample
@@ -197,6 +210,7 @@ class VmProfile:
             "zeta": zeta.to_dict() if zeta else None,
             "zeta_b": zeta_b.to_dict() if zeta_b else None,
             "degradation": loss.to_dict() if loss else None,
+            "pair_samples": self.pair_samples,
             "dropped": dict(self.dropped),
             "neighbours": [{"name": n.name, "distance": n.distance, "frozen": n.frozen}
                            for n in self.neighbours],
@@ -213,6 +227,8 @@ class ProfileResult:
     wall_s: float = 0.0
     frozen_s: float = 0.0
     freezes: int = 0
+    pair_freezes: int = 0  # of `freezes`: pair probes
+    rounds: int = 0
     aborted_freezes: Counter[str] = field(default_factory=Counter)
     watchdog_fired: int = 0
     suspend_ms: list[float] = field(default_factory=list)
@@ -231,12 +247,14 @@ class ProfileResult:
         # busy host have a long tail.
         span = Distribution.of(self.span_ms)
         latency_s = max(0.0, (span.mean / 1e3 - self.config.t_m_s)) if span else 0.0
+        per_round = self.k_s + (self.pair_freezes / self.rounds if self.rounds else 0.0)
         return {
             "k_s": self.k_s,
+            "pair_probes_per_round": round(per_round - self.k_s, 3),
             "measured": self.frozen_s / self.wall_s if self.wall_s > 0 else 0.0,
-            "formula": overhead_formula(self.k_s, self.config.t_m_s, self.config.t_sleep_s),
+            "formula": overhead_formula(per_round, self.config.t_m_s, self.config.t_sleep_s),
             "formula_with_latency": overhead_formula(
-                self.k_s, self.config.t_m_s + latency_s, self.config.t_sleep_s),
+                per_round, self.config.t_m_s + latency_s, self.config.t_sleep_s),
             "freeze_latency_ms": latency_s * 1e3,
         }
 
@@ -253,6 +271,7 @@ class ProfileResult:
             "wall_s": round(self.wall_s, 3),
             "frozen_s": round(self.frozen_s, 6),
             "freezes": self.freezes,
+            "pair_freezes": self.pair_freezes,
             "aborted_freezes": dict(self.aborted_freezes),
             "watchdog_fired": self.watchdog_fired,
             "freeze_ms": {"suspend_p50": p50(self.suspend_ms), "resume_p50": p50(self.resume_ms),
@@ -268,7 +287,7 @@ class Progress:
     """Emitted after every sample, for progress bars."""
 
     vm: str
-    kind: str  # zeta | zeta_b
+    kind: str  # zeta | zeta_b | zeta_p
     valid: bool
     zeta: int  # valid samples so far
     zeta_b: int
@@ -334,6 +353,7 @@ class Profiler:
         self._schedules: dict[str, _Schedule] = {}
         self._last_replay = -math.inf
         self._last_resume = -math.inf
+        self._pairs_probed: Counter[frozenset[str]] = Counter()
 
     # ----- public ----------------------------------------------------------------------
     def run(self, stop: Callable[[], bool] = lambda: False) -> ProfileResult:
@@ -407,6 +427,9 @@ class Profiler:
             schedule.rounds_waited = 0
             frozen_samples += self._sample_isolated(result, name)
             extra += [name] * (2 ** max(-schedule.level, 0) - 1)
+        for first, second in self._pairs_to_probe(sensitive, running):
+            frozen_samples += self._sample_pair(result, first, second)
+        result.rounds += 1
 
         # 2. sleep(t_sleep), with the ζ window (and stable VMs' extra samples) at random moments;
         #    the database writes happen here too, while nothing is frozen.
@@ -463,15 +486,7 @@ class Profiler:
             self._progress(vm, "zeta_b", False)
             return []
         finally:
-            if report is not None and report.frozen:
-                self._last_resume = self.clock.now()
-                result.freezes += 1
-                result.frozen_s += report.span_ms / 1e3
-                result.suspend_ms.append(report.suspend_ms)
-                result.resume_ms.append(report.resume_ms)
-                result.span_ms.append(report.span_ms)
-                if report.watchdog_fired:
-                    result.watchdog_fired += 1
+            self._account(result, report)
         assert report is not None
         if report.watchdog_fired:
             vm.dropped["watchdog"] += 1  # the freeze outlived max_freeze: not isolated to the end
@@ -488,6 +503,93 @@ class Profiler:
         self._progress(vm, "zeta_b", True)
         return [ProfileSample(name, "zeta_b", sample.metric, sample.value, sample.window_s, t_m * 1e3,
                               self.wall(), neighbours, freeze_ms=report.span_ms)]
+
+    def _account(self, result: ProfileResult, report: FreezeReport | None, *, pair: bool = False) -> None:
+        if report is not None and report.frozen:
+            self._last_resume = self.clock.now()
+            result.freezes += 1
+            result.pair_freezes += pair
+            result.frozen_s += report.span_ms / 1e3
+            result.suspend_ms.append(report.suspend_ms)
+            result.resume_ms.append(report.resume_ms)
+            result.span_ms.append(report.span_ms)
+            if report.watchdog_fired:
+                result.watchdog_fired += 1
+
+    # ----- pair probes: one neighbour running -------------------------------------------------
+    def _pairs_to_probe(self, sensitive: list[str], running: list[str]) -> list[tuple[str, str]]:
+        """Up to `pair_probes` (sensitive VM, neighbour) pairs, least probed first.
+
+        A pair qualifies when both are pinned (the distance is what the sample teaches),
+        not on one pCPU (that is time sharing, no β), the neighbour can be frozen, and
+        some third domain is frozen meanwhile (else the probe is just a ζ sample)."""
+        budget = self.config.pair_probes
+        if budget <= 0:
+            return []
+        freezable = [n for n in running if not self.config.is_excluded(n)]
+        if len(freezable) < 3:
+            return []
+        candidates: list[frozenset[str]] = []
+        for name in sensitive:
+            mine = self._facts.get(name)
+            for other in freezable:
+                pair = frozenset((name, other))
+                if other == name or pair in candidates:
+                    continue
+                theirs = self._facts.get(other)
+                distance = neighbour_distance(self.topology, mine.pcpus if mine else None,
+                                              theirs.pcpus if theirs else None)
+                if distance in (UNKNOWN_DISTANCE, SAME_CPU_DISTANCE):
+                    continue
+                candidates.append(pair)
+        self.rng.shuffle(candidates)
+        candidates.sort(key=lambda pair: self._pairs_probed[pair])
+        chosen = candidates[:budget]
+        for pair in chosen:
+            self._pairs_probed[pair] += 1
+        return [tuple(sorted(pair)) for pair in chosen]  # type: ignore[misc]
+
+    def _sample_pair(self, result: ProfileResult, first: str, second: str) -> list[ProfileSample]:
+        pair = (first, second)
+        try:
+            states = self._states_in_scope(all_domains=True)
+        except HypervisorError as exc:
+            result.aborted_freezes[f"states: {exc}"[:80]] += 1
+            return []
+        if not all(name in states and states[name].running for name in pair):
+            return []
+        others = [n for n in states
+                  if n not in pair and self.config.in_scope(n) and not self.config.is_excluded(n)]
+        t_m = max(self._t_m(name) for name in pair)
+        samples: dict[str, Sample] = {}
+        report = None
+        try:
+            with self.freezer.freeze(others, states) as report:
+                self.on_phase("sampling")
+                token = self.sampler.begin(list(pair))
+                self.clock.sleep(t_m)
+                samples = self.sampler.end(token)
+        except FreezeAborted as exc:
+            result.aborted_freezes[str(exc).split(":")[0] if not exc.domain else "suspend failed"] += 1
+            log.warning("%s", exc)
+            return []
+        finally:
+            self._account(result, report, pair=True)
+        assert report is not None
+        if report.watchdog_fired or not report.frozen:
+            return []
+        stored = []
+        for name in pair:
+            sample = samples.get(name)
+            vm = result.vms.get(name)
+            if vm is None or sample is None or not sample.valid:
+                continue
+            vm.pair_samples += 1
+            self._progress(vm, "zeta_p", True)
+            stored.append(ProfileSample(name, "zeta_p", sample.metric, sample.value, sample.window_s, t_m * 1e3,
+                                        self.wall(), self._neighbours(name, states, frozen=set(report.frozen)),
+                                        freeze_ms=report.span_ms))
+        return stored
 
     # ----- ζ: shared samples, no freezing -----------------------------------------------------
     def _sample_shared(self, result: ProfileResult, names: list[str],

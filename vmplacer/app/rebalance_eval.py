@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import itertools
 import random
+from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -351,6 +352,10 @@ class VmplacerLoop:
     model_config: ModelConfig | None = None
     profile_rounds: int = 1
     probe_rounds: int = 3  # Freeze'nSense rounds of a probe (a trial's measurement)
+    # Pair probes per round: a production profile step (`profiler.pair_probes` 4 per round,
+    # about 10 rounds) probes about 40 pairs; one round here stands for that step.
+    pair_probes: int = 40
+    probed: Counter[frozenset[str]] = field(default_factory=Counter)
     observations: list[Observation] = field(default_factory=list)
     model: InterferenceModel | None = None
     solver: LayoutSolver | None = None
@@ -369,8 +374,9 @@ class VmplacerLoop:
 
     def _profile(self, host_name: str, seconds: float, scope: Sequence[str], rounds: int | None = None) -> Measured:
         host = self.cluster.hosts[host_name]
+        settings = ProfileSettings(rounds=rounds or self.profile_rounds, pair_probes=self.pair_probes)
         found, measured = profile_and_measure(host, self.cluster.sampler(host), self.cluster.clock,
-                                              ProfileSettings(rounds=rounds or self.profile_rounds))
+                                              settings, probed=self.probed)
         self.observations.extend(found)
         return Measured(host_name, measured.performance, measured.samples, f"{len(found)} observations")
 

@@ -29,6 +29,7 @@ def profiler_config(
     samples: int | None = None,
     duration_s: float | None = None,
     adaptive: bool = False,
+    pair_probes: int | None = None,
 ) -> ProfilerConfig:
     """A profiler configuration: each value the caller gives, else the settings' default.
 
@@ -50,4 +51,5 @@ def profiler_config(
         samples=samples,
         duration_s=duration_s,
         adaptive=adaptive,
+        pair_probes=pair_probes if pair_probes is not None else defaults.pair_probes,
     )

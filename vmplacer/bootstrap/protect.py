@@ -59,9 +59,10 @@ def build_protect_loop(container: Container, host_name: str, *, scope: Sequence[
 
     def measure(names: list[str], samples: int) -> Measurement:
         # Short freezes, close together: a protection round must answer within its interval.
+        # No pair probes: the ratio is all it asks, and its freezes count against a budget.
         config = profiler_config(settings.profiler, t_m_s=t_m, t_sleep_s=max(0.05, t_m * 2),
                                  max_freeze_s=max(0.5, t_m * 4), samples=samples, scope=patterns,
-                                 sensitive=SensitiveSelector(frozenset(names)))
+                                 sensitive=SensitiveSelector(frozenset(names)), pair_probes=0)
         profiler, freezer = build_profiler(container, host_name, config, store=False)
         started = time.monotonic()
         try:

@@ -69,6 +69,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="never freeze domains matching this glob (repeatable; adds to profiler.excluded_domains)")
     parser.add_argument("--scope", action="append", default=[], metavar="PATTERN",
                         help="consider only domains matching this glob (repeatable; default: profiler.scope, all)")
+    parser.add_argument("--pair-probes", dest="pair_probes", type=int, metavar="N",
+                        help="pair probes per round: all but a VM and one neighbour frozen, both sampled "
+                             "(default: profiler.pair_probes; 0: none)")
     parser.add_argument("--adaptive", action="store_true",
                         help="shorter, more frequent freezes for stable VMs, longer ones for noisy VMs")
     parser.add_argument("--probe", action="append", default=[], metavar="VM=SOURCE",
@@ -143,12 +146,14 @@ def build_config(args: argparse.Namespace, settings: Any) -> Any:
         raise UsageError(f"--duration: must be positive, got {args.duration!r}")
     if args.samples is not None and args.samples < 1:
         raise UsageError(f"--samples: must be at least 1, got {args.samples}")
+    if args.pair_probes is not None and args.pair_probes < 0:
+        raise UsageError(f"--pair-probes: must not be negative, got {args.pair_probes}")
     samples = args.samples if args.samples is not None or duration is not None else DEFAULT_SAMPLES
     try:
         return profiler_config(
             defaults, t_m_s=t_m, t_sleep_s=t_sleep, max_freeze_s=max_freeze, sensitive=args.sensitive,
             vms=args.vms, exclude=args.exclude, scope=args.scope, samples=samples, duration_s=duration,
-            adaptive=args.adaptive,
+            adaptive=args.adaptive, pair_probes=args.pair_probes,
         )
     except SensitiveSpecError as exc:
         raise UsageError(f"--sensitive: {exc}") from None

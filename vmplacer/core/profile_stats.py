@@ -130,7 +130,7 @@ def degradation(
     )
 
 
-def overhead_formula(k_s: int, t_m_s: float, t_sleep_s: float) -> float:
+def overhead_formula(k_s: float, t_m_s: float, t_sleep_s: float) -> float:
     """The seed's Eq. 5.1: O_h = K_s·t_m / (K_s·t_m + t_sleep), the share of time neighbours are frozen."""
     if k_s <= 0 or t_m_s <= 0:
         return 0.0

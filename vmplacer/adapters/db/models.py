@@ -179,7 +179,7 @@ class ProfileSampleRow(Base):
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     run_id: Mapped[int] = mapped_column(ForeignKey("profile_runs.id", ondelete="CASCADE"), index=True)
     guest: Mapped[str] = mapped_column(String(GUEST_NAME_LENGTH), index=True)
-    kind: Mapped[str] = mapped_column(String(8))  # zeta | zeta_b
+    kind: Mapped[str] = mapped_column(String(8))  # zeta | zeta_b | zeta_p (pair probe)
     metric: Mapped[str] = mapped_column(String(16))
     value: Mapped[float] = mapped_column(Float)
     window_s: Mapped[float] = mapped_column(Float)
