@@ -265,6 +265,9 @@ def test_profile_job_runs_in_the_background_once_per_key(server, api):
     assert unknown_vm.status_code == 422 and _error(unknown_vm)["details"][0]["field"] == "vms"
     too_long = api.post("/v1/profiles", json={"host": "t", "t_m_ms": 900, "max_freeze_ms": 500})
     assert too_long.status_code == 422 and _error(too_long)["details"][0]["field"] == "t_m_ms"
+    for bad in (-1, 1.5, 1001):
+        refused = api.post("/v1/profiles", json={"host": "t", "pair_probes": bad})
+        assert refused.status_code == 422 and _error(refused)["details"][0]["field"] == "pair_probes", bad
     assert api.get("/v1/jobs/00000000-0000-4000-8000-000000000000").status_code == 404
 
 

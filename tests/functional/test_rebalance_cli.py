@@ -205,6 +205,10 @@ def test_eval_rebalance_prints_one_case():
     cpus = [tuple(where) for where in row["optimum_found_by"]["layout"].values()]
     assert row["time_shared_pcpus"]["optimum"] == sum(1 for c in set(cpus) if cpus.count(c) > 1)
     assert row["time_shared_pcpus"]["none"] == 0  # four VMs on the siblings of two cores: one per pCPU
+    to_optimum = row["vmplacer_vs_optimum"]  # the step from vmplacer's layout to the optimum's, in truth
+    gain = sum(row["per_vm"]["optimum"].values()) - sum(row["per_vm"]["vmplacer"].values())
+    assert abs(to_optimum["true_gain"] - gain) <= 1e-3 and to_optimum["migrations"] >= 0
+    assert to_optimum["within_threshold"] == (to_optimum["true_gain"] < to_optimum["threshold"])
     code, _, err = vmplacer(None, "eval", "rebalance", "--pairs", str(E7600), "--shape", "1x2")
     assert code == 2 and "--shape" in err
     code, _, err = vmplacer(None, "eval", "rebalance", "--pairs", str(E7600), "--vms", "9")

@@ -18,6 +18,7 @@ def test_unset_values_come_from_the_settings():
     assert config.excluded == ("infra-*",) and config.scope == ("web-*", "db-*")
     assert config.sensitive.workload_class == "latency-critical"
     assert config.samples is None and config.duration_s is None and not config.adaptive
+    assert config.pair_probes == DEFAULTS.pair_probes == 4
 
 
 def test_given_values_win_and_exclusions_add_up():
@@ -27,6 +28,7 @@ def test_given_values_win_and_exclusions_add_up():
     assert config.excluded == ("infra-*", "db-2") and config.scope == ("web-1",)
     assert config.sensitive == SensitiveSelector(frozenset({"web-1"}))
     assert config.samples == 3 and config.adaptive
+    assert profiler_config(DEFAULTS, pair_probes=0).pair_probes == 0
     ready = SensitiveSelector(frozenset({"db-1"}))
     assert profiler_config(DEFAULTS, sensitive=ready).sensitive is ready
 
@@ -37,3 +39,17 @@ def test_a_bad_sensitive_spec_is_told_apart_from_inconsistent_values():
     with pytest.raises(ValueError, match="must be shorter than max_freeze") as caught:
         profiler_config(DEFAULTS, t_m_s=0.5)
     assert not isinstance(caught.value, SensitiveSpecError)
+
+
+def test_the_api_passes_pair_probes_through_and_names_the_field_it_refuses():
+    from types import SimpleNamespace
+
+    from vmplacer.api.errors import ApiError
+    from vmplacer.api.profiling import profiler_config as from_request
+
+    settings = SimpleNamespace(profiler=DEFAULTS)
+    assert from_request({"pair_probes": 2}, settings).pair_probes == 2
+    assert from_request({}, settings).pair_probes == DEFAULTS.pair_probes
+    with pytest.raises(ApiError) as refused:
+        from_request({"pair_probes": -1}, settings)
+    assert refused.value.status == 422 and "pair_probes" in str(refused.value.details)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vmplacer.app.rebalance_verdict import Reach, reach, verdict
+from vmplacer.app.rebalance_verdict import Reach, reach, step_threshold, verdict
 from vmplacer.core.plan import Plan
 
 MEANS = {"none": 0.7, "seed_policy": 0.80, "blind_spread": 0.90, "vmplacer": 0.85, "optimum": 0.95}
@@ -68,3 +68,12 @@ def test_on_interchangeable_hosts_the_renaming_that_moves_fewest_guests_counts()
     hosts = {"vmplacer": {"a": "h1", "b": "h1", "c": "h2"}, "blind_spread": {"a": "h2", "b": "h2", "c": "h1"}}
     assert reach(performance, hosts, "blind_spread").migrations == 3
     assert reach(performance, hosts, "blind_spread", interchangeable=True).migrations == 0
+
+
+def test_the_step_to_the_optimum_is_judged_against_its_own_threshold():
+    repin = step_threshold(Reach(0.04, 0), 0.05, 0.1)
+    assert repin["within_threshold"] and (repin["threshold_name"], repin["threshold"]) == ("min_gain", 0.05)
+    migration = step_threshold(Reach(0.08, 1), 0.05, 0.1)
+    assert migration["within_threshold"] and migration["threshold_name"] == "min_migration_gain"
+    assert not step_threshold(Reach(0.12, 2), 0.05, 0.1)["within_threshold"]
+    assert not step_threshold(Reach(0.05, 0), 0.05, 0.1)["within_threshold"]  # at the threshold: a step to take

@@ -35,13 +35,15 @@ def profiler_config(params: dict[str, Any], settings: Any):  # -> ProfilerConfig
             sensitive=params.get("sensitive") or None, vms=params.get("vms") or [],
             exclude=params.get("exclude") or (), scope=params.get("scope") or (),
             samples=samples, duration_s=duration, adaptive=bool(params.get("adaptive")),
+            pair_probes=params.get("pair_probes"),
         )
     except SensitiveSpecError as exc:
         raise ApiError(422, "validation", str(exc), field_problems([("sensitive", str(exc))])) from None
     except ValueError as exc:
         text = str(exc)
         field = "t_m_ms" if "t_m" in text else "max_freeze_ms" if "max_freeze" in text else \
-            "t_sleep_s" if "t_sleep" in text else "samples" if "samples" in text else "body"
+            "t_sleep_s" if "t_sleep" in text else "samples" if "samples" in text else \
+            "pair_probes" if "pair_probes" in text else "body"
         raise ApiError(422, "validation", text, field_problems([(field, text)])) from None
 
 

@@ -226,6 +226,9 @@ class ProfileRequest(_Strict):
     exclude: list[Glob] = Field(default_factory=list, max_length=256, description="never frozen (glob patterns)")
     scope: list[Glob] = Field(default_factory=list, max_length=256, description="domains considered (globs)")
     adaptive: bool = False
+    pair_probes: int | None = Field(default=None, ge=0, le=1000,
+                                    description="pair probes per round (all but a VM and one neighbour frozen); "
+                                                "default: profiler.pair_probes, 0: none")
 
 
 class ProtectRequest(_Strict):

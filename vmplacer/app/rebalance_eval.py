@@ -32,7 +32,7 @@ from typing import Any
 from vmplacer.app.evaluate import ProfileSettings, freeze_and_sense, measure, profile_and_measure
 from vmplacer.app.executor import ExecutorSettings
 from vmplacer.app.rebalance import Rebalancer, RunOptions
-from vmplacer.app.rebalance_verdict import SIMPLE, model_objectives, reach, verdict
+from vmplacer.app.rebalance_verdict import SIMPLE, model_objectives, reach, step_threshold, verdict
 from vmplacer.core.interference import InterferenceModel, ModelConfig, Observation
 from vmplacer.core.layout_problem import LayoutSolver
 from vmplacer.core.pairs import PairTable
@@ -505,6 +505,9 @@ def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix:
                if per_vm.get("vmplacer") is not None else {})
     row["vmplacer_vs_simple"] = verdict({p: row[p] for p in POLICIES}, objectives, plans, settings.min_gain,
                                         reaches=reaches, min_migration_gain=settings.min_migration_gain)
+    if per_vm.get("optimum") is not None and "optimum" in hosts and per_vm.get("vmplacer") is not None:
+        row["vmplacer_vs_optimum"] = step_threshold(reach(per_vm, hosts, "optimum", interchangeable=True),
+                                                    settings.min_gain, settings.min_migration_gain)
     return row
 
 

@@ -62,6 +62,15 @@ def reach(performance: Mapping[str, Mapping[str, float]], hosts: Mapping[str, Ma
     return Reach(gain, moved)
 
 
+def step_threshold(step: Reach, min_gain: float, min_migration_gain: float) -> dict[str, Any]:
+    """The threshold a step must clear and whether its true gain does: a step below it is one a
+    perfect model with the same hysteresis declines (used against the optimum's layout, whose
+    share of vmplacer's mean says how far vmplacer is from it, not whether a move could close it)."""
+    name, threshold = (("min_migration_gain", min_migration_gain) if step.migrations else ("min_gain", min_gain))
+    return {"true_gain": round(step.true_gain, 4), "migrations": step.migrations, "threshold_name": name,
+            "threshold": threshold, "within_threshold": step.true_gain < threshold}
+
+
 def cluster_state(cluster: Any) -> ClusterState:
     """What the rebalancer would observe on a simulated cluster (topologies, pins, labels)."""
     hosts = {name: HostState(name, host.topology()) for name, host in cluster.hosts.items()}
