@@ -20,7 +20,7 @@ from vmplacer.adapters.db.api import SqlTokenStore
 from vmplacer.adapters.db.profiles import SqlProfileStore
 from vmplacer.api.app import create_app
 from vmplacer.api.services import ApiOptions
-from vmplacer.ports import ProfileSample
+from vmplacer.ports import Neighbour, ProfileSample
 
 GUEST = {"name": "g1", "vcpus": 1, "memory_mib": 64, "dry_run": True}
 THREADS = 7  # not anyio's default (40): the setting must be what runs
@@ -100,6 +100,27 @@ def test_profiles_are_read_under_any_libvirt_domain_name(api):
         assert refused.status_code == 422, refused.text
         assert any(rule in d["reason"] and "libvirt domain name" in d["reason"] for d in _error(refused)["details"])
     assert client.get(f"/v1/profiles/{quote('nobody here', safe='')}").status_code == 404
+
+
+def test_a_stored_profile_says_what_each_probed_neighbour_alone_costs(api):
+    client, container = api
+    store = SqlProfileStore(container.sessions)
+    run = store.start_run("t", "ipc", {"pair_probes": 1})
+    now = time.time()
+    both = (Neighbour("noisy", "same-core", True), Neighbour("quiet", "same-llc", True))
+    store.add_samples(run, [
+        ProfileSample("web", "zeta", "ipc", 0.5, 0.1, 5.0, now),
+        ProfileSample("web", "zeta_b", "ipc", 1.0, 0.1, 5.0, now + 1, both),
+        ProfileSample("web", "zeta_p", "ipc", 0.7, 0.1, 5.0, now + 2,
+                      (Neighbour("noisy", "same-core", False), Neighbour("quiet", "same-llc", True))),
+        ProfileSample("web", "zeta_p", "ipc", 0.95, 0.1, 5.0, now + 3,
+                      (Neighbour("noisy", "same-core", True), Neighbour("quiet", "same-llc", False))),
+    ])
+    store.finish_run(run, {})
+    pairs = client.get("/v1/profiles/web").json()["profile"]["pairs"]
+    assert [(p["neighbour"], p["distance"], p["n"]) for p in pairs] == [("noisy", "same-core", 1),
+                                                                      ("quiet", "same-llc", 1)]
+    assert [round(p["degradation"]["estimate"], 3) for p in pairs] == [0.3, 0.05]
 
 
 def test_request_threads_setting_is_in_force(api):

@@ -140,6 +140,36 @@ def test_show_prints_tables_json_and_plots(config, tmp_path):
     assert missing.returncode == 2 and "ghost" in missing.stderr
 
 
+def fill_pairs(store: SqlProfileStore, host: str = "h1") -> int:
+    """A run where a's pair probes ran it with b alone (it loses 40 %) and with c alone (10 %)."""
+    run = store.start_run(host, "cpu", {"t_m_ms": 10.0, "pair_probes": 2})
+    frozen = (Neighbour("b", "same-core", True), Neighbour("c", "same-llc", True), Neighbour("dns", "same-node", False))
+    samples = []
+    for i in range(10):
+        at = 1_700_000_000.0 + 10 * i
+        samples.append(ProfileSample("a", "zeta", "cpu", 0.5, 1.0, 10.0, at))
+        samples.append(ProfileSample("a", "zeta_b", "cpu", 1.0 + 0.01 * (i % 3), 0.01, 10.0, at + 1, frozen))
+        for partner, value in (("b", 0.6), ("c", 0.9)):
+            ran = tuple(Neighbour(n.name, n.distance, n.name not in (partner, "dns")) for n in frozen)
+            samples.append(ProfileSample("a", "zeta_p", "cpu", value, 0.01, 10.0, at + 2, ran, freeze_ms=12.0))
+    store.add_samples(run, samples)
+    store.finish_run(run, {"vms": ["a"]})
+    return run
+
+
+def test_show_says_what_each_probed_neighbour_alone_costs(config, tmp_path):
+    url = f"sqlite:///{tmp_path / 'v.db'}"
+    store = store_for(url)
+    fill_pairs(store)
+    pairs = show_data(store, ["a"], None)["vms"]["a"]["pairs"]
+    assert [(p["neighbour"], p["distance"], p["n"]) for p in pairs] == [("b", "same-core", 10), ("c", "same-llc", 10)]
+    assert pairs[0]["degradation"]["estimate"] == pytest.approx(1 - 0.6 / 1.01, abs=1e-6)
+    assert pairs[1]["degradation"]["estimate"] == pytest.approx(1 - 0.9 / 1.01, abs=1e-6)
+    table = cli(config, "show", "a")
+    assert table.returncode == 0, table.stderr
+    assert "a: with only b running (same-core, 10 pair probes): loses 40.6%" in table.stdout
+
+
 def test_replay_with_an_empty_journal(config):
     result = cli(config, "replay", "--format", "json")
     assert result.returncode == 0, result.stderr

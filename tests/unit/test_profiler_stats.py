@@ -73,3 +73,23 @@ def test_overhead_formula(k_s, t_m, t_sleep, expected):
     assert overhead_formula(k_s, t_m, t_sleep) == pytest.approx(expected)
     # the seed's claim: t_m = 10 ms, t_sleep = 10 s and K_s <= 10 keep the overhead under 1 %
     assert overhead_formula(10, 0.010, 10.0) <= 0.01
+
+
+def _row(kind, value, at, neighbours=()):
+    return {"kind": kind, "value": value, "at": at,
+            "neighbours": [{"name": n, "distance": d, "frozen": f} for n, d, f in neighbours]}
+
+
+def test_neighbour_losses_take_the_partner_that_ran_alone_and_the_costliest_first():
+    from vmplacer.core.profile_stats import neighbour_losses
+
+    frozen = [("b", "same-core", True), ("c", "same-llc", True), ("dns", "same-node", False)]
+    rows = [_row("zeta_b", 1.0, 10.0, frozen), _row("zeta_b", 2.0, 100.0, frozen)]
+    rows += [_row("zeta_p", 0.9, 11.0, [("b", "same-core", True), ("c", "same-llc", False), ("dns", "same-node", False)]),
+             _row("zeta_p", 0.5, 12.0, [("b", "same-core", False), ("c", "same-llc", True), ("dns", "same-node", False)]),
+             # two running at once: not a pair probe of one neighbour
+             _row("zeta_p", 0.4, 13.0, [("b", "same-core", False), ("c", "same-llc", False)])]
+    losses = neighbour_losses(rows)
+    assert [(r["neighbour"], r["distance"], r["n"]) for r in losses] == [("b", "same-core", 1), ("c", "same-llc", 1)]
+    assert losses[0]["degradation"]["estimate"] == pytest.approx(1 - 0.5 / 1.5)  # against every ζb's median
+    assert neighbour_losses([_row("zeta_p", 0.5, 1.0, [("b", "same-core", False)])]) == []  # no ζb: nothing

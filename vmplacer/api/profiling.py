@@ -121,7 +121,7 @@ def stored_profile(services: Any, guest: str, run_id: int | None, host: str | No
     """ζ, ζb and degradation distributions of one VM from the stored samples of one run
     (the newest run holding samples of it, unless `run_id` says which)."""
     from vmplacer.bootstrap.profiler import profile_store
-    from vmplacer.core.profile_stats import Distribution, degradation
+    from vmplacer.core.profile_stats import Distribution, degradation, neighbour_losses
 
     store = profile_store(services.container)
     run = store.run(run_id) if run_id is not None else store.latest_run_with([guest], host)
@@ -156,5 +156,6 @@ def stored_profile(services: Any, guest: str, run_id: int | None, host: str | No
             "degradation": loss.to_dict() if loss else None,
             "freeze_ms": freeze_d.to_dict() if freeze_d else None,
             "neighbours": last_b["neighbours"] if last_b else [],
+            "pairs": neighbour_losses(samples),
         },
     }

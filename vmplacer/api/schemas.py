@@ -263,6 +263,9 @@ class VmProfile(BaseModel):
     zeta_b: dict[str, Any] | None
     degradation: dict[str, Any] | None
     neighbours: list[dict[str, Any]]
+    pairs: list[dict[str, Any]] = Field(default_factory=list,
+                                        description="per neighbour a pair probe ran the guest with alone: "
+                                                    "neighbour, distance, n, degradation; costliest first")
 
 
 class ProfileView(BaseModel):

@@ -293,7 +293,7 @@ def _print_result(data: dict[str, Any]) -> None:
 
 def show_data(store: Any, vms: list[str], run_id: int | None) -> dict[str, Any]:
     """Distributions of the stored samples of `vms` in one run (newest holding them all by default)."""
-    from vmplacer.core.profile_stats import Distribution, degradation
+    from vmplacer.core.profile_stats import Distribution, degradation, neighbour_losses
 
     run_row = store.run(run_id) if run_id is not None else store.latest_run_with(vms)
     if run_row is None:
@@ -318,6 +318,7 @@ def show_data(store: Any, vms: list[str], run_id: int | None) -> dict[str, Any]:
             "zeta_b": zeta_b_d.to_dict() if zeta_b_d else None,
             "degradation": loss.to_dict() if loss else None,
             "neighbours": last_b["neighbours"] if last_b else [],
+            "pairs": neighbour_losses(samples),
             "values": {"zeta": zeta, "zeta_b": zeta_b},
         }
     return result
@@ -373,6 +374,11 @@ def _print_show(data: dict[str, Any]) -> None:
             near = ", ".join(f"{n['name']} ({n['distance']}{'' if n['frozen'] else ', not frozen'})"
                              for n in vm["neighbours"])
             print(f"{name}: neighbours at the last ζb sample: {near}")
+        for pair in vm.get("pairs", []):
+            loss = pair["degradation"]
+            print(f"{name}: with only {pair['neighbour']} running ({pair['distance']}, {pair['n']} pair probes): "
+                  f"loses {loss['estimate'] * 100:.1f}% (95% CI {loss['ci95_low'] * 100:.1f}–"
+                  f"{loss['ci95_high'] * 100:.1f}%)")
 
 
 def draw_boxplots(data: dict[str, Any], path: Path) -> None:

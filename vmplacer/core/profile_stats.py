@@ -9,8 +9,9 @@ samples that slipped through validation cannot move it.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
+from typing import Any
 
 import numpy as np
 
@@ -136,3 +137,27 @@ def overhead_formula(k_s: float, t_m_s: float, t_sleep_s: float) -> float:
         return 0.0
     busy = k_s * t_m_s
     return busy / (busy + max(t_sleep_s, 0.0))
+
+
+def neighbour_losses(samples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """What each probed neighbour costs one VM, from its pair probes: per neighbour the
+    degradation of the VM's ζp samples (that neighbour alone running) against its ζb samples,
+    the largest first. The neighbour of a ζp is the one running then and frozen at the nearest ζb
+    (domains never frozen ran in both and are not the probe's)."""
+    alone = [s for s in samples if s["kind"] == "zeta_b"]
+    if not alone:
+        return []
+    by_partner: dict[tuple[str, str], list[float]] = {}
+    for pair in (s for s in samples if s["kind"] == "zeta_p"):
+        nearest = min(alone, key=lambda s: abs(s["at"] - pair["at"]))
+        frozen_then = {n["name"] for n in nearest.get("neighbours", []) if n.get("frozen", True)}
+        partners = [n for n in pair.get("neighbours", []) if not n.get("frozen", True) and n["name"] in frozen_then]
+        if len(partners) == 1:
+            by_partner.setdefault((partners[0]["name"], partners[0]["distance"]), []).append(float(pair["value"]))
+    isolated = [float(s["value"]) for s in alone]
+    result = []
+    for (name, distance), values in by_partner.items():
+        loss = degradation(values, isolated)
+        if loss is not None:
+            result.append({"neighbour": name, "distance": distance, "n": len(values), "degradation": loss.to_dict()})
+    return sorted(result, key=lambda row: (-row["degradation"]["estimate"], row["neighbour"]))
