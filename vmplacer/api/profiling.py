@@ -121,7 +121,7 @@ def stored_profile(services: Any, guest: str, run_id: int | None, host: str | No
     """ζ, ζb and degradation distributions of one VM from the stored samples of one run
     (the newest run holding samples of it, unless `run_id` says which)."""
     from vmplacer.bootstrap.profiler import profile_store
-    from vmplacer.core.profile_stats import Distribution, degradation, neighbour_losses
+    from vmplacer.core.profile_stats import stored_summary
 
     store = profile_store(services.container)
     run = store.run(run_id) if run_id is not None else store.latest_run_with([guest], host)
@@ -131,12 +131,8 @@ def stored_profile(services: Any, guest: str, run_id: int | None, host: str | No
     samples = store.samples(run.id, guest)
     if not samples:
         raise ApiError(404, "not-found", f"guest {guest}: no samples in run {run.id}", {"guest": guest})
-    zeta = [s["value"] for s in samples if s["kind"] == "zeta"]
-    zeta_b = [s["value"] for s in samples if s["kind"] == "zeta_b"]
-    last_b = next((s for s in reversed(samples) if s["kind"] == "zeta_b"), None)
-    zeta_d, zeta_b_d, loss = Distribution.of(zeta), Distribution.of(zeta_b), degradation(zeta, zeta_b)
-    freeze = [s["freeze_ms"] for s in samples if s["kind"] == "zeta_b" and s["freeze_ms"] is not None]
-    freeze_d = Distribution.of(freeze)
+    summary = stored_summary(samples)
+    summary.pop("values")
 
     def epoch(moment: Any) -> float | None:
         if moment is None:
@@ -150,12 +146,5 @@ def stored_profile(services: Any, guest: str, run_id: int | None, host: str | No
         "run": {"id": run.id, "host": run.host, "metric": run.metric, "status": run.status,
                 "started_at": epoch(run.started_at), "finished_at": epoch(run.finished_at),
                 "parameters": run.parameters},
-        "profile": {
-            "zeta": zeta_d.to_dict() if zeta_d else None,
-            "zeta_b": zeta_b_d.to_dict() if zeta_b_d else None,
-            "degradation": loss.to_dict() if loss else None,
-            "freeze_ms": freeze_d.to_dict() if freeze_d else None,
-            "neighbours": last_b["neighbours"] if last_b else [],
-            "pairs": neighbour_losses(samples),
-        },
+        "profile": summary,
     }

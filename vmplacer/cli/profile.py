@@ -293,7 +293,7 @@ def _print_result(data: dict[str, Any]) -> None:
 
 def show_data(store: Any, vms: list[str], run_id: int | None) -> dict[str, Any]:
     """Distributions of the stored samples of `vms` in one run (newest holding them all by default)."""
-    from vmplacer.core.profile_stats import Distribution, degradation, neighbour_losses
+    from vmplacer.core.profile_stats import stored_summary
 
     run_row = store.run(run_id) if run_id is not None else store.latest_run_with(vms)
     if run_row is None:
@@ -309,18 +309,7 @@ def show_data(store: Any, vms: list[str], run_id: int | None) -> dict[str, Any]:
         samples = store.samples(run_row.id, vm)
         if not samples:
             raise UsageError(f"VM {vm}: no samples in run {run_row.id}")
-        zeta = [s["value"] for s in samples if s["kind"] == "zeta"]
-        zeta_b = [s["value"] for s in samples if s["kind"] == "zeta_b"]
-        last_b = next((s for s in reversed(samples) if s["kind"] == "zeta_b"), None)
-        zeta_d, zeta_b_d, loss = Distribution.of(zeta), Distribution.of(zeta_b), degradation(zeta, zeta_b)
-        result["vms"][vm] = {
-            "zeta": zeta_d.to_dict() if zeta_d else None,
-            "zeta_b": zeta_b_d.to_dict() if zeta_b_d else None,
-            "degradation": loss.to_dict() if loss else None,
-            "neighbours": last_b["neighbours"] if last_b else [],
-            "pairs": neighbour_losses(samples),
-            "values": {"zeta": zeta, "zeta_b": zeta_b},
-        }
+        result["vms"][vm] = stored_summary(samples)
     return result
 
 

@@ -161,3 +161,24 @@ def neighbour_losses(samples: Sequence[Mapping[str, Any]]) -> list[dict[str, Any
         if loss is not None:
             result.append({"neighbour": name, "distance": distance, "n": len(values), "degradation": loss.to_dict()})
     return sorted(result, key=lambda row: (-row["degradation"]["estimate"], row["neighbour"]))
+
+
+def stored_summary(samples: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+    """One VM's stored samples of one run as an operator reads them (`profile show`, the API):
+    ζ and ζb distributions, the degradation, freeze spans, the neighbours at the last ζb and what
+    each probed neighbour alone costs."""
+    zeta = [float(s["value"]) for s in samples if s["kind"] == "zeta"]
+    zeta_b = [float(s["value"]) for s in samples if s["kind"] == "zeta_b"]
+    last_b = next((s for s in reversed(samples) if s["kind"] == "zeta_b"), None)
+    freeze = [s["freeze_ms"] for s in samples if s["kind"] == "zeta_b" and s.get("freeze_ms") is not None]
+    zeta_d, zeta_b_d, freeze_d = Distribution.of(zeta), Distribution.of(zeta_b), Distribution.of(freeze)
+    loss = degradation(zeta, zeta_b)
+    return {
+        "zeta": zeta_d.to_dict() if zeta_d else None,
+        "zeta_b": zeta_b_d.to_dict() if zeta_b_d else None,
+        "degradation": loss.to_dict() if loss else None,
+        "freeze_ms": freeze_d.to_dict() if freeze_d else None,
+        "neighbours": last_b["neighbours"] if last_b else [],
+        "pairs": neighbour_losses(samples),
+        "values": {"zeta": zeta, "zeta_b": zeta_b},
+    }
