@@ -198,32 +198,39 @@ def _profile_named(hypervisor: Hypervisor, sampler: Sampler, clock: Clock, setti
                 own_share=share, workload_class=tenant.workload_class,
             )))
             alone[name] = zeta_b.value
-        for first, second in _pairs_to_probe(topology, tenants, settings.pair_probes, probed):
-            observations += _pair_probe(hypervisor, sampler, clock, topology, (first, second), alone, settings)
+        for pair, pair_terms in _pairs_to_probe(topology, tenants, settings.pair_probes, probed):
+            observations += _pair_probe(hypervisor, sampler, clock, pair, pair_terms, alone, settings)
     return observations
 
 
+PairTerms = dict[str, tuple[float, tuple]]
+
+
 def _pairs_to_probe(topology: HostTopology, tenants: list[Tenant], budget: int,
-                    probed: Counter[frozenset[str]]) -> list[tuple[Tenant, Tenant]]:
+                    probed: Counter[frozenset[str]]) -> list[tuple[tuple[Tenant, Tenant], PairTerms]]:
     """Up to `budget` pairs of neighbours that interfere at some distance, least probed
-    first; none on a host of two (nothing else to freeze: the probe would be a ζ)."""
+    first, each with its interference terms; none on a host of two (nothing else to freeze:
+    the probe would be a ζ)."""
     if budget <= 0 or len(tenants) < 3:
         return []
-    pairs = [(a, b) for i, a in enumerate(tenants) for b in tenants[i + 1:]
-             if any(interference_terms(topology, [a, b])[t.name][1] for t in (a, b))]
-    pairs.sort(key=lambda pair: probed[frozenset((pair[0].name, pair[1].name))])  # stable: host order
+    pairs = []
+    for i, a in enumerate(tenants):
+        for b in tenants[i + 1:]:
+            terms = interference_terms(topology, [a, b])
+            if any(terms[t.name][1] for t in (a, b)):
+                pairs.append(((a, b), terms))
+    pairs.sort(key=lambda item: probed[frozenset((item[0][0].name, item[0][1].name))])  # stable: host order
     chosen = pairs[:budget]
-    for a, b in chosen:
+    for (a, b), _ in chosen:
         probed[frozenset((a.name, b.name))] += 1
     return chosen
 
 
-def _pair_probe(hypervisor: Hypervisor, sampler: Sampler, clock: Clock, topology: HostTopology,
-                pair: tuple[Tenant, Tenant], alone: dict[str, float],
+def _pair_probe(hypervisor: Hypervisor, sampler: Sampler, clock: Clock, pair: tuple[Tenant, Tenant],
+                terms: PairTerms, alone: dict[str, float],
                 settings: ProfileSettings) -> list[tuple[str | None, Observation]]:
     """Both guests sampled while everything else is frozen; each next to its ζb of the round."""
     first, second = pair
-    terms = interference_terms(topology, [first, second])
     samples = freeze_all_but(hypervisor, sampler, clock, (first.name, second.name), settings.t_m)
     result: list[tuple[str | None, Observation]] = []
     for tenant in (first, second):

@@ -464,34 +464,14 @@ class Profiler:
         vm = result.vms[name]
         t_m = self._t_m(name)
         vm.t_m_s = t_m
-        try:
-            states = self._states_in_scope(all_domains=True)
-        except HypervisorError as exc:
-            result.aborted_freezes[f"states: {exc}"[:80]] += 1
+        taken = self._frozen_sample(result, (name,), t_m)
+        if isinstance(taken, str):
+            if taken:
+                vm.dropped[taken] += 1
+                self._progress(vm, "zeta_b", False)
             return []
-        others = [n for n in states
-                  if n != name and self.config.in_scope(n) and not self.config.is_excluded(n)]
-        sample: Sample | None = None
-        report = None
-        try:
-            with self.freezer.freeze(others, states) as report:
-                self.on_phase("sampling")
-                token = self.sampler.begin([name])
-                self.clock.sleep(t_m)
-                sample = self.sampler.end(token).get(name)
-        except FreezeAborted as exc:
-            result.aborted_freezes[str(exc).split(":")[0] if not exc.domain else "suspend failed"] += 1
-            vm.dropped["freeze aborted"] += 1
-            log.warning("%s", exc)
-            self._progress(vm, "zeta_b", False)
-            return []
-        finally:
-            self._account(result, report)
-        assert report is not None
-        if report.watchdog_fired:
-            vm.dropped["watchdog"] += 1  # the freeze outlived max_freeze: not isolated to the end
-            self._progress(vm, "zeta_b", False)
-            return []
+        samples, report, states = taken
+        sample = samples.get(name)
         if sample is None or not sample.valid:
             vm.dropped[(sample.reason if sample else "no sample").split(":")[0]] += 1
             self._progress(vm, "zeta_b", False)
@@ -503,6 +483,37 @@ class Profiler:
         self._progress(vm, "zeta_b", True)
         return [ProfileSample(name, "zeta_b", sample.metric, sample.value, sample.window_s, t_m * 1e3,
                               self.wall(), neighbours, freeze_ms=report.span_ms)]
+
+    def _frozen_sample(self, result: ProfileResult, keep: tuple[str, ...], t_m: float,
+                       ) -> tuple[dict[str, Sample], FreezeReport, dict[str, DomainStatus]] | str:
+        """Samples of `keep` over t_m while every other domain in scope and not excluded is
+        frozen: (samples, the freeze's report, the states read before it), or why there are
+        none ("" when reading the states failed: nothing was frozen, no VM to blame)."""
+        try:
+            states = self._states_in_scope(all_domains=True)
+        except HypervisorError as exc:
+            result.aborted_freezes[f"states: {exc}"[:80]] += 1
+            return ""
+        others = [n for n in states
+                  if n not in keep and self.config.in_scope(n) and not self.config.is_excluded(n)]
+        samples: dict[str, Sample] = {}
+        report = None
+        try:
+            with self.freezer.freeze(others, states) as report:
+                self.on_phase("sampling")
+                token = self.sampler.begin(list(keep))
+                self.clock.sleep(t_m)
+                samples = self.sampler.end(token)
+        except FreezeAborted as exc:
+            result.aborted_freezes[str(exc).split(":")[0] if not exc.domain else "suspend failed"] += 1
+            log.warning("%s", exc)
+            return "freeze aborted"
+        finally:
+            self._account(result, report, pair=len(keep) > 1)
+        assert report is not None
+        if report.watchdog_fired:
+            return "watchdog"  # the freeze outlived max_freeze: not isolated to the end
+        return samples, report, states
 
     def _account(self, result: ProfileResult, report: FreezeReport | None, *, pair: bool = False) -> None:
         if report is not None and report.frozen:
@@ -529,7 +540,7 @@ class Profiler:
         freezable = [n for n in running if not self.config.is_excluded(n)]
         if len(freezable) < 3:
             return []
-        candidates: list[frozenset[str]] = []
+        candidates: dict[frozenset[str], None] = {}  # ordered, and a set
         for name in sensitive:
             mine = self._facts.get(name)
             for other in freezable:
@@ -541,43 +552,24 @@ class Profiler:
                                               theirs.pcpus if theirs else None)
                 if distance in (UNKNOWN_DISTANCE, SAME_CPU_DISTANCE):
                     continue
-                candidates.append(pair)
-        self.rng.shuffle(candidates)
-        candidates.sort(key=lambda pair: self._pairs_probed[pair])
-        chosen = candidates[:budget]
+                candidates[pair] = None
+        order = list(candidates)
+        self.rng.shuffle(order)
+        order.sort(key=lambda pair: self._pairs_probed[pair])
+        chosen = order[:budget]
         for pair in chosen:
             self._pairs_probed[pair] += 1
         return [tuple(sorted(pair)) for pair in chosen]  # type: ignore[misc]
 
     def _sample_pair(self, result: ProfileResult, first: str, second: str) -> list[ProfileSample]:
         pair = (first, second)
-        try:
-            states = self._states_in_scope(all_domains=True)
-        except HypervisorError as exc:
-            result.aborted_freezes[f"states: {exc}"[:80]] += 1
-            return []
-        if not all(name in states and states[name].running for name in pair):
-            return []
-        others = [n for n in states
-                  if n not in pair and self.config.in_scope(n) and not self.config.is_excluded(n)]
         t_m = max(self._t_m(name) for name in pair)
-        samples: dict[str, Sample] = {}
-        report = None
-        try:
-            with self.freezer.freeze(others, states) as report:
-                self.on_phase("sampling")
-                token = self.sampler.begin(list(pair))
-                self.clock.sleep(t_m)
-                samples = self.sampler.end(token)
-        except FreezeAborted as exc:
-            result.aborted_freezes[str(exc).split(":")[0] if not exc.domain else "suspend failed"] += 1
-            log.warning("%s", exc)
+        taken = self._frozen_sample(result, pair, t_m)
+        if isinstance(taken, str):
             return []
-        finally:
-            self._account(result, report, pair=True)
-        assert report is not None
-        if report.watchdog_fired or not report.frozen:
-            return []
+        samples, report, states = taken
+        if not report.frozen or not all(name in states and states[name].running for name in pair):
+            return []  # nothing else was frozen (a ζ sample), or one of the pair was not running
         stored = []
         for name in pair:
             sample = samples.get(name)
