@@ -162,3 +162,23 @@ def test_ranges_and_topologies():
     assert len(simulated_topology(2).cpus) == 2
     assert len(simulated_topology(16).nodes) == 2
     assert uniform_topology(nodes=1, cores_per_node=8).cpus.keys() == simulated_topology(8).cpus.keys()
+
+
+def test_the_evaluation_loop_profiles_with_productions_budget():
+    """A profile step and a trial's probe of the evaluated loop are ROUNDS_PER_PROFILE rounds, each
+    with the configured default of pair probes: vmplacer is judged on the samples it takes."""
+    from vmplacer.app.rebalance import ROUNDS_PER_PROFILE
+    from vmplacer.app.rebalance_eval import VmplacerLoop
+    from vmplacer.config import ProfilerSettings
+
+    sim = SimCluster(GroundTruth(E7600), noise=0.0)
+    host = sim.add_host("h", uniform_topology(nodes=1, cores_per_node=2, threads_per_core=2))
+    for name, workload, cpu in zip(("a", "b", "c", "d"), sorted(E7600.workloads)[:4], (0, 1, 2, 3)):
+        host.define_domain(name, workload=workload, vcpupin=[cpu], workload_class="batch")
+    loop = VmplacerLoop(sim)
+    assert loop.pair_probes == ProfilerSettings().pair_probes
+    profiled = loop._profile("h", 1.0, ())
+    assert profiled.samples == {name: ROUNDS_PER_PROFILE for name in "abcd"}
+    pairs = [o for o in loop.observations if len(o.neighbours) == 1]
+    assert len(pairs) == ROUNDS_PER_PROFILE * loop.pair_probes * 2  # both guests of a probe sampled
+    assert loop._probe("h", 1.0).samples == {name: ROUNDS_PER_PROFILE for name in "abcd"}

@@ -64,6 +64,9 @@ from vmplacer.ports import (
 log = logging.getLogger(__name__)
 
 RUN_STATUSES = ("applied", "planned", "nothing-to-do", "busy", "failed", "cancelled")
+# A profile step (and a trial's probe) is one profiler run of `profile_seconds` with t_sleep a
+# tenth of it: about this many Freeze'nSense rounds, whatever the duration.
+ROUNDS_PER_PROFILE = 10
 
 
 class RebalanceError(RuntimeError):

@@ -31,7 +31,7 @@ from typing import Any
 
 from vmplacer.app.evaluate import ProfileSettings, freeze_and_sense, measure, profile_and_measure
 from vmplacer.app.executor import ExecutorSettings
-from vmplacer.app.rebalance import Rebalancer, RunOptions
+from vmplacer.app.rebalance import ROUNDS_PER_PROFILE, Rebalancer, RunOptions
 from vmplacer.app.rebalance_verdict import SIMPLE, model_objectives, reach, step_threshold, verdict
 from vmplacer.core.interference import InterferenceModel, ModelConfig, Observation
 from vmplacer.core.layout_problem import LayoutSolver
@@ -350,11 +350,11 @@ class VmplacerLoop:
     cluster: Any
     settings: RebalanceSettings = field(default_factory=RebalanceSettings)
     model_config: ModelConfig | None = None
-    profile_rounds: int = 1
-    probe_rounds: int = 3  # Freeze'nSense rounds of a probe (a trial's measurement)
-    # Pair probes per round: a production profile step (`profiler.pair_probes` 4 per round,
-    # about 10 rounds) probes about 40 pairs; one round here stands for that step.
-    pair_probes: int = 40
+    # As in production: a profile step and a trial's probe are ROUNDS_PER_PROFILE Freeze'nSense
+    # rounds each, with `profiler.pair_probes` (default 4) pair probes per round.
+    profile_rounds: int = ROUNDS_PER_PROFILE
+    probe_rounds: int = ROUNDS_PER_PROFILE
+    pair_probes: int = 4
     probed: Counter[frozenset[str]] = field(default_factory=Counter)
     observations: list[Observation] = field(default_factory=list)
     model: InterferenceModel | None = None

@@ -17,7 +17,7 @@ from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
 from vmplacer.adapters.db.plans import new_holder
 from vmplacer.adapters.libvirt_rebalance import RebalanceHost
 from vmplacer.app.executor import ExecutorSettings
-from vmplacer.app.rebalance import Rebalancer
+from vmplacer.app.rebalance import ROUNDS_PER_PROFILE, Rebalancer
 from vmplacer.bootstrap.container import Container
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
 from vmplacer.core.trial import Measured
@@ -57,7 +57,7 @@ def _profiler(container: Container) -> tuple[Callable[[str, float, Sequence[str]
         defaults = container.settings.profiler
         config = profiler_config(
             defaults,
-            t_sleep_s=min(defaults.t_sleep_s, max(0.2, seconds / 10)),
+            t_sleep_s=min(defaults.t_sleep_s, max(0.2, seconds / ROUNDS_PER_PROFILE)),
             scope=tuple(scope) if tuple(scope) != ("*",) else (),
             duration_s=seconds,
         )
