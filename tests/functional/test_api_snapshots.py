@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import threading
 
-from vmplacer.api.hostcache import HostSnapshots
+from vmplacer.api.hostcache import HostSnapshots, SnapshotStore
 
 
 class _Host:
@@ -39,9 +39,9 @@ class _Clock:
 
 
 def _snapshots(host: _Host, clock: _Clock, recorded: list[int]) -> HostSnapshots:
-    def read_recorded(_name: str) -> list:
+    def read_recorded(_name: str) -> tuple:
         recorded[0] += 1
-        return [f"recorded-{recorded[0]}"]
+        return [f"recorded-{recorded[0]}"], {}
 
     return HostSnapshots(lambda _name: host, read_recorded, topology_ttl_s=60, domains_ttl_s=2,
                          recorded_ttl_s=1, clock=clock)
@@ -78,3 +78,21 @@ def test_a_refresh_does_not_stall_the_others_and_a_write_wins_over_it():
     slow.join(5)
     host.gate = None
     assert snapshots.domains("h1") == ["domains-3"]  # the refresh begun before the write was not kept
+
+
+def test_placements_and_refusals_come_from_one_read_of_the_store():
+    """A dry run needs both; the store answers them in one query (one version check), and the
+    snapshot keeps them together so they never come from two different moments."""
+    host, clock, reads = _Host(), _Clock(), []
+
+    def records(name: str) -> tuple:
+        reads.append(name)
+        return [f"placement-{len(reads)}"], {"a": ("b",)}
+
+    snapshots = HostSnapshots(lambda _name: host, records, recorded_ttl_s=1, clock=clock)
+    store = SnapshotStore(snapshots)
+    assert store.occupied_and_refusals("h1") == (["placement-1"], {"a": ("b",)})
+    assert snapshots.recorded("h1") == ["placement-1"] and snapshots.anti_affinity("h1") == {"a": ("b",)}
+    assert reads == ["h1"]
+    snapshots.invalidate("h1")
+    assert store.occupied_and_refusals("h1")[0] == ["placement-2"] and reads == ["h1", "h1"]

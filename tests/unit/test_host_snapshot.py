@@ -189,7 +189,7 @@ def test_the_rebalancer_observes_each_host_through_one_snapshot(taken: list[Host
 
 def test_the_api_cache_serves_repeated_snapshots_from_one_read(taken: list[HostSnapshot]):
     host, store = _CountingHost(), _Store([_reserved()])
-    snapshots = HostSnapshots(lambda _name: host, store.occupied)
+    snapshots = HostSnapshots(lambda _name: host, lambda name: (store.occupied(name), {}))
     dry_runs = PlacementService(SnapshotStore(snapshots), lambda spec, placement, base: "<domain/>")
     fleet = FleetPlacement(dry_runs, snapshots.view, lambda _name: host, invalidate=snapshots.invalidate)
     for _ in range(3):

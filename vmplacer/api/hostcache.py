@@ -4,7 +4,8 @@ A dry-run placement takes the host's snapshot (app/host_snapshot.py: its
 topology, its domains with their pinning, parsed from XML, and the placements
 recorded in the database) through the same `take_snapshot` as every other
 path, from a `CachedHost` view and a `SnapshotStore`: this module caches the
-three parts it reads.
+three parts it reads (the recorded placements and their guests' refusals are one
+read of the store, one version query).
 
 Reading all of that costs ~10 ms on a real libvirtd plus a database round
 trip, which would cap dry runs at a few dozen per second, so bursts share a
@@ -41,6 +42,8 @@ DOMAINS_TTL_S = 2.0
 RECORDED_TTL_S = 1.0
 MAINTENANCE_TTL_S = 1.0
 
+Records = tuple[list[Placement], dict[str, tuple[str, ...]]]  # placements, guest -> refused guests
+
 
 @dataclass
 class _Cached:
@@ -57,22 +60,18 @@ class _Entry:
     lock: threading.Lock = field(default_factory=threading.Lock)
     topology: _Cached = field(default_factory=_Cached)
     domains: _Cached = field(default_factory=_Cached)
-    recorded: _Cached = field(default_factory=_Cached)
-    anti_affinity: _Cached = field(default_factory=_Cached)
+    records: _Cached = field(default_factory=_Cached)  # (placements, refusals)
 
 
 class HostSnapshots:
-    def __init__(self, hosts: Callable[[str], Any], recorded: Callable[[str], list[Placement]], *,
-                 anti_affinity: Callable[[str], dict[str, tuple[str, ...]]] | None = None,
+    def __init__(self, hosts: Callable[[str], Any], records: Callable[[str], Records], *,
                  topology_ttl_s: float = TOPOLOGY_TTL_S, domains_ttl_s: float = DOMAINS_TTL_S,
                  recorded_ttl_s: float = RECORDED_TTL_S, clock: Callable[[], float] = time.monotonic):
-        """`recorded` and `anti_affinity` read the store (placements, and the recorded guests'
-        anti-affinity; None: no guest on record refuses neighbours)."""
+        """`records` reads the store once for a host's recorded placements and the recorded
+        guests' refusals (`PlacementStore.occupied_and_refusals`)."""
         self._hosts = hosts
-        self._recorded = recorded
-        self._anti_affinity = anti_affinity or (lambda _name: {})
-        self.ttl = {"topology": topology_ttl_s, "domains": domains_ttl_s, "recorded": recorded_ttl_s,
-                    "anti_affinity": recorded_ttl_s}
+        self._records = records
+        self.ttl = {"topology": topology_ttl_s, "domains": domains_ttl_s, "records": recorded_ttl_s}
         self._clock = clock
         self._entries: dict[str, _Entry] = {}
         self._guard = threading.Lock()
@@ -107,17 +106,20 @@ class HostSnapshots:
     def domains(self, name: str) -> list[DomainInfo]:
         return self._get(name, "domains", lambda: self._hosts(name).domains())
 
+    def records(self, name: str) -> Records:
+        return self._get(name, "records", lambda: self._records(name))
+
     def recorded(self, name: str) -> list[Placement]:
-        return self._get(name, "recorded", lambda: self._recorded(name))
+        return self.records(name)[0]
 
     def anti_affinity(self, name: str) -> dict[str, tuple[str, ...]]:
-        return self._get(name, "anti_affinity", lambda: self._anti_affinity(name))
+        return self.records(name)[1]
 
     def invalidate(self, name: str) -> None:
         """Forget what a write changes (domains, recorded placements); the topology stays."""
         entry = self._entry(name)
         with entry.lock:
-            for cached in (entry.domains, entry.recorded, entry.anti_affinity):
+            for cached in (entry.domains, entry.records):
                 cached.generation += 1
                 cached.value = None
 
@@ -150,8 +152,8 @@ class SnapshotStore:
     def occupied(self, host: str) -> list[Placement]:
         return self.snapshots.recorded(host)
 
-    def occupied_and_refusals(self, host: str) -> tuple[list[Placement], dict[str, tuple[str, ...]]]:
-        return self.snapshots.recorded(host), self.snapshots.anti_affinity(host)
+    def occupied_and_refusals(self, host: str) -> Records:
+        return self.snapshots.records(host)
 
 
 class TimedValue:

@@ -65,8 +65,7 @@ class ApiServices:
         self.metrics = ApiMetrics()
         self.placement = container.placement_service()
         store = container.placement_store
-        self.snapshots = HostSnapshots(container.hypervisor, store.occupied,
-                                       anti_affinity=lambda host: store.occupied_and_refusals(host)[1])
+        self.snapshots = HostSnapshots(container.hypervisor, store.occupied_and_refusals)
         self.dry_run_maintenance = TimedValue(lambda: dict(container.maintenance.current()), MAINTENANCE_TTL_S)
         # Dry runs place on host snapshots, rendered and held to the XML policy like real placements.
         self.dry_runs = container.placement_service(SnapshotStore(self.snapshots))
