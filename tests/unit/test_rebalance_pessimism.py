@@ -183,3 +183,54 @@ def test_data_driven_moves_are_measured_before_and_after_in_the_plan():
     assert moves and all(a.index > 0 for a in moves)
     assert set(plan.actions[confirm].depends_on) == {a.index for a in moves}
     assert all(d < a.index for a in plan.actions for d in a.depends_on)
+
+
+def sibling_averse() -> InterferenceModel:
+    """Siblings cost each other 0.5, guests on other cores 0.05: any one-guest-per-core layout is
+    far better than guests paired on siblings."""
+    rng = random.Random(1)
+    observations = []
+    for _ in range(200):
+        key = rng.choice(GUESTS)
+        company = rng.sample([g for g in GUESTS if g != key], rng.randint(1, 3))
+        observations.append(Observation(key, 1.0 - 0.05 * len(company), 1.0,
+                                        tuple(Exposure(g, LLC, 1.0) for g in company)))
+    for _ in range(40):
+        for key in GUESTS:
+            for other in GUESTS:
+                if other != key:
+                    observations.append(Observation(key, 0.5, 1.0, (Exposure(other, CORE, 1.0),)))
+    return InterferenceModel().fit(observations)
+
+
+def test_when_the_planned_layout_measured_worse_the_exact_layout_is_tried_from_where_the_host_stays():
+    """The climb's layout was measured worse than the packed start and the host stays; the exact
+    solver's layout is another one, which the model rates far above the start: it becomes the
+    host's trial. Not when it is the layout measured worse, nor once it was measured itself."""
+    from vmplacer.core.policies.rebalance_pessimistic import _keep_what_measured_better
+    from vmplacer.core.trial import layout_key
+
+    packed = {n: describe_guest(Placement(guest=n, host="h", vcpupin={0: frozenset({cpu})}, memory_kib=1024))
+              for n, cpu in zip(GUESTS, (0, 4, 1, 5))}
+    state = ClusterState({"h": HostState("h", TOPO)}, packed)
+    start = {n: {0: frozenset({cpu})} for n, cpu in zip(GUESTS, (0, 4, 1, 5))}
+    climbed = {n: {0: frozenset({cpu})} for n, cpu in zip(GUESTS, (0, 1, 2, 3))}
+    exact = {n: {0: frozenset({cpu})} for n, cpu in zip(GUESTS, (0, 2, 1, 3))}
+
+    def after_revert(solved, measured) -> _Search:
+        search = _Search(state, sibling_averse(), RebalanceSettings(), None, {}, None)
+        search._take(search.new_move("climb", [(n, "h", pins) for n, pins in climbed.items()]))
+        search.layout_guests["h"] = list(GUESTS)
+        search.exact_layouts["h"] = solved
+        search.measured_better = {(layout_key("h", start), layout_key("h", climbed))} | measured
+        assert _keep_what_measured_better(search)
+        assert {n: dict(search.hosts["h"].pins[n]) for n in GUESTS} == start  # the host stays
+        return search
+
+    search = after_revert(exact, set())
+    trial = search.trials["h"]
+    assert trial["what"] == "exact" and trial["layout"] == exact
+    assert trial["from_key"] == layout_key("h", start) and trial["to_key"] == layout_key("h", exact)
+    assert "from where h stays" in trial["label"]
+    assert "h" not in after_revert(climbed, set()).trials  # the solver's layout is the one measured worse
+    assert "h" not in after_revert(exact, {(layout_key("h", start), layout_key("h", exact))}).trials

@@ -229,8 +229,29 @@ def _keep_what_measured_better(search) -> bool:
         search.trials.pop(name, None)
         search.ruled.add(name)
         search.pessimistic.append({"host": name, "kept": "start (measured better than the planned layout)"})
+        _offer_exact_from_start(search, name, start, here, there)
         changed = True
     return changed
+
+
+def _offer_exact_from_start(search, name: str, start: dict[str, dict[int, frozenset[int]]],
+                            here: str, there: str) -> None:
+    """The exact solver started from the climb's layout and was judged against it; once that
+    layout is known to measure worse and the host stays, the solver's own layout is judged from
+    where the host stays: worth `min_gain` by the model, it becomes the host's trial (measured,
+    kept only if better), unless it is the layout measured worse or was measured already."""
+    solved = search.exact_layouts.get(name)
+    host = search.hosts[name]
+    if not search.settings.trials or solved is None or any(g not in start for g in solved):
+        return
+    layout = {g: dict(solved.get(g, pins)) for g, pins in start.items()}  # keyed as `here` and `there`
+    if layout_key(name, layout) == there:
+        return
+    found = _compare(search, host, layout, "relayout")
+    if found is None or -found[0] < search.settings.min_gain:
+        return
+    offer_trial(search, name, {"here": here}, "here", layout, "exact",
+                f"exact layout (predicted {-found[0]:+.3f} from where {name} stays)")
 
 
 def _restore_modes(search, host: _Host, guests) -> None:

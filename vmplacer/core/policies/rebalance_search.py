@@ -96,6 +96,7 @@ class _Search:
         self.trials: dict[str, dict] = {}  # host -> the layout to try after the plan's moves (measured trial)
         self.layout_guests: dict[str, list[str]] = {}  # host -> the guests its layout keys name
         self.declined_layouts: dict[str, dict[str, dict[int, frozenset[int]]]] = {}  # host -> exact layout
+        self.exact_layouts: dict[str, dict[str, dict[int, frozenset[int]]]] = {}  # host -> solver's layout
         self.tried: dict[str, int] = {}  # host -> layouts it tried within the trial memory
         self.ruled: set[str] = set()  # hosts the plan takes to the blind spread or keeps where they are, by rule
         self.model = model
@@ -848,6 +849,8 @@ class _Search:
             report.update(solution.to_dict())
             if problem.hint is not None:
                 report["before"] = round(problem.objective(problem.hint), 6)
+            if len(group) == 1:
+                self.exact_layouts[group[0]] = solved_layout(problem, solution)
             move = self._relayout_move(problem, solution, group, report)
             if move is None:
                 continue
