@@ -182,3 +182,28 @@ def test_the_evaluation_loop_profiles_with_productions_budget():
     pairs = [o for o in loop.observations if len(o.neighbours) == 1]
     assert len(pairs) == ROUNDS_PER_PROFILE * loop.pair_probes * 2  # both guests of a probe sampled
     assert loop._probe("h", 1.0).samples == {name: ROUNDS_PER_PROFILE for name in "abcd"}
+
+
+def test_a_checkpoint_records_vmplacer_as_a_shorter_evaluation_ends():
+    """Performance recorded after an earlier run count is what a case run only that long ends at,
+    and the last mark is the case's own result: one row shows how fast vmplacer converges."""
+    from vmplacer.adapters.simulator_optimum import case_optimum
+    from vmplacer.app.rebalance_eval import Case, evaluate_case
+
+    def simulator(truth, seed, noise):
+        return SimCluster(truth, seed=seed, noise=noise)
+
+    def best(truth, case, start):
+        return case_optimum(GroundTruth(truth), start.workloads, hosts=case.hosts, nodes=case.shape.nodes,
+                            cores=case.shape.cores_per_node, threads=case.shape.threads_per_core)
+
+    case = Case("siblings", 1, 4, seed=1)
+    long = evaluate_case(E7600, case, simulator=simulator, best=best, rounds=3, checkpoints=(1, 7, 0))
+    short = evaluate_case(E7600, case, simulator=simulator, best=best, rounds=1)
+    assert set(long["vmplacer_by_run"]) == {"1", "3"}  # marks outside (0, rounds) are ignored
+    assert short["vmplacer"] > short["none"]  # the first run moves: the mark is not the start
+    assert long["vmplacer_by_run"]["1"]["mean"] == short["vmplacer"]
+    assert long["vmplacer_by_run"]["3"]["mean"] == long["vmplacer"]
+    assert long["vmplacer_by_run"]["3"]["share_of_optimum"] == long["share_of_optimum"]["vmplacer"]
+    assert short["vmplacer_by_run"] == {"1": {"mean": short["vmplacer"],
+                                              "share_of_optimum": short["share_of_optimum"]["vmplacer"]}}

@@ -424,7 +424,7 @@ def optimum(table: PairTable, case: Case, start: Start, simulator: Simulator,
 
 # --------------------------------------------------------------------------- one case
 def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix: str = "", rounds: int = 5,
-                  noise: float = 0.03, settings: RebalanceSettings | None = None,
+                  checkpoints: Sequence[int] = (), noise: float = 0.03, settings: RebalanceSettings | None = None,
                   model_config: ModelConfig | None = None,
                   optimum_limit: int = DEFAULT_OPTIMUM_LIMIT,
                   solver: LayoutSolver | None = None, best: Optimum | None = None) -> dict[str, Any]:
@@ -432,7 +432,10 @@ def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix:
 
     `best` finds the optimum (default: every assignment enumerated, up to
     `optimum_limit`); `solver` lays out small hosts exactly in vmplacer's plans.
+    `checkpoints` are earlier run counts at which vmplacer's performance is also
+    recorded (`vmplacer_by_run`), so one row shows how fast it converges.
     """
+    marks = sorted({n for n in checkpoints if 0 < n < rounds} | {rounds})
     start = starting_point(table, case)
     per_vm: dict[str, dict[str, float] | None] = {}
     actions: dict[str, int] = {}
@@ -457,7 +460,11 @@ def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix:
     config = model_config or ModelConfig(distance_prior=DISTANCE_PRIOR)
     settings = settings or RebalanceSettings(max_actions=case.vms)
     loop = VmplacerLoop(cluster, settings, config, solver=solver)
-    plans = loop.run(rounds)
+    plans: list[Plan] = []
+    by_run: dict[int, float] = {}
+    for mark in marks:
+        plans += loop.run(mark - (max(by_run) if by_run else 0))
+        by_run[mark] = _mean(performance(cluster))
     per_vm["vmplacer"] = performance(cluster)
     actions["vmplacer"] = len(loop.plans.moves())
     clusters["vmplacer"] = cluster
@@ -486,6 +493,8 @@ def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix:
     row["share_of_optimum"] = (None if row["optimum"] is None else
                                {p: round(row[p] / row["optimum"], 4) for p in POLICIES if p != "optimum"})
     row["optimum_found_by"] = how
+    row["vmplacer_by_run"] = {str(n): {"mean": round(x, 4), "share_of_optimum": (
+        None if row["optimum"] is None else round(round(x, 4) / row["optimum"], 4))} for n, x in by_run.items()}
     row["min_vm"] = {p: (None if v is None else round(min(v.values()), 4)) for p, v in per_vm.items()}
     row["per_vm"] = {p: (None if v is None else {k: round(x, 4) for k, x in sorted(v.items())})
                      for p, v in per_vm.items()}
