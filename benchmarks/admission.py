@@ -33,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -42,6 +41,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks import host_facts  # noqa: E402
 
 from vmplacer.adapters.simulator import GroundTruth, SimCluster  # noqa: E402
 from vmplacer.app.evaluate import ProfileSettings, profile_host  # noqa: E402
@@ -71,15 +72,7 @@ PLACERS = ("topology", "model_aware")
 
 
 def machine() -> str:
-    name = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                name = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return f"{name}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, Python {platform.python_version()}"
+    return host_facts.summary()
 
 
 def matrices() -> list[Path]:

@@ -47,6 +47,8 @@ import httpx
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import host_facts  # noqa: E402
+
 VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
 SERVER = str(ROOT / "benchmarks" / "api_server.py")
 TARGET_SCALING = 0.8  # rps at 200 in flight / rps at 1
@@ -56,19 +58,11 @@ PLACEMENT_WARMUP = 20
 
 
 def machine() -> dict[str, object]:
-    model = platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": model, "cpus": os.cpu_count(), "python": platform.python_version()}
+    return {"cpu": host_facts.cpu_model(platform.machine()), "cpus": os.cpu_count(),
+            "python": platform.python_version()}
 
 
-def load_average() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
+load_average = host_facts.load_average
 
 
 def _env() -> dict[str, str]:

@@ -34,6 +34,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import host_facts  # noqa: E402
+
 import libvirt  # noqa: E402
 import psutil  # noqa: E402
 
@@ -63,14 +65,7 @@ TARGET_OVERHEAD_REL = 0.20
 
 
 def machine() -> str:
-    model = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = host_facts.cpu_model(platform.processor() or "unknown CPU")
     conn = libvirt.open(daemons.HOST1_URI)
     try:
         version = conn.getLibVersion()

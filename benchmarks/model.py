@@ -25,6 +25,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from benchmarks import host_facts  # noqa: E402
+
 from vmplacer.adapters.simulator import GroundTruth, SimCluster  # noqa: E402
 from vmplacer.app.evaluate import (  # noqa: E402
     ProfileSettings,
@@ -46,14 +48,7 @@ SEED = 1
 
 
 def machine() -> str:
-    model = platform.processor() or "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
+    model = host_facts.cpu_model(platform.processor() or "unknown CPU")
     ram = ""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():

@@ -31,8 +31,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import os
-import platform
 import random
 import statistics
 import sys
@@ -42,6 +40,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks import host_facts  # noqa: E402
 
 from vmplacer.core.allocate import NoFit, allocate, place_on_nodes  # noqa: E402
 from vmplacer.core.guest import GuestSpec  # noqa: E402
@@ -63,16 +63,7 @@ REPEATS = 5
 
 
 def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{model}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}")
+    return host_facts.summary()
 
 
 def host(nodes: int, cores_per_node: int, threads: int, nodes_per_package: int, memory_gib: int) -> HostTopology:

@@ -40,7 +40,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import statistics
 import sys
@@ -49,6 +48,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from benchmarks import host_facts  # noqa: E402
 
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver  # noqa: E402
 from vmplacer.adapters.simulator import GroundTruth, SimCluster  # noqa: E402
@@ -93,16 +94,7 @@ SHAPES = (
 
 
 def machine() -> str:
-    model = platform.processor() or platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return (f"{model}, {os.cpu_count()} CPUs, {platform.system()} {platform.release()}, "
-            f"Python {platform.python_version()}")
+    return host_facts.summary()
 
 
 def matrices() -> list[Path]:

@@ -28,6 +28,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from benchmarks import host_facts  # noqa: E402
+
 TARGET_S = 0.3
 HOST = "examples/hosts/xeon-2s-56c-smt2.xml"
 COMMANDS = {
@@ -39,19 +43,11 @@ COMMANDS = {
 
 
 def machine() -> dict[str, object]:
-    model = platform.machine()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                model = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": model, "cpus": os.cpu_count(), "python": platform.python_version()}
+    return {"cpu": host_facts.cpu_model(platform.machine()), "cpus": os.cpu_count(),
+            "python": platform.python_version()}
 
 
-def load_average() -> list[float]:
-    return [round(x, 2) for x in os.getloadavg()]
+load_average = host_facts.load_average
 
 
 def _env() -> dict[str, str]:

@@ -61,14 +61,22 @@ def database_url(request) -> str:
 
 
 @pytest.fixture
-def sessions(database_url):  # type: ignore[no-untyped-def]
-    """A session factory on a database migrated to the newest revision by Alembic, once on
-    SQLite and once on PostgreSQL (`database_url`)."""
+def migrated_url(database_url) -> str:
+    """`database_url`, migrated to the newest revision by Alembic: for tests that open engines
+    of their own (two instances on one database, a runner in another thread)."""
     from vmplacer.adapters.db import migrate
-    from vmplacer.adapters.db.engine import make_engine, make_session_factory
 
     migrate.upgrade(database_url)
-    engine = make_engine(database_url)
+    return database_url
+
+
+@pytest.fixture
+def sessions(migrated_url):  # type: ignore[no-untyped-def]
+    """A session factory on a database migrated to the newest revision by Alembic, once on
+    SQLite and once on PostgreSQL (`database_url`)."""
+    from vmplacer.adapters.db.engine import make_engine, make_session_factory
+
+    engine = make_engine(migrated_url)
     yield make_session_factory(engine)
     engine.dispose()
 

@@ -9,7 +9,6 @@ import pytest
 from sqlalchemy import select
 
 from vmplacer.adapters.capabilities import read_capabilities_file
-from vmplacer.adapters.db import migrate
 from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.models import AuditRow
 from vmplacer.adapters.db.placements import SqlPlacementStore
@@ -64,9 +63,8 @@ class RecordingHost:
 
 
 @pytest.mark.parametrize("start", [False, True])
-def test_place_is_audited_after_the_floaters_left_its_pcpus(database_url, start):
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
+def test_place_is_audited_after_the_floaters_left_its_pcpus(migrated_url, start):
+    engine = make_engine(migrated_url)
     try:
         sessions = make_session_factory(engine)
         store = SqlPlacementStore(sessions, actor="api:orchestrator", actor_detail={"token_id": 3})

@@ -16,7 +16,6 @@ with warnings.catch_warnings():
     warnings.simplefilter("ignore")
     from fastapi.testclient import TestClient
 
-from vmplacer.adapters.db import migrate
 from vmplacer.adapters.db.api import SqlJobStore, SqlTokenStore
 from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.placements import SqlPlacementStore
@@ -93,9 +92,8 @@ class _PacedClock:
         time.sleep(0.005)
 
 
-def test_the_runner_runs_the_loop_until_deleted_and_the_stop_releases_its_throttles(database_url):
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
+def test_the_runner_runs_the_loop_until_deleted_and_the_stop_releases_its_throttles(migrated_url):
+    engine = make_engine(migrated_url)
     sessions = make_session_factory(engine)
     sim = SimCluster(seed=3, noise=0.0)
     host = sim.add_host("h1", uniform_topology(nodes=1, cores_per_node=2, name="h1"))

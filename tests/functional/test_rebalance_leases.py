@@ -9,7 +9,6 @@ import time
 import pytest
 from sqlalchemy import select
 
-from vmplacer.adapters.db import migrate
 from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.models import HostLeaseRow
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
@@ -20,9 +19,8 @@ from vmplacer.core.topology import uniform_topology
 
 
 @pytest.fixture
-def engine(database_url):
-    migrate.upgrade(database_url)
-    engine = make_engine(database_url)
+def engine(migrated_url):
+    engine = make_engine(migrated_url)
     yield engine
     engine.dispose()
 

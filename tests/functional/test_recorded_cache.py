@@ -9,7 +9,6 @@ import json
 import pytest
 from sqlalchemy import text
 
-from vmplacer.adapters.db import migrate
 from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.placements import SqlPlacementStore, placements_on_host
 from vmplacer.adapters.db.plans import SqlPlacementUpdates
@@ -21,10 +20,9 @@ def _pinned(guest: str, cpus: set[int], host: str = "h1") -> Placement:
 
 
 @pytest.fixture
-def two_instances(database_url):
+def two_instances(migrated_url):
     """Two stores on two engines: what one writes, the other did not see being written."""
-    migrate.upgrade(database_url)
-    engines = [make_engine(database_url), make_engine(database_url)]
+    engines = [make_engine(migrated_url), make_engine(migrated_url)]
     sessions = [make_session_factory(e) for e in engines]
     yield SqlPlacementStore(sessions[0]), SqlPlacementStore(sessions[1]), sessions
     for engine in engines:

@@ -204,14 +204,7 @@ class ProtectLoop:
         decision = decide(guests, throttles, gains, self.settings, self.calm, costs)
         self.calm = dict(decision.calm)
         report = RoundReport(self.host.name, self.wall(), decision, measurement=measurement, notes=notes)
-        plan = plan_of(self.host.name, decision, created_at=report.at)
-        if plan.actions:
-            stored = self.plans.save(plan, created_by="protect")
-            assert stored.id is not None
-            done = self.apply(stored.id)
-            report.plan = {"id": done.id, "state": done.state,
-                           "actions": [{"kind": a.kind, "guest": a.guest, "state": a.state, "message": a.message}
-                                       for a in done.actions]}
+        report.plan = self._carry_out(decision, report.at)
         if decision.cannot_hold:
             report.proposed_plan = self._propose(notes)
         report.shares = self._shares(guests, notes)
@@ -290,16 +283,21 @@ class ProtectLoop:
                            f"{reason}: release") for r in records if r.guest in by_name and by_name[r.guest].running)
         decision = Decision(steps, ())
         report = RoundReport(self.host.name, self.wall(), decision, notes=notes)
-        plan = plan_of(self.host.name, decision, created_at=report.at)
-        if plan.actions:
-            stored = self.plans.save(plan, created_by="protect")
-            assert stored.id is not None
-            done = self.apply(stored.id)
-            report.plan = {"id": done.id, "state": done.state,
-                           "actions": [{"kind": a.kind, "guest": a.guest, "state": a.state, "message": a.message}
-                                       for a in done.actions]}
+        report.plan = self._carry_out(decision, report.at)
         report.shares = self._shares(guests, notes)
         return report
+
+    def _carry_out(self, decision: Decision, at: float) -> dict[str, Any] | None:
+        """Store the decision's steps as a plan and apply it; what was done, or None with no step."""
+        plan = plan_of(self.host.name, decision, created_at=at)
+        if not plan.actions:
+            return None
+        stored = self.plans.save(plan, created_by="protect")
+        assert stored.id is not None
+        done = self.apply(stored.id)
+        return {"id": done.id, "state": done.state,
+                "actions": [{"kind": a.kind, "guest": a.guest, "state": a.state, "message": a.message}
+                            for a in done.actions]}
 
     # ----- idleness and per-guest bookkeeping ------------------------------------------------------
     def _mark_idle(self, guests: list[GuestView], notes: list[str]) -> list[GuestView]:

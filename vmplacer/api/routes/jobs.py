@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any, Literal
 
-from fastapi import APIRouter, Path, Query, Request
+from fastapi import APIRouter, Path, Query, Request, Response
 
 from vmplacer.api.errors import COMMON_RESPONSES, NOT_FOUND, ApiError
 from vmplacer.api.schemas import JobList, JobView
@@ -21,6 +21,25 @@ def job_view(job: JobRecord) -> dict[str, Any]:
     data["hosts"] = list(job.hosts)
     data.pop("heartbeat_at", None)
     return data
+
+
+def check_can_queue(services: Any, kind: str, host: str, what: str) -> None:
+    """409 when a job of `kind` is already active on `host` (`what` names it), 503 when no runner
+    would ever pick a new one up: a job is queued only where it can run."""
+    busy = services.jobs.active_on(kind, host)
+    if busy:
+        raise ApiError(409, "busy", f"host {host}: {what} job {busy[0].id} is already {busy[0].status}",
+                       {"host": host, "job": busy[0].id})
+    if services.runner is None and services.options.run_jobs:
+        raise ApiError(503, "not-ready", "the job runner is not running", None, {"Retry-After": "5"})
+
+
+def accepted(services: Any, job: JobRecord, response: Response, location: str) -> dict[str, Any]:
+    """The 202 answer for a queued job: the runner woken, `Location` set to where to follow it."""
+    if services.runner is not None:
+        services.runner.wake()
+    response.headers["Location"] = location
+    return {"job": job_view(job), "location": location}
 
 
 @router.get("/{job_id}", response_model=JobView, summary="a job's state, progress and result",

@@ -13,7 +13,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from vmplacer.api import plans_support
 from vmplacer.api.actors import acting_store, api_actor, audit
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, NOT_FOUND, ApiError
-from vmplacer.api.routes.jobs import job_view
+from vmplacer.api.routes.jobs import accepted
 from vmplacer.api.schemas import (
     JobAccepted,
     PlanCancelRequest,
@@ -77,11 +77,7 @@ def apply_plan(request: Request, response: Response, plan_id: int = Path(ge=1, l
     job = plans_support.start_apply(services, plan_id, actor.token, actor.token_id)
     audit(services, actor, action="rebalance-apply-queued", message=f"plan {plan_id}: job {job.id} queued",
           detail={"plan_id": plan_id, "job": job.id, "hosts": list(job.hosts)})
-    if services.runner is not None:
-        services.runner.wake()
-    location = f"/v1/jobs/{job.id}"
-    response.headers["Location"] = location
-    return {"job": job_view(job), "location": location}
+    return accepted(services, job, response, f"/v1/jobs/{job.id}")
 
 
 @router.post("/{plan_id}/cancel", response_model=PlanCancelView,

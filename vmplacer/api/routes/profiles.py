@@ -12,7 +12,7 @@ from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, HOST_ERROR, NOT_FOUN
 from vmplacer.api.fields import DOMAIN_NAME_MAX_BYTES, DOMAIN_NAME_PATTERN, DOMAIN_NAME_RULE, check_domain_name
 from vmplacer.api.placing import Placer
 from vmplacer.api.profiling import PROFILE_JOB, check_vms, profiler_config, stored_profile
-from vmplacer.api.routes.jobs import job_view
+from vmplacer.api.routes.jobs import accepted, check_can_queue
 from vmplacer.api.schemas import HOST_NAME, JobAccepted, ProfileRequest, ProfileView
 from vmplacer.api.strict_json import StrictJsonRoute
 
@@ -31,20 +31,11 @@ def start_profile(request: Request, body: ProfileRequest, response: Response) ->
     profiler_config(params, services.settings)  # 422 now rather than a failed job later
     if body.vms:
         check_vms(services.container.hypervisor(host), body.vms)
-    busy = services.jobs.active_on(PROFILE_JOB, host)
-    if busy:
-        raise ApiError(409, "busy", f"host {host}: profiling job {busy[0].id} is already {busy[0].status}",
-                       {"host": host, "job": busy[0].id})
-    if services.runner is None and services.options.run_jobs:
-        raise ApiError(503, "not-ready", "the job runner is not running", None, {"Retry-After": "5"})
+    check_can_queue(services, PROFILE_JOB, host, "profiling")
     job = services.jobs.create(PROFILE_JOB, [host], params, actor.token)
     audit(services, actor, action="profile-queued", host=host, message=f"profiling job {job.id} queued",
           detail={"job": job.id, "vms": list(body.vms)})
-    if services.runner is not None:
-        services.runner.wake()
-    location = f"/v1/jobs/{job.id}"
-    response.headers["Location"] = location
-    return {"job": job_view(job), "location": location}
+    return accepted(services, job, response, f"/v1/jobs/{job.id}")
 
 
 @router.get("/{guest}", response_model=ProfileView,

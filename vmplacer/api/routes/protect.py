@@ -10,7 +10,7 @@ from vmplacer.api.actors import api_actor, audit
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, NOT_FOUND, ApiError
 from vmplacer.api.placing import Placer
 from vmplacer.api.protecting import PROTECT_JOB, protect_status
-from vmplacer.api.routes.jobs import JOB_ID, job_view
+from vmplacer.api.routes.jobs import JOB_ID, accepted, check_can_queue, job_view
 from vmplacer.api.schemas import JobAccepted, ProtectRequest, ProtectView
 from vmplacer.api.strict_json import StrictJsonRoute
 
@@ -36,21 +36,12 @@ def start_protect(request: Request, body: ProtectRequest, response: Response) ->
     services = request.app.state.services
     actor = api_actor(request)
     host = Placer(services).configured(body.host)  # 422 for an unknown host; default: the first
-    busy = services.jobs.active_on(PROTECT_JOB, host)
-    if busy:
-        raise ApiError(409, "busy", f"host {host}: protection job {busy[0].id} is already {busy[0].status}",
-                       {"host": host, "job": busy[0].id})
-    if services.runner is None and services.options.run_jobs:
-        raise ApiError(503, "not-ready", "the job runner is not running", None, {"Retry-After": "5"})
+    check_can_queue(services, PROTECT_JOB, host, "protection")
     params = {"host": host, "scope": list(body.scope), "samples": body.samples, "t_m_ms": body.t_m_ms}
     job = services.jobs.create(PROTECT_JOB, [host], params, actor.token)
     audit(services, actor, action="protect-queued", host=host, message=f"protection job {job.id} queued",
           detail={"job": job.id, "scope": list(body.scope)})
-    if services.runner is not None:
-        services.runner.wake()
-    location = f"/v1/protect/{job.id}"
-    response.headers["Location"] = location
-    return {"job": job_view(job), "location": location}
+    return accepted(services, job, response, f"/v1/protect/{job.id}")
 
 
 @router.get("/{job_id}", response_model=ProtectView,

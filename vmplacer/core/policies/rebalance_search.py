@@ -493,6 +493,20 @@ class _Search:
                     best = move
         return best
 
+    def _visit(self, destination: _Host, visitor: GuestState,
+               pins: Mapping[int, frozenset[int]]) -> tuple[float, float] | None:
+        """The destination's objective and linear objective with `visitor` pinned there as `pins`,
+        or None when a guest's floor would break; the destination is left as it was."""
+        destination.add(visitor, pins)
+        try:
+            pieces = destination.pieces()
+            perf = destination.perf(pieces, pieces.cpu)[0]
+            if not self.floors_ok(pieces, perf)[0]:
+                return None
+            return float(self.objective_of(pieces, perf)[0]), self._linear_objective(destination)
+        finally:
+            destination.remove(visitor.name)
+
     def _migration(self, guest: GuestState, source: _Host, destination: _Host) -> _Move | None:
         name = guest.name
         src_before = self.host_objective(source)
@@ -515,17 +529,11 @@ class _Search:
             placement = self._engine_placement(destination, visitor)
             if placement is None:
                 return None
-            destination.add(visitor, placement.vcpupin)
-            try:
-                pieces = destination.pieces()
-                perf = destination.perf(pieces, pieces.cpu)[0]
-                if not self.floors_ok(pieces, perf)[0]:
-                    return None
-                dst_after = float(self.objective_of(pieces, perf)[0])
-                dst_lin_after = self._linear_objective(destination)
-            finally:
-                destination.remove(name)
             pins = dict(placement.vcpupin)
+            scored = self._visit(destination, visitor, pins)
+            if scored is None:
+                return None
+            dst_after, dst_lin_after = scored
         elif guest.mode == FLOATING:
             pool = frozenset(destination.usable - destination.owned_by_others(None))
             if not pool:
@@ -533,16 +541,10 @@ class _Search:
             pins = {v: pool for v in guest.placement.vcpupin}
             if not self._anti_affinity_ok(destination, guest, frozenset(destination.node_of[c] for c in pool)):
                 return None
-            destination.add(visitor, pins)
-            try:
-                pieces = destination.pieces()
-                perf = destination.perf(pieces, pieces.cpu)[0]
-                if not self.floors_ok(pieces, perf)[0]:
-                    return None
-                dst_after = float(self.objective_of(pieces, perf)[0])
-                dst_lin_after = self._linear_objective(destination)
-            finally:
-                destination.remove(name)
+            scored = self._visit(destination, visitor, pins)
+            if scored is None:
+                return None
+            dst_after, dst_lin_after = scored
         else:
             move = self._place_on(destination, name, node=None, base_obj=dst_before, base_lin=dst_lin_before,
                                   guest=visitor)
