@@ -49,3 +49,23 @@ def test_plan_honours_the_refusal_of_a_defined_guest_on_record(config, capsys, t
     assert _node(later) != _node(first)
     placed = _run(config, capsys, tmp_path, "place", {"name": "later", **DEDICATED})
     assert _node(placed) == _node(later)
+
+
+def test_plan_and_place_honour_a_refusal_written_in_a_domain_no_record_keeps(config, capsys, tmp_path):
+    """A database restored from before `first` was placed (or a second deployment on the same
+    host) has no record of its rule; the rule in first's domain XML still keeps `later` off
+    its node."""
+    first = _run(config, capsys, tmp_path, "place", {"name": "first", **DEDICATED, "anti_affinity": ["later"]})
+    _run(config, capsys, tmp_path, "place", {"name": "bulk", **DEDICATED, "vcpus": 4})
+    elsewhere = tmp_path / "restored"
+    elsewhere.mkdir()
+    restored = elsewhere / "vmplacer.yaml"
+    restored.write_text(json.dumps({"data_dir": str(elsewhere), "database_url": f"sqlite:///{elsewhere / 'v.db'}",
+                                    "hosts": [HOST]}))
+    assert main(["--config", str(restored), "db", "upgrade"]) == 0
+    free = _run(restored, capsys, tmp_path, "plan", {"name": "free", **DEDICATED})
+    assert _node(free) == _node(first)  # the control: a guest nobody refuses goes to the emptier node
+    later = _run(restored, capsys, tmp_path, "plan", {"name": "later", **DEDICATED})
+    assert _node(later) != _node(first)
+    placed = _run(restored, capsys, tmp_path, "place", {"name": "later", **DEDICATED})
+    assert _node(placed) == _node(later)

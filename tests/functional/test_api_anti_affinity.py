@@ -40,3 +40,24 @@ def test_a_guest_on_record_that_refuses_the_new_one_keeps_it_off_its_node(api):
     assert not planned & refusing, (planned, refusing)
     placed = _nodes(api.post("/v1/placements", json={**GUEST, "name": "aff-b"}))
     assert placed == planned
+
+
+def test_a_refusal_in_a_domain_whose_record_is_gone_still_binds(api, database_url):
+    """A database restored from before aff-c was placed has no record of its rule: the rule
+    written in aff-c's domain XML keeps aff-d off its node all the same."""
+    from sqlalchemy import create_engine, text
+
+    refusing = _nodes(api.post("/v1/placements", json={**GUEST, "name": "aff-c", "anti_affinity": ["aff-d"]}))
+    engine = create_engine(database_url)
+    with engine.begin() as connection:  # what a restore from before the placement leaves
+        connection.execute(text("DELETE FROM cpu_claims WHERE placement_id IN "
+                                "(SELECT id FROM placements WHERE guest = 'aff-c')"))
+        connection.execute(text("DELETE FROM placements WHERE guest = 'aff-c'"))
+    engine.dispose()
+    bulk = _nodes(api.post("/v1/placements", json={**GUEST, "name": "aff-bulk2", "vcpus": 4}))
+    assert not bulk & refusing
+    free = _nodes(api.post("/v1/placements", json={**GUEST, "name": "aff-free2", "dry_run": True}))
+    assert free == refusing  # the control: a guest nobody refuses goes next to aff-c
+    planned = _nodes(api.post("/v1/placements", json={**GUEST, "name": "aff-d", "dry_run": True}))
+    assert not planned & refusing, (planned, refusing)
+    assert _nodes(api.post("/v1/placements", json={**GUEST, "name": "aff-d"})) == planned

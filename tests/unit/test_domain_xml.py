@@ -9,7 +9,7 @@ intended change of the output, regenerate them with
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import pytest
@@ -292,3 +292,22 @@ def test_guest_cpu_topology(vcpus, cells, threads, expected):
                           cells=tuple(guest_cells), threads_per_core=threads)
     topo = guest_cpu_topology(placement)
     assert (topo.sockets, topo.dies, topo.cores, topo.threads) == expected
+
+
+def test_a_parsed_placement_carries_the_refusals_its_metadata_declares():
+    """A rule written into a domain binds where no record of it is kept: parsing returns it with
+    the placement, as a guest spec would accept it, without making it part of where it runs."""
+    case = CASES[0]
+    placement = parse_placement(case.render(), "h")
+    assert placement.anti_affinity == ("db2",)
+    assert placement == replace(placement, anti_affinity=())  # who it refuses is not where it runs
+    assert "anti_affinity" not in placement.to_dict()
+    ns = f"{{{NAMESPACE}}}"
+    root = etree.fromstring(case.render().encode())
+    rule = root.find(f".//{ns}anti_affinity")
+    for peer in ("db2", "not a guest name", root.findtext("name"), "x" * 65, "db3"):
+        extra = etree.SubElement(rule.getparent(), f"{ns}anti_affinity")
+        extra.set("guest", peer)
+    assert parse_placement(etree.tostring(root).decode(), "h").anti_affinity == ("db2", "db3")
+    plain = "<domain type='kvm'><name>u</name><memory>1024</memory><vcpu>1</vcpu></domain>"
+    assert parse_placement(plain, "h").anti_affinity == ()  # a foreign domain declares nothing

@@ -3,6 +3,7 @@ costs one topology read and one domain read (the API's cache serving repeats).""
 
 from __future__ import annotations
 
+from dataclasses import replace
 from types import SimpleNamespace
 from typing import Any
 
@@ -199,3 +200,27 @@ def test_the_api_cache_serves_repeated_snapshots_from_one_read(taken: list[HostS
     snapshots.invalidate("h1")  # a placement touched the host: its domains and records are read anew
     fleet.plan(_spec(), ["h1"], None)
     assert host.reads == {"topology": 1, "domains": 2} and store.reads == 2
+
+
+def test_a_snapshot_binds_the_refusals_domains_declare_and_those_on_record_together():
+    """A domain's declared anti-affinity counts with no record of it (a restored database, a
+    second deployment); with a record too, both rules bind, each peer once."""
+    from vmplacer.app.host_snapshot import joined_refusals
+
+    host = _CountingHost()
+    pinned = host._domains[0]
+    host._domains[0] = DomainInfo(pinned.name, pinned.uuid, pinned.state, None, 1, pinned.memory_kib,
+                                  replace(pinned.placement, anti_affinity=("db2", "web")), pinned.labels)
+    alone = take_snapshot(host, listing=True)
+    assert alone.anti_affinity == {"pinned": ("db2", "web")}
+
+    class _Refusing(_Store):
+        def occupied_and_refusals(self, host: str):  # type: ignore[no-untyped-def]
+            return self.occupied(host), {"pinned": ("web", "cache"), "claimed": ("pinned",)}
+
+    both = take_snapshot(host, _Refusing([_reserved()]), listing=True)
+    assert both.anti_affinity == {"pinned": ("db2", "web", "cache"), "claimed": ("pinned",)}
+    read = {"pinned": (host._domains[0].placement, {})}
+    host.labelled_placements = lambda: read  # type: ignore[attr-defined]
+    assert take_snapshot(host).anti_affinity == {"pinned": ("db2", "web")}  # the cheaper read too
+    assert joined_refusals({"a": ()}, None, {"b": ("a", "a")}) == {"b": ("a",)}

@@ -332,3 +332,21 @@ def test_local_moves_keep_anti_affinity_per_node():
     kept = plan_for(["a", "b", "c"])
     for name in "abc":
         assert kept[name][1][0] <= frozenset({0, 1}), f"{name} moved onto the node of d, which refuses it"
+
+
+def test_a_guest_with_no_record_keeps_the_refusals_its_domain_declares():
+    """A guest whose record is gone (a restored database) still refuses the peers its domain
+    XML names, and a spec's rule joins them."""
+    declared = replace(pinned("d", "h1", [2]), anti_affinity=("a", "b"))
+    assert describe_guest(declared).anti_affinity == ("a", "b")
+    spec = GuestSpec.from_mapping({"name": "d", "vcpus": 1, "memory_mib": 512, "anti_affinity": ["c", "a"]})
+    assert describe_guest(declared, spec=spec).anti_affinity == ("c", "a", "b")
+    topo = uniform_topology(nodes=2, cores_per_node=2, name="h1")
+    crowded = [pinned("a", "h1", [0]), pinned("b", "h1", [0]), pinned("c", "h1", [1])]
+    plain = cluster({"h1": topo}, [*crowded, pinned("d", "h1", [2])])
+    free = final_pins(plan_rebalance(plain, LINEAR, now=0.0), plain)
+    assert any(free[n][1][0] == frozenset({3}) for n in "ab"), "without the rule, a or b takes pCPU 3"
+    state = cluster({"h1": topo}, [*crowded, declared])
+    kept = final_pins(plan_rebalance(state, LINEAR, now=0.0), state)
+    for name in "ab":
+        assert kept[name][1][0] <= frozenset({0, 1}), f"{name} moved onto the node of d, which refuses it"

@@ -23,7 +23,7 @@ from lxml import etree
 
 from vmplacer.adapters.domain_xml_fields import NAMESPACE, FieldError, read_fields
 from vmplacer.core.cpuset import format_cpuset
-from vmplacer.core.guest import GuestSpec, page_size_text
+from vmplacer.core.guest import NAME_RE, GuestSpec, page_size_text
 from vmplacer.core.placement import GuestCell, Placement
 from vmplacer.core.topology import HostTopology
 
@@ -438,8 +438,19 @@ def _placement(values: dict[str, Any], host: str, topology: HostTopology | None)
         dedicated=dedicated,
         exclusive_cpus=exclusive,
         score=values["score"] or 0.0,
+        anti_affinity=_refused(values["anti_affinity"], guest) if metadata else (),
     )
     return placement
+
+
+def _refused(names: tuple[str, ...], guest: str) -> tuple[str, ...]:
+    """The anti-affinity peers a domain's metadata names, as a guest spec would accept them
+    (valid guest names, not itself, each once): anything else names no guest vmplacer places."""
+    kept: list[str] = []
+    for name in names:
+        if NAME_RE.match(name) and name != guest and name not in kept:
+            kept.append(name)
+    return tuple(kept)
 
 
 def _cell_node(cell_id: int, cell_vcpus: frozenset[int], memnodes: dict[int, frozenset[int]],

@@ -52,7 +52,8 @@ class HostSnapshot:
     profiles: Mapping[str, GuestProfile]  # what admission knows of each domain's guest (its labels)
     domains: tuple[DomainInfo, ...] | None = None  # the full listing (states, UUIDs), when asked for
     recorded: tuple[Placement, ...] = ()  # recorded in the store, not (yet) defined in libvirt
-    # recorded guests whose specs refuse neighbours: guest -> refused guests (binds both ways)
+    # guests that refuse neighbours, by their records and by their domains' XML metadata:
+    # guest -> refused guests (binds both ways)
     anti_affinity: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
 
     @property
@@ -69,15 +70,29 @@ class HostSnapshot:
                       anti_affinity: Mapping[str, tuple[str, ...]] | None = None) -> HostSnapshot:
         """This snapshot plus the recorded placements libvirt does not show (a domain's own
         view wins over its record; the first record of a guest wins over later ones), and
-        the recorded guests' anti-affinity."""
+        the recorded guests' anti-affinity (joined with what their domains declare)."""
         seen = set(self.live) | {p.guest for p in self.recorded}
         kept = list(self.recorded)
         for placement in recorded:
             if placement.guest not in seen:
                 seen.add(placement.guest)
                 kept.append(placement)
-        refusing = {**self.anti_affinity, **(anti_affinity or {})}
-        return replace(self, recorded=tuple(kept), anti_affinity=refusing)
+        return replace(self, recorded=tuple(kept), anti_affinity=joined_refusals(self.anti_affinity, anti_affinity))
+
+
+def joined_refusals(*sources: Mapping[str, tuple[str, ...]] | None) -> dict[str, tuple[str, ...]]:
+    """Every guest's refusals from every source, each peer once: a rule a record or a domain
+    states binds, whichever of them is missing."""
+    joined: dict[str, tuple[str, ...]] = {}
+    for source in sources:
+        for guest, peers in (source or {}).items():
+            joined[guest] = tuple(dict.fromkeys((*joined.get(guest, ()), *peers)))
+    return {guest: peers for guest, peers in joined.items() if peers}
+
+
+def declared_refusals(placements: Iterable[Placement]) -> dict[str, tuple[str, ...]]:
+    """The anti-affinity the domains' XML metadata declares (`Placement.anti_affinity`)."""
+    return {p.guest: p.anti_affinity for p in placements if p.anti_affinity}
 
 
 def floating(domain: DomainInfo, host: str) -> Placement:
@@ -98,12 +113,15 @@ def take_snapshot(host: ObservedHost, store: RecordedPlacements | None = None, *
     labelled = None if listing else getattr(host, "labelled_placements", None)
     if labelled is not None:
         read = labelled()
-        snapshot = HostSnapshot(host.name, topology, {name: p for name, (p, _) in read.items()},
-                                {name: profile_from_labels(name, labels) for name, (_, labels) in read.items()})
+        live = {name: p for name, (p, _) in read.items()}
+        snapshot = HostSnapshot(host.name, topology, live,
+                                {name: profile_from_labels(name, labels) for name, (_, labels) in read.items()},
+                                anti_affinity=declared_refusals(live.values()))
     else:
         listed = host.domains()
-        snapshot = HostSnapshot(host.name, topology, {d.name: floating(d, host.name) for d in listed},
-                                profiles_of(listed), tuple(listed))
+        live = {d.name: floating(d, host.name) for d in listed}
+        snapshot = HostSnapshot(host.name, topology, live, profiles_of(listed), tuple(listed),
+                                anti_affinity=declared_refusals(live.values()))
     if store is None:
         return snapshot
     return snapshot.with_recorded(*store.occupied_and_refusals(host.name))

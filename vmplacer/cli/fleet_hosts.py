@@ -84,6 +84,7 @@ def observe(ctx: CliContext, candidates: Candidates, *, recorded: bool = False) 
     from vmplacer.adapters.domain_xml import DomainXmlError
     from vmplacer.app.fleet_placement import observe_host
     from vmplacer.app.fleet_planner import Refusal
+    from vmplacer.app.host_snapshot import joined_refusals
     from vmplacer.ports import HypervisorError
 
     views = []
@@ -94,9 +95,10 @@ def observe(ctx: CliContext, candidates: Candidates, *, recorded: bool = False) 
             host = ctx.container.hypervisor(name)
             view = observe_host(host, ctx.container.allocation_options(name), ctx.container.admission,
                                 store if recorded else None)
-            if refusals_on_record:  # the live domains' refusals, from their records
-                view.anti_affinity = {guest: peers for guest, peers in store.occupied_and_refusals(name)[1].items()
-                                      if guest in view.domains}
+            if refusals_on_record:  # the live domains' refusals, from their records too
+                view.anti_affinity = joined_refusals(view.anti_affinity, {
+                    guest: peers for guest, peers in store.occupied_and_refusals(name)[1].items()
+                    if guest in view.domains})
             views.append(view)
         except (HypervisorError, DomainXmlError) as exc:
             text = (str(exc) if isinstance(exc, HypervisorError)

@@ -49,6 +49,10 @@ class Placement:
     dedicated: bool = False  # vCPUs own their pCPUs exclusively
     exclusive_cpus: frozenset[int] = field(default_factory=frozenset)  # pCPUs nobody else may use
     score: float = 0.0
+    # Guests this one refuses to share a NUMA node with, as its domain XML's vmplacer metadata
+    # says: read so that a rule written into a domain binds even where no record of it is kept.
+    # It is who the guest refuses, not where it runs: never compared, stored or rendered from here.
+    anti_affinity: tuple[str, ...] = field(default=(), compare=False)
 
     @property
     def vcpus(self) -> int:

@@ -274,7 +274,8 @@ def describe_guest(
         floor=floor,
         protected=latency_critical or priority > 0 or floor is not None,
         thread_policy=thread_policy,
-        anti_affinity=tuple(spec.anti_affinity) if spec else (),
+        # the spec's rule and what the domain declares (a guest with no record still carries its rule)
+        anti_affinity=tuple(dict.fromkeys((*(spec.anti_affinity if spec else ()), *placement.anti_affinity))),
         spec=spec,
         migratable=rebalance == "on",
         dirty_mib_s=dirty,
