@@ -2,7 +2,7 @@
 policy, interference-blind spreading and the optimum; and planning time at scale.
 
     python benchmarks/rebalance.py [--out benchmarks/results/rebalance.json] [--seeds 3] [--quick]
-                                   [--shape LABEL ...] [--matrix NAME ...] [--pessimism Z]
+                                   [--shape LABEL ...] [--matrix NAME ...] [--setting NAME=VALUE ...]
 
     # in parallel, one part per matrix, then merged (with a baseline run beside, optional):
     python benchmarks/rebalance.py --matrix NAME --rows-out part.json        # per matrix
@@ -64,6 +64,7 @@ from vmplacer.core.policies.rebalance import plan_rebalance  # noqa: E402
 from vmplacer.core.policies.rebalance_state import (  # noqa: E402
     ClusterState,
     HostState,
+    RebalanceInputError,
     RebalanceSettings,
     describe_guest,
 )
@@ -111,7 +112,7 @@ def best(table, case, start):
 
 
 def run_cases(seeds: int, shapes=SHAPES, names: set[str] | None = None,
-              pessimism: float | None = None, runs: int = RUNS) -> list[dict]:
+              overrides: dict[str, float] | None = None, runs: int = RUNS) -> list[dict]:
     rows = []
     solver = CpSatLayoutSolver()
     for path in matrices():
@@ -122,8 +123,7 @@ def run_cases(seeds: int, shapes=SHAPES, names: set[str] | None = None,
             for start in ("siblings", "random"):
                 for seed in range(seeds):
                     began = time.perf_counter()
-                    settings = RebalanceSettings(max_actions=vms, **(
-                        {} if pessimism is None else {"pessimism": pessimism}))
+                    settings = RebalanceSettings(**{"max_actions": vms, **(overrides or {})})
                     row = evaluate_case(table, Case(start, hosts, vms, shape, seed, mix), matrix=path.name,
                                         rounds=runs, checkpoints=(CHECKPOINT,), simulator=simulator,
                                         solver=solver, best=best, settings=settings)
@@ -324,6 +324,27 @@ def plan_at_scale(hosts: int = 100, vms: int = 40, repeats: int = 3) -> dict:
     }
 
 
+def setting_overrides(pairs: list[str]) -> dict[str, float]:
+    """NAME=VALUE pairs of --setting as RebalanceSettings fields; an unknown name or a value that is
+    not a number stops the run before any case, naming it."""
+    fields = RebalanceSettings.__dataclass_fields__
+    overrides: dict[str, float] = {}
+    for pair in pairs:
+        name, _, text = pair.partition("=")
+        if name not in fields:
+            raise SystemExit(f"--setting {pair!r}: no rebalance setting is called {name!r}")
+        try:
+            value = float(text)
+        except ValueError:
+            raise SystemExit(f"--setting {pair!r}: the value must be a number") from None
+        overrides[name] = int(value) if fields[name].type in (int, "int") else value
+    try:
+        RebalanceSettings(**overrides)  # the product's own checks of each field
+    except RebalanceInputError as error:
+        raise SystemExit(f"--setting: {error}") from None
+    return overrides
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rebalance.json"))
@@ -333,9 +354,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--matrix", action="append", help="only this pair file (a file name; repeatable)")
     parser.add_argument("--runs", type=int, default=RUNS,
                         help=f"rebalancing runs before vmplacer's layout is scored (default {RUNS})")
-    parser.add_argument("--pessimism", type=float, default=None,
-                        help="standard deviations of the lower bound against the blind spread (default: the "
-                             "product's; 0 turns the check off)")
+    parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
+                        help="a rebalance setting other than the product's default, e.g. pessimism=0 or "
+                             "min_migration_gain=0.05 (repeatable; for experiments against a baseline)")
     parser.add_argument("--baseline-from", action="append",
                         help="case rows of a run with other settings (--rows-out files), summarized beside")
     parser.add_argument("--baseline-label", default="", help="what the baseline run changed")
@@ -351,7 +372,8 @@ def main(argv: list[str] | None = None) -> int:
         rows = [r for part in parts for r in part["cases"]]
         load_before = tuple(min(part["load_average"]["start"][i] for part in parts) for i in range(3))
     else:
-        rows = run_cases(1 if args.quick else args.seeds, shapes, set(args.matrix or ()), args.pessimism, args.runs)
+        rows = run_cases(1 if args.quick else args.seeds, shapes, set(args.matrix or ()),
+                         setting_overrides(args.setting), args.runs)
     if args.rows_out:
         Path(args.rows_out).write_text(json.dumps({
             "cases": rows, "seconds": round(time.perf_counter() - began, 1),
