@@ -24,7 +24,11 @@ rates its own layout higher). Only search and model are real losses.
 
 vmplacer runs RUNS (10) times, the 10-minute timer over 100 minutes, before its layout is
 scored; its performance after CHECKPOINT (5) runs is recorded beside (`vmplacer_by_run`, and
-`by_run` in the summaries). The simple rules are one-shot policies and do not gain from more runs.
+`by_run` in the summaries, with the moves done and undone by then; `--checkpoint` for others).
+The simple rules are one-shot policies and do not gain from more runs.
+
+Long-run stability: `--quick --runs 30 --checkpoint 5 --checkpoint 10 --checkpoint 20
+--out benchmarks/results/rebalance_30_runs.json` (seed 0 of every case, five hours of the timer).
 
 Planning time: 100 hosts (2 nodes × 12 cores × 2 threads) × 40 one-vCPU VMs each, placed at
 random, a model learned from Freeze'nSense samples, default settings (at most 8 actions).
@@ -112,7 +116,8 @@ def best(table, case, start):
 
 
 def run_cases(seeds: int, shapes=SHAPES, names: set[str] | None = None,
-              overrides: dict[str, float] | None = None, runs: int = RUNS) -> list[dict]:
+              overrides: dict[str, float] | None = None, runs: int = RUNS,
+              checkpoints: tuple[int, ...] = (CHECKPOINT,)) -> list[dict]:
     rows = []
     solver = CpSatLayoutSolver()
     for path in matrices():
@@ -125,7 +130,7 @@ def run_cases(seeds: int, shapes=SHAPES, names: set[str] | None = None,
                     began = time.perf_counter()
                     settings = RebalanceSettings(**{"max_actions": vms, **(overrides or {})})
                     row = evaluate_case(table, Case(start, hosts, vms, shape, seed, mix), matrix=path.name,
-                                        rounds=runs, checkpoints=(CHECKPOINT,), simulator=simulator,
+                                        rounds=runs, checkpoints=checkpoints, simulator=simulator,
                                         solver=solver, best=best, settings=settings)
                     row["shape"] = label
                     row["mix"] = mix
@@ -188,7 +193,7 @@ def summarize(rows: list[dict]) -> dict:
 
 def by_run(rows: list[dict]) -> dict:
     """vmplacer after each recorded run count: mean performance, mean and min share of the optimum,
-    and cases at >= 99 % of it."""
+    cases at >= 99 % of it, and the moves done and undone so far over all cases."""
     marks = sorted({int(n) for r in rows for n in r.get("vmplacer_by_run", {})})
     result = {}
     for n in marks:
@@ -197,7 +202,9 @@ def by_run(rows: list[dict]) -> dict:
         result[str(n)] = {"cases": len(at), "mean": round(statistics.mean(a["mean"] for a in at), 4),
                           "share_of_optimum_mean": round(statistics.mean(shares), 4) if shares else None,
                           "share_of_optimum_min": round(min(shares), 4) if shares else None,
-                          "cases_ge_99pct_optimum": sum(1 for x in shares if x >= OPTIMUM_SHARE_TARGET)}
+                          "cases_ge_99pct_optimum": sum(1 for x in shares if x >= OPTIMUM_SHARE_TARGET),
+                          **({"moves": sum(a["moves"] for a in at), "undone": sum(a["undone"] for a in at)}
+                             if all("moves" in a for a in at) else {})}
     return result
 
 
@@ -256,6 +263,9 @@ def _baseline(rows: list[dict], base: list[dict], label: str) -> dict:
     verdicts = [b["vmplacer_vs_simple"]["verdict"] for _, b in pairs]
     return {
         "label": label, "cases": len(pairs), "by_matrix": by_matrix,
+        "moves": sum(r["actions"]["vmplacer"] for r, _ in pairs),
+        "baseline_moves": sum(b["actions"]["vmplacer"] for _, b in pairs),
+        "baseline_by_run": by_run([b for _, b in pairs]),
         "vmplacer_mean": round(statistics.mean(r["vmplacer"] for r, _ in pairs), 4) if pairs else None,
         "baseline_mean": round(statistics.mean(b["vmplacer"] for _, b in pairs), 4) if pairs else None,
         "baseline_below_simple_rules": {v: verdicts.count(v) for v in VERDICTS},
@@ -354,6 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--matrix", action="append", help="only this pair file (a file name; repeatable)")
     parser.add_argument("--runs", type=int, default=RUNS,
                         help=f"rebalancing runs before vmplacer's layout is scored (default {RUNS})")
+    parser.add_argument("--checkpoint", action="append", type=int, metavar="N",
+                        help=f"also record vmplacer after N runs (repeatable; default {CHECKPOINT})")
     parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                         help="a rebalance setting other than the product's default, e.g. pessimism=0 or "
                              "min_migration_gain=0.05 (repeatable; for experiments against a baseline)")
@@ -373,7 +385,7 @@ def main(argv: list[str] | None = None) -> int:
         load_before = tuple(min(part["load_average"]["start"][i] for part in parts) for i in range(3))
     else:
         rows = run_cases(1 if args.quick else args.seeds, shapes, set(args.matrix or ()),
-                         setting_overrides(args.setting), args.runs)
+                         setting_overrides(args.setting), args.runs, tuple(args.checkpoint or (CHECKPOINT,)))
     if args.rows_out:
         Path(args.rows_out).write_text(json.dumps({
             "cases": rows, "seconds": round(time.perf_counter() - began, 1),

@@ -206,4 +206,10 @@ def test_a_checkpoint_records_vmplacer_as_a_shorter_evaluation_ends():
     assert long["vmplacer_by_run"]["3"]["mean"] == long["vmplacer"]
     assert long["vmplacer_by_run"]["3"]["share_of_optimum"] == long["share_of_optimum"]["vmplacer"]
     assert short["vmplacer_by_run"] == {"1": {"mean": short["vmplacer"],
-                                              "share_of_optimum": short["share_of_optimum"]["vmplacer"]}}
+                                              "share_of_optimum": short["share_of_optimum"]["vmplacer"],
+                                              "moves": short["actions"]["vmplacer"],
+                                              "undone": long["vmplacer_by_run"]["1"]["undone"]}}
+    # moves only add up as runs go on, and the last mark counts all of the row's moves
+    assert long["vmplacer_by_run"]["1"]["moves"] == short["actions"]["vmplacer"] > 0
+    assert long["vmplacer_by_run"]["3"]["moves"] == long["actions"]["vmplacer"] >= long["vmplacer_by_run"]["1"]["moves"]
+    assert long["vmplacer_by_run"]["3"]["undone"] >= long["vmplacer_by_run"]["1"]["undone"]

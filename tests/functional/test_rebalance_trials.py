@@ -42,9 +42,9 @@ class ScriptedProbe:
         return Measured(host, self.left.pop(0), {g: 3 for g in WEIGHTS})
 
 
-def rebalancer(sim, db, probe) -> Rebalancer:
+def rebalancer(sim, db, probe, epoch: float = 1_700_000_000.0) -> Rebalancer:
     return Rebalancer(dict(sim.hosts), plans=SqlPlanStore(db), leases=SqlLeaseStore(db), clock=sim.clock,
-                      wall=lambda: 1_700_000_000.0 + sim.clock.now(), holder="run", settings=RebalanceSettings(),
+                      wall=lambda: epoch + sim.clock.now(), holder="run", settings=RebalanceSettings(),
                       placements=SqlPlacementUpdates(db, {"h1": "sim://h1"}), audit=SqlPlacementStore(db),
                       probe=probe)
 
@@ -117,3 +117,39 @@ def test_without_a_profiler_the_trials_keep_only_what_was_planned_for_sure(sim, 
     done = run.apply(two_stage_plan(db).id)
     assert [a.state for a in done.actions] == ["succeeded", "skipped", "skipped", "skipped"]
     assert cpu_of(sim, "b") == 1 and cpu_of(sim, "c") == 0
+
+
+def confirm_plan(db, from_key: str, to_key: str) -> Plan:
+    """b: 0 → 1, confirmed by a probe (undone when measured worse)."""
+    actions = (
+        Action(0, "repin", "h1", "b", before=pin("b", 0), after=pin("b", 1), reason="spread b"),
+        Action(1, "probe", "h1", depends_on=(0,),
+               parameters={"seconds": 1.0, "trial": trial("confirm", from_key, to_key)}),
+    )
+    return SqlPlanStore(db).save(Plan(actions=actions, hosts=("h1",)))
+
+
+def test_a_host_whose_planned_layouts_keep_measuring_worse_is_left_alone_for_a_while(sim, db):
+    worse = [{"a": 0.6, "b": 0.6, "c": 0.6}, {"a": 0.5, "b": 0.5, "c": 0.5}]  # before, after: undone
+    # the store stamps outcomes with the real time, so this run's wall clock starts now
+    run = rebalancer(sim, db, ScriptedProbe(*worse, *worse), epoch=time.time())
+    settings = RebalanceSettings()
+    for n, keys in enumerate((("x", "t1"), ("x", "t2"))):
+        done = run.apply(confirm_plan(db, *keys).id)
+        assert [a.state for a in done.actions] == ["rolled_back", "rolled_back"]
+        assert cpu_of(sim, "b") == 0
+        if n == 0:  # one layout measured worse: the next run may plan again at once
+            assert run.held_hosts(settings) == {}
+    held = run.held_hosts(settings)
+    last = max(o.at for o in SqlPlanStore(db).trial_outcomes(0.0))
+    assert list(held) == ["h1"] and held["h1"].streak == 2
+    assert held["h1"].until == pytest.approx(last + settings.backoff_s)
+    plan = run.make_plan(["h1"])
+    [why] = plan.settings["notes"]["held"]
+    assert why.startswith("host h1: its last 2 planned layouts measured worse and were undone; for ")
+    # three guests on one pCPU: spreading them is time sharing, arithmetic the back-off does not hold
+    assert plan.state == "proposed" and [a.kind for a in plan.actions if a.kind == "repin"]
+    assert run.held_hosts(RebalanceSettings(backoff_s=0)) == {}  # turned off
+    sim.clock.sleep(held["h1"].until - run.wall() + 1)
+    assert run.held_hosts(settings) == {}
+    assert run.make_plan(["h1"]).settings["notes"]["held"] == []  # the back-off is over

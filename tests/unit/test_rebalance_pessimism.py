@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import random
 
+from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
 from vmplacer.core.interference import Exposure, InterferenceModel, Observation
 from vmplacer.core.placement import Placement
 from vmplacer.core.policies.rebalance import ClusterState, HostState, RebalanceSettings, describe_guest, plan_rebalance
 from vmplacer.core.policies.rebalance_pessimistic import doubt, spread_layout
 from vmplacer.core.policies.rebalance_search import _Change, _Move, _Search
 from vmplacer.core.topology import DistanceClass, uniform_topology
+from vmplacer.core.trial import Backoff
 
 LLC, CORE = DistanceClass.SAME_LLC, DistanceClass.SAME_CORE
 GUESTS = ("a", "b", "c", "d")
@@ -133,6 +135,35 @@ def test_a_host_tries_at_most_trial_max_layouts_within_the_memory():
     capped = plan_rebalance(state, model, RebalanceSettings(trial_max=3), now=0.0, tried={"h": 3})
     assert _trial(capped) is None and not capped.actions
     assert not plan_rebalance(state, model, RebalanceSettings(trials=False), now=0.0).actions
+
+
+def test_a_host_in_back_off_gets_no_data_driven_move_only_a_trial():
+    """Forty sibling samples: unheld, the plan pairs guests on siblings, confirmed by measurement."""
+    model = learned(sibling_rounds=40)
+    state = spread_state()
+    held = {"h": Backoff("h", 3, 1800.0)}
+    free = plan_rebalance(state, model, RebalanceSettings(), now=0.0)
+    assert [a for a in free.actions if a.kind == "repin" and not a.parameters.get("tried")]
+    assert any((a.parameters.get("trial") or {}).get("kind") == "confirm" for a in free.actions)
+    waiting = plan_rebalance(state, model, RebalanceSettings(), now=0.0, held=held)
+    assert not waiting.actions, waiting.summary
+    assert waiting.settings["notes"]["held"] == [
+        "host h: its last 3 planned layouts measured worse and were undone; for 1800 s more its layout is "
+        "only tried, kept if measured better (back-off)"]
+    assert waiting.settings["notes"]["declined"][-1]["declined_by"] == "backoff"
+    assert "back-off" in waiting.summary
+    # the exact layout the host would have taken becomes its trial: repins marked tried, then an explore probe
+    solved = plan_rebalance(state, model, RebalanceSettings(), now=0.0, held=held, solver=CpSatLayoutSolver())
+    repins = [a for a in solved.actions if a.kind == "repin"]
+    assert repins and all(a.parameters.get("tried") == "exact" for a in repins), solved.summary
+    assert solved.actions[-1].parameters["trial"]["kind"] == "explore"
+    # ... within the host's trial budget
+    capped = plan_rebalance(state, model, RebalanceSettings(), now=0.0, held=held, solver=CpSatLayoutSolver(),
+                            tried={"h": RebalanceSettings().trial_max})
+    assert not [a for a in capped.actions if a.kind == "repin"], capped.summary
+    # another host's back-off changes nothing here
+    other = plan_rebalance(state, model, RebalanceSettings(), now=0.0, held={"g": Backoff("g", 3, 1800.0)})
+    assert [a.kind for a in other.actions] == [a.kind for a in free.actions]
 
 
 def test_a_planned_layout_measured_worse_than_where_the_host_is_is_not_taken_again():

@@ -4,7 +4,16 @@ from __future__ import annotations
 
 import pytest
 
-from vmplacer.core.trial import Measured, TrialError, judge, layout_key, measured_objective, trial_outcome
+from vmplacer.core.trial import (
+    Measured,
+    TrialError,
+    TrialOutcome,
+    backoffs,
+    judge,
+    layout_key,
+    measured_objective,
+    trial_outcome,
+)
 
 WEIGHTS = {"a": 1.0, "b": 1.0}
 
@@ -93,3 +102,41 @@ def test_two_measurements_of_one_layout_pool_by_their_samples():
     assert both.samples == {"a": 4, "b": 1, "c": 3}
     assert both.performance["b"] == pytest.approx(0.5) and both.performance["c"] == pytest.approx(0.4)
     assert pooled(None, probe) is probe
+
+
+def outcome(kind: str, kept: bool, at: float, host: str = "h") -> TrialOutcome:
+    return TrialOutcome(kind, "from", "to", kept, host, at)
+
+
+def test_a_host_backs_off_twice_as_long_after_each_planned_layout_that_measured_worse():
+    undone = [outcome("confirm", False, 100.0 * i) for i in range(1, 6)]  # at 100, 200, …, 500
+    for k in range(1, 6):
+        held = backoffs(undone[:k], now=100.0 * k, base_s=600.0, limit_s=86400.0)
+        if k == 1:
+            assert held == {}, "one layout measured worse: the next run may plan at once"
+            continue
+        assert held["h"].streak == k
+        assert held["h"].until == 100.0 * k + 600.0 * (2 ** (k - 1) - 1)  # 600, 1800, 4200, 9000 s after the last
+        assert backoffs(undone[:k], now=held["h"].until, base_s=600.0, limit_s=86400.0) == {}  # over: free again
+        assert "last %d planned layouts measured worse" % k in held["h"].why(100.0 * k)
+
+
+def test_a_kept_trial_ends_the_streak_and_undone_explore_trials_do_not_count():
+    undone = [outcome("confirm", False, 10.0), outcome("confirm", False, 20.0)]
+    assert backoffs(undone, now=30.0, base_s=600.0, limit_s=86400.0)["h"].streak == 2
+    assert backoffs([*undone, outcome("explore", False, 25.0)], now=30.0, base_s=600.0,
+                    limit_s=86400.0)["h"].streak == 2
+    for kind in ("confirm", "explore"):
+        assert backoffs([*undone, outcome(kind, True, 25.0)], now=30.0, base_s=600.0, limit_s=86400.0) == {}
+    # order is by time, not by the order the store listed them in
+    assert backoffs([outcome("confirm", True, 25.0), *undone], now=30.0, base_s=600.0, limit_s=86400.0) == {}
+    # hosts are counted apart
+    other = [outcome("confirm", False, 15.0, host="g"), outcome("confirm", True, 16.0, host="g")]
+    assert set(backoffs([*undone, *other], now=30.0, base_s=600.0, limit_s=86400.0)) == {"h"}
+
+
+def test_the_back_off_is_capped_by_the_memory_and_zero_turns_it_off():
+    many = [outcome("confirm", False, float(i)) for i in range(2000)]
+    held = backoffs(many, now=2000.0, base_s=600.0, limit_s=86400.0)
+    assert held["h"].until == 1999.0 + 86400.0
+    assert backoffs(many, now=2000.0, base_s=0.0, limit_s=86400.0) == {}

@@ -42,7 +42,7 @@ from vmplacer.core.plan import (
 from vmplacer.core.policies.admit import AllocationOptions
 from vmplacer.core.policies.rebalance import plan_rebalance
 from vmplacer.core.policies.rebalance_drain import plan_drain
-from vmplacer.core.trial import Measured
+from vmplacer.core.trial import Backoff, Measured, backoffs
 from vmplacer.core.policies.rebalance_state import (
     ClusterState,
     GuestState,
@@ -345,10 +345,10 @@ class Rebalancer:
             plan = plan_drain(observed.state, model, drain, settings, now=self.wall(), scope=movable)
         else:
             last_moved = self.plans.last_moved(list(observed.state.guests))
-            better, tried = self._trial_memory(settings)
+            better, tried, held = self._trial_memory(settings)
             plan = plan_rebalance(observed.state, model, settings, now=self.wall(), last_moved=last_moved,
                                   scope=movable, solver=self.solver, measured=better, tried=tried,
-                                  pooled=self.pooled_by_plans(observed.state))
+                                  pooled=self.pooled_by_plans(observed.state), held=held)
         unreadable = [{"host": host, "error": error} for host, error in observed.errors.items()]
         summary = plan.summary
         if unreadable:
@@ -375,19 +375,28 @@ class Rebalancer:
         the layout it left. The policy follows these instead of trying the same pair again."""
         return self._trial_memory(settings)[0]
 
-    def _trial_memory(self, settings: RebalanceSettings) -> tuple[set[tuple[str, str]], dict[str, int]]:
-        """`measured_better`, and how many layouts each host tried in that time."""
+    def held_hosts(self, settings: RebalanceSettings) -> dict[str, Backoff]:
+        """Hosts the policy leaves alone now: their last planned layouts measured worse, one after
+        another (core/trial.backoffs)."""
+        return self._trial_memory(settings)[2]
+
+    def _trial_memory(self, settings: RebalanceSettings) -> tuple[set[tuple[str, str]], dict[str, int],
+                                                                  dict[str, Backoff]]:
+        """`measured_better`, how many layouts each host tried in that time, and the hosts left
+        alone because their planned layouts kept measuring worse (core/trial.backoffs)."""
         if not settings.trials:
-            return set(), {}
+            return set(), {}, {}
         better: set[tuple[str, str]] = set()
         tried: dict[str, int] = {}
-        for outcome in self.plans.trial_outcomes(self.wall() - settings.trial_memory_s):
+        now = self.wall()
+        outcomes = self.plans.trial_outcomes(now - settings.trial_memory_s)
+        for outcome in outcomes:
             if outcome.kind == "explore":
                 better.add((outcome.to_key, outcome.from_key) if outcome.kept else (outcome.from_key, outcome.to_key))
                 tried[outcome.host] = tried.get(outcome.host, 0) + 1
             elif not outcome.kept:
                 better.add((outcome.from_key, outcome.to_key))
-        return better, tried
+        return better, tried, backoffs(outcomes, now, settings.backoff_s, settings.trial_memory_s)
 
     def _check_hosts(self, host_names: Sequence[str]) -> None:
         unknown = sorted(set(host_names) - set(self.hosts))

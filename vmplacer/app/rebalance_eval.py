@@ -139,14 +139,17 @@ class MemoryPlanStore:
         for plan in self.plans.values():
             for action in plan.actions:
                 at = self.finished.get((plan.id, action.index))
-                outcome = trial_outcome(action.kind, action.state, action.parameters, action.host)
-                if outcome is not None and at is not None and at >= since:
+                if at is None:
+                    continue
+                outcome = trial_outcome(action.kind, action.state, action.parameters, action.host, at)
+                if outcome is not None and at >= since:
                     found.append(outcome)
         return found
 
-    def moves(self) -> list[Action]:
+    def moves(self, state: str = "succeeded") -> list[Action]:
+        """Moves (repins, migrations, memory moves) in `state`: done, or `rolled_back` (undone)."""
         return [a for p in sorted(self.plans.values(), key=lambda p: p.id or 0) for a in p.actions
-                if a.state == "succeeded" and a.kind != "probe"]
+                if a.state == state and a.kind != "probe"]
 
 
 class MemoryLeaseStore:
@@ -433,7 +436,8 @@ def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix:
     `best` finds the optimum (default: every assignment enumerated, up to
     `optimum_limit`); `solver` lays out small hosts exactly in vmplacer's plans.
     `checkpoints` are earlier run counts at which vmplacer's performance is also
-    recorded (`vmplacer_by_run`), so one row shows how fast it converges.
+    recorded (`vmplacer_by_run`, with the moves done and undone so far), so one row
+    shows how fast it converges and whether it keeps moving once it has.
     """
     marks = sorted({n for n in checkpoints if 0 < n < rounds} | {rounds})
     start = starting_point(table, case)
@@ -461,10 +465,11 @@ def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix:
     settings = settings or RebalanceSettings(max_actions=case.vms)
     loop = VmplacerLoop(cluster, settings, config, solver=solver)
     plans: list[Plan] = []
-    by_run: dict[int, float] = {}
+    by_run: dict[int, tuple[float, int, int]] = {}
     for mark in marks:
         plans += loop.run(mark - (max(by_run) if by_run else 0))
-        by_run[mark] = _mean(performance(cluster))
+        by_run[mark] = (_mean(performance(cluster)), len(loop.plans.moves()),
+                        len(loop.plans.moves("rolled_back")))
     per_vm["vmplacer"] = performance(cluster)
     actions["vmplacer"] = len(loop.plans.moves())
     clusters["vmplacer"] = cluster
@@ -494,7 +499,8 @@ def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix:
                                {p: round(row[p] / row["optimum"], 4) for p in POLICIES if p != "optimum"})
     row["optimum_found_by"] = how
     row["vmplacer_by_run"] = {str(n): {"mean": round(x, 4), "share_of_optimum": (
-        None if row["optimum"] is None else round(round(x, 4) / row["optimum"], 4))} for n, x in by_run.items()}
+        None if row["optimum"] is None else round(round(x, 4) / row["optimum"], 4)), "moves": moves, "undone": undone}
+        for n, (x, moves, undone) in by_run.items()}
     row["min_vm"] = {p: (None if v is None else round(min(v.values()), 4)) for p, v in per_vm.items()}
     row["per_vm"] = {p: (None if v is None else {k: round(x, 4) for k, x in sorted(v.items())})
                      for p, v in per_vm.items()}

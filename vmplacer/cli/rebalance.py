@@ -220,7 +220,7 @@ def run_rebalance_plan(args: argparse.Namespace, ctx: CliContext) -> int:
     plan = _guarded(lambda: rebalancer.make_plan(hosts, max_actions=args.max_actions, scope=scope, notes=notes,
                                                  drain=drain))
     data = {"status": "planned" if plan.state == "proposed" else "nothing-to-do", "plan": plan.to_dict(),
-            "notes": notes + _stuck_notes(plan)}
+            "notes": notes + _stuck_notes(plan) + _held_notes(plan)}
     emit(args, data, _render_report)
     return EXIT_OK
 
@@ -246,6 +246,11 @@ def _stuck_notes(plan: Any) -> list[str]:
     if not notes.get("drain"):
         return []
     return [f"guest {entry}: stays on {notes['drain']}" for entry in notes.get("stuck", [])]
+
+
+def _held_notes(plan: Any) -> list[str]:
+    """Hosts in back-off: their planned layouts kept measuring worse, so their layout is only tried."""
+    return list((plan.settings.get("notes") or {}).get("held") or [])
 
 
 def _enter_maintenance(ctx: CliContext, host: str, reason: str | None) -> None:
@@ -275,7 +280,7 @@ def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
         _enter_maintenance(ctx, drain, args.reason)  # first: nothing new lands while it empties
     report = _guarded(lambda: rebalancer.run(options))
     stuck = _stuck_notes(report.plan) if report.plan is not None else []
-    report.notes.extend(stuck)
+    report.notes.extend(stuck + (_held_notes(report.plan) if report.plan is not None else []))
     emit(args, report.to_dict(), _render_report)
     if report.status == "failed" or (stuck and report.status in ("applied", "nothing-to-do")):
         return EXIT_OPERATIONAL

@@ -137,9 +137,11 @@ class TrialOutcome:
     to_key: str
     kept: bool
     host: str = ""
+    at: float = 0.0  # epoch seconds the trial's probe finished
 
 
-def trial_outcome(kind: str, state: str, parameters: Mapping[str, object], host: str = "") -> TrialOutcome | None:
+def trial_outcome(kind: str, state: str, parameters: Mapping[str, object], host: str = "",
+                  at: float = 0.0) -> TrialOutcome | None:
     """The outcome of one stored plan action, if it is a finished trial probe."""
     trial = parameters.get("trial") if kind == "probe" else None
     if not isinstance(trial, Mapping) or state not in ("succeeded", "rolled_back"):
@@ -147,4 +149,47 @@ def trial_outcome(kind: str, state: str, parameters: Mapping[str, object], host:
     from_key, to_key = trial.get("from_key"), trial.get("to_key")
     if not (isinstance(from_key, str) and isinstance(to_key, str) and from_key and to_key):
         return None
-    return TrialOutcome(str(trial.get("kind")), from_key, to_key, state == "succeeded", host)
+    return TrialOutcome(str(trial.get("kind")), from_key, to_key, state == "succeeded", host, at)
+
+
+@dataclass(frozen=True)
+class Backoff:
+    """A host whose last `streak` planned layouts in a row measured worse, so until `until` (epoch
+    seconds) the policy plans no data-driven move there: it only tries a layout, kept if measured
+    better."""
+
+    host: str
+    streak: int
+    until: float
+
+    def why(self, now: float) -> str:
+        return (f"host {self.host}: its last {self.streak} planned layouts measured worse and were undone; "
+                f"for {self.until - now:.0f} s more its layout is only tried, kept if measured better (back-off)")
+
+
+def backoffs(outcomes: list[TrialOutcome], now: float, base_s: float, limit_s: float) -> dict[str, Backoff]:
+    """Hosts in back-off now: after k confirm trials of a host in a row were undone, its next
+    planned (data-driven) moves wait base_s · (2^(k-1) − 1) after the last (0, 1, 3, 7, … times
+    base_s; at most `limit_s`); meanwhile a layout is only tried there, kept if measured better,
+    within `trial_max`. Where the model is wrong about a host, each plan it makes there measures
+    worse, so the timer would otherwise move and restore the same guests every run; this way the
+    host keeps trying — the model learns from every trial's samples — but ever less often. A kept
+    trial of either kind ends the streak; an undone explore trial neither ends nor extends it
+    (trying the unknown is meant to fail often, and `trial_max` bounds it)."""
+    if base_s <= 0:
+        return {}
+    streaks: dict[str, tuple[int, float]] = {}
+    for outcome in sorted(outcomes, key=lambda o: o.at):
+        count, last = streaks.get(outcome.host, (0, 0.0))
+        if outcome.kept:
+            streaks[outcome.host] = (0, outcome.at)
+        elif outcome.kind == "confirm":
+            streaks[outcome.host] = (count + 1, outcome.at)
+    held = {}
+    for host, (count, last) in streaks.items():
+        if count < 2:
+            continue  # one layout measured worse: the next run may plan at once
+        until = last + min(limit_s, base_s * (2 ** min(count - 1, 40) - 1))
+        if until > now:
+            held[host] = Backoff(host, count, until)
+    return held

@@ -309,13 +309,14 @@ class SqlPlanStore:
 
     def trial_outcomes(self, since: float) -> list[TrialOutcome]:
         """Trial probes finished since `since` (epoch seconds), with what they compared and kept."""
-        query = (select(PlanActionRow.kind, PlanActionRow.state, PlanActionRow.parameters, PlanActionRow.host)
+        query = (select(PlanActionRow.kind, PlanActionRow.state, PlanActionRow.parameters, PlanActionRow.host,
+                        PlanActionRow.finished_at)
                  .where(PlanActionRow.kind == "probe", PlanActionRow.state.in_(("succeeded", "rolled_back")),
                         PlanActionRow.finished_at >= datetime.fromtimestamp(since, timezone.utc))
                  .order_by(PlanActionRow.id))
         with self.sessions() as session:
-            found = [trial_outcome(kind, state, parameters or {}, host)
-                     for kind, state, parameters, host in session.execute(query)]
+            found = [trial_outcome(kind, state, parameters or {}, host, _epoch(finished) or 0.0)
+                     for kind, state, parameters, host, finished in session.execute(query)]
         return [o for o in found if o is not None]
 
     def audit_rows(self, plan_id: int) -> list[dict[str, Any]]:

@@ -69,6 +69,7 @@ from vmplacer.core.policies.rebalance_state import (
     RebalanceSettings,
     describe_guest,
 )
+from vmplacer.core.trial import Backoff
 
 __all__ = [
     "ClusterState", "GuestState", "HostState", "RebalanceSettings", "RebalanceInputError", "describe_guest",
@@ -90,6 +91,7 @@ def plan_rebalance(
     measured: Iterable[tuple[str, str]] | None = None,
     tried: Mapping[str, int] | None = None,
     pooled: Iterable[str] | None = None,
+    held: Mapping[str, Backoff] | None = None,
 ) -> Plan:
     """Search moves on a what-if copy of `state`; the resulting Plan (state "proposed", or
     "empty" — final — when no move is worth making).
@@ -100,7 +102,8 @@ def plan_rebalance(
     small hosts exactly after the local search (`exact_max_cpus`); `measured` holds (winner,
     loser) layout keys that earlier trials compared by measurement (core/trial.py), `tried` how
     many layouts each host tried lately (at most `trial_max` per `trial_memory_s`); `pooled` names
-    floating guests an earlier plan floated, which the search may pin again.
+    floating guests an earlier plan floated, which the search may pin again; `held` names hosts
+    in back-off (core/trial.backoffs): their data-driven moves are not planned, only tried.
     """
     settings = settings or RebalanceSettings()
     if hosts is not None:
@@ -110,7 +113,9 @@ def plan_rebalance(
             raise RebalanceInputError(f"hosts {unknown} are not in the cluster state")
         state = ClusterState({n: h for n, h in state.hosts.items() if n in allowed},
                              {n: g for n, g in state.guests.items() if g.host in allowed})
-    search = _Search(state, model, settings, now, last_moved or {}, scope, solver)
+    at = 0.0 if now is None else now
+    search = _Search(state, model, settings, now, last_moved or {}, scope, solver,
+                     held={host: b.why(at) for host, b in (held or {}).items()})
     search.measured_better = set(measured or ())
     search.tried = dict(tried or {})
     search.pooled = set(pooled or ())
@@ -124,7 +129,8 @@ def plan_rebalance(
                else f"no move clears the minimum gain of {settings.min_gain:g}: nothing to do")
     if search.declined:
         summary += "; declined: " + declined_text(search.declined[-1])
-    notes = {"fixed": fixed, "rejected": search.rejected[:20], "declined": search.declined[-5:],
+    notes = {"fixed": fixed, "held": sorted(search.held.values()), "rejected": search.rejected[:20],
+             "declined": search.declined[-5:],
              "exact": search.exact, "pessimistic": search.pessimistic,
              "trials": [{"host": h, "what": t["what"], "from_key": t["from_key"], "to_key": t["to_key"]}
                         for h, t in sorted(search.trials.items())]}
@@ -142,6 +148,7 @@ def declined_text(declined: Mapping[str, object]) -> str:
                        f"below {declined['threshold']:g}"),
         "migration_cost": f"the migration costs {declined['cost']:.3f}, leaving less than {declined['threshold']:g}",
         "max_actions": "the action budget is spent",
+        "backoff": "its host's recent planned layouts measured worse (back-off): only tried, kept if measured better",
     }.get(str(by), str(by))
     return f"{declined['move']} (predicted +{float(declined['predicted_gain']):.3f}): {why}"
 

@@ -188,9 +188,9 @@ def choose_pessimistically(search) -> bool:
 
 
 def offer_declined_layouts(search) -> None:
-    """An exact layout the model rates worth its threshold but whose sure gain is not (a host the
-    pessimistic check left alone, no migration) becomes the host's trial when it has none: the
-    measurement decides what the model's data could not. A layout measured either way lately is
+    """An exact layout the model rates worth its threshold but whose sure gain is not, or whose host
+    is in back-off (a host the pessimistic check left alone, no migration), becomes the host's
+    trial when it has none: the measurement decides what the model's data could not. A layout measured either way lately is
     not tried again (`offer_trial`)."""
     if not search.settings.trials:
         return
@@ -204,8 +204,9 @@ def offer_declined_layouts(search) -> None:
         here = {g: dict(host.pins[g]) for g in layout}
         if here == layout:
             continue
-        offer_trial(search, name, {"here": layout_key(name, here)}, "here", layout, "exact",
-                     "exact layout whose predicted gain the model's confidence declined")
+        label = ("exact layout of a host in back-off (its planned layouts measured worse lately)"
+                 if name in search.held else "exact layout whose predicted gain the model's confidence declined")
+        offer_trial(search, name, {"here": layout_key(name, here)}, "here", layout, "exact", label)
 
 
 def _keep_what_measured_better(search) -> bool:

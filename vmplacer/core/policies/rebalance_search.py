@@ -86,7 +86,7 @@ class _Move:
 class _Search:
     def __init__(self, state: ClusterState, model: InterferenceModel, settings: RebalanceSettings,
                  now: float | None, last_moved: Mapping[str, float], scope: Iterable[str] | None,
-                 solver: LayoutSolver | None = None, optimism: float = 0.0):
+                 solver: LayoutSolver | None = None, optimism: float = 0.0, held: Mapping[str, str] | None = None):
         self.state = state
         self.solver = solver
         self.exact: list[dict] = []  # what the exact solver found, per host group
@@ -99,6 +99,7 @@ class _Search:
         self.exact_layouts: dict[str, dict[str, dict[int, frozenset[int]]]] = {}  # host -> solver's layout
         self.tried: dict[str, int] = {}  # host -> layouts it tried within the trial memory
         self.ruled: set[str] = set()  # hosts the plan takes to the blind spread or keeps where they are, by rule
+        self.held: dict[str, str] = dict(held or {})  # host -> why its data-driven moves are only tried (back-off)
         self.model = model
         self.settings = settings
         self.betas = BetaTable(model, optimism)
@@ -759,7 +760,8 @@ class _Search:
             if migration_dirty:
                 migration = self.best_migration()
                 migration_dirty = False
-            options = [m for m in cache.values() if m is not None and self._judge(m) >= settings.min_gain]
+            options = [m for m in cache.values()
+                       if m is not None and self._judge(m) >= settings.min_gain and not self.held_back(m)]
             if migration is not None and self._judge(migration) >= settings.min_migration_gain:
                 options.append(migration)
             options.sort(key=lambda m: -m.sure_gain)
@@ -790,6 +792,14 @@ class _Search:
             self.confidence.update(_host_confidences(self.hosts[name], self.model, self.betas))
         return hosts
 
+    def held_back(self, move: _Move) -> bool:
+        """A move the model's data drive (its interference change reaches `min_gain`) on a host in
+        back-off: not planned; the host's layout may only be tried (kept if measured better)."""
+        if not self.held:
+            return False
+        hosts = {self.host_of[c.guest] for c in move.changes} | {c.host for c in move.changes}
+        return bool(hosts & set(self.held)) and abs(move.gain - move.linear_gain) >= self.settings.min_gain
+
     def _threshold(self, move: _Move) -> float:
         migrates = any(c.host != self.host_of[c.guest] for c in move.changes)
         return self.settings.min_migration_gain if migrates else self.settings.min_gain
@@ -799,7 +809,9 @@ class _Search:
         self._judge(move)
         paid = move.cost.get("paid", 0.0)
         if by is None:
-            if move.gain + paid >= threshold > move.gain:
+            if self.held_back(move) and move.gain >= threshold:
+                by = "backoff"
+            elif move.gain + paid >= threshold > move.gain:
                 by = "migration_cost"
             elif move.gain >= threshold > move.sure_gain:
                 by = "confidence"
@@ -857,7 +869,7 @@ class _Search:
             if move is None:
                 continue
             threshold = self._threshold(move)
-            if self._judge(move) < threshold:
+            if self._judge(move) < threshold or self.held_back(move):
                 self._decline(move, threshold)
                 report["taken"] = False
                 if move.gain >= threshold and len(group) == 1 and not move.cost:

@@ -77,12 +77,13 @@ class RebalanceSettings:
     trial_tolerance: float = 0.0  # planned moves are undone only if measured worse by more than this per guest
     trial_memory_s: float = 86400.0  # a measured comparison of two layouts is trusted (not tried again) this long
     trial_max: int = 3  # layouts a host may try within trial_memory_s
+    backoff_s: float = 600.0  # after k planned layouts of a host in a row measured worse, it waits backoff_s·(2^(k-1)−1) (0: off)
     exploration: float = 1.5  # a host with no other trial tries its exact layout with each β this many sd lower (0: off)
 
     def __post_init__(self) -> None:
         for name in ("min_gain", "min_migration_gain", "cooldown_s", "horizon_s", "copy_slowdown",
                      "default_dirty_mib_s", "fairness", "probe_seconds", "exact_time_s", "exact_budget_s",
-                     "pessimism", "trial_seconds", "trial_min_gain", "trial_tolerance", "trial_memory_s",
+                     "pessimism", "trial_seconds", "trial_min_gain", "trial_tolerance", "trial_memory_s", "backoff_s",
                      "exploration"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
