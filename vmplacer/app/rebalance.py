@@ -376,14 +376,14 @@ class Rebalancer:
         return self._trial_memory(settings)[0]
 
     def held_hosts(self, settings: RebalanceSettings) -> dict[str, Backoff]:
-        """Hosts the policy leaves alone now: their last planned layouts measured worse, one after
-        another (core/trial.backoffs)."""
+        """Hosts in back-off now: their last planned layouts measured worse, one after another, so
+        their layout is only tried, not planned (core/trial.backoffs)."""
         return self._trial_memory(settings)[2]
 
     def _trial_memory(self, settings: RebalanceSettings) -> tuple[set[tuple[str, str]], dict[str, int],
                                                                   dict[str, Backoff]]:
-        """`measured_better`, how many layouts each host tried in that time, and the hosts left
-        alone because their planned layouts kept measuring worse (core/trial.backoffs)."""
+        """`measured_better`, how many layouts each host tried in that time, and the hosts in
+        back-off because their planned layouts kept measuring worse (core/trial.backoffs)."""
         if not settings.trials:
             return set(), {}, {}
         better: set[tuple[str, str]] = set()

@@ -180,7 +180,7 @@ def backoffs(outcomes: list[TrialOutcome], now: float, base_s: float, limit_s: f
         return {}
     streaks: dict[str, tuple[int, float]] = {}
     for outcome in sorted(outcomes, key=lambda o: o.at):
-        count, last = streaks.get(outcome.host, (0, 0.0))
+        count, _ = streaks.get(outcome.host, (0, 0.0))
         if outcome.kept:
             streaks[outcome.host] = (0, outcome.at)
         elif outcome.kind == "confirm":

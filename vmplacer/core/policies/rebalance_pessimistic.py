@@ -188,10 +188,10 @@ def choose_pessimistically(search) -> bool:
 
 
 def offer_declined_layouts(search) -> None:
-    """An exact layout the model rates worth its threshold but whose sure gain is not, or whose host
-    is in back-off (a host the pessimistic check left alone, no migration), becomes the host's
-    trial when it has none: the measurement decides what the model's data could not. A layout measured either way lately is
-    not tried again (`offer_trial`)."""
+    """An exact layout the model rates worth its threshold but whose sure gain is not, or whose
+    host is in back-off (a host the pessimistic check left alone, no migration), becomes the
+    host's trial when it has none: the measurement decides what the model's data could not. A
+    layout measured either way lately is not tried again (`offer_trial`)."""
     if not search.settings.trials:
         return
     moved_hosts = {search.host_of[g] for g in search.migrated} | set(search.migrated.values())
