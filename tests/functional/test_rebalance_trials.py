@@ -129,7 +129,7 @@ def confirm_plan(db, from_key: str, to_key: str) -> Plan:
     return SqlPlanStore(db).save(Plan(actions=actions, hosts=("h1",)))
 
 
-def test_a_host_whose_planned_layouts_keep_measuring_worse_is_left_alone_for_a_while(sim, db):
+def test_a_host_whose_planned_layouts_keep_measuring_worse_backs_off_for_a_while(sim, db):
     worse = [{"a": 0.6, "b": 0.6, "c": 0.6}, {"a": 0.5, "b": 0.5, "c": 0.5}]  # before, after: undone
     # the store stamps outcomes with the real time, so this run's wall clock starts now
     run = rebalancer(sim, db, ScriptedProbe(*worse, *worse), epoch=time.time())
