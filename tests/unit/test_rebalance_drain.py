@@ -120,3 +120,15 @@ def test_anti_affinity_is_per_node_on_the_destination():
     plan = plan_drain(ClusterState(one_node, {"a": describe_guest(a, spec=spec), "p": describe_guest(peer0)}),
                       LINEAR, "h1", now=0.0)
     assert plan.actions == () and plan.settings["notes"]["stuck"][0].startswith("a: fits on no other host")
+
+
+def test_a_drain_is_never_put_to_a_measurement_that_could_bring_a_guest_back():
+    from vmplacer.core.topology import DistanceClass
+    from tests.unit.test_rebalance_policy import learned_model
+
+    model = learned_model({("noisy", "victim", DistanceClass.SAME_LLC): 0.3}, ["noisy", "victim"])
+    state = cluster(three_hosts(), [pinned("a", "h1", [0]), pinned("b", "h2", [0])],
+                    labels={"a": {"workload": "noisy"}, "b": {"workload": "victim"}})
+    plan = plan_drain(state, model, "h1", now=0.0)
+    assert [a.guest for a in plan.actions if a.kind == "migrate"] == ["a"]
+    assert not any(a.parameters.get("trial") for a in plan.actions), [a.describe() for a in plan.actions]

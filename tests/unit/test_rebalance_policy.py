@@ -350,3 +350,34 @@ def test_a_guest_with_no_record_keeps_the_refusals_its_domain_declares():
     kept = final_pins(plan_rebalance(state, LINEAR, now=0.0), state)
     for name in "ab":
         assert kept[name][1][0] <= frozenset({0, 1}), f"{name} moved onto the node of d, which refuses it"
+
+
+def test_a_migration_the_model_data_drive_is_measured_on_both_hosts_together():
+    truth = {("noisy", "victim", DistanceClass.SAME_CORE): 0.4,
+             ("noisy", "victim", DistanceClass.SAME_LLC): 0.3}
+    model = learned_model(truth, ["noisy", "victim"])
+    h1 = uniform_topology(nodes=1, cores_per_node=1, threads_per_core=2, name="h1")
+    h2 = uniform_topology(nodes=1, cores_per_node=1, threads_per_core=2, name="h2")
+    state = cluster({"h1": h1, "h2": h2}, [pinned("n", "h1", [0]), pinned("v", "h1", [1])],
+                    labels={"n": {"workload": "noisy"}, "v": {"workload": "victim"}})
+    plan = plan_rebalance(state, model, now=0.0)
+    migrations = [a for a in plan.actions if a.kind == "migrate"]
+    assert len(migrations) == 1, plan.summary
+    baselines = [a.host for a in plan.actions if a.kind == "probe" and a.parameters.get("baseline")]
+    assert sorted(baselines) == ["h1", "h2"], "both hosts are measured as they are, before the move"
+    assert all(a.index < migrations[0].index for a in plan.actions if a.parameters.get("baseline"))
+    trials = [a for a in plan.actions if a.kind == "probe" and a.parameters.get("trial")]
+    assert len(trials) == 1
+    trial = trials[0].parameters["trial"]
+    assert trial["kind"] == "confirm" and trial["hosts"] == ["h1", "h2"]
+    assert set(trial["weights"]) == {"n", "v"}, "the guest that moves is judged on both sides"
+    moves = {a.index for a in plan.actions if a.kind != "probe"}
+    assert moves <= set(trials[0].depends_on), "undone, every move of the two hosts goes back"
+    assert trial["from_key"] != trial["to_key"]
+    # time sharing alone (no data) is arithmetic: such a migration is not put to a measurement
+    crowded = cluster({"h1": uniform_topology(nodes=1, cores_per_node=1, name="h1"),
+                       "h2": uniform_topology(nodes=1, cores_per_node=1, name="h2")},
+                      [pinned("a", "h1", [0]), pinned("b", "h1", [0])])
+    plain = plan_rebalance(crowded, LINEAR, now=0.0)
+    assert any(a.kind == "migrate" for a in plain.actions)
+    assert not any(a.parameters.get("trial") for a in plain.actions)

@@ -9,6 +9,7 @@ from vmplacer.core.trial import (
     TrialError,
     TrialOutcome,
     backoffs,
+    combined,
     judge,
     layout_key,
     measured_objective,
@@ -140,3 +141,20 @@ def test_the_back_off_is_capped_by_the_memory_and_zero_turns_it_off():
     held = backoffs(many, now=2000.0, base_s=600.0, limit_s=86400.0)
     assert held["h"].until == 1999.0 + 86400.0
     assert backoffs(many, now=2000.0, base_s=0.0, limit_s=86400.0) == {}
+
+
+def test_hosts_measured_together_count_the_guest_that_moved_on_both_sides():
+    before = combined("h1", [Measured("h1", {"a": 0.6, "b": 0.6}, {"a": 10, "b": 10}),
+                             Measured("h2", {"c": 0.9}, {"c": 10})])
+    after = combined("h1", [Measured("h1", {"a": 0.9}, {"a": 10}),
+                            Measured("h2", {"b": 0.4, "c": 0.5}, {"b": 10, "c": 10})])
+    assert before is not None and after is not None
+    assert after.performance == {"a": 0.9, "b": 0.4, "c": 0.5} and after.samples["b"] == 10
+    verdict = judge(before, after, kind="confirm", weights={"a": 1.0, "b": 1.0, "c": 1.0}, fairness=0.0,
+                    min_gain=0.005, tolerance=0.0)
+    assert not verdict.keep and verdict.guests == 3 and round(verdict.delta, 6) == -0.1
+    # judged alone, the source would have kept the move: its remaining guest does better
+    alone = judge(Measured("h1", {"a": 0.6, "b": 0.6}), Measured("h1", {"a": 0.9}), kind="confirm",
+                  weights={"a": 1.0, "b": 1.0}, fairness=0.0, min_gain=0.005, tolerance=0.0)
+    assert alone.keep
+    assert combined("h1", [Measured("h1", {"a": 0.9}), None]) is None, "one side unmeasured: no comparison"

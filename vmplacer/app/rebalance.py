@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from vmplacer.app.actions.probe import trial_hosts
 from vmplacer.app.executor import Auditor, Executor, ExecutorError, ExecutorSettings
 from vmplacer.app.host_snapshot import take_snapshot
 from vmplacer.core.guest import GuestSpec, GuestSpecError
@@ -483,11 +484,11 @@ class Rebalancer:
         and no measurement from this run (a stored plan applied later) are measured now."""
         if self.probe is None:
             return
-        for host in sorted({a.host for a in plan.actions if a.kind == "probe" and a.parameters.get("trial")}):
+        trials = [a for a in plan.actions if a.kind == "probe" and a.parameters.get("trial")]
+        for host in sorted({h for a in trials for h in trial_hosts(a)}):
             if host in self.measurements:
                 continue
-            seconds = min(float(a.parameters.get("seconds", 5.0)) for a in plan.actions
-                          if a.kind == "probe" and a.host == host)
+            seconds = min(float(a.parameters.get("seconds", 5.0)) for a in trials if host in trial_hosts(a))
             try:
                 result = self.probe(host, seconds)
             except Exception as exc:  # noqa: BLE001 - without it the trials keep only what is sure

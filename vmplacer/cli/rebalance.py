@@ -421,6 +421,9 @@ def _change(action: dict[str, Any]) -> str:
     if action["kind"] == "probe":
         trial = action["parameters"].get("trial")
         judged = f", {trial.get('kind')} trial" if isinstance(trial, dict) else ""
+        hosts = trial.get("hosts") if isinstance(trial, dict) else None
+        if isinstance(hosts, list) and len(hosts) > 1:
+            judged += f" of {' + '.join(str(h) for h in hosts)} together"
         return f"Freeze'nSense {action['parameters'].get('seconds', '')} s{judged}"
     if action["kind"] in ("throttle", "release"):
         from vmplacer.core.bandwidth import CpuBandwidth

@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 TRIAL_KINDS = ("confirm", "explore")
@@ -62,6 +62,20 @@ def pooled(first: Measured | None, second: Measured) -> Measured:
         performance[guest] = sum(p * n for p, n in parts) / count
         samples[guest] = count
     return Measured(second.host, performance, samples, second.message)
+
+
+def combined(host: str, parts: Iterable[Measured | None]) -> Measured | None:
+    """Measurements of several hosts as one, so a trial of migrations judges its hosts together:
+    a guest that moved counts with what it measured before on one host and after on the other.
+    None when any host is unmeasured: a comparison missing one side of a move is no comparison."""
+    performance: dict[str, float] = {}
+    samples: dict[str, int] = {}
+    for part in parts:
+        if part is None:
+            return None
+        performance.update(part.performance)
+        samples.update(part.samples)
+    return Measured(host, performance, samples)
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 A probe with a `trial` parameter also judges the moves it follows (core/trial.py):
 it compares what it measured with the host's measurement before those moves (the
 run's profile, or the previous trial's probe) and, when the verdict is to go back,
-`rejected` says why, and the executor undoes the moves the probe depends on.
+`rejected` says why, and the executor undoes the moves the probe depends on. A trial
+of migrations names every host they link (`trial["hosts"]`): all are measured and
+judged as one, so the guests that moved count on both sides.
 """
 
 from __future__ import annotations
@@ -13,7 +15,7 @@ from collections.abc import Callable, Mapping, MutableMapping
 from vmplacer.app.actions.base import ActionKind, Check
 from vmplacer.core.placement import Placement
 from vmplacer.core.plan import Action, Plan
-from vmplacer.core.trial import Measured, TrialError, Verdict, judge, pooled
+from vmplacer.core.trial import Measured, TrialError, Verdict, combined, judge, pooled
 from vmplacer.ports import Hypervisor
 
 ProbeResult = str | Measured
@@ -37,17 +39,22 @@ class Probe(ActionKind):
 
     def execute(self, action: Action) -> None:
         assert self.probe is not None
-        result = self.probe(action.host, float(action.parameters.get("seconds", 5.0)))
-        measured = result if isinstance(result, Measured) else None
+        seconds = float(action.parameters.get("seconds", 5.0))
         trial = action.parameters.get("trial")
         if not trial:
-            if measured is not None:
+            result = self.probe(action.host, seconds)
+            if isinstance(result, Measured):
                 # a baseline probe measures the layout the run's profile measured: both count
                 previous = self.measurements.get(action.host) if action.parameters.get("baseline") else None
-                self.measurements[action.host] = pooled(previous, measured)
+                self.measurements[action.host] = pooled(previous, result)
             return
+        hosts = trial_hosts(action)
+        results = {host: self.probe(host, seconds) for host in hosts}
+        after = {host: r for host, r in results.items() if isinstance(r, Measured)}
+        measured = combined(action.host, [after.get(host) for host in hosts])
+        before = combined(action.host, [self.measurements.get(host) for host in hosts])
         try:
-            verdict = judge(self.measurements.get(action.host), measured, kind=str(trial.get("kind")),
+            verdict = judge(before, measured, kind=str(trial.get("kind")),
                             weights={str(g): float(w) for g, w in dict(trial.get("weights") or {}).items()},
                             fairness=float(trial.get("fairness", 0.0)), min_gain=float(trial.get("min_gain", 0.0)),
                             tolerance=float(trial.get("tolerance", 0.0)))
@@ -55,8 +62,8 @@ class Probe(ActionKind):
             verdict = Verdict(str(trial.get("kind")) == "confirm", None, None, None, 0,
                               f"the measurement could not be judged ({exc})")
         self.verdicts[action.index] = verdict
-        if verdict.keep and measured is not None:
-            self.measurements[action.host] = measured
+        if verdict.keep:
+            self.measurements.update(after)
 
     def rejected(self, action: Action) -> str | None:
         """Why the moves this trial probe follows must be undone; None to keep them."""
@@ -75,3 +82,12 @@ class Probe(ActionKind):
 
     def placement_before(self, action: Action) -> Placement | None:
         return None
+
+
+def trial_hosts(action: Action) -> list[str]:
+    """The hosts a trial probe measures: its own, and with migrations every host they link."""
+    trial = action.parameters.get("trial")
+    hosts = trial.get("hosts") if isinstance(trial, Mapping) else None
+    if isinstance(hosts, (list, tuple)) and hosts and all(isinstance(h, str) for h in hosts):
+        return list(dict.fromkeys([action.host, *hosts]))
+    return [action.host]

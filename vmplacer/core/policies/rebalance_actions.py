@@ -143,7 +143,18 @@ def _build_actions(search: _Search, model: InterferenceModel) -> tuple[list[Acti
     low = bool(actions) and min(a.confidence for a in actions) < settings.probe_below_confidence
     hosts = sorted({a.target_host or a.host for a in actions} | (set(search.trials) if settings.trials else set()))
     baselines: list[str] = []
+    # migrations that rest on the model's data are measured too: their hosts together, so the
+    # guests that moved count on both sides, and undone (migrated back) if they measured worse
+    measured_groups = [group for group in _migration_groups(actions)
+                       if settings.trials and not search.betas.empty and not set(group) & search.ruled]
+    for group in measured_groups:
+        deps = tuple(a.index for a in actions if a.host in group or a.target_host in group)
+        actions.append(_migration_trial_probe(search, group, len(actions), deps))
+        baselines.extend(group)
+    jointly_measured = {host for group in measured_groups for host in group}
     for host in hosts:
+        if host in jointly_measured:
+            continue
         deps = tuple(a.index for a in actions if (a.target_host or a.host) == host)
         # moves that rest on the model's data are measured (time sharing alone is arithmetic; the
         # blind spread, or staying, is the rule the trial is measured against, not a guess)
@@ -210,6 +221,39 @@ def _trial_probe(search: _Search, host_name: str, index: int, deps: tuple[int, .
     text = reason or ("measure the new layout with Freeze'nSense; undo these moves if it measures worse by more "
                       f"than {settings.trial_tolerance:g} per guest")
     return Action(index=index, kind="probe", host=host_name, reason=text, depends_on=deps,
+                  parameters={"seconds": settings.trial_seconds, "trial": trial})
+
+
+def _migration_groups(actions: list[Action]) -> list[list[str]]:
+    """Hosts linked by the plan's migrations (source and destination, transitively), each group
+    sorted; hosts no migration touches are in none."""
+    group_of: dict[str, set[str]] = {}
+    for action in actions:
+        if action.kind != "migrate" or action.target_host is None:
+            continue
+        merged = group_of.get(action.host, {action.host}) | group_of.get(action.target_host, {action.target_host})
+        for host in merged:
+            group_of[host] = merged
+    unique = {id(group): group for group in group_of.values()}
+    return sorted(sorted(group) for group in unique.values())
+
+
+def _migration_trial_probe(search: _Search, group: list[str], index: int, deps: tuple[int, ...]) -> Action:
+    """A confirm probe after migrations: it measures every host in `group` and judges them as one
+    (the guests that moved count with their measurements on both hosts); undone, the moves are
+    reverted, the migrations by migrating back."""
+    settings = search.settings
+    guests = sorted(g for h in group for g in search.hosts[h].guests)
+    label = "+".join(group)
+    from_key = layout_key(label, {f"{g}@{search.original[g].placement.host}": search.original[g].placement.vcpupin
+                                  for g in guests})
+    to_key = layout_key(label, {f"{g}@{search.host_of[g]}": search.hosts[search.host_of[g]].pins[g] for g in guests})
+    trial = {"kind": "confirm", "hosts": list(group), "weights": {g: search.guests[g].weight for g in guests},
+             "fairness": settings.fairness, "min_gain": settings.trial_min_gain,
+             "tolerance": settings.trial_tolerance, "from_key": from_key, "to_key": to_key}
+    text = (f"measure {', '.join(group)} with Freeze'nSense after these migrations; undo them (migrate back) if "
+            f"the hosts together measure worse by more than {settings.trial_tolerance:g} per guest")
+    return Action(index=index, kind="probe", host=group[0], reason=text, depends_on=deps,
                   parameters={"seconds": settings.trial_seconds, "trial": trial})
 
 

@@ -51,6 +51,7 @@ def plan_drain(
     hosts = dict(state.hosts)
     hosts[host] = replace(hosts[host], accepts_migrations=False)
     search = _Search(ClusterState(hosts, state.guests), model, settings, None, {}, None)
+    search.ruled.add(host)  # the host must be emptied, whatever a measurement says: no trial brings a guest back
     before = search.total_objective()
     source = search.hosts[host]
     stuck: list[str] = []
