@@ -89,7 +89,7 @@ def model_objectives(clusters: Mapping[str, Any], model: InterferenceModel | Non
 
 def verdict(means: Mapping[str, float | None], objectives: Mapping[str, float] | None,
             plans: Sequence[Plan], min_gain: float, *, reaches: Mapping[str, Reach] | None = None,
-            min_migration_gain: float = 0.1) -> dict[str, Any]:
+            min_migration_gain: float = RebalanceSettings.min_migration_gain) -> dict[str, Any]:
     """'ok', or why vmplacer's mean true performance is more than 0.5 % below a simple rule's.
     `reaches` (by policy) lets a deficit below the step thresholds be told apart."""
     mine = means["vmplacer"]
