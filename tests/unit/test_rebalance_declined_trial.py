@@ -11,7 +11,7 @@ from tests.unit.test_rebalance_pessimism import learned, spread_state
 PAIRS_ON_SIBLINGS = {"a": 0, "b": 4, "c": 1, "d": 5}  # a, b on core 0's threads; c, d on core 1's
 # min_gain between the layout's predicted gain (+0.47 from one noisy sibling sample per pair) and
 # its sure gain (+0.44): the gain clears the threshold, the part of it the data back does not
-SETTINGS = RebalanceSettings(min_gain=0.45)
+SETTINGS = RebalanceSettings(min_gain=0.45, min_gain_share=0.0)
 
 
 class FixedSolver:
@@ -69,6 +69,6 @@ def test_a_declined_layout_measured_either_way_is_not_tried_again():
     capped = plan_rebalance(spread_state(), learned(sibling_rounds=1), SETTINGS, now=0.0,
                             solver=FixedSolver(PAIRS_ON_SIBLINGS), tried={"h": SETTINGS.trial_max})
     assert explore_probe(capped) is None
-    off = plan_rebalance(spread_state(), learned(sibling_rounds=1), RebalanceSettings(min_gain=0.45, trials=False),
+    off = plan_rebalance(spread_state(), learned(sibling_rounds=1), RebalanceSettings(min_gain=0.45, min_gain_share=0.0, trials=False),
                          now=0.0, solver=FixedSolver(PAIRS_ON_SIBLINGS))
     assert off.actions == ()

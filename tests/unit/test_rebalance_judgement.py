@@ -28,7 +28,7 @@ def state_two_on_one_pcpu(load: str = "0.6") -> ClusterState:
 
 
 def test_a_gain_below_the_minimum_is_declined_and_the_plan_says_so():
-    plan = plan_rebalance(state_two_on_one_pcpu(), InterferenceModel(), RebalanceSettings(min_gain=1.0), now=0.0)
+    plan = plan_rebalance(state_two_on_one_pcpu(), InterferenceModel(), RebalanceSettings(min_gain=1.0, min_gain_share=0.0), now=0.0)
     assert plan.state == "empty" and not plan.actions
     declined = plan.settings["notes"]["declined"]
     assert declined and declined[-1]["declined_by"] == "min_gain"

@@ -106,7 +106,7 @@ def test_hysteresis_refuses_gains_below_the_minimum():
     # Slightly over one pCPU: a small but real gain, refused under a high bar, taken under a low one.
     state = cluster({"h1": topo}, [pinned("a", "h1", [0]), pinned("b", "h1", [0])],
                     labels={"a": {"load": "0.55"}, "b": {"load": "0.5"}})
-    assert plan_rebalance(state, LINEAR, RebalanceSettings(min_gain=0.5), now=0.0).actions == ()
+    assert plan_rebalance(state, LINEAR, RebalanceSettings(min_gain=0.5, min_gain_share=0.0), now=0.0).actions == ()
     assert plan_rebalance(state, LINEAR, RebalanceSettings(min_gain=0.01), now=0.0).actions
 
 

@@ -519,10 +519,12 @@ def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix:
     reaches = ({p: reach(per_vm, hosts, p, interchangeable=True) for p in SIMPLE if per_vm.get(p) is not None}
                if per_vm.get("vmplacer") is not None else {})
     row["vmplacer_vs_simple"] = verdict({p: row[p] for p in POLICIES}, objectives, plans, settings.min_gain,
-                                        reaches=reaches, min_migration_gain=settings.min_migration_gain)
+                                        reaches=reaches, min_migration_gain=settings.min_migration_gain,
+                                        min_gain_share=settings.min_gain_share)
     if per_vm.get("optimum") is not None and "optimum" in hosts and per_vm.get("vmplacer") is not None:
         row["vmplacer_vs_optimum"] = step_threshold(reach(per_vm, hosts, "optimum", interchangeable=True),
-                                                    settings.min_gain, settings.min_migration_gain)
+                                                    settings.min_gain, settings.min_migration_gain,
+                                                    settings.min_gain_share)
     return row
 
 

@@ -6,7 +6,8 @@ objective of each policy's final layout with the truth tells the causes apart:
 
 * threshold — in truth, going from vmplacer's final layout to the simple rule's
   gains less than the threshold such a step must clear (`min_gain` on one
-  host, `min_migration_gain` when a guest changes host): a perfect model
+  host, lower on hosts of few guests by `min_gain_share`; `min_migration_gain`
+  when a guest changes host): a perfect model
   declines it too, so the deficit is the hysteresis the operator asked for;
 * declined — the model rates the simple rule's layout higher and the last plan
   names the gain it declined and what declined it (hysteresis, confidence, cost,
@@ -40,10 +41,12 @@ MAX_RENAMED_HOSTS = 5  # hosts whose renamings `reach` tries (5! = 120)
 class Reach:
     """What going from vmplacer's final layout to another policy's final layout is worth in
     truth: the gain of the objective (every VM's true performance summed, as the planner's
-    objective sums predicted ones) and how many guests it moves to another host."""
+    objective sums predicted ones), how many guests it moves to another host, and how many run
+    on the hosts whose guests it changes (the hysteresis of a step on one host scales with them)."""
 
     true_gain: float
     migrations: int
+    guests: int = 0
 
 
 def reach(performance: Mapping[str, Mapping[str, float]], hosts: Mapping[str, Mapping[str, str]],
@@ -59,14 +62,23 @@ def reach(performance: Mapping[str, Mapping[str, float]], hosts: Mapping[str, Ma
                  else [tuple(names)])
     moved = min(sum(1 for vm, host in there.items() if here.get(vm, host) != dict(zip(names, renamed))[host])
                 for renamed in renamings)
-    return Reach(gain, moved)
+    touched = {here[vm] for vm in mine if vm in here and abs(theirs.get(vm, 0.0) - mine[vm]) > 1e-9}
+    return Reach(gain, moved, sum(1 for vm in mine if here.get(vm) in touched))
 
 
-def step_threshold(step: Reach, min_gain: float, min_migration_gain: float) -> dict[str, Any]:
+def _threshold(step: Reach, min_gain: float, min_gain_share: float, min_migration_gain: float) -> tuple[str, float]:
+    """The threshold's name and value for `step`, as the planner sets it (RebalanceSettings.min_gain_for)."""
+    if step.migrations:
+        return "min_migration_gain", min_migration_gain
+    return "min_gain", RebalanceSettings(min_gain=min_gain, min_gain_share=min_gain_share).min_gain_for(step.guests)
+
+
+def step_threshold(step: Reach, min_gain: float, min_migration_gain: float,
+                   min_gain_share: float = 0.0) -> dict[str, Any]:
     """The threshold a step must clear and whether its true gain does: a step below it is one a
     perfect model with the same hysteresis declines (used against the optimum's layout, whose
     share of vmplacer's mean says how far vmplacer is from it, not whether a move could close it)."""
-    name, threshold = (("min_migration_gain", min_migration_gain) if step.migrations else ("min_gain", min_gain))
+    name, threshold = _threshold(step, min_gain, min_gain_share, min_migration_gain)
     return {"true_gain": round(step.true_gain, 4), "migrations": step.migrations, "threshold_name": name,
             "threshold": threshold, "within_threshold": step.true_gain < threshold}
 
@@ -89,7 +101,8 @@ def model_objectives(clusters: Mapping[str, Any], model: InterferenceModel | Non
 
 def verdict(means: Mapping[str, float | None], objectives: Mapping[str, float] | None,
             plans: Sequence[Plan], min_gain: float, *, reaches: Mapping[str, Reach] | None = None,
-            min_migration_gain: float = RebalanceSettings.min_migration_gain) -> dict[str, Any]:
+            min_migration_gain: float = RebalanceSettings.min_migration_gain,
+            min_gain_share: float = 0.0) -> dict[str, Any]:
     """'ok', or why vmplacer's mean true performance is more than 0.5 % below a simple rule's.
     `reaches` (by policy) lets a deficit below the step thresholds be told apart."""
     mine = means["vmplacer"]
@@ -100,8 +113,7 @@ def verdict(means: Mapping[str, float | None], objectives: Mapping[str, float] |
         return {**result, "verdict": "ok"}
     step = (reaches or {}).get(best)
     if step is not None:
-        name, threshold = (("min_migration_gain", min_migration_gain) if step.migrations
-                           else ("min_gain", min_gain))
+        name, threshold = _threshold(step, min_gain, min_gain_share, min_migration_gain)
         if step.true_gain < threshold:
             moves = f", moving {step.migrations} guest(s) to another host" if step.migrations else ""
             return {**result, "verdict": "threshold", "true_gain": round(step.true_gain, 4),

@@ -53,7 +53,7 @@ def offer_optimistic_layouts(search) -> None:
             continue
         layout = solved_layout(problem, solution)
         here = {g: dict(host.pins[g]) for g in layout}
-        if here == layout or _optimistic_gain(optimist, name, layout) < settings.min_gain:
+        if here == layout or _optimistic_gain(optimist, name, layout) < search.min_gain_on([name]):
             continue  # nothing the optimist would gain by (a layout as good as this one, relabelled)
         offer_trial(search, name, {"here": layout_key(name, here)}, "here", layout, "optimistic",
                      "layout the model would choose were its doubtful pairs harmless")

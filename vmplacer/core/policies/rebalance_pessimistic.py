@@ -133,7 +133,7 @@ def choose_pessimistically(search) -> bool:
         target, (advantage, sigma, move) = "spread", spread
         # when what sets the two apart is time sharing alone (arithmetic, not a guess), the model
         # knows which is better, and a measurement would only add its noise: no trial
-        trial = settings.trials and abs(move.gain - move.linear_gain) >= settings.min_gain
+        trial = settings.trials and abs(move.gain - move.linear_gain) >= search.min_gain_on([name])
         sure = _sure_from_start(search, host, layout)
         report["spread"] = {"advantage": round(advantage, 4), "sd": round(sigma, 4),
                             "sure_gain_from_start": round(sure, 4)}
@@ -146,7 +146,7 @@ def choose_pessimistically(search) -> bool:
         elif settings.pessimism <= 0:
             bound = math.inf
         else:
-            if sure < settings.min_gain:
+            if sure < search.min_gain_on([name]):
                 if start != layout:  # the start is better than the spread: the model's moves from it stand
                     report["kept"] = "model (the spread does not clear the minimum gain from the start)"
                     search.pessimistic.append(report)
@@ -249,7 +249,7 @@ def _offer_exact_from_start(search, name: str, start: dict[str, dict[int, frozen
     if layout_key(name, layout) == there:
         return
     found = _compare(search, host, layout, "relayout")
-    if found is None or -found[0] < search.settings.min_gain:
+    if found is None or -found[0] < search.min_gain_on([name]):
         return
     offer_trial(search, name, {"here": here}, "here", layout, "exact",
                 f"exact layout (predicted {-found[0]:+.3f} from where {name} stays)")

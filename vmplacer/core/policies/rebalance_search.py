@@ -761,7 +761,7 @@ class _Search:
                 migration = self.best_migration()
                 migration_dirty = False
             options = [m for m in cache.values()
-                       if m is not None and self._judge(m) >= settings.min_gain and not self.held_back(m)]
+                       if m is not None and self._judge(m) >= self._threshold(m) and not self.held_back(m)]
             if migration is not None and self._judge(migration) >= settings.min_migration_gain:
                 options.append(migration)
             options.sort(key=lambda m: -m.sure_gain)
@@ -773,7 +773,7 @@ class _Search:
             if chosen is None:
                 if options:
                     self.rejected.append(f"action budget of {settings.max_actions} reached")
-                    self._decline(options[0], settings.min_gain, "max_actions")
+                    self._decline(options[0], self._threshold(options[0]), "max_actions")
                 else:
                     best = max((m for m in [*cache.values(), migration] if m is not None and m.gain > _EPS),
                                key=lambda m: m.gain, default=None)
@@ -798,11 +798,19 @@ class _Search:
         if not self.held:
             return False
         hosts = {self.host_of[c.guest] for c in move.changes} | {c.host for c in move.changes}
-        return bool(hosts & set(self.held)) and abs(move.gain - move.linear_gain) >= self.settings.min_gain
+        return bool(hosts & set(self.held)) and abs(move.gain - move.linear_gain) >= self.min_gain_on(hosts)
 
     def _threshold(self, move: _Move) -> float:
-        migrates = any(c.host != self.host_of[c.guest] for c in move.changes)
-        return self.settings.min_migration_gain if migrates else self.settings.min_gain
+        """The gain a move must clear: `min_migration_gain` when a guest changes host, else the
+        hysteresis of the hosts it touches (`min_gain`, lower on hosts of few guests)."""
+        if any(c.host != self.host_of[c.guest] for c in move.changes):
+            return self.settings.min_migration_gain
+        return self.min_gain_on({self.host_of[c.guest] for c in move.changes} | {c.host for c in move.changes})
+
+    def min_gain_on(self, hosts) -> float:
+        """The hysteresis of a move on `hosts` (RebalanceSettings.min_gain_for their guests)."""
+        weight = sum(self.guests[g].weight for h in set(hosts) for g in self.hosts[h].guests)
+        return self.settings.min_gain_for(weight)
 
     def _decline(self, move: _Move, threshold: float, by: str | None = None) -> None:
         """Remember a gain left on the table and what declined it (the plan says so)."""

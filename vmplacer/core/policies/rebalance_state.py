@@ -45,6 +45,9 @@ class RebalanceSettings:
     """Knobs of one rebalancing run (configuration, passed down; never global)."""
 
     min_gain: float = 0.05  # hysteresis: a move must raise the objective by this much (VMs at full speed)
+    # … or by this share of the full speed of the guests on the hosts it touches, when that is less:
+    # on a host of four guests 0.05 is 1.25 % of their mean, more than a trial resolves (0: off)
+    min_gain_share: float = 0.005
     # a migration must clear this, after paying its cost; low because a migration that rests on the
     # model's data is measured on both hosts and undone if they measure worse (docs/rebalance.md §2)
     min_migration_gain: float = 0.01
@@ -82,8 +85,14 @@ class RebalanceSettings:
     backoff_s: float = 600.0  # after k planned layouts of a host in a row measured worse, it waits backoff_s·(2^(k-1)−1) (0: off)
     exploration: float = 1.5  # a host with no other trial tries its exact layout with each β this many sd lower (0: off)
 
+    def min_gain_for(self, guests: float) -> float:
+        """The hysteresis of a move on hosts that run `guests` (their weights summed)."""
+        if self.min_gain_share <= 0:
+            return self.min_gain
+        return min(self.min_gain, self.min_gain_share * max(guests, 0.0))
+
     def __post_init__(self) -> None:
-        for name in ("min_gain", "min_migration_gain", "cooldown_s", "horizon_s", "copy_slowdown",
+        for name in ("min_gain", "min_gain_share", "min_migration_gain", "cooldown_s", "horizon_s", "copy_slowdown",
                      "default_dirty_mib_s", "fairness", "probe_seconds", "exact_time_s", "exact_budget_s",
                      "pessimism", "trial_seconds", "trial_min_gain", "trial_tolerance", "trial_memory_s", "backoff_s",
                      "exploration"):
