@@ -20,6 +20,14 @@ GUESTS = ("a", "b", "c", "d")
 TOPO = uniform_topology(nodes=1, cores_per_node=4, threads_per_core=2, name="h")  # pCPU c and c + 4: one core
 
 
+def settings(**overrides) -> RebalanceSettings:
+    """The product's settings, with the hysteresis absolute: these four-guest scenarios are set
+    against `min_gain` 0.05. Scaled to four guests (0.02), the climb takes smaller steps and
+    reaches a pairing whose lower bound clears (+0.13, against −0.03 for the one it reaches in
+    steps of 0.05), so the scenarios would no longer put a layout short of its bound to the test."""
+    return RebalanceSettings(**{"min_gain_share": 0.0, **overrides})
+
+
 def spread_state() -> ClusterState:
     """One guest per core: the blind spread itself."""
     guests = {n: describe_guest(Placement(guest=n, host="h", vcpupin={0: frozenset({cpu})}, memory_kib=1024))
@@ -64,9 +72,9 @@ def test_a_layout_resting_on_few_observations_does_not_beat_the_spread():
     spread already, stays spread."""
     model = learned(sibling_rounds=1)
     state = spread_state()
-    trusting = plan_rebalance(state, model, RebalanceSettings(pessimism=0.0), now=0.0)
+    trusting = plan_rebalance(state, model, settings(pessimism=0.0), now=0.0)
     assert shares_a_core(final_cores(trusting, state)), trusting.summary
-    plan = plan_rebalance(state, model, RebalanceSettings(), now=0.0)
+    plan = plan_rebalance(state, model, settings(), now=0.0)
     assert not shares_a_core(final_cores(plan, state)), plan.summary
     assert not [a for a in plan.actions if a.kind == "repin" and not a.parameters.get("tried")]
     # the model's layout is not taken, but tried: its repins end in a probe that keeps them only if
@@ -84,7 +92,7 @@ def test_the_same_gain_backed_by_data_is_kept():
     """Forty samples of each sibling pair, the same truth and noise: the gain holds at the bound."""
     model = learned(sibling_rounds=40)
     state = spread_state()
-    plan = plan_rebalance(state, model, RebalanceSettings(), now=0.0)
+    plan = plan_rebalance(state, model, settings(), now=0.0)
     assert shares_a_core(final_cores(plan, state)), plan.summary
     (report,) = plan.settings["notes"]["pessimistic"]
     assert report["kept"] == "model" and report["lower_bound"] > 0
@@ -93,12 +101,12 @@ def test_the_same_gain_backed_by_data_is_kept():
 def test_doubt_counts_only_pairs_whose_distance_changes():
     """Swapping two guests' cores keeps every pair at LLC distance: the same coefficients, no
     doubt. Moving one onto another's sibling puts a pair at a distance seen once."""
-    search = _Search(spread_state(), learned(sibling_rounds=1), RebalanceSettings(), None, {}, None)
+    search = _Search(spread_state(), learned(sibling_rounds=1), settings(), None, {}, None)
     swap = _Move("swap", [_Change("a", "h", {0: frozenset({1})}), _Change("b", "h", {0: frozenset({0})})], 0.0, 0.0)
     pair = _Move("move", [_Change("b", "h", {0: frozenset({4})})], 0.0, 0.0)
     assert doubt(search, swap) == 0.0
     assert doubt(search, pair) > 0.1
-    assert doubt(search, pair) > doubt(_Search(spread_state(), learned(sibling_rounds=40), RebalanceSettings(),
+    assert doubt(search, pair) > doubt(_Search(spread_state(), learned(sibling_rounds=40), settings(),
                                                None, {}, None), pair)
     assert spread_layout(search, search.hosts["h"]) == {n: {0: frozenset({c})} for c, n in enumerate(GUESTS)}
 
@@ -114,16 +122,16 @@ def test_a_measurement_decides_before_the_model_and_the_same_pair_is_not_tried_a
     worse, the next plan neither takes it nor tries it again."""
     model = learned(sibling_rounds=1)
     state = spread_state()
-    first = plan_rebalance(state, model, RebalanceSettings(), now=0.0)
+    first = plan_rebalance(state, model, settings(), now=0.0)
     trial = _trial(first)
     spread_key, model_key = trial["from_key"], trial["to_key"]
 
-    won = plan_rebalance(state, model, RebalanceSettings(), now=0.0, measured={(model_key, spread_key)})
+    won = plan_rebalance(state, model, settings(), now=0.0, measured={(model_key, spread_key)})
     assert shares_a_core(final_cores(won, state)), won.summary
     assert _trial(won) is None
     assert won.settings["notes"]["pessimistic"][0]["measured"] == "the model's layout measured better than the spread"
 
-    lost = plan_rebalance(state, model, RebalanceSettings(), now=0.0, measured={(spread_key, model_key)})
+    lost = plan_rebalance(state, model, settings(), now=0.0, measured={(spread_key, model_key)})
     assert not [a for a in lost.actions if a.kind == "repin"], lost.summary
     assert _trial(lost) is None
 
@@ -131,10 +139,10 @@ def test_a_measurement_decides_before_the_model_and_the_same_pair_is_not_tried_a
 def test_a_host_tries_at_most_trial_max_layouts_within_the_memory():
     model = learned(sibling_rounds=1)
     state = spread_state()
-    assert _trial(plan_rebalance(state, model, RebalanceSettings(trial_max=3), now=0.0, tried={"h": 2})) is not None
-    capped = plan_rebalance(state, model, RebalanceSettings(trial_max=3), now=0.0, tried={"h": 3})
+    assert _trial(plan_rebalance(state, model, settings(trial_max=3), now=0.0, tried={"h": 2})) is not None
+    capped = plan_rebalance(state, model, settings(trial_max=3), now=0.0, tried={"h": 3})
     assert _trial(capped) is None and not capped.actions
-    assert not plan_rebalance(state, model, RebalanceSettings(trials=False), now=0.0).actions
+    assert not plan_rebalance(state, model, settings(trials=False), now=0.0).actions
 
 
 def test_a_host_in_back_off_gets_no_data_driven_move_only_a_trial():
@@ -142,10 +150,10 @@ def test_a_host_in_back_off_gets_no_data_driven_move_only_a_trial():
     model = learned(sibling_rounds=40)
     state = spread_state()
     held = {"h": Backoff("h", 3, 1800.0)}
-    free = plan_rebalance(state, model, RebalanceSettings(), now=0.0)
+    free = plan_rebalance(state, model, settings(), now=0.0)
     assert [a for a in free.actions if a.kind == "repin" and not a.parameters.get("tried")]
     assert any((a.parameters.get("trial") or {}).get("kind") == "confirm" for a in free.actions)
-    waiting = plan_rebalance(state, model, RebalanceSettings(), now=0.0, held=held)
+    waiting = plan_rebalance(state, model, settings(), now=0.0, held=held)
     assert not waiting.actions, waiting.summary
     assert waiting.settings["notes"]["held"] == [
         "host h: its last 3 planned layouts measured worse and were undone; for 1800 s more its layout is "
@@ -153,16 +161,16 @@ def test_a_host_in_back_off_gets_no_data_driven_move_only_a_trial():
     assert waiting.settings["notes"]["declined"][-1]["declined_by"] == "backoff"
     assert "back-off" in waiting.summary
     # the exact layout the host would have taken becomes its trial: repins marked tried, then an explore probe
-    solved = plan_rebalance(state, model, RebalanceSettings(), now=0.0, held=held, solver=CpSatLayoutSolver())
+    solved = plan_rebalance(state, model, settings(), now=0.0, held=held, solver=CpSatLayoutSolver())
     repins = [a for a in solved.actions if a.kind == "repin"]
     assert repins and all(a.parameters.get("tried") == "exact" for a in repins), solved.summary
     assert solved.actions[-1].parameters["trial"]["kind"] == "explore"
     # ... within the host's trial budget
-    capped = plan_rebalance(state, model, RebalanceSettings(), now=0.0, held=held, solver=CpSatLayoutSolver(),
-                            tried={"h": RebalanceSettings().trial_max})
+    capped = plan_rebalance(state, model, settings(), now=0.0, held=held, solver=CpSatLayoutSolver(),
+                            tried={"h": settings().trial_max})
     assert not [a for a in capped.actions if a.kind == "repin"], capped.summary
     # another host's back-off changes nothing here
-    other = plan_rebalance(state, model, RebalanceSettings(), now=0.0, held={"g": Backoff("g", 3, 1800.0)})
+    other = plan_rebalance(state, model, settings(), now=0.0, held={"g": Backoff("g", 3, 1800.0)})
     assert [a.kind for a in other.actions] == [a.kind for a in free.actions]
 
 
@@ -171,10 +179,10 @@ def test_a_planned_layout_measured_worse_than_where_the_host_is_is_not_taken_aga
     layout once (it measured worse than the spread the host is in): the plan stays put."""
     model = learned(sibling_rounds=40)
     state = spread_state()
-    plan = plan_rebalance(state, model, RebalanceSettings(), now=0.0)
+    plan = plan_rebalance(state, model, settings(), now=0.0)
     confirm = next(a.parameters["trial"] for a in plan.actions if a.kind == "probe" and "trial" in a.parameters)
     assert confirm["kind"] == "confirm"
-    again = plan_rebalance(state, model, RebalanceSettings(), now=0.0,
+    again = plan_rebalance(state, model, settings(), now=0.0,
                            measured={(confirm["from_key"], confirm["to_key"])})
     assert not [a for a in again.actions if a.kind == "repin"], again.summary
     # here where the host is is the spread: the measurement decides the comparison with the spread
@@ -188,12 +196,12 @@ def test_moves_whose_layout_measured_worse_than_the_start_are_not_planned_again(
     packed = {n: describe_guest(Placement(guest=n, host="h", vcpupin={0: frozenset({cpu})}, memory_kib=1024))
               for n, cpu in zip(GUESTS, (0, 4, 1, 5))}
     state = ClusterState({"h": HostState("h", TOPO)}, packed)
-    plan = plan_rebalance(state, model, RebalanceSettings(), now=0.0)
+    plan = plan_rebalance(state, model, settings(), now=0.0)
     planned = [a for a in plan.actions if a.kind == "repin" and not a.parameters.get("tried")]
     assert planned, plan.summary
     confirm = next(a.parameters["trial"] for a in plan.actions
                    if a.kind == "probe" and a.parameters.get("trial", {}).get("kind") == "confirm")
-    again = plan_rebalance(state, model, RebalanceSettings(), now=0.0,
+    again = plan_rebalance(state, model, settings(), now=0.0,
                            measured={(confirm["from_key"], confirm["to_key"])})
     assert not [a for a in again.actions if a.kind == "repin" and not a.parameters.get("tried")], again.summary
 
@@ -205,7 +213,7 @@ def test_data_driven_moves_are_measured_before_and_after_in_the_plan():
     model = learned(sibling_rounds=40)
     packed = {n: describe_guest(Placement(guest=n, host="h", vcpupin={0: frozenset({cpu})}, memory_kib=1024))
               for n, cpu in zip(GUESTS, (0, 4, 1, 5))}
-    plan = plan_rebalance(ClusterState({"h": HostState("h", TOPO)}, packed), model, RebalanceSettings(), now=0.0)
+    plan = plan_rebalance(ClusterState({"h": HostState("h", TOPO)}, packed), model, settings(), now=0.0)
     kinds = [(a.kind, "baseline" if a.parameters.get("baseline") else a.parameters.get("trial", {}).get("kind", ""))
              for a in plan.actions]
     assert kinds[0] == ("probe", "baseline")
@@ -249,7 +257,7 @@ def test_when_the_planned_layout_measured_worse_the_exact_layout_is_tried_from_w
     exact = {n: {0: frozenset({cpu})} for n, cpu in zip(GUESTS, (0, 2, 1, 3))}
 
     def after_revert(solved, measured) -> _Search:
-        search = _Search(state, sibling_averse(), RebalanceSettings(), None, {}, None)
+        search = _Search(state, sibling_averse(), settings(), None, {}, None)
         search._take(search.new_move("climb", [(n, "h", pins) for n, pins in climbed.items()]))
         search.layout_guests["h"] = list(GUESTS)
         search.exact_layouts["h"] = solved
