@@ -30,9 +30,9 @@ def placed(guest: str, host: str, cpu: int) -> Placement:
     return Placement(guest, host, {0: frozenset({cpu})}, memory_kib=256 * 1024)
 
 
-def migration_plan(db) -> Plan:
-    """b: h1 → h2 and pinned there on pCPU 1, confirmed by one probe of h1 and h2 together."""
-    trial = {"kind": "confirm", "hosts": ["h1", "h2"], "weights": {"a": 1.0, "b": 1.0, "c": 1.0},
+def migration_plan(db, kind: str = "confirm") -> Plan:
+    """b: h1 → h2 and pinned there on pCPU 1, judged by one probe of h1 and h2 together."""
+    trial = {"kind": kind, "hosts": ["h1", "h2"], "weights": {"a": 1.0, "b": 1.0, "c": 1.0},
              "fairness": 0.0, "min_gain": 0.005, "tolerance": 0.0, "from_key": "before", "to_key": "after"}
     actions = (
         Action(0, "migrate", "h1", "b", target_host="h2", before=placed("b", "h1", 0), after=placed("b", "h2", 0)),
@@ -83,3 +83,15 @@ def test_a_migration_that_measures_better_on_both_hosts_stays(sim, db):
     assert "b" in {d.name for d in sim.hosts["h2"].domains()}
     assert store.get("b")["host"] == "h2"
     assert run.measurements["h2"].performance == {"b": 0.85, "c": 0.85}, "the kept layout is the hosts' new measure"
+
+
+def test_a_tried_joint_layout_that_measures_worse_migrates_back_and_is_remembered(sim, db):
+    """Exploration of small hosts together: the same probe, of kind explore (kept only if better)."""
+    store = setup(sim, db)
+    probe = ProbeByHost(h1=[{"a": 0.6, "b": 0.6}, {"a": 0.9}], h2=[{"c": 0.9}, {"b": 0.4, "c": 0.5}])
+    run = rebalancer(sim, db, probe=probe)
+    done = run.apply(migration_plan(db, kind="explore").id)
+    assert [a.state for a in done.actions] == ["rolled_back"] * 3, [(a.describe(), a.message) for a in done.actions]
+    assert "b" in {d.name for d in sim.hosts["h1"].domains()} and store.get("b")["host"] == "h1"
+    assert [(o.kind, o.kept, o.host) for o in SqlPlanStore(db).trial_outcomes(0.0)] == [("explore", False, "h1")]
+    assert run.measured_better(run.settings) == {("before", "after")}, "the hosts as they were measured better"

@@ -136,7 +136,7 @@ def plan_rebalance(
              "declined": search.declined[-5:],
              "exact": search.exact, "pessimistic": search.pessimistic,
              "trials": [{"host": h, "what": t["what"], "from_key": t["from_key"], "to_key": t["to_key"]}
-                        for h, t in sorted(search.trials.items())]}
+                        for h, t in sorted({**search.trials, **search.group_trials}.items())]}
     return plan_from_search(search, actions, predicted, before=before, after=after, summary=summary, notes=notes,
                             now=now)
 

@@ -177,6 +177,11 @@ def _build_actions(search: _Search, model: InterferenceModel) -> tuple[list[Acti
                                   reason="measure the new layout with Freeze'nSense: the model's confidence "
                                          "in these moves is low",
                                   depends_on=deps, parameters={"seconds": settings.probe_seconds}))
+    if settings.trials:
+        for label in sorted(search.group_trials):
+            trial = search.group_trials[label]
+            baselines.extend(h for h in trial["hosts"] if h not in baselines)
+            _add_group_trial(search, trial, actions)
     return _with_baselines(search, actions, baselines), predicted
 
 
@@ -282,6 +287,46 @@ def _add_trial(search: _Search, host_name: str, actions: list[Action]) -> None:
               f"layout before it by at least {settings.trial_min_gain:g} per guest, else undone")
     actions.append(_trial_probe(search, host_name, len(actions), deps, "explore", reason,
                                 trial["from_key"], trial["to_key"]))
+
+
+def _add_group_trial(search: _Search, trial: dict, actions: list[Action]) -> None:
+    """Migrations (each with its repin on arrival) and repins to a joint layout of small hosts,
+    then an explore probe that measures every host of the group and judges them as one."""
+    group = trial["hosts"]
+    first = len(actions)
+    tag = {"tried": trial["what"]}
+    reason = f"trial of the {trial['label']}"
+    moving = sorted(trial["changes"].items(), key=lambda item: (item[1][0] == search.host_of[item[0]], item[0]))
+    for name, (target, pins) in moving:  # migrations first, as in a plan
+        base = search._current_placement(name)
+        host = search.hosts[target]
+        placed = _with_pins(search, name, host, pins, base)
+        if target != base.host:
+            arrived = replace(base, host=target)
+            actions.append(Action(index=len(actions), kind="migrate", host=base.host, target_host=target, guest=name,
+                                  before=base, after=arrived, reason=reason, confidence=0.0, parameters=tag))
+            migrated = len(actions) - 1
+            actions.append(Action(index=len(actions), kind="repin", host=target, guest=name, before=arrived,
+                                  after=replace(arrived, vcpupin=placed.vcpupin, emulatorpin=placed.emulatorpin),
+                                  reason=f"pin {name} on arrival", confidence=0.0, depends_on=(migrated,),
+                                  parameters=tag))
+        else:
+            actions.append(Action(index=len(actions), kind="repin", host=target, guest=name, before=base,
+                                  after=replace(base, vcpupin=placed.vcpupin, emulatorpin=placed.emulatorpin),
+                                  reason=reason, confidence=0.0, parameters=tag))
+    deps = tuple(range(first, len(actions)))
+    if not deps:
+        return
+    settings = search.settings
+    guests = sorted(g for h in group for g in search.hosts[h].guests)
+    probe = {"kind": "explore", "hosts": list(group), "weights": {g: search.guests[g].weight for g in guests},
+             "fairness": settings.fairness, "min_gain": settings.trial_min_gain,
+             "tolerance": settings.trial_tolerance, "from_key": trial["from_key"], "to_key": trial["to_key"]}
+    text = (f"measure {', '.join(group)} with Freeze'nSense: the {trial['label']} is kept only if the hosts together "
+            f"measure better than before by at least {settings.trial_min_gain:g} per guest, else undone "
+            "(the guests migrate back)")
+    actions.append(Action(index=len(actions), kind="probe", host=group[0], reason=text, depends_on=deps,
+                          parameters={"seconds": settings.trial_seconds, "trial": probe}))
 
 
 def _narrow_floating(search: _Search, actions: list[Action]) -> list[Action]:

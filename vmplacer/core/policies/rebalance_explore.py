@@ -12,13 +12,21 @@ kept only when Freeze'nSense measures it better, remembered either way, and
 counted against the host's `trial_max`; pairs the data back move little, so
 the layout differs only where the data are thin. Hosts running a protected guest
 (a floor, a priority, latency-critical) are not explored.
+
+Small hosts the exact solver takes together (their pCPUs within `exact_max_cpus`)
+are explored together first: a layout the prior fears across hosts (three guests
+on one host, the fourth alone) is never planned either, and one host's trial
+cannot reach it. When their optimistic joint layout moves a guest to another
+host and the plan leaves those hosts alone, the migrations and repins to it are
+the trial, measured on every host of the group at once and judged as one (the
+guests that moved count on both sides); undone, the guests migrate back.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from vmplacer.core.policies.rebalance_exact import NotExact, solve_hosts, solved_layout
+from vmplacer.core.policies.rebalance_exact import NotExact, layout_changes, solve_hosts, solved_layout
 from vmplacer.core.policies.rebalance_pessimistic import offer_trial
 from vmplacer.core.policies.rebalance_state import ClusterState
 from vmplacer.core.trial import layout_key
@@ -30,9 +38,10 @@ def offer_optimistic_layouts(search) -> None:
     if (not settings.trials or settings.exploration <= 0 or search.solver is None or search.betas.empty):
         return
     moved_hosts = {search.host_of[g] for g in search.migrated} | set(search.migrated.values())
+    grouped = {h for trial in search.group_trials.values() for h in trial["hosts"]}
     for name in sorted(search.hosts):
         host = search.hosts[name]
-        if (name in search.trials or name in moved_hosts or name in search.ruled or not host.guests
+        if (name in search.trials or name in moved_hosts or name in grouped or name in search.ruled or not host.guests
                 or not 0 < len(host.usable) <= settings.exact_max_cpus
                 or search.tried.get(name, 0) >= settings.trial_max):
             continue
@@ -57,6 +66,63 @@ def offer_optimistic_layouts(search) -> None:
             continue  # nothing the optimist would gain by (a layout as good as this one, relabelled)
         offer_trial(search, name, {"here": layout_key(name, here)}, "here", layout, "optimistic",
                      "layout the model would choose were its doubtful pairs harmless")
+
+
+def offer_optimistic_groups(search) -> None:
+    """Offer each group of small hosts solved together, that the plan leaves alone, its optimistic
+    joint layout as their trial when it moves a guest to another host."""
+    settings = search.settings
+    if (not settings.trials or settings.exploration <= 0 or search.solver is None or search.betas.empty
+            or not settings.allow_migration):
+        return
+    touched_hosts = {search.host_of[g] for g in search.touched} | {
+        search.original[g].placement.host for g in search.touched}
+    for group in search._exact_groups():
+        if (len(group) < 2 or any(h in search.trials or h in touched_hosts or h in search.ruled for h in group)
+                or search.tried.get(group[0], 0) >= settings.trial_max):
+            continue
+        guests = [g for h in group for g in search.hosts[h].guests]
+        if not guests or any(search.guests[g].protected for g in guests):
+            continue
+        state = ClusterState({h: search.hosts[h].state for h in group},
+                             {g: _at_plan_end(search, g, search.guests[g]) for g in guests})
+        optimist = type(search)(state, search.model, settings, None, {}, None, search.solver,
+                                optimism=settings.exploration)
+        optimist.pooled = {g for g in guests if search.may_pin(g)}
+        optimist.refused_by = search.refused_by
+        try:
+            problem, solution = solve_hosts(optimist, search.solver, group, settings.exact_time_s)
+        except NotExact:
+            continue
+        if solution is None:
+            continue
+        wanted = layout_changes(optimist, problem, solution)
+        if not any(host != optimist.host_of[g] for g, (host, _) in wanted.items()):
+            continue  # no guest changes host: each host's own exploration reaches it
+        move = optimist._relayout_move(problem, solution, group, {})
+        if move is None or move.gain < settings.min_migration_gain:
+            continue  # not worth its migrations even to the optimist
+        _offer_group_trial(search, group, {c.guest: (c.host, dict(c.pins)) for c in move.changes}, move.gain)
+
+
+def group_key(group, where) -> str:
+    """The layout key of hosts judged together: each guest named with its host."""
+    return layout_key("+".join(group), {f"{g}@{host}": pins for g, (host, pins) in where.items()})
+
+
+def _offer_group_trial(search, group: list[str], changes: dict, gain: float) -> None:
+    """Note the joint layout to try, unless a measurement already compared it with where the hosts are."""
+    here = {g: (h, dict(search.hosts[h].pins[g])) for h in group for g in search.hosts[h].guests}
+    there = {**here, **changes}
+    from_key, to_key = group_key(group, here), group_key(group, there)
+    if from_key == to_key or (from_key, to_key) in search.measured_better or (to_key, from_key) in search.measured_better:
+        return
+    label = "+".join(group)
+    search.group_trials[label] = {
+        "hosts": list(group), "changes": changes, "what": "optimistic", "from_key": from_key, "to_key": to_key,
+        "label": (f"joint layout of {', '.join(group)} the model would choose were its doubtful pairs harmless "
+                  f"({len(changes)} guest(s) move, {sum(1 for g, (h, _) in changes.items() if h != here[g][0])} "
+                  f"to another host; optimistic {gain:+.3f})")}
 
 
 def _at_plan_end(search, name: str, guest):

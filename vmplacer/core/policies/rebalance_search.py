@@ -22,7 +22,7 @@ from vmplacer.core.nofit import NoFit
 from vmplacer.core.occupancy import HostUsage, memory_by_node
 from vmplacer.core.placement import GuestCell, Placement
 from vmplacer.core.policies.rebalance_exact import NotExact, layout_changes, solve_hosts, solved_layout
-from vmplacer.core.policies.rebalance_explore import offer_optimistic_layouts
+from vmplacer.core.policies.rebalance_explore import offer_optimistic_groups, offer_optimistic_layouts
 from vmplacer.core.policies.rebalance_pessimistic import choose_pessimistically, offer_declined_layouts
 from vmplacer.core.policies.rebalance_layout import (
     BetaTable,
@@ -94,6 +94,7 @@ class _Search:
         self.pessimistic: list[dict] = []  # each host's layout against the blind spread, at the lower bound
         self.measured_better: set[tuple[str, str]] = set()  # (winner, loser) layout keys measured in trials
         self.trials: dict[str, dict] = {}  # host -> the layout to try after the plan's moves (measured trial)
+        self.group_trials: dict[str, dict] = {}  # "h1+h2" -> a layout of small hosts to try, migrations included
         self.layout_guests: dict[str, list[str]] = {}  # host -> the guests its layout keys name
         self.declined_layouts: dict[str, dict[str, dict[int, frozenset[int]]]] = {}  # host -> exact layout
         self.exact_layouts: dict[str, dict[str, dict[int, frozenset[int]]]] = {}  # host -> solver's layout
@@ -745,6 +746,7 @@ class _Search:
             self._climb()
         choose_pessimistically(self)
         offer_declined_layouts(self)
+        offer_optimistic_groups(self)
         offer_optimistic_layouts(self)
 
     def _climb(self) -> None:
