@@ -110,6 +110,37 @@ def test_hysteresis_refuses_gains_below_the_minimum():
     assert plan_rebalance(state, LINEAR, RebalanceSettings(min_gain=0.01), now=0.0).actions
 
 
+def test_the_hysteresis_scales_with_the_guests_of_the_hosts_a_move_touches():
+    """A step of +0.096 on a host of two guests: refused under min_gain 0.5 alone; with
+    min_gain_share the bar is that share of the two guests' full speed, whatever runs elsewhere."""
+    topo = uniform_topology(nodes=1, cores_per_node=2, name="h1")
+    crowd = [pinned(f"x{i}", "h2", [i]) for i in range(6)]
+    state = cluster({"h1": topo, "h2": uniform_topology(nodes=1, cores_per_node=6, name="h2")},
+                    [pinned("a", "h1", [0]), pinned("b", "h1", [0]), *crowd],
+                    labels={"a": {"load": "0.55"}, "b": {"load": "0.5"}})
+
+    def moved(share: float) -> bool:
+        settings = RebalanceSettings(min_gain=0.5, min_gain_share=share, allow_migration=False)
+        return bool(plan_rebalance(state, LINEAR, settings, now=0.0).actions)
+
+    assert not moved(0.0), "absolute: 0.5"
+    assert not moved(0.05), "0.05 × 2 guests = 0.1 > 0.096 (the six guests of h2 do not count)"
+    assert moved(0.045), "0.045 × 2 guests = 0.09 < 0.096"
+    declined = plan_rebalance(state, LINEAR, RebalanceSettings(min_gain=0.5, min_gain_share=0.05,
+                                                               allow_migration=False), now=0.0)
+    assert declined.settings["notes"]["declined"][-1]["threshold"] == 0.1
+    assert "or 0.05 per guest" in declined.summary
+
+
+def test_the_scaled_hysteresis_is_the_lesser_of_the_two():
+    settings = RebalanceSettings(min_gain=0.05, min_gain_share=0.005)
+    assert abs(settings.min_gain_for(4) - 0.02) < 1e-12
+    assert settings.min_gain_for(10) == settings.min_gain_for(40) == 0.05
+    assert RebalanceSettings(min_gain=0.05, min_gain_share=0.0).min_gain_for(4) == 0.05
+    with pytest.raises(RebalanceInputError, match="min_gain_share"):
+        RebalanceSettings(min_gain_share=-0.1)
+
+
 def test_cooldown_and_scope_keep_guests_still():
     topo = uniform_topology(nodes=1, cores_per_node=4, name="h1")
     state = cluster({"h1": topo}, [pinned("a", "h1", [0]), pinned("b", "h1", [0])])

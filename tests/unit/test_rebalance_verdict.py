@@ -77,3 +77,24 @@ def test_the_step_to_the_optimum_is_judged_against_its_own_threshold():
     assert migration["within_threshold"] and migration["threshold_name"] == "min_migration_gain"
     assert not step_threshold(Reach(0.12, 2), 0.05, 0.1)["within_threshold"]
     assert not step_threshold(Reach(0.05, 0), 0.05, 0.1)["within_threshold"]  # at the threshold: a step to take
+
+
+def test_the_threshold_of_a_step_on_one_host_scales_with_its_guests_as_the_planner_does():
+    """Four guests on the host the step changes: with min_gain_share 0.005 a step of +0.03 clears
+    0.02, so falling short of it is the model's, not the hysteresis's."""
+    step = {"blind_spread": Reach(0.03, 0, guests=4), "seed_policy": Reach(-0.2, 0)}
+    objectives = {"blind_spread": 3.3, "vmplacer": 3.4}
+    assert verdict(MEANS, objectives, [plan()], 0.05, reaches=step)["verdict"] == "threshold"
+    scaled = verdict(MEANS, objectives, [plan()], 0.05, reaches=step, min_gain_share=0.005)
+    assert scaled["verdict"] == "model"
+    assert step_threshold(Reach(0.03, 0, guests=4), 0.05, 0.01, 0.005)["threshold"] == 0.02
+    assert step_threshold(Reach(0.03, 0, guests=20), 0.05, 0.01, 0.005)["within_threshold"]
+
+
+def test_reach_counts_the_guests_of_the_hosts_whose_guests_the_step_changes():
+    performance = {"vmplacer": {"a": 0.5, "b": 0.9, "c": 1.0, "d": 1.0},
+                   "blind_spread": {"a": 0.8, "b": 0.8, "c": 1.0, "d": 1.0}}
+    hosts = {"vmplacer": {"a": "h1", "b": "h1", "c": "h2", "d": "h2"},
+             "blind_spread": {"a": "h1", "b": "h1", "c": "h2", "d": "h2"}}
+    step = reach(performance, hosts, "blind_spread")
+    assert (step.migrations, step.guests) == (0, 2), "h2's guests are not part of the step"

@@ -128,8 +128,7 @@ def plan_rebalance(
     fixed = sorted(f"{g.name} ({g.why_fixed})" for g in search.guests.values() if g.mode == FIXED and g.why_fixed)
     moved = sum(1 for a in actions if a.kind != "probe")
     summary = (f"{moved} action(s); predicted objective {before:.3f} → {after:.3f}" if moved
-               else f"no move clears the minimum gain of {settings.min_gain:g} (or {settings.min_gain_share:g} per guest "
-                    "on hosts of few guests): nothing to do")
+               else f"no move clears the minimum gain of {settings.min_gain:g}{_per_guest(settings)}: nothing to do")
     if search.declined:
         summary += "; declined: " + declined_text(search.declined[-1])
     notes = {"fixed": fixed, "held": sorted(search.held.values()), "rejected": search.rejected[:20],
@@ -139,6 +138,10 @@ def plan_rebalance(
                         for h, t in sorted({**search.trials, **search.group_trials}.items())]}
     return plan_from_search(search, actions, predicted, before=before, after=after, summary=summary, notes=notes,
                             now=now)
+
+
+def _per_guest(settings: RebalanceSettings) -> str:
+    return f" (or {settings.min_gain_share:g} per guest on hosts of few guests)" if settings.min_gain_share > 0 else ""
 
 
 def declined_text(declined: Mapping[str, object]) -> str:
