@@ -22,7 +22,7 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 TRIAL_KINDS = ("confirm", "explore")
@@ -140,6 +140,12 @@ def layout_key(host: str, layout: Mapping[str, Mapping[int, frozenset[int]] | Ma
                  for g, pins in sorted(layout.items())}
     text = json.dumps([host, canonical], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def hosts_key(hosts: Sequence[str], where: Mapping[str, tuple[str, Mapping[int, frozenset[int]]]]) -> str:
+    """The layout key of hosts judged together (guest → (host, pins)): each guest named with its
+    host, so a guest that moved makes another layout."""
+    return layout_key("+".join(hosts), {f"{g}@{host}": pins for g, (host, pins) in where.items()})
 
 
 @dataclass(frozen=True)

@@ -21,7 +21,7 @@ from vmplacer.core.plan import Action, Plan, initial_state
 from vmplacer.core.policies.rebalance_layout import _Host, _host_confidences
 from vmplacer.core.policies.rebalance_search import _EPS, _relocated_cells, _Search
 from vmplacer.core.policies.rebalance_state import EXCLUSIVE, FLOATING
-from vmplacer.core.trial import layout_key
+from vmplacer.core.trial import hosts_key, layout_key
 
 
 def _new_emulator(old: Placement, new_pins: Mapping[int, frozenset[int]], mode: str,
@@ -247,17 +247,23 @@ def _migration_trial_probe(search: _Search, group: list[str], index: int, deps: 
     """A confirm probe after migrations: it measures every host in `group` and judges them as one
     (the guests that moved count with their measurements on both hosts); undone, the moves are
     reverted, the migrations by migrating back."""
+    guests = [g for h in group for g in search.hosts[h].guests]
+    from_key = hosts_key(group, {g: (search.original[g].placement.host, search.original[g].placement.vcpupin)
+                                 for g in guests})
+    to_key = hosts_key(group, {g: (search.host_of[g], search.hosts[search.host_of[g]].pins[g]) for g in guests})
+    text = (f"measure {', '.join(group)} with Freeze'nSense after these migrations; undo them (migrate back) if "
+            f"the hosts together measure worse by more than {search.settings.trial_tolerance:g} per guest")
+    return _joint_probe(search, group, index, deps, "confirm", from_key, to_key, text)
+
+
+def _joint_probe(search: _Search, group: list[str], index: int, deps: tuple[int, ...], kind: str,
+                 from_key: str, to_key: str, text: str) -> Action:
+    """A trial probe of every host in `group`, judged as one, on the first host's name."""
     settings = search.settings
     guests = sorted(g for h in group for g in search.hosts[h].guests)
-    label = "+".join(group)
-    from_key = layout_key(label, {f"{g}@{search.original[g].placement.host}": search.original[g].placement.vcpupin
-                                  for g in guests})
-    to_key = layout_key(label, {f"{g}@{search.host_of[g]}": search.hosts[search.host_of[g]].pins[g] for g in guests})
-    trial = {"kind": "confirm", "hosts": list(group), "weights": {g: search.guests[g].weight for g in guests},
+    trial = {"kind": kind, "hosts": list(group), "weights": {g: search.guests[g].weight for g in guests},
              "fairness": settings.fairness, "min_gain": settings.trial_min_gain,
              "tolerance": settings.trial_tolerance, "from_key": from_key, "to_key": to_key}
-    text = (f"measure {', '.join(group)} with Freeze'nSense after these migrations; undo them (migrate back) if "
-            f"the hosts together measure worse by more than {settings.trial_tolerance:g} per guest")
     return Action(index=index, kind="probe", host=group[0], reason=text, depends_on=deps,
                   parameters={"seconds": settings.trial_seconds, "trial": trial})
 
@@ -317,16 +323,10 @@ def _add_group_trial(search: _Search, trial: dict, actions: list[Action]) -> Non
     deps = tuple(range(first, len(actions)))
     if not deps:
         return
-    settings = search.settings
-    guests = sorted(g for h in group for g in search.hosts[h].guests)
-    probe = {"kind": "explore", "hosts": list(group), "weights": {g: search.guests[g].weight for g in guests},
-             "fairness": settings.fairness, "min_gain": settings.trial_min_gain,
-             "tolerance": settings.trial_tolerance, "from_key": trial["from_key"], "to_key": trial["to_key"]}
     text = (f"measure {', '.join(group)} with Freeze'nSense: the {trial['label']} is kept only if the hosts together "
-            f"measure better than before by at least {settings.trial_min_gain:g} per guest, else undone "
+            f"measure better than before by at least {search.settings.trial_min_gain:g} per guest, else undone "
             "(the guests migrate back)")
-    actions.append(Action(index=len(actions), kind="probe", host=group[0], reason=text, depends_on=deps,
-                          parameters={"seconds": settings.trial_seconds, "trial": probe}))
+    actions.append(_joint_probe(search, group, len(actions), deps, "explore", trial["from_key"], trial["to_key"], text))
 
 
 def _narrow_floating(search: _Search, actions: list[Action]) -> list[Action]:

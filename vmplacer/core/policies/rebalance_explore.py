@@ -29,7 +29,7 @@ from dataclasses import replace
 from vmplacer.core.policies.rebalance_exact import NotExact, layout_changes, solve_hosts, solved_layout
 from vmplacer.core.policies.rebalance_pessimistic import offer_trial
 from vmplacer.core.policies.rebalance_state import ClusterState
-from vmplacer.core.trial import layout_key
+from vmplacer.core.trial import hosts_key, layout_key
 
 
 def offer_optimistic_layouts(search) -> None:
@@ -105,16 +105,11 @@ def offer_optimistic_groups(search) -> None:
         _offer_group_trial(search, group, {c.guest: (c.host, dict(c.pins)) for c in move.changes}, move.gain)
 
 
-def group_key(group, where) -> str:
-    """The layout key of hosts judged together: each guest named with its host."""
-    return layout_key("+".join(group), {f"{g}@{host}": pins for g, (host, pins) in where.items()})
-
-
 def _offer_group_trial(search, group: list[str], changes: dict, gain: float) -> None:
     """Note the joint layout to try, unless a measurement already compared it with where the hosts are."""
     here = {g: (h, dict(search.hosts[h].pins[g])) for h in group for g in search.hosts[h].guests}
     there = {**here, **changes}
-    from_key, to_key = group_key(group, here), group_key(group, there)
+    from_key, to_key = hosts_key(group, here), hosts_key(group, there)
     if from_key == to_key or (from_key, to_key) in search.measured_better or (to_key, from_key) in search.measured_better:
         return
     label = "+".join(group)
