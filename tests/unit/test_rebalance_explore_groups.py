@@ -87,9 +87,10 @@ def test_no_joint_trial_when_switched_off_capped_measured_protected_or_the_plan_
     assert not offered(search(exploration=0.0))
     assert not offered(search(trials=False))
     assert not offered(search(allow_migration=False))
-    capped = search()
-    capped.tried = {"h1": capped.settings.trial_max}
-    assert not offered(capped)
+    for host in ("h1", "h2"):
+        capped = search()
+        capped.tried = {host: capped.settings.trial_max}
+        assert not offered(capped), f"{host} has tried enough lately"
     first = search()
     offer_optimistic_groups(first)
     (trial,) = first.group_trials.values()

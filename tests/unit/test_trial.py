@@ -158,3 +158,13 @@ def test_hosts_measured_together_count_the_guest_that_moved_on_both_sides():
                   weights={"a": 1.0, "b": 1.0}, fairness=0.0, min_gain=0.005, tolerance=0.0)
     assert alone.keep
     assert combined("h1", [Measured("h1", {"a": 0.9}), None]) is None, "one side unmeasured: no comparison"
+
+
+def test_a_joint_trial_names_every_host_it_measured():
+    from vmplacer.core.trial import trial_outcome
+
+    trial = {"kind": "explore", "hosts": ["h1", "h2"], "from_key": "f", "to_key": "t"}
+    joint = trial_outcome("probe", "rolled_back", {"trial": trial}, "h1", 5.0)
+    assert joint is not None and joint.budget_hosts == ("h1", "h2") and not joint.kept
+    alone = trial_outcome("probe", "succeeded", {"trial": {**trial, "hosts": None}}, "h1", 5.0)
+    assert alone is not None and alone.budget_hosts == ("h1",)

@@ -394,7 +394,8 @@ class Rebalancer:
         for outcome in outcomes:
             if outcome.kind == "explore":
                 better.add((outcome.to_key, outcome.from_key) if outcome.kept else (outcome.from_key, outcome.to_key))
-                tried[outcome.host] = tried.get(outcome.host, 0) + 1
+                for host in outcome.budget_hosts:
+                    tried[host] = tried.get(host, 0) + 1
             elif not outcome.kept:
                 better.add((outcome.from_key, outcome.to_key))
         return better, tried, backoffs(outcomes, now, settings.backoff_s, settings.trial_memory_s)

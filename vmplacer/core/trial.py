@@ -158,6 +158,12 @@ class TrialOutcome:
     kept: bool
     host: str = ""
     at: float = 0.0  # epoch seconds the trial's probe finished
+    hosts: tuple[str, ...] = ()  # every host a joint trial measured (empty: `host` alone)
+
+    @property
+    def budget_hosts(self) -> tuple[str, ...]:
+        """The hosts whose `trial_max` the trial counts against: all it measured."""
+        return self.hosts or (self.host,)
 
 
 def trial_outcome(kind: str, state: str, parameters: Mapping[str, object], host: str = "",
@@ -169,7 +175,9 @@ def trial_outcome(kind: str, state: str, parameters: Mapping[str, object], host:
     from_key, to_key = trial.get("from_key"), trial.get("to_key")
     if not (isinstance(from_key, str) and isinstance(to_key, str) and from_key and to_key):
         return None
-    return TrialOutcome(str(trial.get("kind")), from_key, to_key, state == "succeeded", host, at)
+    joint = trial.get("hosts")
+    hosts = tuple(h for h in joint if isinstance(h, str)) if isinstance(joint, (list, tuple)) else ()
+    return TrialOutcome(str(trial.get("kind")), from_key, to_key, state == "succeeded", host, at, hosts)
 
 
 @dataclass(frozen=True)

@@ -79,7 +79,7 @@ def offer_optimistic_groups(search) -> None:
         search.original[g].placement.host for g in search.touched}
     for group in search._exact_groups():
         if (len(group) < 2 or any(h in search.trials or h in touched_hosts or h in search.ruled for h in group)
-                or search.tried.get(group[0], 0) >= settings.trial_max):
+                or any(search.tried.get(h, 0) >= settings.trial_max for h in group)):
             continue
         guests = [g for h in group for g in search.hosts[h].guests]
         if not guests or any(search.guests[g].protected for g in guests):
