@@ -47,13 +47,7 @@ def offer_optimistic_layouts(search) -> None:
             continue
         if any(search.guests[g].protected for g in host.guests):
             continue  # a guaranteed guest is not put through a layout chosen for what is not known
-        guests = {g: search.guests[g] for g in host.guests}
-        state = ClusterState({name: host.state},
-                             {g: _at_plan_end(search, g, guest) for g, guest in guests.items()})
-        optimist = type(search)(state, search.model, settings, None, {}, None, search.solver,
-                                optimism=settings.exploration)
-        optimist.pooled = {g for g in guests if search.may_pin(g)}
-        optimist.refused_by = search.refused_by
+        optimist = _optimist(search, [name])
         try:
             problem, solution = solve_hosts(optimist, search.solver, [name], settings.exact_time_s)
         except NotExact:
@@ -84,12 +78,7 @@ def offer_optimistic_groups(search) -> None:
         guests = [g for h in group for g in search.hosts[h].guests]
         if not guests or any(search.guests[g].protected for g in guests):
             continue
-        state = ClusterState({h: search.hosts[h].state for h in group},
-                             {g: _at_plan_end(search, g, search.guests[g]) for g in guests})
-        optimist = type(search)(state, search.model, settings, None, {}, None, search.solver,
-                                optimism=settings.exploration)
-        optimist.pooled = {g for g in guests if search.may_pin(g)}
-        optimist.refused_by = search.refused_by
+        optimist = _optimist(search, group)
         try:
             problem, solution = solve_hosts(optimist, search.solver, group, settings.exact_time_s)
         except NotExact:
@@ -118,6 +107,19 @@ def _offer_group_trial(search, group: list[str], changes: dict, gain: float) -> 
         "label": (f"joint layout of {', '.join(group)} the model would choose were its doubtful pairs harmless "
                   f"({len(changes)} guest(s) move, {sum(1 for g, (h, _) in changes.items() if h != here[g][0])} "
                   f"to another host; optimistic {gain:+.3f})")}
+
+
+def _optimist(search, host_names: list[str]):
+    """A what-if search of `host_names` as the plan leaves them, under optimistic coefficients
+    (each β lowered by `exploration` standard deviations), pinning what the plan may pin."""
+    guests = [g for h in host_names for g in search.hosts[h].guests]
+    state = ClusterState({h: search.hosts[h].state for h in host_names},
+                         {g: _at_plan_end(search, g, search.guests[g]) for g in guests})
+    optimist = type(search)(state, search.model, search.settings, None, {}, None, search.solver,
+                            optimism=search.settings.exploration)
+    optimist.pooled = {g for g in guests if search.may_pin(g)}
+    optimist.refused_by = search.refused_by
+    return optimist
 
 
 def _at_plan_end(search, name: str, guest):
