@@ -61,7 +61,7 @@ from vmplacer.adapters.simulator_optimum import case_optimum  # noqa: E402
 from vmplacer.app.evaluate import ProfileSettings, profile_host  # noqa: E402
 from vmplacer.app.rebalance_eval import DISTANCE_PRIOR, Case, HostShape, evaluate_case  # noqa: E402
 from vmplacer.app.rebalance_verdict import REAL_LOSSES, VERDICTS  # noqa: E402
-from vmplacer.core.interference import InterferenceModel, ModelConfig  # noqa: E402
+from vmplacer.core.interference import FORMS, InterferenceModel, ModelConfig  # noqa: E402
 from vmplacer.core.pairs import parse_pairs  # noqa: E402
 from vmplacer.core.placement import Placement  # noqa: E402
 from vmplacer.core.policies.rebalance import plan_rebalance  # noqa: E402
@@ -117,8 +117,9 @@ def best(table, case, start):
 
 def run_cases(seeds: int, shapes=SHAPES, names: set[str] | None = None,
               overrides: dict[str, float] | None = None, runs: int = RUNS,
-              checkpoints: tuple[int, ...] = (CHECKPOINT,)) -> list[dict]:
+              checkpoints: tuple[int, ...] = (CHECKPOINT,), form: str | None = None) -> list[dict]:
     rows = []
+    model_config = ModelConfig(distance_prior=DISTANCE_PRIOR, **({"form": form} if form else {}))
     solver = CpSatLayoutSolver()
     for path in matrices():
         if names and path.name not in names:
@@ -131,7 +132,7 @@ def run_cases(seeds: int, shapes=SHAPES, names: set[str] | None = None,
                     settings = RebalanceSettings(**{"max_actions": vms, **(overrides or {})})
                     row = evaluate_case(table, Case(start, hosts, vms, shape, seed, mix), matrix=path.name,
                                         rounds=runs, checkpoints=checkpoints, simulator=simulator,
-                                        solver=solver, best=best, settings=settings)
+                                        solver=solver, best=best, settings=settings, model_config=model_config)
                     row["shape"] = label
                     row["mix"] = mix
                     row["seconds"] = round(time.perf_counter() - began, 2)
@@ -369,6 +370,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--setting", action="append", default=[], metavar="NAME=VALUE",
                         help="a rebalance setting other than the product's default, e.g. pessimism=0 or "
                              "min_migration_gain=0.05 (repeatable; for experiments against a baseline)")
+    parser.add_argument("--model-form", choices=FORMS,
+                        help="how the model combines neighbours' losses (default: the product's)")
     parser.add_argument("--baseline-from", action="append",
                         help="case rows of a run with other settings (--rows-out files), summarized beside")
     parser.add_argument("--baseline-label", default="", help="what the baseline run changed")
@@ -379,16 +382,23 @@ def main(argv: list[str] | None = None) -> int:
     began = time.perf_counter()
     load_before = os.getloadavg()
     shapes = [s for s in SHAPES if not args.shape or s[0] in args.shape]
+    form = args.model_form or ModelConfig().form
     if args.rows_from:
         parts = [json.loads(Path(f).read_text()) for f in args.rows_from]
+        forms = {part.get("model_form", form) for part in parts}
+        if len(forms) != 1:
+            raise SystemExit(f"--rows-from: the parts were run with different model forms ({', '.join(sorted(forms))})")
+        form = forms.pop()
         rows = [r for part in parts for r in part["cases"]]
         load_before = tuple(min(part["load_average"]["start"][i] for part in parts) for i in range(3))
     else:
         rows = run_cases(1 if args.quick else args.seeds, shapes, set(args.matrix or ()),
-                         setting_overrides(args.setting), args.runs, tuple(args.checkpoint or (CHECKPOINT,)))
+                         setting_overrides(args.setting), args.runs, tuple(args.checkpoint or (CHECKPOINT,)),
+                         args.model_form)
     if args.rows_out:
         Path(args.rows_out).write_text(json.dumps({
             "cases": rows, "seconds": round(time.perf_counter() - began, 1),
+            "model_form": form,
             "load_average": {"start": [round(x, 2) for x in load_before],
                              "end": [round(x, 2) for x in os.getloadavg()]}}, indent=1) + "\n")
         return 0
@@ -402,6 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         "load_average": {"start": [round(x, 2) for x in load_before],
                          "end": [round(x, 2) for x in os.getloadavg()],
                          "note": "1, 5 and 15 min load averages; the machine is shared with other work"},
+        "model_form": form,
         "cases": rows,
         "plan_100x40_s": None if scale is None else scale["median_s"],
         "plan_100x40": scale,

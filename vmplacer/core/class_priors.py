@@ -60,6 +60,7 @@ class ShrunkBetas:
 
     def __init__(self, model: InterferenceModel, settings: ShrinkageSettings | None = None):
         self.model = model
+        self.form = model.config.form  # how a guest's neighbours' losses combine (`remaining`)
         self.settings = settings or ShrinkageSettings()
         self.empty = model.observations == 0
         self._pairs: dict[tuple[Identity, Identity], np.ndarray] = {}

@@ -18,6 +18,13 @@ per vCPU x, averaged over the VM's vCPUs (weighted by the time they get), with
 This is the seed's first-order model: for whole tasks on separate cores the
 sum over all pairs is eq. 3.5, L_sys = Σ|T_i| − ΣΣ T_iᵀ B T_j.
 
+`ModelConfig.form` = multiplicative reads the same sum as a rate instead:
+perf(x) = s(x) · exp(−Σ_y β_c · g_y), each neighbour taking its share of what
+the others left, as contention for one cache or memory bus compounds. The two
+agree for small losses; on a full or overcommitted host of heavy neighbours
+the additive sum passes 1 and stops telling layouts apart. An observation then
+gives ln s − ln(ζ/ζb) = Σ β·w, fitted the same way.
+
 Coefficients are learned, not measured pair by pair. One Freeze'nSense
 observation of VM v (ζ with neighbours running, ζb with them frozen) gives one
 linear equation: s − ζ/ζb = Σ_(u,c) β_c(u → v) · w_(u,c). Least squares over
@@ -57,6 +64,11 @@ from vmplacer.core.topology import NEIGHBOUR_CLASSES, DistanceClass, HostTopolog
 MODEL_FORMAT = "vmplacer-interference-model"
 MODEL_VERSION = 1
 UNKNOWN_CLASS = "unknown"
+
+ADDITIVE = "additive"  # perf = s·(1 − Σ β·g): the seed's eq. 3.5
+MULTIPLICATIVE = "multiplicative"  # perf = s·exp(−Σ β·g): each neighbour takes a share of what is left
+FORMS = (ADDITIVE, MULTIPLICATIVE)
+RATIO_FLOOR = 0.01  # ζ/ζb below this is read as this in the multiplicative form (its log would run away)
 
 _CLASSES: tuple[DistanceClass, ...] = tuple(DistanceClass)  # index == DistanceClass.rank
 _N_CLASSES = len(_CLASSES)
@@ -180,7 +192,8 @@ class Prediction:
 
 @dataclass(frozen=True)
 class ModelConfig:
-    """Shrinkage strengths, in units of "unit-exposure observations" of prior weight."""
+    """Shrinkage strengths, in units of "unit-exposure observations" of prior weight, and the
+    form in which neighbours' losses combine (`FORMS`)."""
 
     pair_shrinkage: float = 0.5  # (u, v, c) coefficient toward the factor model
     key_shrinkage: float = 2.0  # a VM's sensitivity/interference toward its workload class
@@ -189,8 +202,11 @@ class ModelConfig:
     distance_prior: Mapping[str, float] = field(default_factory=dict)  # class -> scale; default 1.0
     confidence_evidence: float = 3.0  # observations at which confidence reaches 1/2
     iterations: int = 30  # Gauss-Newton steps of the factor model (it usually stops earlier)
+    form: str = ADDITIVE  # how neighbours' losses combine: see `FORMS` and `remaining`
 
     def __post_init__(self) -> None:
+        if self.form not in FORMS:
+            raise ValueError(f"model config: field 'form' must be one of {', '.join(FORMS)}, got {self.form!r}")
         for name in ("pair_shrinkage", "key_shrinkage", "class_shrinkage", "distance_shrinkage",
                      "confidence_evidence"):
             value = getattr(self, name)
@@ -228,6 +244,24 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"model config: unknown field(s) {', '.join(sorted(unknown))}")
         return cls(**dict(data))
+
+
+def remaining(loss: np.ndarray, form: str) -> np.ndarray:
+    """The fraction of its speed a vCPU keeps, given Σ β·g over its neighbours.
+
+    Additive, a sum of losses can exceed 1 on a full host of heavy neighbours and is cut at 0
+    (after which no layout of those neighbours looks worse than another); multiplicative, each
+    neighbour takes its share of what the others left, which is how contention for one cache
+    or memory bus compounds. For small losses the two agree to first order."""
+    return np.exp(-loss) if form == MULTIPLICATIVE else 1.0 - loss
+
+
+def observed_target(obs: Observation, form: str) -> float:
+    """What Σ β·w must explain for one observation, in the model's form: own_share − ζ/ζb
+    (additive) or ln(own_share) − ln(ζ/ζb) (multiplicative; ζ/ζb read as at least RATIO_FLOOR)."""
+    if form == MULTIPLICATIVE:
+        return math.log(obs.own_share) - math.log(max(obs.zeta / obs.zeta_b, RATIO_FLOOR))
+    return obs.interference_loss
 
 
 # --------------------------------------------------------------------------- statistics
@@ -629,7 +663,7 @@ class InterferenceModel:
             targets = np.empty(len(group))
             for row, obs in enumerate(group):
                 self._note_class(key, obs.workload_class)
-                targets[row] = obs.interference_loss
+                targets[row] = observed_target(obs, self.config.form)
                 for exposure in obs.neighbours:
                     if exposure.load == 0:
                         continue
@@ -872,7 +906,7 @@ class InterferenceModel:
         conf_mass = (conf_pairs * weight).sum(axis=1) * layout.granted
 
         n = len(layout.tenants)
-        got = np.bincount(layout.owner, weights=layout.granted * (1.0 - loss), minlength=n)
+        got = np.bincount(layout.owner, weights=layout.granted * remaining(loss, self.config.form), minlength=n)
         share = np.bincount(layout.owner, weights=layout.granted, minlength=n)
         exp_sum = np.bincount(layout.owner, weights=exposure, minlength=n)
         conf_sum = np.bincount(layout.owner, weights=conf_mass, minlength=n)
@@ -921,7 +955,9 @@ class InterferenceModel:
         if data.get("version") != MODEL_VERSION:
             raise ValueError(f"interference model: field 'version' {data.get('version')!r} is not "
                              f"supported (expected {MODEL_VERSION})")
-        model = cls(ModelConfig.from_dict(data.get("config", {})))
+        config = dict(data.get("config", {}))
+        config.setdefault("form", ADDITIVE)  # statistics stored before the form was named are additive
+        model = cls(ModelConfig.from_dict(config))
         model._wclass = {str(k): str(v) for k, v in dict(data.get("workload_classes", {})).items()}
         for number, entry in enumerate(data.get("blocks", [])):
             where = f"interference model: blocks[{number}]"

@@ -31,7 +31,7 @@ import numpy as np
 
 from vmplacer.core.class_priors import Identity, ShrinkageSettings, ShrunkBetas
 from vmplacer.core.guest import GuestSpec
-from vmplacer.core.interference import UNKNOWN_CLASS, Tenant, TenantLayout
+from vmplacer.core.interference import UNKNOWN_CLASS, Tenant, TenantLayout, remaining
 from vmplacer.core.occupancy import exclusive_of, split_vcpus
 from vmplacer.core.placement import Placement
 from vmplacer.core.scoring import Scorer, WeightedScorer, default_scorer
@@ -200,7 +200,7 @@ def _performance(betas: ShrunkBetas, topology: HostTopology, tenants: list[Tenan
     beta = table[layout.distance, piece[None, :], piece[:, None]]  # [x, y]: what y costs x
     weight = np.where(layout.neighbour, layout.granted[None, :], 0.0)
     loss = (beta * weight).sum(axis=1)
-    got = np.bincount(layout.owner, weights=layout.granted * (1.0 - loss), minlength=len(layout.tenants))
+    got = np.bincount(layout.owner, weights=layout.granted * remaining(loss, betas.form), minlength=len(layout.tenants))
     return {t.name: (max(float(got[i]), 0.0), float(layout.alone[i])) for i, t in enumerate(layout.tenants)}
 
 

@@ -19,6 +19,14 @@ with its sibling idle can beat any one-per-pCPU layout. Guests that stay where
 they are (floating, fixed, out of scope) count as load and as neighbours;
 whether their floating time shares change is left to the final evaluation,
 which always uses the search's own arithmetic.
+
+In the model's multiplicative form (`ModelConfig.form`) a guest keeps exp(−Σ β·g) of its
+speed, which no sum of pair terms is; the problem is then its first-order expansion around the
+layout the hosts have (each item guest's pair terms weighted by the speed it keeps there, its
+own time by what that speed is worth), solved, expanded again around the solver's layout and
+solved again (`RELINEARIZE` times at most, one host at a time), and the layout the search's own
+arithmetic rates best of those is the answer. Exact for the additive form; for the
+multiplicative one a close guess the climb polishes.
 """
 
 from __future__ import annotations
@@ -28,11 +36,13 @@ from dataclasses import replace
 
 import numpy as np
 
+from vmplacer.core.interference import MULTIPLICATIVE
 from vmplacer.core.layout_problem import LayoutProblem, LayoutSolution, LayoutSolver
 from vmplacer.core.migration_cost import migration_cost
 from vmplacer.core.policies.rebalance_layout import _Host, _locality_nodes
 from vmplacer.core.policies.rebalance_state import EXCLUSIVE, PINNED, GuestState
 
+RELINEARIZE = 3  # multiplicative form: re-expansions around the solver's own layout, one host at a time
 _RANKS = 6  # same-cpu … remote-node (DistanceClass.rank); rank 5 holds every pCPU pair of one host
 SHARE_GROUP = 4  # at most this many vCPUs on the one time-shared pCPU an exact layout may have
 
@@ -74,8 +84,10 @@ def _partition(dist: np.ndarray, rank: int) -> np.ndarray | None:
     return group
 
 
-def build_problem(search, host_names: Sequence[str]) -> LayoutProblem:
-    """The what-if layout of `host_names` as a LayoutProblem (raises NotExact)."""
+def build_problem(search, host_names: Sequence[str], kept: dict[str, float] | None = None) -> LayoutProblem:
+    """The what-if layout of `host_names` as a LayoutProblem (raises NotExact); in the
+    multiplicative form expanded around the speed each guest keeps (`kept`: guest → exp(−Σ β·g),
+    default as the hosts are)."""
     hosts = [search.hosts[n] for n in host_names]
     host_index = {h.name: k for k, h in enumerate(hosts)}
     betas = search.betas
@@ -274,6 +286,11 @@ def build_problem(search, host_names: Sequence[str]) -> LayoutProblem:
     levels = levels_all[keep]
     effect_a = effect_a[:, keep] if len(pairs) else np.zeros((0, len(keep), 2))
 
+    item_time = np.array([load[i] / ideal[item_guest[i]] for i in range(n_items)], dtype=float)
+    if betas.form == MULTIPLICATIVE and table is not None:
+        kept = kept if kept is not None else kept_speed(search, host_names)
+        _expand(kept, [g_index[n] for n in item_guests], guests, base, unary, pair_a, item_guest_a, effect_a, item_time)
+
     weight = np.array([guest_state[n].weight for n in guests], dtype=float)
     floor = np.full(n_guests, -np.inf)
     for n, value in search.floors.items():
@@ -307,8 +324,43 @@ def build_problem(search, host_names: Sequence[str]) -> LayoutProblem:
         origin_host=origin_host, move_cost=move_cost,
         hint=np.array(hint, dtype=np.int64) if min(hint, default=0) >= 0 else None,
         approximate=approximate, shareable=shareable, max_shared=max_shared, share_group=SHARE_GROUP,
-        item_time=np.array([load[i] / ideal[item_guest[i]] for i in range(n_items)], dtype=float),
+        item_time=item_time,
     )
+
+
+def _expand(kept: dict[str, float], item_guests: list[int], guests: list[str], base: np.ndarray,
+            unary: np.ndarray, pairs: np.ndarray, item_guest: np.ndarray, effect: np.ndarray,
+            item_time: np.ndarray) -> None:
+    """Turn the additive terms into the first-order expansion of s·exp(−L) around L⁰ (in place):
+    s·exp(−L) ≈ m·(1 + L⁰)·s − m·s·L with m = exp(−L⁰), exact at L = L⁰. Guests outside the
+    problem keep their additive terms (small: they are what the items do to them)."""
+    m = np.ones(len(guests))
+    c = np.ones(len(guests))
+    for g in item_guests:
+        k = min(max(float(kept.get(guests[g], 1.0)), 1e-6), 1.0)
+        m[g], c[g] = k, k * (1.0 - np.log(k))
+    items_of = np.zeros(len(guests), dtype=bool)
+    items_of[item_guests] = True
+    base[items_of] *= c[items_of]
+    item_time *= c[item_guest]
+    unary[:, :, items_of] *= m[items_of][None, None, :]
+    if len(pairs):
+        effect[:, :, 0] *= m[item_guest[pairs[:, 0]]][:, None]
+        effect[:, :, 1] *= m[item_guest[pairs[:, 1]]][:, None]
+
+
+def kept_speed(search, host_names: Sequence[str]) -> dict[str, float]:
+    """Per guest on the hosts: the fraction of its time-shared speed its neighbours leave it."""
+    result = {}
+    for name in host_names:
+        host = search.hosts[name]
+        if not host.guests:
+            continue
+        pieces = host.pieces()
+        perf, linear = host.perf(pieces, pieces.cpu)
+        for i, guest in enumerate(pieces.guests):
+            result[guest] = float(perf[0][i] / linear[0][i]) if linear[0][i] > 1e-12 else 1.0
+    return result
 
 
 def layout_changes(search, problem: LayoutProblem, solution: LayoutSolution) -> dict[str, tuple[str, dict]]:
@@ -330,7 +382,41 @@ def solve_hosts(search, solver: LayoutSolver, host_names: Sequence[str],
     problem = build_problem(search, host_names)
     if problem.hint is not None and problem.violations(problem.hint):
         problem = replace(problem, hint=None)
-    return problem, solver.solve(problem, time_limit_s=time_limit_s)
+    solution = solver.solve(problem, time_limit_s=time_limit_s)
+    if search.betas.form != MULTIPLICATIVE or solution is None or len(host_names) != 1 or problem.approximate:
+        return problem, solution
+    spent, start_hint = solution.spent, problem.hint  # the hosts' layout: what the plan reports "before" by
+    value, kept = _rated(search, host_names, problem, solution)
+    best = (value, problem, solution)
+    for _ in range(RELINEARIZE):
+        again = replace(build_problem(search, host_names, kept), hint=np.asarray(solution.assignment, dtype=np.int64))
+        if again.items != problem.items or again.slots != problem.slots or again.violations(again.hint):
+            break
+        following = solver.solve(again, time_limit_s=time_limit_s)
+        if following is None:
+            break
+        spent += following.spent
+        if tuple(following.assignment) == tuple(solution.assignment):
+            break
+        problem, solution = again, following
+        value, kept = _rated(search, host_names, problem, solution)
+        if value > best[0] + 1e-12:
+            best = (value, problem, solution)
+    _, chosen, solution = best
+    spent_as = {"seconds": spent} if solution.work is None else {"work": spent}
+    return replace(chosen, hint=start_hint), replace(solution, **spent_as)
+
+
+def _rated(search, host_names: Sequence[str], problem: LayoutProblem,
+           solution: LayoutSolution) -> tuple[float, dict[str, float]]:
+    """The solution's layout by the search's own arithmetic: the hosts' objective, and the speed
+    each guest keeps there (for the next expansion)."""
+    wanted = layout_changes(search, problem, solution)
+    undo = search._try(search.new_move("relayout", [(g, h, pins) for g, (h, pins) in wanted.items()]))
+    try:
+        return (sum(search.host_objective(search.hosts[h]) for h in host_names), kept_speed(search, host_names))
+    finally:
+        undo()
 
 
 def solved_layout(problem: LayoutProblem, solution: LayoutSolution) -> dict[str, dict[int, frozenset[int]]]:

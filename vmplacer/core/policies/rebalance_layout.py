@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vmplacer.core.interference import InterferenceModel, Tenant, distance_matrix
+from vmplacer.core.interference import MULTIPLICATIVE, InterferenceModel, Tenant, distance_matrix, remaining
 from vmplacer.core.policies.rebalance_state import EXCLUSIVE, FIXED, GuestState, HostState
 
 
@@ -36,6 +36,7 @@ class BetaTable:
         # wrong by, as `_Host.pair_spread` counts it), never below min(β, 0): the layout the model
         # would pick were its doubtful pairs harmless, for exploration by trial
         self.optimism = optimism
+        self.form = model.config.form  # how a guest's neighbours' losses combine (`remaining`)
         self.empty = model.observations == 0
         self._known = set(model.known_keys()) if not self.empty else set()
         self._classes = list(DistanceClass)
@@ -295,7 +296,7 @@ class _Host:
             result = (linear, linear)
         elif same:
             loss = granted @ _interference_matrix(self, pieces).T
-            result = (self._per_guest(pieces, granted * (1.0 - loss)), linear)
+            result = (self._per_guest(pieces, granted * remaining(loss, self.betas.form)), linear)
         else:
             result = (self._interfered(pieces, cpu, granted), linear)
         if same:
@@ -309,7 +310,7 @@ class _Host:
         beta = pieces.table.reshape(-1)[dist * (k * k) + pieces.key[None, None, :] * k + pieces.key[None, :, None]]
         other = (pieces.vm[:, None] != pieces.vm[None, :])[None, :, :] & (dist != 0)
         loss = np.einsum("cxy,cy->cx", np.where(other, beta, 0.0), granted)
-        return self._per_guest(pieces, granted * (1.0 - loss))
+        return self._per_guest(pieces, granted * remaining(loss, self.betas.form))
 
     def perf_moves(self, pieces: _Pieces, m: int, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`perf` for candidates that each move piece `m` to one of `targets` (local pCPU indexes).
@@ -341,7 +342,7 @@ class _Host:
         suffered = np.where(valid, flat[dist * (k * k) + pieces.key[None, :] * k + pieces.key[m]], 0.0)
         loss += caused * granted[:, m][:, None]
         loss[:, m] = (suffered * granted).sum(axis=1)
-        return self._per_guest(pieces, granted * (1.0 - loss)), linear
+        return self._per_guest(pieces, granted * remaining(loss, self.betas.form)), linear
 
     def pair_terms(self, pieces: _Pieces) -> tuple[list[tuple[str, int, int]], np.ndarray, np.ndarray]:
         """Each piece's identity (guest, vCPU, pCPU); per pair [x, y] the weighted performance y's
@@ -353,7 +354,7 @@ class _Host:
             return keys, zero, zero
         load = np.bincount(pieces.cpu, weights=pieces.demand, minlength=len(self.cpus))
         granted = pieces.demand * np.minimum(1.0, 1.0 / np.maximum(load[pieces.cpu], 1e-12))
-        scale = (pieces.weight / pieces.ideal)[pieces.vm] * granted
+        scale = (pieces.weight / pieces.ideal)[pieces.vm] * granted * self._kept(pieces, granted)
         terms = scale[:, None] * _interference_matrix(self, pieces) * granted[None, :]
         conf_table = self.betas.confidence_tensor(list(pieces.identities))
         dist = self.dist[pieces.cpu[:, None], pieces.cpu[None, :]]
@@ -373,7 +374,7 @@ class _Host:
         k = max(model.config.confidence_evidence, 1e-9)
         load = np.bincount(pieces.cpu, weights=pieces.demand, minlength=len(self.cpus))
         granted = pieces.demand * np.minimum(1.0, 1.0 / np.maximum(load[pieces.cpu], 1e-12))
-        scale = (pieces.weight / pieces.ideal)[pieces.vm] * granted
+        scale = (pieces.weight / pieces.ideal)[pieces.vm] * granted * self._kept(pieces, granted)
         dist = self.dist[pieces.cpu[:, None], pieces.cpu[None, :]]
         other = (pieces.vm[:, None] != pieces.vm[None, :]) & (dist != 0)
         reach = scale[:, None] * granted[None, :] * other
@@ -382,6 +383,14 @@ class _Host:
         largest = np.abs(pieces.table).max(axis=0)[pieces.key[None, :], pieces.key[:, None]]
         variance = (reach * model.noise_sd) ** 2 * doubt / k + (doubt * reach * largest) ** 2
         return keys, terms, variance
+
+    def _kept(self, pieces: _Pieces, granted: np.ndarray) -> np.ndarray:
+        """Per piece: what one more unit of Σ β·g costs it, relative to the additive form — 1
+        there; in the multiplicative form the speed it still has (each pair's term is then its
+        first-order share of the loss, as the layout stands)."""
+        if self.betas.form != MULTIPLICATIVE:
+            return np.ones(len(granted))
+        return remaining(_interference_matrix(self, pieces) @ granted, self.betas.form)
 
     @staticmethod
     def _per_guest(pieces: _Pieces, got: np.ndarray) -> np.ndarray:
