@@ -30,6 +30,10 @@ The simple rules are one-shot policies and do not gain from more runs.
 Long-run stability: `--quick --runs 30 --checkpoint 5 --checkpoint 10 --checkpoint 20
 --out benchmarks/results/rebalance_30_runs.json` (seed 0 of every case, five hours of the timer).
 
+The model's other form: `--model-form multiplicative` (rows, planning run and the merged file
+record which; parts of different forms are not merged) `--out
+benchmarks/results/rebalance_multiplicative.json`, against this file as `--baseline-from`.
+
 Planning time: 100 hosts (2 nodes × 12 cores × 2 threads) × 40 one-vCPU VMs each, placed at
 random, a model learned from Freeze'nSense samples, default settings (at most 8 actions).
 
@@ -115,11 +119,16 @@ def best(table, case, start):
                         cores=case.shape.cores_per_node, threads=case.shape.threads_per_core)
 
 
+def model_config(form: str | None = None) -> ModelConfig:
+    """The evaluation's model settings, in `form` (None: the product's default form)."""
+    return ModelConfig(distance_prior=DISTANCE_PRIOR, **({"form": form} if form else {}))
+
+
 def run_cases(seeds: int, shapes=SHAPES, names: set[str] | None = None,
               overrides: dict[str, float] | None = None, runs: int = RUNS,
               checkpoints: tuple[int, ...] = (CHECKPOINT,), form: str | None = None) -> list[dict]:
     rows = []
-    model_config = ModelConfig(distance_prior=DISTANCE_PRIOR, **({"form": form} if form else {}))
+    config = model_config(form)
     solver = CpSatLayoutSolver()
     for path in matrices():
         if names and path.name not in names:
@@ -132,7 +141,7 @@ def run_cases(seeds: int, shapes=SHAPES, names: set[str] | None = None,
                     settings = RebalanceSettings(**{"max_actions": vms, **(overrides or {})})
                     row = evaluate_case(table, Case(start, hosts, vms, shape, seed, mix), matrix=path.name,
                                         rounds=runs, checkpoints=checkpoints, simulator=simulator,
-                                        solver=solver, best=best, settings=settings, model_config=model_config)
+                                        solver=solver, best=best, settings=settings, model_config=config)
                     row["shape"] = label
                     row["mix"] = mix
                     row["seconds"] = round(time.perf_counter() - began, 2)
@@ -285,7 +294,7 @@ def optimum_known(rows: list[dict]) -> bool:
     return all(r["optimum"] is not None for r in rows if pcpus(r) <= EXACT_MAX_CPUS)
 
 
-def trained_model(seed: int = 1) -> InterferenceModel:
+def trained_model(seed: int = 1, form: str | None = None) -> InterferenceModel:
     """A model learned the production way: Freeze'nSense samples of random simulated hosts."""
     path = matrices()[0]
     table = parse_pairs(path.read_text(), path.name)
@@ -299,11 +308,11 @@ def trained_model(seed: int = 1) -> InterferenceModel:
             host.define_domain(f"t{index}-{vm}", workload=rng.choice(table.workloads),
                                vcpupin=[rng.randrange(16)], workload_class="batch")
         observations += profile_host(host, cluster.sampler(host), cluster.clock, ProfileSettings(rounds=2))
-    return InterferenceModel(ModelConfig(distance_prior=DISTANCE_PRIOR)).fit(observations)
+    return InterferenceModel(model_config(form)).fit(observations)
 
 
-def plan_at_scale(hosts: int = 100, vms: int = 40, repeats: int = 3) -> dict:
-    model = trained_model()
+def plan_at_scale(hosts: int = 100, vms: int = 40, repeats: int = 3, form: str | None = None) -> dict:
+    model = trained_model(form=form)
     workloads = list(model.known_keys())
     rng = random.Random(2)
     host_states, guests = {}, {}
@@ -402,7 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             "load_average": {"start": [round(x, 2) for x in load_before],
                              "end": [round(x, 2) for x in os.getloadavg()]}}, indent=1) + "\n")
         return 0
-    scale = None if args.quick else plan_at_scale()
+    scale = None if args.quick else plan_at_scale(form=form)
     summary = summarize(rows)
     verdicts = [r["vmplacer_vs_simple"]["verdict"] for r in rows]
     short = [r for r in rows if r["share_of_optimum"] is not None

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 import pytest
@@ -34,3 +35,16 @@ def test_a_bad_setting_stops_the_run_naming_it(bench, pair, named):
     with pytest.raises(SystemExit) as stopped:
         bench.setting_overrides([pair])
     assert named in str(stopped.value)
+
+
+def test_the_model_form_is_chosen_recorded_and_never_mixed(bench, tmp_path):
+    assert bench.model_config().form == "additive"
+    assert bench.model_config("multiplicative").form == "multiplicative"
+    parts = []
+    for form in ("additive", "multiplicative"):
+        part = tmp_path / f"{form}.json"
+        part.write_text(json.dumps({"cases": [], "model_form": form, "load_average": {"start": [0, 0, 0]}}))
+        parts += ["--rows-from", str(part)]
+    with pytest.raises(SystemExit, match="different model forms"):
+        bench.main([*parts, "--out", str(tmp_path / "out.json")])
+    assert not (tmp_path / "out.json").exists()
