@@ -159,6 +159,9 @@ def test_guardian_resumes_everything_a_killed_freezer_held(frozen_setup, host1_c
             for _ in range(rng.randint(1, 3)):
                 wait_for_phase(child, phase)
             time.sleep(rng.uniform(0.0, T_M_S) if phase == "suspended" else rng.uniform(0.0, 0.003))
+            # Mid-freeze if a guest was paused just before the kill or still is at the first look after
+            # it: a quick guardian may resume them before that look, the more so on a busy machine.
+            paused_before = bool(paused_by_user(host1_conn, ours))
             killed_at = time.monotonic()
             if how == "group":
                 os.killpg(child.pid, signal.SIGKILL)
@@ -166,7 +169,8 @@ def test_guardian_resumes_everything_a_killed_freezer_held(frozen_setup, host1_c
                 child.send_signal(signal.SIGKILL)
             else:
                 child.send_signal(signal.SIGSTOP)  # alive but hung: only the guardian's deadline helps
-            elapsed, hit = wait_all_running(host1_conn, ours, killed_at)
+            elapsed, paused_after = wait_all_running(host1_conn, ours, killed_at)
+            hit = paused_before or paused_after
             outcomes.append((how, phase, elapsed, hit))
             assert paused_by_user(host1_conn, [held]) == [held], f"kill {kill}: the operator's pause was undone"
             assert elapsed <= BOUND_S, f"kill {kill} ({how} at {phase}): paused {elapsed:.3f} s after the kill"
@@ -196,15 +200,20 @@ def test_replayer_resumes_when_the_guardian_dies_too(frozen_setup, host1_conn, r
     guard = subprocess.Popen([sys.executable, "-m", "vmplacer.cli.main", "--config", str(config), "-v",
                               "guard", "--every", f"{REPLAY_EVERY_S}s", "--format", "json"],
                              cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stuck = None  # the guard's log, when it outlives SIGTERM (reported after, never over the body's own failure)
     try:
         while "replaying the freeze journal every" not in (guard.stderr.readline() or "EOF"):
             assert guard.poll() is None, guard.stderr.read()
-        waits = []
-        for round_ in range(3):
+        waits: list[float] = []
+        attempts = 0
+        while len(waits) < 3:
+            attempts += 1
+            assert attempts <= 3 * 3, f"only {len(waits)} of {attempts - 1} kills landed mid-freeze"
             child = spawn_child(config, names)
             try:
                 ready = next_event(child)
                 wait_for_phase(child, "suspended")
+                child.send_signal(signal.SIGSTOP)  # the freeze stays where it is while its guardian dies
                 os.kill(int(ready["guardian"]), signal.SIGKILL)
                 wait_gone(int(ready["guardian"]))
                 killed_at = time.monotonic()
@@ -212,15 +221,21 @@ def test_replayer_resumes_when_the_guardian_dies_too(frozen_setup, host1_conn, r
                 elapsed, hit = wait_all_running(host1_conn, ours, killed_at)
             finally:
                 reap(child)
-            assert hit, "the kill must land mid-freeze (t_m is 0.4 s, the kill follows 'suspended' at once)"
-            assert elapsed <= REPLAY_EVERY_S + 1.0, f"round {round_}: paused {elapsed:.3f} s after the kill"
+            if not hit:  # the freeze had ended before this test read 'suspended': nothing to rescue, try again
+                continue
+            assert elapsed <= REPLAY_EVERY_S + 1.0, f"kill {attempts}: paused {elapsed:.3f} s after the kill"
             assert paused_by_user(host1_conn, [held]) == [held]
             waits.append(elapsed)
         record_property("replay_resume_after_kill_s", [round(w, 3) for w in waits])
         print(f"\nguardian and parent killed: resumed by `vmplacer guard` after {', '.join(f'{w:.3f}' for w in waits)} s")
     finally:
         guard.send_signal(signal.SIGTERM)
-        guard.wait(timeout=30)
+        try:
+            guard.communicate(timeout=30)  # drains its pipes: a full one would hold it in a write
+        except subprocess.TimeoutExpired:
+            guard.kill()
+            stuck = guard.communicate()[1]
+    assert stuck is None, f"`vmplacer guard` outlived SIGTERM by 30 s; its log ends:\n{stuck[-4000:]}"
     assert {r["cause"] for r in rescues(database) if r["resumed"]} == {"guard"}, rescues(database)
     deadline = time.monotonic() + 10
     while open_rows(database) and time.monotonic() < deadline:
