@@ -182,6 +182,32 @@ def test_guard_once_replays_and_reports(tmp_path):
     assert vmplacer(config, "guard", "--every", "0s").returncode == 2
 
 
+@pytest.mark.parametrize("signum", ["SIGTERM", "SIGINT", "SIGTERM"])
+def test_the_guard_loop_stops_at_once_on_a_stop_signal(tmp_path, signum):
+    """Replays every hour: only the signal can end its wait, so an exit at all is the wake-up."""
+    import signal
+    import subprocess
+
+    from tests.functional.test_api_helpers import VMPLACER, clean_env, write_config
+    from vmplacer.adapters.db import migrate
+
+    url = f"sqlite:///{tmp_path / 'g.db'}"
+    migrate.upgrade(url)
+    config = write_config(tmp_path, url, [{"name": "t", "uri": "test:///default"}])
+    guard = subprocess.Popen([VMPLACER, "--config", str(config), "-v", "guard", "--every", "1h"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+    try:
+        while "replaying the freeze journal every" not in (guard.stderr.readline() or "EOF"):
+            assert guard.poll() is None, guard.stderr.read()
+        guard.send_signal(getattr(signal, signum))
+        _, errors = guard.communicate(timeout=600)  # far below the hour it would otherwise wait
+    finally:
+        if guard.poll() is None:
+            guard.kill()
+            guard.communicate()
+    assert guard.returncode == 0, errors
+
+
 def test_units_that_freeze_replay_the_journal_when_they_stop():
     from pathlib import Path
 

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import argparse
 import logging
+import os
+import select
 import signal
-import threading
+import time
 from typing import Any
 
 from vmplacer.cli.common import (
@@ -51,17 +53,55 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         emit(args, report.to_dict(), print_replay)
         return 1 if report.errors else 0
 
-    stop = threading.Event()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(signum, lambda *_: stop.set())
     hosts: dict[str, Any] = {}
-    log.info("replaying the freeze journal every %g s", every)
-    while True:
-        report = replay_freeze_journal(ctx.container, cause="guard", hosts=hosts)
-        if report.resumed or report.errors:
-            emit(args, report.to_dict(), print_replay)
-        if stop.wait(every):
-            return 0
+    with _Stop() as stop:
+        log.info("replaying the freeze journal every %g s", every)
+        while True:
+            report = replay_freeze_journal(ctx.container, cause="guard", hosts=hosts)
+            if report.resumed or report.errors:
+                emit(args, report.to_dict(), print_replay)
+            if stop.wait(every):
+                return 0
+
+
+class _Stop:
+    """SIGTERM/SIGINT, waited for between replays without a lock.
+
+    A handler that sets a threading.Event can deadlock: it runs in the main thread, perhaps
+    while that thread holds the Event's own lock inside `wait`. Here the handler only notes the
+    signal, and the signal module's wake-up pipe ends the wait at once."""
+
+    SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+    def __enter__(self) -> _Stop:
+        self.received: list[int] = []
+        self._read, self._write = os.pipe()
+        os.set_blocking(self._read, False)
+        os.set_blocking(self._write, False)
+        self._previous_fd = signal.set_wakeup_fd(self._write)
+        self._previous = {s: signal.signal(s, lambda signum, _frame: self.received.append(signum))
+                          for s in self.SIGNALS}
+        return self
+
+    def wait(self, seconds: float) -> bool:
+        """Whether a stop signal came, waiting up to `seconds` for one."""
+        deadline = time.monotonic() + seconds
+        while not self.received and (left := deadline - time.monotonic()) > 0:
+            if select.select([self._read], [], [], left)[0]:
+                while True:  # drain: any signal wakes the pipe, only ours stop
+                    try:
+                        if not os.read(self._read, 512):
+                            break
+                    except BlockingIOError:
+                        break
+        return bool(self.received)
+
+    def __exit__(self, *_exc: object) -> None:
+        for s, handler in self._previous.items():
+            signal.signal(s, handler)
+        signal.set_wakeup_fd(self._previous_fd)
+        os.close(self._read)
+        os.close(self._write)
 
 
 def _unreadable(report: Any) -> None:
