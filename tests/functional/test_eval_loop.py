@@ -213,3 +213,33 @@ def test_a_checkpoint_records_vmplacer_as_a_shorter_evaluation_ends():
     assert long["vmplacer_by_run"]["1"]["moves"] == short["actions"]["vmplacer"] > 0
     assert long["vmplacer_by_run"]["3"]["moves"] == long["actions"]["vmplacer"] >= long["vmplacer_by_run"]["1"]["moves"]
     assert long["vmplacer_by_run"]["3"]["undone"] >= long["vmplacer_by_run"]["1"]["undone"]
+
+
+def test_a_case_is_also_measured_against_the_optimum_of_vmplacers_own_objective():
+    """vmplacer maximizes Σ p − φ·max(0, 1 − p)²; the row says how far it ends from the layout that
+    maximizes that in truth, and whether the step there clears the threshold a perfect model needs."""
+    from vmplacer.adapters.simulator_optimum import case_optimum
+    from vmplacer.app.rebalance_eval import Case, evaluate_case
+    from vmplacer.core.policies.rebalance_state import RebalanceSettings
+
+    def simulator(truth, seed, noise):
+        return SimCluster(truth, seed=seed, noise=noise)
+
+    def best(fairness):
+        def found(truth, case, start):
+            return case_optimum(GroundTruth(truth), start.workloads, hosts=case.hosts, nodes=case.shape.nodes,
+                                cores=case.shape.cores_per_node, threads=case.shape.threads_per_core,
+                                fairness=fairness)
+        return found
+
+    settings = RebalanceSettings(max_actions=4)
+    row = evaluate_case(E7600, Case("siblings", 1, 4, seed=1), simulator=simulator, best=best(0.0),
+                        best_objective=best(settings.fairness), settings=settings, rounds=1)
+    mine = row["objective_optimum"]
+    assert mine["fairness"] == settings.fairness
+    assert mine["objective_per_vm"] >= mine["vmplacer_objective_per_vm"] - 1e-4  # nothing beats the optimum
+    assert mine["mean"] <= row["optimum"] + 1e-4  # nor the mean's optimum its mean
+    assert abs(mine["step"]["true_gain"] - 4 * (mine["objective_per_vm"] - mine["vmplacer_objective_per_vm"])) < 1e-3
+    assert mine["step"]["within_threshold"] == (mine["step"]["true_gain"] < mine["step"]["threshold"])
+    assert "objective_optimum" not in evaluate_case(E7600, Case("siblings", 1, 4, seed=1), simulator=simulator,
+                                                    best=best(0.0), settings=settings, rounds=1)

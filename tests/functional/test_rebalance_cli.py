@@ -206,9 +206,17 @@ def test_eval_rebalance_prints_one_case():
     assert row["time_shared_pcpus"]["optimum"] == sum(1 for c in set(cpus) if cpus.count(c) > 1)
     assert row["time_shared_pcpus"]["none"] == 0  # four VMs on the siblings of two cores: one per pCPU
     to_optimum = row["vmplacer_vs_optimum"]  # the step from vmplacer's layout to the optimum's, in truth
-    gain = sum(row["per_vm"]["optimum"].values()) - sum(row["per_vm"]["vmplacer"].values())
+
+    def objective(values):  # the planner's, fairness 0.25 (RebalanceSettings' default)
+        return sum(p - 0.25 * max(0.0, 1.0 - p) ** 2 for p in values)
+    gain = objective(row["per_vm"]["optimum"].values()) - objective(row["per_vm"]["vmplacer"].values())
     assert abs(to_optimum["true_gain"] - gain) <= 1e-3 and to_optimum["migrations"] >= 0
     assert to_optimum["within_threshold"] == (to_optimum["true_gain"] < to_optimum["threshold"])
+    # and against the optimum of that objective, which nothing vmplacer does can beat
+    mine = row["objective_optimum"]
+    assert mine["fairness"] == 0.25
+    assert mine["objective_per_vm"] >= objective(row["per_vm"]["vmplacer"].values()) / row["vms"] - 1e-4
+    assert mine["objective_per_vm"] >= objective(row["per_vm"]["optimum"].values()) / row["vms"] - 1e-4
     code, _, err = vmplacer(None, "eval", "rebalance", "--pairs", str(E7600), "--shape", "1x2")
     assert code == 2 and "--shape" in err
     code, _, err = vmplacer(None, "eval", "rebalance", "--pairs", str(E7600), "--vms", "9")

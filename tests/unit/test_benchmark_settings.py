@@ -48,3 +48,17 @@ def test_the_model_form_is_chosen_recorded_and_never_mixed(bench, tmp_path):
     with pytest.raises(SystemExit, match="different model forms"):
         bench.main([*parts, "--out", str(tmp_path / "out.json")])
     assert not (tmp_path / "out.json").exists()
+
+
+def test_the_summary_counts_only_the_steps_a_perfect_model_would_take_as_the_models_misses(bench):
+    def row(seed, gap, within):
+        return {"matrix": "m.csv", "shape": "s", "start": "random", "seed": seed,
+                "objective_optimum": {"fairness": 0.25, "objective_per_vm": 0.5, "vmplacer_objective_per_vm": 0.5 - gap,
+                                      "step": {"true_gain": 8 * gap, "threshold": 0.04, "within_threshold": within}}}
+    summary = bench.objective_optimum_summary([row(0, 0.0, True), row(1, 0.004, True), row(2, 0.015, False),
+                                               row(3, 0.0, False),  # at the optimum: no step (threshold 0)
+                                               {"matrix": "m.csv", "objective_optimum": None}])
+    assert (summary["cases"], summary["cases_a_perfect_model_would_move"]) == (4, 1)
+    assert summary["gap_per_vm_max"] == 0.015 and summary["gap_per_vm_mean"] == pytest.approx(0.019 / 4, abs=1e-4)
+    assert [entry["seed"] for entry in summary["list"]] == [2]
+    assert bench.objective_optimum_summary([{"matrix": "m.csv"}]) is None

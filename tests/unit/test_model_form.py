@@ -22,6 +22,7 @@ from vmplacer.core.interference import (
     Observation,
     Tenant,
     interference_terms,
+    observed_scale,
     observed_target,
     remaining,
 )
@@ -59,6 +60,31 @@ def test_the_observed_target_is_the_log_ratio_floored():
     assert observed_target(obs, MULTIPLICATIVE) == pytest.approx(math.log(0.8) - math.log(0.5))
     starved = Observation("a", zeta=0.0, zeta_b=1.0, neighbours=(Exposure("b", CORE, 1.0),))
     assert observed_target(starved, MULTIPLICATIVE) == pytest.approx(-math.log(RATIO_FLOOR))
+
+
+def test_an_observation_weighs_by_the_speed_it_kept_in_the_multiplicative_form():
+    obs = Observation("a", zeta=0.3, zeta_b=1.0, neighbours=(Exposure("b", CORE, 1.0),), own_share=0.5)
+    assert observed_scale(obs, ADDITIVE) == 1.0
+    assert observed_scale(obs, MULTIPLICATIVE) == pytest.approx(0.6)  # kept 0.3 of the 0.5 it had
+    faster = Observation("a", zeta=1.1, zeta_b=1.0, neighbours=(Exposure("b", CORE, 1.0),))
+    assert observed_scale(faster, MULTIPLICATIVE) == 1.0  # noise above its own share weighs as a full one
+    starved = Observation("a", zeta=0.0, zeta_b=1.0, neighbours=(Exposure("b", CORE, 1.0),))
+    assert observed_scale(starved, MULTIPLICATIVE) == pytest.approx(RATIO_FLOOR)
+
+
+def test_a_starved_sample_does_not_throw_the_multiplicative_fit():
+    """A log magnifies a small ratio's error: one sample of a guest that kept 1 % of its speed
+    where the truth says 65 % is ln-wise 4 off. Weighed by the speed it kept, it moves the fit
+    about as much as its error in speed (0.64 of one sample) would, not hundreds of times more."""
+    observations = multiplicative_truth(random.Random(2), 40)
+    config = ModelConfig(form=MULTIPLICATIVE, pair_shrinkage=0.0, distance_prior={"same-llc": 1e-3})
+    clean = InterferenceModel(config).fit(observations)
+    victim = next(o for o in observations if o.key == "a" and any(e.distance == CORE for e in o.neighbours))
+    starved = Observation(victim.key, victim.zeta_b * RATIO_FLOOR, victim.zeta_b, victim.neighbours, victim.own_share)
+    noisy = InterferenceModel(config).fit([*observations, starved])
+    bg = next(e.key for e in victim.neighbours if e.distance == CORE)
+    assert abs(noisy.beta(bg, "a", CORE) - clean.beta(bg, "a", CORE)) < 0.1
+    assert noisy.noise_sd < 0.05
 
 
 def multiplicative_truth(rng: random.Random, n_hosts: int) -> list[Observation]:

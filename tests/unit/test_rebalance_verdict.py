@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from vmplacer.app.rebalance_verdict import Reach, reach, step_threshold, verdict
+import pytest
+
+from vmplacer.app.rebalance_verdict import Reach, perfect_model_moves, reach, step_threshold, verdict
 from vmplacer.core.plan import Plan
 
 MEANS = {"none": 0.7, "seed_policy": 0.80, "blind_spread": 0.90, "vmplacer": 0.85, "optimum": 0.95}
@@ -98,3 +100,24 @@ def test_reach_counts_the_guests_of_the_hosts_whose_guests_the_step_changes():
              "blind_spread": {"a": "h1", "b": "h1", "c": "h2", "d": "h2"}}
     step = reach(performance, hosts, "blind_spread")
     assert (step.migrations, step.guests) == (0, 2), "h2's guests are not part of the step"
+
+
+def test_with_the_planners_fairness_a_step_that_starves_a_guest_gains_less():
+    """The planner's objective is Σ p − φ·max(0, 1 − p)²: a step that lifts the sum by starving a
+    guest is worth less to it than the sum says, and a perfect model with that objective judges it so."""
+    performance = {"vmplacer": {"a": 0.5, "b": 0.5}, "optimum": {"a": 0.2, "b": 0.85}}
+    hosts = {"vmplacer": {"a": "h1", "b": "h1"}, "optimum": {"a": "h1", "b": "h1"}}
+    plain = reach(performance, hosts, "optimum")
+    fair = reach(performance, hosts, "optimum", fairness=0.25)
+    assert plain.true_gain == pytest.approx(0.05)
+    # 0.2 − 0.25·0.64 + 0.85 − 0.25·0.0225 − 2·(0.5 − 0.25·0.25) = −0.04063
+    assert fair.true_gain == pytest.approx(0.2 - 0.16 + 0.85 - 0.005625 - 2 * (0.5 - 0.0625))
+    assert not step_threshold(plain, 0.04, 0.1)["within_threshold"]
+    assert step_threshold(fair, 0.04, 0.1)["within_threshold"]
+
+
+def test_a_perfect_model_takes_only_a_step_that_gains_and_clears_its_threshold():
+    assert perfect_model_moves(step_threshold(Reach(0.05, 0, guests=8), 0.05, 0.1, 0.005))
+    assert not perfect_model_moves(step_threshold(Reach(0.03, 0, guests=8), 0.05, 0.1, 0.005))
+    # already at the step's end: no guest changes, so its threshold is 0, yet there is nothing to take
+    assert not perfect_model_moves(step_threshold(Reach(0.0, 0, guests=0), 0.05, 0.1, 0.005))

@@ -32,7 +32,7 @@ from typing import Any
 from vmplacer.app.evaluate import ProfileSettings, freeze_and_sense, measure, profile_and_measure
 from vmplacer.app.executor import ExecutorSettings
 from vmplacer.app.rebalance import ROUNDS_PER_PROFILE, Rebalancer, RunOptions
-from vmplacer.app.rebalance_verdict import SIMPLE, model_objectives, reach, step_threshold, verdict
+from vmplacer.app.rebalance_verdict import SIMPLE, model_objectives, reach, step_threshold, true_objective, verdict
 from vmplacer.core.interference import InterferenceModel, ModelConfig, Observation
 from vmplacer.core.layout_problem import LayoutSolver
 from vmplacer.core.pairs import PairTable
@@ -430,11 +430,14 @@ def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix:
                   checkpoints: Sequence[int] = (), noise: float = 0.03, settings: RebalanceSettings | None = None,
                   model_config: ModelConfig | None = None,
                   optimum_limit: int = DEFAULT_OPTIMUM_LIMIT,
-                  solver: LayoutSolver | None = None, best: Optimum | None = None) -> dict[str, Any]:
+                  solver: LayoutSolver | None = None, best: Optimum | None = None,
+                  best_objective: Optimum | None = None) -> dict[str, Any]:
     """Every policy on its own copy of one starting point; the JSON row of the benchmark.
 
     `best` finds the optimum (default: every assignment enumerated, up to
-    `optimum_limit`); `solver` lays out small hosts exactly in vmplacer's plans.
+    `optimum_limit`); `best_objective`, when given, the layout that maximizes the
+    planner's own objective (fairness φ included; `objective_optimum` in the row);
+    `solver` lays out small hosts exactly in vmplacer's plans.
     `checkpoints` are earlier run counts at which vmplacer's performance is also
     recorded (`vmplacer_by_run`, with the moves done and undone so far), so one row
     shows how fast it converges and whether it keeps moving once it has.
@@ -516,16 +519,44 @@ def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix:
     row["exact"] = _exact_summary(plans)
     row["trials"] = _trial_summary(plans)
     hosts = {p: _hosts_of(c) for p, c in clusters.items()}
-    reaches = ({p: reach(per_vm, hosts, p, interchangeable=True) for p in SIMPLE if per_vm.get(p) is not None}
+    reaches = ({p: reach(per_vm, hosts, p, interchangeable=True, fairness=settings.fairness)
+                for p in SIMPLE if per_vm.get(p) is not None}
                if per_vm.get("vmplacer") is not None else {})
     row["vmplacer_vs_simple"] = verdict({p: row[p] for p in POLICIES}, objectives, plans, settings.min_gain,
                                         reaches=reaches, min_migration_gain=settings.min_migration_gain,
                                         min_gain_share=settings.min_gain_share)
     if per_vm.get("optimum") is not None and "optimum" in hosts and per_vm.get("vmplacer") is not None:
-        row["vmplacer_vs_optimum"] = step_threshold(reach(per_vm, hosts, "optimum", interchangeable=True),
-                                                    settings.min_gain, settings.min_migration_gain,
-                                                    settings.min_gain_share)
+        row["vmplacer_vs_optimum"] = step_threshold(
+            reach(per_vm, hosts, "optimum", interchangeable=True, fairness=settings.fairness),
+            settings.min_gain, settings.min_migration_gain, settings.min_gain_share)
+    if best_objective is not None and per_vm.get("vmplacer") is not None:
+        row["objective_optimum"] = _objective_optimum(table, case, start, simulator, noise, settings,
+                                                      best_objective(table, case, start), per_vm["vmplacer"],
+                                                      hosts["vmplacer"])
     return row
+
+
+def _objective_optimum(table: PairTable, case: Case, start: Start, simulator: Simulator, noise: float,
+                       settings: RebalanceSettings, found, mine: dict[str, float],
+                       my_hosts: dict[str, str]) -> dict[str, Any] | None:
+    """vmplacer against the layout that maximizes its own objective in truth: the objective per VM
+    of both, and whether the step between them clears the threshold a perfect model with the
+    same objective and hysteresis would need to take it."""
+    if found is None:
+        return None
+    theirs, how = found
+    cluster = _laid_out(table, case, start, simulator, noise, how["layout"])
+    step = reach({"vmplacer": mine, "objective_optimum": theirs},
+                 {"vmplacer": my_hosts, "objective_optimum": _hosts_of(cluster)}, "objective_optimum",
+                 interchangeable=True, fairness=settings.fairness)
+    count = len(mine)
+    return {"fairness": settings.fairness,
+            "objective_per_vm": round(how["objective"], 4),
+            "vmplacer_objective_per_vm": round(true_objective(mine.values(), settings.fairness) / count, 4),
+            "mean": round(_mean(theirs), 4),
+            "per_vm": {k: round(x, 4) for k, x in sorted(theirs.items())},
+            "layout": how["layout"],
+            "step": step_threshold(step, settings.min_gain, settings.min_migration_gain, settings.min_gain_share)}
 
 
 def _laid_out(table: PairTable, case: Case, start: Start, simulator: Simulator, noise: float,

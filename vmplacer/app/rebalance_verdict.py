@@ -5,7 +5,8 @@ The simulator knows the truth; vmplacer only its model. Comparing the model's
 objective of each policy's final layout with the truth tells the causes apart:
 
 * threshold — in truth, going from vmplacer's final layout to the simple rule's
-  gains less than the threshold such a step must clear (`min_gain` on one
+  gains less of the planner's objective (fairness included) than the threshold
+  such a step must clear (`min_gain` on one
   host, lower on hosts of few guests by `min_gain_share`; `min_migration_gain`
   when a guest changes host): a perfect model
   declines it too, so the deficit is the hysteresis the operator asked for;
@@ -21,11 +22,14 @@ objective of each policy's final layout with the truth tells the causes apart:
 from __future__ import annotations
 
 import itertools
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
+
 from vmplacer.core.interference import InterferenceModel
+from vmplacer.core.layout_problem import utility
 from vmplacer.core.plan import Plan
 from vmplacer.core.policies.rebalance import evaluate_cluster
 from vmplacer.core.policies.rebalance_state import ClusterState, HostState, RebalanceSettings, describe_guest
@@ -40,9 +44,10 @@ MAX_RENAMED_HOSTS = 5  # hosts whose renamings `reach` tries (5! = 120)
 @dataclass(frozen=True)
 class Reach:
     """What going from vmplacer's final layout to another policy's final layout is worth in
-    truth: the gain of the objective (every VM's true performance summed, as the planner's
-    objective sums predicted ones), how many guests it moves to another host, and how many run
-    on the hosts whose guests it changes (the hysteresis of a step on one host scales with them)."""
+    truth: the gain of the planner's objective over true performance (Σ p − φ·max(0, 1 − p)²,
+    every VM weighing 1, as the planner sums predicted ones), how many guests it moves to another
+    host, and how many run on the hosts whose guests it changes (the hysteresis of a step on one
+    host scales with them)."""
 
     true_gain: float
     migrations: int
@@ -50,12 +55,14 @@ class Reach:
 
 
 def reach(performance: Mapping[str, Mapping[str, float]], hosts: Mapping[str, Mapping[str, str]],
-          policy: str, interchangeable: bool = False) -> Reach:
+          policy: str, interchangeable: bool = False, fairness: float = 0.0) -> Reach:
     """`Reach` of `policy`'s layout from vmplacer's, from each policy's true per-VM performance
     and each VM's host. With `interchangeable` hosts (the same shape, as in a benchmark case)
-    the layout may land on any renaming of them: the fewest guests moved counts."""
+    the layout may land on any renaming of them: the fewest guests moved counts. `fairness` is
+    the planner's φ: with it, a step that lifts the mean by starving a guest gains less, as it
+    does for the planner (0: performance summed)."""
     mine, theirs = performance["vmplacer"], performance[policy]
-    gain = sum(theirs.values()) - sum(mine.values())
+    gain = true_objective(theirs.values(), fairness) - true_objective(mine.values(), fairness)
     here, there = hosts["vmplacer"], hosts[policy]
     names = sorted(set(here.values()) | set(there.values()))
     renamings = (itertools.permutations(names) if interchangeable and len(names) <= MAX_RENAMED_HOSTS
@@ -64,6 +71,11 @@ def reach(performance: Mapping[str, Mapping[str, float]], hosts: Mapping[str, Ma
                 for renamed in renamings)
     touched = {here[vm] for vm in mine if vm in here and abs(theirs.get(vm, 0.0) - mine[vm]) > 1e-9}
     return Reach(gain, moved, sum(1 for vm in mine if here.get(vm) in touched))
+
+
+def true_objective(values: Iterable[float], fairness: float) -> float:
+    """The planner's objective of true per-VM performance, every VM weighing 1."""
+    return float(utility(np.asarray(list(values), dtype=float), fairness).sum())
 
 
 def _threshold(step: Reach, min_gain: float, min_gain_share: float, min_migration_gain: float) -> tuple[str, float]:
@@ -81,6 +93,13 @@ def step_threshold(step: Reach, min_gain: float, min_migration_gain: float,
     name, threshold = _threshold(step, min_gain, min_gain_share, min_migration_gain)
     return {"true_gain": round(step.true_gain, 4), "migrations": step.migrations, "threshold_name": name,
             "threshold": threshold, "within_threshold": step.true_gain < threshold}
+
+
+def perfect_model_moves(step: Mapping[str, Any]) -> bool:
+    """Whether a perfect model with the planner's objective and hysteresis takes a step judged by
+    `step_threshold`: it gains, and clears its threshold (a layout already at the step's end is
+    no step, whatever threshold its zero guests would give)."""
+    return step["true_gain"] > 1e-9 and not step["within_threshold"]
 
 
 def cluster_state(cluster: Any) -> ClusterState:
@@ -119,7 +138,7 @@ def verdict(means: Mapping[str, float | None], objectives: Mapping[str, float] |
             return {**result, "verdict": "threshold", "true_gain": round(step.true_gain, 4),
                     "threshold": threshold, "migrations": step.migrations,
                     "why": f"a perfect model declines it too: {best}'s layout gains +{step.true_gain:.3f} "
-                           f"in truth (summed over VMs){moves}, below {name} {threshold:g}"}
+                           f"in truth (the planner's objective, summed over VMs){moves}, below {name} {threshold:g}"}
     last = plans[-1] if plans else None
     declined = list(last.settings.get("notes", {}).get("declined", [])) if last is not None else []
     result["declined"] = declined

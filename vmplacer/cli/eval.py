@@ -210,6 +210,7 @@ def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
     from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
     from vmplacer.adapters.simulator import GroundTruth, SimCluster  # this command's only hosts
     from vmplacer.adapters.simulator_optimum import case_optimum
+    from vmplacer.core.policies.rebalance_state import RebalanceSettings
 
     table = load_pairs(args.pairs)
     row = evaluate_case(table, Case(args.start, args.hosts, args.vms, shape, args.seed, args.mix),
@@ -218,7 +219,11 @@ def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
                         solver=CpSatLayoutSolver(),
                         best=lambda truth, case, start: case_optimum(
                             GroundTruth(truth), start.workloads, hosts=case.hosts, nodes=case.shape.nodes,
-                            cores=case.shape.cores_per_node, threads=case.shape.threads_per_core))
+                            cores=case.shape.cores_per_node, threads=case.shape.threads_per_core),
+                        best_objective=lambda truth, case, start: case_optimum(
+                            GroundTruth(truth), start.workloads, hosts=case.hosts, nodes=case.shape.nodes,
+                            cores=case.shape.cores_per_node, threads=case.shape.threads_per_core,
+                            fairness=RebalanceSettings().fairness))
     emit(args, row, _render_rebalance)
     return 0
 
@@ -231,3 +236,13 @@ def _render_rebalance(row: dict) -> None:
         [(p, "-" if row[p] is None else f"{row[p]:.4f}",
           "-" if row["min_vm"][p] is None else f"{row['min_vm'][p]:.4f}", row["actions"].get(p, "-"))
          for p in policies])
+    best = row.get("objective_optimum")
+    if best:
+        from vmplacer.app.rebalance_verdict import perfect_model_moves
+
+        step = best["step"]
+        verdict = ("vmplacer is there" if step["true_gain"] <= 1e-9 else
+                   f"threshold {step['threshold']:g}: "
+                   + ("worth taking, the model missed it" if perfect_model_moves(step) else "a perfect model stops too"))
+        print(f"vmplacer's own objective (fairness {best['fairness']:g}) per VM: {best['vmplacer_objective_per_vm']:.4f}, "
+              f"its optimum {best['objective_per_vm']:.4f}; the step there gains {step['true_gain']:+.4f} ({verdict})")

@@ -4,8 +4,9 @@ The rebalance search judges thousands of candidate layouts per round, so a
 layout must be cheap to evaluate: a host's static facts (pCPU indexes,
 distances, usable pCPUs) are computed once, a layout is flattened into numpy
 arrays (one "piece" per vCPU and pCPU it may run on), and the model's
-interference coefficients are cached per guest identity. `utility` is each
-guest's term of the objective described in `rebalance`.
+interference coefficients are cached per guest identity. `utility` (from
+`layout_problem`, shared with the exact solver) is each guest's term of the
+objective described in `rebalance`.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from vmplacer.core.interference import MULTIPLICATIVE, InterferenceModel, Tenant, distance_matrix, remaining
+from vmplacer.core.layout_problem import utility  # noqa: F401  (the search imports it from here)
 from vmplacer.core.policies.rebalance_state import EXCLUSIVE, FIXED, GuestState, HostState
 
 
@@ -352,9 +354,7 @@ class _Host:
         if pieces.table is None or not keys:
             zero = np.zeros((len(keys), len(keys)))
             return keys, zero, zero
-        load = np.bincount(pieces.cpu, weights=pieces.demand, minlength=len(self.cpus))
-        granted = pieces.demand * np.minimum(1.0, 1.0 / np.maximum(load[pieces.cpu], 1e-12))
-        scale = (pieces.weight / pieces.ideal)[pieces.vm] * granted * self._kept(pieces, granted)
+        granted, scale = self._pair_scale(pieces)
         terms = scale[:, None] * _interference_matrix(self, pieces) * granted[None, :]
         conf_table = self.betas.confidence_tensor(list(pieces.identities))
         dist = self.dist[pieces.cpu[:, None], pieces.cpu[None, :]]
@@ -372,9 +372,7 @@ class _Host:
             return keys, terms, np.zeros_like(terms)
         model = self.betas.model
         k = max(model.config.confidence_evidence, 1e-9)
-        load = np.bincount(pieces.cpu, weights=pieces.demand, minlength=len(self.cpus))
-        granted = pieces.demand * np.minimum(1.0, 1.0 / np.maximum(load[pieces.cpu], 1e-12))
-        scale = (pieces.weight / pieces.ideal)[pieces.vm] * granted * self._kept(pieces, granted)
+        granted, scale = self._pair_scale(pieces)
         dist = self.dist[pieces.cpu[:, None], pieces.cpu[None, :]]
         other = (pieces.vm[:, None] != pieces.vm[None, :]) & (dist != 0)
         reach = scale[:, None] * granted[None, :] * other
@@ -383,6 +381,13 @@ class _Host:
         largest = np.abs(pieces.table).max(axis=0)[pieces.key[None, :], pieces.key[:, None]]
         variance = (reach * model.noise_sd) ** 2 * doubt / k + (doubt * reach * largest) ** 2
         return keys, terms, variance
+
+    def _pair_scale(self, pieces: _Pieces) -> tuple[np.ndarray, np.ndarray]:
+        """Each piece's granted time share, and what one unit of β·g from a neighbour costs it in
+        the objective (its weight over its ideal, its share, and the speed it keeps)."""
+        load = np.bincount(pieces.cpu, weights=pieces.demand, minlength=len(self.cpus))
+        granted = pieces.demand * np.minimum(1.0, 1.0 / np.maximum(load[pieces.cpu], 1e-12))
+        return granted, (pieces.weight / pieces.ideal)[pieces.vm] * granted * self._kept(pieces, granted)
 
     def _kept(self, pieces: _Pieces, granted: np.ndarray) -> np.ndarray:
         """Per piece: what one more unit of Σ β·g costs it, relative to the additive form — 1
@@ -417,11 +422,6 @@ def _locality_nodes(host: _Host, guest: GuestState, pins: Mapping[int, frozenset
     if placement.memory_nodes:
         return {n for n in placement.memory_nodes if n in host.node_cpus}
     return set()
-
-
-def utility(perf: np.ndarray, fairness: float) -> np.ndarray:
-    shortfall = np.maximum(0.0, 1.0 - perf)
-    return perf - fairness * shortfall * shortfall
 
 
 # --------------------------------------------------------------------------- confidence
