@@ -119,6 +119,42 @@ def test_without_a_profiler_the_trials_keep_only_what_was_planned_for_sure(sim, 
     assert cpu_of(sim, "b") == 1 and cpu_of(sim, "c") == 0
 
 
+def tried_plan(db, recheck: float) -> Plan:
+    """c: 0 → 2 (tried: kept only if measured better by 0.01 per guest; a close call measured again)."""
+    actions = (
+        Action(0, "repin", "h1", "c", before=pin("c", 0), after=pin("c", 2), parameters={"tried": "model"}),
+        Action(1, "probe", "h1", depends_on=(0,),
+               parameters={"seconds": 1.0, "trial": {**trial("explore", "x", "t"), "recheck": recheck}}),
+    )
+    return SqlPlanStore(db).save(Plan(actions=actions, hosts=("h1",)))
+
+
+def test_a_close_call_is_measured_again_and_judged_on_both_measurements(sim, db):
+    before = {"a": 0.5, "b": 0.5, "c": 0.5}
+    lucky = {"a": 0.5, "b": 0.5, "c": 0.536}    # +0.012 per guest: above the bar of 0.01, by less than 0.006
+    sober = {"a": 0.5, "b": 0.5, "c": 0.47}     # the second look: pooled, +0.001 per guest
+    probe = ScriptedProbe(before, lucky, sober)
+    done = rebalancer(sim, db, probe).apply(tried_plan(db, recheck=0.006).id)
+    assert probe.calls == ["h1"] * 3, "the close call was probed a second time"
+    assert [a.state for a in done.actions] == ["rolled_back", "rolled_back"]
+    assert cpu_of(sim, "c") == 0
+    assert "0.500 → 0.501" in done.actions[1].message and "close call, measured twice" in done.actions[1].message
+    # without the margin the one lucky measurement decides
+    sim.hosts["h1"].pin_vcpu("c", 0, frozenset({0}))
+    probe = ScriptedProbe(before, lucky)
+    done = rebalancer(sim, db, probe).apply(tried_plan(db, recheck=0.0).id)
+    assert probe.calls == ["h1"] * 2 and [a.state for a in done.actions] == ["succeeded", "succeeded"]
+    assert cpu_of(sim, "c") == 2
+
+
+def test_a_clear_verdict_is_not_measured_again(sim, db):
+    probe = ScriptedProbe({"a": 0.5, "b": 0.5, "c": 0.5}, {"a": 0.5, "b": 0.5, "c": 0.8})  # +0.1 per guest
+    done = rebalancer(sim, db, probe).apply(tried_plan(db, recheck=0.006).id)
+    assert probe.calls == ["h1"] * 2
+    assert [a.state for a in done.actions] == ["succeeded", "succeeded"] and cpu_of(sim, "c") == 2
+    assert "measured twice" not in done.actions[1].message
+
+
 def confirm_plan(db, from_key: str, to_key: str) -> Plan:
     """b: 0 → 1, confirmed by a probe (undone when measured worse)."""
     actions = (

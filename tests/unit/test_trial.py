@@ -9,6 +9,7 @@ from vmplacer.core.trial import (
     TrialError,
     TrialOutcome,
     backoffs,
+    close_call,
     combined,
     judge,
     layout_key,
@@ -49,6 +50,27 @@ def test_a_confirm_trial_is_undone_only_when_measured_clearly_worse():
     worse = judge(before, measured(a=0.70, b=0.80), kind="confirm", weights=WEIGHTS, fairness=0.0,
                   min_gain=0.01, tolerance=0.02)
     assert not worse.keep and worse.delta == pytest.approx(-0.05)
+
+
+def test_a_verdict_within_the_margin_of_its_bar_is_a_close_call():
+    before = measured(a=0.80, b=0.80)
+
+    def verdict(a: float, kind: str):
+        return judge(before, measured(a=a, b=0.80), kind=kind, weights=WEIGHTS, fairness=0.0, min_gain=0.01,
+                     tolerance=0.0)
+
+    # explore: the bar is min_gain (0.01 per guest); +0.006 and +0.014 are within 0.006 of it
+    for a, close in ((0.812, True), (0.828, True), (0.780, False), (0.840, False)):
+        v = verdict(a, "explore")
+        assert close_call(v, kind="explore", min_gain=0.01, tolerance=0.0, margin=0.006) is close, (a, v.delta)
+    # confirm: the bar is −tolerance (0): a measured +0.003 keeps by noise alone, so it is measured again
+    assert close_call(verdict(0.806, "confirm"), kind="confirm", min_gain=0.01, tolerance=0.0, margin=0.006)
+    assert not close_call(verdict(0.900, "confirm"), kind="confirm", min_gain=0.01, tolerance=0.0, margin=0.006)
+    # off, or nothing measured: never
+    assert not close_call(verdict(0.812, "explore"), kind="explore", min_gain=0.01, tolerance=0.0, margin=0.0)
+    unmeasured = judge(None, measured(a=0.8), kind="explore", weights=WEIGHTS, fairness=0.0, min_gain=0.01,
+                       tolerance=0.0)
+    assert not close_call(unmeasured, kind="explore", min_gain=0.01, tolerance=0.0, margin=0.006)
 
 
 def test_only_guests_measured_both_times_count():

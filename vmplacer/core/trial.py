@@ -12,7 +12,9 @@ measured before the moves:
   measurement says they made things worse by more than `tolerance`;
 * an **explore** trial (a layout the model prefers but cannot back, or the
   blind spread tried against the model's layout) stays only when the
-  measurement says it is better by at least `min_gain`.
+  measurement says it is better by at least `min_gain`;
+* a **close call** (measured within a margin of its bar) is measured once more
+  and judged on both measurements, pooled.
 
 Pure: measurements come in, a verdict goes out.
 """
@@ -132,6 +134,17 @@ def judge(before: Measured | None, after: Measured | None, *, kind: str, weights
     text = (f"measured {value_before:.3f} → {value_after:.3f} ({delta:+.3f} per guest, {len(common)} guests): "
             f"{'kept' if keep else 'undone'} ({kind}: {rule})")
     return Verdict(keep, value_before, value_after, delta, len(common), text)
+
+
+def close_call(verdict: Verdict, *, kind: str, min_gain: float, tolerance: float, margin: float) -> bool:
+    """Whether a verdict is too close to its bar to rest on one measurement: the measured change is
+    within `margin` per guest of the bar (confirm: −tolerance; explore: min_gain). One probe's error
+    is about 0.003 per guest, as large as the steps that are left to decide on a settled host, so
+    such a call is measured again before the moves are kept or undone. 0 turns it off."""
+    if margin <= 0 or verdict.delta is None:
+        return False
+    bar = -tolerance if kind == "confirm" else min_gain
+    return abs(verdict.delta - bar) < margin
 
 
 def layout_key(host: str, layout: Mapping[str, Mapping[int, frozenset[int]] | Mapping[int, list[int]]]) -> str:

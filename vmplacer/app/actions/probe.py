@@ -5,17 +5,20 @@ it compares what it measured with the host's measurement before those moves (the
 run's profile, or the previous trial's probe) and, when the verdict is to go back,
 `rejected` says why, and the executor undoes the moves the probe depends on. A trial
 of migrations names every host they link (`trial["hosts"]`): all are measured and
-judged as one, so the guests that moved count on both sides.
+judged as one, so the guests that moved count on both sides. A verdict within the trial's
+`recheck` margin of its bar is a close call: the hosts are probed once more and the verdict
+rests on both measurements.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping
+from dataclasses import replace
 
 from vmplacer.app.actions.base import ActionKind, Check
 from vmplacer.core.placement import Placement
 from vmplacer.core.plan import Action, Plan
-from vmplacer.core.trial import Measured, TrialError, Verdict, combined, judge, pooled
+from vmplacer.core.trial import Measured, TrialError, Verdict, close_call, combined, judge, pooled
 from vmplacer.ports import Hypervisor
 
 ProbeResult = str | Measured
@@ -49,21 +52,40 @@ class Probe(ActionKind):
                 self.measurements[action.host] = pooled(previous, result)
             return
         hosts = trial_hosts(action)
-        results = {host: self.probe(host, seconds) for host in hosts}
-        after = {host: r for host, r in results.items() if isinstance(r, Measured)}
-        measured = combined(action.host, [after.get(host) for host in hosts])
+        after = self._measure(hosts, seconds, {})
         before = combined(action.host, [self.measurements.get(host) for host in hosts])
+        verdict = self._judge(action, before, after, hosts)
         try:
-            verdict = judge(before, measured, kind=str(trial.get("kind")),
-                            weights={str(g): float(w) for g, w in dict(trial.get("weights") or {}).items()},
-                            fairness=float(trial.get("fairness", 0.0)), min_gain=float(trial.get("min_gain", 0.0)),
-                            tolerance=float(trial.get("tolerance", 0.0)))
-        except (TrialError, TypeError, ValueError) as exc:
-            verdict = Verdict(str(trial.get("kind")) == "confirm", None, None, None, 0,
-                              f"the measurement could not be judged ({exc})")
+            again = close_call(verdict, kind=str(trial.get("kind")), min_gain=float(trial.get("min_gain", 0.0)),
+                               tolerance=float(trial.get("tolerance", 0.0)), margin=float(trial.get("recheck", 0.0)))
+        except (TypeError, ValueError):
+            again = False
+        if again:
+            after = self._measure(hosts, seconds, after)
+            verdict = self._judge(action, before, after, hosts)
+            verdict = replace(verdict, text=f"{verdict.text}; a close call, measured twice")
         self.verdicts[action.index] = verdict
         if verdict.keep:
             self.measurements.update(after)
+
+    def _measure(self, hosts: list[str], seconds: float, earlier: Mapping[str, Measured]) -> dict[str, Measured]:
+        """Probe each host; a host measured earlier in this trial counts with both measurements."""
+        assert self.probe is not None
+        results = {host: self.probe(host, seconds) for host in hosts}
+        return {host: pooled(earlier.get(host), r) for host, r in results.items() if isinstance(r, Measured)}
+
+    @staticmethod
+    def _judge(action: Action, before: Measured | None, after: Mapping[str, Measured], hosts: list[str]) -> Verdict:
+        trial = action.parameters["trial"]
+        measured = combined(action.host, [after.get(host) for host in hosts])
+        try:
+            return judge(before, measured, kind=str(trial.get("kind")),
+                         weights={str(g): float(w) for g, w in dict(trial.get("weights") or {}).items()},
+                         fairness=float(trial.get("fairness", 0.0)), min_gain=float(trial.get("min_gain", 0.0)),
+                         tolerance=float(trial.get("tolerance", 0.0)))
+        except (TrialError, TypeError, ValueError) as exc:
+            return Verdict(str(trial.get("kind")) == "confirm", None, None, None, 0,
+                           f"the measurement could not be judged ({exc})")
 
     def rejected(self, action: Action) -> str | None:
         """Why the moves this trial probe follows must be undone; None to keep them."""

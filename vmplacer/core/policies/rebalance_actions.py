@@ -222,7 +222,8 @@ def _trial_probe(search: _Search, host_name: str, index: int, deps: tuple[int, .
         to_key = layout_key(host_name, {g: host.pins[g] for g in guests})
     trial = {"kind": kind, "weights": {g: search.guests[g].weight for g in sorted(host.guests)},
              "fairness": settings.fairness, "min_gain": settings.trial_min_gain,
-             "tolerance": settings.trial_tolerance, "from_key": from_key, "to_key": to_key}
+             "tolerance": settings.trial_tolerance, "recheck": settings.trial_recheck,
+             "from_key": from_key, "to_key": to_key}
     text = reason or ("measure the new layout with Freeze'nSense; undo these moves if it measures worse by more "
                       f"than {settings.trial_tolerance:g} per guest")
     return Action(index=index, kind="probe", host=host_name, reason=text, depends_on=deps,
@@ -263,7 +264,8 @@ def _joint_probe(search: _Search, group: list[str], index: int, deps: tuple[int,
     guests = sorted(g for h in group for g in search.hosts[h].guests)
     trial = {"kind": kind, "hosts": list(group), "weights": {g: search.guests[g].weight for g in guests},
              "fairness": settings.fairness, "min_gain": settings.trial_min_gain,
-             "tolerance": settings.trial_tolerance, "from_key": from_key, "to_key": to_key}
+             "tolerance": settings.trial_tolerance, "recheck": settings.trial_recheck,
+             "from_key": from_key, "to_key": to_key}
     return Action(index=index, kind="probe", host=group[0], reason=text, depends_on=deps,
                   parameters={"seconds": settings.trial_seconds, "trial": trial})
 

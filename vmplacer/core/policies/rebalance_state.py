@@ -46,8 +46,9 @@ class RebalanceSettings:
 
     min_gain: float = 0.05  # hysteresis: a move must raise the objective by this much (VMs at full speed)
     # … or by this share of the full speed of the guests on the hosts it touches, when that is less:
-    # on a host of four guests 0.05 is 1.25 % of their mean, more than a trial resolves (0: off)
-    min_gain_share: float = 0.005
+    # on a host of four guests 0.05 is 1.25 % of their mean, more than a trial resolves (0: off);
+    # 0.003 rather than 0.005: steps of 0.4 % of a host's mean are real and a trial checks them
+    min_gain_share: float = 0.003
     # a migration must clear this, after paying its cost; low because a migration that rests on the
     # model's data is measured on both hosts and undone if they measure worse (docs/rebalance.md §2)
     min_migration_gain: float = 0.01
@@ -80,6 +81,9 @@ class RebalanceSettings:
     trial_seconds: float = 3.0  # profiling time of a trial's measurement
     trial_min_gain: float = 0.005  # a tried layout stays only if measured better by this much per guest
     trial_tolerance: float = 0.0  # planned moves are undone only if measured worse by more than this per guest
+    # a trial measured within this of its bar (per guest) is measured once more and judged on both
+    # measurements: one probe's error (about 0.003 per guest) decides such a call otherwise (0: off)
+    trial_recheck: float = 0.006
     trial_memory_s: float = 86400.0  # a measured comparison of two layouts is trusted (not tried again) this long
     trial_max: int = 3  # layouts a host may try within trial_memory_s
     backoff_s: float = 600.0  # after k planned layouts of a host in a row measured worse, it waits backoff_s·(2^(k-1)−1) (0: off)
@@ -94,8 +98,8 @@ class RebalanceSettings:
     def __post_init__(self) -> None:
         for name in ("min_gain", "min_gain_share", "min_migration_gain", "cooldown_s", "horizon_s", "copy_slowdown",
                      "default_dirty_mib_s", "fairness", "probe_seconds", "exact_time_s", "exact_budget_s",
-                     "pessimism", "trial_seconds", "trial_min_gain", "trial_tolerance", "trial_memory_s", "backoff_s",
-                     "exploration"):
+                     "pessimism", "trial_seconds", "trial_min_gain", "trial_tolerance", "trial_recheck",
+                     "trial_memory_s", "backoff_s", "exploration"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be a number >= 0, got {value!r}")
