@@ -324,6 +324,15 @@ def objective_optimum_summary(rows: list[dict]) -> dict | None:
     }
 
 
+def trial_totals(rows: list[dict]) -> dict[str, int]:
+    """Each trial count summed over the rows that have it."""
+    totals: dict[str, int] = {}
+    for row in rows:
+        for name, count in (row.get("trials") or {}).items():
+            totals[name] = totals.get(name, 0) + int(count)
+    return dict(sorted(totals.items()))
+
+
 def optimum_known(rows: list[dict]) -> bool:
     """Every case whose hosts have at most EXACT_MAX_CPUS pCPUs has its optimum."""
     def pcpus(r):
@@ -484,6 +493,8 @@ def main(argv: list[str] | None = None) -> int:
                                                 if (r.get("vmplacer_vs_optimum") or {}).get("within_threshold")),
         },
         "objective_optimum": objective_optimum_summary(rows),
+        # vmplacer's measured trials over every case and run (rows' `trials`, summed)
+        "trials": trial_totals(rows),
         "targets": {
             "no_real_loss_to_simple_rules": not any(v in REAL_LOSSES for v in verdicts),
             "vmplacer_ge_99pct_optimum": all(s["targets"]["vmplacer_ge_99pct_optimum"] for s in summary.values()),

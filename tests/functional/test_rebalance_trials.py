@@ -147,6 +147,24 @@ def test_a_close_call_is_measured_again_and_judged_on_both_measurements(sim, db)
     assert cpu_of(sim, "c") == 2
 
 
+def test_a_close_call_whose_second_probe_fails_rests_on_the_first_and_says_so(sim, db):
+    before, lucky = {"a": 0.5, "b": 0.5, "c": 0.5}, {"a": 0.5, "b": 0.5, "c": 0.536}
+    answers = [Measured("h1", before, {g: 3 for g in WEIGHTS}), Measured("h1", lucky, {g: 3 for g in WEIGHTS}),
+               "profiler unavailable: libvirt connection lost"]
+    calls = []
+
+    def probe(host: str, seconds: float):
+        calls.append(host)
+        return answers.pop(0)
+
+    done = rebalancer(sim, db, probe).apply(tried_plan(db, recheck=0.006).id)
+    assert len(calls) == 3
+    assert [a.state for a in done.actions] == ["succeeded", "succeeded"], "judged on the first measurement"
+    message = done.actions[1].message
+    assert "0.500 → 0.512" in message and "the second probe failed on h1" in message
+    assert "measured twice" not in message
+
+
 def test_a_clear_verdict_is_not_measured_again(sim, db):
     probe = ScriptedProbe({"a": 0.5, "b": 0.5, "c": 0.5}, {"a": 0.5, "b": 0.5, "c": 0.8})  # +0.1 per guest
     done = rebalancer(sim, db, probe).apply(tried_plan(db, recheck=0.006).id)

@@ -62,3 +62,21 @@ def test_the_summary_counts_only_the_steps_a_perfect_model_would_take_as_the_mod
     assert summary["gap_per_vm_max"] == 0.015 and summary["gap_per_vm_mean"] == pytest.approx(0.019 / 4, abs=1e-4)
     assert [entry["seed"] for entry in summary["list"]] == [2]
     assert bench.objective_optimum_summary([{"matrix": "m.csv"}]) is None
+
+
+def test_trial_counts_are_summed_over_the_cases_and_close_calls_counted(bench):
+    from vmplacer.app.rebalance_eval import _trial_summary
+    from vmplacer.core.plan import Action, Plan
+    from vmplacer.core.trial import CLOSE_CALL_NOTE
+
+    def probe(index: int, kind: str, state: str, message: str) -> Action:
+        return Action(index, "probe", "h", parameters={"trial": {"kind": kind}}, state=state, message=message)
+
+    plan = Plan(actions=(probe(0, "confirm", "succeeded", "measured …: kept"),
+                         probe(1, "explore", "rolled_back", f"measured …: undone (explore); {CLOSE_CALL_NOTE}"),
+                         probe(2, "confirm", "rolled_back", f"measured …: undone; {CLOSE_CALL_NOTE}")), hosts=("h",))
+    counts = _trial_summary([plan])
+    assert counts == {"explored": 1, "kept": 0, "undone": 1, "confirmed": 1, "moves_undone": 1, "rechecked": 2}
+    rows = [{"trials": counts}, {"trials": {**counts, "rechecked": 0}}, {"trials": None}]
+    assert bench.trial_totals(rows) == {"confirmed": 2, "explored": 2, "kept": 0, "moves_undone": 2, "rechecked": 2,
+                                        "undone": 2}

@@ -39,7 +39,7 @@ from vmplacer.core.pairs import PairTable
 from vmplacer.core.plan import Action, Plan, PlanError
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
 from vmplacer.core.topology import HostTopology, uniform_topology
-from vmplacer.core.trial import Measured, TrialOutcome, trial_outcome
+from vmplacer.core.trial import CLOSE_CALL_NOTE, Measured, TrialOutcome, trial_outcome
 
 STARTS = ("siblings", "random")
 
@@ -591,12 +591,13 @@ def _exact_summary(plans: Sequence[Plan]) -> dict[str, int]:
 
 
 def _trial_summary(plans: Sequence[Plan]) -> dict[str, int]:
-    """Measured trials in vmplacer's plans: layouts tried and kept, tried and undone, and planned
-    moves undone because they measured worse."""
+    """Measured trials in vmplacer's plans: layouts tried and kept, tried and undone, planned
+    moves undone because they measured worse, and close calls probed a second time."""
     probes = [a for p in plans for a in p.actions if a.kind == "probe" and a.parameters.get("trial")]
     explore = [a for a in probes if a.parameters["trial"].get("kind") == "explore"]
     confirm = [a for a in probes if a.parameters["trial"].get("kind") == "confirm"]
     return {"explored": len(explore), "kept": sum(1 for a in explore if a.state == "succeeded"),
             "undone": sum(1 for a in explore if a.state == "rolled_back"),
             "confirmed": sum(1 for a in confirm if a.state == "succeeded"),
-            "moves_undone": sum(1 for a in confirm if a.state == "rolled_back")}
+            "moves_undone": sum(1 for a in confirm if a.state == "rolled_back"),
+            "rechecked": sum(1 for a in probes if CLOSE_CALL_NOTE in (a.message or ""))}

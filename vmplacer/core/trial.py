@@ -28,6 +28,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 TRIAL_KINDS = ("confirm", "explore")
+CLOSE_CALL_NOTE = "a close call, measured twice"  # ends the verdict of a trial probed a second time
 
 
 class TrialError(ValueError):

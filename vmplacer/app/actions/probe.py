@@ -18,7 +18,7 @@ from dataclasses import replace
 from vmplacer.app.actions.base import ActionKind, Check
 from vmplacer.core.placement import Placement
 from vmplacer.core.plan import Action, Plan
-from vmplacer.core.trial import Measured, TrialError, Verdict, close_call, combined, judge, pooled
+from vmplacer.core.trial import CLOSE_CALL_NOTE, Measured, TrialError, Verdict, close_call, combined, judge, pooled
 from vmplacer.ports import Hypervisor
 
 ProbeResult = str | Measured
@@ -52,7 +52,7 @@ class Probe(ActionKind):
                 self.measurements[action.host] = pooled(previous, result)
             return
         hosts = trial_hosts(action)
-        after = self._measure(hosts, seconds, {})
+        after = self._measure(hosts, seconds)
         before = combined(action.host, [self.measurements.get(host) for host in hosts])
         verdict = self._judge(action, before, after, hosts)
         try:
@@ -61,18 +61,23 @@ class Probe(ActionKind):
         except (TypeError, ValueError):
             again = False
         if again:
-            after = self._measure(hosts, seconds, after)
-            verdict = self._judge(action, before, after, hosts)
-            verdict = replace(verdict, text=f"{verdict.text}; a close call, measured twice")
+            second = self._measure(hosts, seconds)
+            if set(second) >= set(after):
+                after = {host: pooled(after.get(host), measured) for host, measured in second.items()}
+                verdict = self._judge(action, before, after, hosts)
+                verdict = replace(verdict, text=f"{verdict.text}; {CLOSE_CALL_NOTE}")
+            else:  # a host the second probe could not measure: the first measurement stands alone
+                verdict = replace(verdict, text=f"{verdict.text}; a close call, but the second probe failed "
+                                                f"on {', '.join(sorted(set(after) - set(second)))}")
         self.verdicts[action.index] = verdict
         if verdict.keep:
             self.measurements.update(after)
 
-    def _measure(self, hosts: list[str], seconds: float, earlier: Mapping[str, Measured]) -> dict[str, Measured]:
-        """Probe each host; a host measured earlier in this trial counts with both measurements."""
+    def _measure(self, hosts: list[str], seconds: float) -> dict[str, Measured]:
+        """Probe each host; the hosts it could measure."""
         assert self.probe is not None
         results = {host: self.probe(host, seconds) for host in hosts}
-        return {host: pooled(earlier.get(host), r) for host, r in results.items() if isinstance(r, Measured)}
+        return {host: r for host, r in results.items() if isinstance(r, Measured)}
 
     @staticmethod
     def _judge(action: Action, before: Measured | None, after: Mapping[str, Measured], hosts: list[str]) -> Verdict:
