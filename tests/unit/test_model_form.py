@@ -87,6 +87,27 @@ def test_a_starved_sample_does_not_throw_the_multiplicative_fit():
     assert noisy.noise_sd < 0.05
 
 
+def test_a_guest_sharing_its_pcpu_teaches_the_multiplicative_fit_the_same_coefficient():
+    """Time sharing splits a pCPU's time and does not dilute a loss rate: a guest that runs half
+    the time beside a sibling loses the same fraction of what it has as one that runs alone.
+    Its observations must teach the coefficient its prediction then uses, not twice that."""
+    topo = uniform_topology(nodes=1, cores_per_node=1, threads_per_core=2)
+    config = ModelConfig(form=MULTIPLICATIVE, pair_shrinkage=0.0, distance_prior={"same-llc": 1e-3})
+    shared = [Tenant("x", [0], key="a"), Tenant("w", [0], key="c"), Tenant("y", [1], key="b")]
+    observations = []
+    for _ in range(3):
+        for tenant in shared[:2]:
+            share, exposures = interference_terms(topo, shared, [tenant.name])[tenant.name]
+            assert share == pytest.approx(0.5)
+            kept = 1.0 - LOSS["b"][tenant.key]
+            observations.append(Observation(tenant.key, share * kept, 1.0, exposures, share))
+    model = InterferenceModel(config).fit(observations)
+    assert model.beta("b", "a", CORE) == pytest.approx(-math.log(1.0 - LOSS["b"]["a"]), abs=0.01)
+    alone = [Tenant("x", [0], key="a"), Tenant("y", [1], key="b")]
+    assert model.predict(topo, alone)["x"].perf == pytest.approx(1.0 - LOSS["b"]["a"], abs=0.01)
+    assert model.predict(topo, shared)["x"].perf == pytest.approx(0.5 * (1.0 - LOSS["b"]["a"]), abs=0.01)
+
+
 def multiplicative_truth(rng: random.Random, n_hosts: int) -> list[Observation]:
     """Noise-free observations of random full cores: each neighbour on the core keeps 1 − L of what is left."""
     topo = uniform_topology(nodes=1, cores_per_node=4, threads_per_core=2)

@@ -23,7 +23,7 @@ perf(x) = s(x) · exp(−Σ_y β_c · g_y), each neighbour taking its share of w
 the others left, as contention for one cache or memory bus compounds. The two
 agree for small losses; on a full or overcommitted host of heavy neighbours
 the additive sum passes 1 and stops telling layouts apart. An observation then
-gives ln s − ln(ζ/ζb) = Σ β·w, fitted the same way.
+gives ln s − ln(ζ/ζb) = Σ β·w/s, fitted the same way.
 
 Coefficients are learned, not measured pair by pair. One Freeze'nSense
 observation of VM v (ζ with neighbours running, ζb with them frozen) gives one
@@ -262,6 +262,20 @@ def observed_target(obs: Observation, form: str) -> float:
     if form == MULTIPLICATIVE:
         return math.log(obs.own_share) - math.log(max(obs.zeta / obs.zeta_b, RATIO_FLOOR))
     return obs.interference_loss
+
+
+def observed_exposure(obs: Observation, exposure: Exposure, form: str) -> float:
+    """An exposure's w in one observation's equation, in the model's form.
+
+    `Exposure.load` is the neighbour's time share times the observed guest's own share: the
+    additive form's w, since a guest that runs a third of the time loses a third of what its
+    neighbours would take from it alone. The multiplicative form explains ln(own_share) −
+    ln(ζ/ζb), a loss rate that time sharing does not dilute (the prediction reads exp(−Σ β·g)
+    with g the neighbour's share alone), so its w is the load divided by the own share. Kept as
+    the load, a guest that shares its pCPU would teach coefficients 1/own_share too large."""
+    if form == MULTIPLICATIVE:
+        return exposure.load / obs.own_share
+    return exposure.load
 
 
 def observed_scale(obs: Observation, form: str) -> float:
@@ -690,7 +704,7 @@ class InterferenceModel:
                     self._note_class(exposure.key, exposure.workload_class)
                     rows.append(row)
                     cols.append(block.index((exposure.key, exposure.distance.rank)))
-                    values.append(exposure.load)
+                    values.append(observed_exposure(obs, exposure, self.config.form))
             block.add_rows(np.asarray(rows, dtype=np.int64), np.asarray(cols, dtype=np.int64),
                            np.asarray(values, dtype=float), targets,
                            None if self.config.form != MULTIPLICATIVE else scale)
