@@ -1,22 +1,29 @@
 """Measured trials end to end on simulated hosts with a real database (SQLite and PostgreSQL):
-the executor keeps or undoes moves as Freeze'nSense measures them, stores the outcome, and the
-next plan follows what was measured instead of trying the same layouts again."""
+the executor keeps or undoes moves as Freeze'nSense measures them, stores the outcome (and, applied
+by the API, counts it in /metrics), and the next plan follows what was measured instead of trying
+the same layouts again."""
 
 from __future__ import annotations
 
+import threading
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore
 from vmplacer.adapters.simulator import SimCluster
+from vmplacer.api.metrics import ApiMetrics
+from vmplacer.app.actions.probe import OnVerdict
+from vmplacer.app.jobs import JobContext
 from vmplacer.app.rebalance import Rebalancer
 from vmplacer.core.placement import Placement
 from vmplacer.core.plan import Action, Plan
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
 from vmplacer.core.topology import uniform_topology
-from vmplacer.core.trial import Measured
+from vmplacer.core.trial import Measured, Verdict
+from vmplacer.ports import JobRecord
 
 WEIGHTS = {"a": 1.0, "b": 1.0, "c": 1.0}
 
@@ -42,11 +49,12 @@ class ScriptedProbe:
         return Measured(host, self.left.pop(0), {g: 3 for g in WEIGHTS})
 
 
-def rebalancer(sim, db, probe, epoch: float = 1_700_000_000.0) -> Rebalancer:
+def rebalancer(sim, db, probe, epoch: float = 1_700_000_000.0, holder: str = "run",
+               on_trial: OnVerdict | None = None) -> Rebalancer:
     return Rebalancer(dict(sim.hosts), plans=SqlPlanStore(db), leases=SqlLeaseStore(db), clock=sim.clock,
-                      wall=lambda: epoch + sim.clock.now(), holder="run", settings=RebalanceSettings(),
+                      wall=lambda: epoch + sim.clock.now(), holder=holder, settings=RebalanceSettings(),
                       placements=SqlPlacementUpdates(db, {"h1": "sim://h1"}), audit=SqlPlacementStore(db),
-                      probe=probe)
+                      probe=probe, on_trial=on_trial)
 
 
 def pin(guest: str, cpu: int) -> Placement:
@@ -173,12 +181,22 @@ def test_a_clear_verdict_is_not_measured_again(sim, db):
     assert "measured twice" not in done.actions[1].message
 
 
-def confirm_plan(db, from_key: str, to_key: str) -> Plan:
-    """b: 0 → 1, confirmed by a probe (undone when measured worse)."""
+def test_a_verdict_listener_that_fails_changes_nothing(sim, db):
+    def broken(host: str, kind: str, verdict: Verdict) -> None:
+        raise RuntimeError("metrics unavailable")
+
+    probe = ScriptedProbe({"a": 0.5, "b": 0.5, "c": 0.5}, {"a": 0.5, "b": 0.5, "c": 0.8})
+    done = rebalancer(sim, db, probe, on_trial=broken).apply(tried_plan(db, recheck=0.006).id)
+    assert [a.state for a in done.actions] == ["succeeded", "succeeded"] and cpu_of(sim, "c") == 2
+    assert done.actions[1].message.startswith("measured 0.500 → 0.600")
+
+
+def confirm_plan(db, from_key: str, to_key: str, recheck: float = 0.0) -> Plan:
+    """b: 0 → 1, confirmed by a probe (undone when measured worse; a close call measured again)."""
     actions = (
         Action(0, "repin", "h1", "b", before=pin("b", 0), after=pin("b", 1), reason="spread b"),
         Action(1, "probe", "h1", depends_on=(0,),
-               parameters={"seconds": 1.0, "trial": trial("confirm", from_key, to_key)}),
+               parameters={"seconds": 1.0, "trial": {**trial("confirm", from_key, to_key), "recheck": recheck}}),
     )
     return SqlPlanStore(db).save(Plan(actions=actions, hosts=("h1",)))
 
@@ -207,3 +225,61 @@ def test_a_host_whose_planned_layouts_keep_measuring_worse_backs_off_for_a_while
     sim.clock.sleep(held["h1"].until - run.wall() + 1)
     assert run.held_hosts(settings) == {}
     assert run.make_plan(["h1"]).settings["notes"]["held"] == []  # the back-off is over
+
+
+def test_the_api_apply_job_counts_each_trial_verdict_in_its_metrics(sim, db, monkeypatch):
+    """Plans applied by the API's job count their trials' verdicts in vmplacer_rebalance_trials_total,
+    labelled from the verdicts themselves (host, kind, kept/undone/unmeasured, close call)."""
+    import vmplacer.bootstrap.rebalance as bootstrap
+    from vmplacer.api.plans_support import APPLY_JOB, apply_handler
+
+    before = {"a": 0.5, "b": 0.5, "c": 0.5}
+    lost = "profiler unavailable: libvirt connection lost"
+    answers: list[dict[str, float] | str] = [
+        before, {**before, "c": 0.45}, {**before, "c": 0.41},  # confirm: -0.017 close to -0.02, pooled -0.023
+        lost, {**before, "c": 0.8},                             # explore with nothing measured before
+        before, {**before, "c": 0.536}, lost,                   # explore: +0.012 close to +0.01, no second look
+        before, {**before, "c": 0.8},                           # confirm: clearly better
+    ]
+
+    def probe(host: str, seconds: float) -> Measured | str:
+        answer = answers.pop(0)
+        return answer if isinstance(answer, str) else Measured(host, answer, {g: 3 for g in WEIGHTS})
+
+    services = SimpleNamespace(
+        metrics=ApiMetrics(), instance="api-1", options=SimpleNamespace(lease_ttl_s=30.0),
+        container=SimpleNamespace(placement_store_as=lambda actor, detail: SqlPlacementStore(
+            db, actor=actor, actor_detail=detail)),
+        snapshots=SimpleNamespace(invalidate=lambda host: None))
+
+    def compose(container, *, holder: str, on_trial: OnVerdict | None = None) -> Rebalancer:
+        assert container is services.container
+        return rebalancer(sim, db, probe, holder=holder, on_trial=on_trial)
+
+    monkeypatch.setattr(bootstrap, "build_rebalancer", compose)
+    handler = apply_handler(services)
+
+    def apply(plan: Plan) -> list[str]:
+        job = JobRecord(f"job-{plan.id}", APPLY_JOB, ("h1",), "running", 0.0, "", {"plan_id": plan.id},
+                        created_by="tester")
+        done = handler({"plan_id": plan.id}, JobContext(job, lambda fraction, message: None, threading.Event()))
+        return [action["state"] for action in done["actions"]]
+
+    assert apply(confirm_plan(db, "x", "t1", recheck=0.006)) == ["rolled_back", "rolled_back"]
+    assert apply(tried_plan(db, recheck=0.006)) == ["rolled_back", "rolled_back"]
+    assert apply(tried_plan(db, recheck=0.006)) == ["succeeded", "succeeded"]
+    assert apply(confirm_plan(db, "x", "t2", recheck=0.006)) == ["succeeded", "succeeded"]
+    assert answers == [], "every scripted probe was used"
+
+    [family] = [m for m in services.metrics.registry.collect() if m.name == "vmplacer_rebalance_trials"]
+    counted = {(s.labels["host"], s.labels["kind"], s.labels["verdict"], s.labels["close_call"]): s.value
+               for s in family.samples if s.name == "vmplacer_rebalance_trials_total"}
+    assert counted == {("h1", "confirm", "undone", "measured_twice"): 1.0,
+                       ("h1", "explore", "unmeasured", "no"): 1.0,
+                       ("h1", "explore", "kept", "second_probe_failed"): 1.0,
+                       ("h1", "confirm", "kept", "no"): 1.0}
+    assert ('vmplacer_rebalance_trials_total{close_call="measured_twice",host="h1",kind="confirm",verdict="undone"} '
+            '1.0') in services.metrics.render().decode()
+    # a kind outside the closed set (a stored plan edited by hand) is not counted
+    services.metrics.rebalance_trial("h1", "guess", Verdict(True, 0.5, 0.6, 0.1, 3, "measured"))
+    assert "guess" not in services.metrics.render().decode()

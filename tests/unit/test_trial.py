@@ -90,6 +90,19 @@ def test_without_a_measurement_only_what_the_policy_was_sure_of_stays():
                      min_gain=0.0, tolerance=0.0).keep
 
 
+def test_a_verdict_rules_kept_or_undone_only_on_a_measurement():
+    def ruling(before: Measured | None, kind: str) -> str:
+        verdict = judge(before, measured(a=0.9, b=0.9), kind=kind, weights=WEIGHTS, fairness=0.0, min_gain=0.01,
+                        tolerance=0.02)
+        assert verdict.close_call == "no"
+        return verdict.ruling
+
+    assert ruling(measured(a=0.8, b=0.8), "explore") == "kept"
+    assert ruling(measured(a=1.0, b=1.0), "confirm") == "undone"
+    # nothing to compare: the kind decided (confirm kept, explore undone), and the ruling says so
+    assert ruling(None, "confirm") == ruling(None, "explore") == "unmeasured"
+
+
 def test_bad_input_names_the_field():
     with pytest.raises(TrialError, match="field 'kind'"):
         judge(None, None, kind="guess", weights=WEIGHTS, fairness=0.0, min_gain=0.0, tolerance=0.0)

@@ -2,7 +2,8 @@
 
 Two kinds:
 - counters and histograms of what *this instance* did (requests, placements,
-  freezes and their duration, libvirt errors); sum them across instances;
+  freezes and their duration, libvirt errors, rebalance trials); sum them across
+  instances;
 - gauges read from the database at scrape time, the same on every instance
   (degradation per VM from the newest profiling run of each host, jobs by
   state, plan actions by outcome).
@@ -17,6 +18,8 @@ from typing import Any
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
+
+from vmplacer.core.trial import CLOSE_CALLS, RULINGS, TRIAL_KINDS, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +67,11 @@ class ApiMetrics:
         self.reconcile_findings = Counter("vmplacer_reconcile_findings",
                                           "reconcile findings by host, kind and outcome (applied, skipped, ...)",
                                           ("host", "kind", "outcome"), registry=r)
+        self.rebalance_trials = Counter("vmplacer_rebalance_trials",
+                                        "measured rebalance trials by host, kind (confirm, explore), verdict "
+                                        "(kept, undone, unmeasured) and close call "
+                                        "(no, measured_twice, second_probe_failed)",
+                                        ("host", "kind", "verdict", "close_call"), registry=r)
 
     def add_database_gauges(self, *sources: Callable[[], Iterable[GaugeMetricFamily]]) -> None:
         self.registry.register(_DatabaseGauges(sources))
@@ -74,6 +82,16 @@ class ApiMetrics:
     # ----- recording helpers ----------------------------------------------------------------------
     def libvirt_error(self, exc: Any) -> None:
         self.libvirt_errors.labels(getattr(exc, "host", "") or "unknown").inc()
+
+    def rebalance_trial(self, host: str, kind: str, verdict: Verdict) -> None:
+        """Count one trial's verdict. `host` is the trial probe's (the executor runs plans on
+        configured hosts only); a kind outside TRIAL_KINDS (a stored plan edited by hand) is not
+        counted, so the labels stay a closed set."""
+        labels = (kind, verdict.ruling, verdict.close_call)
+        if kind not in TRIAL_KINDS or verdict.ruling not in RULINGS or verdict.close_call not in CLOSE_CALLS:
+            log.warning("metrics: trial on %s not counted: unknown labels %s", host, labels)
+            return
+        self.rebalance_trials.labels(host, *labels).inc()
 
     def profile_finished(self, host: str, span_ms: Iterable[float]) -> None:
         spans = list(span_ms)

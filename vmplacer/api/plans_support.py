@@ -20,10 +20,11 @@ APPLY_JOB = "apply-plan"
 
 def build_rebalancer(services: Any, holder: str):  # -> Rebalancer
     """The rebalancer as the CLI builds it (stored model, learning, vCPU demand, probes),
-    acting under `holder` in the host leases."""
+    acting under `holder` in the host leases; the trials of the plans it applies are counted in
+    this instance's metrics."""
     from vmplacer.bootstrap.rebalance import build_rebalancer as compose
 
-    return compose(services.container, holder=holder)
+    return compose(services.container, holder=holder, on_trial=services.metrics.rebalance_trial)
 
 
 def plan_store(services: Any):  # -> SqlPlanStore

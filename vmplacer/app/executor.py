@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from vmplacer.app.actions import ActionFailed, ActionKind, Check, action_kinds
+from vmplacer.app.actions.probe import OnVerdict
 from vmplacer.core.bandwidth import CpuBandwidth
 from vmplacer.core.placement import Placement
 from vmplacer.core.plan import Action, CancelRequest, Plan, PlanError
@@ -102,6 +103,7 @@ class Executor:
         settings: ExecutorSettings | None = None,
         throttles: ThrottleLedger | None = None,
         measurements: MutableMapping[str, Measured] | None = None,
+        on_trial: OnVerdict | None = None,
     ):
         self.hosts = dict(hosts)
         self.clock = clock
@@ -115,7 +117,7 @@ class Executor:
         self._deferred: list[Placement] = []
         self.kinds: dict[str, ActionKind] = action_kinds(
             self.hosts, probe=probe, migration_bandwidth_mib_s=self.settings.migration_bandwidth_mib_s,
-            migration_timeout_s=self.settings.migration_timeout_s, measurements=measurements)
+            migration_timeout_s=self.settings.migration_timeout_s, measurements=measurements, on_verdict=on_trial)
 
     # ----- the plan ---------------------------------------------------------------------------
     def run(self, plan: Plan) -> Plan:

@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vmplacer.app.actions.probe import trial_hosts
+from vmplacer.app.actions.probe import OnVerdict, trial_hosts
 from vmplacer.app.executor import Auditor, Executor, ExecutorError, ExecutorSettings
 from vmplacer.app.host_snapshot import take_snapshot
 from vmplacer.core.guest import GuestSpec, GuestSpecError
@@ -221,6 +221,7 @@ class Rebalancer:
         in_maintenance: Callable[[], Iterable[str]] | None = None,
         solver: LayoutSolver | None = None,
         throttles: ThrottleLedger | None = None,
+        on_trial: OnVerdict | None = None,
     ):
         self.hosts = dict(hosts)
         # Each host's latest measurement (this run's profile, then its kept trials): what trials compare.
@@ -245,6 +246,7 @@ class Rebalancer:
         self.demand = demand
         self.probe = probe
         self.unavailable = dict(unavailable or {})  # step -> why it is not available
+        self.on_trial = on_trial  # told of each trial verdict while a plan is applied (the API counts them)
 
     # ----- observe ------------------------------------------------------------------------------
     def observe(self, host_names: Iterable[str]) -> Observation:
@@ -469,7 +471,7 @@ class Rebalancer:
         executor = Executor(
             self.hosts, clock=self.clock, plans=self.plans, audit=auditor, placements=self.placements,
             probe=self.probe, keep_lease=keep_lease, settings=self.executor_settings, throttles=self.throttles,
-            measurements=self.measurements,
+            measurements=self.measurements, on_trial=self.on_trial,
         )
         try:
             done = executor.run(plan)

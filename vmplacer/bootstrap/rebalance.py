@@ -16,6 +16,7 @@ from typing import Any
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
 from vmplacer.adapters.db.plans import new_holder
 from vmplacer.adapters.libvirt_rebalance import RebalanceHost
+from vmplacer.app.actions.probe import OnVerdict
 from vmplacer.app.executor import ExecutorSettings
 from vmplacer.app.rebalance import ROUNDS_PER_PROFILE, Rebalancer
 from vmplacer.bootstrap.container import Container
@@ -94,7 +95,9 @@ def build_rebalancer(
     executor_settings: ExecutorSettings | None = None,
     holder: str | None = None,
     measure_demand: bool = True,
+    on_trial: OnVerdict | None = None,
 ) -> Rebalancer:
+    """`on_trial` is told of each trial verdict while a plan is applied (the API counts them)."""
     hosts = {h.name: RebalanceHost(container.hypervisor(h.name)) for h in container.settings.hosts}
     load_model, learn, unavailable = _learning(container)
     profile, why = _profiler(container)
@@ -131,4 +134,5 @@ def build_rebalancer(
         probe=(lambda host, seconds: profile(host, seconds, ("*",))) if profile else None,
         unavailable=unavailable,
         solver=CpSatLayoutSolver(),
+        on_trial=on_trial,
     )

@@ -29,6 +29,10 @@ from dataclasses import dataclass, field
 
 TRIAL_KINDS = ("confirm", "explore")
 CLOSE_CALL_NOTE = "a close call, measured twice"  # ends the verdict of a trial probed a second time
+# A verdict's ruling: kept or undone on measurement, or unmeasured (nothing to compare: the kind decided).
+RULINGS = ("kept", "undone", "unmeasured")
+# Whether a verdict was a close call: no, measured twice, or rested on one probe when the second failed.
+CLOSE_CALLS = ("no", "measured_twice", "second_probe_failed")
 
 
 class TrialError(ValueError):
@@ -91,6 +95,15 @@ class Verdict:
     delta: float | None
     guests: int
     text: str
+    close_call: str = "no"  # one of CLOSE_CALLS, so counting close calls needs no parsing of `text`
+
+    @property
+    def ruling(self) -> str:
+        """One of RULINGS. Unmeasured when nothing could be compared (or judged): then the trial's
+        kind decided, so a kept or undone count means only what was measured."""
+        if self.delta is None:
+            return "unmeasured"
+        return "kept" if self.keep else "undone"
 
 
 def measured_objective(performance: Mapping[str, float], weights: Mapping[str, float], fairness: float,

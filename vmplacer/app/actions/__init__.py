@@ -18,7 +18,7 @@ from vmplacer.app.actions.base import ActionFailed, ActionKind, Check
 from vmplacer.app.actions.memory import SetMemoryNodes
 from vmplacer.app.actions.migrate import Migrate
 from vmplacer.app.actions.pinning import Repin
-from vmplacer.app.actions.probe import Probe
+from vmplacer.app.actions.probe import OnVerdict, Probe
 from vmplacer.core.trial import Measured
 from vmplacer.ports import Hypervisor
 
@@ -32,6 +32,7 @@ def action_kinds(
     migration_bandwidth_mib_s: int | None = None,
     migration_timeout_s: float = 300.0,
     measurements: MutableMapping[str, Measured] | None = None,
+    on_verdict: OnVerdict | None = None,
 ) -> dict[str, ActionKind]:
     """Plan action kind → the class instance that carries its contract."""
     handlers: list[ActionKind] = [
@@ -40,6 +41,6 @@ def action_kinds(
         Migrate(hosts, bandwidth_mib_s=migration_bandwidth_mib_s, timeout_s=migration_timeout_s),
         Throttle(hosts),
         Release(hosts),
-        Probe(hosts, probe=probe, measurements=measurements),
+        Probe(hosts, probe=probe, measurements=measurements, on_verdict=on_verdict),
     ]
     return {kind: handler for handler in handlers for kind in handler.kinds}

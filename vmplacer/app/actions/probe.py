@@ -7,11 +7,12 @@ run's profile, or the previous trial's probe) and, when the verdict is to go bac
 of migrations names every host they link (`trial["hosts"]`): all are measured and
 judged as one, so the guests that moved count on both sides. A verdict within the trial's
 `recheck` margin of its bar is a close call: the hosts are probed once more and the verdict
-rests on both measurements.
+rests on both measurements. Each verdict is also handed to `on_verdict` (the API counts them).
 """
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import replace
 
@@ -21,16 +22,21 @@ from vmplacer.core.plan import Action, Plan
 from vmplacer.core.trial import CLOSE_CALL_NOTE, Measured, TrialError, Verdict, close_call, combined, judge, pooled
 from vmplacer.ports import Hypervisor
 
+log = logging.getLogger(__name__)
+
 ProbeResult = str | Measured
+# Told of each trial's verdict: (the probe's host, the trial's kind, the verdict).
+OnVerdict = Callable[[str, str, Verdict], None]
 
 
 class Probe(ActionKind):
     kinds = ("probe",)
 
     def __init__(self, hosts: Mapping[str, Hypervisor], *, probe: Callable[[str, float], ProbeResult] | None,
-                 measurements: MutableMapping[str, Measured] | None = None):
+                 measurements: MutableMapping[str, Measured] | None = None, on_verdict: OnVerdict | None = None):
         super().__init__(hosts)
         self.probe = probe
+        self.on_verdict = on_verdict
         # The latest measurement of each host's current layout: the run's profile, then each kept trial.
         self.measurements: MutableMapping[str, Measured] = measurements if measurements is not None else {}
         self.verdicts: dict[int, Verdict] = {}
@@ -65,13 +71,24 @@ class Probe(ActionKind):
             if set(second) >= set(after):
                 after = {host: pooled(after.get(host), measured) for host, measured in second.items()}
                 verdict = self._judge(action, before, after, hosts)
-                verdict = replace(verdict, text=f"{verdict.text}; {CLOSE_CALL_NOTE}")
+                verdict = replace(verdict, text=f"{verdict.text}; {CLOSE_CALL_NOTE}", close_call="measured_twice")
             else:  # a host the second probe could not measure: the first measurement stands alone
                 verdict = replace(verdict, text=f"{verdict.text}; a close call, but the second probe failed "
-                                                f"on {', '.join(sorted(set(after) - set(second)))}")
+                                                f"on {', '.join(sorted(set(after) - set(second)))}",
+                                  close_call="second_probe_failed")
         self.verdicts[action.index] = verdict
+        self._tell(action, verdict)
         if verdict.keep:
             self.measurements.update(after)
+
+    def _tell(self, action: Action, verdict: Verdict) -> None:
+        """Hand the verdict to `on_verdict`; a listener that fails must not change the trial."""
+        if self.on_verdict is None:
+            return
+        try:
+            self.on_verdict(action.host, str(action.parameters["trial"].get("kind")), verdict)
+        except Exception as exc:  # noqa: BLE001 - the verdict stands whatever the listener does
+            log.warning("%s: the trial's verdict was not reported: %s", action.describe(), exc)
 
     def _measure(self, hosts: list[str], seconds: float) -> dict[str, Measured]:
         """Probe each host; the hosts it could measure."""
