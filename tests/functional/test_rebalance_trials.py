@@ -50,9 +50,9 @@ class ScriptedProbe:
 
 
 def rebalancer(sim, db, probe, epoch: float = 1_700_000_000.0, holder: str = "run",
-               on_trial: OnVerdict | None = None) -> Rebalancer:
+               on_trial: OnVerdict | None = None, settings: RebalanceSettings | None = None) -> Rebalancer:
     return Rebalancer(dict(sim.hosts), plans=SqlPlanStore(db), leases=SqlLeaseStore(db), clock=sim.clock,
-                      wall=lambda: epoch + sim.clock.now(), holder=holder, settings=RebalanceSettings(),
+                      wall=lambda: epoch + sim.clock.now(), holder=holder, settings=settings or RebalanceSettings(),
                       placements=SqlPlacementUpdates(db, {"h1": "sim://h1"}), audit=SqlPlacementStore(db),
                       probe=probe, on_trial=on_trial)
 
@@ -204,8 +204,8 @@ def confirm_plan(db, from_key: str, to_key: str, recheck: float = 0.0) -> Plan:
 def test_a_host_whose_planned_layouts_keep_measuring_worse_backs_off_for_a_while(sim, db):
     worse = [{"a": 0.6, "b": 0.6, "c": 0.6}, {"a": 0.5, "b": 0.5, "c": 0.5}]  # before, after: undone
     # the store stamps outcomes with the real time, so this run's wall clock starts now
-    run = rebalancer(sim, db, ScriptedProbe(*worse, *worse), epoch=time.time())
-    settings = RebalanceSettings()
+    settings = RebalanceSettings(backoff_s=600.0)  # off by default
+    run = rebalancer(sim, db, ScriptedProbe(*worse, *worse), epoch=time.time(), settings=settings)
     for n, keys in enumerate((("x", "t1"), ("x", "t2"))):
         done = run.apply(confirm_plan(db, *keys).id)
         assert [a.state for a in done.actions] == ["rolled_back", "rolled_back"]
@@ -221,7 +221,7 @@ def test_a_host_whose_planned_layouts_keep_measuring_worse_backs_off_for_a_while
     assert why.startswith("host h1: its last 2 planned layouts measured worse and were undone; for ")
     # three guests on one pCPU: spreading them is time sharing, arithmetic the back-off does not hold
     assert plan.state == "proposed" and [a.kind for a in plan.actions if a.kind == "repin"]
-    assert run.held_hosts(RebalanceSettings(backoff_s=0)) == {}  # turned off
+    assert run.held_hosts(RebalanceSettings()) == {}  # off: the default
     sim.clock.sleep(held["h1"].until - run.wall() + 1)
     assert run.held_hosts(settings) == {}
     assert run.make_plan(["h1"]).settings["notes"]["held"] == []  # the back-off is over

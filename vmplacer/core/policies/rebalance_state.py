@@ -86,7 +86,9 @@ class RebalanceSettings:
     trial_recheck: float = 0.006
     trial_memory_s: float = 86400.0  # a measured comparison of two layouts is trusted (not tried again) this long
     trial_max: int = 3  # layouts a host may try within trial_memory_s
-    backoff_s: float = 600.0  # after k planned layouts of a host in a row measured worse, it waits backoff_s·(2^(k-1)−1) (0: off)
+    # after k planned layouts of a host in a row measured worse, it waits backoff_s·(2^(k-1)−1) (0: off, the
+    # default: trials, their memory and close calls already stop the churn it was made for, and it held back gains)
+    backoff_s: float = 0.0
     exploration: float = 1.5  # a host with no other trial tries its exact layout with each β this many sd lower (0: off)
 
     def min_gain_for(self, guests: float) -> float:
