@@ -165,8 +165,9 @@ def test_rebalance_run_reports_its_steps(config):
     assert [s["name"] for s in report["steps"]] == ["profile", "learn", "plan"]
     assert report["steps"][0]["status"] == "skipped"
     code, report, err = vmplacer(config, "rebalance", "--dry-run", "--profile-seconds", "0", "--no-migrate",
-                                 "--max-actions", "3", "--format", "json")
+                                 "--max-actions", "3", "--backoff", "600", "--format", "json")
     assert code == 0 and report["plan"]["settings"]["max_actions"] == 3
+    assert report["plan"]["settings"]["backoff_s"] == 600.0
     assert report["plan"]["settings"]["allow_migration"] is False
 
 
@@ -181,6 +182,7 @@ def test_rebalance_run_reports_its_steps(config):
     (["plan", "--all", "--request", "missing.yaml"], "--request"),
     (["plan"], "--request: required"),
     (["rebalance", "--max-actions", "-1"], "--max-actions"),
+    (["rebalance", "--backoff", "-5"], "--backoff: rebalance settings: field 'backoff_s' must be a number >= 0"),
     (["rebalance", "--profile-seconds", "-2"], "--profile-seconds"),
     (["rebalance", "--migration-timeout", "0"], "--migration-timeout"),
     (["rebalance", "--host", "t1", "--all"], "not allowed with argument"),

@@ -100,6 +100,9 @@ def add_policy_arguments(parser: argparse.ArgumentParser, *, host_group: bool = 
                         help="hysteresis: least predicted gain of a move, in VMs at full speed (default 0.05)")
     parser.add_argument("--cooldown", type=float, metavar="SECONDS",
                         help="a guest moved this recently stays put (default 600)")
+    parser.add_argument("--backoff", type=float, metavar="SECONDS",
+                        help="after k planned layouts of a host in a row measured worse, only try its layout "
+                             "for SECONDS·(2^(k-1)-1) (default 0: off)")
     parser.add_argument("--no-migrate", action="store_true", help="repins only, no live migration")
     parser.add_argument("--no-trials", action="store_true",
                         help="no measured trials: take the planned layout without measuring it, try no other")
@@ -133,6 +136,8 @@ def _settings(args: argparse.Namespace) -> Any:
         values["min_gain"] = args.min_gain
     if getattr(args, "cooldown", None) is not None:
         values["cooldown_s"] = args.cooldown
+    if getattr(args, "backoff", None) is not None:
+        values["backoff_s"] = args.backoff
     if getattr(args, "no_migrate", False):
         values["allow_migration"] = False
     if getattr(args, "no_trials", False):
@@ -144,7 +149,8 @@ def _settings(args: argparse.Namespace) -> Any:
     try:
         return RebalanceSettings(**values)
     except RebalanceInputError as exc:
-        option = {"max_actions": "--max-actions", "min_gain": "--min-gain", "cooldown_s": "--cooldown"}
+        option = {"max_actions": "--max-actions", "min_gain": "--min-gain", "cooldown_s": "--cooldown",
+                  "backoff_s": "--backoff"}
         named = next((o for f, o in option.items() if f in str(exc)), "option")
         raise UsageError(f"{named}: {exc}") from None
 
