@@ -290,6 +290,7 @@ def test_audit_and_metrics(api):
     assert "vmplacer_placement_duration_seconds_bucket" in text
     # declared even before the first freeze or job (this test may run alone)
     assert "# TYPE vmplacer_freeze_duration_seconds histogram" in text and "# TYPE vmplacer_jobs gauge" in text
+    assert "# TYPE vmplacer_rebalance_trial_outcomes gauge" in text  # stored trials of every process
 
 
 def test_unknown_placements_are_404(api):

@@ -14,7 +14,7 @@ import pytest
 from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore
 from vmplacer.adapters.simulator import SimCluster
-from vmplacer.api.metrics import ApiMetrics
+from vmplacer.api.metrics import ApiMetrics, trial_outcome_gauges
 from vmplacer.app.actions.probe import OnVerdict
 from vmplacer.app.jobs import JobContext
 from vmplacer.app.rebalance import Rebalancer
@@ -283,3 +283,20 @@ def test_the_api_apply_job_counts_each_trial_verdict_in_its_metrics(sim, db, mon
     # a kind outside the closed set (a stored plan edited by hand) is not counted
     services.metrics.rebalance_trial("h1", "guess", Verdict(True, 0.5, 0.6, 0.1, 3, "measured"))
     assert "guess" not in services.metrics.render().decode()
+
+
+def test_metrics_count_the_stored_trials_of_every_process_over_the_last_day(sim, db):
+    """Trials of runs outside the API (the timer's, an operator's) reach /metrics from the stored plans."""
+    worse = [{"a": 0.6, "b": 0.6, "c": 0.6}, {"a": 0.5, "b": 0.5, "c": 0.5}]
+    better = [{"a": 0.5, "b": 0.5, "c": 0.5}, {"a": 0.6, "b": 0.6, "c": 0.6}]
+    run = rebalancer(sim, db, ScriptedProbe(*worse, *worse, *better), epoch=time.time())
+    for keys in (("x", "t1"), ("x", "t2"), ("x", "t3")):
+        run.apply(confirm_plan(db, *keys).id)
+    clock = [time.time()]
+    metrics = ApiMetrics()
+    metrics.add_database_gauges(trial_outcome_gauges(SqlPlanStore(db).trial_outcomes, lambda: clock[0], 86400.0))
+    text = metrics.render().decode()
+    assert 'vmplacer_rebalance_trial_outcomes{host="h1",kind="confirm",verdict="undone"} 2.0' in text
+    assert 'vmplacer_rebalance_trial_outcomes{host="h1",kind="confirm",verdict="kept"} 1.0' in text
+    clock[0] += 86400.0 + 60.0  # a day later they are out of the window
+    assert "vmplacer_rebalance_trial_outcomes{" not in metrics.render().decode()

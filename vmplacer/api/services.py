@@ -24,6 +24,7 @@ from vmplacer.api.metrics import (
     job_gauges,
     maintenance_gauges,
     plan_action_gauges,
+    trial_outcome_gauges,
     protect_metrics,
     throttle_gauges,
 )
@@ -34,6 +35,8 @@ from vmplacer.ports import LeaseStore
 log = logging.getLogger(__name__)
 
 HOUSEKEEPING_EVERY_S = 600.0
+# /metrics counts the rebalance trials finished this long ago at most: a day, the trials' memory.
+TRIAL_OUTCOME_WINDOW_S = 86400.0
 # Freeze journal rows whose owner and guardian both died (a cgroup kill) are replayed this often.
 FREEZE_REPLAY_EVERY_S = 1.0
 # Synchronous routes (and their database connections) running at once: the server container's
@@ -80,6 +83,7 @@ class ApiServices:
             degradation_gauges(self.latest_profile_results),
             job_gauges(self.jobs.counts),
             plan_action_gauges(self.plan_action_counts),
+            trial_outcome_gauges(container.plan_store.trial_outcomes, time.time, TRIAL_OUTCOME_WINDOW_S),
             maintenance_gauges(lambda: self.host_names, lambda: container.maintenance.current().keys()),
             freeze_rescue_metrics(self.freeze_rescues),
             throttle_gauges(container.throttle_ledger.current),
