@@ -294,7 +294,7 @@ def test_metrics_count_the_stored_trials_of_every_process_over_the_last_day(sim,
         run.apply(confirm_plan(db, *keys).id)
     clock = [time.time()]
     metrics = ApiMetrics()
-    metrics.add_database_gauges(trial_outcome_gauges(SqlPlanStore(db).trial_outcomes, lambda: clock[0], 86400.0))
+    metrics.add_database_gauges(trial_outcome_gauges(SqlPlanStore(db).trial_counts, lambda: clock[0], 86400.0))
     text = metrics.render().decode()
     assert 'vmplacer_rebalance_trial_outcomes{host="h1",kind="confirm",verdict="undone"} 2.0' in text
     assert 'vmplacer_rebalance_trial_outcomes{host="h1",kind="confirm",verdict="kept"} 1.0' in text

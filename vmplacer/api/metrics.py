@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from vmplacer.core.trial import CLOSE_CALLS, RULINGS, TRIAL_KINDS, TrialOutcome, Verdict
+from vmplacer.core.trial import CLOSE_CALLS, RULINGS, TRIAL_KINDS, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -141,26 +141,21 @@ def plan_action_gauges(counts: Callable[[], dict[str, int]]):
     return plan_actions
 
 
-def trial_outcome_gauges(outcomes_since: Callable[[float], Iterable[TrialOutcome]], now: Callable[[], float],
-                         window_s: float):
+def trial_outcome_gauges(counts_since: Callable[[float], dict[tuple[str, str, str], int]],
+                         now: Callable[[], float], window_s: float):
     """vmplacer_rebalance_trial_outcomes{host,kind,verdict}: the measured trials of every process
-    (the timer's and operators' runs as well as the API's) finished in the last `window_s`, from
-    the stored plans. A host whose count of undone trials keeps rising is one where the model's
-    planned layouts keep measuring worse (docs/rebalance.md §2)."""
+    (the timer's and operators' runs as well as the API's) finished in the last `window_s`, counted
+    from the stored plans. A host whose count of undone trials keeps rising is one where the
+    model's planned layouts keep measuring worse (docs/rebalance.md §2)."""
 
     def trial_outcomes() -> Iterable[GaugeMetricFamily]:
         family = GaugeMetricFamily(
             "vmplacer_rebalance_trial_outcomes",
             f"rebalance trials finished in the last {window_s:.0f} s by host, kind (confirm, explore) and "
             "verdict (kept, undone), from the stored plans of every process", labels=("host", "kind", "verdict"))
-        counts: dict[tuple[str, str, str], int] = {}
-        for outcome in outcomes_since(now() - window_s):
-            if outcome.kind not in TRIAL_KINDS:  # a stored plan edited by hand: keep the labels a closed set
-                continue
-            key = (outcome.host, outcome.kind, "kept" if outcome.kept else "undone")
-            counts[key] = counts.get(key, 0) + 1
-        for key, n in sorted(counts.items()):
-            family.add_metric(key, n)
+        for (host, kind, verdict), n in sorted(counts_since(now() - window_s).items()):
+            if kind in TRIAL_KINDS:  # a stored plan edited by hand: keep the labels a closed set
+                family.add_metric((host, kind, verdict), n)
         yield family
 
     return trial_outcomes

@@ -83,7 +83,7 @@ class ApiServices:
             degradation_gauges(self.latest_profile_results),
             job_gauges(self.jobs.counts),
             plan_action_gauges(self.plan_action_counts),
-            trial_outcome_gauges(container.plan_store.trial_outcomes, time.time, TRIAL_OUTCOME_WINDOW_S),
+            trial_outcome_gauges(container.plan_store.trial_counts, time.time, TRIAL_OUTCOME_WINDOW_S),
             maintenance_gauges(lambda: self.host_names, lambda: container.maintenance.current().keys()),
             freeze_rescue_metrics(self.freeze_rescues),
             throttle_gauges(container.throttle_ledger.current),

@@ -272,6 +272,20 @@ class SqlPlanStore:
             rows = session.execute(select(PlanActionRow.state, func.count()).group_by(PlanActionRow.state))
             return {state: int(n) for state, n in rows}
 
+    def trial_counts(self, since: float) -> dict[tuple[str, str, str], int]:
+        """(host, trial kind, kept|undone) -> trial probes finished since `since` (epoch seconds),
+        counted by the database: /metrics asks on every scrape, so no row is read into Python."""
+        trial_kind = PlanActionRow.parameters["trial"]["kind"].as_string()
+        kind = trial_kind.label("trial_kind")  # grouped by its name: PostgreSQL would see two expressions
+        query = (select(PlanActionRow.host, kind, PlanActionRow.state, func.count())
+                 .where(PlanActionRow.kind == "probe", PlanActionRow.state.in_(("succeeded", "rolled_back")),
+                        PlanActionRow.finished_at >= datetime.fromtimestamp(since, timezone.utc),
+                        trial_kind.is_not(None))
+                 .group_by(PlanActionRow.host, kind, PlanActionRow.state))
+        with self.sessions() as session:
+            return {(host, str(trial), "kept" if state == "succeeded" else "undone"): int(n)
+                    for host, trial, state, n in session.execute(query)}
+
     def recent(self, limit: int = 20, states: Sequence[str] | None = None) -> list[dict[str, Any]]:
         """The newest plans first, as summaries; `states` keeps only plans in those states."""
         query = select(PlanRow).order_by(PlanRow.id.desc()).limit(limit)
