@@ -146,6 +146,13 @@ class MemoryPlanStore:
                     found.append(outcome)
         return found
 
+    def trial_counts(self, since: float) -> dict[tuple[str, str, str], int]:
+        counts: dict[tuple[str, str, str], int] = {}
+        for o in self.trial_outcomes(since):
+            key = (o.host, o.kind, "kept" if o.kept else "undone")
+            counts[key] = counts.get(key, 0) + 1
+        return counts
+
     def moves(self, state: str = "succeeded") -> list[Action]:
         """Moves (repins, migrations, memory moves) in `state`: done, or `rolled_back` (undone)."""
         return [a for p in sorted(self.plans.values(), key=lambda p: p.id or 0) for a in p.actions
