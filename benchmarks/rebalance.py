@@ -40,6 +40,10 @@ The model's other form: `--model-form multiplicative` (rows, planning run and th
 record which; parts of different forms are not merged) `--out
 benchmarks/results/rebalance_multiplicative.json`, against this file as `--baseline-from`.
 
+Experiments: `--setting NAME=VALUE` (a RebalanceSettings field); the rows and the merged file
+record the overrides under `settings` (empty: the product's defaults), and parts run with
+different ones are not merged.
+
 Planning time: 100 hosts (2 nodes × 12 cores × 2 threads) × 40 one-vCPU VMs each, placed at
 random, a model learned from Freeze'nSense samples, default settings (at most 8 actions).
 
@@ -439,22 +443,27 @@ def main(argv: list[str] | None = None) -> int:
     load_before = os.getloadavg()
     shapes = [s for s in SHAPES if not args.shape or s[0] in args.shape]
     form = args.model_form or ModelConfig().form
+    overrides = setting_overrides(args.setting)
     if args.rows_from:
         parts = [json.loads(Path(f).read_text()) for f in args.rows_from]
         forms = {part.get("model_form", form) for part in parts}
         if len(forms) != 1:
             raise SystemExit(f"--rows-from: the parts were run with different model forms ({', '.join(sorted(forms))})")
         form = forms.pop()
+        settings = {json.dumps(part.get("settings", {}), sort_keys=True) for part in parts}
+        if len(settings) != 1:
+            raise SystemExit(f"--rows-from: the parts were run with different --setting overrides ({'; '.join(sorted(settings))})")
+        overrides = json.loads(settings.pop())
         rows = [r for part in parts for r in part["cases"]]
         load_before = tuple(min(part["load_average"]["start"][i] for part in parts) for i in range(3))
     else:
         rows = run_cases(1 if args.quick else args.seeds, shapes, set(args.matrix or ()),
-                         setting_overrides(args.setting), args.runs, tuple(args.checkpoint or (CHECKPOINT,)),
+                         overrides, args.runs, tuple(args.checkpoint or (CHECKPOINT,)),
                          args.model_form)
     if args.rows_out:
         Path(args.rows_out).write_text(json.dumps({
             "cases": rows, "seconds": round(time.perf_counter() - began, 1),
-            "model_form": form,
+            "model_form": form, "settings": overrides,
             "load_average": {"start": [round(x, 2) for x in load_before],
                              "end": [round(x, 2) for x in os.getloadavg()]}}, indent=1) + "\n")
         return 0
@@ -469,6 +478,8 @@ def main(argv: list[str] | None = None) -> int:
                          "end": [round(x, 2) for x in os.getloadavg()],
                          "note": "1, 5 and 15 min load averages; the machine is shared with other work"},
         "model_form": form,
+        # --setting overrides of the product's defaults the cases ran with (empty: the defaults)
+        "settings": overrides,
         "cases": rows,
         "plan_100x40_s": None if scale is None else scale["median_s"],
         "plan_100x40": scale,

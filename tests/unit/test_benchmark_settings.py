@@ -50,6 +50,20 @@ def test_the_model_form_is_chosen_recorded_and_never_mixed(bench, tmp_path):
     assert not (tmp_path / "out.json").exists()
 
 
+def test_the_settings_a_run_overrode_are_recorded_and_parts_never_mixed(bench, tmp_path):
+    parts = []
+    for name, settings in (("a", {"backoff_s": 600.0}), ("b", {})):
+        part = tmp_path / f"{name}.json"
+        part.write_text(json.dumps({"cases": [], "model_form": "additive", "settings": settings,
+                                    "load_average": {"start": [0, 0, 0]}}))
+        parts += ["--rows-from", str(part)]
+    with pytest.raises(SystemExit, match="different --setting overrides"):
+        bench.main([*parts, "--quick", "--out", str(tmp_path / "out.json")])
+    assert not (tmp_path / "out.json").exists()
+    bench.main([*parts[:2], "--quick", "--out", str(tmp_path / "out.json")])
+    assert json.loads((tmp_path / "out.json").read_text())["settings"] == {"backoff_s": 600.0}
+
+
 def test_the_summary_counts_only_the_steps_a_perfect_model_would_take_as_the_models_misses(bench):
     def row(seed, gap, within):
         return {"matrix": "m.csv", "shape": "s", "start": "random", "seed": seed,
