@@ -190,7 +190,9 @@ def true_best(search, problem) -> float:
     return best
 
 
-@pytest.mark.parametrize(("seed", "vms"), [(0, 4), (1, 4), (2, 4), (3, 3), (4, 5), (5, 5)])
+# (8, 5) and (25, 5): five guests on four pCPUs whose optimum only the chain from the tangent at
+# full speed reaches; expanded around the layout as it stands, every re-expansion stays short
+@pytest.mark.parametrize(("seed", "vms"), [(0, 4), (1, 4), (2, 4), (3, 3), (4, 5), (5, 5), (8, 5), (25, 5)])
 def test_re_expansion_reaches_the_brute_force_optimum_of_the_true_objective(seed, vms):
     search = random_search(seed, vms, MULTIPLICATIVE)
     host = search.hosts["h0"]

@@ -24,9 +24,11 @@ In the model's multiplicative form (`ModelConfig.form`) a guest keeps exp(−Σ 
 speed, which no sum of pair terms is; the problem is then its first-order expansion around the
 layout the hosts have (each item guest's pair terms weighted by the speed it keeps there, its
 own time by what that speed is worth), solved, expanded again around the solver's layout and
-solved again (`RELINEARIZE` times at most, one host at a time), and the layout the search's own
-arithmetic rates best of those is the answer. Exact for the additive form; for the
-multiplicative one a close guess the climb polishes.
+solved again (`RELINEARIZE` times at most, one host at a time). The tangent lies below the
+convex exp, so it undervalues layouts far from where it touches: a second chain starts from the
+tangent at full speed (the additive terms as they are) and re-expands the same way. The layout
+the search's own arithmetic rates best of both chains is the answer. Exact for the additive
+form; for the multiplicative one a close guess the climb polishes.
 """
 
 from __future__ import annotations
@@ -385,23 +387,40 @@ def solve_hosts(search, solver: LayoutSolver, host_names: Sequence[str],
     solution = solver.solve(problem, time_limit_s=time_limit_s)
     if search.betas.form != MULTIPLICATIVE or solution is None or len(host_names) != 1 or problem.approximate:
         return problem, solution
-    spent, start_hint = solution.spent, problem.hint  # the hosts' layout: what the plan reports "before" by
+    start_hint = problem.hint  # the hosts' layout: what the plan reports "before" by
+    spent = solution.spent
     value, kept = _rated(search, host_names, problem, solution)
     best = (value, problem, solution)
-    for _ in range(RELINEARIZE):
-        again = replace(build_problem(search, host_names, kept), hint=np.asarray(solution.assignment, dtype=np.int64))
-        if again.items != problem.items or again.slots != problem.slots or again.violations(again.hint):
-            break
-        following = solver.solve(again, time_limit_s=time_limit_s)
-        if following is None:
-            break
-        spent += following.spent
-        if tuple(following.assignment) == tuple(solution.assignment):
-            break
-        problem, solution = again, following
-        value, kept = _rated(search, host_names, problem, solution)
-        if value > best[0] + 1e-12:
-            best = (value, problem, solution)
+    chains = [(problem, solution, kept)]
+    # A second chain from the tangent at full speed (every guest keeping all of it): the tangent
+    # around the hosts' layout undervalues layouts far from it (exp is convex), this one others.
+    full = {name: 1.0 for name in kept}
+    first = replace(build_problem(search, host_names, full), hint=problem.hint)
+    if first.items == problem.items and first.slots == problem.slots and not (
+            first.hint is not None and first.violations(first.hint)):
+        other = solver.solve(first, time_limit_s=time_limit_s)
+        if other is not None:
+            spent += other.spent
+            value, other_kept = _rated(search, host_names, first, other)
+            if value > best[0] + 1e-12:
+                best = (value, first, other)
+            chains.append((first, other, other_kept))
+    for problem, solution, kept in chains:
+        for _ in range(RELINEARIZE):
+            again = replace(build_problem(search, host_names, kept),
+                            hint=np.asarray(solution.assignment, dtype=np.int64))
+            if again.items != problem.items or again.slots != problem.slots or again.violations(again.hint):
+                break
+            following = solver.solve(again, time_limit_s=time_limit_s)
+            if following is None:
+                break
+            spent += following.spent
+            if tuple(following.assignment) == tuple(solution.assignment):
+                break
+            problem, solution = again, following
+            value, kept = _rated(search, host_names, problem, solution)
+            if value > best[0] + 1e-12:
+                best = (value, problem, solution)
     _, chosen, solution = best
     spent_as = {"seconds": spent} if solution.work is None else {"work": spent}
     return replace(chosen, hint=start_hint), replace(solution, **spent_as)
