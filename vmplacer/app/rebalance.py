@@ -347,9 +347,10 @@ class Rebalancer:
         if drain is not None:
             plan = plan_drain(observed.state, model, drain, settings, now=self.wall(), scope=movable)
         else:
-            last_moved = self.plans.last_moved(list(observed.state.guests))
+            now = self.wall()  # only moves within the cool-down hold a guest back
+            last_moved = self.plans.last_moved(list(observed.state.guests), since=now - settings.cooldown_s)
             better, tried, held = self._trial_memory(settings)
-            plan = plan_rebalance(observed.state, model, settings, now=self.wall(), last_moved=last_moved,
+            plan = plan_rebalance(observed.state, model, settings, now=now, last_moved=last_moved,
                                   scope=movable, solver=self.solver, measured=better, tried=tried,
                                   pooled=self.pooled_by_plans(observed.state), held=held)
         unreadable = [{"host": host, "error": error} for host, error in observed.errors.items()]

@@ -39,7 +39,7 @@ from vmplacer.core.pairs import PairTable
 from vmplacer.core.plan import Action, Plan, PlanError
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
 from vmplacer.core.topology import HostTopology, uniform_topology
-from vmplacer.core.trial import CLOSE_CALL_NOTE, Measured, TrialOutcome, trial_outcome
+from vmplacer.core.trial import CLOSE_CALL_NOTE, Measured, TrialOutcome, trial_outcome, verdict_label
 
 STARTS = ("siblings", "random")
 
@@ -113,13 +113,13 @@ class MemoryPlanStore:
         """Plans in memory end with the process that runs them: none is ever left orphaned."""
         return []
 
-    def last_moved(self, guests: Sequence[str] | None = None) -> dict[str, float]:
+    def last_moved(self, guests: Sequence[str] | None = None, since: float | None = None) -> dict[str, float]:
         result: dict[str, float] = {}
         for plan in self.plans.values():
             for action in plan.actions:
                 if action.state == "succeeded" and action.kind != "probe" and action.guest:
                     at = self.finished.get((plan.id, action.index))
-                    if at is not None and (guests is None or action.guest in guests):
+                    if at is not None and (guests is None or action.guest in guests) and (since is None or at >= since):
                         result[action.guest] = max(at, result.get(action.guest, at))
         return result
 
@@ -149,7 +149,7 @@ class MemoryPlanStore:
     def trial_counts(self, since: float) -> dict[tuple[str, str, str], int]:
         counts: dict[tuple[str, str, str], int] = {}
         for o in self.trial_outcomes(since):
-            key = (o.host, o.kind, "kept" if o.kept else "undone")
+            key = (o.host, o.kind, verdict_label(o.kept))
             counts[key] = counts.get(key, 0) + 1
         return counts
 

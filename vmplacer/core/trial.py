@@ -193,6 +193,12 @@ class TrialOutcome:
         return self.hosts or (self.host,)
 
 
+def verdict_label(kept: bool) -> str:
+    """The verdict a finished trial is counted under (/metrics): `kept` or `undone`; one place,
+    so the database's count and the in-memory one cannot drift apart."""
+    return "kept" if kept else "undone"
+
+
 def trial_outcome(kind: str, state: str, parameters: Mapping[str, object], host: str = "",
                   at: float = 0.0) -> TrialOutcome | None:
     """The outcome of one stored plan action, if it is a finished trial probe."""

@@ -245,7 +245,10 @@ class PlanActionRow(Base):
     """One action of a plan, with what the planner expected (before/after) and what happened."""
 
     __tablename__ = "plan_actions"
-    __table_args__ = (UniqueConstraint("plan_id", "seq"),)
+    # finished actions of a kind lately (the last day's trials, the moves within the cool-down): a range
+    # of this index, not a scan; the count by state (/metrics) reads the index instead of every row
+    __table_args__ = (UniqueConstraint("plan_id", "seq"),
+                      Index("ix_plan_actions_state_kind_finished_at", "state", "kind", "finished_at"))
 
     id: Mapped[int] = mapped_column(Integer, primary_key=True)
     plan_id: Mapped[int] = mapped_column(ForeignKey("plans.id", ondelete="CASCADE"), index=True)

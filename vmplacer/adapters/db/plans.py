@@ -45,7 +45,7 @@ from vmplacer.adapters.db.repositories import ensure_host
 from vmplacer.core.occupancy import exclusive_of
 from vmplacer.core.placement import Placement, placement_from_dict
 from vmplacer.core.plan import Action, CancelRequest, Plan, PlanError
-from vmplacer.core.trial import TrialOutcome, trial_outcome
+from vmplacer.core.trial import TrialOutcome, trial_outcome, verdict_label
 from vmplacer.ports import ClaimConflict
 
 MOVING_KINDS = ("repin", "set_memory_nodes", "migrate")
@@ -283,7 +283,7 @@ class SqlPlanStore:
                         trial_kind.is_not(None))
                  .group_by(PlanActionRow.host, kind, PlanActionRow.state))
         with self.sessions() as session:
-            return {(host, str(trial), "kept" if state == "succeeded" else "undone"): int(n)
+            return {(host, str(trial), verdict_label(state == "succeeded")): int(n)
                     for host, trial, state, n in session.execute(query)}
 
     def recent(self, limit: int = 20, states: Sequence[str] | None = None) -> list[dict[str, Any]]:
@@ -296,16 +296,22 @@ class SqlPlanStore:
             return [{"id": r.id, "state": r.state, "hosts": r.hosts, "summary": r.summary,
                      "created_at": _epoch(r.created_at), "actions": len(r.actions)} for r in rows]
 
-    def last_moved(self, guests: Iterable[str] | None = None) -> dict[str, float]:
-        """Guest -> epoch seconds its latest move (repin, memory, migration) finished."""
+    def last_moved(self, guests: Iterable[str] | None = None, since: float | None = None) -> dict[str, float]:
+        """Guest -> epoch seconds its latest move (repin, memory, migration) finished; with `since`
+        (epoch seconds), only guests moved since then (the cool-down's window: a range of the
+        (state, kind, finished_at) index instead of every move of the plans kept)."""
         query = (select(PlanActionRow.guest, func.max(PlanActionRow.finished_at))
                  .where(PlanActionRow.state == "succeeded", PlanActionRow.kind.in_(MOVING_KINDS),
                         PlanActionRow.guest.is_not(None), PlanActionRow.finished_at.is_not(None))
                  .group_by(PlanActionRow.guest))
-        if guests is not None:
-            query = query.where(PlanActionRow.guest.in_(list(guests)))
+        wanted = None if guests is None else set(guests)
+        if since is not None:  # the window's moves are few: the guests are picked from them here
+            query = query.where(PlanActionRow.finished_at >= datetime.fromtimestamp(since, timezone.utc))
+        elif wanted is not None:
+            query = query.where(PlanActionRow.guest.in_(sorted(wanted)))
         with self.sessions() as session:
-            return {guest: _epoch(moment) for guest, moment in session.execute(query) if moment is not None}
+            return {guest: _epoch(moment) for guest, moment in session.execute(query)
+                    if moment is not None and (wanted is None or guest in wanted)}
 
     def last_placements(self, guests: Iterable[str]) -> dict[str, Placement]:
         """Guest -> the Placement its latest successful repin or migration left it in."""
