@@ -40,6 +40,10 @@ The model's other form: `--model-form multiplicative` (rows, planning run and th
 record which; parts of different forms are not merged) `--out
 benchmarks/results/rebalance_multiplicative.json`, against this file as `--baseline-from`.
 
+The second opinion (opt-in, docs/rebalance.md diagnosis 26): `--setting second_opinion=1
+--setting trial_min_gain=0.003 --out benchmarks/results/rebalance_second_opinion.json`, against
+this file as `--baseline-from`.
+
 Experiments: `--setting NAME=VALUE` (a RebalanceSettings field); the rows and the merged file
 record the overrides under `settings` (empty: the product's defaults), and parts run with
 different ones are not merged.
@@ -395,11 +399,11 @@ def plan_at_scale(hosts: int = 100, vms: int = 40, repeats: int = 3, form: str |
     }
 
 
-def setting_overrides(pairs: list[str]) -> dict[str, float]:
+def setting_overrides(pairs: list[str]) -> dict[str, float | bool]:
     """NAME=VALUE pairs of --setting as RebalanceSettings fields; an unknown name or a value that is
     not a number stops the run before any case, naming it."""
     fields = RebalanceSettings.__dataclass_fields__
-    overrides: dict[str, float] = {}
+    overrides: dict[str, float | bool] = {}
     for pair in pairs:
         name, _, text = pair.partition("=")
         if name not in fields:
@@ -408,7 +412,8 @@ def setting_overrides(pairs: list[str]) -> dict[str, float]:
             value = float(text)
         except ValueError:
             raise SystemExit(f"--setting {pair!r}: the value must be a number") from None
-        overrides[name] = int(value) if fields[name].type in (int, "int") else value
+        kind = fields[name].type
+        overrides[name] = int(value) if kind in (int, "int") else bool(value) if kind in (bool, "bool") else value
     try:
         RebalanceSettings(**overrides)  # the product's own checks of each field
     except RebalanceInputError as error:

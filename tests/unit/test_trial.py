@@ -14,6 +14,7 @@ from vmplacer.core.trial import (
     judge,
     layout_key,
     measured_objective,
+    refuted_hosts,
     trial_outcome,
 )
 
@@ -169,6 +170,18 @@ def test_a_kept_trial_ends_the_streak_and_undone_explore_trials_do_not_count():
     # hosts are counted apart
     other = [outcome("confirm", False, 15.0, host="g"), outcome("confirm", True, 16.0, host="g")]
     assert set(backoffs([*undone, *other], now=30.0, base_s=600.0, limit_s=86400.0)) == {"h"}
+
+
+def test_a_host_is_refuted_while_its_last_confirm_trial_stands_undone():
+    """Its last planned layout measured worse: refuted, until a later confirm trial is kept; an
+    explore trial, kept or not, tried what the model did not plan and changes nothing."""
+    undone = outcome("confirm", False, 10.0)
+    assert refuted_hosts([undone]) == {"h"}
+    assert refuted_hosts([undone, outcome("explore", True, 20.0), outcome("explore", False, 30.0)]) == {"h"}
+    assert refuted_hosts([undone, outcome("confirm", True, 20.0)]) == set()
+    assert refuted_hosts([outcome("confirm", True, 20.0), undone]) == set()  # by time, not by listing order
+    assert refuted_hosts([outcome("explore", False, 5.0)]) == set()
+    assert refuted_hosts([undone, outcome("confirm", True, 20.0, host="g")]) == {"h"}
 
 
 def test_the_back_off_is_capped_by_the_memory_and_zero_turns_it_off():

@@ -11,6 +11,10 @@ the wrong class.
 A pair sample (ζp: everything frozen but the guest and one neighbour) next to
 the guest's nearest ζb is an equation in that one neighbour's β alone: the
 neighbours running during ζp that were frozen during ζb.
+
+The same samples also teach the model in its other form (`SECOND_FORM`, stored
+beside the default): the rebalancer asks it for a second opinion on hosts where
+the default model's planned layouts measured worse (core/policies/rebalance_second).
 """
 
 from __future__ import annotations
@@ -20,10 +24,19 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from vmplacer.core.interference import UNKNOWN_CLASS, Exposure, InterferenceModel, Observation
+from vmplacer.core.interference import (
+    UNKNOWN_CLASS,
+    Exposure,
+    InterferenceModel,
+    ModelConfig,
+    Observation,
+    other_form,
+)
 from vmplacer.core.topology import DistanceClass
 
 SAME_CPU = DistanceClass.SAME_CPU.value
+DEFAULT_MODEL = "default"
+SECOND_FORM = "second-form"  # the default model's samples, read in the other form
 
 
 class ModelRepository(Protocol):
@@ -136,11 +149,15 @@ def learn_from_runs(
     source: SampleSource,
     repository: ModelRepository,
     workload_classes: Mapping[str, str] | None = None,
-    name: str = "default",
+    name: str = DEFAULT_MODEL,
+    config: ModelConfig | None = None,
 ) -> LearnReport:
     """Update the stored model with the samples of `runs` (older runs first); idempotent
-    per run: a run at or before the model's last learned run is not learned twice."""
+    per run: a run at or before the model's last learned run is not learned twice. A model
+    not stored yet starts with `config` (default: the default configuration)."""
     model, last_run = repository.load(name)
+    if last_run is None and model.observations == 0 and config is not None:
+        model = InterferenceModel(config)
     report = LearnReport()
     newest = last_run
     for run_id in sorted(set(runs)):
@@ -156,4 +173,20 @@ def learn_from_runs(
     if report.runs:
         repository.save(model, newest, name)
     report.total_observations = model.observations
+    return report
+
+
+def learn_both_forms(
+    runs: Iterable[int],
+    source: SampleSource,
+    repository: ModelRepository,
+    workload_classes: Mapping[str, str] | None = None,
+) -> LearnReport:
+    """Learn `runs` into the default model, then into its second form (which catches up on
+    every run it has not learned, so it fills in from the stored samples on its first learn).
+    The default model's report is returned: it is the one that plans."""
+    runs = sorted(set(runs))
+    report = learn_from_runs(runs, source, repository, workload_classes)
+    default, _ = repository.load(DEFAULT_MODEL)
+    learn_from_runs(runs, source, repository, workload_classes, name=SECOND_FORM, config=other_form(default.config))
     return report

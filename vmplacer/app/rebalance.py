@@ -43,7 +43,7 @@ from vmplacer.core.plan import (
 from vmplacer.core.policies.admit import AllocationOptions
 from vmplacer.core.policies.rebalance import plan_rebalance
 from vmplacer.core.policies.rebalance_drain import plan_drain
-from vmplacer.core.trial import Backoff, Measured, backoffs
+from vmplacer.core.trial import Backoff, Measured, backoffs, refuted_hosts
 from vmplacer.core.policies.rebalance_state import (
     ClusterState,
     GuestState,
@@ -212,6 +212,7 @@ class Rebalancer:
         audit: Auditor | None = None,
         specs: Callable[[str], Mapping[str, Any] | None] | None = None,
         load_model: Callable[[], InterferenceModel] | None = None,
+        load_second_model: Callable[[], InterferenceModel | None] | None = None,
         learn: Callable[[], str] | None = None,
         profile: Callable[[str, float, Sequence[str]], str | Measured] | None = None,
         demand: Callable[[str, list[str]], dict[str, float]] | None = None,
@@ -241,6 +242,7 @@ class Rebalancer:
         self.auditor = audit
         self.specs = specs
         self.load_model = load_model
+        self.load_second_model = load_second_model
         self.learn = learn
         self.profile = profile
         self.demand = demand
@@ -307,6 +309,17 @@ class Rebalancer:
             return describe_guest(placement, spec=spec, load=load, settings=self.settings).fixed(str(exc))
 
     # ----- plan -----------------------------------------------------------------------------------------
+    def second_model(self, notes: list[str]) -> InterferenceModel | None:
+        """The model in its other form, for hosts where the model's plans measured worse
+        (core/policies/rebalance_second); None when there is none."""
+        if self.load_second_model is None:
+            return None
+        try:
+            return self.load_second_model()
+        except Exception as exc:  # noqa: BLE001 - a second opinion must not stop rebalancing
+            notes.append(f"the model's second form could not be loaded ({exc}); no second opinion")
+            return None
+
     def model(self, notes: list[str]) -> InterferenceModel:
         if self.load_model is None:
             why = self.unavailable.get("model", "no learned model is available")
@@ -349,10 +362,12 @@ class Rebalancer:
         else:
             now = self.wall()  # only moves within the cool-down hold a guest back
             last_moved = self.plans.last_moved(list(observed.state.guests), since=now - settings.cooldown_s)
-            better, tried, held = self._trial_memory(settings)
+            better, tried, held, refuted = self._trial_memory(settings)
+            second = self.second_model(notes) if refuted and settings.second_opinion else None
             plan = plan_rebalance(observed.state, model, settings, now=now, last_moved=last_moved,
                                   scope=movable, solver=self.solver, measured=better, tried=tried,
-                                  pooled=self.pooled_by_plans(observed.state), held=held)
+                                  pooled=self.pooled_by_plans(observed.state), held=held,
+                                  refuted=refuted, second=second)
         unreadable = [{"host": host, "error": error} for host, error in observed.errors.items()]
         summary = plan.summary
         if unreadable:
@@ -384,12 +399,18 @@ class Rebalancer:
         their layout is only tried, not planned (core/trial.backoffs)."""
         return self._trial_memory(settings)[2]
 
+    def refuted_hosts(self, settings: RebalanceSettings) -> set[str]:
+        """Hosts whose last planned layout measured worse: the model's second form is asked
+        there (core/policies/rebalance_second)."""
+        return self._trial_memory(settings)[3]
+
     def _trial_memory(self, settings: RebalanceSettings) -> tuple[set[tuple[str, str]], dict[str, int],
-                                                                  dict[str, Backoff]]:
-        """`measured_better`, how many layouts each host tried in that time, and the hosts in
-        back-off because their planned layouts kept measuring worse (core/trial.backoffs)."""
+                                                                  dict[str, Backoff], set[str]]:
+        """`measured_better`, how many layouts each host tried in that time, the hosts in
+        back-off because their planned layouts kept measuring worse (core/trial.backoffs), and
+        the hosts whose last planned layout measured worse (core/trial.refuted_hosts)."""
         if not settings.trials:
-            return set(), {}, {}
+            return set(), {}, {}, set()
         better: set[tuple[str, str]] = set()
         tried: dict[str, int] = {}
         now = self.wall()
@@ -401,7 +422,8 @@ class Rebalancer:
                     tried[host] = tried.get(host, 0) + 1
             elif not outcome.kept:
                 better.add((outcome.from_key, outcome.to_key))
-        return better, tried, backoffs(outcomes, now, settings.backoff_s, settings.trial_memory_s)
+        return (better, tried, backoffs(outcomes, now, settings.backoff_s, settings.trial_memory_s),
+                refuted_hosts(outcomes))
 
     def _check_hosts(self, host_names: Sequence[str]) -> None:
         unknown = sorted(set(host_names) - set(self.hosts))

@@ -33,7 +33,7 @@ from vmplacer.app.evaluate import ProfileSettings, freeze_and_sense, measure, pr
 from vmplacer.app.executor import ExecutorSettings
 from vmplacer.app.rebalance import ROUNDS_PER_PROFILE, Rebalancer, RunOptions
 from vmplacer.app.rebalance_verdict import SIMPLE, model_objectives, reach, step_threshold, true_objective, verdict
-from vmplacer.core.interference import InterferenceModel, ModelConfig, Observation
+from vmplacer.core.interference import InterferenceModel, ModelConfig, Observation, other_form
 from vmplacer.core.layout_problem import LayoutSolver
 from vmplacer.core.pairs import PairTable
 from vmplacer.core.plan import Action, Plan, PlanError
@@ -369,6 +369,7 @@ class VmplacerLoop:
     observations: list[Observation] = field(default_factory=list)
     model: InterferenceModel | None = None
     solver: LayoutSolver | None = None
+    _second: tuple[int, InterferenceModel] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         clock = self.cluster.clock
@@ -378,6 +379,7 @@ class VmplacerLoop:
             holder="eval", settings=self.settings,
             executor_settings=ExecutorSettings(retries=0, migration_timeout_s=600),
             load_model=lambda: self.model or InterferenceModel(self.model_config),
+            load_second_model=self._second_model,
             learn=self._learn, profile=self._profile, probe=self._probe,
             solver=self.solver,
         )
@@ -392,6 +394,15 @@ class VmplacerLoop:
 
     def _probe(self, host_name: str, seconds: float) -> Measured:
         return self._profile(host_name, seconds, (), self.probe_rounds)
+
+    def _second_model(self) -> InterferenceModel | None:
+        """The model in its other form, fitted on the same observations (once per learn)."""
+        if self.model is None:
+            return None
+        if self._second is None or self._second[0] != len(self.observations):
+            second = InterferenceModel(other_form(self.model.config)).fit(self.observations)
+            self._second = (len(self.observations), second)
+        return self._second[1]
 
     def _learn(self) -> str:
         self.model = InterferenceModel(self.model_config).fit(self.observations)

@@ -32,14 +32,14 @@ DEMAND_WINDOW_S = 1.0
 def _learning(container: Container) -> tuple[Callable[[], Any] | None, Callable[[], str] | None, dict[str, str]]:
     """(load the stored model, learn the profile runs not learned yet, reasons for what is missing)."""
     try:
-        from vmplacer.app.learn import learn_from_runs
+        from vmplacer.app.learn import learn_both_forms
     except ImportError as exc:
         why = f"model learning cannot be loaded ({exc})"
         return None, None, {"model": why, "learn": why}
 
     def learn() -> str:
         store = container.profile_store
-        report = learn_from_runs(store.finished_run_ids(), store, container.model_repository)
+        report = learn_both_forms(store.finished_run_ids(), store, container.model_repository)
         skipped = ", ".join(f"{k} {v}" for k, v in sorted(report.skipped.items()) if k != "already-learned-run")
         return (f"{report.observations} new observations from runs {report.runs or 'none'}; the model holds "
                 f"{report.total_observations}" + (f"; skipped: {skipped}" if skipped else ""))
@@ -126,6 +126,7 @@ def build_rebalancer(
         throttles=container.throttle_ledger,
         specs=specs,
         load_model=load_model,
+        load_second_model=container.load_second_model if load_model is not None else None,
         learn=learn,
         profile=profile,
         allocation=container.allocation_options,

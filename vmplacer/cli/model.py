@@ -48,7 +48,7 @@ def run_show(args: argparse.Namespace, ctx: CliContext) -> int:
 
 
 def run_learn(args: argparse.Namespace, ctx: CliContext) -> int:
-    from vmplacer.app.learn import learn_from_runs
+    from vmplacer.app.learn import learn_both_forms
 
     container = ctx.container
     container.upgrade_database()
@@ -60,7 +60,7 @@ def run_learn(args: argparse.Namespace, ctx: CliContext) -> int:
         if missing:
             raise UsageError(f"--run: no finished profile run {', '.join(map(str, missing))}")
         runs = sorted(set(args.run))
-    report = learn_from_runs(runs, store, container.model_repository)
+    report = learn_both_forms(runs, store, container.model_repository)
     emit(args, report.to_dict(), lambda d: print(
         f"learned {d['observations']} observations from runs {d['runs'] or 'none'}; "
         f"model holds {d['total_observations']}; skipped {d['skipped'] or 'nothing'}"))

@@ -254,3 +254,16 @@ def backoffs(outcomes: list[TrialOutcome], now: float, base_s: float, limit_s: f
         if until > now:
             held[host] = Backoff(host, count, until)
     return held
+
+
+def refuted_hosts(outcomes: list[TrialOutcome]) -> set[str]:
+    """Hosts whose last confirm trial was undone: the model's last planned layout there measured
+    worse, so the model is wrong about that host. A kept explore trial does not change that
+    (what it tried was not the model's plan)."""
+    refuted: dict[str, bool] = {}
+    for outcome in sorted(outcomes, key=lambda o: o.at):
+        if outcome.kind != "confirm":
+            continue
+        for host in outcome.budget_hosts:
+            refuted[host] = not outcome.kept
+    return {host for host, is_refuted in refuted.items() if is_refuted}

@@ -94,6 +94,8 @@ def plan_rebalance(
     tried: Mapping[str, int] | None = None,
     pooled: Iterable[str] | None = None,
     held: Mapping[str, Backoff] | None = None,
+    refuted: Iterable[str] | None = None,
+    second: InterferenceModel | None = None,
 ) -> Plan:
     """Search moves on a what-if copy of `state`; the resulting Plan (state "proposed", or
     "empty" — final — when no move is worth making).
@@ -105,7 +107,9 @@ def plan_rebalance(
     loser) layout keys that earlier trials compared by measurement (core/trial.py), `tried` how
     many layouts each host tried lately (at most `trial_max` per `trial_memory_s`); `pooled` names
     floating guests an earlier plan floated, which the search may pin again; `held` names hosts
-    in back-off (core/trial.backoffs): their data-driven moves are not planned, only tried.
+    in back-off (core/trial.backoffs): their data-driven moves are not planned, only tried;
+    `refuted` names hosts whose planned layouts measured worse lately, where `second` (the
+    model in its other form) gives a second opinion (rebalance_second).
     """
     settings = settings or RebalanceSettings()
     if hosts is not None:
@@ -121,6 +125,8 @@ def plan_rebalance(
     search.measured_better = set(measured or ())
     search.tried = dict(tried or {})
     search.pooled = set(pooled or ())
+    search.refuted = set(refuted or ())
+    search.second = second
     before = search.total_objective()
     search.run()
     after = search.total_objective()
@@ -134,6 +140,7 @@ def plan_rebalance(
     notes = {"fixed": fixed, "held": sorted(search.held.values()), "rejected": search.rejected[:20],
              "declined": search.declined[-5:],
              "exact": search.exact, "pessimistic": search.pessimistic,
+             "refuted": sorted(search.refuted), "second_opinion": search.second_opinions,
              "trials": [{"host": h, "what": t["what"], "from_key": t["from_key"], "to_key": t["to_key"]}
                         for h, t in sorted({**search.trials, **search.group_trials}.items())]}
     return plan_from_search(search, actions, predicted, before=before, after=after, summary=summary, notes=notes,

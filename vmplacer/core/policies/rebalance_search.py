@@ -24,6 +24,7 @@ from vmplacer.core.placement import GuestCell, Placement
 from vmplacer.core.policies.rebalance_exact import NotExact, layout_changes, solve_hosts, solved_layout
 from vmplacer.core.policies.rebalance_explore import offer_optimistic_groups, offer_optimistic_layouts
 from vmplacer.core.policies.rebalance_pessimistic import choose_pessimistically, offer_declined_layouts
+from vmplacer.core.policies.rebalance_second import consult_second_opinion
 from vmplacer.core.policies.rebalance_layout import (
     BetaTable,
     _Host,
@@ -99,6 +100,9 @@ class _Search:
         self.declined_layouts: dict[str, dict[str, dict[int, frozenset[int]]]] = {}  # host -> exact layout
         self.exact_layouts: dict[str, dict[str, dict[int, frozenset[int]]]] = {}  # host -> solver's layout
         self.tried: dict[str, int] = {}  # host -> layouts it tried within the trial memory
+        self.refuted: set[str] = set()  # hosts whose planned layouts measured worse within the trial memory
+        self.second: InterferenceModel | None = None  # the model in its other form (rebalance_second)
+        self.second_opinions: list[dict] = []  # refuted hosts whose trial the second form chose
         self.ruled: set[str] = set()  # hosts the plan takes to the blind spread or keeps where they are, by rule
         self.held: dict[str, str] = dict(held or {})  # host -> why its data-driven moves are only tried (back-off)
         self.model = model
@@ -745,6 +749,7 @@ class _Search:
         if self.solver is not None and self._polish():
             self._climb()
         choose_pessimistically(self)
+        consult_second_opinion(self)
         offer_declined_layouts(self)
         offer_optimistic_groups(self)
         offer_optimistic_layouts(self)

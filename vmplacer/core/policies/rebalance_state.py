@@ -90,6 +90,9 @@ class RebalanceSettings:
     # default: trials, their memory and close calls already stop the churn it was made for, and it held back gains)
     backoff_s: float = 0.0
     exploration: float = 1.5  # a host with no other trial tries its exact layout with each β this many sd lower (0: off)
+    # where a host's last planned layout measured worse, try the layout the model's other form would choose
+    # (core/policies/rebalance_second; opt-in: measured neutral on the benchmark, docs/rebalance.md diagnosis 26)
+    second_opinion: bool = False
 
     def min_gain_for(self, guests: float) -> float:
         """The hysteresis of a move on hosts that run `guests` (their weights summed)."""
