@@ -56,7 +56,7 @@ def offer_optimistic_layouts(search) -> None:
             continue
         layout = solved_layout(problem, solution)
         here = {g: dict(host.pins[g]) for g in layout}
-        if here == layout or _optimistic_gain(optimist, name, layout) < search.min_gain_on([name]):
+        if here == layout or what_if_gain(optimist, name, layout) < search.min_gain_on([name]):
             continue  # nothing the optimist would gain by (a layout as good as this one, relabelled)
         offer_trial(search, name, {"here": layout_key(name, here)}, "here", layout, "optimistic",
                      "layout the model would choose were its doubtful pairs harmless")
@@ -128,16 +128,17 @@ def _at_plan_end(search, name: str, guest):
     return replace(guest, placement=placement, host=placement.host)
 
 
-def _optimistic_gain(optimist, name: str, layout) -> float:
-    """How much better `layout` is than the host as it is, by the optimistic coefficients; -inf
-    when it breaks a rule."""
-    host = optimist.hosts[name]
-    move = optimist.new_move("relayout", [(g, name, pins) for g, pins in layout.items()])
-    before = optimist.host_objective(host)
-    undo = optimist._try(move)
+def what_if_gain(search, name: str, layout) -> float:
+    """How much better `layout` is than host `name` as it is, by the coefficients of `search` (a
+    what-if search: the optimistic one here, the second form's in rebalance_second); -inf when it
+    breaks a rule."""
+    host = search.hosts[name]
+    move = search.new_move("relayout", [(g, name, pins) for g, pins in layout.items()])
+    before = search.host_objective(host)
+    undo = search._try(move)
     try:
-        after = optimist.host_objective(host)
-        broken = optimist.violations(host, list(layout))
+        after = search.host_objective(host)
+        broken = search.violations(host, list(layout))
     finally:
         undo()
     return -float("inf") if broken else after - before

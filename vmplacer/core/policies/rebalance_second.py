@@ -25,7 +25,7 @@ no second model, are planned as before.
 from __future__ import annotations
 
 from vmplacer.core.policies.rebalance_exact import NotExact, solve_hosts, solved_layout
-from vmplacer.core.policies.rebalance_explore import _optimistic_gain as _gain  # a layout's gain on a what-if search
+from vmplacer.core.policies.rebalance_explore import what_if_gain
 from vmplacer.core.policies.rebalance_pessimistic import _compare, _restore_modes, offer_trial
 from vmplacer.core.policies.rebalance_state import ClusterState
 from vmplacer.core.trial import layout_key
@@ -64,16 +64,16 @@ def consult_second_opinion(search) -> None:
         layout = {g: layout.get(g, start[g]) for g in guests}
         here, there = layout_key(name, start), layout_key(name, layout)
         if (layout == start or (here, there) in search.measured_better or (there, here) in search.measured_better
-                or _gain(other, name, layout) < search.min_gain_on([name])):
+                or what_if_gain(other, name, layout) < search.min_gain_on([name])):
             continue
         planned = {g: dict(host.pins[g]) for g in guests}
-        if planned != start and _gain(other, name, planned) >= 0:
+        if planned != start and what_if_gain(other, name, planned) >= 0:
             continue  # the second form does not rate the plan below the start: the plan stands
         stays = planned != start
         if stays and not _return_to_start(search, name, guests, start, other.betas.form):
             continue
         search.second_opinions.append({"host": name, "form": other.betas.form, "stays": stays,
-                                       "predicted_gain": round(_gain(other, name, layout), 4)})
+                                       "predicted_gain": round(what_if_gain(other, name, layout), 4)})
         search.trials.pop(name, None)
         offer_trial(search, name, {"here": here}, "here", layout, "second",
                     f"layout the model's {other.betas.form} form would choose (its planned layouts "
