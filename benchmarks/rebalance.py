@@ -40,9 +40,9 @@ The model's other form: `--model-form multiplicative` (rows, planning run and th
 record which; parts of different forms are not merged) `--out
 benchmarks/results/rebalance_multiplicative.json`, against this file as `--baseline-from`.
 
-The second opinion (opt-in, docs/rebalance.md diagnosis 26): `--setting second_opinion=1
---setting trial_min_gain=0.003 --out benchmarks/results/rebalance_second_opinion.json`, against
-this file as `--baseline-from`.
+The second opinion without the refuted host's confirm bar (docs/rebalance.md diagnosis 26,
+measured before the bar and the second opinion were defaults): `--setting trial_refuted_bar=0
+--out benchmarks/results/rebalance_second_opinion.json`, against this file as `--baseline-from`.
 
 Experiments: `--setting NAME=VALUE` (a RebalanceSettings field); the rows and the merged file
 record the overrides under `settings` (empty: the product's defaults), and parts run with

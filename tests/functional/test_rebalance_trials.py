@@ -229,8 +229,9 @@ def test_a_host_whose_planned_layouts_keep_measuring_worse_backs_off_for_a_while
 
 
 def test_a_host_whose_planned_layout_measured_worse_asks_the_models_other_form(sim, db):
-    """With the second opinion on, the second form is loaded only once a host is refuted (its last
-    confirm trial undone); one that cannot be loaded is a note, and the plan is made without it."""
+    """With the second opinion on (the default), the second form is loaded only once a host is
+    refuted (its last confirm trial undone); one that cannot be loaded is a note, and the plan is
+    made without it."""
     from vmplacer.core.interference import InterferenceModel, ModelConfig, other_form
 
     asked: list[str] = []
@@ -249,10 +250,12 @@ def test_a_host_whose_planned_layout_measured_worse_asks_the_models_other_form(s
     assert run.refuted_hosts(RebalanceSettings(trials=False)) == set()
     run.make_plan(["h1"])
     assert asked == ["second"]
-    run.settings = RebalanceSettings()  # off, the default: not even loaded
+    run.settings = RebalanceSettings(second_opinion=False)  # off: not even loaded
     run.make_plan(["h1"])
     assert asked == ["second"]
-    run.settings = RebalanceSettings(second_opinion=True)
+    run.settings = RebalanceSettings()  # on: the default
+    run.make_plan(["h1"])
+    assert asked == ["second", "second"]
 
     def broken() -> InterferenceModel:
         raise ValueError("stored state unreadable")

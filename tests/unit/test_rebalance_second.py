@@ -115,20 +115,22 @@ def test_the_second_forms_exact_layout_becomes_the_refuted_hosts_trial_within_th
         assert not [t for t in trials(without) if t["what"] == "second"]
 
 
-def test_off_by_default_and_from_the_command_line_on():
+def test_on_by_default_and_from_the_command_line_off():
     import argparse
 
     from vmplacer.cli.rebalance import _settings
 
     state = placed((0, 4, 1, 2))
     model = learned(sibling_rounds=40)
-    off = plan_rebalance(state, model, plain_settings(), now=0.0, solver=SOLVER, refuted={"h"},
-                         second=sibling_averse())
+    assert plain_settings().second_opinion
+    off = plan_rebalance(state, model, plain_settings(second_opinion=False), now=0.0, solver=SOLVER,
+                         refuted={"h"}, second=sibling_averse())
     assert planned_repins(off) == planned_repins(plan_rebalance(state, model, plain_settings(), now=0.0,
                                                                 solver=SOLVER))
     assert not off.settings["notes"]["second_opinion"]
-    assert _settings(argparse.Namespace(second_opinion=True)).second_opinion
-    assert not _settings(argparse.Namespace()).second_opinion
+    assert not _settings(argparse.Namespace(second_opinion=False)).second_opinion
+    assert _settings(argparse.Namespace(second_opinion=None)).second_opinion
+    assert _settings(argparse.Namespace()).second_opinion
 
 
 def test_a_protected_guest_keeps_its_host_out_of_the_second_opinion():

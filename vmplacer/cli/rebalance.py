@@ -109,9 +109,9 @@ def add_policy_arguments(parser: argparse.ArgumentParser, *, host_group: bool = 
     parser.add_argument("--no-explore", action="store_true",
                         help="keep measured trials, but do not try layouts only to learn what the model "
                              "has not seen (exploration)")
-    parser.add_argument("--second-opinion", action="store_true",
+    parser.add_argument("--second-opinion", action=argparse.BooleanOptionalAction, default=None,
                         help="where a host's last planned layout measured worse, try the layout the model's "
-                             "other form would choose (opt-in; docs/rebalance.md)")
+                             "other form would choose (default: on; docs/rebalance.md)")
     parser.add_argument("--drain", metavar="HOST",
                         help="maintenance: live-migrate every guest off HOST (it is put in maintenance first, "
                              "unless this is a dry run) instead of rebalancing")
@@ -147,8 +147,8 @@ def _settings(args: argparse.Namespace) -> Any:
         values["trials"] = False
     if getattr(args, "no_explore", False):
         values["exploration"] = 0.0
-    if getattr(args, "second_opinion", False):
-        values["second_opinion"] = True
+    if getattr(args, "second_opinion", None) is not None:
+        values["second_opinion"] = bool(args.second_opinion)
     if getattr(args, "bandwidth", None):
         values["migration_bandwidth_mib_s"] = float(args.bandwidth)
     try:

@@ -141,7 +141,8 @@ def judge(before: Measured | None, after: Measured | None, *, kind: str, weights
     delta = value_after - value_before
     if kind == "confirm":
         keep = delta >= -tolerance
-        rule = f"kept unless worse by more than {tolerance:g}"
+        rule = (f"kept unless worse by more than {tolerance:g}" if tolerance >= 0
+                else f"kept only if better by at least {-tolerance:g}, its host's last plan measured worse")
     else:
         keep = delta >= min_gain
         rule = f"kept only if better by at least {min_gain:g}"

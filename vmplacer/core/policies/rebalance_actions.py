@@ -211,6 +211,27 @@ def _layout_guests(search: _Search, host: _Host) -> list[str]:
     return sorted(g for g in host.guests if host.pins[g] and all(len(p) == 1 for p in host.pins[g].values()))
 
 
+def _confirm_tolerance(search: _Search, hosts: list[str]) -> float:
+    """How much worse a confirm trial of `hosts` may measure and still be kept: `trial_tolerance`,
+    but where the model's last planned layout of one of them measured worse (refuted), the next
+    must measure better by `trial_refuted_bar` (a negative tolerance). There the model was wrong
+    lately, so "no worse" is no longer evidence enough: with one probe's error about 0.003 per
+    guest, a plan truly 0.005 worse measures level often enough that, re-planned every run, one
+    is kept within a few runs."""
+    settings = search.settings
+    if settings.trial_refuted_bar > 0 and search.refuted.intersection(hosts):
+        return -settings.trial_refuted_bar
+    return settings.trial_tolerance
+
+
+def _confirm_rule(tolerance: float) -> str:
+    """The confirm rule in words, for a probe's reason."""
+    if tolerance < 0:
+        return (f"the model's last planned layout here measured worse, so these moves are undone unless it "
+                f"measures better by at least {-tolerance:g} per guest")
+    return f"undo these moves if it measures worse by more than {tolerance:g} per guest"
+
+
 def _trial_probe(search: _Search, host_name: str, index: int, deps: tuple[int, ...], kind: str,
                  reason: str = "", from_key: str = "", to_key: str = "") -> Action:
     """A probe that measures the host after `deps` and keeps or undoes them (core/trial.py)."""
@@ -220,12 +241,12 @@ def _trial_probe(search: _Search, host_name: str, index: int, deps: tuple[int, .
     if not from_key:
         from_key = layout_key(host_name, {g: search.original[g].placement.vcpupin for g in guests})
         to_key = layout_key(host_name, {g: host.pins[g] for g in guests})
+    tolerance = _confirm_tolerance(search, [host_name])
     trial = {"kind": kind, "weights": {g: search.guests[g].weight for g in sorted(host.guests)},
              "fairness": settings.fairness, "min_gain": settings.trial_min_gain,
-             "tolerance": settings.trial_tolerance, "recheck": settings.trial_recheck,
+             "tolerance": tolerance, "recheck": settings.trial_recheck,
              "from_key": from_key, "to_key": to_key}
-    text = reason or ("measure the new layout with Freeze'nSense; undo these moves if it measures worse by more "
-                      f"than {settings.trial_tolerance:g} per guest")
+    text = reason or f"measure the new layout with Freeze'nSense; {_confirm_rule(tolerance)}"
     return Action(index=index, kind="probe", host=host_name, reason=text, depends_on=deps,
                   parameters={"seconds": settings.trial_seconds, "trial": trial})
 
@@ -252,19 +273,21 @@ def _migration_trial_probe(search: _Search, group: list[str], index: int, deps: 
     from_key = hosts_key(group, {g: (search.original[g].placement.host, search.original[g].placement.vcpupin)
                                  for g in guests})
     to_key = hosts_key(group, {g: (search.host_of[g], search.hosts[search.host_of[g]].pins[g]) for g in guests})
-    text = (f"measure {', '.join(group)} with Freeze'nSense after these migrations; undo them (migrate back) if "
-            f"the hosts together measure worse by more than {search.settings.trial_tolerance:g} per guest")
-    return _joint_probe(search, group, index, deps, "confirm", from_key, to_key, text)
+    tolerance = _confirm_tolerance(search, group)
+    text = (f"measure {', '.join(group)} with Freeze'nSense after these migrations, judged together; "
+            f"{_confirm_rule(tolerance)} (migrate back)")
+    return _joint_probe(search, group, index, deps, "confirm", from_key, to_key, text, tolerance)
 
 
 def _joint_probe(search: _Search, group: list[str], index: int, deps: tuple[int, ...], kind: str,
-                 from_key: str, to_key: str, text: str) -> Action:
+                 from_key: str, to_key: str, text: str, tolerance: float | None = None) -> Action:
     """A trial probe of every host in `group`, judged as one, on the first host's name."""
     settings = search.settings
+    tolerance = settings.trial_tolerance if tolerance is None else tolerance
     guests = sorted(g for h in group for g in search.hosts[h].guests)
     trial = {"kind": kind, "hosts": list(group), "weights": {g: search.guests[g].weight for g in guests},
              "fairness": settings.fairness, "min_gain": settings.trial_min_gain,
-             "tolerance": settings.trial_tolerance, "recheck": settings.trial_recheck,
+             "tolerance": tolerance, "recheck": settings.trial_recheck,
              "from_key": from_key, "to_key": to_key}
     return Action(index=index, kind="probe", host=group[0], reason=text, depends_on=deps,
                   parameters={"seconds": settings.trial_seconds, "trial": trial})
