@@ -108,8 +108,8 @@ class RebalanceSettings:
     def __post_init__(self) -> None:
         for name in ("min_gain", "min_gain_share", "min_migration_gain", "cooldown_s", "horizon_s", "copy_slowdown",
                      "default_dirty_mib_s", "fairness", "probe_seconds", "exact_time_s", "exact_budget_s",
-                     "pessimism", "trial_seconds", "trial_min_gain", "trial_tolerance", "trial_recheck", "trial_refuted_bar",
-                     "trial_memory_s", "backoff_s", "exploration"):
+                     "pessimism", "trial_seconds", "trial_min_gain", "trial_tolerance", "trial_recheck",
+                     "trial_refuted_bar", "trial_memory_s", "backoff_s", "exploration"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be a number >= 0, got {value!r}")
