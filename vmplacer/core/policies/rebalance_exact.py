@@ -444,3 +444,15 @@ def solved_layout(problem: LayoutProblem, solution: LayoutSolution) -> dict[str,
     for (name, vcpu), slot in zip(problem.items, solution.assignment):
         layout.setdefault(name, {})[vcpu] = frozenset({problem.slots[slot][1]})
     return layout
+
+
+def exact_layout_of(search, solver: LayoutSolver, name: str, time_s: float
+                    ) -> dict[str, dict[int, frozenset[int]]] | None:
+    """Host `name`'s exact layout by the coefficients of `search` (a what-if search: optimistic,
+    or the model's other form); None when the host is not solved exactly or the solver found no
+    layout in `time_s`."""
+    try:
+        problem, solution = solve_hosts(search, solver, [name], time_s)
+    except NotExact:
+        return None
+    return None if solution is None else solved_layout(problem, solution)

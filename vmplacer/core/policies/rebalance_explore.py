@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from vmplacer.core.policies.rebalance_exact import NotExact, layout_changes, solve_hosts, solved_layout
+from vmplacer.core.policies.rebalance_exact import NotExact, exact_layout_of, layout_changes, solve_hosts
 from vmplacer.core.policies.rebalance_pessimistic import offer_trial
 from vmplacer.core.policies.rebalance_state import ClusterState
 from vmplacer.core.trial import hosts_key, layout_key
@@ -48,13 +48,9 @@ def offer_optimistic_layouts(search) -> None:
         if any(search.guests[g].protected for g in host.guests):
             continue  # a guaranteed guest is not put through a layout chosen for what is not known
         optimist = _optimist(search, [name])
-        try:
-            problem, solution = solve_hosts(optimist, search.solver, [name], settings.exact_time_s)
-        except NotExact:
+        layout = exact_layout_of(optimist, search.solver, name, settings.exact_time_s)
+        if layout is None:
             continue
-        if solution is None:
-            continue
-        layout = solved_layout(problem, solution)
         here = {g: dict(host.pins[g]) for g in layout}
         if here == layout or what_if_gain(optimist, name, layout) < search.min_gain_on([name]):
             continue  # nothing the optimist would gain by (a layout as good as this one, relabelled)

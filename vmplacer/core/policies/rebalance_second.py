@@ -24,7 +24,7 @@ no second model, are planned as before.
 
 from __future__ import annotations
 
-from vmplacer.core.policies.rebalance_exact import NotExact, solve_hosts, solved_layout
+from vmplacer.core.policies.rebalance_exact import exact_layout_of
 from vmplacer.core.policies.rebalance_explore import what_if_gain
 from vmplacer.core.policies.rebalance_pessimistic import _compare, _restore_modes, offer_trial
 from vmplacer.core.policies.rebalance_state import ClusterState
@@ -54,13 +54,10 @@ def consult_second_opinion(search) -> None:
         other = _second_search(search, name)
         if other.betas.empty:
             continue
-        try:
-            problem, solution = solve_hosts(other, search.solver, [name], settings.exact_time_s)
-        except NotExact:
+        solved = exact_layout_of(other, search.solver, name, settings.exact_time_s)
+        if solved is None:
             continue
-        if solution is None:
-            continue
-        layout = {g: dict(solution_pins) for g, solution_pins in solved_layout(problem, solution).items()}
+        layout = {g: dict(pins) for g, pins in solved.items()}
         layout = {g: layout.get(g, start[g]) for g in guests}
         here, there = layout_key(name, start), layout_key(name, layout)
         if (layout == start or (here, there) in search.measured_better or (there, here) in search.measured_better
