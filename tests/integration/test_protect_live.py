@@ -85,7 +85,11 @@ def test_loop_holds_the_floor_by_throttling_and_releases_when_the_victim_stops(t
     for guest in (victim, batch, plain):
         wait_for_progress(guest.console, samples=3, timeout_s=60)
     before = counter_ratio(host1_conn, victim, batch)
-    assert before < FLOOR - 0.15, f"sharing one pCPU should cost the victim about half, got {before:.2f}"
+    # The loop is judged below by the victim's counter reaching FLOOR - SWITCH_COST; the shared
+    # start must sit under that bar, or the judgement would pass without the loop doing anything.
+    # (About half when the pCPU is split evenly; other load on the machine moves it up a little.)
+    assert before < FLOOR - SWITCH_COST, (f"sharing one pCPU must put the victim under the bar the loop is "
+                                          f"judged by ({FLOOR - SWITCH_COST:.2f}), got {before:.2f}")
 
     container = container_for(testbed, tmp_path)
     loop = build_protect_loop(container, "host1", scope=(victim.name, batch.name, plain.name), samples=5,
