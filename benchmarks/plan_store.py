@@ -28,7 +28,6 @@ import statistics
 import sys
 import tempfile
 import time
-import uuid
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -36,12 +35,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from benchmarks import host_facts  # noqa: E402
-from sqlalchemy import create_engine, insert, make_url, text  # noqa: E402
+from sqlalchemy import insert, text  # noqa: E402
 
 from vmplacer.adapters.db.engine import make_engine, make_session_factory  # noqa: E402
 from vmplacer.adapters.db.migrate import downgrade, head_revision, upgrade  # noqa: E402
 from vmplacer.adapters.db.models import PlanActionRow, PlanRow  # noqa: E402
 from vmplacer.adapters.db.plans import SqlPlanStore  # noqa: E402
+from vmplacer.testbed.postgres import scratch_database  # noqa: E402
 
 COMPARE_REVISION = "0011"  # the schema before ix_plan_actions_state_kind_finished_at
 TARGET_S = 0.05  # a read per run or per scrape, well under a scrape interval on a month of plans
@@ -147,16 +147,8 @@ def measure(url: str, args: argparse.Namespace) -> dict:
 
 def _on_own_postgres_database(admin_url: str, args: argparse.Namespace) -> dict:
     """`measure` on a database created for the run on the server of `admin_url`, dropped after."""
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    name = f"vmplacer_bench_{uuid.uuid4().hex[:12]}"
-    with admin.connect() as connection:
-        connection.execute(text(f'CREATE DATABASE "{name}"'))
-    try:
-        return measure(make_url(admin_url).set(database=name).render_as_string(hide_password=False), args)
-    finally:
-        with admin.connect() as connection:
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
-        admin.dispose()
+    with scratch_database(admin_url, "vmplacer_bench") as url:
+        return measure(url, args)
 
 
 def main() -> int:

@@ -4,14 +4,14 @@ migrations against SQLite and, where named, a real PostgreSQL server."""
 from __future__ import annotations
 
 import os
-import uuid
 from collections.abc import Iterator
+from contextlib import ExitStack
 
 import pytest
-from sqlalchemy import create_engine, text
 from sqlalchemy.engine import make_url
 
 from tests.support import require
+from vmplacer.testbed.postgres import scratch_database
 
 POSTGRES_ENV = "VMPLACER_TEST_POSTGRES_URL"
 
@@ -31,27 +31,12 @@ def postgres_url() -> Iterator[str]:
     admin_url = _postgres_admin_url()
     require(bool(admin_url), f"{POSTGRES_ENV} is not set (make test starts PostgreSQL and sets it)")
     assert admin_url is not None
-    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT")
-    name = f"vmplacer_test_{uuid.uuid4().hex[:12]}"
-    try:
-        with admin.connect() as connection:
-            connection.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as exc:  # noqa: BLE001 - any failure means the server is not usable
-        admin.dispose()
-        require(False, f"PostgreSQL at {make_url(admin_url).render_as_string()} unusable: {exc}")
-    url = make_url(admin_url).set(database=name).render_as_string(hide_password=False)
-    try:
+    with ExitStack() as stack:
+        try:
+            url = stack.enter_context(scratch_database(admin_url, "vmplacer_test"))
+        except Exception as exc:  # noqa: BLE001 - any failure means the server is not usable
+            require(False, f"PostgreSQL at {make_url(admin_url).render_as_string()} unusable: {exc}")
         yield url
-    finally:
-        with admin.connect() as connection:
-            connection.execute(
-                # client backends only: autovacuum workers belong to the superuser (DROP DATABASE stops them)
-                text("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                     "WHERE datname = :n AND backend_type = 'client backend' AND pid <> pg_backend_pid()"),
-                {"n": name},
-            )
-            connection.execute(text(f'DROP DATABASE IF EXISTS "{name}"'))
-        admin.dispose()
 
 
 @pytest.fixture(params=["sqlite", "postgresql"])
