@@ -95,5 +95,6 @@ def test_a_tried_joint_layout_that_measures_worse_migrates_back_and_is_remembere
     assert "b" in {d.name for d in sim.hosts["h1"].domains()} and store.get("b")["host"] == "h1"
     assert [(o.kind, o.kept, o.host) for o in SqlPlanStore(db).trial_outcomes(0.0)] == [("explore", False, "h1")]
     assert run.measured_better(run.settings) == {("before", "after")}, "the hosts as they were measured better"
-    _, tried, _, _ = run._trial_memory(run.settings)
-    assert tried == {"h1": 1, "h2": 1}, "a joint trial spends the trial budget of every host it measured"
+    memory = run._trial_memory(run.settings)
+    assert memory.tried == {"h1": 1, "h2": 1}, "a joint trial spends the trial budget of every host it measured"
+    assert memory.explore_kept == {"h1": 0, "h2": 0}, "an undone trial found nothing better on either host"

@@ -104,6 +104,21 @@ class CancelOutcome:
     plan: Plan
 
 
+@dataclass(frozen=True)
+class TrialMemory:
+    """What the trials of the last `trial_memory_s` tell the policy: (winner, loser) layout keys
+    compared by measurement (`better`), how many layouts each host tried (`tried`) and how many
+    of those were kept (`explore_kept`), the hosts in back-off because their planned layouts kept
+    measuring worse (core/trial.backoffs), and the hosts whose last planned layout measured worse
+    (core/trial.refuted_hosts)."""
+
+    better: set[tuple[str, str]]
+    tried: dict[str, int]
+    explore_kept: dict[str, int]
+    held: dict[str, Backoff]
+    refuted: set[str]
+
+
 def cancel_plan(plans: PlanStore, plan_id: int, *, by: str, reason: str = "",
                 audit: Auditor | None = None) -> CancelOutcome:
     """Cancel a stored plan: proposed or approved ones at once (pending actions skipped), a
@@ -362,12 +377,13 @@ class Rebalancer:
         else:
             now = self.wall()  # only moves within the cool-down hold a guest back
             last_moved = self.plans.last_moved(list(observed.state.guests), since=now - settings.cooldown_s)
-            better, tried, held, refuted = self._trial_memory(settings)
-            second = self.second_model(notes) if refuted and settings.second_opinion else None
+            memory = self._trial_memory(settings)
+            second = self.second_model(notes) if memory.refuted and settings.second_opinion else None
             plan = plan_rebalance(observed.state, model, settings, now=now, last_moved=last_moved,
-                                  scope=movable, solver=self.solver, measured=better, tried=tried,
-                                  pooled=self.pooled_by_plans(observed.state), held=held,
-                                  refuted=refuted, second=second)
+                                  scope=movable, solver=self.solver, measured=memory.better, tried=memory.tried,
+                                  explore_kept=memory.explore_kept,
+                                  pooled=self.pooled_by_plans(observed.state), held=memory.held,
+                                  refuted=memory.refuted, second=second)
         unreadable = [{"host": host, "error": error} for host, error in observed.errors.items()]
         summary = plan.summary
         if unreadable:
@@ -392,27 +408,25 @@ class Rebalancer:
         """(winner, loser) layout keys from the trials of the last `trial_memory_s`: a kept explore
         trial beat the layout before it, an undone one lost to it, an undone confirm trial lost to
         the layout it left. The policy follows these instead of trying the same pair again."""
-        return self._trial_memory(settings)[0]
+        return self._trial_memory(settings).better
 
     def held_hosts(self, settings: RebalanceSettings) -> dict[str, Backoff]:
         """Hosts in back-off now: their last planned layouts measured worse, one after another, so
         their layout is only tried, not planned (core/trial.backoffs)."""
-        return self._trial_memory(settings)[2]
+        return self._trial_memory(settings).held
 
     def refuted_hosts(self, settings: RebalanceSettings) -> set[str]:
         """Hosts whose last planned layout measured worse: the model's second form is asked
         there (core/policies/rebalance_second)."""
-        return self._trial_memory(settings)[3]
+        return self._trial_memory(settings).refuted
 
-    def _trial_memory(self, settings: RebalanceSettings) -> tuple[set[tuple[str, str]], dict[str, int],
-                                                                  dict[str, Backoff], set[str]]:
-        """`measured_better`, how many layouts each host tried in that time, the hosts in
-        back-off because their planned layouts kept measuring worse (core/trial.backoffs), and
-        the hosts whose last planned layout measured worse (core/trial.refuted_hosts)."""
+    def _trial_memory(self, settings: RebalanceSettings) -> TrialMemory:
+        """What the trials of the last `trial_memory_s` tell the policy (TrialMemory)."""
         if not settings.trials:
-            return set(), {}, {}, set()
+            return TrialMemory(set(), {}, {}, {}, set())
         better: set[tuple[str, str]] = set()
         tried: dict[str, int] = {}
+        kept: dict[str, int] = {}
         now = self.wall()
         outcomes = self.plans.trial_outcomes(now - settings.trial_memory_s)
         for outcome in outcomes:
@@ -420,10 +434,11 @@ class Rebalancer:
                 better.add((outcome.to_key, outcome.from_key) if outcome.kept else (outcome.from_key, outcome.to_key))
                 for host in outcome.budget_hosts:
                     tried[host] = tried.get(host, 0) + 1
+                    kept[host] = kept.get(host, 0) + int(outcome.kept)
             elif not outcome.kept:
                 better.add((outcome.from_key, outcome.to_key))
-        return (better, tried, backoffs(outcomes, now, settings.backoff_s, settings.trial_memory_s),
-                refuted_hosts(outcomes))
+        return TrialMemory(better, tried, kept, backoffs(outcomes, now, settings.backoff_s, settings.trial_memory_s),
+                           refuted_hosts(outcomes))
 
     def _check_hosts(self, host_names: Sequence[str]) -> None:
         unknown = sorted(set(host_names) - set(self.hosts))

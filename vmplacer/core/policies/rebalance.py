@@ -92,6 +92,7 @@ def plan_rebalance(
     solver: LayoutSolver | None = None,
     measured: Iterable[tuple[str, str]] | None = None,
     tried: Mapping[str, int] | None = None,
+    explore_kept: Mapping[str, int] | None = None,
     pooled: Iterable[str] | None = None,
     held: Mapping[str, Backoff] | None = None,
     refuted: Iterable[str] | None = None,
@@ -105,7 +106,8 @@ def plan_rebalance(
     as load); `hosts` limits the hosts the plan may touch; `solver` (optional) lays out
     small hosts exactly after the local search (`exact_max_cpus`); `measured` holds (winner,
     loser) layout keys that earlier trials compared by measurement (core/trial.py), `tried` how
-    many layouts each host tried lately (at most `trial_max` per `trial_memory_s`); `pooled` names
+    many layouts each host tried lately (at most `trial_max` per `trial_memory_s`), `explore_kept` how
+    many of them were kept (rebalance_steps); `pooled` names
     floating guests an earlier plan floated, which the search may pin again; `held` names hosts
     in back-off (core/trial.backoffs): their data-driven moves are not planned, only tried;
     `refuted` names hosts whose planned layouts measured worse lately, where `second` (the
@@ -124,6 +126,7 @@ def plan_rebalance(
                      held={host: b.why(at) for host, b in (held or {}).items()})
     search.measured_better = set(measured or ())
     search.tried = dict(tried or {})
+    search.explore_kept = dict(explore_kept or {})
     search.pooled = set(pooled or ())
     search.refuted = set(refuted or ())
     search.second = second

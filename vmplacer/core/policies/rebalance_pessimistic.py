@@ -127,7 +127,7 @@ def choose_pessimistically(search) -> bool:
         keys = {"model": layout_key(name, model_layout), "spread": layout_key(name, layout),
                 "start": layout_key(name, start)}
         report: dict = {"host": name}
-        spread = _compare(search, host, layout, "spread")
+        spread = compare_layout(search, host, layout, "spread")
         if spread is None:  # the search ended spread (or the spread breaks a rule)
             continue
         target, (advantage, sigma, move) = "spread", spread
@@ -154,7 +154,7 @@ def choose_pessimistically(search) -> bool:
                         offer_trial(search, name, keys, "model", layout, "spread", "blind spread")
                     continue
                 # the host is spread already (an earlier run spread it): leaving it must pass the same bound
-                found = _compare(search, host, start, "stay")
+                found = compare_layout(search, host, start, "stay")
                 if found is None:
                     continue
                 target, (advantage, sigma, move) = "start", found
@@ -220,7 +220,7 @@ def _keep_what_measured_better(search) -> bool:
         there = layout_key(name, {g: dict(host.pins[g]) for g in guests})
         if here == there or (here, there) not in search.measured_better:
             continue
-        found = _compare(search, host, start, "stay")
+        found = compare_layout(search, host, start, "stay")
         if found is None:
             continue
         _, _, move = found
@@ -248,7 +248,7 @@ def _offer_exact_from_start(search, name: str, start: dict[str, dict[int, frozen
     layout = {g: dict(solved.get(g, pins)) for g, pins in start.items()}  # keyed as `here` and `there`
     if layout_key(name, layout) == there:
         return
-    found = _compare(search, host, layout, "relayout")
+    found = compare_layout(search, host, layout, "relayout")
     if found is None or -found[0] < search.min_gain_on([name]):
         return
     offer_trial(search, name, {"here": here}, "here", layout, "exact",
@@ -264,10 +264,11 @@ def _restore_modes(search, host: _Host, guests) -> None:
 
 
 def offer_trial(search, host: str, keys: dict[str, str], at: str, layout: dict[str, dict[int, frozenset[int]]],
-                 what: str, label: str) -> None:
+                 what: str, label: str, budget: int | None = None) -> None:
     """Note the layout to try after the plan's moves, unless a measurement already compared it with
-    the one the host ends at (either way round)."""
-    if search.tried.get(host, 0) >= search.settings.trial_max:
+    the one the host ends at (either way round) or the host tried `budget` layouts lately (default
+    `trial_max`)."""
+    if search.tried.get(host, 0) >= (search.settings.trial_max if budget is None else budget):
         return  # enough tried on this host lately: the model learns from what was measured
     here, there = keys[at], layout_key(host, layout)
     if here == there or (here, there) in search.measured_better or (there, here) in search.measured_better:
@@ -278,7 +279,7 @@ def offer_trial(search, host: str, keys: dict[str, str], at: str, layout: dict[s
                            "from_key": here, "to_key": there}
 
 
-def _compare(search, host: _Host, layout: dict[str, dict[int, frozenset[int]]],
+def compare_layout(search, host: _Host, layout: dict[str, dict[int, frozenset[int]]],
              kind: str) -> tuple[float, float, object] | None:
     """(the model's advantage of the host as it is over `layout`, its standard deviation, the move
     to `layout`); None when `layout` is where the host is or breaks a rule."""

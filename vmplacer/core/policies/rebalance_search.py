@@ -24,6 +24,7 @@ from vmplacer.core.placement import GuestCell, Placement
 from vmplacer.core.policies.rebalance_exact import NotExact, layout_changes, solve_hosts, solved_layout
 from vmplacer.core.policies.rebalance_explore import offer_optimistic_groups, offer_optimistic_layouts
 from vmplacer.core.policies.rebalance_pessimistic import choose_pessimistically, offer_declined_layouts
+from vmplacer.core.policies.rebalance_steps import offer_likeliest_steps
 from vmplacer.core.policies.rebalance_second import consult_second_opinion
 from vmplacer.core.policies.rebalance_layout import (
     BetaTable,
@@ -100,6 +101,7 @@ class _Search:
         self.declined_layouts: dict[str, dict[str, dict[int, frozenset[int]]]] = {}  # host -> exact layout
         self.exact_layouts: dict[str, dict[str, dict[int, frozenset[int]]]] = {}  # host -> solver's layout
         self.tried: dict[str, int] = {}  # host -> layouts it tried within the trial memory
+        self.explore_kept: dict[str, int] = {}  # host -> explore trials kept within the trial memory
         self.refuted: set[str] = set()  # hosts whose planned layouts measured worse within the trial memory
         self.second: InterferenceModel | None = None  # the model in its other form (rebalance_second)
         self.second_opinions: list[dict] = []  # refuted hosts whose trial the second form chose
@@ -753,6 +755,7 @@ class _Search:
         offer_declined_layouts(self)
         offer_optimistic_groups(self)
         offer_optimistic_layouts(self)
+        offer_likeliest_steps(self)
 
     def _climb(self) -> None:
         settings = self.settings

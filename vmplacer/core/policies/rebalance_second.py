@@ -26,7 +26,7 @@ from __future__ import annotations
 
 from vmplacer.core.policies.rebalance_exact import exact_layout_of
 from vmplacer.core.policies.rebalance_explore import what_if_gain
-from vmplacer.core.policies.rebalance_pessimistic import _compare, _restore_modes, offer_trial
+from vmplacer.core.policies.rebalance_pessimistic import _restore_modes, compare_layout, offer_trial
 from vmplacer.core.policies.rebalance_state import ClusterState
 from vmplacer.core.trial import layout_key
 
@@ -91,7 +91,7 @@ def _return_to_start(search, name: str, guests: list[str], start, form: str) -> 
     """The host goes back where it started (the plan's moves on it are dropped); False when
     that breaks a rule."""
     host = search.hosts[name]
-    found = _compare(search, host, start, "stay")
+    found = compare_layout(search, host, start, "stay")
     if found is None:
         return False
     _, _, move = found
