@@ -1,8 +1,13 @@
-"""Helpers shared by tests: the CI rule "missing infrastructure fails, never skips"."""
+"""Helpers shared by tests: the CI rule "missing infrastructure fails, never skips", and running a
+command so that a hang reports where it hung."""
 
 from __future__ import annotations
 
 import os
+import signal
+import subprocess
+from collections.abc import Mapping, Sequence
+from pathlib import Path
 
 import pytest
 
@@ -18,3 +23,28 @@ def require(condition: bool, reason: str) -> None:
     if in_ci():
         pytest.fail(f"required infrastructure missing under CI=true: {reason}", pytrace=False)
     pytest.skip(reason)
+
+
+def run_reporting_hangs(cmd: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
+                        cwd: str | Path | None = None) -> subprocess.CompletedProcess[str]:
+    """`subprocess.run(cmd, capture_output=True, text=True)`, except that a Python command still
+    running after `timeout` is made to print every thread's stack (faulthandler, on SIGABRT)
+    before the test fails: a hang then says where it hung instead of only that it did."""
+    environment = dict(os.environ if env is None else env, PYTHONFAULTHANDLER="1")
+    hung = False
+    with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          env=environment, cwd=cwd) as process:
+        try:
+            out, err = process.communicate(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            hung = True
+            process.send_signal(signal.SIGABRT)
+            try:
+                out, err = process.communicate(timeout=30)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                out, err = process.communicate()
+    if hung:
+        pytest.fail(f"{' '.join(cmd)} was still running after {timeout:g} s; its threads then:\n"
+                    f"{err[-12000:]}\n--- its stdout:\n{out[-2000:]}", pytrace=False)
+    return subprocess.CompletedProcess(list(cmd), process.returncode, out, err)

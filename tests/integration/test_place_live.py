@@ -13,6 +13,7 @@ from pathlib import Path
 import libvirt
 import pytest
 
+from tests.support import run_reporting_hangs
 from vmplacer.core.cpuset import parse_cpuset
 
 pytestmark = pytest.mark.integration
@@ -30,8 +31,7 @@ def _config(tmp_path: Path, uri: str) -> Path:
 
 def _vmplacer(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
-    return subprocess.run([VMPLACER, "--config", str(config), *args], capture_output=True,
-                          text=True, env=env, timeout=180)
+    return run_reporting_hangs([VMPLACER, "--config", str(config), *args], env=env, timeout=180)
 
 
 def _virsh_vcpupin(uri: str, name: str) -> dict[int, frozenset[int]]:

@@ -39,7 +39,7 @@ from pathlib import Path
 import libvirt
 import pytest
 
-from tests.support import require
+from tests.support import require, run_reporting_hangs
 from vmplacer.testbed import daemons
 from vmplacer.testbed.guests import ProgressSample, rate, read_progress, wait_for_progress
 
@@ -65,8 +65,8 @@ def write_config(tmp_path: Path, *, partition: bool) -> Path:
 
 
 def vmplacer(config: Path, *args: str, timeout: float = 240) -> tuple[int, dict, str]:
-    done = subprocess.run([*VMPLACER, "--config", str(config), *args, "--format", "json"],
-                          capture_output=True, text=True, timeout=timeout, cwd=Path(__file__).resolve().parents[2])
+    done = run_reporting_hangs([*VMPLACER, "--config", str(config), *args, "--format", "json"],
+                               timeout=timeout, cwd=Path(__file__).resolve().parents[2])
     try:
         data = json.loads(done.stdout)
     except json.JSONDecodeError:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -15,6 +14,7 @@ import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
+from tests.support import run_reporting_hangs
 from vmplacer.adapters.db.models import AuditRow, CpuClaimRow
 from vmplacer.testbed import guests
 
@@ -25,8 +25,7 @@ VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
 
 def _vmplacer(config: Path, *args: str) -> tuple[int, dict, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
-    done = subprocess.run([VMPLACER, "--config", str(config), *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+    done = run_reporting_hangs([VMPLACER, "--config", str(config), *args], env=env, timeout=120)
     return done.returncode, (json.loads(done.stdout) if done.stdout.strip() else {}), done.stderr
 
 

@@ -154,8 +154,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write(f"vmplacer: failed: {problem}\n")
         return EXIT_OPERATIONAL
     finally:
+        _flush_output()
         if ctx._container is not None:
             ctx._container.close()
+
+
+def _flush_output() -> None:
+    """The command's result is out before its connections close, however long closing takes."""
+    try:
+        sys.stdout.flush()
+    except (BrokenPipeError, ValueError):  # a reader that left, or stdout closed already
+        pass
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ guests that moved count on both sides); undone, the guests migrate back.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import replace
 
 from vmplacer.core.policies.rebalance_exact import NotExact, exact_layout_of, layout_changes, solve_hosts
@@ -32,21 +33,31 @@ from vmplacer.core.policies.rebalance_state import ClusterState
 from vmplacer.core.trial import hosts_key, layout_key
 
 
-def offer_optimistic_layouts(search) -> None:
-    """Offer each small host without a trial its optimistic exact layout as the trial."""
+def explorable_hosts(search) -> Iterator[str]:
+    """Hosts an explore trial may be offered to: small enough to solve exactly, with guests and none
+    of them guaranteed (a guaranteed guest is not put through a layout chosen for what is not
+    known), not ruled, not moved or grouped by this plan, and without a trial of their own yet."""
     settings = search.settings
-    if (not settings.trials or settings.exploration <= 0 or search.solver is None or search.betas.empty):
-        return
     moved_hosts = {search.host_of[g] for g in search.migrated} | set(search.migrated.values())
     grouped = {h for trial in search.group_trials.values() for h in trial["hosts"]}
     for name in sorted(search.hosts):
         host = search.hosts[name]
         if (name in search.trials or name in moved_hosts or name in grouped or name in search.ruled or not host.guests
                 or not 0 < len(host.usable) <= settings.exact_max_cpus
-                or search.tried.get(name, 0) >= settings.trial_max):
+                or any(search.guests[g].protected for g in host.guests)):
             continue
-        if any(search.guests[g].protected for g in host.guests):
-            continue  # a guaranteed guest is not put through a layout chosen for what is not known
+        yield name
+
+
+def offer_optimistic_layouts(search) -> None:
+    """Offer each small host without a trial its optimistic exact layout as the trial."""
+    settings = search.settings
+    if (not settings.trials or settings.exploration <= 0 or search.solver is None or search.betas.empty):
+        return
+    for name in explorable_hosts(search):
+        if search.tried.get(name, 0) >= settings.trial_max:
+            continue
+        host = search.hosts[name]
         optimist = _optimist(search, [name])
         layout = exact_layout_of(optimist, search.solver, name, settings.exact_time_s)
         if layout is None:

@@ -280,7 +280,7 @@ def offer_trial(search, host: str, keys: dict[str, str], at: str, layout: dict[s
 
 
 def compare_layout(search, host: _Host, layout: dict[str, dict[int, frozenset[int]]],
-             kind: str) -> tuple[float, float, object] | None:
+                   kind: str) -> tuple[float, float, object] | None:
     """(the model's advantage of the host as it is over `layout`, its standard deviation, the move
     to `layout`); None when `layout` is where the host is or breaks a rule."""
     current = {g: dict(host.pins[g]) for g in layout}

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import math
 
+from vmplacer.core.policies.rebalance_explore import explorable_hosts
 from vmplacer.core.policies.rebalance_pessimistic import compare_layout, offer_trial
 from vmplacer.core.policies.rebalance_state import EXCLUSIVE, PINNED
 from vmplacer.core.trial import layout_key
@@ -36,18 +37,12 @@ def offer_likeliest_steps(search) -> None:
     settings = search.settings
     if not settings.trials or settings.exploration <= 0 or settings.step_trials <= 0:
         return
-    moved_hosts = {search.host_of[g] for g in search.migrated} | set(search.migrated.values())
-    grouped = {h for trial in search.group_trials.values() for h in trial["hosts"]}
-    for name in sorted(search.hosts):
-        host = search.hosts[name]
+    for name in explorable_hosts(search):
         tried = search.tried.get(name, 0)
-        if (name in search.trials or name in moved_hosts or name in grouped or name in search.ruled
-                or not host.guests or not 0 < len(host.usable) <= settings.exact_max_cpus
-                or not settings.trial_max <= tried < settings.trial_max + settings.step_trials
-                or search.explore_kept.get(name, 0) > 0):
-            continue
-        if any(search.guests[g].protected for g in host.guests):
-            continue  # a guaranteed guest is not put through a layout chosen for what is not known
+        spent = settings.trial_max <= tried < settings.trial_max + settings.step_trials
+        if not spent or search.explore_kept.get(name, 0):
+            continue  # only where exploration's own budget is spent and found nothing
+        host = search.hosts[name]
         here = pinned_layout(search, host)
         here_key = layout_key(name, here)
         for z, gain, layout in ranked_steps(search, host, here):
