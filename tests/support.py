@@ -1,15 +1,19 @@
 """Helpers shared by tests: the CI rule "missing infrastructure fails, never skips", and running a
-command so that a hang reports where it hung."""
+command (the installed `vmplacer` above all) so that a hang reports where it hung."""
 
 from __future__ import annotations
 
 import os
 import signal
 import subprocess
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 import pytest
+
+VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
+"""The console script installed beside the interpreter running the tests."""
 
 
 def in_ci() -> bool:
@@ -48,3 +52,19 @@ def run_reporting_hangs(cmd: Sequence[str], *, timeout: float, env: Mapping[str,
         pytest.fail(f"{' '.join(cmd)} was still running after {timeout:g} s; its threads then:\n"
                     f"{err[-12000:]}\n--- its stdout:\n{out[-2000:]}", pytrace=False)
     return subprocess.CompletedProcess(list(cmd), process.returncode, out, err)
+
+
+def clean_env(extra: Mapping[str, str] | None = None, *, drop: tuple[str, ...] = ("VMPLACER_",)) -> dict[str, str]:
+    """This process's environment without the machine's own `VMPLACER_*` settings (a test sets
+    the ones it means), plus `extra`."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env.update(extra or {})
+    return env
+
+
+def run_vmplacer(*args: str, env: Mapping[str, str] | None = None, cwd: str | Path | None = None,
+                 timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """`vmplacer ARGS` as an operator runs it, in `clean_env()` unless `env` is given; a hang fails
+    the test with every thread's stack (`run_reporting_hangs`)."""
+    return run_reporting_hangs([VMPLACER, *args], env=clean_env() if env is None else env, cwd=cwd,
+                               timeout=timeout)

@@ -11,7 +11,6 @@ import signal
 import socket
 import ssl
 import subprocess
-import sys
 import time
 import uuid
 from collections.abc import Iterator
@@ -22,7 +21,8 @@ from typing import Any
 import httpx
 import yaml
 
-VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
+from tests.support import VMPLACER, clean_env, run_vmplacer
+
 START_TIMEOUT_S = 60.0
 
 
@@ -30,12 +30,6 @@ def free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind(("127.0.0.1", 0))
         return int(sock.getsockname()[1])
-
-
-def clean_env(extra: dict[str, str] | None = None) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
-    env.update(extra or {})
-    return env
 
 
 def write_config(directory: Path, database_url: str, hosts: list[dict[str, Any]],
@@ -50,8 +44,7 @@ def write_config(directory: Path, database_url: str, hosts: list[dict[str, Any]]
 
 
 def vmplacer(config: Path, *args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([VMPLACER, "--config", str(config), *args], capture_output=True, text=True,
-                          env=clean_env(), timeout=timeout)
+    return run_vmplacer("--config", str(config), *args, timeout=timeout)
 
 
 @dataclass

@@ -18,7 +18,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.functional.test_api_helpers import Server, clean_env, scratch_database, write_config
+from tests.functional.test_api_helpers import Server, scratch_database, write_config
+from tests.support import clean_env
 
 SCHEMATHESIS = Path(sys.executable).with_name("schemathesis")
 MAX_EXAMPLES = 25

@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
 import pytest
 
+from tests.support import clean_env, run_vmplacer
+
 ROOT = Path(__file__).resolve().parents[2]
-VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
 
 
 def run(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
     # Never the machine's default data directory: what an earlier run left there is not this test's.
-    full_env["VMPLACER_DATA_DIR"] = tempfile.mkdtemp(prefix="vmplacer-cli-")
-    full_env.update(env or {})
-    return subprocess.run([VMPLACER, *args], capture_output=True, text=True, env=full_env, timeout=120)
+    full_env = clean_env({"VMPLACER_DATA_DIR": tempfile.mkdtemp(prefix="vmplacer-cli-"), **(env or {})})
+    return run_vmplacer(*args, env=full_env)
 
 
 def test_help_lists_commands():

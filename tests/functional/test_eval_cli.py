@@ -3,24 +3,21 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support import run_vmplacer
 from vmplacer.cli.main import main
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 MATRICES = sorted((DATA / "interference").glob("*_pairs.csv"))
 PROFILES = DATA / "profiles" / "synthetic_counter_profiles.csv"
-VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
-    return subprocess.run([VMPLACER, *args], capture_output=True, text=True, env=env, timeout=120)
+    return run_vmplacer(*args)
 
 
 @pytest.mark.parametrize("matrix", MATRICES, ids=lambda p: p.stem)

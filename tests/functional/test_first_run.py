@@ -9,19 +9,16 @@ counted as occupied. A guest that fits nowhere exits 3 in `plan` and `place`.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 import warnings
 from pathlib import Path
 
 import pytest
 
 from tests.functional.test_api_helpers import make_container
-from tests.support import require
+from tests.support import clean_env, require, run_vmplacer
 
 ROOT = Path(__file__).resolve().parents[2]
-VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
 MIXED = ROOT / "examples" / "requests" / "mixed.yaml"
 
 
@@ -39,11 +36,10 @@ def first_run(tmp_path):
     _libvirt()
     home = tmp_path / "home"
     home.mkdir()
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("VMPLACER_", "XDG_"))}
-    env.update({"HOME": str(home), "VMPLACER_DATA_DIR": str(tmp_path / "data")})
+    env = clean_env({"HOME": str(home), "VMPLACER_DATA_DIR": str(tmp_path / "data")}, drop=("VMPLACER_", "XDG_"))
 
     def run(*args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([VMPLACER, *args], cwd=home, env=env, capture_output=True, text=True, timeout=120)
+        return run_vmplacer(*args, env=env, cwd=home)
 
     run.home = home  # type: ignore[attr-defined]
     run.data = tmp_path / "data"  # type: ignore[attr-defined]

@@ -4,25 +4,20 @@ refused, offline fleets of capabilities files, maintenance, and no domain replac
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support import require
+from tests.support import require, run_vmplacer
+
 
 ROOT = Path(__file__).resolve().parents[2]
-VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
 BIG = ROOT / "examples" / "hosts" / "xeon-2s-56c-smt2.xml"  # 2 sockets, 56 CPUs and 192 GiB each
 SMALL = ROOT / "examples" / "hosts" / "xeon-e3-4c8t.xml"  # 1 socket, 8 CPUs, 32 GiB
 
 
 def _vmplacer(*args: str, config: Path | None = None) -> tuple[int, dict, str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
-    argv = [VMPLACER] + (["--config", str(config)] if config else []) + list(args)
-    done = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=120)
+    done = run_vmplacer(*(["--config", str(config)] if config else []), *args)
     try:
         data = json.loads(done.stdout) if done.stdout.strip().startswith("{") else {}
     except json.JSONDecodeError:

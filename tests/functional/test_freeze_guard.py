@@ -188,7 +188,8 @@ def test_the_guard_loop_stops_at_once_on_a_stop_signal(tmp_path, signum):
     import signal
     import subprocess
 
-    from tests.functional.test_api_helpers import VMPLACER, clean_env, write_config
+    from tests.functional.test_api_helpers import write_config
+    from tests.support import VMPLACER, clean_env
     from vmplacer.adapters.db import migrate
 
     url = f"sqlite:///{tmp_path / 'g.db'}"

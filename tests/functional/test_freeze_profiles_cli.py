@@ -4,14 +4,13 @@ offline parts: `show` tables, JSON and plots from stored samples, option errors.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pytest
 
+from tests.support import run_vmplacer
 from vmplacer.adapters.db import migrate
 from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.profiles import SqlProfileStore
@@ -19,8 +18,6 @@ from vmplacer.cli.common import parse_duration
 from vmplacer.cli.profile import show_data
 from vmplacer.cli.common import UsageError
 from vmplacer.ports import Neighbour, ProfileSample
-
-VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
 
 
 def store_for(url: str) -> SqlProfileStore:
@@ -92,9 +89,7 @@ def test_durations(text, unit, seconds):
 
 
 def cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
-    return subprocess.run([VMPLACER, "--config", str(config), "profile", *args], capture_output=True, text=True,
-                          env=env, timeout=120)
+    return run_vmplacer("--config", str(config), "profile", *args)
 
 
 @pytest.fixture

@@ -3,19 +3,14 @@
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select
 
-from tests.support import require
+from tests.support import require, run_vmplacer
 from vmplacer.adapters.db.maintenance import SqlMaintenanceStore
 from vmplacer.adapters.db.models import AuditRow, HostRow
-
-VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
 
 
 def _audit(sessions) -> list[tuple[str, str, str | None]]:
@@ -55,9 +50,7 @@ def cli_config(tmp_path) -> Path:
 
 
 def _cli(config: Path, *args: str) -> tuple[int, dict | list, str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
-    done = subprocess.run([VMPLACER, "--config", str(config), *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+    done = run_vmplacer("--config", str(config), *args)
     try:
         data = json.loads(done.stdout) if done.stdout.strip() else {}
     except json.JSONDecodeError:

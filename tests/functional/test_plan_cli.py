@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from itertools import combinations
 from pathlib import Path
 
 import pytest
 
-from tests.support import require
+from tests.support import require, run_vmplacer
 from vmplacer.adapters.domain_xml import parse_placement
 from vmplacer.adapters.request_file import load_request_file
 from vmplacer.app.fleet_planner import FleetHost
@@ -21,15 +19,13 @@ from vmplacer.core.placement import Placement
 from vmplacer.core.topology import uniform_topology
 
 ROOT = Path(__file__).resolve().parents[2]
-VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
 XEON = ROOT / "examples" / "hosts" / "xeon-2s-56c-smt2.xml"
 MIXED = ROOT / "examples" / "requests" / "mixed.yaml"
 PLACEMENT_KEYS = {"guest", "host", "vcpupin", "emulatorpin", "memory_nodes", "mem_mode", "score", "xml"}
 
 
 def run(*args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
-    return subprocess.run([VMPLACER, "plan", *args], capture_output=True, text=True, env=env, timeout=120)
+    return run_vmplacer("plan", *args)
 
 
 def plan_json(*args: str) -> tuple[int, dict]:

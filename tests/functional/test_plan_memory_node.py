@@ -7,24 +7,20 @@ and a CXL tier (node 2) beside its CPU node 0.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 from lxml import etree
 
+from tests.support import run_vmplacer
 from tests.unit import sysfs_fixtures
 
 ROOT = Path(__file__).resolve().parents[2]
-VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
 CAPS = ROOT / "tests" / "data" / "capabilities" / "arm-gpu-memory.xml"
 
 
 def plan(request: Path, *extra: str, caps: Path = CAPS) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
-    return subprocess.run([VMPLACER, "plan", "--caps", str(caps), "--request", str(request), *extra],
-                          capture_output=True, text=True, env=env, timeout=120)
+    return run_vmplacer("plan", "--caps", str(caps), "--request", str(request), *extra)
 
 
 def numatune(xml: str) -> tuple[tuple[str, str], list[tuple[str, str, str]]]:

@@ -5,20 +5,16 @@ guest alone."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
+from tests.support import clean_env, run_vmplacer
 
 
 def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
-    env["VMPLACER_DATA_DIR"] = str(tmp_path)
-    return subprocess.run([VMPLACER, "protect", *args], capture_output=True, text=True, env=env, timeout=120)
+    return run_vmplacer("protect", *args, env=clean_env({"VMPLACER_DATA_DIR": str(tmp_path)}))
 
 
 @pytest.mark.parametrize(("args", "message"), [

@@ -5,17 +5,14 @@ exit codes 0/1/2. (Moves on real guests: tests/integration/test_rebalance_live.p
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support import require
+from tests.support import require, run_vmplacer
+
 
 ROOT = Path(__file__).resolve().parents[2]
-VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
 E7600 = ROOT / "tests" / "data" / "interference" / "e7600_2core_pairs.csv"
 MIXED = ROOT / "examples" / "requests" / "mixed.yaml"
 
@@ -33,9 +30,7 @@ def config(tmp_path) -> Path:
 
 
 def vmplacer(config: Path | None, *args: str) -> tuple[int, dict, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
-    prefix = ["--config", str(config)] if config else []
-    done = subprocess.run([VMPLACER, *prefix, *args], capture_output=True, text=True, env=env, timeout=120)
+    done = run_vmplacer(*(["--config", str(config)] if config else []), *args)
     try:
         data = json.loads(done.stdout) if done.stdout.strip() else {}
     except json.JSONDecodeError:

@@ -6,16 +6,13 @@ and `vmplacer reconcile` through the console script on libvirt's test driver.
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from datetime import timedelta
 from pathlib import Path
 
 import pytest
 from sqlalchemy import select, update
 
-from tests.support import require
+from tests.support import require, run_vmplacer
 from vmplacer.adapters.db import migrate
 from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.models import AuditRow, CpuClaimRow, PlacementRow, utcnow
@@ -25,7 +22,6 @@ from vmplacer.app.reconcile import Reconciler, ReconcileError
 from vmplacer.core.placement import Placement
 from vmplacer.ports import DomainInfo, HypervisorError
 
-VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
 URI = "qemu:///system"
 HOUR = 3600.0
 
@@ -254,9 +250,7 @@ def cli_config(tmp_path) -> Path:
 
 
 def _cli(config: Path, *args: str) -> tuple[int, dict, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
-    done = subprocess.run([VMPLACER, "--config", str(config), *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+    done = run_vmplacer("--config", str(config), *args)
     try:
         data = json.loads(done.stdout) if done.stdout.strip() else {}
     except json.JSONDecodeError:

@@ -6,10 +6,8 @@ everything still live (and each guest's newest profile runs), never touches plac
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import subprocess
-import sys
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from pathlib import Path
@@ -17,6 +15,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select, update
 
+from tests.support import run_vmplacer
 from vmplacer.adapters.db import migrate
 from vmplacer.adapters.db.api import SqlIdempotencyStore, SqlJobStore
 from vmplacer.adapters.db.engine import make_engine, make_session_factory
@@ -42,7 +41,6 @@ from vmplacer.core.plan import PLAN_FINAL_STATES, PLAN_STATES, Action, Plan
 from vmplacer.ports import ProfileSample
 
 ROOT = Path(__file__).resolve().parents[2]
-VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
 DAY = 86_400.0
 AGES = RetentionAges(plans_s=30 * DAY, profiles_s=90 * DAY, audit_s=180 * DAY, jobs_s=7 * DAY)
 OLD = 400 * DAY  # past every age above
@@ -302,9 +300,7 @@ def test_an_explicit_now_and_bad_ages_are_checked(sessions):
 
 # ----- the command line -----------------------------------------------------------------------------------
 def _cli(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
-    return subprocess.run([VMPLACER, "--config", str(config), "db", "prune", *args], capture_output=True,
-                          text=True, env=env, timeout=120)
+    return run_vmplacer("--config", str(config), "db", "prune", *args)
 
 
 @pytest.fixture

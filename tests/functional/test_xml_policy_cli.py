@@ -5,20 +5,18 @@ request files (exit 2, before anything is placed), and the placement service's r
 from __future__ import annotations
 
 import json
-import os
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests.functional.test_api_helpers import make_container
+from tests.support import run_vmplacer
 from vmplacer.adapters.capabilities import read_capabilities_file
 from vmplacer.adapters.domain_xml_policy import DomainXmlPolicyError
 from vmplacer.core.guest import GuestSpec
 
 ROOT = Path(__file__).resolve().parents[2]
-VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
 XEON_E3 = ROOT / "examples" / "hosts" / "xeon-e3-4c8t.xml"
 SHADOW = ("<domain type='qemu'><name>x</name><devices><disk type='file' device='disk'>"
           "<source file='/etc/shadow'/><target dev='vda' bus='virtio'/></disk></devices></domain>")
@@ -27,9 +25,7 @@ HOSTDEV = ("<domain type='qemu'><name>x</name><devices><hostdev mode='subsystem'
 
 
 def _vmplacer(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
-    return subprocess.run([VMPLACER, "--config", str(config), *args], capture_output=True, text=True, env=env,
-                          timeout=120)
+    return run_vmplacer("--config", str(config), *args)
 
 
 @pytest.fixture
@@ -114,7 +110,6 @@ def test_host_facts_read_pools_only_when_no_storage_paths_are_configured():
     assert with_pools.pool_paths, "the test driver's default pool should be read"
     assert without.pool_paths == ()
     assert without.emulators == with_pools.emulators and without.emulators
-
 
 
 def test_configured_storage_paths_keep_the_policy_working_when_pool_listing_fails(monkeypatch, tmp_path):

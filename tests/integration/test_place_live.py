@@ -7,18 +7,15 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 import libvirt
 import pytest
 
-from tests.support import run_reporting_hangs
+from tests.support import VMPLACER, clean_env, run_vmplacer
 from vmplacer.core.cpuset import parse_cpuset
 
 pytestmark = pytest.mark.integration
-
-VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
 
 
 def _config(tmp_path: Path, uri: str) -> Path:
@@ -30,8 +27,7 @@ def _config(tmp_path: Path, uri: str) -> Path:
 
 
 def _vmplacer(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
-    return run_reporting_hangs([VMPLACER, "--config", str(config), *args], env=env, timeout=180)
+    return run_vmplacer("--config", str(config), *args, timeout=180)
 
 
 def _virsh_vcpupin(uri: str, name: str) -> dict[int, frozenset[int]]:
@@ -97,10 +93,9 @@ def test_concurrent_place_calls_never_double_book(testbed, host1_conn, tmp_path)
         request = tmp_path / f"{name}.yaml"
         request.write_text(
             f"guests:\n  - {{name: {name}, vcpus: 1, memory_mib: 64, cpu_policy: dedicated}}\n")
-        env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
         procs.append(subprocess.Popen(
             [VMPLACER, "--config", str(config), "place", "--request", str(request), "--format", "json"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env))
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env()))
     try:
         outcomes = [(p.wait(timeout=180), p.stdout.read(), p.stderr.read()) for p in procs]
         placed = []

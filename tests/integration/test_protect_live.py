@@ -219,14 +219,13 @@ def _config(testbed, tmp_path: Path) -> Path:
 
 
 def _spawn_loop(config: Path, scope: list[str], *extra: str):
-    import os
     import subprocess
     import sys
 
+    from tests.support import clean_env
+
     root = Path(__file__).resolve().parents[2]
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
-    env["VMPLACER_CONFIG"] = str(config)
-    env["PYTHONPATH"] = str(root)
+    env = clean_env({"VMPLACER_CONFIG": str(config), "PYTHONPATH": str(root)})
     args = [sys.executable, "-m", "vmplacer.cli.main", "protect", "--host", "host1", "--samples", "5",
             "--t-m-ms", "50", "--format", "json", *extra]
     for name in scope:

@@ -5,8 +5,6 @@ releases its record and exclusive pCPU claims — after the settle window, never
 from __future__ import annotations
 
 import json
-import os
-import sys
 from pathlib import Path
 
 import libvirt
@@ -14,18 +12,15 @@ import pytest
 from sqlalchemy import create_engine, select
 from sqlalchemy.orm import Session
 
-from tests.support import run_reporting_hangs
+from tests.support import run_vmplacer
 from vmplacer.adapters.db.models import AuditRow, CpuClaimRow
 from vmplacer.testbed import guests
 
 pytestmark = pytest.mark.integration
 
-VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
-
 
 def _vmplacer(config: Path, *args: str) -> tuple[int, dict, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
-    done = run_reporting_hangs([VMPLACER, "--config", str(config), *args], env=env, timeout=120)
+    done = run_vmplacer("--config", str(config), *args)
     return done.returncode, (json.loads(done.stdout) if done.stdout.strip() else {}), done.stderr
 
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from tests.support import clean_env
 from vmplacer.cli.main import COMMAND_MODULES, COMMANDS, build_parser, command_in
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -43,8 +43,7 @@ json.dump({"code": code, "modules": sorted(sys.modules)}, sys.stderr)
 
 def _imported(*argv: str) -> tuple[int, set[str], set[str]]:
     """(exit code, top-level libraries, vmplacer modules) of one command in a fresh interpreter."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
-    env["PYTHONPATH"] = str(ROOT)
+    env = clean_env({"PYTHONPATH": str(ROOT)})
     done = subprocess.run([sys.executable, "-c", _PROBE, *argv], cwd=ROOT, env=env,
                           capture_output=True, text=True, timeout=120)
     report = json.loads(done.stderr[done.stderr.index("{\"code\""):])

@@ -11,19 +11,16 @@ from pathlib import Path
 
 import pytest
 
+from tests.support import clean_env, run_vmplacer
 from vmplacer.adapters.capabilities import read_capabilities_file
 from vmplacer.adapters.sysfs import read_sysfs
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = sorted((ROOT / "examples" / "hosts").glob("*.xml"))
-VMPLACER = str(Path(sys.executable).with_name("vmplacer"))
 
 
 def vmplacer(*args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
-    full_env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
-    full_env.update(env or {})
-    return subprocess.run([VMPLACER, *args], capture_output=True, text=True, env=full_env,
-                          timeout=120, cwd=ROOT)
+    return run_vmplacer(*args, env=clean_env(env), cwd=ROOT)
 
 
 def _fixture_builder():
