@@ -31,7 +31,6 @@ import os
 import signal
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from pathlib import Path
@@ -39,13 +38,12 @@ from pathlib import Path
 import libvirt
 import pytest
 
-from tests.support import require, run_reporting_hangs
+from tests.support import VMPLACER, clean_env, require, run_vmplacer
 from vmplacer.testbed import daemons
 from vmplacer.testbed.guests import ProgressSample, rate, read_progress, wait_for_progress
 
 pytestmark = pytest.mark.integration
 
-VMPLACER = [sys.executable, "-m", "vmplacer.cli.main"]
 SCOPE = f"vmpt-{os.getpid()}-*"  # this session's guests only: other runs' guests are load, never moved
 
 
@@ -65,8 +63,7 @@ def write_config(tmp_path: Path, *, partition: bool) -> Path:
 
 
 def vmplacer(config: Path, *args: str, timeout: float = 240) -> tuple[int, dict, str]:
-    done = run_reporting_hangs([*VMPLACER, "--config", str(config), *args, "--format", "json"],
-                               timeout=timeout, cwd=Path(__file__).resolve().parents[2])
+    done = run_vmplacer("--config", str(config), *args, "--format", "json", timeout=timeout)
     try:
         data = json.loads(done.stdout)
     except json.JSONDecodeError:
@@ -344,9 +341,9 @@ def test_destination_dies_mid_migration(testbed, host1_conn, make_guest, tmp_pat
     handle = a if a.name == mover else b
     uuid = host1_conn.lookupByName(mover).UUIDString()
 
-    apply = subprocess.Popen([*VMPLACER, "--config", str(config), "apply", str(plan["id"]), "--bandwidth", "1",
+    apply = subprocess.Popen([VMPLACER, "--config", str(config), "apply", str(plan["id"]), "--bandwidth", "1",
                               "--format", "json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             cwd=Path(__file__).resolve().parents[2])
+                             env=clean_env())
     dom = host1_conn.lookupByName(mover)
     deadline = time.monotonic() + 60
     copying = False
