@@ -33,25 +33,85 @@ def run_reporting_hangs(cmd: Sequence[str], *, timeout: float, env: Mapping[str,
                         cwd: str | Path | None = None) -> subprocess.CompletedProcess[str]:
     """`subprocess.run(cmd, capture_output=True, text=True)`, except that a Python command still
     running after `timeout` is made to print every thread's stack (faulthandler, on SIGABRT)
-    before the test fails: a hang then says where it hung instead of only that it did."""
+    before the test fails: a hang then says where it hung instead of only that it did. The
+    kernel's view of the command and its children (state, wait channel and kernel stack of every
+    thread) is read first: a process blocked where no signal handler runs (an uninterruptible
+    wait, a stopped or frozen task) prints no Python stack, and this says where it waits."""
     environment = dict(os.environ if env is None else env, PYTHONFAULTHANDLER="1")
     hung = False
+    kernel_view = ""
     with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           env=environment, cwd=cwd) as process:
         try:
             out, err = process.communicate(timeout=timeout)
         except subprocess.TimeoutExpired:
             hung = True
-            process.send_signal(signal.SIGABRT)
+            tree = process_tree(process.pid)
+            kernel_view = "\n".join(describe_process(pid) for pid in tree)
+            process.send_signal(signal.SIGABRT)  # only the command: a child may be holding guests paused
             try:
                 out, err = process.communicate(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
                 out, err = process.communicate()
     if hung:
-        pytest.fail(f"{' '.join(cmd)} was still running after {timeout:g} s; its threads then:\n"
+        pytest.fail(f"{' '.join(cmd)} was still running after {timeout:g} s; the kernel's view of it then:\n"
+                    f"{kernel_view}\n--- its threads' stacks (SIGABRT):\n"
                     f"{err[-12000:]}\n--- its stdout:\n{out[-2000:]}", pytrace=False)
     return subprocess.CompletedProcess(list(cmd), process.returncode, out, err)
+
+
+def process_tree(pid: int) -> list[int]:
+    """`pid` and every process below it, parents before children (from /proc: no psutil here,
+    so the helper also runs where only the standard library is)."""
+    children: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat_fields(entry / "stat")
+            if fields:
+                children.setdefault(int(fields[1]), []).append(int(entry.name))
+    tree, queue = [], [pid]
+    while queue:
+        current = queue.pop(0)
+        tree.append(current)
+        queue.extend(sorted(children.get(current, [])))
+    return tree
+
+
+def describe_process(pid: int) -> str:
+    """One process as the kernel sees it: command line, then each thread's state, wait channel
+    and kernel stack (the stack needs root; left out where unreadable)."""
+    base = Path(f"/proc/{pid}")
+    try:
+        command = (base / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return f"pid {pid}: gone"
+    lines = [f"pid {pid}: {command[:300]}"]
+    try:
+        threads = sorted(base.glob("task/*"), key=lambda t: int(t.name))
+    except OSError:
+        threads = []
+    for thread in threads:
+        fields = _stat_fields(thread / "stat")
+        state = fields[0] if fields else "?"
+        name = _read(thread / "comm").strip()
+        wchan = _read(thread / "wchan").strip() or "-"
+        lines.append(f"  thread {thread.name} ({name}) state {state} wchan {wchan}")
+        lines.extend(f"    {frame}" for frame in _read(thread / "stack").splitlines()[:20])
+    return "\n".join(lines)
+
+
+def _stat_fields(path: Path) -> list[str]:
+    """Fields of a /proc stat file after the command name: [state, ppid, ...]."""
+    text = _read(path)
+    return text.rsplit(")", 1)[1].split() if ")" in text else []
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")
+    except OSError:
+        return ""
 
 
 def clean_env(extra: Mapping[str, str] | None = None, *, drop: tuple[str, ...] = ("VMPLACER_",)) -> dict[str, str]:

@@ -73,6 +73,9 @@ class HostSettings:
     # re-pin on the test driver, a shut-off guest's definition edited) or a lost one stays unseen.
     # 0: every domain on every read (no events used).
     domain_resync_s: float = 5.0
+    # Longest wait for the daemon to answer a connection: one that accepts and never answers
+    # (stopped, deadlocked) is reported as a host failure instead of blocking the command.
+    connect_timeout_s: float = 30.0
 
     @property
     def is_builtin_example(self) -> bool:
@@ -233,7 +236,7 @@ def _parse_host(reader: _Reader, raw: Any, index: int) -> HostSettings:
     key = f"hosts[{index}]"
     data = reader.mapping(raw, key, ("name", "uri", "reserved_cpus", "domain_type", "sampler",
                                      "cpu_allocation_ratio", "reserved_memory_mib_per_node", "emulator_cpus",
-                                     "xml_policy", "capabilities", "domain_resync_s"))
+                                     "xml_policy", "capabilities", "domain_resync_s", "connect_timeout_s"))
     if "name" not in data:
         raise reader.fail(f"{key}.name", "is required")
     if "uri" not in data:
@@ -258,8 +261,9 @@ def _parse_host(reader: _Reader, raw: Any, index: int) -> HostSettings:
     xml_policy = _xml_policy(reader, data.get("xml_policy"), f"{key}.xml_policy")
     capabilities = _capabilities_file(reader, data.get("capabilities"), uri, f"{key}.capabilities")
     resync = reader.number(data.get("domain_resync_s", 5.0), f"{key}.domain_resync_s", 0, 3600)
+    connect_timeout = reader.number(data.get("connect_timeout_s", 30.0), f"{key}.connect_timeout_s", 1, 3600)
     return HostSettings(name, uri, reserved, domain_type, sampler, ratio, int(reserve), emulator_cpus, xml_policy,
-                        capabilities, float(resync))
+                        capabilities, float(resync), float(connect_timeout))
 
 
 def _capabilities_file(reader: _Reader, value: Any, uri: str, key: str) -> Path | None:

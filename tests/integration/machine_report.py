@@ -78,12 +78,80 @@ def domains(uri: str) -> str:
     return f"{uri} (answered in {took:.1f} s, exit {done.returncode}):\n{done.stdout}{done.stderr}"
 
 
+def writeback() -> str:
+    """Dirty page cache and I/O pressure: a process throttled while writing (or in fsync) waits
+    where no signal handler runs, and looks hung."""
+    meminfo = {}
+    with open("/proc/meminfo") as info:
+        for line in info:
+            key, _, value = line.partition(":")
+            meminfo[key] = value.strip()
+    parts = [f"Dirty {meminfo.get('Dirty', '?')}, Writeback {meminfo.get('Writeback', '?')}"]
+    for resource in ("io", "memory"):
+        try:
+            with open(f"/proc/pressure/{resource}") as pressure:
+                parts.append(f"{resource} pressure: {pressure.readline().strip()}")
+        except OSError:
+            pass
+    return "; ".join(parts)
+
+
+def blocked_processes(limit: int = 8) -> list[str]:
+    """Processes with a thread in uninterruptible sleep (D) or stopped (T, t), as the kernel sees
+    them (thread states, wait channels, kernel stacks): where a hang without a Python stack waits."""
+    from tests.support import describe_process
+
+    found = []
+    for entry in sorted(os.listdir("/proc"), key=lambda n: (not n.isdigit(), n)):
+        if not entry.isdigit():
+            continue
+        try:
+            states = {open(f"/proc/{entry}/task/{tid}/stat").read().rsplit(")", 1)[1].split()[0]
+                      for tid in os.listdir(f"/proc/{entry}/task")}
+        except (OSError, IndexError):
+            continue
+        if states & {"D", "T", "t"}:
+            found.append(describe_process(int(entry)))
+        if len(found) == limit:
+            break
+    return found
+
+
+def daemon_threads() -> list[str]:
+    """Each testbed libvirtd's threads grouped by state and wait channel: a daemon that does not
+    answer shows whether it is busy, waiting on something, or stopped."""
+    rows = []
+    for host in ("host1", "host2"):
+        pid = daemons.read_pid(daemons.HOST1_PIDFILES["libvirtd"] if host == "host1"
+                               else daemons.host2(daemons.StateDirs.default()).pidfiles["libvirtd"])
+        if not daemons.process_alive(pid, "libvirtd"):
+            rows.append(f"{host} libvirtd: not running (pid {pid})")
+            continue
+        groups: dict[str, int] = {}
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                state = open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()[0]
+                wchan = open(f"/proc/{pid}/task/{tid}/wchan").read().strip() or "-"
+            except (OSError, IndexError):
+                continue
+            key = f"{state} {wchan}"
+            groups[key] = groups.get(key, 0) + 1
+        rows.append(f"{host} libvirtd pid {pid} threads: "
+                    + ", ".join(f"{n} x {k}" for k, n in sorted(groups.items())))
+    return rows
+
+
 def snapshot(before: CpuTimes | None) -> str:
     lines = [f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"]
     if before is not None:
         lines.append(CpuTimes.now().since(before))
+    lines.append(writeback())
     lines.append("busiest processes now:")
     lines.extend("  " + row for row in busiest_processes())
+    lines.extend(daemon_threads())
+    blocked = blocked_processes()
+    lines.append("processes blocked (D) or stopped (T): " + ("none" if not blocked else ""))
+    lines.extend(blocked)
     for uri in (daemons.HOST1_URI, daemons.HOST2_URI):
         lines.append(domains(uri))
     return "\n".join(lines)

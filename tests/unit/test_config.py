@@ -107,6 +107,14 @@ def test_domain_resync_interval_per_host():
     assert [settings.host(h).domain_resync_s for h in ("h1", "h2", "h3")] == [0.0, 30.0, 5.0]
 
 
+def test_connect_timeout_per_host():
+    settings = settings_from_mapping({"hosts": [
+        {"name": "h1", "uri": "qemu+tcp://far/system", "connect_timeout_s": 90},
+        {"name": "h2", "uri": "qemu:///system"},
+    ]}, "cfg.yaml", environ={})
+    assert [settings.host(h).connect_timeout_s for h in ("h1", "h2")] == [90.0, 30.0]
+
+
 @pytest.mark.parametrize(("field", "value", "fragment"), [
     ("cpu_allocation_ratio", 0, "between 0.1 and 64"),
     ("cpu_allocation_ratio", "lots", "must be a number"),
@@ -115,6 +123,8 @@ def test_domain_resync_interval_per_host():
     ("emulator_cpus", "0-x", "0-x"),
     ("domain_resync_s", -1, "between 0 and 3600"),
     ("domain_resync_s", "often", "must be a number"),
+    ("connect_timeout_s", 0, "between 1 and 3600"),
+    ("connect_timeout_s", "forever", "must be a number"),
 ])
 def test_bad_allocation_knobs_name_host_and_field(field, value, fragment):
     with pytest.raises(ConfigError) as excinfo:

@@ -22,10 +22,12 @@ is never touched. Only after every resume is issued does it import the
 database layer, delete the journal row and write an audit entry (cause, how
 far past the cap the pause went).
 
-Import-light on purpose: the standard library and libvirt only until a
-rescue is done, so it is ready in tens of milliseconds. A write of an `arm`
-line that returned is in the pipe: if the parent dies right after, the
-guardian still reads it.
+Import-light on purpose: the standard library, libvirt and vmplacer's small
+libvirt connection helpers only until a rescue is done, so it is ready in tens
+of milliseconds. A write of an `arm` line that returned is in the pipe: if the
+parent dies right after, the guardian still reads it. Its helper threads
+(libvirt's event loop, a connection being opened) block every signal, so the
+stop signals it blocks while resuming really wait until the resumes are done.
 
 Run as `python -m vmplacer.adapters.freeze_guardian_process`; it prints
 `{"ready": true, "pid": N}` once it reads its stdin.
@@ -44,6 +46,8 @@ from typing import Any
 
 import libvirt
 
+from vmplacer.adapters.libvirt_open import OpenTimedOut, open_within
+
 # After the freezer's own watchdog (which fires at max_freeze_s after the first suspend):
 # the guardian acts only when that watchdog could not.
 DEADLINE_MARGIN_S = 0.25
@@ -55,6 +59,9 @@ IDLE_POLL_S = 5.0
 LATE_SUSPEND_CHECKS_S = (0.2, 0.5)
 
 
+# A daemon that accepts and never answers must not hold up the rescue of other hosts' guests
+# (what it cannot resume stays in the journal for the next replay).
+OPEN_TIMEOUT_S = 10.0
 _STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
@@ -114,8 +121,8 @@ class Guardian:
                 self.uris[name] = uri
                 self._connect(name)
                 self._reply({"ok": True, "host": name})
-            except libvirt.libvirtError as exc:
-                self._reply({"error": f"host {name}: cannot connect to {uri}: {exc.get_error_message()}"})
+            except (libvirt.libvirtError, OpenTimedOut) as exc:
+                self._reply({"error": f"host {name}: cannot connect to {uri}: {_why(exc)}"})
         elif op == "arm":
             sent, cap = float(message["sent"]), float(message["max_freeze_s"])
             entry = Armed(int(message["id"]), str(message["host"]),
@@ -133,7 +140,7 @@ class Guardian:
     def _connect(self, host: str) -> libvirt.virConnect:
         conn = self.conns.get(host)
         if conn is None or not conn.isAlive():
-            conn = libvirt.open(self.uris[host])
+            conn = open_within(self.uris[host], OPEN_TIMEOUT_S)
             self.conns[host] = conn
         return conn
 
@@ -170,8 +177,8 @@ class Guardian:
                 try:
                     if self._resume(entry.host, name, uuid) == "resumed":
                         result.resumed.append(name)
-                except libvirt.libvirtError as exc:
-                    result.errors.append(f"{name}: {exc.get_error_message()}")
+                except (libvirt.libvirtError, OpenTimedOut) as exc:
+                    result.errors.append(f"{name}: {_why(exc)}")
         result.overrun_s = max(0.0, time.monotonic() - entry.sent - entry.max_freeze_s)
         self.armed.pop(entry.id, None)
         self.rescues.append(result)
@@ -250,8 +257,12 @@ class Guardian:
             try:
                 if self._resume(entry.host, name, uuid) == "resumed" and name not in rescued.resumed:
                     rescued.resumed.append(name)
-            except libvirt.libvirtError as exc:
-                rescued.errors.append(f"{name}: {exc.get_error_message()}")
+            except (libvirt.libvirtError, OpenTimedOut) as exc:
+                rescued.errors.append(f"{name}: {_why(exc)}")
+
+
+def _why(exc: Exception) -> str:
+    return str(exc.get_error_message()) if isinstance(exc, libvirt.libvirtError) else str(exc)
 
 
 def main() -> None:

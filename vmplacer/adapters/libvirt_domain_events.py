@@ -23,6 +23,8 @@ from typing import Any
 
 import libvirt
 
+from vmplacer.adapters.quiet_thread import start_quiet_thread
+
 log = logging.getLogger(__name__)
 
 DEFAULT_RESYNC_S = 5.0
@@ -51,7 +53,7 @@ def start_event_loop() -> bool:
             log.warning("libvirt event loop unavailable (%s): every read of a host's domains is a full one",
                         exc.get_error_message())
             return False
-        threading.Thread(target=_run_event_loop, name="libvirt-events", daemon=True).start()
+        start_quiet_thread(_run_event_loop, "libvirt-events")
         _loop_running = True
         return True
 

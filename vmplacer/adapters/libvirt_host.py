@@ -14,8 +14,9 @@ from typing import Protocol, TypeVar
 
 import libvirt
 
-from vmplacer.adapters.libvirt_domain_events import DomainEvents, start_event_loop
+from vmplacer.adapters.libvirt_domain_events import DomainEvents
 from vmplacer.adapters.libvirt_errors import operation_failed, refused_definition, refused_start
+from vmplacer.adapters.libvirt_open import OpenTimedOut, open_within
 from vmplacer.adapters.shared_read import SharedRead
 from vmplacer.core.placement import Placement
 from vmplacer.core.bandwidth import UNLIMITED, BandwidthError, CpuBandwidth
@@ -75,6 +76,7 @@ class HostAddress(Protocol):
     capabilities: Path | None  # topology from this file instead of the host (test driver only)
     # Every domain's XML is re-read at least this often (s) although no event said it changed; 0: always.
     domain_resync_s: float
+    connect_timeout_s: float  # longest wait for the daemon to answer an open
 
 
 class LibvirtHost(Hypervisor):
@@ -108,16 +110,12 @@ class LibvirtHost(Hypervisor):
                 except libvirt.libvirtError:
                     pass
                 self._close_quietly()
-            if self._events.resync_s > 0:
-                start_event_loop()  # before the open: a connection opened without it has no events
             try:
-                self._conn = libvirt.open(self.uri)
-            except libvirt.libvirtError as exc:
-                raise HypervisorError(
-                    f"host {self.name}: cannot connect to {self.uri}: {exc.get_error_message()}",
-                    host=self.name,
-                    retriable=True,
-                ) from None
+                self._conn = open_within(self.uri, self.settings.connect_timeout_s)
+            except (libvirt.libvirtError, OpenTimedOut) as exc:
+                why = exc.get_error_message() if isinstance(exc, libvirt.libvirtError) else str(exc)
+                raise HypervisorError(f"host {self.name}: cannot connect to {self.uri}: {why}",
+                                      host=self.name, retriable=True) from None
             self._events.watch(self._conn)
             return self._conn
 

@@ -1,0 +1,26 @@
+"""Helper threads that never take a signal.
+
+The kernel hands a process-directed signal (SIGTERM, SIGINT) to any thread that does not
+block it, and Python then runs the handler in the main thread at its next chance, whatever
+that thread's own mask says. A process that blocks its stop signals around work that must
+finish (the freeze guardian resuming guests) is only safe if no other thread accepts them:
+the libvirt helper threads are started with every signal blocked, which they inherit.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+
+def start_quiet_thread(target: Callable[..., Any], name: str, args: tuple[Any, ...] = ()) -> threading.Thread:
+    """A started daemon thread with every signal blocked."""
+    thread = threading.Thread(target=target, args=args, name=name, daemon=True)
+    previous = signal.pthread_sigmask(signal.SIG_BLOCK, signal.valid_signals())
+    try:
+        thread.start()
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, previous)
+    return thread
