@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -78,26 +79,39 @@ def process_tree(pid: int) -> list[int]:
     return tree
 
 
+@dataclass(frozen=True)
+class ThreadState:
+    tid: int
+    name: str
+    state: str  # R running, S sleeping, D uninterruptible, T/t stopped, Z zombie
+    wchan: str  # the kernel function it waits in, "-" if none
+
+
+def thread_states(pid: int) -> list[ThreadState]:
+    """Each thread of `pid` as the kernel sees it; [] if the process is gone."""
+    try:
+        tasks = sorted(Path(f"/proc/{pid}/task").iterdir(), key=lambda t: int(t.name))
+    except OSError:
+        return []
+    threads = []
+    for task in tasks:
+        fields = _stat_fields(task / "stat")
+        threads.append(ThreadState(int(task.name), _read(task / "comm").strip(), fields[0] if fields else "?",
+                                   _read(task / "wchan").strip() or "-"))
+    return threads
+
+
 def describe_process(pid: int) -> str:
     """One process as the kernel sees it: command line, then each thread's state, wait channel
     and kernel stack (the stack needs root; left out where unreadable)."""
-    base = Path(f"/proc/{pid}")
     try:
-        command = (base / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        command = Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
     except OSError:
         return f"pid {pid}: gone"
     lines = [f"pid {pid}: {command[:300]}"]
-    try:
-        threads = sorted(base.glob("task/*"), key=lambda t: int(t.name))
-    except OSError:
-        threads = []
-    for thread in threads:
-        fields = _stat_fields(thread / "stat")
-        state = fields[0] if fields else "?"
-        name = _read(thread / "comm").strip()
-        wchan = _read(thread / "wchan").strip() or "-"
-        lines.append(f"  thread {thread.name} ({name}) state {state} wchan {wchan}")
-        lines.extend(f"    {frame}" for frame in _read(thread / "stack").splitlines()[:20])
+    for thread in thread_states(pid):
+        lines.append(f"  thread {thread.tid} ({thread.name}) state {thread.state} wchan {thread.wchan}")
+        lines.extend(f"    {frame}" for frame in _read(Path(f"/proc/{pid}/task/{thread.tid}/stack")).splitlines()[:20])
     return "\n".join(lines)
 
 

@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 import subprocess
 import time
+from collections import Counter
 from dataclasses import dataclass
 
 import psutil
 
+from tests.support import describe_process, thread_states
 from vmplacer.testbed import daemons
 
 VIRSH_TIMEOUT_S = 15
@@ -99,44 +101,27 @@ def writeback() -> str:
 def blocked_processes(limit: int = 8) -> list[str]:
     """Processes with a thread in uninterruptible sleep (D) or stopped (T, t), as the kernel sees
     them (thread states, wait channels, kernel stacks): where a hang without a Python stack waits."""
-    from tests.support import describe_process
-
     found = []
-    for entry in sorted(os.listdir("/proc"), key=lambda n: (not n.isdigit(), n)):
-        if not entry.isdigit():
-            continue
-        try:
-            states = {open(f"/proc/{entry}/task/{tid}/stat").read().rsplit(")", 1)[1].split()[0]
-                      for tid in os.listdir(f"/proc/{entry}/task")}
-        except (OSError, IndexError):
-            continue
-        if states & {"D", "T", "t"}:
-            found.append(describe_process(int(entry)))
-        if len(found) == limit:
-            break
+    for pid in sorted(int(entry) for entry in os.listdir("/proc") if entry.isdigit()):
+        if {t.state for t in thread_states(pid)} & {"D", "T", "t"}:
+            found.append(describe_process(pid))
+            if len(found) == limit:
+                break
     return found
 
 
 def daemon_threads() -> list[str]:
     """Each testbed libvirtd's threads grouped by state and wait channel: a daemon that does not
     answer shows whether it is busy, waiting on something, or stopped."""
+    dirs = daemons.StateDirs.default()
     rows = []
-    for host in ("host1", "host2"):
-        pid = daemons.read_pid(daemons.HOST1_PIDFILES["libvirtd"] if host == "host1"
-                               else daemons.host2(daemons.StateDirs.default()).pidfiles["libvirtd"])
-        if not daemons.process_alive(pid, "libvirtd"):
-            rows.append(f"{host} libvirtd: not running (pid {pid})")
+    for host in (daemons.host1(dirs), daemons.host2(dirs)):
+        pid = daemons.daemon_pid(host, "libvirtd")
+        if pid is None:
+            rows.append(f"{host.name} libvirtd: not running")
             continue
-        groups: dict[str, int] = {}
-        for tid in os.listdir(f"/proc/{pid}/task"):
-            try:
-                state = open(f"/proc/{pid}/task/{tid}/stat").read().rsplit(")", 1)[1].split()[0]
-                wchan = open(f"/proc/{pid}/task/{tid}/wchan").read().strip() or "-"
-            except (OSError, IndexError):
-                continue
-            key = f"{state} {wchan}"
-            groups[key] = groups.get(key, 0) + 1
-        rows.append(f"{host} libvirtd pid {pid} threads: "
+        groups = Counter(f"{t.state} {t.wchan}" for t in thread_states(pid))
+        rows.append(f"{host.name} libvirtd pid {pid} threads: "
                     + ", ".join(f"{n} x {k}" for k, n in sorted(groups.items())))
     return rows
 
