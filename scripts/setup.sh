@@ -55,11 +55,11 @@ if [[ ! -x .venv/bin/python ]]; then
 fi
 # Reinstall only when the dependency list changed (pip is slow even when nothing changes).
 stamp=.venv/.vmplacer-setup-stamp
-want=$(sha256sum setup.cfg pyproject.toml | sha256sum | cut -d' ' -f1)
+want=$(sha256sum setup.cfg setup.py pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
 if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
-  echo "setup: installing vmplacer and its pinned dependencies into .venv"
+  echo "setup: installing vmplacer and its dependencies (pinned by constraints.txt) into .venv"
   log=.venv/pip-install.log
-  if ! { .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -e '.[dev]'; } >"$log" 2>&1; then
+  if ! { .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -c constraints.txt -e '.[dev]'; } >"$log" 2>&1; then
     tail -n 40 "$log" >&2
     echo "setup: pip install failed (full log: $log)" >&2
     exit 1

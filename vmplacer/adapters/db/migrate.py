@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from alembic import command
 from alembic.config import Config
 from alembic.runtime.migration import MigrationContext
 from alembic.script import ScriptDirectory
 from sqlalchemy import Engine
 
-MIGRATIONS_DIR = Path(__file__).resolve().parents[3] / "migrations"
+from vmplacer.resources import resource_dir
+
+MIGRATIONS_DIR = resource_dir("migrations")
 
 
 def alembic_config(url: str) -> Config:
