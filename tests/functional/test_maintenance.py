@@ -127,8 +127,17 @@ def test_cli_place_refuses_a_host_in_maintenance_unless_told(cli_config):
     request.write_text("guests:\n  - {name: g1, vcpus: 1, memory_mib: 64}\n")
     code, _, _, err = _cli(cli_config, "hosts", "disable", "t1", "--reason", "PSU swap")
     assert code == 0, err
-    code, _, _, err = _cli(cli_config, "place", "--host", "t1", "--request", str(request))
-    assert code == 1 and "host t1 is in maintenance" in err and "PSU swap" in err, err
+    code, data, _, err = _cli(cli_config, "place", "--host", "t1", "--request", str(request), "--format", "json")
+    # a host in maintenance takes no guest: an answer about capacity (exit 3), each guest refused
+    assert code == 3, err
+    assert [(e["guest"], e["kind"], e["refused"][0]["kind"]) for e in data["errors"]] == [("g1", "no-fit", "maintenance")]
+    assert "host t1 is in maintenance" in data["errors"][0]["message"] and "PSU swap" in data["errors"][0]["message"]
+    code, _, out, err = _cli(cli_config, "place", "--host", "t1", "--request", str(request))
+    assert code == 3 and "host t1 is in maintenance" in err and "PSU swap" in err, (out, err)
+    # the dry run says the same, with the same exit code
+    code, planned, _, err = _cli(cli_config, "plan", "--host", "t1", "--request", str(request), "--format", "json")
+    assert code == 3 and planned["errors"] == data["errors"] and planned["placements"] == [], (planned, err)
+    assert planned["refused_hosts"] == data["refused_hosts"] and planned["refused_hosts"][0]["kind"] == "maintenance"
     code, data, _, err = _cli(cli_config, "place", "--host", "t1", "--request", str(request),
                               "--ignore-maintenance", "--format", "json")
     assert "in maintenance" not in err

@@ -61,6 +61,9 @@ class RecordingHost:
     def pin_vcpu(self, name: str, vcpu: int, cpus: frozenset[int]) -> None:
         self.calls.append(("pin", name, vcpu, cpus))
 
+    def pin_emulator(self, name: str, cpus: frozenset[int]) -> None:
+        self.calls.append(("emulatorpin", name, cpus))
+
 
 @pytest.mark.parametrize("start", [False, True])
 def test_place_is_audited_after_the_floaters_left_its_pcpus(migrated_url, start):
@@ -77,6 +80,12 @@ def test_place_is_audited_after_the_floaters_left_its_pcpus(migrated_url, start)
         assert owned and result.narrowed == ["floater"]
         pins = [call for call in host.calls if call[0] == "pin"]
         assert {call[2] for call in pins} == {0, 1} and all(not call[3] & owned for call in pins)
+        # its emulator threads, which ran anywhere, now float with its vCPUs, off the owned pCPUs
+        emulator = [call for call in host.calls if call[0] == "emulatorpin"]
+        assert [call[1] for call in emulator] == ["floater"] and emulator[0][2] == pins[0][3]
+        assert result.narrowed_pins() == [{"guest": "floater", "host": "e3",
+                                           "vcpupin": {"0": sorted(pins[0][3]), "1": sorted(pins[1][3])},
+                                           "emulatorpin": sorted(emulator[0][2])}]
         with sessions() as session:
             entries = session.scalars(select(AuditRow).order_by(AuditRow.id)).all()
         assert [(e.action, e.guest, e.outcome) for e in entries] == [
@@ -86,5 +95,33 @@ def test_place_is_audited_after_the_floaters_left_its_pcpus(migrated_url, start)
         assert place.detail["narrowed"] == ["floater"]
         assert place.detail["state"] == ("running" if start else "defined")
         assert store.get("pinned")["state"] == place.detail["state"]
+    finally:
+        engine.dispose()
+
+
+def test_a_recorded_floater_s_record_follows_its_narrowing(migrated_url):
+    """Records equal the host: a floater vmplacer placed is narrowed live and in its row."""
+    engine = make_engine(migrated_url)
+    try:
+        sessions = make_session_factory(engine)
+        store = SqlPlacementStore(sessions)
+        service = PlacementService(store, lambda spec, placement, base: "<domain/>")
+        host = RecordingHost()
+        host.defined.clear()
+        host.domains = lambda: []  # type: ignore[method-assign]
+        shared = service.place(host, GuestSpec.from_mapping({"name": "shared", "vcpus": 2, "memory_mib": 64}))
+        assert not shared.placement.exclusive_cpus
+        pinned = service.place(host, GuestSpec.from_mapping(
+            {"name": "pinned", "vcpus": 2, "memory_mib": 64, "cpu_policy": "dedicated"}))
+        owned = pinned.placement.exclusive_cpus
+        assert pinned.narrowed == ["shared"]
+        recorded = store.get("shared")["placement"]
+        assert recorded["vcpupin"] == pinned.narrowed_pins()[0]["vcpupin"]
+        assert recorded["emulatorpin"] == pinned.narrowed_pins()[0]["emulatorpin"]
+        assert not {c for cpus in recorded["vcpupin"].values() for c in cpus} & owned
+        assert recorded["emulatorpin"] and not set(recorded["emulatorpin"]) & owned
+        # what was pinned on the host is what the row says
+        last = {(call[1], call[2]): call[3] for call in host.calls if call[0] == "pin"}
+        assert {str(v): sorted(c) for (g, v), c in last.items() if g == "shared"} == recorded["vcpupin"]
     finally:
         engine.dispose()

@@ -30,8 +30,8 @@ def _vmplacer(config: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return run_vmplacer("--config", str(config), *args, timeout=180)
 
 
-def _virsh_vcpupin(uri: str, name: str) -> dict[int, frozenset[int]]:
-    out = subprocess.run(["virsh", "-c", uri, "vcpupin", name], capture_output=True, text=True,
+def _virsh_vcpupin(uri: str, name: str, *flags: str) -> dict[int, frozenset[int]]:
+    out = subprocess.run(["virsh", "-c", uri, "vcpupin", name, *flags], capture_output=True, text=True,
                          check=True).stdout
     pins = {}
     for line in out.splitlines():
@@ -119,3 +119,60 @@ def test_concurrent_place_calls_never_double_book(testbed, host1_conn, tmp_path)
             assert live == set().union(*map(set, p["vcpupin"].values()))
     finally:
         _cleanup(host1_conn, names)
+
+
+def _virsh_emulatorpin(uri: str, name: str, *flags: str) -> frozenset[int]:
+    out = subprocess.run(["virsh", "-c", uri, "emulatorpin", name, *flags], capture_output=True, text=True,
+                         check=True).stdout
+    line = next(line for line in out.splitlines() if line.strip().startswith("*:"))
+    return frozenset(parse_cpuset(line.split(":", 1)[1].strip()))
+
+
+@pytest.mark.parametrize("requests", ["two", "one"])
+def test_a_dedicated_guest_after_a_shared_one_keeps_every_thread_of_it_off_its_pcpu(
+        testbed, host1_conn, tmp_path, requests):
+    """Read with virsh: the shared guest's vCPUs and emulator threads leave the pCPU the dedicated
+    guest owns, live and in the persistent config; the records and `place`'s answer say the same."""
+    config = _config(tmp_path, testbed.host1_uri)
+    shared, owner = f"vmpt-{os.getpid()}-{requests}-floats", f"vmpt-{os.getpid()}-{requests}-owns"
+    guests = [f"  - {{name: {shared}, vcpus: 1, memory_mib: 64}}\n",
+              f"  - {{name: {owner}, vcpus: 1, memory_mib: 64, cpu_policy: dedicated}}\n"]
+    files = ([tmp_path / "shared.yaml", tmp_path / "owner.yaml"] if requests == "two" else [tmp_path / "both.yaml"])
+    if requests == "two":
+        files[0].write_text("guests:\n" + guests[0])
+        files[1].write_text("guests:\n" + guests[1])
+    else:
+        files[0].write_text("guests:\n" + "".join(guests))
+    try:
+        answers = []
+        for request in files:
+            result = _vmplacer(config, "place", "--request", str(request), "--start", "--format", "json")
+            assert result.returncode == 0, result.stderr
+            answers.append(json.loads(result.stdout))
+        listing = {p["guest"]: p for p in json.loads(_vmplacer(config, "placements", "--format", "json").stdout)}
+        owned = frozenset(listing[owner]["claims"])
+        assert owned
+        live_pins = _virsh_vcpupin(testbed.host1_uri, shared)
+        live_emulator = _virsh_emulatorpin(testbed.host1_uri, shared)
+        assert live_pins[0] and not live_pins[0] & owned, live_pins
+        assert live_emulator and not live_emulator & owned, live_emulator
+        # the persistent definition too: a restart of the guest keeps it off the owned pCPU
+        assert not _virsh_emulatorpin(testbed.host1_uri, shared, "--config") & owned
+        config_pins = _virsh_vcpupin(testbed.host1_uri, shared, "--config")
+        assert config_pins == live_pins, (config_pins, live_pins)
+        # records = what libvirt says
+        record = listing[shared]["placement"]
+        assert {int(v): frozenset(c) for v, c in record["vcpupin"].items()} == live_pins
+        assert frozenset(record["emulatorpin"]) == live_emulator
+        # `place` answered with the final pins of the guest it narrowed
+        reported = {p["guest"]: p for answer in answers for p in answer["placements"]}
+        if requests == "two":
+            narrowed = answers[1]["placements"][0]["narrowed_pins"]
+            assert [(n["guest"], n["vcpupin"], n["emulatorpin"]) for n in narrowed] == [
+                (shared, record["vcpupin"], record["emulatorpin"])]
+        else:
+            assert reported[shared]["vcpupin"] == record["vcpupin"]
+            assert reported[shared]["emulatorpin"] == record["emulatorpin"]
+        assert all(not p.get("isolation_violations") for p in reported.values())
+    finally:
+        _cleanup(host1_conn, [owner, shared])

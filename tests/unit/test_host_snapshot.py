@@ -77,6 +77,11 @@ class _Store:
     def forget(self, guest: str) -> None:
         self.recorded = [p for p in self.recorded if p.guest != guest]
 
+    def update_pins(self, placements: list[Placement]) -> list[str]:
+        now = {p.guest: p for p in placements}
+        self.recorded = [now.get(p.guest, p) for p in self.recorded]
+        return sorted(now.keys() & {p.guest for p in self.recorded})
+
     def get(self, guest: str) -> Placement | None:
         return next((p for p in self.recorded if p.guest == guest), None)
 

@@ -11,6 +11,7 @@ import pytest
 from tests.unit.allocation_fixtures import TOPOLOGIES
 from vmplacer.core.allocate import NoFit, allocate, may_narrow, refresh_shared_pins
 from vmplacer.core.guest import GuestSpec
+from vmplacer.core.isolation import isolation_violations
 from vmplacer.core.placement import Placement
 
 
@@ -72,4 +73,7 @@ def test_never_no_when_refreshing_would_change_something(name):
                                         memory_kib=1024))
         rng.shuffle(placed)
         if _changed(topology, placed):
-            assert may_narrow(placed), [p.guest for p in placed]
+            assert may_narrow(placed, topology.reserved), [p.guest for p in placed]
+        narrowed = refresh_shared_pins(topology, placed)
+        assert isolation_violations(topology, narrowed) == []
+        assert not may_narrow(narrowed, topology.reserved) or not _changed(topology, narrowed)

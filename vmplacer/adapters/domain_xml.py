@@ -26,9 +26,10 @@ from vmplacer.core.cpuset import format_cpuset
 from vmplacer.core.guest import NAME_RE, GuestSpec, page_size_text
 from vmplacer.core.placement import GuestCell, Placement
 from vmplacer.core.topology import HostTopology
+from vmplacer.resources import resource_dir
 
 DEFAULT_SCHEMA = Path("/usr/share/libvirt/schemas/domain.rng")
-TEMPLATES_DIR = Path(__file__).resolve().parents[2] / "templates"
+TEMPLATES_DIR = resource_dir("templates")
 DOMAIN_TYPES = ("kvm", "qemu")
 DEFAULT_HUGEPAGE_KIB = 2048  # x86 default when <hugepages/> names no size
 
@@ -490,3 +491,28 @@ def _default_hugepage(topology: HostTopology | None) -> int:
         if sizes:
             return sizes[0]
     return DEFAULT_HUGEPAGE_KIB
+
+
+# ----- pins of a defined domain ----------------------------------------------------------------------
+def with_pin(xml_text: str, cpus: frozenset[int], vcpu: int | None = None) -> str:
+    """The domain document with one vCPU's pins (`vcpu`) or the emulator's (None) set to `cpus`:
+    how an inactive domain's pins change (libvirt's pin calls need a cpumap the size of the host
+    it runs on, which a defined-only domain of a modelled host does not have)."""
+    root = parse_domain(xml_text, "domain XML read back from libvirt")
+    cputune = root.find("cputune")
+    if cputune is None:
+        cputune = etree.Element("cputune")
+        _insert_canonical(root, cputune)
+    cpuset = format_cpuset(cpus)
+    if vcpu is None:
+        element = cputune.find("emulatorpin")
+        if element is None:
+            element = etree.Element("emulatorpin")
+            _insert_child(cputune, element)
+    else:
+        element = next((e for e in cputune.findall("vcpupin") if e.get("vcpu") == str(vcpu)), None)
+        if element is None:
+            element = etree.Element("vcpupin", vcpu=str(vcpu))
+            _insert_child(cputune, element)
+    element.set("cpuset", cpuset)
+    return etree.tostring(root, encoding="unicode")

@@ -417,13 +417,35 @@ class LibvirtHost(Hypervisor):
 
     def pin_vcpu(self, name: str, vcpu: int, cpus: frozenset[int]) -> None:
         dom = self._lookup(name)
+        if self._defined_only(dom):
+            self._repin_definition(dom, name, cpus, vcpu)
+            return
         cpumap = self._cpumap(cpus)
         self._changing(name, "pinVcpuFlags", lambda: dom.pinVcpuFlags(vcpu, cpumap, self._affect_flags(dom)))
 
     def pin_emulator(self, name: str, cpus: frozenset[int]) -> None:
         dom = self._lookup(name)
+        if self._defined_only(dom):
+            self._repin_definition(dom, name, cpus, None)
+            return
         cpumap = self._cpumap(cpus)
         self._changing(name, "pinEmulator", lambda: dom.pinEmulator(cpumap, self._affect_flags(dom)))
+
+    def _defined_only(self, dom: libvirt.virDomain) -> bool:
+        """A persistent domain that is not running: its pins live only in its definition."""
+        return bool(self._call("isActive", dom.isActive) == 0 and self._call("isPersistent", dom.isPersistent))
+
+    def _repin_definition(self, dom: libvirt.virDomain, name: str, cpus: frozenset[int], vcpu: int | None) -> None:
+        """Change the pins of a defined-only domain by redefining its own document (what
+        AFFECT_CONFIG does, without a cpumap bounded by the CPUs of the machine libvirt runs on)."""
+        from vmplacer.adapters.domain_xml import with_pin
+
+        if not cpus or min(cpus) < 0:
+            raise HypervisorError(f"host {self.name}: cpuset {sorted(cpus)} invalid", host=self.name, domain=name)
+        xml = self._call("XMLDesc", lambda: dom.XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE | libvirt.VIR_DOMAIN_XML_SECURE),
+                         name)
+        conn = self.connection()
+        self._changing(name, "defineXML", lambda: conn.defineXML(with_pin(xml, cpus, vcpu)))
 
     def migrate(
         self,

@@ -60,6 +60,8 @@ class Outcome:
             "xml": self.result.xml,
             "domain_uuid": self.result.domain_uuid,
             "narrowed": list(self.result.narrowed),
+            "narrowed_pins": self.result.narrowed_pins(),
+            "isolation_violations": [v.to_dict() for v in self.result.violations],
             "candidates": self.candidates,
         }
 

@@ -106,6 +106,22 @@ class Candidate(BaseModel):
     error: str | None = None
 
 
+class IsolationProblem(BaseModel):
+    host: str
+    guest: str
+    thread: str
+    cpus: list[int]
+    owner: str | None = Field(description="the guest owning the pCPUs; null: reserved for the host")
+    message: str
+
+
+class NarrowedPins(BaseModel):
+    guest: str
+    host: str
+    vcpupin: dict[str, list[int]]
+    emulatorpin: list[int]
+
+
 class PlacementView(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -118,6 +134,12 @@ class PlacementView(BaseModel):
     domain_uuid: str | None = None
     narrowed: list[str] = Field(default_factory=list,
                                 description="running domains whose shared vCPUs were narrowed")
+    narrowed_pins: list[NarrowedPins] = Field(
+        default_factory=list, description="each narrowed domain's vCPU and emulator pins now, as libvirt "
+        "and the records have them")
+    isolation_violations: list[IsolationProblem] = Field(
+        default_factory=list, description="threads that still run on another guest's exclusive or the "
+        "host's reserved pCPUs after this placement (a domain libvirt refused to narrow), each named")
     candidates: list[Candidate] = Field(default_factory=list)
 
 

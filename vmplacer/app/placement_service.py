@@ -18,6 +18,7 @@ from vmplacer.app.host_snapshot import HostSnapshot, take_snapshot
 from vmplacer.core.allocate import allocate, may_narrow, refresh_shared_pins
 from vmplacer.core.guest import GuestSpec
 from vmplacer.core.interference_scorer import GuestProfile
+from vmplacer.core.isolation import IsolationViolation, isolation_violations
 from vmplacer.core.occupancy import Occupancy, occupancy_after
 from vmplacer.core.placement import Placement
 from vmplacer.core.policies.admit import AllocationOptions
@@ -44,6 +45,7 @@ class PlacingHost(Protocol):
     def destroy(self, name: str) -> None: ...
     def undefine(self, name: str) -> None: ...
     def pin_vcpu(self, name: str, vcpu: int, cpus: frozenset[int]) -> None: ...
+    def pin_emulator(self, name: str, cpus: frozenset[int]) -> None: ...
 
 
 Renderer = Callable[[GuestSpec, Placement, str | None], str]
@@ -61,12 +63,27 @@ class PlaceResult:
     xml: str
     state: str  # planned (dry run) | defined | running
     domain_uuid: str | None = None
-    narrowed: list[str] = field(default_factory=list)  # floating domains whose pins narrowed
+    narrowed_placements: list[Placement] = field(default_factory=list)  # floating domains, as now pinned
+    # what still breaks the isolation invariant on the host after this placement (a floater
+    # libvirt refused to narrow, a domain pinned by hand), each named; empty when all is well
+    violations: list[IsolationViolation] = field(default_factory=list)
+
+    @property
+    def narrowed(self) -> list[str]:
+        """The floating domains whose pins this placement narrowed."""
+        return [p.guest for p in self.narrowed_placements]
+
+    def narrowed_pins(self) -> list[dict[str, Any]]:
+        """Each narrowed domain's pins now (what libvirt and the records say after the placement)."""
+        return [{"guest": p.guest, "host": p.host,
+                 "vcpupin": {str(v): sorted(c) for v, c in sorted(p.vcpupin.items())},
+                 "emulatorpin": sorted(p.emulatorpin)} for p in self.narrowed_placements]
 
     def to_dict(self) -> dict[str, Any]:
         data = self.placement.to_dict()
         data.update({"xml": self.xml, "state": self.state, "domain_uuid": self.domain_uuid,
-                     "narrowed": self.narrowed})
+                     "narrowed": self.narrowed, "narrowed_pins": self.narrowed_pins(),
+                     "isolation_violations": [v.to_dict() for v in self.violations]})
         return data
 
 
@@ -78,6 +95,15 @@ def host_lock(host: str) -> threading.Lock:
     """One lock per host in this process: placements on a host are serialized."""
     with _host_locks_guard:
         return _host_locks.setdefault(host, threading.Lock())
+
+
+def _pin_changes(host: PlacingHost, old: Placement, new: Placement) -> None:
+    """Pin what differs between `old` and `new`: vCPUs first, then the emulator threads."""
+    for vcpu, cpus in sorted(new.vcpupin.items()):
+        if cpus and old.vcpupin.get(vcpu) != cpus:
+            host.pin_vcpu(new.guest, vcpu, cpus)
+    if new.emulatorpin and old.emulatorpin != new.emulatorpin:
+        host.pin_emulator(new.guest, new.emulatorpin)
 
 
 def _defined(host: PlacingHost, guest: str) -> bool:
@@ -173,14 +199,15 @@ class PlacementService:
                 self._undo_define(host, spec.name)
                 self._audit("start", "failed", host, spec, str(exc), actor_detail)
                 raise
-        narrowed = self._narrow_floating(host, snapshot, claimed_among)
+        narrowed, violations = self._narrow_floating(host, snapshot, claimed_among)
         # "place ok" comes last: the guest's pCPUs are its own only once the floaters left them
         placed = {"action": "place", "outcome": "ok", "host": host.name, "guest": spec.name,
                   "message": placement.describe_pinning(),
                   "detail": {**(actor_detail or {}), "placement": placement.to_dict(), "state": state,
-                             "narrowed": narrowed}}
+                             "narrowed": [p.guest for p in narrowed],
+                             "isolation_violations": [v.describe() for v in violations]}}
         self._store.set_state(spec.name, state, uuid, audit=placed)
-        return PlaceResult(placement, xml, state, uuid, narrowed)
+        return PlaceResult(placement, xml, state, uuid, narrowed, violations)
 
     def is_placed(self, guest: str) -> bool:
         """Whether the store records a placement of that name (an indexed lookup where the store has one)."""
@@ -196,10 +223,11 @@ class PlacementService:
         with host_lock(host.name):
             placement, claimed_among = self._claim(host, spec, snapshot)
         xml = self._render_claimed(spec, placement, base_xml)
-        narrowed = self._narrow_floating(host, snapshot, claimed_among)
+        narrowed, violations = self._narrow_floating(host, snapshot, claimed_among)
         self._audit("reserve", "ok", host, spec, placement.describe_pinning(),
-                    {**(actor_detail or {}), "placement": placement.to_dict(), "state": "planned"})
-        return PlaceResult(placement, xml, "planned", None, narrowed)
+                    {**(actor_detail or {}), "placement": placement.to_dict(), "state": "planned",
+                     "isolation_violations": [v.describe() for v in violations]})
+        return PlaceResult(placement, xml, "planned", None, narrowed, violations)
 
     def _claim(self, host: PlacingHost, spec: GuestSpec, snapshot: HostSnapshot
                ) -> tuple[Placement, list[Placement]]:
@@ -239,9 +267,12 @@ class PlacementService:
         self._store.forget(guest)
 
     def _narrow_floating(self, host: PlacingHost, snapshot: HostSnapshot,
-                         claimed_among: list[Placement]) -> list[str]:
-        """Floating (shared) vCPUs of defined domains leave pCPUs that became exclusive
-        (reservations without a domain yet get narrow pins when they are defined).
+                         claimed_among: list[Placement]) -> tuple[list[Placement], list[IsolationViolation]]:
+        """Floating (shared) vCPUs and emulator threads of defined domains leave pCPUs that became
+        exclusive, live and in the persistent config, and their records follow (reservations
+        without a domain yet get narrow pins when they are defined). Returns the narrowed
+        placements as now pinned, and what still breaks the isolation invariant (a domain
+        libvirt refused to narrow).
 
         Under the host lock, from `snapshot` (read before the claim) and the store read now: every
         exclusive claim vmplacer committed is in the store, and narrowing only ever takes
@@ -252,35 +283,36 @@ class PlacementService:
         it: a floater on this claim's pCPUs was there then (a guest placed later avoids them)."""
         topology = snapshot.topology
         if not self._narrowings(topology, claimed_among):
-            return []  # nothing floats on a claimed pCPU: the usual case, no lock, no read
+            return [], []  # nothing floats on a claimed pCPU: the usual case, no lock, no read
         with host_lock(host.name):
             placements = self._with_recorded(host, snapshot).placements
             before = {p.guest: p for p in placements}
-            narrowed = []
+            narrowed: list[Placement] = []
             for after in self._narrowings(topology, placements):
                 if not _defined(host, after.guest):
                     continue
-                old = before[after.guest]
                 try:
-                    for vcpu, cpus in after.vcpupin.items():
-                        if cpus and old.vcpupin.get(vcpu) != cpus:
-                            host.pin_vcpu(after.guest, vcpu, cpus)
-                    narrowed.append(after.guest)
+                    _pin_changes(host, before[after.guest], after)
+                    narrowed.append(after)
                     self._store.audit(action="narrow-shared-pins", outcome="ok", host=host.name,
                                       guest=after.guest, message=after.describe_pinning())
                 except HypervisorError as exc:
                     self._store.audit(action="narrow-shared-pins", outcome="failed", host=host.name,
                                       guest=after.guest, message=str(exc))
-            return narrowed
+            self._store.update_pins(narrowed)
+            now = {p.guest: p for p in narrowed}
+            after = [now.get(p.guest, p) for p in placements]
+            emulator_cpus = self._options(host.name).emulator_cpus
+            return narrowed, isolation_violations(topology, after, emulator_cpus=emulator_cpus)
 
     @staticmethod
     def _narrowings(topology: HostTopology, placements: list[Placement]) -> list[Placement]:
         """The placements whose floating pins must leave pCPUs others claimed, narrowed."""
-        if not may_narrow(placements):
+        if not may_narrow(placements, topology.reserved):
             return []
         before = {p.guest: p for p in placements}
         return [after for after in refresh_shared_pins(topology, placements)
-                if after.guest in before and before[after.guest].vcpupin != after.vcpupin]
+                if after.guest in before and before[after.guest] != after]
 
     def remove(self, host: PlacingHost, guest: str, *, undefine: bool = True) -> str:
         """Forget a placement, by default destroying and undefining its domain first.

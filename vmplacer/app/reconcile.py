@@ -32,6 +32,7 @@ from vmplacer.core.reconcile import (
     count_by_kind,
     followed_placement,
     moved,
+    isolation_findings,
     reconcile_host,
 )
 from vmplacer.ports import (
@@ -140,6 +141,7 @@ class Reconciler:
         placements: PlacementUpdates | None = None,
         plans: PlanStore | None = None,
         throttles: ThrottleLedger | None = None,
+        emulator_cpus: Callable[[str], frozenset[int]] = lambda _host: frozenset(),
     ):
         """`lease_holder(host)` names who holds a busy host's lease, for the report (optional);
         with `placements`, the record of a domain moved by hand to another configured host
@@ -156,6 +158,7 @@ class Reconciler:
         self.lease_ttl_s = lease_ttl_s
         self.lease_holder = lease_holder
         self.wall = wall
+        self.emulator_cpus = emulator_cpus  # where each host sends emulator threads (reserved pCPUs allowed)
 
     def run(
         self,
@@ -225,6 +228,8 @@ class Reconciler:
             self._elsewhere[name] = domains
             records = self.store.records(name)
             findings = reconcile_host(name, records, domains, planned_grace_s=planned_grace_s, settle_s=settle_s)
+            findings += isolation_findings(name, self.hosts[name].topology(), records, domains,
+                                           emulator_cpus=self.emulator_cpus(name))
             by_uuid = {r.guest: r.domain_uuid for r in records}
             findings = [self._followed(f, by_uuid.get(f.guest)) for f in findings]
             writes = [f for f in findings if f.writes]

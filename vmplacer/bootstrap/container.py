@@ -161,7 +161,8 @@ class Container:
 
         return Reconciler(hosts, store or self.placement_store, leases, holder=holder, lease_holder=holder_of,
                           placements=self.placement_updates(), plans=self.plan_store,
-                          throttles=self.throttle_ledger)
+                          throttles=self.throttle_ledger,
+                          emulator_cpus=lambda name: self.allocation_options(name).emulator_cpus)
 
     def placement_store_as(self, actor: str, detail: dict[str, Any] | None = None):  # -> SqlPlacementStore
         """A placement store whose audit entries name `actor` (an API caller) and `detail`."""

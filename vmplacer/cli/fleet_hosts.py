@@ -47,9 +47,10 @@ def configured_candidates(args: argparse.Namespace, ctx: CliContext, *, maintena
                           alternatives: str = "") -> Candidates:
     """The configured hosts named (or all of them, or the first), minus those in maintenance.
 
-    `maintenance`: "fleet" reads it only when there are several candidates (a dry run on one
-    host needs no database), "always" for one too, "ignore" never. One host in maintenance
-    is an operational error (the operator asked for it); among several, it is refused."""
+    `maintenance`: "always" reads it (one host too: a dry run answers as the placement would),
+    "fleet" only when there are several candidates, "ignore" never. A host in maintenance is
+    refused like a host that has no room: listed in `closed`, and when it was the only one (or
+    every one), `names` is empty and each guest of the request is refused (exit 3)."""
     from vmplacer.app.fleet_planner import Refusal
 
     if args.all:
@@ -63,14 +64,9 @@ def configured_candidates(args: argparse.Namespace, ctx: CliContext, *, maintena
     if maintenance == "always" or (maintenance == "fleet" and several):
         ctx.container.upgrade_database()
         down = ctx.container.maintenance.current()
-        if not several and names[0] in down:
-            raise OperationalError(f"{down[names[0]].describe()}: it takes no new guest "
-                                   "(--ignore-maintenance places there all the same)")
-        closed = [Refusal(n, "maintenance", down[n].describe() + ": it takes no new guest") for n in names if n in down]
+        closed = [Refusal(n, "maintenance", down[n].describe() + ": it takes no new guest "
+                          "(--ignore-maintenance places there all the same)") for n in names if n in down]
         names = [n for n in names if n not in down]
-        if not names:
-            raise OperationalError("every candidate host is in maintenance: "
-                                   + "; ".join(r.message for r in closed))
     return Candidates(names, closed, True,
                       {n: ctx.container.xml_policy(n) for n in names},
                       {n: ctx.settings.host(n).domain_type for n in names})

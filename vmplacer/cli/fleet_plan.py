@@ -13,10 +13,11 @@ from vmplacer.cli.fleet_hosts import Candidates, caps_candidates, configured_can
 def candidates_and_views(args: argparse.Namespace, ctx: CliContext) -> tuple[Candidates, list[Any]]:
     if args.caps:
         return caps_candidates(args.caps, args.domain_type)
-    candidates = configured_candidates(args, ctx, alternatives="--caps FILE")
+    maintenance = "ignore" if getattr(args, "ignore_maintenance", False) else "always"
+    candidates = configured_candidates(args, ctx, maintenance=maintenance, alternatives="--caps FILE")
     if args.domain_type:
         candidates.domain_types = {n: args.domain_type for n in candidates.names}
-    return candidates, observe(ctx, candidates)
+    return candidates, (observe(ctx, candidates) if candidates.names else [])
 
 
 def xml_vet(candidates: Candidates, requests: list) -> Any:
@@ -60,6 +61,8 @@ def fleet_plan(args: argparse.Namespace, ctx: CliContext, requests: list) -> dic
     from vmplacer.ports import HypervisorError
 
     candidates, views = candidates_and_views(args, ctx)
+    if not candidates.names:  # every candidate in maintenance: each guest refused, as `place` would
+        return every_guest_refused(requests, candidates)
     try:
         return plan_on(views, requests, candidates, why=args.why)
     except HypervisorError as exc:  # the host's emulators or storage pools could not be read
@@ -91,7 +94,8 @@ def _contract(plan: Any, candidates: Candidates, requests: list, vet: Any, *, wh
         "hosts": candidates.all_names, "placements": [], "errors": [], "repins": [],
         "refused_hosts": [r.to_dict() for r in candidates.closed],
         "batch": {"passes": plan.passes, "placed_first_pass": plan.greedy_placed,
-                  "placed": len(plan.placed_in_order)},
+                  "placed": len(plan.placed_in_order),
+                  "order": [requests[i].spec.name for i in plan.placed_in_order]},
     }
     entries: dict[int, dict[str, Any]] = {}
     for host in plan.hosts:
@@ -145,6 +149,16 @@ def _entry(request: Any, host: Any, placement: Any, xml: str, guest: Any, why: b
         entry["others"] = ([{"host": h, "score": s} for h, s in guest.ranking if h != guest.host]
                            + [r.to_dict() for r in guest.refusals if r.host != guest.host])
     return entry
+
+
+def every_guest_refused(requests: list, candidates: Candidates) -> dict[str, Any]:
+    """The plan's (and place's) answer when no candidate host takes a guest at all (maintenance):
+    every guest refused with each host's reason, nothing planned."""
+    names = candidates.all_names
+    return {"host": names[0] if len(names) == 1 else None, "hosts": names, "placements": [],
+            "errors": [_error(r, list(candidates.closed)) for r in requests], "repins": [],
+            "refused_hosts": [r.to_dict() for r in candidates.closed],
+            "batch": {"passes": 0, "placed_first_pass": 0, "placed": 0, "order": []}}
 
 
 def _error(request: Any, refusals: list) -> dict[str, Any]:

@@ -78,8 +78,13 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     if not args.ignore_maintenance:
         candidates = configured_candidates(args, ctx, maintenance="always")
     container.upgrade_database()
-    placed, errors = _place_all(args, ctx, candidates, requests)
-    data = {"host": candidates.names[0] if len(candidates.all_names) == 1 else None,
+    if candidates.names:
+        placed, errors = _place_all(args, ctx, candidates, requests)
+    else:  # every candidate in maintenance: each guest refused, as the dry run says
+        from vmplacer.cli.fleet_plan import every_guest_refused
+
+        placed, errors = [], every_guest_refused(requests, candidates)["errors"]
+    data = {"host": candidates.all_names[0] if len(candidates.all_names) == 1 else None,
             "hosts": candidates.all_names, "placements": placed, "errors": errors,
             "refused_hosts": [r.to_dict() for r in candidates.closed]}
 
@@ -91,6 +96,8 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
             print(f"host {refused['host']} takes no guest: {refused['message']}")
         for e in d["errors"]:
             sys.stderr.write(f"vmplacer: guest #{e['index']} ({e['guest']}): {e['message']}\n")
+        for problem in _isolation_problems(d["placements"]):
+            sys.stderr.write(f"vmplacer: warning: {problem}\n")
 
     emit(args, data, table)
     kinds = {e["kind"] for e in errors}
@@ -132,6 +139,7 @@ def _place_all(args: argparse.Namespace, ctx: CliContext, candidates: Any,
             choice = fleet.place(spec, names, request.base_xml, service=service, start=args.start,
                                  actor={"via": "cli"}, order=order)
             placed[index] = {"index": request.index, **choice.result.to_dict(), "host": choice.host}
+            _follow_narrowing(placed.values(), choice.result.narrowed_pins())
         except NothingFits as exc:
             errors.append(_nothing_fits(request, exc))
         except DomainXmlPolicyError as exc:  # the rendered XML, refused before libvirt saw it (claim undone)
@@ -150,6 +158,25 @@ def _place_all(args: argparse.Namespace, ctx: CliContext, candidates: Any,
                            "message": str(exc), "reasons": []})
     errors.sort(key=lambda e: e["index"])
     return [placed[i] for i in sorted(placed)], errors
+
+
+def _isolation_problems(placements: list[dict[str, Any]]) -> list[str]:
+    """The isolation problems left after the last placement on each host (each placement reports
+    the host as it left it, so the last one is current)."""
+    last: dict[str, list[str]] = {}
+    for entry in placements:
+        last[entry["host"]] = [v["message"] for v in entry.get("isolation_violations", [])]
+    return [message for messages in last.values() for message in messages]
+
+
+def _follow_narrowing(entries: Any, narrowed: list[dict[str, Any]]) -> None:
+    """Guests of this request that a later placement narrowed are reported with their pins
+    now, as libvirt and the records have them (their `xml` stays the document defined)."""
+    pins = {(n["guest"], n["host"]): n for n in narrowed}
+    for entry in entries:
+        now = pins.get((entry["guest"], entry["host"]))
+        if now is not None:
+            entry["vcpupin"], entry["emulatorpin"] = now["vcpupin"], now["emulatorpin"]
 
 
 def _already_placed(request: Any, host: str) -> dict[str, Any]:

@@ -19,10 +19,14 @@ XML, or with `--format json` the stable contract:
                  "refused": [{"host", "kind", "message", "reasons"}]}],
      "refused_hosts": [{"host", "kind", "message"}],   # maintenance, unreadable
      "repins": [{"host", "guest", "vcpupin", "emulatorpin"}],
-     "batch": {"passes", "placed_first_pass", "placed"}}
+     "batch": {"passes", "placed_first_pass", "placed", "order": [guest names, as placed]}}
 
-"repins" lists domains already on a host whose floating (shared) vCPUs must
-narrow because planned guests take pCPUs out of the shared pool. A refusal's
+Each placement shows the guest's pins as they end once the whole request is placed
+(a shared guest placed before a dedicated one narrows), which is what `place`
+reports and records. "repins" lists domains already on a host whose floating
+(shared) vCPUs and emulator threads must narrow because planned guests take
+pCPUs out of the shared pool. A host in maintenance is refused for every guest
+(exit 3), as `place` refuses it, unless --ignore-maintenance. A refusal's
 kind is maintenance, unreadable, no-fit, exists (a domain of the guest's name is
 on the host), xml-policy or invalid-xml.
 
@@ -71,6 +75,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--why", action="store_true",
                         help="show why the other hosts were refused or scored lower, and every candidate "
                         "placement of each guest with its score and the interference model's predicted loss")
+    parser.add_argument("--ignore-maintenance", action="store_true",
+                        help="plan on hosts in maintenance all the same (as `place --ignore-maintenance`)")
     parser.add_argument("--domain-type", choices=("kvm", "qemu"),
                         help="domain type of guests without base XML (default: the host's domain_type, else kvm)")
     add_format_argument(parser)

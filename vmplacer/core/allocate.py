@@ -654,15 +654,18 @@ def pick_single_thread(view: NodeView, taken: set[int]) -> int | None:
 
 # ----- keeping floating pins current ------------------------------------------------------------------
 def refresh_shared_pins(topology: HostTopology, placements: Sequence[Placement]) -> list[Placement]:
-    """Floating vCPUs (and floating emulator threads) taken off pCPUs that others now own.
+    """Floating vCPUs and emulator threads taken off pCPUs that others now own (core/isolation.py).
 
     Pinned guests take pCPUs out of the shared pool; a guest placed before
     them still lists those pCPUs. As with the kubelet's shared pool, floating
     pins are recomputed from the current owners: each floating vCPU keeps its
-    pins minus what others own (never widened here; growing pools back is
-    the rebalancer's call). A vCPU left with nothing, or one that floated
-    anywhere (empty pins) while pCPUs are owned, gets the shared pool of its
-    nodes. Placements that do not change are returned as they are.
+    pins minus what others own or the host reserves (never widened here;
+    growing pools back is the rebalancer's call). A vCPU left with nothing,
+    or one that floated anywhere (empty pins) while pCPUs are owned, gets the
+    shared pool of its nodes. Emulator threads follow: off others' pCPUs, and
+    one that ran anywhere floats with the guest's floating vCPUs (or on the
+    guest's own pCPUs if it has none). Placements that do not change are
+    returned as they are.
     """
     usage = HostUsage.build(topology, placements)
     index = usage.index
@@ -670,9 +673,10 @@ def refresh_shared_pins(topology: HostTopology, placements: Sequence[Placement])
     result = []
     for placement in placements:
         own = exclusive_of(placement)
-        taken = usage.exclusive - own  # owned by someone else
+        others = usage.exclusive - own  # owned by someone else
+        taken = others | (topology.reserved - own)
         _, shared = split_vcpus(placement)
-        if not shared or not taken:
+        if not taken or not (shared or others):
             result.append(placement)
             continue
         pins = dict(placement.vcpupin)
@@ -682,32 +686,45 @@ def refresh_shared_pins(topology: HostTopology, placements: Sequence[Placement])
             narrowed = cpus - taken
             if not narrowed:
                 nodes = {index.cpu_node[c] for c in cpus if c in index.cpu_node} or all_nodes
-                narrowed = frozenset().union(*(usage.shared_pool(n) for n in nodes)) - own
+                narrowed = frozenset().union(*(usage.shared_pool(n) for n in nodes)) - own - taken
             if narrowed:
                 pins[vcpu] = narrowed
-        emulator = placement.emulatorpin
-        if emulator & taken and emulator - taken:
-            emulator = emulator - taken
+        emulator = _emulator_off(placement.emulatorpin, others, taken, pins, own)
         if pins != placement.vcpupin or emulator != placement.emulatorpin:
             placement = replace(placement, vcpupin=pins, emulatorpin=emulator)
         result.append(placement)
     return result
 
 
-def may_narrow(placements: Sequence[Placement]) -> bool:
+def _emulator_off(emulator: frozenset[int], others: frozenset[int] | set[int], taken: frozenset[int] | set[int],
+                  pins: Mapping[int, frozenset[int]], own: frozenset[int]) -> frozenset[int]:
+    """The emulator cpuset kept off pCPUs `others` own: what is left of it, else where the guest's
+    floating vCPUs run, else the guest's own pCPUs. An empty set (anywhere) is given that place
+    as soon as anything is owned or reserved; a set on reserved pCPUs stays (`emulator_cpus`)."""
+    if emulator and not emulator & others:
+        return emulator
+    left = emulator - others
+    if left:
+        return left
+    floating = frozenset().union(*(cpus for cpus in pins.values() if not cpus <= own)) - taken
+    return floating or own or emulator
+
+
+def may_narrow(placements: Sequence[Placement], reserved: frozenset[int] = frozenset()) -> bool:
     """False only when `refresh_shared_pins` would return every placement unchanged: no
     floating vCPU or emulator thread uses (or may use: empty pins) a pCPU someone else
-    owns. Placing checks this on every placement; it costs a pass over the pins instead
-    of building the host's usage."""
+    owns or the host reserves. Placing checks this on every placement; it costs a pass
+    over the pins instead of building the host's usage."""
     owned = [exclusive_of(p) for p in placements]
     exclusive = frozenset().union(*owned)
-    if not exclusive:
+    if not exclusive and not reserved:
         return False
     for placement, own in zip(placements, owned):
-        taken = exclusive - own
+        others = exclusive - own
+        taken = others | (reserved - own)
         if not taken:
             continue
-        if placement.emulatorpin & taken:
+        if not placement.emulatorpin or placement.emulatorpin & others:
             return True
         for cpus in split_vcpus(placement)[1].values():
             if not cpus or cpus & taken:

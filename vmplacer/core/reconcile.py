@@ -24,8 +24,10 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from vmplacer.core.cpuset import format_cpuset
+from vmplacer.core.isolation import isolation_violations
 from vmplacer.core.occupancy import exclusive_of
 from vmplacer.core.placement import Placement
+from vmplacer.core.topology import HostTopology
 
 RECORD_STATES = ("planned", "defined", "running")
 # libvirt states in which the domain's QEMU process exists (and holds its pCPUs and memory).
@@ -39,7 +41,7 @@ ACTIONS = (RELEASE, FOLLOW, SET_STATE, NONE)
 
 # Order of kinds in a report: what frees capacity first, information last.
 KINDS = ("gone", "moved", "replaced", "stale-reservation", "adopted", "state", "settling", "pending", "drifted",
-         "unmanaged")
+         "isolation", "unmanaged")
 
 DEFAULT_PLANNED_GRACE_S = 3600.0
 DEFAULT_SETTLE_S = 60.0
@@ -156,6 +158,19 @@ def reconcile_host(
                 "occupied through its live pinning",
                 live_state=domain.state, domain_uuid=domain.uuid))
     return sorted(findings, key=lambda f: (f.guest, KINDS.index(f.kind)))
+
+
+def isolation_findings(host: str, topology: HostTopology, records: Iterable[RecordView], live: Iterable[LiveView],
+                       *, emulator_cpus: frozenset[int] = frozenset()) -> list[Finding]:
+    """The isolation invariant (core/isolation.py) on the host as it runs: each domain's live
+    pins, and the records of reservations not yet defined. Reported, never repaired here: who
+    is in the wrong (the hand-pinned domain, or the owner's record) is the operator's call."""
+    domains = {d.name: d for d in live}
+    layout = [d.placement for d in domains.values() if d.placement is not None]
+    layout += [r.placement for r in records if r.guest not in domains]
+    return [Finding(v.guest, host, "isolation", NONE, v.describe(),
+                    live_state=domains[v.guest].state if v.guest in domains else None)
+            for v in isolation_violations(topology, layout, emulator_cpus=emulator_cpus)]
 
 
 def moved(finding: Finding, to_host: str, domain: LiveView) -> Finding:

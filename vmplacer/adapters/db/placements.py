@@ -294,6 +294,15 @@ class SqlPlacementStore:
                 remove_placement(session, row)
                 session.commit()
 
+    def update_pins(self, placements: list[Placement]) -> list[str]:
+        """Rows follow pins changed on the host (narrowing, repin): one transaction, claims
+        included; guests never recorded are skipped."""
+        if not placements:
+            return []
+        from vmplacer.adapters.db.plans import SqlPlacementUpdates
+
+        return SqlPlacementUpdates(self._sessions).apply(placements)
+
     def is_placed(self, guest: str) -> bool:
         """Whether a placement of that name is recorded (without loading it)."""
         with self._sessions() as session:
