@@ -28,7 +28,8 @@ HOUR = 3600.0
 
 def _placement(guest: str, cpus: list[int], host: str = "h1") -> Placement:
     return Placement(guest=guest, host=host, vcpupin={i: frozenset({c}) for i, c in enumerate(cpus)},
-                     memory_nodes=frozenset({0}), memory_kib=65536, dedicated=True, exclusive_cpus=frozenset(cpus))
+                     emulatorpin=frozenset(cpus), memory_nodes=frozenset({0}), memory_kib=65536, dedicated=True,
+                     exclusive_cpus=frozenset(cpus))
 
 
 def _live(placement: Placement, uuid: str, state: str = "running") -> DomainInfo:
@@ -37,12 +38,19 @@ def _live(placement: Placement, uuid: str, state: str = "running") -> DomainInfo
 
 
 class FakeHost:
-    """Just what reconciling reads from a host: its domains (or a failure to list them)."""
+    """Just what reconciling reads from a host: its domains (or a failure to list them) and its
+    topology (for the isolation check)."""
 
     def __init__(self, name: str, domains: list[DomainInfo] | None = None, down: bool = False):
         self.name = name
         self.listing = list(domains or [])
         self.down = down
+
+    def topology(self):  # type: ignore[no-untyped-def]
+        from vmplacer.core.topology import uniform_topology
+
+        return uniform_topology(nodes=2, cores_per_node=8, threads_per_core=2, memory_mib_per_node=65536,
+                                name=self.name)
 
     def domains(self) -> list[DomainInfo]:
         if self.down:

@@ -127,3 +127,56 @@ def test_reconcile_moves_the_record_of_a_guest_migrated_by_hand(testbed, host1_c
             if dom.isActive():
                 dom.destroy()
             dom.undefine()
+
+
+def test_a_guest_pinned_by_hand_onto_an_owned_pcpu_is_named_and_pinned_back(testbed, host1_conn, tmp_path):
+    """The operator's `virsh vcpupin` puts a shared guest on a dedicated guest's pCPU: reconcile's
+    dry run names the drift and the isolation violation, the real run pins it back as recorded
+    (read back with virsh), and the next run finds nothing."""
+    from tests.integration.test_place_live import _virsh_vcpupin
+
+    config = tmp_path / "vmplacer.yaml"
+    config.write_text(f"data_dir: {tmp_path}\nhosts:\n  - {{name: h1, uri: '{testbed.host1_uri}', domain_type: qemu}}\n")
+    owner, shared = guests.owned_name("rc-owner"), guests.owned_name("rc-shared")
+    request = tmp_path / "req.yaml"
+    request.write_text(f"guests:\n  - {{name: {owner}, vcpus: 1, memory_mib: 64, cpu_policy: dedicated}}\n"
+                       f"  - {{name: {shared}, vcpus: 1, memory_mib: 64}}\n")
+    try:
+        code, placed, err = _vmplacer(config, "place", "--request", str(request), "--start", "--format", "json")
+        assert code == 0, (err, placed)
+        by_guest = {p["guest"]: p for p in placed["placements"]}
+        owned = set(by_guest[owner]["exclusive_cpus"])
+        recorded = {int(v): frozenset(c) for v, c in by_guest[shared]["vcpupin"].items()}
+        assert owned and not recorded[0] & owned
+
+        onto = str(min(owned))
+        import subprocess
+        subprocess.run(["virsh", "-c", testbed.host1_uri, "vcpupin", shared, "0", onto, "--live"], check=True,
+                       capture_output=True)
+
+        code, report, err = _vmplacer(config, "reconcile", "--host", "h1", "--settle", "0", "--dry-run",
+                                      "--format", "json")
+        assert code == 0, (err, report)
+        assert sorted(_mine(report, shared)) == [("drifted", "restore", "would-apply"),
+                                                 ("isolation", "none", "reported")]
+        detail = next(f["detail"] for h in report["hosts"] for f in h["findings"]
+                      if f["guest"] == shared and f["kind"] == "isolation")
+        assert f"exclusive to guest {owner}" in detail
+        assert _virsh_vcpupin(testbed.host1_uri, shared)[0] == frozenset({int(onto)}), "a dry run changed it"
+
+        code, report, err = _vmplacer(config, "reconcile", "--host", "h1", "--settle", "0", "--format", "json")
+        assert code == 0, (err, report)
+        assert ("drifted", "restore", "applied") in _mine(report, shared) and report["restored"] == 1
+        assert _virsh_vcpupin(testbed.host1_uri, shared) == recorded
+
+        code, report, err = _vmplacer(config, "reconcile", "--host", "h1", "--settle", "0", "--format", "json")
+        assert code == 0 and _mine(report, shared) == [] and _mine(report, owner) == [], report
+    finally:
+        for name in (shared, owner):
+            try:
+                dom = host1_conn.lookupByName(name)
+            except libvirt.libvirtError:
+                continue
+            if dom.isActive():
+                dom.destroy()
+            dom.undefine()

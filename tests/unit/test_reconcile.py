@@ -259,3 +259,21 @@ def test_followed_placement_moves_ownership_with_the_vcpus():
     assert moved_to.host == "h2" and moved_to.vcpupin == live.vcpupin and moved_to.memory_nodes == frozenset({1})
     assert moved_to.exclusive_cpus == frozenset({4, 5, 9}), "dedicated vCPUs and the isolated emulator own their new pCPUs"
     assert moved_to.memory_kib == 1024 and moved_to.guest == "g"
+
+
+# ----- what drifted pinning does ----------------------------------------------------------------------
+@pytest.mark.parametrize("policy, action", [("restore", "restore"), ("adopt", "adopt"), ("report", "none")])
+def test_drifted_pinning_is_pinned_back_adopted_or_reported_as_the_operator_chose(policy, action):
+    findings = judge([record("g")], [domain("g", pins={0: {2}, 1: {6}})], drift=policy)
+    assert [(f.kind, f.action, f.writes) for f in findings] == [("drifted", action, action != "none")]
+    assert "1→6 (recorded 3)" in findings[0].detail
+
+
+def test_a_young_record_s_drift_waits_for_the_settle_window():
+    findings = judge([record("g", age=1.0)], [domain("g", pins={0: {2}, 1: {6}})], drift="restore")
+    assert [(f.kind, f.deferred) for f in findings] == [("settling", "drifted")]
+
+
+def test_an_unknown_drift_policy_is_refused():
+    with pytest.raises(ValueError, match="drift"):
+        judge([record("g")], [domain("g")], drift="ignore")

@@ -5,7 +5,9 @@ meanwhile), list its domains, then read its records — in that order, so a
 record old enough to act on was already unchanged while the domains were
 listed — let `core.reconcile` judge them, and apply the verdicts: forget the
 records of domains that are gone (their pCPU claims go with them), fix the
-recorded state of the rest. Every write is audited. A host that does not
+recorded state of the rest, and put drifted pinning back as recorded (or,
+with `drift="adopt"`, record what libvirt has, unless that breaks isolation).
+Every write is audited. A host that does not
 answer, or whose lease another run holds, is reported and left alone; the
 other hosts are still reconciled.
 
@@ -25,16 +27,21 @@ from vmplacer.core.protect import Throttle, ThrottleFinding, throttle_findings
 from vmplacer.core.reconcile import (
     DEFAULT_PLANNED_GRACE_S,
     DEFAULT_SETTLE_S,
+    DRIFT_POLICIES,
     FOLLOW,
+    ADOPT,
     RELEASE,
+    RESTORE,
     SET_STATE,
     Finding,
     count_by_kind,
+    describe_drift,
     followed_placement,
-    moved,
     isolation_findings,
+    moved,
     reconcile_host,
 )
+from vmplacer.core.isolation import isolation_violations
 from vmplacer.ports import (
     ClaimConflict,
     DomainInfo,
@@ -100,12 +107,17 @@ class ReconcileReport:
 
     @property
     def complete(self) -> bool:
-        """Every host was reconciled (none busy or unreachable)."""
-        return all(h.status == "reconciled" for h in self.hosts)
+        """Every host was reconciled (none busy or unreachable) and no repair failed."""
+        return all(h.status == "reconciled" for h in self.hosts) and not self.failed
+
+    @property
+    def failed(self) -> list[Outcome]:
+        return [o for h in self.hosts for o in h.outcomes if o.outcome == "failed"]
 
     @property
     def problems(self) -> list[str]:
-        return [h.message for h in self.hosts if h.status != "reconciled"]
+        return ([h.message for h in self.hosts if h.status != "reconciled"]
+                + [f"guest {o.finding.guest} on host {o.finding.host}: {o.message}" for o in self.failed])
 
     def count(self, outcome: str, action: str | None = None) -> int:
         return sum(1 for h in self.hosts for o in h.outcomes
@@ -120,6 +132,8 @@ class ReconcileReport:
             "released": self.count(done, RELEASE),
             "followed": self.count(done, FOLLOW),
             "updated": self.count(done, SET_STATE),
+            "restored": self.count(done, RESTORE),
+            "adopted": self.count(done, ADOPT),
             "counts": count_by_kind([o.finding for h in self.hosts for o in h.outcomes]),
             "hosts": [h.to_dict() for h in self.hosts],
             "problems": self.problems,
@@ -152,6 +166,7 @@ class Reconciler:
         self.throttles = throttles  # with it, throttles the ledger and libvirt disagree on are reported
         self.placements = placements
         self._elsewhere: dict[str, list[DomainInfo] | None] = {}
+        self._live: dict[str, DomainInfo] = {}  # the host being reconciled, by domain name
         self.store = store
         self.leases = leases
         self.holder = holder
@@ -168,8 +183,12 @@ class Reconciler:
         planned_grace_s: float = DEFAULT_PLANNED_GRACE_S,
         settle_s: float = DEFAULT_SETTLE_S,
         now_wall: float | None = None,
+        drift: str = "restore",
     ) -> ReconcileReport:
-        """Reconcile `host_names` (default: every host) one after the other; `now_wall` stamps the report."""
+        """Reconcile `host_names` (default: every host) one after the other; `now_wall` stamps the report;
+        `drift` says what becomes of drifted pinning (core.reconcile.DRIFT_POLICIES)."""
+        if drift not in DRIFT_POLICIES:
+            raise ReconcileError(f"drift: one of {', '.join(DRIFT_POLICIES)}, got {drift!r}", bad_input=True)
         names = list(dict.fromkeys(host_names)) if host_names is not None else sorted(self.hosts)
         unknown = [n for n in names if n not in self.hosts]
         if unknown:
@@ -182,7 +201,7 @@ class Reconciler:
         report.closed_plans = self._close_orphaned_plans(dry_run)  # before our leases, which would hide them
         self._elsewhere = {}
         for name in names:
-            result = self._host(name, dry_run, planned_grace_s, settle_s)
+            result = self._host(name, dry_run, planned_grace_s, settle_s, drift)
             if result.status == "reconciled":
                 result.throttles = self._throttles(name)
             report.hosts.append(result)
@@ -217,7 +236,8 @@ class Reconciler:
         return found
 
     # ----- one host ---------------------------------------------------------------------------------
-    def _host(self, name: str, dry_run: bool, planned_grace_s: float, settle_s: float) -> HostResult:
+    def _host(self, name: str, dry_run: bool, planned_grace_s: float, settle_s: float,
+              drift: str = "restore") -> HostResult:
         if not self.leases.acquire([name], self.holder, self.lease_ttl_s):
             return HostResult(name, "busy", self._busy_message(name))
         try:
@@ -227,8 +247,11 @@ class Reconciler:
                 return HostResult(name, "unreachable", f"host {name} unreachable: {exc}")
             self._elsewhere[name] = domains
             records = self.store.records(name)
-            findings = reconcile_host(name, records, domains, planned_grace_s=planned_grace_s, settle_s=settle_s)
-            findings += isolation_findings(name, self.hosts[name].topology(), records, domains,
+            findings = reconcile_host(name, records, domains, planned_grace_s=planned_grace_s, settle_s=settle_s,
+                                      drift=drift)
+            released = {f.guest for f in findings if f.action == RELEASE}
+            findings += isolation_findings(name, self.hosts[name].topology(),
+                                           [r for r in records if r.guest not in released], domains,
                                            emulator_cpus=self.emulator_cpus(name))
             by_uuid = {r.guest: r.domain_uuid for r in records}
             findings = [self._followed(f, by_uuid.get(f.guest)) for f in findings]
@@ -239,6 +262,7 @@ class Reconciler:
                 return HostResult(name, "busy", f"host {name}: lease lost before writing (listing the domains "
                                                 f"took longer than {self.lease_ttl_s:.0f} s); nothing changed")
             by_guest = {r.guest: r for r in records}
+            self._live = {d.name: d for d in domains}
             return HostResult(name, "reconciled", "",
                               [self._apply(f, by_guest.get(f.guest)) if f.writes else self._unapplied(f, False)
                                for f in findings])
@@ -307,6 +331,43 @@ class Reconciler:
             return Outcome(finding, "would-apply")
         return Outcome(finding, "reported")
 
+    def _restore(self, finding: Finding, record: RecordedPlacement) -> str:
+        """Pin the domain back as recorded and read it back; "" when libvirt now agrees."""
+        from vmplacer.app.actions.pinning import apply_pins
+
+        host = self.hosts[finding.host]
+        wanted = record.placement
+        try:
+            apply_pins(host, finding.guest, wanted)
+            live = host.domain(finding.guest).placement
+            if live is not None and live.memory_nodes != wanted.memory_nodes and wanted.memory_nodes:
+                set_nodes = getattr(host, "set_memory_nodes", None)
+                if set_nodes is not None:
+                    set_nodes(finding.guest, wanted.memory_nodes)
+                    live = host.domain(finding.guest).placement
+        except HypervisorError as exc:
+            return f"pinning back as recorded failed: {exc}"
+        left = describe_drift(wanted, live) if live is not None else "its pinning cannot be read back"
+        return f"still differs after pinning back: {left}" if left else ""
+
+    def _adopt(self, finding: Finding, record: RecordedPlacement) -> str:
+        """The record takes libvirt's pins, unless they break isolation (then nothing changes)."""
+        domain = self._live.get(finding.guest)
+        if domain is None or domain.placement is None:
+            return "its live pinning cannot be read"
+        adopted = followed_placement(record.placement, domain.placement, finding.host)
+        layout = [d.placement for d in self._live.values() if d.placement is not None and d.name != finding.guest]
+        broken = [v for v in isolation_violations(self.hosts[finding.host].topology(), [*layout, adopted],
+                                                  emulator_cpus=self.emulator_cpus(finding.host))
+                  if finding.guest in (v.guest, v.owner)]
+        if broken:
+            return "not adopted, it would break isolation: " + "; ".join(v.describe() for v in broken)
+        try:
+            self.store.update_pins([adopted])
+        except ClaimConflict as exc:
+            return f"not adopted: {exc}"
+        return ""
+
     def _apply(self, finding: Finding, record: RecordedPlacement | None) -> Outcome:
         detail: dict[str, Any] = {"kind": finding.kind, "recorded_state": finding.recorded_state,
                                   "live_state": finding.live_state, "age_s": finding.age_s}
@@ -321,6 +382,15 @@ class Reconciler:
             if outcome != "applied":
                 return Outcome(finding, outcome, message)
             detail.update(target_host=finding.target_host, state=finding.state, note=message or None)
+        elif finding.action in (RESTORE, ADOPT):
+            if record is None:
+                return Outcome(finding, "skipped", "the record was removed meanwhile")
+            problem = (self._restore(finding, record) if finding.action == RESTORE
+                       else self._adopt(finding, record))
+            if problem:
+                self.store.audit(action="reconcile", outcome="failed", host=finding.host, guest=finding.guest,
+                                 message=f"{finding.kind}: {problem}", detail=detail)
+                return Outcome(finding, "failed", problem)
         elif finding.action == RELEASE:
             self.store.forget(finding.guest)
         elif finding.action == SET_STATE:

@@ -1,16 +1,20 @@
 """`vmplacer reconcile`: make the placement records agree with what libvirt runs.
 
-    vmplacer reconcile [--host H ... | --all] [--dry-run] [--reservation-grace 1h] [--settle 60s]
+    vmplacer reconcile [--host H ... | --all] [--dry-run] [--drift restore|adopt|report]
+                       [--reservation-grace 1h] [--settle 60s]
 
 Records of domains undefined or migrated by hand (`virsh undefine`,
 `virsh migrate`) are forgotten with their exclusive pCPU claims; recorded
-states follow libvirt's; drifted pinning and domains without a record are
-reported. Each host is reconciled under its lease, so never while a
+states follow libvirt's; drifted pinning (vCPU, emulator pins, memory nodes)
+is pinned back as recorded (`--drift adopt`: the record takes libvirt's pins
+unless they break isolation; `--drift report`: left alone); threads running on
+another guest's exclusive or the host's reserved pCPUs (kind `isolation`) and
+domains without a record are reported. Each host is reconciled under its lease, so never while a
 rebalance applies a plan there. Rebalancing plans a stopped process left
 `running` (no live lease on their hosts) are closed as `failed` first
 (listed; a dry run lists them only). Exit codes: 0 every host reconciled; 1 a host
 was unreachable or busy (named on stderr; the others were still reconciled)
-or the database failed; 2 bad input.
+or the database failed, or a drift repair failed; 2 bad input.
 """
 
 from __future__ import annotations
@@ -42,13 +46,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Compare each host's placement records with the domains libvirt runs there. Records whose "
         "domain was undefined, replaced or moved outside vmplacer are released with their exclusive pCPU "
         "claims; reservations no domain was defined for within the grace are released; recorded states follow "
-        "libvirt. Drifted pinning and domains without a record are only reported. Records changed within "
-        "the settle window are left alone (a placement may be in progress).",
+        "libvirt; drifted pinning is pinned back as recorded (see --drift). Isolation violations and domains "
+        "without a record are reported. Records changed within the settle window are left alone (a placement "
+        "may be in progress).",
     )
     where = parser.add_mutually_exclusive_group()
     where.add_argument("--host", action="append", metavar="NAME", help="only this host (repeatable)")
     where.add_argument("--all", action="store_true", help="every configured host (the default)")
     parser.add_argument("--dry-run", action="store_true", help="report what would change; change nothing")
+    parser.add_argument("--drift", choices=("restore", "adopt", "report"), default="restore",
+                        help="drifted pinning: pin it back as recorded (default), adopt libvirt's pins into the "
+                        "record (refused where they break isolation), or only report it")
     parser.add_argument("--reservation-grace", default="1h", metavar="DURATION",
                         help="release a reservation (state planned) whose domain was not defined this long "
                         "after reserving (default 1h; e.g. 30m, 2h, 900s)")
@@ -68,7 +76,8 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     hosts = resolve_hosts(ctx, args.host)
     try:
         reconciler = _reconciler(ctx)
-        report = reconciler.run(hosts, dry_run=args.dry_run, planned_grace_s=grace, settle_s=settle)
+        report = reconciler.run(hosts, dry_run=args.dry_run, planned_grace_s=grace, settle_s=settle,
+                                drift=args.drift)
     except ReconcileError as exc:
         if exc.bad_input:
             raise UsageError(str(exc)) from None
@@ -106,4 +115,5 @@ def _render(data: dict[str, Any]) -> None:
     verb = "would release" if data["dry_run"] else "released"
     print(f"{verb} {data['released']} record(s), {'would move' if data['dry_run'] else 'moved'} "
           f"{data['followed']} to their domain's new host, {'would update' if data['dry_run'] else 'updated'} "
-          f"{data['updated']}{mode}")
+          f"{data['updated']}, {'would pin back' if data['dry_run'] else 'pinned back'} {data['restored']}, "
+          f"{'would adopt' if data['dry_run'] else 'adopted'} the pins of {data['adopted']}{mode}")

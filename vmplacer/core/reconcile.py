@@ -36,8 +36,13 @@ ACTIVE_LIVE_STATES = frozenset({"running", "paused", "blocked", "pmsuspended"})
 RELEASE = "release"
 SET_STATE = "set_state"
 FOLLOW = "follow"  # the record moves to the host the domain now runs on
+RESTORE = "restore"  # drifted pins are put back as recorded
+ADOPT = "adopt"  # the record takes the drifted pins libvirt has
 NONE = "none"
-ACTIONS = (RELEASE, FOLLOW, SET_STATE, NONE)
+ACTIONS = (RELEASE, FOLLOW, SET_STATE, RESTORE, ADOPT, NONE)
+# What reconciling does with drifted pinning: back to the record (default), the record follows
+# libvirt, or only reported.
+DRIFT_POLICIES = ("restore", "adopt", "report")
 
 # Order of kinds in a report: what frees capacity first, information last.
 KINDS = ("gone", "moved", "replaced", "stale-reservation", "adopted", "state", "settling", "pending", "drifted",
@@ -129,13 +134,16 @@ def reconcile_host(
     *,
     planned_grace_s: float = DEFAULT_PLANNED_GRACE_S,
     settle_s: float = DEFAULT_SETTLE_S,
+    drift: str = "report",
 ) -> list[Finding]:
     """Findings for every record of `host` that disagrees with libvirt, and every unrecorded domain.
 
-    Records that agree with their domain produce nothing. Raises ValueError for
-    a negative window, a record in a state other than planned/defined/running,
-    or a guest recorded twice.
+    Records that agree with their domain produce nothing. `drift` (one of DRIFT_POLICIES) is
+    what a drifted pinning's finding does. Raises ValueError for a negative window, a record
+    in a state other than planned/defined/running, a guest recorded twice, or an unknown policy.
     """
+    if drift not in DRIFT_POLICIES:
+        raise ValueError(f"drift: one of {', '.join(DRIFT_POLICIES)}, got {drift!r}")
     _check_window("planned_grace_s", planned_grace_s)
     _check_window("settle_s", settle_s)
     domains = {domain.name: domain for domain in live}
@@ -148,7 +156,7 @@ def reconcile_host(
         if record.guest in seen:
             raise ValueError(f"guest {record.guest} on host {host}: recorded twice")
         seen.add(record.guest)
-        for finding in _judge(host, record, domains.get(record.guest), planned_grace_s):
+        for finding in _judge(host, record, domains.get(record.guest), planned_grace_s, drift):
             findings.append(_settled(finding, record, settle_s))
     for name, domain in domains.items():
         if name not in seen:
@@ -163,11 +171,12 @@ def reconcile_host(
 def isolation_findings(host: str, topology: HostTopology, records: Iterable[RecordView], live: Iterable[LiveView],
                        *, emulator_cpus: frozenset[int] = frozenset()) -> list[Finding]:
     """The isolation invariant (core/isolation.py) on the host as it runs: each domain's live
-    pins, and the records of reservations not yet defined. Reported, never repaired here: who
-    is in the wrong (the hand-pinned domain, or the owner's record) is the operator's call."""
+    pins, and the records of reservations not yet defined (pass only the records that stay:
+    not those reconciling releases). Reported, never repaired here: who is in the wrong (the
+    hand-pinned domain, or the owner's record) is the operator's call."""
     domains = {d.name: d for d in live}
     layout = [d.placement for d in domains.values() if d.placement is not None]
-    layout += [r.placement for r in records if r.guest not in domains]
+    layout += [r.placement for r in records if r.guest not in domains and r.state == "planned"]
     return [Finding(v.guest, host, "isolation", NONE, v.describe(),
                     live_state=domains[v.guest].state if v.guest in domains else None)
             for v in isolation_violations(topology, layout, emulator_cpus=emulator_cpus)]
@@ -241,7 +250,8 @@ def describe_age(seconds: float) -> str:
 
 
 # ----- one record ------------------------------------------------------------------------------------
-def _judge(host: str, record: RecordView, domain: LiveView | None, planned_grace_s: float) -> list[Finding]:
+def _judge(host: str, record: RecordView, domain: LiveView | None, planned_grace_s: float,
+           drift_policy: str = "report") -> list[Finding]:
     guest, state = record.guest, record.state
     claims = _claims_text(record.placement)
     common: dict[str, Any] = {"recorded_state": state, "age_s": record.age_s}
@@ -281,9 +291,13 @@ def _judge(host: str, record: RecordView, domain: LiveView | None, planned_grace
                                 state=target, domain_uuid=domain.uuid, **common))
     drift = describe_drift(record.placement, domain.placement) if domain.placement is not None else ""
     if drift:
-        findings.append(Finding(guest, host, "drifted", NONE,
-                                f"live pinning differs from the record: {drift} (left as it is; a rebalance "
-                                "plan prechecks the live pinning before acting)", **common))
+        action, then = {
+            "restore": (RESTORE, "pinned back as recorded"),
+            "adopt": (ADOPT, "the record takes libvirt's pins"),
+            "report": (NONE, "left as it is; a rebalance plan prechecks the live pinning before acting"),
+        }[drift_policy]
+        findings.append(Finding(guest, host, "drifted", action,
+                                f"live pinning differs from the record: {drift} ({then})", **common))
     return findings
 
 
