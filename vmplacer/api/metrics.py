@@ -266,3 +266,20 @@ def protect_metrics(latest: Callable[[], Iterable[dict[str, Any]]], now: Callabl
         yield from (ratio, floor, applied, below, frozen, budget, age)
 
     return protect
+
+
+def isolation_gauges(latest: Callable[[], dict[str, int | None]]):
+    """vmplacer_isolation_violations{host}: threads (vCPUs, emulators) that may run on another guest's
+    exclusive or the host's reserved pCPUs, as the last periodic check found them; a host that could
+    not be read is left out (its age says so)."""
+
+    def isolation() -> Iterable[GaugeMetricFamily]:
+        family = GaugeMetricFamily("vmplacer_isolation_violations",
+                                   "threads allowed onto another guest's exclusive or a reserved pCPU (last check)",
+                                   labels=("host",))
+        for host, count in sorted(latest().items()):
+            if count is not None:
+                family.add_metric((host,), float(count))
+        yield family
+
+    return isolation

@@ -21,6 +21,7 @@ from vmplacer.api.metrics import (
     ApiMetrics,
     degradation_gauges,
     freeze_rescue_metrics,
+    isolation_gauges,
     job_gauges,
     maintenance_gauges,
     plan_action_gauges,
@@ -37,6 +38,9 @@ log = logging.getLogger(__name__)
 HOUSEKEEPING_EVERY_S = 600.0
 # /metrics counts the rebalance trials finished this long ago at most: a day, the trials' memory.
 TRIAL_OUTCOME_WINDOW_S = 86400.0
+# How often `serve` checks each host's live pinning against the isolation invariant (a domain
+# pinned by hand onto another guest's exclusive pCPU shows in /metrics and the log within this).
+ISOLATION_CHECK_EVERY_S = 60.0
 # Freeze journal rows whose owner and guardian both died (a cgroup kill) are replayed this often.
 FREEZE_REPLAY_EVERY_S = 1.0
 # Synchronous routes (and their database connections) running at once: the server container's
@@ -57,6 +61,7 @@ class ApiOptions:
     job_workers: int = 4
     request_threads: int = REQUEST_THREADS  # threads running synchronous routes at once
     replay_freeze_journal: bool = True
+    isolation_check_s: float = ISOLATION_CHECK_EVERY_S  # 0: no periodic isolation check
 
 
 class ApiServices:
@@ -79,7 +84,9 @@ class ApiServices:
         self.runner: JobRunner | None = None
         self._housekeeping_stop = threading.Event()
         self._housekeeping: threading.Thread | None = None
+        self.isolation: dict[str, int | None] = {}  # host -> violations at the last check (None: unreadable)
         self.metrics.add_database_gauges(
+            isolation_gauges(lambda: dict(self.isolation)),
             degradation_gauges(self.latest_profile_results),
             job_gauges(self.jobs.counts),
             plan_action_gauges(self.plan_action_counts),
@@ -112,6 +119,9 @@ class ApiServices:
         self._housekeeping.start()
         if self.options.replay_freeze_journal:
             threading.Thread(target=self._replay_freezes_every_second, name="vmplacer-freeze-replay",
+                             daemon=True).start()
+        if self.options.isolation_check_s > 0:
+            threading.Thread(target=self._check_isolation_periodically, name="vmplacer-isolation",
                              daemon=True).start()
         if not self.options.run_jobs:
             return
@@ -163,6 +173,30 @@ class ApiServices:
         hosts: dict[str, Any] = {}  # libvirt handles kept between rounds
         while not self._housekeeping_stop.wait(FREEZE_REPLAY_EVERY_S):
             self._replay_freeze_journal("housekeeping", hosts)
+
+    def _check_isolation_periodically(self) -> None:
+        while not self._housekeeping_stop.wait(self.options.isolation_check_s):
+            self.check_isolation()
+
+    def check_isolation(self) -> dict[str, int | None]:
+        """Each configured host's live pinning (and reservations) against the isolation invariant:
+        the count goes to /metrics, each violation found to the log. Returns host -> count."""
+        from vmplacer.core.reconcile import isolation_findings
+
+        for name in self.host_names:
+            try:
+                host = self.container.hypervisor(name)
+                records = [r for r in self.container.placement_store.records(name) if r.state == "planned"]
+                findings = isolation_findings(name, host.topology(), records, host.domains(),
+                                              emulator_cpus=self.container.allocation_options(name).emulator_cpus)
+            except Exception as exc:  # noqa: BLE001 - one unreadable host; the next round tries again
+                log.warning("isolation check of host %s failed: %s", name, exc)
+                self.isolation[name] = None
+                continue
+            for finding in findings:
+                log.warning("isolation: %s", finding.detail)
+            self.isolation[name] = len(findings)
+        return dict(self.isolation)
 
     def freeze_rescues(self) -> tuple[dict[str, int], float]:
         return self.container.freeze_rescue_summary()

@@ -1,7 +1,7 @@
 """`vmplacer serve`: the REST API under uvicorn.
 
     vmplacer serve [--listen 127.0.0.1:8470] [--ssl-certfile CERT --ssl-keyfile KEY]
-                   [--instance NAME] [--lease-ttl 30] [--no-jobs]
+                   [--instance NAME] [--lease-ttl 30] [--no-jobs] [--isolation-every 60s]
 
 Listens on api.listen (127.0.0.1:8470 by default). The database schema must be
 current (`vmplacer db upgrade`); a fresh SQLite file is created on first start.
@@ -17,7 +17,7 @@ import ipaddress
 import logging
 import sys
 
-from vmplacer.cli.common import CliContext, OperationalError, UsageError
+from vmplacer.cli.common import CliContext, OperationalError, UsageError, parse_duration
 
 log = logging.getLogger(__name__)
 
@@ -36,6 +36,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ssl-keyfile", metavar="FILE", help="private key of --ssl-certfile (PEM)")
     parser.add_argument("--instance", metavar="NAME",
                         help="this instance's name in leases and jobs (default: hostname:pid:random)")
+    parser.add_argument("--isolation-every", default="60s", metavar="DURATION",
+                        help="check each host's live pinning against the isolation invariant this often "
+                        "(/metrics vmplacer_isolation_violations, a log line per violation; default 60s, 0: never)")
     parser.add_argument("--lease-ttl", type=float, default=30.0, metavar="SECONDS",
                         help="host lease lifetime; a crashed instance's hosts are taken over after it "
                         "(default 30)")
@@ -112,8 +115,11 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         sys.stderr.write(f"vmplacer: warning: listening on {host} without TLS; bearer tokens cross the "
                          "network in clear text (use --ssl-certfile/--ssl-keyfile or a TLS reverse proxy)\n")
     ensure_schema(ctx)
+    isolation_every = parse_duration(args.isolation_every, "--isolation-every", "s")
+    if isolation_every < 0:
+        raise UsageError(f"--isolation-every: must be 0 (never) or positive, got {args.isolation_every}")
     options = ApiOptions(instance=args.instance or instance_name(), lease_ttl_s=args.lease_ttl,
-                         run_jobs=not args.no_jobs)
+                         run_jobs=not args.no_jobs, isolation_check_s=isolation_every)
     container = ServerContainer(ctx.settings)
     app = create_app(container, options)
     log.info("vmplacer API instance %s on %s:%d", options.instance, host, port)
