@@ -254,6 +254,11 @@ class MemoryHost:
     def domains(self):
         return [self.domain("g")]
 
+    def topology(self):
+        from vmplacer.core.topology import uniform_topology
+
+        return uniform_topology(nodes=2, cores_per_node=2, threads_per_core=1, memory_mib_per_node=4096, name="m1")
+
     def set_memory_nodes(self, name, nodes):
         from vmplacer.ports import HypervisorError
 
@@ -289,3 +294,50 @@ def test_memory_nodes_move_live_or_fail_cleanly_and_probes_run(sim):
     untuned = Untuned()
     done = Executor({"m1": untuned}, clock=sim.clock).run(plan)
     assert done.actions[0].state == "skipped" and "no live NUMA tuning" in done.actions[0].message
+
+
+class Owning:
+    """A simulated host on which guest "own" holds pCPU 0 exclusively (the simulator has no
+    exclusive pins of its own)."""
+
+    def __init__(self, host):
+        self.host = host
+        self.name = host.name
+
+    def __getattr__(self, attr):
+        return getattr(self.host, attr)
+
+    def _owned(self, info):
+        if info.name != "own" or info.placement is None:
+            return info
+        return replace(info, placement=replace(info.placement, dedicated=True, exclusive_cpus=frozenset({0}),
+                                               emulatorpin=frozenset({0})))
+
+    def domain(self, name):
+        return self._owned(self.host.domain(name))
+
+    def domains(self):
+        return [self._owned(d) for d in self.host.domains()]
+
+
+def test_a_plan_that_leaves_a_guest_on_another_s_exclusive_pcpu_is_reported_and_audited(sim, db):
+    from vmplacer.core.plan import Action, Plan
+
+    sim.hosts["h1"].define_domain("own", workload="spin", vcpupin=[0])
+    sim.hosts["h1"].define_domain("f", workload="spin", vcpupin={0: [1, 2]})
+    host = Owning(sim.hosts["h1"])
+    before = host.domain("f").placement
+    after = replace(before, vcpupin={0: frozenset({0, 1})}, emulatorpin=frozenset({1}))
+    plan = Plan(actions=(Action(index=0, kind="repin", host="h1", guest="f", before=before, after=after),),
+                hosts=("h1",), state="approved")
+    store = SqlPlacementStore(db)
+    done = Executor({"h1": host}, clock=sim.clock, audit=store).run(plan)
+    assert done.actions[0].state == "succeeded"
+    assert "isolation broken after the plan" in done.message and "exclusive to guest own" in done.message
+    from sqlalchemy import select
+
+    from vmplacer.adapters.db.models import AuditRow
+
+    with db() as session:
+        rows = session.scalars(select(AuditRow).where(AuditRow.action == "isolation")).all()
+    assert [(r.guest, r.outcome) for r in rows] == [("f", "failed")]

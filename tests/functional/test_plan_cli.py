@@ -168,7 +168,11 @@ def test_existing_domains_are_avoided_and_floating_ones_repinned(tmp_path):
     (placed,) = result["placements"]
     owned = {c for cpus in placed["vcpupin"].values() for c in cpus}
     assert not owned & {0, 1}
-    (repin,) = result["repins"]
-    assert repin["guest"] == "old-floating" and repin["host"] == "h"
+    repins = {r["guest"]: r for r in result["repins"]}
+    repin = repins["old-floating"]
+    assert repin["host"] == "h"
     assert set(repin["vcpupin"]["0"]) == set(range(2, 8)) - owned
     assert set(repin["emulatorpin"]) == set(range(2, 8)) - owned
+    # old-pinned's emulator threads ran anywhere (no emulatorpin): they keep to its own pCPUs now
+    assert set(repins) == {"old-floating", "old-pinned"}
+    assert set(repins["old-pinned"]["emulatorpin"]) == {0, 1}

@@ -146,6 +146,7 @@ class Executor:
                 break
         plan = self._skip_rest(plan, "the plan stopped before this action")
         self._flush_deferred(plan, final=True)
+        broken = self._isolation_after(plan)
         outcome = "cancelled" if cancel is not None else plan.outcome()
         counts = {s: sum(1 for a in plan.actions if a.state == s) for s in ("succeeded", "failed", "skipped",
                                                                              "rolled_back")}
@@ -156,11 +157,40 @@ class Executor:
             late = self._cancel_request(plan)
             if late is not None:
                 message += f"; the cancel request ({late.message}) came after the last action had started"
+        if broken:
+            message += "; isolation broken after the plan: " + "; ".join(broken)
         if self.plans is not None and plan.id is not None:
             self.plans.transition(plan.id, "running", outcome, message)
         self._audit("rebalance-plan", "ok" if outcome == "succeeded" else outcome, None, None,
                     f"plan {plan.id}: {outcome} ({message})", {"plan_id": plan.id})
         return plan.moved_to(outcome, message)
+
+    def _isolation_after(self, plan: Plan) -> list[str]:
+        """The isolation invariant on every host the plan changed, read back from libvirt once the
+        plan is over (between actions it may hold: a floater narrows after the guest that takes
+        its pCPUs), for the plan's guests as users or owners; each violation audited."""
+        from vmplacer.core.isolation import isolation_violations
+
+        changed = [a for a in plan.actions if a.state == "succeeded" and a.kind in ("repin", "migrate", "set_memory_nodes")]
+        guests = {a.guest for a in changed}
+        found: list[str] = []
+        for name in sorted({a.target_host or a.host for a in changed}):
+            host = self.hosts[name]
+            try:
+                layout = [d.placement for d in host.domains() if d.placement is not None]
+                topology = host.topology()
+                # emulator threads on reserved pCPUs are the host's emulator_cpus at work, which
+                # this code does not know: only reconcile and `serve` judge those
+                violations = isolation_violations(topology, layout, emulator_cpus=topology.reserved)
+            except HypervisorError as exc:
+                log.warning("isolation check after plan %s: host %s: %s", plan.id, name, exc)
+                continue
+            for violation in violations:
+                if violation.guest in guests or violation.owner in guests:
+                    found.append(violation.describe())
+                    self._audit("isolation", "failed", name, violation.guest, violation.describe(),
+                                {"plan_id": plan.id, **violation.to_dict()})
+        return found
 
     def _cancel_request(self, plan: Plan) -> CancelRequest | None:
         """A request to stop this plan, read from the plan store (None without a stored plan)."""
