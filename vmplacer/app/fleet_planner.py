@@ -12,15 +12,18 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vmplacer.core.allocate import allocate
 from vmplacer.core.batch import DEFAULT_BUDGET_S, DEFAULT_MAX_PASSES, BatchResult, Fitted, Refused, place_batch
 from vmplacer.core.guest import GuestSpec
+from vmplacer.core.fleet_index import DEFAULT_HOSTS_TO_SCORE, Demand, HostRoom, rank, room_of, shortlist
 from vmplacer.core.nofit import NoFit, NoFitReason
+from vmplacer.core.occupancy import Occupancy, occupancy_after
 from vmplacer.core.placement import Placement
-from vmplacer.core.policies.admit import AllocationOptions
+from vmplacer.core.scoring import node_utilisation
+from vmplacer.core.policies.admit import AllocationOptions, node_views, page_options
 from vmplacer.core.topology import HostTopology
 
 
@@ -50,6 +53,31 @@ def no_fit_refusal(exc: NoFit, host: str) -> Refusal:
 
 
 # ----- a request of many guests, as a batch (the CLI) -------------------------------------------------------
+MISSING = object()
+
+
+def host_classes(hosts: Sequence[FleetHost], *, shape_only: bool = False) -> list[int]:
+    """Per host, the first host it cannot be told apart from when nothing is on either: the
+    same topology but for its name, knobs and scorers. A host with guests, domains or records
+    is its own class (its index), unless `shape_only` (then only how the hosts are built counts)."""
+    classes: list[int] = []
+    firsts: dict[tuple, list[tuple[HostTopology, int]]] = {}
+    for at, host in enumerate(hosts):
+        if not shape_only and (host.existing or host.domains or host.profiles or host.anti_affinity):
+            classes.append(at)
+            continue
+        shape = replace(host.topology, name="")
+        key = (len(shape.cpus), tuple(sorted(shape.nodes)), host.options, id(host.admission))
+        same = firsts.setdefault(key, [])
+        match = next((first for topology, first in same if topology == shape), None)
+        if match is None:
+            same.append((shape, at))
+            match = at
+        classes.append(match)
+    return classes
+
+
+
 @dataclass
 class FleetHost:
     """A candidate host as planning sees it: topology, what occupies it, its knobs."""
@@ -101,11 +129,14 @@ class FleetPlan:
 
 class FleetPlanner:
     def __init__(self, *, budget_s: float = DEFAULT_BUDGET_S, max_passes: int = DEFAULT_MAX_PASSES,
-                 clock: Callable[[], float] = time.process_time):
-        """The batch search stops after `budget_s` of CPU time (`clock`) or `max_passes`."""
+                 clock: Callable[[], float] = time.process_time, hosts_to_score: int = DEFAULT_HOSTS_TO_SCORE):
+        """The batch search stops after `budget_s` of CPU time (`clock`) or `max_passes`. With more
+        than `hosts_to_score` hosts, each guest is allocated on that many of the hosts whose free
+        room may take it, the most promising first (core/fleet_index.py; 0: on every host)."""
         self.budget_s = budget_s
         self.max_passes = max_passes
         self.clock = clock
+        self.hosts_to_score = hosts_to_score
 
     def plan(self, specs: Sequence[GuestSpec], hosts: Sequence[FleetHost], *, closed: Sequence[Refusal] = (),
              vet: Vet | None = None, why: bool = False, order: Sequence[int] | None = None) -> FleetPlan:
@@ -114,12 +145,15 @@ class FleetPlanner:
         the guest. `order`: place in this order (indices) instead of hardest first."""
         hosts = list(hosts)
         self._memo: dict[tuple[int, str, tuple[int, ...]], Placement] = {}
+        self._occupancies: dict[tuple[str, tuple[int, ...]], Occupancy] = {}
 
         def fit(guest: int, host_at: int, earlier: tuple[int, ...]) -> Fitted | Refused:
             return self._fit(specs, guest, hosts[host_at], earlier, vet, why)
 
+        bounded = 0 < self.hosts_to_score < len(hosts)
         batch = place_batch(specs, len(hosts), fit, budget_s=self.budget_s, max_passes=self.max_passes,
-                            clock=self.clock, order=order)
+                            clock=self.clock, order=order,
+                            shortlist=self._shortlister(specs, hosts, vet) if bounded else None)
         return self._assemble(specs, hosts, list(closed), batch)
 
     def _fit(self, specs: Sequence[GuestSpec], guest: int, host: FleetHost, earlier: tuple[int, ...],
@@ -132,12 +166,10 @@ class FleetPlanner:
             refusal = vet(spec, host, None)
             if refusal is not None:
                 return Refused(refusal)
-        occupied = list(host.existing)
+        occupied = self._occupancy(specs, host, earlier, vet)
         profiles = dict(host.profiles)
         anti: dict[str, tuple[str, ...]] = dict(host.anti_affinity)
         for other in earlier:  # the batch's guests placed here before it (their placements are cached)
-            before = self._placed(specs, other, host, earlier[:earlier.index(other)], vet)
-            occupied.append(before)
             anti[specs[other].name] = specs[other].anti_affinity
             if host.admission is not None:
                 from vmplacer.core.interference_scorer import profile_of_spec
@@ -155,6 +187,64 @@ class FleetPlanner:
             if refusal is not None:
                 return Refused(refusal)
         return Fitted(placement.score, (placement, candidates, scorer, occupied))
+
+    def _shortlister(self, specs: Sequence[GuestSpec], hosts: list[FleetHost], vet: Vet | None
+                     ) -> Callable[[int, Sequence[tuple[int, ...]]], list[int]]:
+        """The hosts worth allocating each guest on, from each host state's free room (computed
+        once per state: after a guest lands, only its host's room is new); identical hosts with
+        nothing on them are one candidate, the first of them."""
+        classes = host_classes(hosts)
+        shapes = host_classes(hosts, shape_only=True)
+        rooms: dict[tuple[int, tuple[int, ...]], HostRoom] = {}
+        demands: dict[tuple[int, int], Demand] = {}
+        ranks: dict[tuple[Demand, tuple[int, tuple[int, ...]]], Any] = {}
+
+        def room(at: int, held: tuple[int, ...]) -> HostRoom:
+            key = (classes[at], held) if not held else (at, held)
+            if key not in rooms:
+                host = hosts[at]
+                usage = self._occupancy(specs, host, held, vet).usage(host.topology)
+                views = node_views(host.topology, usage, host.options, "performance")
+                rooms[key] = room_of(views, {n: node_utilisation(usage, n) for n in views if views[n].has_cpus},
+                                     {n: info.memory_kib for n, info in host.topology.nodes.items()})
+            return rooms[key]
+
+        def pick(guest: int, held: Sequence[tuple[int, ...]]) -> list[int]:
+            spec = specs[guest]
+            seen: set[tuple[int, tuple[int, ...]]] = set()
+            ranked = []
+            for at, host in enumerate(hosts):
+                key = (classes[at], held[at]) if not held[at] else (at, held[at])
+                if key in seen or spec.name in host.domains:
+                    continue
+                seen.add(key)
+                demand = demands.get((guest, shapes[at]))
+                if demand is None:
+                    demand = demands[(guest, shapes[at])] = Demand.of(spec, page_options(spec, host.topology))
+                judged = ranks.get((demand, key), MISSING)
+                if judged is MISSING:  # a guest of the same demand saw this host state: its rank holds
+                    judged = ranks[(demand, key)] = rank(demand, room(at, held[at]))
+                if judged is not None:
+                    ranked.append((judged, at, shapes[at]))
+            return shortlist(ranked, self.hosts_to_score)
+
+        return pick
+
+    def _occupancy(self, specs: Sequence[GuestSpec], host: FleetHost, earlier: tuple[int, ...],
+                   vet: Vet | None) -> Occupancy:
+        """What is on `host` once the batch's `earlier` guests were placed there: its usage is
+        the one of `earlier[:-1]` plus the last guest's placement (never rebuilt over the host)."""
+        key = (host.name, earlier)
+        found = self._occupancies.get(key)
+        if found is None:
+            if earlier:
+                parent = self._occupancy(specs, host, earlier[:-1], vet)
+                last = self._placed(specs, earlier[-1], host, earlier[:-1], vet)
+                found = occupancy_after(parent, host.topology, [*parent, last])
+            else:
+                found = Occupancy(host.existing)
+            self._occupancies[key] = found
+        return found
 
     def _placed(self, specs: Sequence[GuestSpec], guest: int, host: FleetHost, earlier: tuple[int, ...],
                 vet: Vet | None) -> Placement:

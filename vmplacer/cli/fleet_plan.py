@@ -7,7 +7,7 @@ import argparse
 from typing import Any
 
 from vmplacer.cli.common import CliContext, OperationalError
-from vmplacer.cli.fleet_hosts import Candidates, caps_candidates, configured_candidates, observe
+from vmplacer.cli.fleet_hosts import Candidates, caps_candidates, configured_candidates, fleet_planner, observe
 
 
 def candidates_and_views(args: argparse.Namespace, ctx: CliContext) -> tuple[Candidates, list[Any]]:
@@ -64,20 +64,21 @@ def fleet_plan(args: argparse.Namespace, ctx: CliContext, requests: list) -> dic
     if not candidates.names:  # every candidate in maintenance: each guest refused, as `place` would
         return every_guest_refused(requests, candidates)
     try:
-        return plan_on(views, requests, candidates, why=args.why)
+        return plan_on(views, requests, candidates, why=args.why, planner=fleet_planner(args))
     except HypervisorError as exc:  # the host's emulators or storage pools could not be read
         raise OperationalError(str(exc)) from None
 
 
 def plan_on(views: list[Any], requests: list, candidates: Candidates | None = None, *,
-            why: bool = False) -> dict[str, Any]:
-    """The plan's JSON contract for `requests` on the planning views `views`."""
+            why: bool = False, planner: Any = None) -> dict[str, Any]:
+    """The plan's JSON contract for `requests` on the planning views `views` (`planner`: a
+    FleetPlanner; default the product's)."""
     from vmplacer.app.fleet_planner import FleetPlanner
 
     candidates = candidates or Candidates([v.name for v in views], configured=False)
     specs = [r.spec for r in requests]
     vet = xml_vet(candidates, requests)
-    planner = FleetPlanner()
+    planner = planner or FleetPlanner()
     plan = planner.plan(specs, views, closed=candidates.closed, vet=vet, why=why)
     if why:
         planner.explain_others(plan, specs, vet)

@@ -115,15 +115,14 @@ def _place_all(args: argparse.Namespace, ctx: CliContext, candidates: Any,
     from vmplacer.adapters.domain_xml import DomainXmlError
     from vmplacer.adapters.domain_xml_policy import DomainXmlPolicyError
     from vmplacer.app.fleet_placement import NothingFits
-    from vmplacer.app.fleet_planner import FleetPlanner
     from vmplacer.bootstrap.fleet import cli_fleet_placement
-    from vmplacer.cli.fleet_hosts import observe
+    from vmplacer.cli.fleet_hosts import fleet_planner, observe
     from vmplacer.ports import ClaimConflict, HypervisorError
 
     container = ctx.container
     views = observe(ctx, candidates, recorded=True)
     names = candidates.names
-    plan = FleetPlanner().plan([r.spec for r in requests], views)
+    plan = fleet_planner(args).plan([r.spec for r in requests], views)
     fleet, service = cli_fleet_placement(container)
     placed: dict[int, dict[str, Any]] = {}
     errors: list[dict[str, Any]] = []

@@ -44,7 +44,7 @@ from vmplacer.core.policies.admit import (
     NodeView,
     admit_cell,
     admit_memory_nodes,
-    build_node_views,
+    node_views,
     cell_requests,
     minimum_cells,
     page_options,
@@ -155,7 +155,7 @@ class _Search:
         self.scorer = scorer
         self.options = options
         self.prefer_kind = "efficiency" if guest.workload_class == "batch" else "performance"
-        self.views = build_node_views(topology, usage, options, self.prefer_kind)
+        self.views = node_views(topology, usage, options, self.prefer_kind)
         self.pages = page_options(guest, topology)
         self.reasons: list[NoFitReason] = []
         self.banned = self._anti_affinity(anti_of_others)

@@ -17,7 +17,7 @@ allocation, deterministic for the same arguments, so answers are cached.
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -44,6 +44,9 @@ class Refused:
 
 
 Fit = Callable[[int, int, tuple[int, ...]], "Fitted | Refused"]
+# The hosts worth allocating a guest on, given what each host holds (the batch's guests on it,
+# in order): most promising first. None, or no fit among them: every host is tried.
+Shortlist = Callable[[int, Sequence[tuple[int, ...]]], Sequence[int]]
 
 
 @dataclass
@@ -80,10 +83,12 @@ def hardest_first(specs: Sequence[GuestSpec]) -> list[int]:
 
 class BatchSearch:
     def __init__(self, guests: int, hosts: int, fit: Fit, *, budget_s: float = DEFAULT_BUDGET_S,
-                 max_passes: int = DEFAULT_MAX_PASSES, clock: Callable[[], float] | None = None):
+                 max_passes: int = DEFAULT_MAX_PASSES, clock: Callable[[], float] | None = None,
+                 shortlist: Shortlist | None = None):
         self.guests = guests
         self.hosts = hosts
         self._fit = fit
+        self._shortlist = shortlist
         self._budget_s = budget_s
         self._max_passes = max_passes
         self._clock = clock or (lambda: 0.0)  # no clock: the pass limit alone bounds the search
@@ -102,14 +107,11 @@ class BatchSearch:
         on: list[list[int]] = [[] for _ in range(self.hosts)]
         result = BatchResult(order=list(order))
         for guest in order:
-            fits: list[tuple[float, int, Fitted]] = []
-            refusals: dict[int, Refused] = {}
-            for host in range(self.hosts):
-                answer = self.fit(guest, host, tuple(on[host]))
-                if isinstance(answer, Fitted):
-                    fits.append((-answer.score, host, answer))
-                else:
-                    refusals[host] = answer
+            held = [tuple(guests) for guests in on]
+            fits, refusals = self._try(guest, self._shortlist(guest, held) if self._shortlist else range(self.hosts),
+                                       held)
+            if not fits and self._shortlist is not None:  # whether it fits somewhere is never bounded
+                fits, refusals = self._try(guest, range(self.hosts), held)
             if not fits:
                 result.refused[guest] = refusals
                 continue
@@ -118,6 +120,18 @@ class BatchSearch:
             on[host].append(guest)
             result.placed[guest] = (host, fitted)
         return result
+
+    def _try(self, guest: int, hosts: Iterable[int], held: Sequence[tuple[int, ...]]
+             ) -> tuple[list[tuple[float, int, Fitted]], dict[int, Refused]]:
+        fits: list[tuple[float, int, Fitted]] = []
+        refusals: dict[int, Refused] = {}
+        for host in hosts:
+            answer = self.fit(guest, host, held[host])
+            if isinstance(answer, Fitted):
+                fits.append((-answer.score, host, answer))
+            else:
+                refusals[host] = answer
+        return fits, refusals
 
     def run(self, order: Sequence[int]) -> BatchResult:
         """The first pass in `order`; while a guest is left out and budget remains, other
@@ -168,7 +182,9 @@ class BatchSearch:
 
 def place_batch(specs: Sequence[GuestSpec], hosts: int, fit: Fit, *, budget_s: float = DEFAULT_BUDGET_S,
                 max_passes: int = DEFAULT_MAX_PASSES, clock: Callable[[], float] | None = None,
-                order: Sequence[int] | None = None) -> BatchResult:
-    """Place `specs` on `hosts` hosts: hardest first (or `order`), then the bounded search."""
-    search = BatchSearch(len(specs), hosts, fit, budget_s=budget_s, max_passes=max_passes, clock=clock)
+                order: Sequence[int] | None = None, shortlist: Shortlist | None = None) -> BatchResult:
+    """Place `specs` on `hosts` hosts: hardest first (or `order`), then the bounded search;
+    `shortlist` bounds the hosts each guest is allocated on (core/fleet_index.py)."""
+    search = BatchSearch(len(specs), hosts, fit, budget_s=budget_s, max_passes=max_passes, clock=clock,
+                         shortlist=shortlist)
     return search.run(hardest_first(specs) if order is None else order)

@@ -94,6 +94,8 @@ class HostUsage:
     guest_nodes: dict[str, frozenset[int]] = field(default_factory=dict)  # CPU and memory nodes
     guest_cpus: dict[str, frozenset[int]] = field(default_factory=dict)
     _index: TopologyIndex | None = field(default=None, repr=False, compare=False)
+    # what is derived from this usage (e.g. the allocator's node views), dropped by every `add`
+    derived: dict = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def index(self) -> TopologyIndex:
@@ -121,6 +123,7 @@ class HostUsage:
         return usage
 
     def add(self, placement: Placement) -> None:
+        self.derived.clear()
         topo = self.topology
         owned = exclusive_of(placement)
         self.exclusive |= owned

@@ -157,6 +157,11 @@ class BalanceScorer:
         return 1.0 - (max(utilisation) - min(utilisation))
 
 
+def node_utilisation(usage: HostUsage, node: int) -> float:
+    """The larger of a node's CPU share taken (owned plus floating) and its memory share taken."""
+    return _node_utilisation(usage, node)
+
+
 def _node_utilisation(usage: HostUsage, node: int) -> float:
     topo = usage.topology
     cpus = usage.index.node_usable[node]

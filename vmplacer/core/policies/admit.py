@@ -87,6 +87,20 @@ class NodeView:
         return sum(len(c.free) for c in self.cores)
 
 
+def node_views(topology: HostTopology, usage: HostUsage, options: AllocationOptions,
+               prefer_kind: str | None = None) -> dict[int, NodeView]:
+    """`build_node_views`, built once per usage, topology and knobs: every guest tried on a host
+    in the same state (a fleet's host choice tries many) reads the same views. Views are never
+    modified; a usage that changes (`add`) drops them."""
+    key = ("node_views", id(topology), options, prefer_kind)
+    cached = usage.derived.get(key)
+    if cached is not None and cached[0] is topology:
+        return cached[1]
+    views = build_node_views(topology, usage, options, prefer_kind)
+    usage.derived[key] = (topology, views)
+    return views
+
+
 def build_node_views(topology: HostTopology, usage: HostUsage, options: AllocationOptions,
                      prefer_kind: str | None = None) -> dict[int, NodeView]:
     """Free cores/threads, shared pool and memory of every node, in preference order."""
