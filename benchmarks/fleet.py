@@ -2,6 +2,7 @@
 
     python benchmarks/fleet.py [--out benchmarks/results/fleet.json] [--sizes 10,100,1000,10000]
                                [--repeat 3] [--exhaustive-up-to 1000] [--old-code DIR --old-up-to 100]
+                               [--api-hosts 1000 --api-requests 300]
 
 The fleets are generated (seeded): five host shapes — one socket with SMT, two sockets with
 SMT, two sockets without SMT on four NUMA nodes, an 8-node two-socket host (NPS4-like), a
@@ -19,6 +20,12 @@ building the fleet excluded. Modes: `bounded` (the product: filter on free room,
 reference for quality) and, with --old-code, the planner of another checkout (the code before
 the fleet index). Quality: guests placed and total score of the bounded plan against the
 exhaustive one of the same fleet.
+
+The API case starts a real `vmplacer serve` (benchmarks/api_server.py, SQLite) with
+`--api-hosts` configured hosts on libvirt's test driver, their capabilities the shipped
+example hosts in rotation, and sends dry-run placements with no host named (host choice
+among all of them), one at a time and 32 at a time, after a warm-up; p50/p99 and the
+server's CPU per request as benchmarks/api.py measures them.
 """
 
 from __future__ import annotations
@@ -157,6 +164,33 @@ def run_measure(size: int, mode: str, code: Path | None) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
+def api_case(hosts: int, requests: int) -> dict:
+    """Dry runs with host choice among `hosts` configured hosts through a real `vmplacer serve`."""
+    import tempfile
+
+    import yaml
+
+    from benchmarks import api as api_bench
+
+    caps = sorted(str(p) for p in (ROOT / "examples" / "hosts").glob("*.xml"))
+    with tempfile.TemporaryDirectory() as tmp:
+        directory = Path(tmp)
+        server = api_bench.Serve(directory, f"sqlite:///{directory / 'vmplacer.db'}")
+        server.config.write_text(yaml.safe_dump({
+            "data_dir": str(directory), "database_url": f"sqlite:///{directory / 'vmplacer.db'}",
+            "hosts": [{"name": f"h{at:05d}", "uri": "test:///default", "domain_type": "qemu",
+                       "capabilities": caps[at % len(caps)]} for at in range(hosts)]}))
+        with server:
+            cases = {}
+            for concurrency in (1, 32):
+                api_bench.run_load(server.port, api_bench.dry_runs(server.token, 50, f"warm{concurrency}"),
+                                   concurrency, 200)
+                cases[str(concurrency)] = api_bench.run_load(
+                    server.port, api_bench.dry_runs(server.token, requests, f"c{concurrency}"), concurrency, 200,
+                    server.process.pid if server.process is not None else None)
+    return {"hosts": hosts, "requests": requests, "in_flight": cases}
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "fleet.json"))
@@ -165,6 +199,8 @@ def main() -> None:
     parser.add_argument("--exhaustive-up-to", type=int, default=1000)
     parser.add_argument("--old-code", type=Path, help="a checkout of the code to compare with")
     parser.add_argument("--old-up-to", type=int, default=100)
+    parser.add_argument("--api-hosts", type=int, default=1000, help="configured hosts of the API case (0: none)")
+    parser.add_argument("--api-requests", type=int, default=300)
     parser.add_argument("--measure", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--mode", default="bounded", help=argparse.SUPPRESS)
     parser.add_argument("--code", type=Path, help=argparse.SUPPRESS)
@@ -191,6 +227,9 @@ def main() -> None:
             row["old_code"] = run_measure(size, "bounded", args.old_code)
         rows.append(row)
         print(json.dumps(row), flush=True)
+    api = api_case(args.api_hosts, args.api_requests) if args.api_hosts else None
+    if api is not None:
+        print(json.dumps(api), flush=True)
     by_size = {r["hosts"]: r for r in rows}
     targets = {}
     if 1000 in by_size:
@@ -202,8 +241,11 @@ def main() -> None:
     targets["placed_as_many_as_exhaustive"] = all(q["placed_bounded"] >= q["placed_exhaustive"] for q in quality)
     targets["score_at_least_99_percent_of_exhaustive"] = all(
         q["score_share"] is None or q["score_share"] >= QUALITY_TARGET for q in quality)
+    if api is not None:
+        targets["api_dry_run_p99_under_50ms_at_1_in_flight"] = (api["in_flight"]["1"]["p99_ms"] or 1e9) < 50.0
+        targets["api_dry_runs_at_least_100_per_s_at_32_in_flight"] = api["in_flight"]["32"]["rps"] >= 100.0
     result = {"machine": host_facts.summary(), "load_average_after": host_facts.load_average(),
-              "guests": GUESTS, "repeat": args.repeat, "rows": rows, "targets": targets,
+              "guests": GUESTS, "repeat": args.repeat, "rows": rows, "api": api, "targets": targets,
               "note": "cpu_s/wall_s: the batch plan only (fleet generation excluded), median of `repeat` "
                       "fresh processes; exhaustive and old_code: one run each"}
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")

@@ -96,3 +96,27 @@ def test_the_recorded_guests_anti_affinity_follows_their_rows(two_instances):
     assert reader.occupied_and_refusals("h1")[1] == {"a": ("b", "c")}
     writer.forget("a")
     assert reader.occupied_and_refusals("h1")[1] == {}
+
+
+def test_every_host_s_records_in_one_read_follow_what_another_instance_writes(two_instances):
+    """The dry runs' read of every host at once (one grouped query, then only the hosts whose rows
+    changed) says what reading each host alone says, after inserts, updates and deletes."""
+    reader, writer, sessions = two_instances
+
+    def every() -> dict[str, list[str]]:
+        found = {host: [p.guest for p in placements]
+                 for host, (placements, _) in reader.every_host_occupied_and_refusals().items()}
+        for host in ("h1", "h2", "h3"):
+            assert found.get(host, []) == [p.guest for p in reader.occupied(host)], host
+        return found
+
+    assert every() == {}
+    writer.record("h1", "test:///h1", _pinned("a", {0}), {"anti_affinity": ["b"]})
+    writer.record("h2", "test:///h2", _pinned("z", {0}, "h2"), {})
+    assert every() == {"h1": ["a"], "h2": ["z"]}
+    assert reader.every_host_occupied_and_refusals()["h1"][1] == {"a": ("b",)}
+    SqlPlacementUpdates(sessions[1], {"h1": "test:///h1"}).apply([_pinned("a", {3})])
+    assert reader.every_host_occupied_and_refusals()["h1"][0][0].vcpupin == {0: frozenset({3})}
+    writer.forget("z")
+    writer.record("h3", "test:///h3", _pinned("y", {1}, "h3"), {})
+    assert every() == {"h1": ["a"], "h3": ["y"]}

@@ -63,14 +63,22 @@ class _Entry:
     records: _Cached = field(default_factory=_Cached)  # (placements, refusals)
 
 
+NO_RECORDS: Records = ([], {})
+
+
 class HostSnapshots:
     def __init__(self, hosts: Callable[[str], Any], records: Callable[[str], Records], *,
                  topology_ttl_s: float = TOPOLOGY_TTL_S, domains_ttl_s: float = DOMAINS_TTL_S,
-                 recorded_ttl_s: float = RECORDED_TTL_S, clock: Callable[[], float] = time.monotonic):
+                 recorded_ttl_s: float = RECORDED_TTL_S, clock: Callable[[], float] = time.monotonic,
+                 every_host_records: Callable[[], dict[str, Records]] | None = None):
         """`records` reads the store once for a host's recorded placements and the recorded
-        guests' refusals (`PlacementStore.occupied_and_refusals`)."""
+        guests' refusals (`PlacementStore.occupied_and_refusals`); `every_host_records`, when
+        given, reads them for every host at once: a fleet's hosts then cost one read per
+        `recorded_ttl_s`, not one each."""
         self._hosts = hosts
         self._records = records
+        self._fleet_records = (TimedValue(every_host_records, recorded_ttl_s, clock)
+                               if every_host_records is not None else None)
         self.ttl = {"topology": topology_ttl_s, "domains": domains_ttl_s, "records": recorded_ttl_s}
         self._clock = clock
         self._entries: dict[str, _Entry] = {}
@@ -107,6 +115,8 @@ class HostSnapshots:
         return self._get(name, "domains", lambda: self._hosts(name).domains())
 
     def records(self, name: str) -> Records:
+        if self._fleet_records is not None:
+            return self._fleet_records.get().get(name, NO_RECORDS)
         return self._get(name, "records", lambda: self._records(name))
 
     def recorded(self, name: str) -> list[Placement]:
@@ -122,6 +132,8 @@ class HostSnapshots:
             for cached in (entry.domains, entry.records):
                 cached.generation += 1
                 cached.value = None
+        if self._fleet_records is not None:
+            self._fleet_records.invalidate()
 
     def view(self, name: str) -> CachedHost:
         host = self._hosts(name)

@@ -73,7 +73,8 @@ class ApiServices:
         self.metrics = ApiMetrics()
         self.placement = container.placement_service()
         store = container.placement_store
-        self.snapshots = HostSnapshots(container.hypervisor, store.occupied_and_refusals)
+        self.snapshots = HostSnapshots(container.hypervisor, store.occupied_and_refusals,
+                                       every_host_records=getattr(store, "every_host_occupied_and_refusals", None))
         self.dry_run_maintenance = TimedValue(lambda: dict(container.maintenance.current()), MAINTENANCE_TTL_S)
         # Dry runs place on host snapshots, rendered and held to the XML policy like real placements.
         self.dry_runs = container.placement_service(SnapshotStore(self.snapshots))

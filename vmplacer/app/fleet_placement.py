@@ -17,9 +17,10 @@ from typing import Any
 from vmplacer.app.host_snapshot import HostSnapshot, RecordedPlacements, take_snapshot
 from vmplacer.app.placement_service import PlaceResult, PlacementService, PlacingHost
 from vmplacer.app.fleet_planner import FleetHost, exists_reason
+from vmplacer.core.fleet_index import DEFAULT_HOSTS_TO_SCORE, Demand, shortlist
 from vmplacer.core.guest import GuestSpec
 from vmplacer.core.nofit import NoFit
-from vmplacer.core.policies.admit import AllocationOptions
+from vmplacer.core.policies.admit import AllocationOptions, page_options
 from vmplacer.ports import ClaimConflict, DomainGone, HypervisorError
 
 
@@ -59,11 +60,12 @@ class FleetPlacement:
                  live: Callable[[str], PlacingHost], *,
                  on_libvirt_error: Callable[[HypervisorError], None] | None = None,
                  invalidate: Callable[[str], None] | None = None,
-                 refusals: tuple[type[Exception], ...] = ()):
+                 refusals: tuple[type[Exception], ...] = (), hosts_to_score: int = DEFAULT_HOSTS_TO_SCORE):
         """`planning` dry-runs on `view(host)` (e.g. a short-lived snapshot); placing reads
         `live(host)`; `invalidate(host)` drops a host's view after a placement touched it;
         `refusals`: the host errors that refuse the document itself (no other host is tried)."""
         self._refusals = refusals
+        self._hosts_to_score = hosts_to_score
         self._planning = planning
         self._view = view
         self._live = live
@@ -73,13 +75,51 @@ class FleetPlacement:
     def survey(self, spec: GuestSpec, hosts: Sequence[str], base_xml: str | None, *, report_errors: bool = True
                ) -> tuple[list[tuple[str, PlaceResult]], list[tuple[str, Exception]], list[dict[str, Any]]]:
         """Each host's dry run: the ranked fits (best first, ties in host order), the hosts
-        that refused (NoFit) or could not be read, and a report entry per host."""
+        that refused (NoFit) or could not be read, and a report entry per host dry-run.
+
+        With more hosts than `hosts_to_score`, only the hosts whose free room may take the guest
+        are dry-run, the most promising of them (core/fleet_index.py); when none of those takes
+        it, every host is (so whether it fits somewhere is never bounded)."""
+        if not 0 < self._hosts_to_score < len(hosts):
+            return self._dry_runs(spec, hosts, base_xml, report_errors, {})
+        views: dict[str, tuple[PlacingHost, HostSnapshot]] = {}
+        ranked: list[tuple[Any, int, int]] = []
+        failures: list[tuple[str, Exception]] = []
+        report: list[dict[str, Any]] = []
+        demands: dict[int, Demand] = {}
+        for at, name in enumerate(hosts):
+            try:
+                host = self._view(name)
+                view, room = self._planning.room(host)
+            except HypervisorError as exc:
+                if report_errors:
+                    self._on_libvirt_error(exc)
+                failures.append((name, exc))
+                report.append({"host": name, "error": str(exc)})
+                continue
+            shape = self._planning.shape_of(view.topology)
+            if shape not in demands:
+                demands[shape] = Demand.of(spec, page_options(spec, view.topology))
+            judged = room.rank_for(demands[shape])
+            if judged is not None and spec.name not in view.names:
+                ranked.append((judged, at, shape))
+                views[name] = (host, view)
+        chosen = [hosts[at] for at in shortlist(ranked, self._hosts_to_score)]
+        planned, refused, dry = self._dry_runs(spec, chosen, base_xml, report_errors, views)
+        if not planned:  # none of the most promising: every host, for the fit or for each one's reasons
+            return self._dry_runs(spec, hosts, base_xml, report_errors, {})
+        return planned, failures + refused, report + dry
+
+    def _dry_runs(self, spec: GuestSpec, hosts: Sequence[str], base_xml: str | None, report_errors: bool,
+                  views: dict[str, tuple[PlacingHost, HostSnapshot]]
+                  ) -> tuple[list[tuple[str, PlaceResult]], list[tuple[str, Exception]], list[dict[str, Any]]]:
         planned: list[tuple[str, PlaceResult]] = []
         failures: list[tuple[str, Exception]] = []
         report: list[dict[str, Any]] = []
         for name in hosts:
             try:
-                result = self._planning.plan(self._view(name), spec, base_xml)
+                host, view = views.get(name) or (self._view(name), None)
+                result = self._planning.plan(host, spec, base_xml, render=False, view=view)
             except NoFit as exc:
                 failures.append((name, exc))
                 report.append({"host": name, "reasons": [r.to_dict() for r in exc.reasons]})
@@ -96,11 +136,12 @@ class FleetPlacement:
         return planned, failures, report
 
     def plan(self, spec: GuestSpec, hosts: Sequence[str], base_xml: str | None) -> Choice:
-        """Dry run: the best host and its placement, or NothingFits."""
+        """Dry run: the best host and its placement (its XML rendered), or NothingFits."""
         planned, failures, report = self.survey(spec, hosts, base_xml)
         if not planned:
             raise NothingFits(spec, failures, report)
         host, result = planned[0]
+        result.xml = self._planning.render(spec, result.placement, base_xml)
         return Choice(host, result, report)
 
     def ranked(self, spec: GuestSpec, hosts: Sequence[str], base_xml: str | None
@@ -110,7 +151,9 @@ class FleetPlacement:
         if len(hosts) == 1:
             return list(hosts), []
         planned, failures, report = self.survey(spec, hosts, base_xml, report_errors=False)  # placing reports them
-        return [name for name, _ in planned] + [name for name, _ in failures], report
+        order = [name for name, _ in planned] + [name for name, _ in failures]
+        tried = set(order)
+        return order + [name for name in hosts if name not in tried], report  # not dry-run: last
 
     def place(self, spec: GuestSpec, hosts: Sequence[str], base_xml: str | None, *, service: PlacementService,
               define: bool = True, start: bool = False, actor: dict[str, Any] | None = None,

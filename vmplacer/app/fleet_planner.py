@@ -18,7 +18,7 @@ from typing import Any
 from vmplacer.core.allocate import allocate
 from vmplacer.core.batch import DEFAULT_BUDGET_S, DEFAULT_MAX_PASSES, BatchResult, Fitted, Refused, place_batch
 from vmplacer.core.guest import GuestSpec
-from vmplacer.core.fleet_index import DEFAULT_HOSTS_TO_SCORE, Demand, HostRoom, rank, room_of, shortlist
+from vmplacer.core.fleet_index import DEFAULT_HOSTS_TO_SCORE, Demand, HostRoom, room_of, shortlist
 from vmplacer.core.nofit import NoFit, NoFitReason
 from vmplacer.core.occupancy import Occupancy, occupancy_after
 from vmplacer.core.placement import Placement
@@ -53,9 +53,6 @@ def no_fit_refusal(exc: NoFit, host: str) -> Refusal:
 
 
 # ----- a request of many guests, as a batch (the CLI) -------------------------------------------------------
-MISSING = object()
-
-
 def host_classes(hosts: Sequence[FleetHost], *, shape_only: bool = False) -> list[int]:
     """Per host, the first host it cannot be told apart from when nothing is on either: the
     same topology but for its name, knobs and scorers. A host with guests, domains or records
@@ -197,7 +194,6 @@ class FleetPlanner:
         shapes = host_classes(hosts, shape_only=True)
         rooms: dict[tuple[int, tuple[int, ...]], HostRoom] = {}
         demands: dict[tuple[int, int], Demand] = {}
-        ranks: dict[tuple[Demand, tuple[int, tuple[int, ...]]], Any] = {}
 
         def room(at: int, held: tuple[int, ...]) -> HostRoom:
             key = (classes[at], held) if not held else (at, held)
@@ -221,9 +217,7 @@ class FleetPlanner:
                 demand = demands.get((guest, shapes[at]))
                 if demand is None:
                     demand = demands[(guest, shapes[at])] = Demand.of(spec, page_options(spec, host.topology))
-                judged = ranks.get((demand, key), MISSING)
-                if judged is MISSING:  # a guest of the same demand saw this host state: its rank holds
-                    judged = ranks[(demand, key)] = rank(demand, room(at, held[at]))
+                judged = room(at, held[at]).rank_for(demand)  # kept per room: guests of a kind ask alike
                 if judged is not None:
                     ranked.append((judged, at, shapes[at]))
             return shortlist(ranked, self.hosts_to_score)

@@ -11,18 +11,19 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from vmplacer.app.host_snapshot import HostSnapshot, take_snapshot
 from vmplacer.core.allocate import allocate, may_narrow, refresh_shared_pins
+from vmplacer.core.fleet_index import HostRoom, room_of
 from vmplacer.core.guest import GuestSpec
 from vmplacer.core.interference_scorer import GuestProfile
 from vmplacer.core.isolation import IsolationViolation, isolation_violations
 from vmplacer.core.occupancy import Occupancy, occupancy_after
 from vmplacer.core.placement import Placement
-from vmplacer.core.policies.admit import AllocationOptions
-from vmplacer.core.scoring import Scorer
+from vmplacer.core.policies.admit import AllocationOptions, node_views
+from vmplacer.core.scoring import Scorer, node_utilisation
 from vmplacer.core.topology import HostTopology
 from vmplacer.ports import ClaimConflict, DomainGone, DomainInfo, HypervisorError, PlacementStore
 
@@ -128,6 +129,10 @@ class PlacementService:
         self._options = options or (lambda _host: AllocationOptions())
         self._admission = admission
         self._occupancies: dict[str, Occupancy] = occupancies if occupancies is not None else {}
+        self._shapes: list[HostTopology] = []  # one topology (unnamed) per host shape seen
+        self._shape_of: dict[int, tuple[HostTopology, int]] = {}  # id(topology) -> (it, its shape)
+        self._shapes_lock = threading.Lock()
+        self._rooms: dict[str, tuple[tuple[Any, ...], HostSnapshot, HostRoom]] = {}  # host -> last room()
 
     def acting_through(self, store: PlacementStore) -> PlacementService:
         """The same service recording (and auditing) through `store`, e.g. one that names
@@ -153,10 +158,71 @@ class PlacementService:
         finally:
             self._occupancies[host.name] = occupancy  # its usage is built now: the next one extends it
 
-    def plan(self, host: PlacingHost, spec: GuestSpec, base_xml: str | None = None) -> PlaceResult:
-        """Dry run: the placement and XML vmplacer would use now; nothing is written."""
-        placement = self._allocate(host, spec, self._with_recorded(host, take_snapshot(host)))
-        return PlaceResult(placement, self._render(spec, placement, base_xml), "planned")
+    def plan(self, host: PlacingHost, spec: GuestSpec, base_xml: str | None = None, *,
+             render: bool = True, view: HostSnapshot | None = None) -> PlaceResult:
+        """Dry run: the placement and XML vmplacer would use now; nothing is written. Without
+        `render` the XML is left empty (a survey of many hosts renders the winner's only);
+        `view`: the host as `room` read it (no second read)."""
+        placement = self._allocate(host, spec, view or self._with_recorded(host, take_snapshot(host)))
+        return PlaceResult(placement, self.render(spec, placement, base_xml) if render else "", "planned")
+
+    def render(self, spec: GuestSpec, placement: Placement, base_xml: str | None = None) -> str:
+        return self._render(spec, placement, base_xml)
+
+    def shape_of(self, topology: HostTopology) -> int:
+        """Which host shape (the same topology but for the name) `topology` is, remembered per
+        topology object (a host's cached topology is looked at once)."""
+        with self._shapes_lock:
+            hit = self._shape_of.get(id(topology))
+            if hit is not None and hit[0] is topology:
+                return hit[1]
+            plain = replace(topology, name="")
+            shape = next((at for at, known in enumerate(self._shapes) if known == plain), None)
+            if shape is None:
+                self._shapes.append(plain)
+                shape = len(self._shapes) - 1
+            if len(self._shape_of) > 100_000:  # topologies re-read over days: forget the old ones
+                self._shape_of.clear()
+            self._shape_of[id(topology)] = (topology, shape)
+            return shape
+
+    def room(self, host: PlacingHost) -> tuple[HostSnapshot, HostRoom]:
+        """The host as a dry run reads it now, and its free room (core/fleet_index.py). A host
+        read from a cache (api/hostcache.py) whose topology, domains and records are the very
+        objects of the last call is answered from that call: host choice among a thousand hosts
+        looks at each one's cache, not at each one's guests."""
+        sources = self._sources(host)
+        if sources is not None:
+            hit = self._rooms.get(host.name)
+            if hit is not None and all(a is b for a, b in zip(hit[0], sources)):
+                return hit[1], hit[2]
+        view, room = self._room(host)
+        if sources is not None:
+            self._rooms[host.name] = (sources, view, room)
+        return view, room
+
+    def _sources(self, host: PlacingHost) -> tuple[Any, ...] | None:
+        """What a cached host's snapshot is made of (None: a live host, read anew each time)."""
+        cached = getattr(host, "snapshots", None)
+        if cached is None:
+            return None
+        return (host.topology(), host.domains(), self._store.occupied_and_refusals(host.name))
+
+    def _room(self, host: PlacingHost) -> tuple[HostSnapshot, HostRoom]:
+        view = self._with_recorded(host, take_snapshot(host))
+        topology = view.topology
+        occupancy = occupancy_after(self._occupancies.get(host.name), topology, view.placements)
+        self._occupancies[host.name] = occupancy
+        usage = occupancy.usage(topology)
+        options = self._options(host.name)
+        key = ("room", id(topology), options)
+        cached = usage.derived.get(key)
+        if cached is None or cached[0] is not topology:
+            views = node_views(topology, usage, options, "performance")
+            room = room_of(views, {n: node_utilisation(usage, n) for n in views if views[n].has_cpus},
+                           {n: info.memory_kib for n, info in topology.nodes.items()})
+            cached = usage.derived[key] = (topology, room)
+        return view, cached[1]
 
     def place(
         self,

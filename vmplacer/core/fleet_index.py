@@ -64,6 +64,13 @@ class HostRoom:
     def memory_for(self, page_kib: int) -> int:
         return self.memory_kib.get(page_kib, 0)
 
+    def rank_for(self, demand: Demand) -> tuple[float, int] | None:
+        """`rank(demand, self)`, remembered: a room does not change, and guests of one kind ask alike."""
+        ranks = self.__dict__.setdefault("_ranks", {})
+        if demand not in ranks:
+            ranks[demand] = rank(demand, self)
+        return ranks[demand]
+
 
 @dataclass(frozen=True)
 class Demand:

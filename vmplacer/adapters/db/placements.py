@@ -103,6 +103,29 @@ def cached_placements_and_refusals_on_host(sessions: Any, host: str
     return rows.placements(), rows.anti_affinity()
 
 
+def cached_records_of_every_host(sessions: Any, max_age_s: float = 30.0
+                                 ) -> dict[str, tuple[list[Placement], dict[str, tuple[str, ...]]]]:
+    """Every host's recorded placements and its recorded guests' refusals, for dry runs: one
+    grouped query tells which hosts' rows changed, and only those are read again (a host whose
+    rows look unchanged is re-read in full after `max_age_s`, as a writer's clock may run
+    behind). Placing never uses this: it reads its host exactly, under the host's lock."""
+    with sessions() as session:
+        versions = {name: (count, last_id, last_update) for name, count, last_id, last_update in session.execute(
+            select(HostRow.name, func.count(PlacementRow.id), func.max(PlacementRow.id),
+                   func.max(PlacementRow.updated_at))
+            .join(PlacementRow, PlacementRow.host_id == HostRow.id).group_by(HostRow.name))}
+    with _recorded_guard:
+        by_host = dict(_recorded_cache.get(sessions, {}))
+    now = time.monotonic()
+    result = {}
+    for host, version in versions.items():
+        cached = by_host.get(host)
+        if cached is None or cached.version != version or now - cached.read_at >= max_age_s:
+            cached = _cached_rows(sessions, host)
+        result[host] = (cached.placements(), cached.anti_affinity())
+    return result
+
+
 def _cached_rows(sessions: Any, host: str) -> _HostRows:
     clock = time.monotonic
     with sessions() as session:
@@ -249,6 +272,10 @@ class SqlPlacementStore:
 
     def occupied_and_refusals(self, host: str) -> tuple[list[Placement], dict[str, tuple[str, ...]]]:
         return cached_placements_and_refusals_on_host(self._sessions, host)
+
+    def every_host_occupied_and_refusals(self) -> dict[str, tuple[list[Placement], dict[str, tuple[str, ...]]]]:
+        """`occupied_and_refusals` of every host with records, in one read of what changed (dry runs)."""
+        return cached_records_of_every_host(self._sessions)
 
     def records(self, host: str) -> list[RecordedPlacement]:
         with self._sessions() as session:
