@@ -92,10 +92,7 @@ class FleetPlacement:
                 host = self._view(name)
                 view, room = self._planning.room(host)
             except HypervisorError as exc:
-                if report_errors:
-                    self._on_libvirt_error(exc)
-                failures.append((name, exc))
-                report.append({"host": name, "error": str(exc)})
+                self._unreadable(name, exc, report_errors, failures, report)
                 continue
             shape = self._planning.shape_of(view.topology)
             if shape not in demands:
@@ -125,15 +122,21 @@ class FleetPlacement:
                 report.append({"host": name, "reasons": [r.to_dict() for r in exc.reasons]})
                 continue
             except HypervisorError as exc:
-                if report_errors:
-                    self._on_libvirt_error(exc)
-                failures.append((name, exc))
-                report.append({"host": name, "error": str(exc)})
+                self._unreadable(name, exc, report_errors, failures, report)
                 continue
             planned.append((name, result))
             report.append({"host": name, "score": result.placement.score})
         planned.sort(key=lambda item: -item[1].placement.score)  # stable: ties keep host order
         return planned, failures, report
+
+    def _unreadable(self, name: str, exc: HypervisorError, report_errors: bool,
+                    failures: list[tuple[str, Exception]], report: list[dict[str, Any]]) -> None:
+        """A host that could not be read or refused the dry run: counted (unless placing will
+        count it) and reported."""
+        if report_errors:
+            self._on_libvirt_error(exc)
+        failures.append((name, exc))
+        report.append({"host": name, "error": str(exc)})
 
     def plan(self, spec: GuestSpec, hosts: Sequence[str], base_xml: str | None) -> Choice:
         """Dry run: the best host and its placement (its XML rendered), or NothingFits."""
