@@ -65,7 +65,6 @@ KINDS = [
 
 def shapes():  # type: ignore[no-untyped-def]
     """(name, topology) of the five host shapes."""
-    sys.path.insert(0, str(ROOT))
     from vmplacer.core.topology import HugepagePool, uniform_topology
 
     def shape(name, nodes, cores, threads, memory_gib, sockets, huge=None):  # type: ignore[no-untyped-def]
@@ -134,7 +133,6 @@ def fleet(size: int, seed: int = 7):  # type: ignore[no-untyped-def]
 
 def measure(size: int, mode: str) -> dict:
     """One plan in this process: times, peak RSS, guests placed, total score."""
-    sys.path.insert(0, str(ROOT))
     from vmplacer.app.fleet_planner import FleetPlanner
 
     hosts = fleet(size)
@@ -206,8 +204,7 @@ def main() -> None:
     parser.add_argument("--code", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure is not None:
-        if args.code is not None:
-            sys.path.insert(0, str(args.code))
+        sys.path.insert(0, str(args.code or ROOT))  # before anything imports vmplacer
         print(json.dumps(measure(args.measure, args.mode)))
         return
     sys.path.insert(0, str(ROOT))

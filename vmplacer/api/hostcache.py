@@ -85,13 +85,19 @@ class HostSnapshots:
         self._guard = threading.Lock()
 
     def _entry(self, name: str) -> _Entry:
-        with self._guard:
-            return self._entries.setdefault(name, _Entry())
+        entry = self._entries.get(name)  # the usual case: no lock (a dict read is atomic)
+        if entry is None:
+            with self._guard:
+                entry = self._entries.setdefault(name, _Entry())
+        return entry
 
     def _get(self, name: str, what: str, load: Callable[[], Any]) -> Any:
         entry = self._entry(name)
         cached: _Cached = getattr(entry, what)
         ttl = self.ttl[what]
+        value, at = cached.value, cached.at  # fresh: served without the lock (host choice reads
+        if value is not None and self._clock() - at < ttl:  # every host's cache on each request)
+            return value
         with entry.lock:
             age = self._clock() - cached.at
             if cached.value is not None and (age < ttl or (cached.refreshing and age < 2 * ttl)):
