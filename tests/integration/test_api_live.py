@@ -96,7 +96,24 @@ def test_place_start_profile_plan_apply_remove(live_server, testbed, host1_conn,
             claimed = set(reserved.json()["placement"]["exclusive_cpus"])
             assert api.get(f"/v1/placements/{reserved_name}").json()["claims"] == sorted(claimed)
             assert neighbour.name in reserved.json()["narrowed"]  # B stops floating onto the reserved pCPU
+            # ... its emulator threads too, live, and the answer says what libvirt now has
+            neighbour_dom = host1_conn.lookupByName(neighbour.name)
+            live_vcpus = {cpu for row in neighbour_dom.vcpuPinInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE)
+                          for cpu, on in enumerate(row) if on}
+            live_emulator = {cpu for cpu, on in enumerate(neighbour_dom.emulatorPinInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE))
+                             if on}
+            assert live_vcpus and not live_vcpus & claimed and live_emulator and not live_emulator & claimed
+            (answer,) = [n for n in reserved.json()["narrowed_pins"] if n["guest"] == neighbour.name]
+            assert set(answer["vcpupin"]["0"]) == live_vcpus and set(answer["emulatorpin"]) == live_emulator
+            assert reserved.json()["isolation_violations"] == []
+            # the caller defines the domain from the XML it got: its threads stay on what it claimed
+            host1_conn.defineXML(reserved.json()["xml"])
+            defined = parse_placement(host1_conn.lookupByName(reserved_name).XMLDesc(libvirt.VIR_DOMAIN_XML_INACTIVE),
+                                      "h1")
+            assert defined.pcpus <= claimed and defined.emulatorpin <= claimed
+            # a reservation's domain is the caller's: removing the record leaves it defined
             assert api.delete(f"/v1/placements/{reserved_name}").json()["undefined"] is False
+            host1_conn.lookupByName(reserved_name).undefine()
 
             # A: placed, defined and started through the API
             answer = api.post("/v1/placements", json=body, headers={"Idempotency-Key": f"place-{name}"})
@@ -171,7 +188,7 @@ def test_place_start_profile_plan_apply_remove(live_server, testbed, host1_conn,
                        api.get("/v1/audit", params={"limit": 200}).json()["entries"]]
             assert ("place", name) in actions and ("remove", name) in actions
     finally:
-        _remove(host1_conn, [name])
+        _remove(host1_conn, [name, owned_name(f"api-r-{live_server.instance[-6:]}")])
         console.unlink(missing_ok=True)
 
 
