@@ -441,7 +441,6 @@ def _placement(values: dict[str, Any], host: str, topology: HostTopology | None)
         score=values["score"] or 0.0,
         anti_affinity=_refused(values["anti_affinity"], guest) if metadata else (),
     )
-    return placement
 
 
 def _refused(names: tuple[str, ...], guest: str) -> tuple[str, ...]:

@@ -18,12 +18,11 @@ from typing import Any
 from vmplacer.core.allocate import allocate
 from vmplacer.core.batch import DEFAULT_BUDGET_S, DEFAULT_MAX_PASSES, BatchResult, Fitted, Refused, place_batch
 from vmplacer.core.guest import GuestSpec
-from vmplacer.core.fleet_index import DEFAULT_HOSTS_TO_SCORE, Demand, HostRoom, room_of, shortlist
+from vmplacer.core.fleet_index import DEFAULT_HOSTS_TO_SCORE, Demand, HostRoom, host_room, shortlist
 from vmplacer.core.nofit import NoFit, NoFitReason
 from vmplacer.core.occupancy import Occupancy, occupancy_after
 from vmplacer.core.placement import Placement
-from vmplacer.core.scoring import node_utilisation
-from vmplacer.core.policies.admit import AllocationOptions, node_views, page_options
+from vmplacer.core.policies.admit import AllocationOptions, page_options
 from vmplacer.core.topology import HostTopology
 
 
@@ -199,10 +198,8 @@ class FleetPlanner:
             key = (classes[at], held) if not held else (at, held)
             if key not in rooms:
                 host = hosts[at]
-                usage = self._occupancy(specs, host, held, vet).usage(host.topology)
-                views = node_views(host.topology, usage, host.options, "performance")
-                rooms[key] = room_of(views, {n: node_utilisation(usage, n) for n in views if views[n].has_cpus},
-                                     {n: info.memory_kib for n, info in host.topology.nodes.items()})
+                rooms[key] = host_room(host.topology, self._occupancy(specs, host, held, vet).usage(host.topology),
+                                       host.options)
             return rooms[key]
 
         def pick(guest: int, held: Sequence[tuple[int, ...]]) -> list[int]:

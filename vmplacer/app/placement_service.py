@@ -16,14 +16,14 @@ from typing import Any, Protocol
 
 from vmplacer.app.host_snapshot import HostSnapshot, take_snapshot
 from vmplacer.core.allocate import allocate, may_narrow, refresh_shared_pins
-from vmplacer.core.fleet_index import HostRoom, room_of
+from vmplacer.core.fleet_index import HostRoom, host_room
 from vmplacer.core.guest import GuestSpec
 from vmplacer.core.interference_scorer import GuestProfile
 from vmplacer.core.isolation import IsolationViolation, isolation_violations
 from vmplacer.core.occupancy import Occupancy, occupancy_after
 from vmplacer.core.placement import Placement
-from vmplacer.core.policies.admit import AllocationOptions, node_views
-from vmplacer.core.scoring import Scorer, node_utilisation
+from vmplacer.core.policies.admit import AllocationOptions
+from vmplacer.core.scoring import Scorer
 from vmplacer.core.topology import HostTopology
 from vmplacer.ports import ClaimConflict, DomainGone, DomainInfo, HypervisorError, PlacementStore
 
@@ -213,16 +213,7 @@ class PlacementService:
         topology = view.topology
         occupancy = occupancy_after(self._occupancies.get(host.name), topology, view.placements)
         self._occupancies[host.name] = occupancy
-        usage = occupancy.usage(topology)
-        options = self._options(host.name)
-        key = ("room", id(topology), options)
-        cached = usage.derived.get(key)
-        if cached is None or cached[0] is not topology:
-            views = node_views(topology, usage, options, "performance")
-            room = room_of(views, {n: node_utilisation(usage, n) for n in views if views[n].has_cpus},
-                           {n: info.memory_kib for n, info in topology.nodes.items()})
-            cached = usage.derived[key] = (topology, room)
-        return view, cached[1]
+        return view, host_room(topology, occupancy.usage(topology), self._options(host.name))
 
     def place(
         self,

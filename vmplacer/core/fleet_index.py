@@ -27,8 +27,10 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 from vmplacer.core.guest import GuestSpec
-from vmplacer.core.occupancy import SMALL_PAGE_KIB
-from vmplacer.core.policies.admit import NodeView
+from vmplacer.core.occupancy import SMALL_PAGE_KIB, HostUsage
+from vmplacer.core.policies.admit import AllocationOptions, NodeView, node_views
+from vmplacer.core.scoring import node_utilisation
+from vmplacer.core.topology import HostTopology
 
 # Hosts allocated on per guest once the filter has run (besides identical ones, counted once,
 # and the most promising host of each shape); measured in benchmarks/fleet.py against
@@ -106,6 +108,20 @@ def room_of(views: Mapping[int, NodeView], utilisation: Mapping[int, float],
                               len(view.pool), view.shared_load, sizes, capacity_kib.get(node, 0),
                               utilisation.get(node, 0.0), view.smt))
     return HostRoom(tuple(nodes), sum(n.threads for n in nodes), sum(n.whole_cores for n in nodes), memory)
+
+
+def host_room(topology: HostTopology, usage: HostUsage, options: AllocationOptions) -> HostRoom:
+    """The room of a host in the state `usage` describes, kept with that usage (a usage that
+    changes drops it), so a host whose state did not change is summed up once."""
+    key = ("room", id(topology), options)
+    cached = usage.derived.get(key)
+    if cached is not None and cached[0] is topology:
+        return cached[1]
+    views = node_views(topology, usage, options, "performance")
+    room = room_of(views, {n: node_utilisation(usage, n) for n in views if views[n].has_cpus},
+                   {n: info.memory_kib for n, info in topology.nodes.items()})
+    usage.derived[key] = (topology, room)
+    return room
 
 
 def may_fit(demand: Demand, room: HostRoom) -> bool:
