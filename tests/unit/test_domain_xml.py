@@ -142,10 +142,13 @@ def test_merge_keeps_everything_vmplacer_does_not_own():
     assert root.find("metadata/{http://libosinfo.org/xmlns/libvirt/domain/1.0}libosinfo") is not None
     placements = root.findall(f"metadata/{{{NAMESPACE}}}placement")
     assert len(placements) == 1 and placements[0].findtext(f"{{{NAMESPACE}}}workload_class") == "unknown"
-    # cputune: quotas and iothread pins kept, vCPU/emulator pins replaced.
+    # cputune: quotas kept; vCPU, emulator and iothread pins replaced (each iothread where the
+    # emulator threads run: the caller pinned it on pCPU 2, which this guest does not own).
     assert [e.tag for e in root.find("cputune")] == [
         "shares", "period", "quota", "vcpupin", "vcpupin", "vcpupin", "vcpupin", "emulatorpin", "iothreadpin"]
     assert root.find("iothreads").text == "1"
+    assert root.find("cputune/iothreadpin").attrib == {"iothread": "1",
+                                                       "cpuset": root.find("cputune/emulatorpin").get("cpuset")}
     # memoryBacking: memfd source and shared access kept (virtiofs needs them), page size set.
     backing = root.find("memoryBacking")
     assert backing.find("source").get("type") == "memfd" and backing.find("access").get("mode") == "shared"
@@ -311,3 +314,19 @@ def test_a_parsed_placement_carries_the_refusals_its_metadata_declares():
     assert parse_placement(etree.tostring(root).decode(), "h").anti_affinity == ("db2", "db3")
     plain = "<domain type='kvm'><name>u</name><memory>1024</memory><vcpu>1</vcpu></domain>"
     assert parse_placement(plain, "h").anti_affinity == ()  # a foreign domain declares nothing
+
+
+def test_an_inactive_domain_s_emulator_and_iothreads_repin_together_in_its_definition():
+    from vmplacer.adapters.domain_xml import iothread_ids, with_pin
+
+    base = ("<domain type='kvm'><name>g</name><memory>65536</memory><vcpu>2</vcpu><iothreads>2</iothreads>"
+            "<cputune><vcpupin vcpu='0' cpuset='0-3'/><emulatorpin cpuset='0-3'/>"
+            "<iothreadpin iothread='1' cpuset='0-3'/></cputune><os><type>hvm</type></os></domain>")
+    root = etree.fromstring(with_pin(base, frozenset({2, 3})).encode())
+    assert root.find("cputune/emulatorpin").get("cpuset") == "2-3"
+    assert [(e.get("iothread"), e.get("cpuset")) for e in root.findall("cputune/iothreadpin")] == [
+        ("1", "2-3"), ("2", "2-3")]
+    assert iothread_ids(root) == [1, 2]
+    root = etree.fromstring(with_pin(base, frozenset({1}), vcpu=0).encode())
+    assert root.find("cputune/vcpupin").get("cpuset") == "1"
+    assert root.find("cputune/iothreadpin").get("cpuset") == "0-3"  # a vCPU's pin leaves the others alone

@@ -45,7 +45,7 @@ CANONICAL_ORDER = (
 # Owned whole: replaced. Owned in part: only these children are replaced.
 OWNED_WHOLE = ("memory", "currentMemory", "vcpu", "numatune")
 OWNED_CHILDREN = {
-    "cputune": ("vcpupin", "emulatorpin"),
+    "cputune": ("vcpupin", "emulatorpin", "iothreadpin"),
     "memoryBacking": ("hugepages",),
     "cpu": ("topology", "numa"),
 }
@@ -228,9 +228,30 @@ def render_domain(
     except etree.XMLSyntaxError as exc:  # a template bug, never caller input (autoescaped)
         raise DomainXmlError(f"guest {spec.name}: placement template produced bad XML: {exc}") from None
     merge_owned(root, owned, spec.name)
+    _pin_iothreads(root, placement.emulatorpin)
     validate_domain(root, spec.name)
     etree.indent(root, space="  ")
     return etree.tostring(root, encoding="unicode") + "\n"
+
+
+def iothread_ids(root: etree._Element) -> list[int]:
+    """The domain's IOThread ids: those `<iothreadids>` lists, else 1..`<iothreads>`."""
+    listed = [int(e.get("id")) for e in root.findall("iothreadids/iothread") if (e.get("id") or "").isdigit()]
+    if listed:
+        return sorted(listed)
+    count = (root.findtext("iothreads") or "").strip()
+    return list(range(1, int(count) + 1)) if count.isdigit() else []
+
+
+def _pin_iothreads(root: etree._Element, emulator: frozenset[int]) -> None:
+    """Every IOThread runs where the guest's emulator threads run (core/isolation.py: off the
+    pCPUs other guests own): a caller's own iothread pins are replaced, as its vCPU pins are."""
+    cputune = root.find("cputune")
+    ids = iothread_ids(root)
+    if not emulator or not ids or cputune is None:
+        return
+    for iothread in ids:
+        _insert_child(cputune, etree.Element("iothreadpin", iothread=str(iothread), cpuset=format_cpuset(emulator)))
 
 
 # ----- merging ----------------------------------------------------------------------------------------
@@ -494,9 +515,10 @@ def _default_hugepage(topology: HostTopology | None) -> int:
 
 # ----- pins of a defined domain ----------------------------------------------------------------------
 def with_pin(xml_text: str, cpus: frozenset[int], vcpu: int | None = None) -> str:
-    """The domain document with one vCPU's pins (`vcpu`) or the emulator's (None) set to `cpus`:
-    how an inactive domain's pins change (libvirt's pin calls need a cpumap the size of the host
-    it runs on, which a defined-only domain of a modelled host does not have)."""
+    """The domain document with one vCPU's pins (`vcpu`) or the emulator's and its IOThreads'
+    (None) set to `cpus`: how an inactive domain's pins change (libvirt's pin calls need a
+    cpumap the size of the host it runs on, which a defined-only domain of a modelled host does
+    not have)."""
     root = parse_domain(xml_text, "domain XML read back from libvirt")
     cputune = root.find("cputune")
     if cputune is None:
@@ -508,6 +530,9 @@ def with_pin(xml_text: str, cpus: frozenset[int], vcpu: int | None = None) -> st
         if element is None:
             element = etree.Element("emulatorpin")
             _insert_child(cputune, element)
+        for old in cputune.findall("iothreadpin"):
+            cputune.remove(old)
+        _pin_iothreads(root, cpus)
     else:
         element = next((e for e in cputune.findall("vcpupin") if e.get("vcpu") == str(vcpu)), None)
         if element is None:

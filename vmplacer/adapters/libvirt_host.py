@@ -424,12 +424,17 @@ class LibvirtHost(Hypervisor):
         self._changing(name, "pinVcpuFlags", lambda: dom.pinVcpuFlags(vcpu, cpumap, self._affect_flags(dom)))
 
     def pin_emulator(self, name: str, cpus: frozenset[int]) -> None:
+        """The emulator threads and the domain's IOThreads (which float with them) onto `cpus`."""
         dom = self._lookup(name)
         if self._defined_only(dom):
             self._repin_definition(dom, name, cpus, None)
             return
         cpumap = self._cpumap(cpus)
-        self._changing(name, "pinEmulator", lambda: dom.pinEmulator(cpumap, self._affect_flags(dom)))
+        flags = self._affect_flags(dom)
+        self._changing(name, "pinEmulator", lambda: dom.pinEmulator(cpumap, flags))
+        for iothread, _ in self._call("ioThreadInfo", lambda: dom.ioThreadInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE),
+                                      name) or ():
+            self._changing(name, "pinIOThread", lambda i=iothread: dom.pinIOThread(i, cpumap, flags))
 
     def _defined_only(self, dom: libvirt.virDomain) -> bool:
         """A persistent domain that is not running: its pins live only in its definition."""
