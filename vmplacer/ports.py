@@ -391,6 +391,10 @@ class ThrottleLedger(Protocol):
              reason: str = "", plan_id: int | None = None) -> None:
         """Record `guest` at `bandwidth`; an unthrottled bandwidth removes the record."""
         ...
+    def moved(self, guest: str, source: str, target: str) -> None:
+        """`guest` now runs on `target`: its throttle (CPU bandwidth is part of the domain and
+        migrates with it) is recorded there."""
+        ...
 
 
 @runtime_checkable

@@ -330,3 +330,27 @@ def test_an_inactive_domain_s_emulator_and_iothreads_repin_together_in_its_defin
     root = etree.fromstring(with_pin(base, frozenset({1}), vcpu=0).encode())
     assert root.find("cputune/vcpupin").get("cpuset") == "1"
     assert root.find("cputune/iothreadpin").get("cpuset") == "0-3"  # a vCPU's pin leaves the others alone
+
+
+def test_what_a_guest_owns_is_rewritten_in_its_metadata_document_or_element_alone():
+    from vmplacer.adapters.domain_xml import (
+        document_with_exclusive_cpus,
+        metadata_with_exclusive_cpus,
+        parse_placement,
+    )
+    from vmplacer.core.allocate import allocate
+
+    topology = uniform_topology(nodes=1, cores_per_node=4, name="h")
+    spec = GuestSpec.from_mapping({"name": "own", "vcpus": 2, "memory_mib": 64, "cpu_policy": "dedicated"})
+    xml = render_domain(spec, allocate(topology, spec), domain_type="qemu")
+    moved = document_with_exclusive_cpus(xml, frozenset({2, 3}))
+    assert moved is not None and parse_placement(moved, "h").exclusive_cpus == {2, 3}
+    # libvirt's virDomainGetMetadata hands out the element without its namespace
+    bare = ('<placement version="1"><workload_class>unknown</workload_class>'
+            '<exclusive_cpus>0-1</exclusive_cpus></placement>')
+    assert "<exclusive_cpus>5,7</exclusive_cpus>" in metadata_with_exclusive_cpus(bare, frozenset({5, 7}))
+    # a foreign domain (no vmplacer metadata) says nothing of what it owns: left alone
+    foreign = "<domain type='qemu'><name>f</name><memory>65536</memory><vcpu>1</vcpu></domain>"
+    assert document_with_exclusive_cpus(foreign, frozenset({1})) is None
+    with pytest.raises(DomainXmlError, match="root element"):
+        metadata_with_exclusive_cpus("<other/>", frozenset({1}))

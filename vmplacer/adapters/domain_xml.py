@@ -540,3 +540,39 @@ def with_pin(xml_text: str, cpus: frozenset[int], vcpu: int | None = None) -> st
             _insert_child(cputune, element)
     element.set("cpuset", cpuset)
     return etree.tostring(root, encoding="unicode")
+
+
+
+def _own_exclusive(placement: etree._Element, cpus: frozenset[int]) -> None:
+    namespace = etree.QName(placement).namespace  # libvirt hands the element out without its namespace
+    tag = f"{{{namespace}}}exclusive_cpus" if namespace else "exclusive_cpus"
+    element = placement.find(tag)
+    if element is None:
+        element = etree.SubElement(placement, tag)
+    element.text = format_cpuset(cpus) if cpus else ""
+
+
+def document_with_exclusive_cpus(xml_text: str, cpus: frozenset[int]) -> str | None:
+    """The domain document saying, in its vmplacer metadata, that the guest owns `cpus`
+    exclusively; None when it has no vmplacer metadata (a foreign domain: what it owns is read
+    from its pins). A repin of a dedicated guest moves what it owns, and the metadata is what
+    every later read of the host believes."""
+    root = parse_domain(xml_text, "domain XML read back from libvirt")
+    placement = root.find(f"metadata/{PLACEMENT_TAG}")
+    if placement is None:
+        return None
+    _own_exclusive(placement, cpus)
+    return etree.tostring(root, encoding="unicode")
+
+
+def metadata_with_exclusive_cpus(element_xml: str, cpus: frozenset[int]) -> str:
+    """`document_with_exclusive_cpus` for the vmplacer metadata element alone (what libvirt's
+    virDomainGetMetadata returns, without its namespace, and virDomainSetMetadata takes)."""
+    try:
+        placement = etree.fromstring(element_xml.encode("utf-8"), _parser())
+    except etree.XMLSyntaxError as exc:
+        raise DomainXmlError(f"vmplacer metadata read back from libvirt: not well-formed XML: {exc}") from None
+    if etree.QName(placement).localname != "placement":
+        raise DomainXmlError(f"vmplacer metadata read back from libvirt: root element is <{placement.tag}>")
+    _own_exclusive(placement, cpus)
+    return etree.tostring(placement, encoding="unicode")

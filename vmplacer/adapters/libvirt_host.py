@@ -436,6 +436,31 @@ class LibvirtHost(Hypervisor):
                                       name) or ():
             self._changing(name, "pinIOThread", lambda i=iothread: dom.pinIOThread(i, cpumap, flags))
 
+    def set_exclusive_cpus(self, name: str, cpus: frozenset[int]) -> None:
+        """Record in the domain's vmplacer metadata (live and persistent) that it owns `cpus`
+        exclusively: a repin or a migration of a dedicated guest moves what it owns. A domain
+        without vmplacer metadata (not placed by vmplacer) is left as it is."""
+        from vmplacer.adapters.domain_xml import metadata_with_exclusive_cpus
+        from vmplacer.adapters.domain_xml_fields import NAMESPACE
+
+        dom = self._lookup(name)
+        element = libvirt.VIR_DOMAIN_METADATA_ELEMENT
+
+        def read() -> str | None:
+            try:
+                return str(dom.metadata(element, NAMESPACE, 0))
+            except libvirt.libvirtError as exc:
+                if exc.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN_METADATA:
+                    return None
+                raise
+
+        current = self._call("metadata", read, name)
+        if current is None:
+            return
+        xml = metadata_with_exclusive_cpus(current, frozenset(cpus))
+        flags = self._affect_flags(dom)
+        self._changing(name, "setMetadata", lambda: dom.setMetadata(element, xml, "vmplacer", NAMESPACE, flags))
+
     def _defined_only(self, dom: libvirt.virDomain) -> bool:
         """A persistent domain that is not running: its pins live only in its definition."""
         return bool(self._call("isActive", dom.isActive) == 0 and self._call("isPersistent", dom.isPersistent))

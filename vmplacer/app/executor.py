@@ -261,6 +261,8 @@ class Executor:
                         f"{action.describe()}: could not revert: {exc}", self._detail(plan, action))
             return plan
         undone = action.moved_to("rolled_back", message)
+        if action.kind == "migrate" and action.state == "succeeded":
+            self._throttle_moved(plan, action, action.target_host, action.host)
         before = kind.placement_before(undone)
         if before is not None:
             self._record(plan, [before])
@@ -274,6 +276,8 @@ class Executor:
                 self._record(plan, [after])
         if kind.throttle_ledger and action.state in ("succeeded", "rolled_back", "failed"):
             self._note_throttle(plan, action)
+        if action.kind == "migrate" and action.state == "succeeded":
+            self._throttle_moved(plan, action, action.host, action.target_host)
         self._store(plan, action, finished=True)
         outcome = {"succeeded": "ok", "skipped": "skipped", "failed": "failed",
                    "rolled_back": "rolled_back"}[action.state]
@@ -332,10 +336,24 @@ class Executor:
                         f"{action.describe()}: not recorded ({exc}); `vmplacer reconcile` reports it",
                         self._detail(plan, action))
 
+    def _throttle_moved(self, plan: Plan, action: Action, source: str | None, target: str | None) -> None:
+        """A throttled guest that migrated keeps its limit (it is part of the domain): so does its record."""
+        moved = getattr(self.throttles, "moved", None)
+        if moved is None or action.guest is None or source is None or target is None:
+            return
+        try:
+            moved(action.guest, source, target)
+        except Exception as exc:  # noqa: BLE001 - the guest moved already; say the record is behind
+            log.error("plan %s: throttle record of %s not moved to %s: %s", plan.id, action.guest, target, exc)
+            self._audit("throttle-record", "failed", target, action.guest,
+                        f"{action.describe()}: throttle record not moved ({exc}); `vmplacer reconcile` reports it",
+                        self._detail(plan, action))
+
     def _record(self, plan: Plan, placements: list[Placement]) -> None:
         if self.placements is None:
             return
-        batch = self._deferred + placements
+        # one row per guest: its latest placement (a migration's arrival, then its repin there)
+        batch = list({p.guest: p for p in self._deferred + placements}.values())
         try:
             self.placements.apply(batch)
             self._deferred = []

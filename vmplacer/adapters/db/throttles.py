@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from datetime import timezone
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from vmplacer.adapters.db.models import ThrottleRow, utcnow
@@ -40,6 +40,12 @@ class SqlThrottleLedger(ThrottleLedger):
                 return
             row.bandwidth = bandwidth.to_dict()  # the first original stays: a release returns to it
             row.protects, row.reason, row.plan_id, row.updated_at = protects, reason, plan_id, utcnow()
+
+
+    def moved(self, guest: str, source: str, target: str) -> None:
+        with self._sessions.begin() as session:
+            session.execute(update(ThrottleRow).where(ThrottleRow.host == source, ThrottleRow.guest == guest)
+                            .values(host=target, updated_at=utcnow()))
 
 
 def _record(row: ThrottleRow, now) -> ThrottleRecord:  # type: ignore[no-untyped-def]

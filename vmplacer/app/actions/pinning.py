@@ -17,7 +17,7 @@ class Repin(ActionKind):
         live = running_placement(self.hosts[action.host], action)
         if isinstance(live, Check):
             return live
-        if pins_equal(live, action.after):
+        if pins_equal(live, action.after) and live.exclusive_cpus == action.after.exclusive_cpus:
             return Check(True, done=True)
         if not pins_equal(live, action.before):
             return Check(False, f"drift: {action.guest} is pinned {pins_text(live)}, the plan expected "
@@ -61,10 +61,15 @@ class Repin(ActionKind):
 
 
 def apply_pins(host: Hypervisor, guest: str, wanted: Placement) -> None:
-    """Pin what differs from `wanted`: vCPUs first, then the emulator threads."""
+    """Pin what differs from `wanted`: vCPUs first, then the emulator threads, then what the
+    guest owns exclusively (the domain's metadata, where a host keeps it: every later read of
+    the host takes what a guest owns from there)."""
     live = host.domain(guest).placement
     for vcpu, cpus in sorted(wanted.vcpupin.items()):
         if cpus and (live is None or live.vcpupin.get(vcpu) != cpus):
             host.pin_vcpu(guest, vcpu, cpus)
     if wanted.emulatorpin and (live is None or live.emulatorpin != wanted.emulatorpin):
         host.pin_emulator(guest, wanted.emulatorpin)
+    own = getattr(host, "set_exclusive_cpus", None)
+    if own is not None and (live is None or live.exclusive_cpus != wanted.exclusive_cpus):
+        own(guest, wanted.exclusive_cpus)
