@@ -7,6 +7,7 @@ throttle once the protected guest stops. An unlabelled neighbour is never thrott
 from __future__ import annotations
 
 import statistics
+import subprocess
 import time
 from pathlib import Path
 
@@ -75,6 +76,18 @@ def counter_ratio(conn, victim, neighbour, pairs: int = 3) -> float:
     return statistics.median(values)
 
 
+def virsh_schedinfo(uri: str, name: str, flag: str) -> dict[str, int]:
+    """`virsh schedinfo` of a domain: its CFS period and quota values by name."""
+    out = subprocess.run(["virsh", "-c", uri, "schedinfo", name, flag], capture_output=True, text=True,
+                         check=True).stdout
+    values = {}
+    for line in out.splitlines():
+        key, _, value = line.partition(":")
+        if value.strip().lstrip("-").isdigit():
+            values[key.strip()] = int(value.strip())
+    return values
+
+
 def test_loop_holds_the_floor_by_throttling_and_releases_when_the_victim_stops(testbed, make_guest, host1_conn,
                                                                                 tmp_path):
     victim = make_guest("prot-victim", workload="spin", pin=1, emulator_pin=0)
@@ -110,6 +123,15 @@ def test_loop_holds_the_floor_by_throttling_and_releases_when_the_victim_stops(t
     assert after >= FLOOR - SWITCH_COST, f"by its own counter the victim is at {after:.2f} (was {before:.2f}): {history}"
     assert MIN_SHARE <= share < 1.0, f"the neighbour must keep its minimum share: {share}"
     assert not loop.host.cpu_bandwidth(plain.name).limited, "an unlabelled guest was throttled"
+    from vmplacer.adapters.db.throttles import SqlThrottleLedger
+
+    # the record of the throttle is what libvirt says, live and persistent (virsh: an independent client)
+    recorded = {t.guest: t.bandwidth for t in SqlThrottleLedger(container.sessions).current("host1")}
+    assert set(recorded) == {batch.name}, recorded
+    for flag in ("--live", "--config"):
+        shown = virsh_schedinfo(testbed.host1_uri, batch.name, flag)
+        assert (shown["vcpu_period"], shown["vcpu_quota"]) == (recorded[batch.name].vcpu_period_us,
+                                                               recorded[batch.name].vcpu_quota_us), (flag, shown)
     assert not loop.host.cpu_bandwidth(victim.name).limited, "the protected guest was throttled"
     assert all(r["plan"]["state"] == "succeeded" for r in reports if r["plan"]), reports
     batch_progress = read_progress(batch.console)
@@ -124,8 +146,6 @@ def test_loop_holds_the_floor_by_throttling_and_releases_when_the_victim_stops(t
             released_at = time.monotonic() - stop_started
             break
     assert released_at is not None, "the throttle outlived its reason"
-    from vmplacer.adapters.db.throttles import SqlThrottleLedger
-
     assert SqlThrottleLedger(container.sessions).current() == []
     print(f"floor reached in {reached:.1f} s; counter ratio {before:.2f} -> {after:.2f}; neighbour share "
           f"{share:.2f}; released {released_at:.1f} s after the stop")

@@ -129,6 +129,22 @@ def test_reconcile_moves_the_record_of_a_guest_migrated_by_hand(testbed, host1_c
             dom.undefine()
 
 
+def _iothread_pins(uri: str, name: str) -> dict[int, frozenset[int]]:
+    """IOThread -> pCPUs as `virsh iothreadinfo` prints them (an independent client)."""
+    import subprocess
+
+    from vmplacer.core.cpuset import parse_cpuset
+
+    out = subprocess.run(["virsh", "-c", uri, "iothreadinfo", name], capture_output=True, text=True,
+                         check=True).stdout
+    pins = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 2 and parts[0].isdigit():
+            pins[int(parts[0])] = parse_cpuset(parts[1])
+    return pins
+
+
 def test_a_guest_pinned_by_hand_onto_an_owned_pcpu_is_named_and_pinned_back(testbed, host1_conn, tmp_path):
     """The operator's `virsh vcpupin` puts a shared guest on a dedicated guest's pCPU: reconcile's
     dry run names the drift and the isolation violation, the real run pins it back as recorded
@@ -139,8 +155,11 @@ def test_a_guest_pinned_by_hand_onto_an_owned_pcpu_is_named_and_pinned_back(test
     config.write_text(f"data_dir: {tmp_path}\nhosts:\n  - {{name: h1, uri: '{testbed.host1_uri}', domain_type: qemu}}\n")
     owner, shared = guests.owned_name("rc-owner"), guests.owned_name("rc-shared")
     request = tmp_path / "req.yaml"
+    (tmp_path / "shared.xml").write_text(  # a caller's document with an IOThread, which floats with the emulator
+        f"<domain type='qemu'><name>{shared}</name><memory unit='MiB'>64</memory><vcpu>1</vcpu>"
+        "<iothreads>1</iothreads><os><type arch='x86_64'>hvm</type></os></domain>\n")
     request.write_text(f"guests:\n  - {{name: {owner}, vcpus: 1, memory_mib: 64, cpu_policy: dedicated}}\n"
-                       f"  - {{name: {shared}, vcpus: 1, memory_mib: 64}}\n")
+                       f"  - {{name: {shared}, vcpus: 1, memory_mib: 64, base_xml: shared.xml}}\n")
     try:
         code, placed, err = _vmplacer(config, "place", "--request", str(request), "--start", "--format", "json")
         assert code == 0, (err, placed)
@@ -153,21 +172,30 @@ def test_a_guest_pinned_by_hand_onto_an_owned_pcpu_is_named_and_pinned_back(test
         import subprocess
         subprocess.run(["virsh", "-c", testbed.host1_uri, "vcpupin", shared, "0", onto, "--live"], check=True,
                        capture_output=True)
+        emulator = _iothread_pins(testbed.host1_uri, shared)
+        assert set(emulator) == {1} and not emulator[1] & owned, emulator
+        subprocess.run(["virsh", "-c", testbed.host1_uri, "iothreadpin", shared, "1", onto, "--live"],
+                       check=True, capture_output=True)
 
         code, report, err = _vmplacer(config, "reconcile", "--host", "h1", "--settle", "0", "--dry-run",
                                       "--format", "json")
         assert code == 0, (err, report)
         assert sorted(_mine(report, shared)) == [("drifted", "restore", "would-apply"),
-                                                 ("isolation", "none", "reported")]
-        detail = next(f["detail"] for h in report["hosts"] for f in h["findings"]
-                      if f["guest"] == shared and f["kind"] == "isolation")
-        assert f"exclusive to guest {owner}" in detail
+                                                 ("isolation", "none", "reported"), ("isolation", "none", "reported")]
+        details = sorted(f["detail"] for h in report["hosts"] for f in h["findings"]
+                         if f["guest"] == shared and f["kind"] == "isolation")
+        assert all(f"exclusive to guest {owner}" in d for d in details), details
+        assert [d for d in details if "iothread 1" in d] and [d for d in details if "vCPU 0" in d], details
+        drift = next(f["detail"] for h in report["hosts"] for f in h["findings"]
+                     if f["guest"] == shared and f["kind"] == "drifted")
+        assert "IOThread pins 1→" in drift, drift
         assert _virsh_vcpupin(testbed.host1_uri, shared)[0] == frozenset({int(onto)}), "a dry run changed it"
 
         code, report, err = _vmplacer(config, "reconcile", "--host", "h1", "--settle", "0", "--format", "json")
         assert code == 0, (err, report)
         assert ("drifted", "restore", "applied") in _mine(report, shared) and report["restored"] == 1
         assert _virsh_vcpupin(testbed.host1_uri, shared) == recorded
+        assert _iothread_pins(testbed.host1_uri, shared) == emulator
 
         code, report, err = _vmplacer(config, "reconcile", "--host", "h1", "--settle", "0", "--format", "json")
         assert code == 0 and _mine(report, shared) == [] and _mine(report, owner) == [], report

@@ -131,3 +131,19 @@ def test_after_every_operation_narrowing_keeps_the_invariant(name, operations):
             placed[index] = replace(floating, vcpupin={v: anywhere for v in floating.vcpupin}, emulatorpin=frozenset())
         placed = refresh_shared_pins(topology, placed)
         assert isolation_violations(topology, placed) == [], (operation, [p.guest for p in placed])
+
+
+def test_an_iothread_pinned_onto_an_owned_pcpu_is_a_violation_and_drift_from_its_emulator():
+    from vmplacer.core.reconcile import describe_drift
+
+    topology = two_pcpus()
+    owner = allocate(topology, guest("owner", 1, cpu_policy="dedicated"))
+    shared = refresh_shared_pins(topology, [allocate(topology, guest("shared", 1), [owner]), owner])[0]
+    free = shared.emulatorpin
+    assert isolation_violations(topology, [replace(shared, iothreadpin={1: free}), owner]) == []
+    strayed = replace(shared, iothreadpin={1: owner.exclusive_cpus})
+    found = isolation_violations(topology, [strayed, owner])
+    assert [(v.guest, v.thread, v.owner) for v in found] == [("shared", "iothread 1", "owner")]
+    # the record keeps no IOThread pins: they belong with the emulator threads
+    assert describe_drift(shared, replace(shared, iothreadpin={1: free})) == ""
+    assert "IOThread pins 1→" in describe_drift(shared, strayed)

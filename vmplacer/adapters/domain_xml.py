@@ -461,6 +461,7 @@ def _placement(values: dict[str, Any], host: str, topology: HostTopology | None)
         exclusive_cpus=exclusive,
         score=values["score"] or 0.0,
         anti_affinity=_refused(values["anti_affinity"], guest) if metadata else (),
+        iothreadpin=values["iothreadpin"],
     )
 
 

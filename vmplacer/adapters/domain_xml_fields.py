@@ -85,14 +85,20 @@ def _memory(nodes: list, name: str) -> int:
     return to_kib(element.text or "0", element.get("unit"), name)
 
 
-def _pins(nodes: list, name: str) -> dict[int, frozenset[int]]:
-    pins: dict[int, frozenset[int]] = {}
-    for element in nodes:
-        vcpu = _int(None)([element.get("vcpu", "")], f"{name} vcpu")
-        cpus = _cpuset([element.get("cpuset", "")], f"{name} {vcpu}")
-        assert vcpu is not None and cpus is not None
-        pins[vcpu] = cpus
-    return pins
+def _pins_by(attribute: str) -> Callable[[list, str], dict[int, frozenset[int]]]:
+    """Pin elements keyed by their `attribute` (vcpu, iothread) -> pCPUs."""
+    def convert(nodes: list, name: str) -> dict[int, frozenset[int]]:
+        pins: dict[int, frozenset[int]] = {}
+        for element in nodes:
+            key = _int(None)([element.get(attribute, "")], f"{name} {attribute}")
+            cpus = _cpuset([element.get("cpuset", "")], f"{name} {key}")
+            assert key is not None and cpus is not None
+            pins[key] = cpus
+        return pins
+    return convert
+
+
+_pins = _pins_by("vcpu")
 
 
 def _memnodes(nodes: list, name: str) -> dict[int, frozenset[int]]:
@@ -154,6 +160,7 @@ FIELDS: tuple[XmlField, ...] = (
     XmlField("vcpu_cpuset", "/domain/vcpu/@cpuset", _cpuset, "default pCPUs of unpinned vCPUs"),
     XmlField("vcpupin", "/domain/cputune/vcpupin", _pins, "vCPU -> pCPUs"),
     XmlField("emulatorpin", "/domain/cputune/emulatorpin/@cpuset", _cpuset, "emulator threads' pCPUs"),
+    XmlField("iothreadpin", "/domain/cputune/iothreadpin", _pins_by("iothread"), "IOThread -> pCPUs"),
     XmlField("memory_kib", "/domain/memory", _memory, "guest memory"),
     XmlField("mem_mode", "/domain/numatune/memory/@mode", _text("strict"), "NUMA memory policy"),
     XmlField("memory_nodeset", "/domain/numatune/memory/@nodeset", _cpuset, "host nodes backing memory"),

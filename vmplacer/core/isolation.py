@@ -31,7 +31,7 @@ class IsolationViolation:
 
     host: str
     guest: str
-    thread: str  # "vCPU 3" | "emulator"
+    thread: str  # "vCPU 3" | "emulator" | "iothread 1"
     cpus: frozenset[int]
     owner: str  # the guest holding them exclusively, or RESERVED (the host's)
 
@@ -64,6 +64,8 @@ def isolation_violations(topology: HostTopology, placements: Sequence[Placement]
         threads = [(f"vCPU {vcpu}", pins or anywhere, topology.reserved)
                    for vcpu, pins in sorted(placement.vcpupin.items())]
         threads.append(("emulator", placement.emulatorpin or anywhere, topology.reserved - emulator_cpus))
+        threads.extend((f"iothread {iothread}", pins or anywhere, topology.reserved - emulator_cpus)
+                       for iothread, pins in sorted(placement.iothreadpin.items()))
         for thread, cpus, forbidden in threads:
             by_owner: dict[str, set[int]] = {}
             for cpu in sorted(cpus):

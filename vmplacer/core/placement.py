@@ -6,6 +6,7 @@ back from live XML and compared by the rebalancer, so it is defined once here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -53,6 +54,9 @@ class Placement:
     # says: read so that a rule written into a domain binds even where no record of it is kept.
     # It is who the guest refuses, not where it runs: never compared, stored or rendered from here.
     anti_affinity: tuple[str, ...] = field(default=(), compare=False)
+    # IOThread -> pCPUs as the domain says: read from a host, never recorded (IOThreads float with
+    # the emulator threads, so the record's emulatorpin is where they belong) nor compared.
+    iothreadpin: Mapping[int, frozenset[int]] = field(default_factory=dict, compare=False)
 
     @property
     def vcpus(self) -> int:

@@ -234,6 +234,11 @@ def describe_drift(recorded: Placement, live: Placement) -> str:
             f"{v}→{_cpus(live.vcpupin.get(v))} (recorded {_cpus(recorded.vcpupin.get(v))})" for v in moved))
     if recorded.emulatorpin != live.emulatorpin:
         parts.append(f"emulator pins {_cpus(live.emulatorpin)} (recorded {_cpus(recorded.emulatorpin)})")
+    expected = recorded.emulatorpin  # IOThreads float with the emulator threads
+    strays = [i for i, cpus in sorted(live.iothreadpin.items()) if expected and cpus != expected]
+    if strays:
+        parts.append("IOThread pins " + ", ".join(
+            f"{i}→{_cpus(live.iothreadpin[i])} (with the emulator: {_cpus(expected)})" for i in strays))
     if recorded.memory_nodes != live.memory_nodes:
         parts.append(f"memory nodes {_cpus(live.memory_nodes, 'any')} "
                      f"(recorded {_cpus(recorded.memory_nodes, 'any')})")

@@ -68,8 +68,9 @@ def apply_pins(host: Hypervisor, guest: str, wanted: Placement) -> None:
     for vcpu, cpus in sorted(wanted.vcpupin.items()):
         if cpus and (live is None or live.vcpupin.get(vcpu) != cpus):
             host.pin_vcpu(guest, vcpu, cpus)
-    if wanted.emulatorpin and (live is None or live.emulatorpin != wanted.emulatorpin):
-        host.pin_emulator(guest, wanted.emulatorpin)
+    if wanted.emulatorpin and (live is None or live.emulatorpin != wanted.emulatorpin
+                               or any(cpus != wanted.emulatorpin for cpus in live.iothreadpin.values())):
+        host.pin_emulator(guest, wanted.emulatorpin)  # and the IOThreads, which float with it
     own = getattr(host, "set_exclusive_cpus", None)
     if own is not None and (live is None or live.exclusive_cpus != wanted.exclusive_cpus):
         own(guest, wanted.exclusive_cpus)
