@@ -96,3 +96,18 @@ def test_placements_and_refusals_come_from_one_read_of_the_store():
     assert reads == ["h1"]
     snapshots.invalidate("h1")
     assert store.occupied_and_refusals("h1")[0] == ["placement-2"] and reads == ["h1", "h1"]
+
+
+def test_a_refreshed_value_equal_to_the_cached_one_is_the_same_object():
+    """What is computed from a host's cached domains (its room in the fleet index) is found again
+    after a refresh that read nothing new."""
+    clock = _Clock()
+    listing = [["a"]]
+    snapshots = HostSnapshots(lambda _name: type("H", (), {"domains": lambda self: list(listing[0])})(),
+                              lambda _name: ([], {}), domains_ttl_s=2, clock=clock)
+    first = snapshots.domains("h1")
+    clock.now = 3.0
+    assert snapshots.domains("h1") is first  # re-read, unchanged
+    listing[0] = ["a", "b"]
+    clock.now = 6.0
+    assert snapshots.domains("h1") == ["a", "b"]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -288,3 +289,18 @@ def test_live_driver_without_free_memory_leaves_free_equal_total():
     conn = _FakeConn(_sparse_caps(), [], {0: {2048: 1}, 8: {2048: 2}}, unsupported=True)
     topology = read_capabilities_live(conn, "old")
     assert all(node.free_kib == node.memory_kib for node in topology.nodes.values())
+
+
+def test_a_document_is_parsed_once_for_every_host_that_has_it(monkeypatch):
+    import vmplacer.adapters.capabilities as capabilities
+
+    text = (EXAMPLES / "xeon-e3-4c8t.xml").read_text()
+    parses = []
+    real = capabilities.parse_capabilities
+    monkeypatch.setattr(capabilities, "parse_capabilities", lambda *a, **k: parses.append(1) or real(*a, **k))
+    capabilities._shapes.clear()
+    one = capabilities.parsed_once(text, "one", "a")
+    two = capabilities.parsed_once(text, "two", "b")
+    assert (one.name, two.name) == ("one", "two") and replace(one, name="x") == replace(two, name="x")
+    assert capabilities.parsed_once(text, "one", "a").nodes is one.nodes
+    assert len(parses) == 1

@@ -25,8 +25,10 @@ Capabilities carry no free memory: a live reader asks the connection
 
 from __future__ import annotations
 
+import hashlib
+import threading
+from collections import OrderedDict
 from dataclasses import replace
-from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -61,7 +63,31 @@ def read_capabilities_file(path: str | Path, name: str | None = None) -> HostTop
         text = path.read_text()
     except OSError as exc:
         raise CapabilitiesError(f"{path}: cannot read ({exc.strerror or exc})") from None
-    return parse_capabilities(text, name=name or path.stem, source=str(path))
+    return parsed_once(text, name or path.stem, str(path))
+
+
+_SHAPES_KEPT = 256  # distinct capabilities documents kept parsed (a fleet has a few host shapes)
+_shapes: OrderedDict[bytes, HostTopology] = OrderedDict()
+_shapes_lock = threading.Lock()
+
+
+def parsed_once(xml_text: str, name: str, source: str) -> HostTopology:
+    """`parse_capabilities`, once per distinct document in the process: a fleet of a thousand
+    hosts has a handful of shapes, and parsing and assembling one costs milliseconds that
+    every read of every host would pay again. Keyed by a digest of the text (the text itself
+    can be 100 kB); the host's own name is put on the shared result."""
+    digest = hashlib.blake2b(xml_text.encode(), digest_size=20).digest()
+    with _shapes_lock:
+        topology = _shapes.get(digest)
+        if topology is not None:
+            _shapes.move_to_end(digest)
+    if topology is None:
+        topology = parse_capabilities(xml_text, name=name, source=source)
+        with _shapes_lock:
+            _shapes[digest] = topology
+            while len(_shapes) > _SHAPES_KEPT:
+                _shapes.popitem(last=False)
+    return topology if topology.name == name else replace(topology, name=name)
 
 
 def read_capabilities_live(conn: libvirt.virConnect, name: str = "host") -> HostTopology:
@@ -70,7 +96,7 @@ def read_capabilities_live(conn: libvirt.virConnect, name: str = "host") -> Host
     libvirt errors propagate as `libvirt.libvirtError` (the caller maps them);
     a driver that cannot report free memory leaves free = total.
     """
-    topology = _parsed_live(conn.getCapabilities(), name)
+    topology = parsed_once(conn.getCapabilities(), name, f"capabilities of host {name}")
     free_kib = _live_free_memory(conn, topology)
     free_pages = _live_free_hugepages(conn, topology)
     nodes = {}
@@ -81,13 +107,6 @@ def read_capabilities_live(conn: libvirt.virConnect, name: str = "host") -> Host
         )
         nodes[node_id] = replace(node, free_kib=free_kib.get(node_id, node.free_kib), hugepages=pools)
     return replace(topology, nodes=nodes)
-
-
-@lru_cache(maxsize=64)
-def _parsed_live(xml_text: str, name: str) -> HostTopology:
-    """A host's capabilities parsed once per distinct text: placing reads them on every
-    placement (for free memory, read separately), and they rarely change."""
-    return parse_capabilities(xml_text, name=name, source=f"capabilities of host {name}")
 
 
 def parse_capabilities(xml_text: str, name: str = "host", *, source: str | None = None) -> HostTopology:

@@ -91,6 +91,7 @@ class LibvirtHost(Hypervisor):
         # Parsed domain XML by domain UUID: (the XML text it came from, placement, labels).
         # Keyed by the text itself, so any change libvirt reports, by anyone, is parsed anew.
         self._parsed: dict[str, tuple[str, Placement, dict[str, str]]] = {}
+        self._topology_from_file: tuple[tuple[int, int, int], HostTopology] | None = None
         # What placing read of each domain, by name: its XML text and that text parsed. Only the
         # domains `_events` marks are read again, besides every domain each resync.
         self._placing_view: dict[str, tuple[str, tuple[Placement, dict[str, str]]]] = {}
@@ -176,18 +177,39 @@ class LibvirtHost(Hypervisor):
         try:
             if self.settings.capabilities is not None:
                 self.connection()  # the host must answer all the same: its domains live there
-                topology = read_capabilities_file(self.settings.capabilities, self.name)
+                return self._file_topology(read_capabilities_file)
             else:
                 conn = self.connection()
                 topology = self._call("read capabilities", lambda: read_capabilities_live(conn, self.name))
         except CapabilitiesError as exc:
             raise HypervisorError(f"host {self.name}: unreadable capabilities: {exc}", host=self.name) from None
-        if self.settings.reserved_cpus:
-            try:
-                topology = topology.with_reserved(self.settings.reserved_cpus)
-            except ValueError as exc:
-                raise HypervisorError(f"host {self.name}: reserved_cpus: {exc}", host=self.name) from None
+        return self._reserved(topology)
+
+    def _file_topology(self, read: Callable[[Path, str], HostTopology]) -> HostTopology:
+        """The topology of the host's capabilities file, the same object for as long as the file
+        is unchanged: what is computed from a topology (the fleet index's room, its shape) is
+        kept with it and found again."""
+        path = Path(self.settings.capabilities or "")
+        try:
+            stat = path.stat()
+        except OSError as exc:
+            raise HypervisorError(f"host {self.name}: unreadable capabilities: {path}: cannot read "
+                                  f"({exc.strerror or exc})", host=self.name) from None
+        key = (stat.st_ino, stat.st_size, stat.st_mtime_ns)
+        known = self._topology_from_file
+        if known is not None and known[0] == key:
+            return known[1]
+        topology = self._reserved(read(path, self.name))
+        self._topology_from_file = (key, topology)
         return topology
+
+    def _reserved(self, topology: HostTopology) -> HostTopology:
+        if not self.settings.reserved_cpus:
+            return topology
+        try:
+            return topology.with_reserved(self.settings.reserved_cpus)
+        except ValueError as exc:
+            raise HypervisorError(f"host {self.name}: reserved_cpus: {exc}", host=self.name) from None
 
     def _lookup(self, name: str) -> libvirt.virDomain:
         conn = self.connection()

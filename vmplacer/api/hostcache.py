@@ -111,6 +111,8 @@ class HostSnapshots:
                 cached.refreshing = False
         with entry.lock:
             if generation == cached.generation:  # not invalidated by a write meanwhile
+                if cached.value is not None and cached.value == value:
+                    value = cached.value  # unchanged: the same object, so what was computed from it is found again
                 cached.value, cached.at = value, self._clock()
         return value
 
