@@ -111,3 +111,47 @@ def test_a_refreshed_value_equal_to_the_cached_one_is_the_same_object():
     listing[0] = ["a", "b"]
     clock.now = 6.0
     assert snapshots.domains("h1") == ["a", "b"]
+
+
+def test_a_refresher_keeps_every_host_fresh_and_counts_what_changed():
+    """With `keep_fresh` running, a host's new domain is read by the refresher (not by a request)
+    and moves `changes`; an unchanged host moves nothing."""
+    import threading
+    import time as wall
+
+    listing = {"h1": ["a"], "h2": ["x"]}
+    reads = {"h1": 0, "h2": 0}
+
+    class Host:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def topology(self) -> str:
+            return f"topology-{self.name}"
+
+        def domains(self) -> list[str]:
+            reads[self.name] += 1
+            return list(listing[self.name])
+
+    snapshots = HostSnapshots(Host, lambda _name: ([], {}), domains_ttl_s=0.05)
+    stop = threading.Event()
+    refresher = threading.Thread(target=snapshots.keep_fresh, args=(lambda: ["h1", "h2"], stop), daemon=True)
+    refresher.start()
+    try:
+        deadline = wall.monotonic() + 60
+        while min(reads.values()) < 3 and wall.monotonic() < deadline:
+            wall.sleep(0.01)
+        assert min(reads.values()) >= 3, reads  # refreshed over and over without a request
+        settled = snapshots.changes
+        seen = dict(reads)
+        while min(reads[h] - seen[h] for h in reads) < 2 and wall.monotonic() < deadline:
+            wall.sleep(0.01)
+        assert snapshots.changes == settled  # refreshes that read nothing new change nothing
+        listing["h2"] = ["x", "y"]
+        while snapshots.domains("h2") != ["x", "y"] and wall.monotonic() < deadline:
+            wall.sleep(0.01)
+        assert snapshots.domains("h2") == ["x", "y"] and snapshots.changes > settled
+    finally:
+        stop.set()
+        refresher.join(timeout=30)
+    assert not refresher.is_alive()

@@ -77,12 +77,16 @@ class HostSnapshots:
         `recorded_ttl_s`, not one each."""
         self._hosts = hosts
         self._records = records
-        self._fleet_records = (TimedValue(every_host_records, recorded_ttl_s, clock)
+        self._fleet_records = (TimedValue(every_host_records, recorded_ttl_s, clock, on_change=self._changed)
                                if every_host_records is not None else None)
         self.ttl = {"topology": topology_ttl_s, "domains": domains_ttl_s, "records": recorded_ttl_s}
         self._clock = clock
         self._entries: dict[str, _Entry] = {}
         self._guard = threading.Lock()
+        self._changes = 0  # bumped whenever any host's cached value changes or is dropped
+        # With a refresher running (keep_fresh), requests leave the refreshing to it: they read
+        # what is cached up to this many TTLs old (a refresher that fell behind), then read themselves.
+        self._request_ttl_factor = 1.0
 
     def _entry(self, name: str) -> _Entry:
         entry = self._entries.get(name)  # the usual case: no lock (a dict read is atomic)
@@ -91,10 +95,23 @@ class HostSnapshots:
                 entry = self._entries.setdefault(name, _Entry())
         return entry
 
-    def _get(self, name: str, what: str, load: Callable[[], Any]) -> Any:
+    @property
+    def changes(self) -> int:
+        """A number that changes whenever any host's snapshot may have (a refresh that read
+        something new, a write's invalidation): equal numbers mean equal snapshots, so whatever
+        was computed from every host's snapshot still holds (the fleet survey's memo)."""
+        if self._fleet_records is not None:
+            self._fleet_records.get()  # due for a refresh: one read, a change counted
+        return self._changes
+
+    def _changed(self) -> None:
+        with self._guard:
+            self._changes += 1
+
+    def _get(self, name: str, what: str, load: Callable[[], Any], *, refreshing: bool = False) -> Any:
         entry = self._entry(name)
         cached: _Cached = getattr(entry, what)
-        ttl = self.ttl[what]
+        ttl = self.ttl[what] * (1.0 if refreshing or what == "records" else self._request_ttl_factor)
         value, at = cached.value, cached.at  # fresh: served without the lock (host choice reads
         if value is not None and self._clock() - at < ttl:  # every host's cache on each request)
             return value
@@ -113,8 +130,36 @@ class HostSnapshots:
             if generation == cached.generation:  # not invalidated by a write meanwhile
                 if cached.value is not None and cached.value == value:
                     value = cached.value  # unchanged: the same object, so what was computed from it is found again
+                changed = value is not cached.value
                 cached.value, cached.at = value, self._clock()
+            else:
+                changed = False
+        if changed:
+            self._changed()
         return value
+
+    def keep_fresh(self, names: Callable[[], list[str]], stop: threading.Event) -> None:
+        """Refresh every host's topology and domains as they come due, in the calling thread,
+        until `stop` is set: requests then read what is cached instead of refreshing a share
+        of the fleet each (host choice among a thousand hosts would otherwise re-read a few
+        dozen domain lists per request). A host that cannot be read is left to the requests,
+        which report it."""
+        self._request_ttl_factor = 4.0
+        try:
+            while not stop.is_set():
+                started = self._clock()
+                for name in names():
+                    if stop.is_set():
+                        return
+                    for what, read in (("topology", lambda n: self._hosts(n).topology()),
+                                       ("domains", lambda n: self._hosts(n).domains())):
+                        try:
+                            self._get(name, what, lambda: read(name), refreshing=True)
+                        except Exception:  # noqa: BLE001 - unreadable now: the requests say so
+                            break
+                stop.wait(max(0.05, self.ttl["domains"] / 2 - (self._clock() - started)))
+        finally:
+            self._request_ttl_factor = 1.0
 
     def topology(self, name: str) -> HostTopology:
         return self._get(name, "topology", lambda: self._hosts(name).topology())
@@ -142,6 +187,7 @@ class HostSnapshots:
                 cached.value = None
         if self._fleet_records is not None:
             self._fleet_records.invalidate()
+        self._changed()
 
     def view(self, name: str) -> CachedHost:
         host = self._hosts(name)
@@ -180,10 +226,14 @@ class TimedValue:
     """One value read at most once per `ttl_s` (concurrent readers of a stale value wait
     for one read), dropped by `invalidate`."""
 
-    def __init__(self, load: Callable[[], Any], ttl_s: float, clock: Callable[[], float] = time.monotonic):
+    def __init__(self, load: Callable[[], Any], ttl_s: float, clock: Callable[[], float] = time.monotonic,
+                 on_change: Callable[[], None] | None = None):
+        """`on_change` is called after a read that found something new (an equal value read
+        again stays the very same object)."""
         self._load = load
         self._ttl = ttl_s
         self._clock = clock
+        self._on_change = on_change
         self._lock = threading.Lock()
         self._value: Any = None
         self._at = -float("inf")
@@ -199,7 +249,12 @@ class TimedValue:
             generation = self._generation
             value = self._load()
             if generation == self._generation:
+                if self._value is not None and self._value == value:
+                    value = self._value
+                changed = value is not self._value
                 self._value, self._at = value, self._clock()
+                if changed and self._on_change is not None:
+                    self._on_change()
             return value
 
     def invalidate(self) -> None:

@@ -29,6 +29,7 @@ from vmplacer.api.metrics import (
     protect_metrics,
     throttle_gauges,
 )
+from vmplacer.app.fleet_placement import SurveyMemo
 from vmplacer.app.jobs import DEFAULT_LEASE_TTL_S, JobRunner
 from vmplacer.bootstrap import Container
 from vmplacer.ports import LeaseStore
@@ -78,6 +79,7 @@ class ApiServices:
         self.dry_run_maintenance = TimedValue(lambda: dict(container.maintenance.current()), MAINTENANCE_TTL_S)
         # Dry runs place on host snapshots, rendered and held to the XML policy like real placements.
         self.dry_runs = container.placement_service(SnapshotStore(self.snapshots))
+        self.survey_memo = SurveyMemo()  # the fleet's rooms while no snapshot changed (host choice)
         self.token_store = container.token_store
         self.tokens = TokenVerifier(self.token_store.verify)
         self.idempotency = container.idempotency_store
@@ -118,6 +120,8 @@ class ApiServices:
         self._close_orphaned_plans()
         self._housekeeping = threading.Thread(target=self._housekeep, name="vmplacer-housekeeping", daemon=True)
         self._housekeeping.start()
+        threading.Thread(target=self.snapshots.keep_fresh, args=(lambda: self.host_names, self._housekeeping_stop),
+                         name="vmplacer-host-snapshots", daemon=True).start()
         if self.options.replay_freeze_journal:
             threading.Thread(target=self._replay_freezes_every_second, name="vmplacer-freeze-replay",
                              daemon=True).start()

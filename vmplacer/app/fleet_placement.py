@@ -10,6 +10,7 @@ app/fleet_planner.py, on views of the hosts' snapshots (`observe_host`, app/host
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -17,8 +18,9 @@ from typing import Any
 from vmplacer.app.host_snapshot import HostSnapshot, RecordedPlacements, take_snapshot
 from vmplacer.app.placement_service import PlaceResult, PlacementService, PlacingHost
 from vmplacer.app.fleet_planner import FleetHost, exists_reason
-from vmplacer.core.fleet_index import DEFAULT_HOSTS_TO_SCORE, Demand, shortlist
+from vmplacer.core.fleet_index import DEFAULT_HOSTS_TO_SCORE, Demand, HostRoom, shortlist
 from vmplacer.core.guest import GuestSpec
+from vmplacer.core.topology import HostTopology
 from vmplacer.core.nofit import NoFit
 from vmplacer.core.policies.admit import AllocationOptions, page_options
 from vmplacer.ports import ClaimConflict, DomainGone, HypervisorError
@@ -55,15 +57,71 @@ class Choice:
 Record = Callable[[str, str], None]  # (host, outcome): placed | refused | error | conflict
 
 
+Room = tuple[int, str, PlacingHost, HostSnapshot, HostRoom, int]  # at, name, host, view, room, shape
+
+
+RANKINGS_KEPT = 64  # distinct guest shapes whose ranking a memo keeps
+
+
+class FleetRooms:
+    """Every readable host's view, free room and shape as one survey read them, with the
+    rankings of the guest shapes asked since (what the memo keeps while nothing changes)."""
+
+    def __init__(self, rooms: list[Room]):
+        self.rooms = {room[0]: room for room in rooms}
+        self.shapes: dict[int, HostTopology] = {}
+        self.named: dict[str, set[int]] = {}  # guest name -> the hosts (by index) where it is in use
+        for at, _name, _host, view, _room, shape in rooms:
+            self.shapes.setdefault(shape, view.topology)
+            for guest in view.names:
+                self.named.setdefault(guest, set()).add(at)
+        self._rankings: dict[tuple[tuple[int, Demand], ...], list[tuple[Any, int, int]]] = {}
+
+    def ranked(self, demands: dict[int, Demand]) -> list[tuple[Any, int, int]]:
+        """(rank, host index, shape) of every host whose room may take a guest asking `demands`
+        (one per host shape), remembered per distinct ask."""
+        key = tuple(sorted(demands.items(), key=lambda item: item[0]))
+        known = self._rankings.get(key)
+        if known is None:
+            known = [(judged, at, shape) for at, _name, _host, _view, room, shape in self.rooms.values()
+                     if (judged := room.rank_for(demands[shape])) is not None]
+            if len(self._rankings) < RANKINGS_KEPT:
+                self._rankings[key] = known
+        return known
+
+
+class SurveyMemo:
+    """The fleet's rooms as the last survey read them, kept while no host's snapshot changed:
+    host choice among a thousand hosts then ranks their rooms without reading each one's cache."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._key: tuple[Any, ...] | None = None
+        self._rooms: FleetRooms | None = None
+
+    def get(self, key: tuple[Any, ...]) -> FleetRooms | None:
+        with self._lock:
+            return self._rooms if key == self._key else None
+
+    def put(self, key: tuple[Any, ...], rooms: FleetRooms) -> None:
+        with self._lock:
+            self._key, self._rooms = key, rooms
+
+
 class FleetPlacement:
     def __init__(self, planning: PlacementService, view: Callable[[str], PlacingHost],
                  live: Callable[[str], PlacingHost], *,
                  on_libvirt_error: Callable[[HypervisorError], None] | None = None,
                  invalidate: Callable[[str], None] | None = None,
-                 refusals: tuple[type[Exception], ...] = (), hosts_to_score: int = DEFAULT_HOSTS_TO_SCORE):
+                 refusals: tuple[type[Exception], ...] = (), hosts_to_score: int = DEFAULT_HOSTS_TO_SCORE,
+                 memo: SurveyMemo | None = None, changes: Callable[[], int] | None = None):
         """`planning` dry-runs on `view(host)` (e.g. a short-lived snapshot); placing reads
         `live(host)`; `invalidate(host)` drops a host's view after a placement touched it;
-        `refusals`: the host errors that refuse the document itself (no other host is tried)."""
+        `refusals`: the host errors that refuse the document itself (no other host is tried).
+        With `memo` and `changes` (a number that changes whenever any view may have), the
+        hosts' rooms are read once per change, not once per guest."""
+        self._memo = memo if changes is not None else None
+        self._changes = changes
         self._refusals = refusals
         self._hosts_to_score = hosts_to_score
         self._planning = planning
@@ -83,29 +141,58 @@ class FleetPlacement:
         if not 0 < self._hosts_to_score < len(hosts):
             return self._dry_runs(spec, hosts, base_xml, report_errors, {})
         views: dict[str, tuple[PlacingHost, HostSnapshot]] = {}
-        ranked: list[tuple[Any, int, int]] = []
         failures: list[tuple[str, Exception]] = []
         report: list[dict[str, Any]] = []
-        demands: dict[int, Demand] = {}
+        fleet = self._rooms(hosts, report_errors, failures, report)
+        demands = {shape: Demand.of(spec, page_options(spec, topology)) for shape, topology in fleet.shapes.items()}
+        taken = fleet.named.get(spec.name, set())
+        ranked = [entry for entry in fleet.ranked(demands) if entry[1] not in taken]
+        chosen_at = shortlist(ranked, self._hosts_to_score)
+        for at in chosen_at:
+            _, name, host, view, _, _ = fleet.rooms[at]
+            views[name] = (host, view)
+        chosen = [hosts[at] for at in chosen_at]
+        planned, refused, dry = self._dry_runs(spec, chosen, base_xml, report_errors, views)
+        if not planned:  # none of the most promising: every host, for the fit or for each one's reasons
+            return self._dry_runs(spec, hosts, base_xml, report_errors, {})
+        return planned, failures + refused, report + dry
+
+    def _rooms(self, hosts: Sequence[str], report_errors: bool, failures: list[tuple[str, Exception]],
+               report: list[dict[str, Any]]) -> FleetRooms:
+        """Each readable host's view, free room and shape (the unreadable ones reported), from the
+        memo while nothing changed; a survey that found a host unreadable is not kept (the host
+        is tried again by the next)."""
+        if self._memo is None or self._changes is None:
+            return self._read_rooms(hosts, report_errors, failures, report)[0]
+        for _ in range(2):  # a walk that read something new (the first) is done again, from the caches
+            key = (tuple(hosts), self._changes())
+            kept = self._memo.get(key)
+            if kept is not None:
+                return kept
+            fleet, unreadable = self._read_rooms(hosts, report_errors, failures, report)
+            if unreadable:
+                return fleet
+            if self._changes() == key[1]:  # nothing changed while it was read: good until something does
+                self._memo.put(key, fleet)
+                return fleet
+            failures.clear()
+            report.clear()
+        return fleet
+
+    def _read_rooms(self, hosts: Sequence[str], report_errors: bool, failures: list[tuple[str, Exception]],
+                    report: list[dict[str, Any]]) -> tuple[FleetRooms, bool]:
+        rooms: list[Room] = []
+        unreadable = False
         for at, name in enumerate(hosts):
             try:
                 host = self._view(name)
                 view, room = self._planning.room(host)
             except HypervisorError as exc:
                 self._unreadable(name, exc, report_errors, failures, report)
+                unreadable = True
                 continue
-            shape = self._planning.shape_of(view.topology)
-            if shape not in demands:
-                demands[shape] = Demand.of(spec, page_options(spec, view.topology))
-            judged = room.rank_for(demands[shape])
-            if judged is not None and spec.name not in view.names:
-                ranked.append((judged, at, shape))
-                views[name] = (host, view)
-        chosen = [hosts[at] for at in shortlist(ranked, self._hosts_to_score)]
-        planned, refused, dry = self._dry_runs(spec, chosen, base_xml, report_errors, views)
-        if not planned:  # none of the most promising: every host, for the fit or for each one's reasons
-            return self._dry_runs(spec, hosts, base_xml, report_errors, {})
-        return planned, failures + refused, report + dry
+            rooms.append((at, name, host, view, room, self._planning.shape_of(view.topology)))
+        return FleetRooms(rooms), unreadable
 
     def _dry_runs(self, spec: GuestSpec, hosts: Sequence[str], base_xml: str | None, report_errors: bool,
                   views: dict[str, tuple[PlacingHost, HostSnapshot]]

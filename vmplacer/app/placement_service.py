@@ -9,6 +9,8 @@ domain and no orphan claim are left behind.
 
 from __future__ import annotations
 
+import json
+
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -116,6 +118,9 @@ def _defined(host: PlacingHost, guest: str) -> bool:
     return True
 
 
+DRY_PLANS_KEPT = 10_000  # remembered dry runs (host x guest shape), forgotten all at once beyond
+
+
 class PlacementService:
     def __init__(self, store: PlacementStore, render: Renderer,
                  options: Callable[[str], AllocationOptions] | None = None,
@@ -133,6 +138,9 @@ class PlacementService:
         self._shape_of: dict[int, tuple[HostTopology, int]] = {}  # id(topology) -> (it, its shape)
         self._shapes_lock = threading.Lock()
         self._rooms: dict[str, tuple[tuple[Any, ...], HostSnapshot, HostRoom]] = {}  # host -> last room()
+        # (host, guest shape) -> (the view, the model, the placement): a survey's dry run of one
+        # kind of guest on an unchanged host gives what the last one gave
+        self._dry_plans: dict[tuple[str, str], tuple[HostSnapshot, Any, Placement]] = {}
 
     def acting_through(self, store: PlacementStore) -> PlacementService:
         """The same service recording (and auditing) through `store`, e.g. one that names
@@ -163,8 +171,31 @@ class PlacementService:
         """Dry run: the placement and XML vmplacer would use now; nothing is written. Without
         `render` the XML is left empty (a survey of many hosts renders the winner's only);
         `view`: the host as `room` read it (no second read)."""
-        placement = self._allocate(host, spec, view or self._with_recorded(host, take_snapshot(host)))
+        if view is not None and not render:
+            placement = self._remembered_plan(host, spec, view)
+        else:
+            placement = self._allocate(host, spec, view or self._with_recorded(host, take_snapshot(host)))
         return PlaceResult(placement, self.render(spec, placement, base_xml) if render else "", "planned")
+
+    def _remembered_plan(self, host: PlacingHost, spec: GuestSpec, view: HostSnapshot) -> Placement:
+        """The dry run of `spec` on `view`, remembered per guest shape (everything but its name)
+        while the view and the model are the very objects it was made from: the allocation is a
+        function of them. A guest whose name a neighbour refuses is always planned anew."""
+        betas = getattr(self._admission, "betas", None)
+        model = betas() if callable(betas) else None
+        if (self._admission is not None and model is None) or any(
+                spec.name in refused for refused in view.anti_affinity.values()):
+            return self._allocate(host, spec, view)
+        shape = json.dumps({k: v for k, v in spec.to_dict().items() if k != "name"}, sort_keys=True, default=str)
+        key = (host.name, shape)
+        known = self._dry_plans.get(key)
+        if known is not None and known[0] is view and known[1] is model:
+            return replace(known[2], guest=spec.name)
+        placement = self._allocate(host, spec, view)
+        if len(self._dry_plans) >= DRY_PLANS_KEPT:
+            self._dry_plans.clear()
+        self._dry_plans[key] = (view, model, placement)
+        return placement
 
     def render(self, spec: GuestSpec, placement: Placement, base_xml: str | None = None) -> str:
         return self._render(spec, placement, base_xml)

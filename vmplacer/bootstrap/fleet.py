@@ -24,4 +24,5 @@ def api_fleet_placement(services: Any) -> FleetPlacement:
     drops its host's snapshot, and libvirt errors are counted."""
     return FleetPlacement(services.dry_runs, services.snapshots.view, services.container.hypervisor,
                           on_libvirt_error=services.metrics.libvirt_error,
-                          invalidate=services.snapshots.invalidate, refusals=(DomainRefused,))
+                          invalidate=services.snapshots.invalidate, refusals=(DomainRefused,),
+                          memo=services.survey_memo, changes=lambda: services.snapshots.changes)
