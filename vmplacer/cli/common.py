@@ -61,11 +61,13 @@ class CliContext:
         return self._container
 
 
-def add_format_argument(parser: argparse.ArgumentParser) -> None:
+def add_format_argument(parser: argparse.ArgumentParser, *, inherited: bool = False) -> None:
+    """`--format table|json`. `inherited`: the parser is a sub-command's (`hosts disable`) whose parent
+    takes --format too: unset here, it leaves the parent's value (`hosts --format json disable X`)."""
     parser.add_argument(
         "--format",
         choices=("table", "json"),
-        default="table",
+        default=argparse.SUPPRESS if inherited else "table",
         help="output format (default: table)",
     )
 
