@@ -59,7 +59,9 @@ class _Parser(argparse.ArgumentParser):
         sys.stderr.write(f"vmplacer: error: {message}\n")
         raise SystemExit(EXIT_USAGE)
 
-    def parse_known_args(self, args=None, namespace=None):  # type: ignore[no-untyped-def,override]
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
+    ) -> tuple[argparse.Namespace, list[str]]:
         """Also records the innermost (chosen command's) parser as `command_parser`, whose defaults
         tell `common.option_given` which options the operator set."""
         namespace, extras = super().parse_known_args(args, namespace)
