@@ -209,7 +209,7 @@ echo "   (vmplacer.min_cpu_share 0.1) share host1's pCPU"
 driver protect-start
 driver protect-measure protect-before
 echo "== vmplacer protect --host host1: Freeze'nSense → who hurts it (model) → throttle one step, each round"
-"${VM[@]}" protect --host host1 --scope "$SCOPE" --rounds 10 --interval 1s --samples 5 --t-m-ms 50 || true
+"${VM[@]}" protect --host host1 --scope "$SCOPE" --rounds 10 --interval 1s --samples 5 --tm 50ms || true
 sleep 1
 driver protect-measure protect-after
 echo "== the latency-critical guest's own counter, before and after (work units per second)"

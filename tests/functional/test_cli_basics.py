@@ -93,3 +93,19 @@ def test_db_upgrade_and_current(tmp_path):
     current = json.loads(run("db", "current", "--format", "json", env=env).stdout)
     assert current["current"] == current["head"] is not None
     assert (tmp_path / "vmplacer.db").exists()
+
+
+def test_hosts_format_before_the_action_is_kept(tmp_path):
+    """`hosts --format json disable HOST` answers in JSON, as `hosts disable HOST --format json` does."""
+    env = {"VMPLACER_DATA_DIR": str(tmp_path)}
+    done = run("hosts", "--format", "json", "disable", "example", "--reason", "kernel update", env=env)
+    assert done.returncode == 0, done.stderr
+    data = json.loads(done.stdout)
+    assert data["host"] == "example" and data["changed"] is True
+    assert data["maintenance"]["reason"] == "kernel update"
+    done = run("hosts", "--format", "json", "enable", "example", env=env)
+    assert done.returncode == 0 and json.loads(done.stdout)["was"]["reason"] == "kernel update", done.stderr
+    done = run("hosts", "enable", "example", "--format", "json", env=env)  # after the action, as before
+    assert json.loads(done.stdout)["changed"] is False
+    done = run("hosts", "--format", "json", "enable", "example", "--format", "table", env=env)
+    assert done.stdout.startswith("host example is in service"), done.stdout

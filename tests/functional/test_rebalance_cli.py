@@ -177,7 +177,7 @@ def test_rebalance_run_reports_its_steps(config):
     (["plan", "--all", "--request", "missing.yaml"], "--request"),
     (["plan"], "--request: required"),
     (["rebalance", "--max-actions", "-1"], "--max-actions"),
-    (["rebalance", "--backoff", "-5"], "--backoff: rebalance settings: field 'backoff_s' must be a number >= 0"),
+    (["rebalance", "--backoff", "-5"], "--backoff: '-5' is not a duration"),
     (["rebalance", "--profile-seconds", "-2"], "--profile-seconds"),
     (["rebalance", "--migration-timeout", "0"], "--migration-timeout"),
     (["rebalance", "--host", "t1", "--all"], "not allowed with argument"),

@@ -12,11 +12,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vmplacer.core.durations import duration_seconds
+from vmplacer.core.durations import duration_seconds, format_seconds, is_bare_number
 
 EXIT_OK = 0
 EXIT_OPERATIONAL = 1
@@ -61,11 +61,13 @@ class CliContext:
         return self._container
 
 
-def add_format_argument(parser: argparse.ArgumentParser) -> None:
+def add_format_argument(parser: argparse.ArgumentParser, *, inherited: bool = False) -> None:
+    """`--format table|json`. `inherited`: the parser is a sub-command's (`hosts disable`) whose parent
+    takes --format too: unset here, it leaves the parent's value (`hosts --format json disable X`)."""
     parser.add_argument(
         "--format",
         choices=("table", "json"),
-        default="table",
+        default=argparse.SUPPRESS if inherited else "table",
         help="output format (default: table)",
     )
 
@@ -122,14 +124,111 @@ def resolve_hosts(ctx: CliContext, names: Sequence[str] | None) -> list[str]:
     return list(dict.fromkeys(names))
 
 
-def parse_duration(text: str, option: str, default_unit: str, *, days: bool = False) -> float:
-    """Seconds from '10ms', '2.5s', '500us', '1m', '1h' (and '30d' with `days`); a bare
-    number is in `default_unit`."""
+DURATION_EXAMPLES = "500us, 10ms, 2.5s, 10m, 1h"
+_UNIT_NAMES = {"s": "seconds", "ms": "milliseconds"}
+
+
+def _duration_or_problem(text: str, default_unit: str | None, days: bool) -> float | str:
+    """Seconds, or what is wrong with `text` (without the option's name)."""
     seconds = duration_seconds(text, default_unit, days=days)
-    if seconds is None:
-        examples = "12h, 30d, 90m, 3600" if days else "10ms, 0.5s, 2m, 1h"
-        raise UsageError(f"{option}: {text!r} is not a duration (e.g. {examples})")
+    if seconds is not None:
+        return seconds
+    if default_unit is None and is_bare_number(text):
+        number = str(text).strip()
+        return (f"{text!r} has no unit: write one, e.g. {number}ms or {number}s (a bare number is refused "
+                "here: it meant milliseconds before; read as seconds it would be 1000 times longer)")
+    examples = "12h, 30d, 90m, 3600" if days else DURATION_EXAMPLES
+    bare = f"; a bare number is {_UNIT_NAMES.get(default_unit, default_unit)}" if default_unit else "; a unit is required"
+    return f"{text!r} is not a duration (e.g. {examples}{bare})"
+
+
+def parse_duration(text: str, option: str, default_unit: str | None = "s", *, days: bool = False) -> float:
+    """Seconds from '500us', '10ms', '2.5s', '10m', '1h' (and '30d' with `days`); a bare number is
+    in `default_unit`, or refused when that is None (freeze lengths: 10 once meant 10 ms there)."""
+    seconds = _duration_or_problem(text, default_unit, days)
+    if isinstance(seconds, str):
+        raise UsageError(f"{option}: {seconds}")
     return seconds
+
+
+def duration(*, unit: str | None = "s", days: bool = False, zero: str | None = None,
+             low: float | None = None, high: float | None = None) -> Callable[[str], float]:
+    """An argparse `type=` for a duration option, so every one reads the same grammar (parse_duration)
+    and fails alike: exit 2, "argument --FLAG: ..." with examples. Seconds come out. The value must be
+    longer than 0 unless `zero` says what 0 means ("never"), and within `low`..`high` seconds.
+
+    Give such an option a number (or None) as its default, never text: `option_given` compares
+    the value with the default."""
+    def read(text: str) -> float:
+        seconds = _duration_or_problem(text, unit, days)
+        if isinstance(seconds, str):
+            raise argparse.ArgumentTypeError(seconds)
+        if seconds == 0 and zero is not None:
+            return seconds
+        problem = _range_problem(seconds, low, high, zero)
+        if problem:
+            raise argparse.ArgumentTypeError(f"{problem}, got {text!r}")
+        return seconds
+
+    read.__name__ = "duration"
+    return read
+
+
+def _range_problem(seconds: float, low: float | None, high: float | None, zero: str | None) -> str | None:
+    also = f" (or 0: {zero})" if zero is not None else ""
+    if low is not None and high is not None and not low <= seconds <= high:
+        return f"must be {format_seconds(low)}..{format_seconds(high)}{also}"
+    if low is not None and seconds < low:
+        return f"must be at least {format_seconds(low)}{also}"
+    if high is not None and seconds > high:
+        return f"must be at most {format_seconds(high)}{also}"
+    if seconds <= 0:
+        return f"must be longer than 0{also}"
+    return None
+
+
+def count(low: int = 0, high: int | None = None, *, zero: str | None = None) -> Callable[[str], int]:
+    """An argparse `type=` for a whole number held to `low`..`high` (`zero`: what 0 means, for the
+    message), so a range is refused at parse time naming the option and the rule."""
+    def read(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+        if value < low or (high is not None and value > high):
+            meaning = f" ({zero} at 0)" if zero else ""
+            rule = f"{low}..{high}" if high is not None else ("at least " + str(low))
+            raise argparse.ArgumentTypeError(f"must be {rule}{meaning}, got {value}")
+        return value
+
+    read.__name__ = "count"
+    return read
+
+
+def option_given(args: argparse.Namespace, dest: str) -> bool:
+    """Whether the operator set option `dest`: its value differs from its parser's default (main
+    records the chosen command's parser as `command_parser`), or without a parser at hand, from
+    'not set' (None, False, an empty list)."""
+    value = getattr(args, dest, None)
+    parser = getattr(args, "command_parser", None)
+    if parser is not None:
+        return value != parser.get_default(dest)
+    return value not in (None, False, [])
+
+
+def option_flag(args: argparse.Namespace, dest: str) -> str:
+    """The flag of `dest` as the operator wrote it (`--no-X` for a boolean option turned off)."""
+    flag = dest.replace("_", "-")
+    return f"--no-{flag}" if getattr(args, dest, None) is False else f"--{flag}"
+
+
+def refuse_options(args: argparse.Namespace, dests: Iterable[str], why: str) -> None:
+    """Exit 2 naming the first option of `dests` the operator set although the chosen mode never
+    reads it: ignored silently, it would look as if it had acted. `why` follows the flag, e.g.
+    "applies to rebalancing plans (plan --rebalance), not to plan --request"."""
+    for dest in dests:
+        if option_given(args, dest):
+            raise UsageError(f"{option_flag(args, dest)}: {why}")
 
 
 def operator_name() -> str:

@@ -11,10 +11,9 @@ from sqlalchemy.exc import SQLAlchemyError
 from vmplacer.cli.common import (
     CliContext,
     OperationalError,
-    UsageError,
     add_format_argument,
+    duration,
     emit,
-    parse_duration,
     print_table,
 )
 
@@ -34,7 +33,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prune = actions.add_parser(
         "prune", help="delete finished plans, profile runs, audit entries, jobs and expired idempotency keys "
                       "older than the config's retention ages")
-    prune.add_argument("--older-than", metavar="DURATION",
+    prune.add_argument("--older-than", type=duration(days=True), metavar="DURATION",
                        help="one age for every kind instead of the config's retention section "
                             "(e.g. 30d, 12h, 90m, 3600)")
     prune.add_argument("--dry-run", action="store_true", help="count what would go, delete nothing")
@@ -81,9 +80,7 @@ def run_prune(args: argparse.Namespace, ctx: CliContext) -> int:
     from vmplacer.cli.serve import ensure_schema
 
     if args.older_than is not None:
-        age = parse_duration(args.older_than, "--older-than", "s", days=True)
-        if age <= 0:
-            raise UsageError(f"--older-than: must be longer than 0, got {args.older_than!r}")
+        age = args.older_than
         ages = {"plans_s": age, "profiles_s": age, "audit_s": age, "jobs_s": age}
     else:
         kept = ctx.settings.retention

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vmplacer.cli.common import CliContext, OperationalError, UsageError, resolve_host, resolve_hosts
+from vmplacer.cli.common import CliContext, OperationalError, UsageError, count, resolve_host, resolve_hosts
 
 
 def add_host_arguments(parser: argparse.ArgumentParser, *, caps: bool) -> None:
@@ -22,7 +22,7 @@ def add_host_arguments(parser: argparse.ArgumentParser, *, caps: bool) -> None:
                         "default: the first configured host)")
     source.add_argument("--all", action="store_true",
                         help="every configured host not in maintenance: each guest goes to the best one")
-    parser.add_argument("--hosts-to-score", type=_hosts_to_score, default=None, metavar="N",
+    parser.add_argument("--hosts-to-score", type=count(0, 100_000, zero="every host"), default=None, metavar="N",
                         help="with more candidate hosts than N, allocate each guest on the N whose free room "
                         "promises most (and the best of each host shape), not on every host (default 8; "
                         "0: every host)")
@@ -30,16 +30,6 @@ def add_host_arguments(parser: argparse.ArgumentParser, *, caps: bool) -> None:
         source.add_argument("--caps", metavar="[NAME=]FILE", action="append",
                             help="a libvirt capabilities XML file, an idle host (repeatable: an offline "
                             "fleet; named from the file, or NAME=FILE)")
-
-
-def _hosts_to_score(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
-    if not 0 <= value <= 100_000:
-        raise argparse.ArgumentTypeError(f"must be 0 (every host) to 100000, got {value}")
-    return value
 
 
 def fleet_planner(args: argparse.Namespace) -> Any:

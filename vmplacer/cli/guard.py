@@ -21,13 +21,14 @@ from typing import Any
 from vmplacer.cli.common import (
     CliContext,
     OperationalError,
-    UsageError,
     add_format_argument,
+    duration,
     emit,
-    parse_duration,
+    refuse_options,
 )
 
 log = logging.getLogger(__name__)
+DEFAULT_EVERY_S = 1.0
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -35,16 +36,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "guard", help="resume guests left paused by a killed vmplacer process (once, or every second)",
         description=__doc__.split("\n\n", 1)[1] if __doc__ else None)
     parser.add_argument("--once", action="store_true", help="replay once and exit (for ExecStopPost=)")
-    parser.add_argument("--every", default="1s", metavar="DURATION",
-                        help="time between replays without --once (default 1s)")
+    parser.add_argument("--every", type=duration(), metavar="DURATION",
+                        help="time between replays without --once, e.g. 1s (default 1s)")
     add_format_argument(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
-    every = parse_duration(args.every, "--every", "s")
-    if every <= 0:
-        raise UsageError(f"--every: must be positive, got {args.every!r}")
+    if args.once:
+        refuse_options(args, ("every",), "paces the repeated replays, not guard --once (one replay)")
+    every = DEFAULT_EVERY_S if args.every is None else args.every
     from vmplacer.bootstrap.profiler import replay_freeze_journal
 
     if args.once:

@@ -35,11 +35,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     disable = actions.add_parser("disable", help="put a host in maintenance: no new guests, no migrations in")
     disable.add_argument("host", metavar="HOST", help="a configured host")
     disable.add_argument("--reason", required=True, help="why (kept with the host and in the audit log)")
-    add_format_argument(disable)
+    add_format_argument(disable, inherited=True)
     disable.set_defaults(func=run_disable)
     enable = actions.add_parser("enable", help="take a host out of maintenance")
     enable.add_argument("host", metavar="HOST", help="a configured host")
-    add_format_argument(enable)
+    add_format_argument(enable, inherited=True)
     enable.set_defaults(func=run_enable)
 
 

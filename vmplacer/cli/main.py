@@ -59,6 +59,16 @@ class _Parser(argparse.ArgumentParser):
         sys.stderr.write(f"vmplacer: error: {message}\n")
         raise SystemExit(EXIT_USAGE)
 
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
+    ) -> tuple[argparse.Namespace, list[str]]:
+        """Also records the innermost (chosen command's) parser as `command_parser`, whose defaults
+        tell `common.option_given` which options the operator set."""
+        namespace, extras = super().parse_known_args(args, namespace)
+        if not hasattr(namespace, "command_parser"):  # the sub-command's parser ran first, and set it
+            namespace.command_parser = self
+        return namespace, extras
+
 
 def command_in(argv: Sequence[str]) -> str | None:
     """The command `argv` names (the first word after the global options), or None."""

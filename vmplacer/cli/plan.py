@@ -52,6 +52,7 @@ from vmplacer.cli.common import (
     add_format_argument,
     emit,
     print_table,
+    refuse_options,
 )
 from vmplacer.cli.fleet_hosts import add_host_arguments
 from vmplacer.core.cpuset import format_cpuset
@@ -94,6 +95,13 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         if args.host:
             args.host = args.host[0]
         return run_rebalance_plan(args, ctx)
+    from vmplacer.cli.rebalance import REBALANCE_PLAN_OPTIONS
+
+    refuse_options(args, REBALANCE_PLAN_OPTIONS,
+                   "applies to rebalancing plans (plan --rebalance), not to placement plans (plan --request)")
+    if args.caps:
+        refuse_options(args, ("ignore_maintenance",), "applies to configured hosts, not to --caps files "
+                       "(an offline host is never in maintenance)")
     if not args.request:
         raise UsageError("--request: required (or --rebalance to plan moves of running guests)")
     try:

@@ -1,6 +1,7 @@
 """`vmplacer profile`: Freeze'nSense on one host, and the stored results.
 
     vmplacer profile --host H [VM ...] [--tm 10ms] [--tsleep 1s] [--samples N] [--metric ipc|cpu|probe]
+                     [--duration 60s] [--max-freeze 500ms]
     vmplacer profile show VM [VM ...] [--run ID] [--format json] [--plot FILE.png]
     vmplacer profile replay [--host H]
 
@@ -8,6 +9,10 @@ Profiling first replays the freeze journal (resuming whatever a killed
 profiler left paused), then samples until every sensitive VM has N ζ and N ζb
 samples (or --duration passes), with a live progress bar on stderr, and
 stores the run. `show` recomputes the distributions from the stored samples.
+
+Durations take a unit (500us, 10ms, 2.5s, 10m, 1h); a bare number is seconds for --tsleep and
+--duration and refused for the freeze lengths --tm and --max-freeze (it meant ms there once).
+An option the chosen mode does not read (`show --tm`, `replay --samples`) exits 2.
 """
 
 from __future__ import annotations
@@ -23,9 +28,11 @@ from vmplacer.cli.common import (
     OperationalError,
     UsageError,
     add_format_argument,
+    count,
+    duration,
     emit,
-    parse_duration,
     print_table,
+    refuse_options,
     resolve_host,
 )
 
@@ -53,14 +60,18 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("vms", nargs="*", metavar="VM",
                         help="VMs to profile (default: every running VM in scope); or `show VM...`, `replay`")
     parser.add_argument("--host", help="configured host name (default: the first one)")
-    parser.add_argument("--tm", help="freeze/sample length t_m, e.g. 10ms (default: profiler.t_m_ms)")
-    parser.add_argument("--tsleep", help="time between rounds t_sleep, e.g. 1s (default: profiler.t_sleep_s)")
-    parser.add_argument("--max-freeze", dest="max_freeze",
-                        help="hard cap on one freeze, e.g. 500ms (default: profiler.max_freeze_ms)")
-    parser.add_argument("--samples", type=int,
+    parser.add_argument("--tm", type=duration(unit=None), metavar="DURATION",
+                        help="freeze/sample length t_m with its unit, e.g. 10ms (a bare number is refused; "
+                             "default: profiler.t_m_ms)")
+    parser.add_argument("--tsleep", type=duration(zero="no pause"), metavar="DURATION",
+                        help="time between rounds t_sleep, e.g. 1s (default: profiler.t_sleep_s)")
+    parser.add_argument("--max-freeze", dest="max_freeze", type=duration(unit=None), metavar="DURATION",
+                        help="hard cap on one freeze with its unit, e.g. 500ms (a bare number is refused; "
+                             "default: profiler.max_freeze_ms)")
+    parser.add_argument("--samples", type=count(1), metavar="N",
                         help=f"stop after N valid ζ and ζb samples per sensitive VM (default {DEFAULT_SAMPLES} "
                              "unless --duration is given)")
-    parser.add_argument("--duration", help="stop after this long, e.g. 60s")
+    parser.add_argument("--duration", type=duration(), metavar="DURATION", help="stop after this long, e.g. 60s")
     parser.add_argument("--metric", choices=("ipc", "cpu", "probe"),
                         help="sampler (default: the host's `sampler` setting; auto = ipc with counters, else cpu)")
     parser.add_argument("--sensitive",
@@ -69,7 +80,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="never freeze domains matching this glob (repeatable; adds to profiler.excluded_domains)")
     parser.add_argument("--scope", action="append", default=[], metavar="PATTERN",
                         help="consider only domains matching this glob (repeatable; default: profiler.scope, all)")
-    parser.add_argument("--pair-probes", dest="pair_probes", type=int, metavar="N",
+    parser.add_argument("--pair-probes", dest="pair_probes", type=count(0), metavar="N",
                         help="pair probes per round: all but a VM and one neighbour frozen, both sampled "
                              "(default: profiler.pair_probes; 0: none)")
     parser.add_argument("--adaptive", action="store_true",
@@ -79,7 +90,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--probe-kind", choices=("counter", "gauge"), default="counter",
                         help="probe values are a growing counter (rate over the window) or a gauge")
     parser.add_argument("--no-progress", action="store_true", help="no live progress bar")
-    parser.add_argument("--run", type=int, help="show: this run id (default: the newest run with the VMs)")
+    parser.add_argument("--run", type=count(1), metavar="ID",
+                        help="show: this run id (default: the newest run with the VMs)")
     parser.add_argument("--plot", metavar="FILE", help="show: draw ζ vs ζb box plots per VM into FILE.png")
     add_format_argument(parser)
     parser.set_defaults(func=run)
@@ -97,10 +109,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
 
 
 def _only_for(args: argparse.Namespace, mode: str, names: tuple[str, ...]) -> None:
-    for name in names:
-        value = getattr(args, name)
-        if value not in (None, False, [], "all", "counter"):
-            raise UsageError(f"--{name.replace('_', '-')}: not used by `vmplacer profile {mode}`")
+    refuse_options(args, names, f"not used by `vmplacer profile{' ' + mode if mode else ''}`")
 
 
 def _probes(specs: list[str]) -> dict[str, Any]:
@@ -130,24 +139,14 @@ def build_config(args: argparse.Namespace, settings: Any) -> Any:
     from vmplacer.bootstrap.profiler_config import SensitiveSpecError, profiler_config
 
     defaults = settings.profiler
-    t_m = parse_duration(args.tm, "--tm", "ms") if args.tm else defaults.t_m_ms / 1e3
-    t_sleep = parse_duration(args.tsleep, "--tsleep", "s") if args.tsleep is not None else defaults.t_sleep_s
-    max_freeze = (parse_duration(args.max_freeze, "--max-freeze", "ms") if args.max_freeze
-                  else defaults.max_freeze_ms / 1e3)
-    duration = parse_duration(args.duration, "--duration", "s") if args.duration else None
-    if t_m <= 0:
-        raise UsageError(f"--tm: must be positive, got {args.tm!r}")
-    if max_freeze <= 0:
-        raise UsageError(f"--max-freeze: must be positive, got {args.max_freeze!r}")
+    # durations and counts arrive parsed and in range (their argparse types): seconds here
+    t_m = args.tm if args.tm is not None else defaults.t_m_ms / 1e3
+    t_sleep = args.tsleep if args.tsleep is not None else defaults.t_sleep_s
+    max_freeze = args.max_freeze if args.max_freeze is not None else defaults.max_freeze_ms / 1e3
+    duration = args.duration
     if t_m >= max_freeze:
         raise UsageError(f"--tm: {t_m * 1e3:g} ms must be shorter than the freeze cap of {max_freeze * 1e3:g} ms "
                          "(--max-freeze / profiler.max_freeze_ms)")
-    if duration is not None and duration <= 0:
-        raise UsageError(f"--duration: must be positive, got {args.duration!r}")
-    if args.samples is not None and args.samples < 1:
-        raise UsageError(f"--samples: must be at least 1, got {args.samples}")
-    if args.pair_probes is not None and args.pair_probes < 0:
-        raise UsageError(f"--pair-probes: must not be negative, got {args.pair_probes}")
     samples = args.samples if args.samples is not None or duration is not None else DEFAULT_SAMPLES
     try:
         return profiler_config(
@@ -192,6 +191,8 @@ def run_profile(args: argparse.Namespace, ctx: CliContext) -> int:
         raise UsageError(f"--probe: given with --metric {metric}; probes are the `probe` metric")
     if probes:
         metric = "probe"
+    else:
+        refuse_options(args, ("probe_kind",), "only with --probe (it says how probe values are read)")
     host_name = resolve_host(ctx, args.host)
 
     from vmplacer.app.profiler import ProfilerError
@@ -318,8 +319,8 @@ def run_show(args: argparse.Namespace, ctx: CliContext, vms: list[str]) -> int:
 
     from vmplacer.bootstrap.profiler import profile_store
 
-    _only_for(args, "show", ("host", "tm", "tsleep", "max_freeze", "samples", "duration", "metric", "exclude",
-                             "scope", "adaptive", "probe", "no_progress"))
+    _only_for(args, "show", ("host", "tm", "tsleep", "max_freeze", "samples", "duration", "metric", "sensitive",
+                             "exclude", "scope", "pair_probes", "adaptive", "probe", "probe_kind", "no_progress"))
     if not vms:
         raise UsageError("profile show: name at least one VM")
     plot = Path(args.plot) if args.plot else None
@@ -409,8 +410,9 @@ def draw_boxplots(data: dict[str, Any], path: Path) -> None:
 
 
 def run_replay(args: argparse.Namespace, ctx: CliContext) -> int:
-    _only_for(args, "replay", ("tm", "tsleep", "max_freeze", "samples", "duration", "metric", "exclude",
-                               "scope", "adaptive", "probe", "run", "plot"))
+    _only_for(args, "replay", ("tm", "tsleep", "max_freeze", "samples", "duration", "metric", "sensitive",
+                               "exclude", "scope", "pair_probes", "adaptive", "probe", "probe_kind", "no_progress",
+                               "run", "plot"))
     if len(args.vms) > 1:
         raise UsageError(f"profile replay: unexpected arguments {args.vms[1:]}")
     if args.host:

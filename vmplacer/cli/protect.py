@@ -1,7 +1,7 @@
 """`vmplacer protect`: hold protected guests above their ζ/ζb floor by throttling their neighbours.
 
     vmplacer protect --host H [--once | --rounds N] [--interval 2s] [--scope GLOB ...]
-                     [--samples N] [--t-m-ms MS] [--format table|json]
+                     [--samples N] [--tm 10ms] [--format table|json]
     vmplacer protect status [--host H] [--format table|json] [--plot FILE.png] [--since DURATION]
 
 Runs in the foreground (systemd/vmplacer-protect@.service runs it per host). Each round profiles
@@ -11,7 +11,9 @@ plan (shown by `vmplacer plans`). `status` shows each protected guest as its loo
 (smoothed ζ/ζb, floor, throttles applied, time below the floor, the freeze budget) and the throttles
 in force that vmplacer set (the throttle ledger) with the share libvirt shows now; `--plot` draws
 ζ/ζb and throttle levels over time from the loop's recorded rounds. Policy and limits: docs/protect.md. Exit codes: 0 done
-(or stopped by a signal); 1 the host or the database failed; 2 bad input.
+(or stopped by a signal); 1 the host or the database failed; 2 bad input, or an option the chosen
+mode does not read (`status --once`, `--host H --plot F`). `--tm` takes a unit (a bare number is
+refused); the older `--t-m-ms N` still works, N in ms, with a deprecation warning.
 """
 
 from __future__ import annotations
@@ -28,8 +30,16 @@ from vmplacer.cli.common import (
     OperationalError,
     UsageError,
     add_format_argument,
-    parse_duration,
+    count,
+    duration,
+    emit,
+    refuse_options,
 )
+from vmplacer.core.durations import format_seconds
+
+T_M_RANGE = {"low": 1e-4, "high": 1.0}  # a Freeze'nSense window: 100 us to 1 s
+# What only the loop reads (`protect status` reads --host, --plot, --since, --format).
+LOOP_OPTIONS = ("once", "rounds", "interval", "scope", "samples", "tm", "t_m_ms")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -47,20 +57,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "status: only this host)")
     runs = parser.add_mutually_exclusive_group()
     runs.add_argument("--once", action="store_true", help="one round, then exit")
-    runs.add_argument("--rounds", type=int, metavar="N", help="this many rounds, then exit (default: until stopped)")
-    parser.add_argument("--interval", metavar="DURATION", help="time between round starts while acting or near a "
+    runs.add_argument("--rounds", type=count(1), metavar="N",
+                      help="this many rounds, then exit (default: until stopped)")
+    parser.add_argument("--interval", type=duration(low=0.2, high=3600.0), metavar="DURATION",
+                        help="time between round starts while acting or near a "
                         "floor (default: the config's protect.interval_s); the loop backs off to "
                         "protect.slow_interval_s while every floor holds with margin")
     parser.add_argument("--scope", action="append", metavar="GLOB",
                         help="only guests whose names match (repeatable; default every guest): read, frozen and "
                         "throttled only within it")
-    parser.add_argument("--samples", type=int, default=5, metavar="N",
+    parser.add_argument("--samples", type=count(1, 100), default=5, metavar="N",
                         help="ζ and ζb samples per protected guest per round (default 5)")
-    parser.add_argument("--t-m-ms", type=float, metavar="MS",
-                        help="Freeze'nSense window (default: the config's profiler.t_m_ms)")
+    parser.add_argument("--tm", type=duration(unit=None, **T_M_RANGE), metavar="DURATION",
+                        help="Freeze'nSense window t_m with its unit, e.g. 10ms, as `profile --tm` (a bare number "
+                        "is refused; default: the config's profiler.t_m_ms)")
+    # Deprecated spelling of --tm, kept for scripts: a bare number is still milliseconds there.
+    parser.add_argument("--t-m-ms", type=duration(unit="ms", **T_M_RANGE), help=argparse.SUPPRESS)
     parser.add_argument("--plot", metavar="FILE.png", help="status: draw ζ/ζb and throttle shares over time into "
                         "this PNG (from the rounds the loop recorded)")
-    parser.add_argument("--since", metavar="DURATION", help="status --plot: only the last DURATION (e.g. 30m; "
+    parser.add_argument("--since", type=duration(), metavar="DURATION",
+                        help="status --plot: only the last DURATION (e.g. 30m; "
                         "default all that is recorded)")
     add_format_argument(parser)
     parser.set_defaults(func=run)
@@ -72,25 +88,19 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     from vmplacer.ports import HypervisorError
 
     if args.what == "status":
+        refuse_options(args, LOOP_OPTIONS, "applies to the protection loop, not to `protect status`")
         return _status(args, ctx)
+    refuse_options(args, ("plot", "since"), "applies to `protect status`, not to the protection loop")
+    t_m_s = _t_m(args)
     if args.host is None:
         raise UsageError("--host: required (the loop protects one host; `vmplacer protect status` lists all)")
     if args.host not in [h.name for h in ctx.settings.hosts]:
         known = ", ".join(h.name for h in ctx.settings.hosts)
         raise UsageError(f"--host {args.host!r}: not a configured host (configured: {known})")
-    if args.rounds is not None and args.rounds < 1:
-        raise UsageError(f"--rounds: must be at least 1, got {args.rounds}")
-    if not 1 <= args.samples <= 100:
-        raise UsageError(f"--samples: must be 1..100, got {args.samples}")
-    if args.t_m_ms is not None and not 0.1 <= args.t_m_ms <= 1000:
-        raise UsageError(f"--t-m-ms: must be 0.1..1000 ms, got {args.t_m_ms}")
     for pattern in args.scope or ():
         if not pattern.strip():
             raise UsageError("--scope: a glob must not be empty")
-    interval = (parse_duration(args.interval, "--interval", "s") if args.interval
-                else ctx.settings.protect.interval_s)
-    if not 0.2 <= interval <= 3600:
-        raise UsageError(f"--interval: must be 0.2 s..1 h, got {args.interval}")
+    interval = args.interval if args.interval is not None else ctx.settings.protect.interval_s
     rounds = 1 if args.once else args.rounds
 
     from vmplacer.bootstrap.protect import build_protect_loop
@@ -104,7 +114,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     try:
         ctx.container.upgrade_database()
         loop = build_protect_loop(ctx.container, args.host, scope=tuple(args.scope or ("*",)),
-                                  samples=args.samples, t_m_s=None if args.t_m_ms is None else args.t_m_ms / 1e3,
+                                  samples=args.samples, t_m_s=t_m_s,
                                   interval_s=interval)
         loop.run(rounds=rounds, stop=lambda: stopping["now"],
                  on_round=lambda report: _print(args, report.to_dict()))
@@ -117,18 +127,28 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     return EXIT_OK
 
 
+def _t_m(args: argparse.Namespace) -> float | None:
+    """The window --tm asks for (seconds), or the deprecated --t-m-ms's, with a warning; None: the config's."""
+    if args.t_m_ms is None:
+        return args.tm
+    if args.tm is not None:
+        raise UsageError("--t-m-ms: the deprecated spelling of --tm; give --tm only")
+    sys.stderr.write(f"vmplacer: warning: --t-m-ms is deprecated: write --tm {args.t_m_ms * 1e3:g}ms\n")
+    return args.t_m_ms
+
+
 def _status(args: argparse.Namespace, ctx: CliContext) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from vmplacer.cli.common import emit, print_table
+    from vmplacer.cli.common import print_table
     from vmplacer.ports import HypervisorError
 
     known = [h.name for h in ctx.settings.hosts]
     if args.host is not None and args.host not in known:
         raise UsageError(f"--host {args.host!r}: not a configured host (configured: {', '.join(known)})")
-    since_s = parse_duration(args.since, "--since", "s") if args.since else None
-    if since_s is not None and since_s <= 0:
-        raise UsageError(f"--since: must be longer than 0, got {args.since}")
+    since_s = args.since
+    if args.plot is None:
+        refuse_options(args, ("since",), "only with `protect status --plot` (it limits the rounds plotted)")
     if args.plot is not None and not args.plot.lower().endswith(".png"):
         raise UsageError(f"--plot {args.plot!r}: must name a .png file")
     hosts = [args.host] if args.host is not None else known
@@ -205,12 +225,13 @@ def _plot(args: argparse.Namespace, history: Any, hosts: list[str], since_s: flo
     rounds = [r for host in hosts for r in history.read(host, since=since)]
     if not rounds:
         raise OperationalError(f"no recorded protection rounds for {', '.join(hosts)}"
-                               + (f" in the last {args.since}" if args.since else "") + ": nothing to plot")
+                               + (f" in the last {format_seconds(since_s)}" if since_s else "") + ": nothing to plot")
     try:
         drawn = draw(rounds, args.plot)
     except OSError as exc:
         raise OperationalError(f"--plot {args.plot}: {exc}") from None
-    print(f"{args.plot}: {drawn} series over {len(rounds)} rounds")
+    emit(args, {"plot": args.plot, "series": drawn, "rounds": len(rounds)},
+         lambda d: print(f"{d['plot']}: {d['series']} series over {d['rounds']} rounds"))
     return EXIT_OK
 
 

@@ -1,8 +1,8 @@
 """`vmplacer rebalance`, `vmplacer apply PLAN_ID`, `vmplacer plans`, and `vmplacer plan --rebalance`.
 
     vmplacer plan --rebalance [--host H ... | --all] [--max-actions N] [--scope GLOB]   (dry run)
-    vmplacer apply PLAN_ID [--wait S] [--on-failure continue|rollback]
-    vmplacer rebalance [--dry-run] [--max-actions N] [--host H ... | --all] [--profile-seconds S]
+    vmplacer apply PLAN_ID [--wait 1m] [--on-failure continue|rollback] [--migration-timeout 10m]
+    vmplacer rebalance [--dry-run] [--max-actions N] [--host H ... | --all] [--profile-seconds 10s]
     vmplacer rebalance --drain HOST [--reason TEXT] [--scope GLOB]   (maintenance: empty HOST)
     vmplacer plans [PLAN_ID] [--all | --state S ...] [--limit N]
     vmplacer plans cancel PLAN_ID [--reason TEXT]
@@ -18,7 +18,11 @@ in maintenance (no new guests, no migrations in) and plans the live
 migrations of every guest on it instead of a rebalance. Exit codes: 0 done
 (or nothing to do, or busy, or cancelled on request); 1 an action failed, a
 drain left guests on its host, or a host/database failed; 2 bad input (an
-unknown plan, or one whose state does not allow the command).
+unknown plan, or one whose state does not allow the command; an option the chosen mode
+does not read, e.g. --cooldown with --drain or --migration-timeout with --dry-run).
+
+Durations (--cooldown, --backoff, --wait, --migration-timeout, --profile-seconds) take a unit
+(500us, 10ms, 2.5s, 10m, 1h); a bare number is seconds.
 """
 
 from __future__ import annotations
@@ -34,11 +38,22 @@ from vmplacer.cli.common import (
     OperationalError,
     UsageError,
     add_format_argument,
+    count,
+    duration,
     emit,
     operator_name,
     print_table,
+    refuse_options,
     resolve_hosts,
 )
+
+DEFAULT_PROFILE_SECONDS = 5.0
+# Options of a rebalancing plan that a placement plan (`plan --request`) never reads, and back.
+REBALANCE_PLAN_OPTIONS = ("drain", "reason", "max_actions", "scope", "min_gain", "cooldown", "backoff", "no_migrate",
+                          "no_trials", "no_explore", "second_opinion")
+PLACEMENT_PLAN_OPTIONS = ("why", "ignore_maintenance", "domain_type", "hosts_to_score")
+# What tunes a rebalance but not a drain (vmplacer.app.rebalance: make_plan, _profile_step).
+NOT_FOR_DRAIN = ("max_actions", "cooldown", "backoff", "second_opinion")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -50,8 +65,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     )
     add_policy_arguments(parser)
     parser.add_argument("--dry-run", action="store_true", help="stop after the plan (it is stored, as proposed)")
-    parser.add_argument("--profile-seconds", type=float, default=5.0,
-                        help="Freeze'nSense profiling per host before planning (default 5; 0 skips)")
+    parser.add_argument("--profile-seconds", type=duration(zero="skips profiling"), metavar="DURATION",
+                        help="Freeze'nSense profiling per host before planning, e.g. 10s (default 5s; 0 skips)")
     add_executor_arguments(parser)
     add_format_argument(parser)
     parser.set_defaults(func=run_rebalance)
@@ -71,7 +86,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                     "stop a proposed or approved plan at once, or a running one before its next action "
                     "(actions already done stay applied; a cancel is not a rollback).")
     plans.add_argument("words", nargs="*", metavar="PLAN_ID | cancel PLAN_ID", help=argparse.SUPPRESS)
-    plans.add_argument("--limit", type=int, default=20)
+    plans.add_argument("--limit", type=count(1), default=20, metavar="N", help="at most N plans (default 20)")
     which = plans.add_mutually_exclusive_group()
     which.add_argument("--all", action="store_true", help="list plans in every state, empty ones included")
     which.add_argument("--state", action="append", metavar="STATE",
@@ -93,16 +108,16 @@ def add_policy_arguments(parser: argparse.ArgumentParser, *, host_group: bool = 
         where.add_argument("--host", action="append", metavar="NAME",
                            help="only this host (repeatable; no migrations between hosts left out)")
         where.add_argument("--all", action="store_true", help="every configured host (the default)")
-    parser.add_argument("--max-actions", type=int, metavar="N", help="at most N actions (default 8)")
+    parser.add_argument("--max-actions", type=count(0), metavar="N", help="at most N actions (default 8)")
     parser.add_argument("--scope", action="append", default=[], metavar="GLOB",
                         help="only guests matching may move (repeatable; the others still count as load)")
     parser.add_argument("--min-gain", type=float, metavar="G",
                         help="hysteresis: least predicted gain of a move, in VMs at full speed (default 0.05)")
-    parser.add_argument("--cooldown", type=float, metavar="SECONDS",
-                        help="a guest moved this recently stays put (default 600)")
-    parser.add_argument("--backoff", type=float, metavar="SECONDS",
+    parser.add_argument("--cooldown", type=duration(zero="none"), metavar="DURATION",
+                        help="a guest moved this recently stays put, e.g. 10m (default 10m; 0: none)")
+    parser.add_argument("--backoff", type=duration(zero="off"), metavar="DURATION",
                         help="after k planned layouts of a host in a row measured worse, only try its layout "
-                             "for SECONDS·(2^(k-1)-1) (default 0: off)")
+                             "for DURATION·(2^(k-1)-1), e.g. 10m (default 0: off)")
     parser.add_argument("--no-migrate", action="store_true", help="repins only, no live migration")
     parser.add_argument("--no-trials", action="store_true",
                         help="no measured trials: take the planned layout without measuring it, try no other")
@@ -119,13 +134,14 @@ def add_policy_arguments(parser: argparse.ArgumentParser, *, host_group: bool = 
 
 
 def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--wait", type=float, default=0.0, metavar="SECONDS",
-                        help="wait this long for hosts another run holds (default: give up at once)")
+    parser.add_argument("--wait", type=duration(zero="give up at once"), default=0.0, metavar="DURATION",
+                        help="wait this long for hosts another run holds, e.g. 1m (default: give up at once)")
     parser.add_argument("--on-failure", choices=("continue", "rollback"), default="continue",
                         help="after a failed action: go on with the others, or undo everything done")
-    parser.add_argument("--bandwidth", type=int, metavar="MIB_S", help="migration bandwidth limit, MiB/s")
-    parser.add_argument("--migration-timeout", type=float, default=300.0, metavar="SECONDS",
-                        help="abort a migration after this long; the guest stays on its source (default 300)")
+    parser.add_argument("--bandwidth", type=count(1), metavar="MIB_S", help="migration bandwidth limit, MiB/s")
+    parser.add_argument("--migration-timeout", type=duration(), default=300.0, metavar="DURATION",
+                        help="abort a migration after this long, e.g. 10m; the guest stays on its source "
+                             "(default 5m)")
 
 
 # ----- building ---------------------------------------------------------------------------------------
@@ -163,12 +179,6 @@ def _settings(args: argparse.Namespace) -> Any:
 def _executor_settings(args: argparse.Namespace) -> Any:
     from vmplacer.app.executor import ExecutorSettings
 
-    if args.bandwidth is not None and args.bandwidth <= 0:
-        raise UsageError(f"--bandwidth: must be a positive number of MiB/s, got {args.bandwidth}")
-    if args.migration_timeout <= 0:
-        raise UsageError(f"--migration-timeout: must be positive, got {args.migration_timeout}")
-    if args.wait < 0:
-        raise UsageError(f"--wait: must not be negative, got {args.wait}")
     return ExecutorSettings(migration_bandwidth_mib_s=args.bandwidth, migration_timeout_s=args.migration_timeout,
                             on_failure=args.on_failure)
 
@@ -223,6 +233,8 @@ def run_rebalance_plan(args: argparse.Namespace, ctx: CliContext) -> int:
         raise UsageError("--request: not used with --rebalance (the plan moves guests already running)")
     if getattr(args, "caps", None):
         raise UsageError("--caps: not used with --rebalance (it plans for live hosts)")
+    refuse_options(args, PLACEMENT_PLAN_OPTIONS,
+                   "applies to placement plans (plan --request), not to plan --rebalance")
     rebalancer = _rebalancer(ctx, args, executor=False)
     hosts = list(_hosts(args, ctx) or sorted(rebalancer.hosts))
     notes: list[str] = []
@@ -237,11 +249,16 @@ def run_rebalance_plan(args: argparse.Namespace, ctx: CliContext) -> int:
 
 
 def _drain_host(args: argparse.Namespace, ctx: CliContext) -> str | None:
-    """The configured host `--drain` names (None without it); `--reason` only with it."""
+    """The configured host `--drain` names (None without it); `--reason` only with it, and the
+    options that tune a rebalance (gain, cool-down, back-off, action count, profiling) not with it."""
     if args.drain is None:
-        if args.reason is not None:
-            raise UsageError("--reason: only with --drain HOST")
+        refuse_options(args, ("reason",), "only with --drain HOST")
         return None
+    refuse_options(args, NOT_FOR_DRAIN, "does not apply to a drain (--drain): every guest leaves the host, "
+                   "whatever its gain, its last move or what was measured")
+    if getattr(args, "profile_seconds", None):  # 0 says what a drain does anyway: no profiling
+        raise UsageError("--profile-seconds: does not apply to a drain (--drain): it profiles nothing, every "
+                         "guest leaves whatever it measures")
     if getattr(args, "no_migrate", False):
         raise UsageError("--no-migrate: a drain is made of live migrations")
     known = [h.name for h in ctx.settings.hosts]
@@ -279,13 +296,15 @@ def _enter_maintenance(ctx: CliContext, host: str, reason: str | None) -> None:
 def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
     from vmplacer.app.rebalance import RunOptions
 
-    if args.profile_seconds < 0:
-        raise UsageError(f"--profile-seconds: must not be negative, got {args.profile_seconds}")
     drain = _drain_host(args, ctx)
+    if args.dry_run:
+        refuse_options(args, ("on_failure", "migration_timeout"),
+                       "applies when a plan is carried out, not to rebalance --dry-run (the plan is only stored)")
     rebalancer = _rebalancer(ctx, args, executor=True)
+    profile_seconds = DEFAULT_PROFILE_SECONDS if args.profile_seconds is None else args.profile_seconds
     options = RunOptions(
         hosts=_hosts(args, ctx), dry_run=args.dry_run, max_actions=args.max_actions,
-        scope=tuple(args.scope) or ("*",), profile_seconds=args.profile_seconds, wait_s=args.wait, drain=drain,
+        scope=tuple(args.scope) or ("*",), profile_seconds=profile_seconds, wait_s=args.wait, drain=drain,
     )
     if drain is not None and not args.dry_run:
         _enter_maintenance(ctx, drain, args.reason)  # first: nothing new lands while it empties
@@ -324,12 +343,10 @@ def run_plans(args: argparse.Namespace, ctx: CliContext) -> int:
     if not cancel and len(words) > 1:
         raise UsageError(f"PLAN_ID: one plan at a time, got {' '.join(words)}")
     plan_id = _plan_id(words[-1]) if words else None
-    if args.reason is not None and not cancel:
-        raise UsageError("--reason: only with `plans cancel PLAN_ID`")
-    if plan_id is not None and (args.all or args.state):
-        raise UsageError(f"{'--all' if args.all else '--state'}: only when listing plans (no PLAN_ID)")
-    if args.limit < 1:
-        raise UsageError(f"--limit: must be at least 1, got {args.limit}")
+    if not cancel:
+        refuse_options(args, ("reason",), "only with `plans cancel PLAN_ID`")
+    if plan_id is not None:
+        refuse_options(args, ("all", "state", "limit"), "only when listing plans (no PLAN_ID)")
     unknown = sorted(set(args.state or ()) - set(_plan_states()))
     if unknown:
         raise UsageError(f"--state {unknown[0]!r}: not a plan state (one of {', '.join(_plan_states())})")

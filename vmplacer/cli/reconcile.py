@@ -32,8 +32,8 @@ from vmplacer.cli.common import (
     OperationalError,
     UsageError,
     add_format_argument,
+    duration,
     emit,
-    parse_duration,
     print_table,
     resolve_hosts,
 )
@@ -57,11 +57,11 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--drift", choices=("restore", "adopt", "report"), default="restore",
                         help="drifted pinning: pin it back as recorded (default), adopt libvirt's pins into the "
                         "record (refused where they break isolation), or only report it")
-    parser.add_argument("--reservation-grace", default="1h", metavar="DURATION",
+    parser.add_argument("--reservation-grace", type=duration(zero="at once"), default=3600.0, metavar="DURATION",
                         help="release a reservation (state planned) whose domain was not defined this long "
                         "after reserving (default 1h; e.g. 30m, 2h, 900s)")
-    parser.add_argument("--settle", default="60s", metavar="DURATION",
-                        help="never touch a record changed this recently (default 60s)")
+    parser.add_argument("--settle", type=duration(zero="none"), default=60.0, metavar="DURATION",
+                        help="never touch a record changed this recently (default 60s; 0: none)")
     add_format_argument(parser)
     parser.set_defaults(func=run)
 
@@ -71,8 +71,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
 
     from vmplacer.app.reconcile import ReconcileError
 
-    grace = parse_duration(args.reservation_grace, "--reservation-grace", "s")
-    settle = parse_duration(args.settle, "--settle", "s")
+    grace, settle = args.reservation_grace, args.settle
     hosts = resolve_hosts(ctx, args.host)
     try:
         reconciler = _reconciler(ctx)

@@ -1,7 +1,7 @@
 """`vmplacer serve`: the REST API under uvicorn.
 
     vmplacer serve [--listen 127.0.0.1:8470] [--ssl-certfile CERT --ssl-keyfile KEY]
-                   [--instance NAME] [--lease-ttl 30] [--no-jobs] [--isolation-every 60s]
+                   [--instance NAME] [--lease-ttl 30s] [--no-jobs] [--isolation-every 60s]
 
 Listens on api.listen (127.0.0.1:8470 by default). The database schema must be
 current (`vmplacer db upgrade`); a fresh SQLite file is created on first start.
@@ -17,7 +17,7 @@ import ipaddress
 import logging
 import sys
 
-from vmplacer.cli.common import CliContext, OperationalError, UsageError, parse_duration
+from vmplacer.cli.common import CliContext, OperationalError, UsageError, duration
 
 log = logging.getLogger(__name__)
 
@@ -36,12 +36,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ssl-keyfile", metavar="FILE", help="private key of --ssl-certfile (PEM)")
     parser.add_argument("--instance", metavar="NAME",
                         help="this instance's name in leases and jobs (default: hostname:pid:random)")
-    parser.add_argument("--isolation-every", default="60s", metavar="DURATION",
+    parser.add_argument("--isolation-every", type=duration(zero="never"), default=60.0, metavar="DURATION",
                         help="check each host's live pinning against the isolation invariant this often "
                         "(/metrics vmplacer_isolation_violations, a log line per violation; default 60s, 0: never)")
-    parser.add_argument("--lease-ttl", type=float, default=30.0, metavar="SECONDS",
-                        help="host lease lifetime; a crashed instance's hosts are taken over after it "
-                        "(default 30)")
+    parser.add_argument("--lease-ttl", type=duration(low=1.0), default=30.0, metavar="DURATION",
+                        help="host lease lifetime, e.g. 30s or 2m; a crashed instance's hosts are taken over "
+                        "after it (default 30s)")
     parser.add_argument("--no-jobs", action="store_true",
                         help="queue jobs but leave running them to other instances")
     parser.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"),
@@ -109,15 +109,11 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
                     pass
             except OSError as exc:
                 raise UsageError(f"{option} {path}: {exc.strerror}") from None
-    if args.lease_ttl < 1:
-        raise UsageError(f"--lease-ttl: must be at least 1 second, got {args.lease_ttl:g}")
     if not is_loopback(host) and not args.ssl_certfile:
         sys.stderr.write(f"vmplacer: warning: listening on {host} without TLS; bearer tokens cross the "
                          "network in clear text (use --ssl-certfile/--ssl-keyfile or a TLS reverse proxy)\n")
     ensure_schema(ctx)
-    isolation_every = parse_duration(args.isolation_every, "--isolation-every", "s")
-    if isolation_every < 0:
-        raise UsageError(f"--isolation-every: must be 0 (never) or positive, got {args.isolation_every}")
+    isolation_every = args.isolation_every
     options = ApiOptions(instance=args.instance or instance_name(), lease_ttl_s=args.lease_ttl,
                          run_jobs=not args.no_jobs, isolation_check_s=isolation_every)
     container = ServerContainer(ctx.settings)

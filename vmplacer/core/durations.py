@@ -12,10 +12,29 @@ _DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s|m|min|h|d)?\s*
 _UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86_400.0}
 
 
-def duration_seconds(text: str, default_unit: str, *, days: bool = False) -> float | None:
+def duration_seconds(text: str, default_unit: str | None, *, days: bool = False) -> float | None:
     """Seconds from a duration, or None when `text` is not one. Days ('30d') only when
-    `days` is set: retention ages are counted in days, a freeze or a grace never is."""
+    `days` is set: retention ages are counted in days, a freeze or a grace never is. A bare
+    number is in `default_unit`; with None it is not a duration (where a unit must be written)."""
     match = _DURATION.match(str(text))
     if not match or (match.group(2) == "d" and not days):
         return None
-    return float(match.group(1)) * _UNITS[match.group(2) or default_unit]
+    unit = match.group(2) or default_unit
+    return None if unit is None else float(match.group(1)) * _UNITS[unit]
+
+
+def is_bare_number(text: str) -> bool:
+    """Whether `text` is a number without a unit ('10', '2.5'): read as a duration only where
+    a default unit is agreed."""
+    match = _DURATION.match(str(text))
+    return bool(match) and match.group(2) is None
+
+
+def format_seconds(seconds: float) -> str:
+    """A duration in its largest whole-ish unit ('200 ms', '1 h', '1.5 s'), for messages."""
+    if seconds == 0:
+        return "0 s"
+    for unit, size in (("h", 3600.0), ("m", 60.0), ("s", 1.0), ("ms", 1e-3)):
+        if seconds >= size:
+            return f"{seconds / size:g} {unit}"
+    return f"{seconds / 1e-6:g} us"
