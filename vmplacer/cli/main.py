@@ -13,8 +13,10 @@ from vmplacer.cli.common import (
     EXIT_OPERATIONAL,
     EXIT_USAGE,
     CliContext,
+    DatabaseError,
     OperationalError,
     UsageError,
+    database_problem,
 )
 
 # Every command: (its module, which has `register(subparsers)`; its one-line help). Order = order
@@ -106,20 +108,6 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _database_problem(exc: Exception) -> str | None:
-    """A database that cannot be used (down, or at a schema revision this version does not know:
-    a newer vmplacer migrated it) in one line, for any command; None for every other error."""
-    from alembic.util.exc import CommandError
-    from sqlalchemy.exc import SQLAlchemyError
-
-    if isinstance(exc, CommandError):
-        return (f"database: {str(exc).splitlines()[0]} (the schema is not one this vmplacer knows: "
-                f"`vmplacer db current` shows it; a newer vmplacer may have migrated it)")
-    if isinstance(exc, SQLAlchemyError):
-        return f"database: {exc.__class__.__name__}: {str(exc).splitlines()[0]}"
-    return None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
@@ -137,6 +125,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         sys.stderr.write(f"vmplacer: error: {exc}\n")
         return EXIT_USAGE
+    except DatabaseError as exc:  # before OperationalError: said once, here, for every command
+        sys.stderr.write(f"vmplacer: failed: {database_problem(exc.cause, ctx, exc.doing) or exc}\n")
+        return EXIT_OPERATIONAL
     except OperationalError as exc:
         sys.stderr.write(f"vmplacer: failed: {exc}\n")
         return EXIT_OPERATIONAL
@@ -148,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("vmplacer: interrupted\n")
         return 130
     except Exception as exc:
-        problem = _database_problem(exc)
+        problem = database_problem(exc, ctx)
         if problem is None:
             raise
         sys.stderr.write(f"vmplacer: failed: {problem}\n")

@@ -25,11 +25,13 @@ from typing import Any
 from vmplacer.cli.common import (
     EXIT_OK,
     CliContext,
+    DatabaseError,
     OperationalError,
     UsageError,
     add_format_argument,
     parse_duration,
 )
+from vmplacer.core.text import plural
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -113,7 +115,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     except HypervisorError as exc:
         raise OperationalError(str(exc)) from None
     except SQLAlchemyError as exc:
-        raise OperationalError(f"database: {exc}") from None
+        raise DatabaseError(exc) from None
     return EXIT_OK
 
 
@@ -142,7 +144,7 @@ def _status(args: argparse.Namespace, ctx: CliContext) -> int:
         ctx.container.upgrade_database()
         records = ctx.container.throttle_ledger.current(args.host)
     except SQLAlchemyError as exc:
-        raise OperationalError(f"database: {exc}") from None
+        raise DatabaseError(exc) from None
     rows = []
     for record in records:
         try:
@@ -233,7 +235,7 @@ def _print(args: argparse.Namespace, data: dict[str, Any]) -> None:
     print(f"  neighbours frozen {data['frozen_ms']:.0f} ms this round; since start "
           f"{data['freeze_overhead'] * 100:.2f} % of the time; last {budget.get('window_s', 0):.0f} s "
           f"{budget.get('share', 0.0) * 100:.2f} % (budget {budget.get('max_share', 0.0) * 100:.2f} %); "
-          f"next round in {pace.get('interval_s', 0.0):.0f} s with {pace.get('samples', 0)} samples "
+          f"next round in {pace.get('interval_s', 0.0):.0f} s with {plural(pace.get('samples', 0), 'sample')} "
           f"({pace.get('reason', '')})")
     for note in data["notes"]:
         sys.stderr.write(f"note: {note}\n")
