@@ -25,6 +25,8 @@ from vmplacer.cli.common import (
 # the modules' own (tests/unit/test_cli_startup.py keeps the two in step).
 COMMANDS: dict[str, tuple[str, str]] = {
     "version": ("vmplacer.cli.version", "print the version"),
+    "config": ("vmplacer.cli.config",
+               "check the config file, or show the effective config with every default filled in"),
     "db": ("vmplacer.cli.db", "database schema migrations and data retention"),
     "hosts": ("vmplacer.cli.hosts",
               "list configured hosts and check that each answers; maintenance mode (disable/enable)"),
@@ -122,8 +124,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ctx = CliContext(config_path=args.config)
     try:
         return int(args.func(args, ctx) or 0)
-    except UsageError as exc:
-        sys.stderr.write(f"vmplacer: error: {exc}\n")
+    except UsageError as exc:  # one line per problem (a config or request file may have several)
+        sys.stderr.writelines(f"vmplacer: error: {line}\n" for line in str(exc).splitlines() or [""])
         return EXIT_USAGE
     except DatabaseError as exc:  # before OperationalError: said once, here, for every command
         sys.stderr.write(f"vmplacer: failed: {database_problem(exc.cause, ctx, exc.doing) or exc}\n")
