@@ -218,7 +218,9 @@ def _plot(args: argparse.Namespace, history: Any, hosts: list[str], since_s: flo
 
 def _print(args: argparse.Namespace, data: dict[str, Any]) -> None:
     if args.format == "json":
-        print(json.dumps(data, sort_keys=True), flush=True)  # one JSON object per round
+        from vmplacer.cli.common import json_ready
+
+        print(json.dumps(json_ready(data), sort_keys=True), flush=True)  # one JSON object per round
         return
     if not data["verdicts"]:
         print(f"{data['host']}: no protected guest running")
