@@ -14,15 +14,17 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, TypeVar
 from urllib.parse import urlsplit
 
-import yaml
-
+from vmplacer.adapters.source_files import YamlFileError, load_yaml_with_duplicates
 from vmplacer.core.cpuset import CpusetError, parse_cpuset
 from vmplacer.core.durations import duration_seconds
 from vmplacer.core.policies.admit import AllocationOptions
 from vmplacer.core.protection import ProtectionDefaults, ProtectionError, check_floor, check_min_share
+from vmplacer.core.text import control_problem, excerpt
+
+T = TypeVar("T")
 
 ENV_CONFIG = "VMPLACER_CONFIG"
 ENV_DATABASE_URL = "VMPLACER_DATABASE_URL"
@@ -41,7 +43,29 @@ SAMPLER_METRICS = ("auto", "ipc", "cpu", "probe")
 
 
 class ConfigError(ValueError):
-    """A configuration problem; the message names the source and the key."""
+    """A configuration problem; the message names the source and the key. `problems` holds one
+    line per problem when a file has several: an operator fixes them all in one pass."""
+
+    def __init__(self, message: str, problems: tuple[str, ...] = ()):
+        super().__init__(message)
+        self.problems = problems or (message,)
+
+
+# Every key the config file may hold, by section ("hosts[]": each entry of the hosts list): the
+# reader refuses any other, and tests/unit/test_config.py keeps examples/vmplacer.yaml listing them all.
+CONFIG_KEYS: dict[str, tuple[str, ...]] = {
+    "": ("data_dir", "database_url", "hosts", "profiler", "placement", "api", "retention", "protect"),
+    "hosts[]": ("name", "uri", "reserved_cpus", "domain_type", "sampler", "cpu_allocation_ratio",
+                "reserved_memory_mib_per_node", "emulator_cpus", "domain_resync_s", "connect_timeout_s",
+                "xml_policy", "capabilities"),
+    "hosts[].xml_policy": ("allow", "storage_paths"),
+    "profiler": ("t_m_ms", "t_sleep_s", "max_freeze_ms", "excluded_domains", "scope", "sensitive", "pair_probes"),
+    "placement": ("interference_weight", "interference_candidates", "model_refresh"),
+    "api": ("listen", "max_request_bytes"),
+    "retention": ("plans", "profiles", "audit", "jobs"),
+    "protect": ("latency_critical_floor", "batch_min_share", "interval_s", "step", "release_margin",
+                "slow_interval_s", "freeze_budget", "budget_window_s"),
+}
 
 
 @dataclass(frozen=True)
@@ -182,23 +206,49 @@ def sqlite_url(data_dir: Path) -> str:
 # ---------------------------------------------------------------------------
 
 class _Reader:
+    """Validates a document key by key, collecting every problem: `take` runs one key's check
+    and on failure notes it and goes on with a stand-in, so one run reports them all."""
+
     def __init__(self, source: str, base_dir: Path | None = None):
         self.source = source
         self.base_dir = base_dir  # where relative paths in the file start; None: the working directory
+        self.problems: list[str] = []
 
     def fail(self, key: str, reason: str) -> ConfigError:
         return ConfigError(f"{self.source}: key '{key}': {reason}")
 
+    def take(self, check: Callable[[], T], stand_in: T) -> T:
+        """check()'s value; its ConfigError noted and `stand_in` instead."""
+        try:
+            return check()
+        except ConfigError as exc:
+            self.problems.extend(exc.problems)
+            return stand_in
+
+    def finish(self) -> None:
+        if self.problems:
+            raise ConfigError("\n".join(self.problems), tuple(self.problems))
+
     def mapping(self, value: Any, key: str, allowed: tuple[str, ...]) -> dict[str, Any]:
+        """The allowed keys of a mapping; each unknown key is noted (not fatal), a non-mapping raises."""
         if value is None:
             return {}
         if not isinstance(value, dict):
             raise self.fail(key, f"must be a mapping, got {type(value).__name__}")
-        for name in value:
-            if name not in allowed:
-                where = f"{key}.{name}" if key else str(name)
-                raise self.fail(where, f"unknown key (allowed: {', '.join(allowed)})")
-        return value
+        known = {}
+        for name, item in value.items():
+            if name in allowed:
+                known[name] = item
+            else:
+                shown = name if isinstance(name, str) and len(name) <= 60 and control_problem(name) is None \
+                    else excerpt(name, 60)
+                where = f"{key}.{shown}" if key else shown
+                self.problems.append(str(self.fail(where, f"unknown key (allowed: {', '.join(allowed)})")))
+        return known
+
+    def section(self, value: Any, key: str) -> dict[str, Any]:
+        """A top-level section's known keys; a section that is not a mapping is noted, as empty."""
+        return self.take(lambda: self.mapping(value, key, CONFIG_KEYS[key]), {})
 
     def string(self, value: Any, key: str) -> str:
         if not isinstance(value, str) or not value.strip():
@@ -207,7 +257,7 @@ class _Reader:
 
     def number(self, value: Any, key: str, low: float, high: float) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self.fail(key, f"must be a number, got {value!r}")
+            raise self.fail(key, f"must be a number, got {excerpt(value)}")
         if not low <= value <= high:
             raise self.fail(key, f"must be between {low:g} and {high:g}, got {value!r}")
         return float(value)
@@ -232,38 +282,62 @@ def _check_database_url(reader: _Reader, url: str, key: str) -> str:
     return url
 
 
-def _parse_host(reader: _Reader, raw: Any, index: int) -> HostSettings:
+def _parse_host(reader: _Reader, raw: Any, index: int) -> HostSettings | None:
     key = f"hosts[{index}]"
-    data = reader.mapping(raw, key, ("name", "uri", "reserved_cpus", "domain_type", "sampler",
-                                     "cpu_allocation_ratio", "reserved_memory_mib_per_node", "emulator_cpus",
-                                     "xml_policy", "capabilities", "domain_resync_s", "connect_timeout_s"))
+    data = reader.take(lambda: reader.mapping(raw, key, CONFIG_KEYS["hosts[]"]), None)
+    if data is None:
+        return None
+    take = reader.take
+    name = uri = None
     if "name" not in data:
-        raise reader.fail(f"{key}.name", "is required")
+        reader.problems.append(str(reader.fail(f"{key}.name", "is required")))
+    else:
+        name = take(lambda: _host_name(reader, data["name"], f"{key}.name"), None)
     if "uri" not in data:
-        raise reader.fail(f"{key}.uri", "is required")
-    name = reader.string(data["name"], f"{key}.name")
-    if not HOST_NAME_RE.match(name):
-        raise reader.fail(f"{key}.name", f"must match {HOST_NAME_RE.pattern}, got {name!r}")
-    uri = _check_libvirt_uri(reader, reader.string(data["uri"], f"{key}.uri"), f"{key}.uri")
-    reserved = _cpuset(reader, data.get("reserved_cpus"), f"{key}.reserved_cpus")
-    emulator_cpus = _cpuset(reader, data.get("emulator_cpus"), f"{key}.emulator_cpus")
-    ratio = reader.number(data.get("cpu_allocation_ratio", 4.0), f"{key}.cpu_allocation_ratio", 0.1, 64)
-    reserve = reader.number(data.get("reserved_memory_mib_per_node", 0), f"{key}.reserved_memory_mib_per_node",
-                            0, 1 << 30)
-    if reserve != int(reserve):
-        raise reader.fail(f"{key}.reserved_memory_mib_per_node", f"must be a whole number of MiB, got {reserve:g}")
-    domain_type = str(data.get("domain_type", "kvm"))
-    if domain_type not in ("kvm", "qemu"):
-        raise reader.fail(f"{key}.domain_type", f"must be kvm or qemu, got {domain_type!r}")
-    sampler = str(data.get("sampler", "auto"))
-    if sampler not in SAMPLER_METRICS:
-        raise reader.fail(f"{key}.sampler", f"must be one of {', '.join(SAMPLER_METRICS)}")
-    xml_policy = _xml_policy(reader, data.get("xml_policy"), f"{key}.xml_policy")
-    capabilities = _capabilities_file(reader, data.get("capabilities"), uri, f"{key}.capabilities")
-    resync = reader.number(data.get("domain_resync_s", 5.0), f"{key}.domain_resync_s", 0, 3600)
-    connect_timeout = reader.number(data.get("connect_timeout_s", 30.0), f"{key}.connect_timeout_s", 1, 3600)
+        reader.problems.append(str(reader.fail(f"{key}.uri", "is required")))
+    else:
+        uri = take(lambda: _check_libvirt_uri(reader, reader.string(data["uri"], f"{key}.uri"), f"{key}.uri"), None)
+    reserved = take(lambda: _cpuset(reader, data.get("reserved_cpus"), f"{key}.reserved_cpus"), frozenset())
+    emulator_cpus = take(lambda: _cpuset(reader, data.get("emulator_cpus"), f"{key}.emulator_cpus"), frozenset())
+    ratio = take(lambda: reader.number(data.get("cpu_allocation_ratio", 4.0), f"{key}.cpu_allocation_ratio",
+                                       0.1, 64), 4.0)
+    reserve = take(lambda: _whole_mib(reader, data.get("reserved_memory_mib_per_node", 0),
+                                      f"{key}.reserved_memory_mib_per_node"), 0)
+    domain_type = take(lambda: _choice(reader, data.get("domain_type", "kvm"), f"{key}.domain_type",
+                                       ("kvm", "qemu")), "kvm")
+    sampler = take(lambda: _choice(reader, data.get("sampler", "auto"), f"{key}.sampler", SAMPLER_METRICS), "auto")
+    xml_policy = take(lambda: _xml_policy(reader, data.get("xml_policy"), f"{key}.xml_policy"), XmlPolicySettings())
+    capabilities = None
+    if uri is not None:  # whether a capabilities file is allowed depends on the URI
+        capabilities = take(lambda: _capabilities_file(reader, data.get("capabilities"), uri, f"{key}.capabilities"),
+                            None)
+    resync = take(lambda: reader.number(data.get("domain_resync_s", 5.0), f"{key}.domain_resync_s", 0, 3600), 5.0)
+    connect_timeout = take(lambda: reader.number(data.get("connect_timeout_s", 30.0), f"{key}.connect_timeout_s",
+                                                 1, 3600), 30.0)
+    if name is None or uri is None:
+        return None
     return HostSettings(name, uri, reserved, domain_type, sampler, ratio, int(reserve), emulator_cpus, xml_policy,
                         capabilities, float(resync), float(connect_timeout))
+
+
+def _host_name(reader: _Reader, value: Any, key: str) -> str:
+    name = reader.string(value, key)
+    if not HOST_NAME_RE.match(name):
+        raise reader.fail(key, f"must match {HOST_NAME_RE.pattern}, got {excerpt(name)}")
+    return name
+
+
+def _whole_mib(reader: _Reader, value: Any, key: str) -> int:
+    reserve = reader.number(value, key, 0, 1 << 30)
+    if reserve != int(reserve):
+        raise reader.fail(key, f"must be a whole number of MiB, got {reserve:g}")
+    return int(reserve)
+
+
+def _choice(reader: _Reader, value: Any, key: str, choices: tuple[str, ...]) -> str:
+    if not isinstance(value, str) or value not in choices:
+        raise reader.fail(key, f"must be one of {', '.join(choices)}, got {excerpt(value)}")
+    return value
 
 
 def _capabilities_file(reader: _Reader, value: Any, uri: str, key: str) -> Path | None:
@@ -285,25 +359,30 @@ def _capabilities_file(reader: _Reader, value: Any, uri: str, key: str) -> Path 
 def _xml_policy(reader: _Reader, raw: Any, key: str) -> XmlPolicySettings:
     from vmplacer.adapters.domain_xml_policy import EXCEPTIONS, SYSTEM_DIRECTORIES, normal_path
 
-    data = reader.mapping(raw, key, ("allow", "storage_paths"))
+    data = reader.mapping(raw, key, CONFIG_KEYS["hosts[].xml_policy"])
+    problems: list[str] = []
     allow = data.get("allow") or []
     if not isinstance(allow, list) or not all(isinstance(x, str) for x in allow):
-        raise reader.fail(f"{key}.allow", "must be a list of exception names")
+        problems.append(str(reader.fail(f"{key}.allow", "must be a list of exception names")))
+        allow = []
     for index, name in enumerate(allow):
         if name not in EXCEPTIONS:
-            raise reader.fail(f"{key}.allow[{index}]", f"unknown exception {name!r} (known: {', '.join(EXCEPTIONS)})")
+            problems.append(str(reader.fail(f"{key}.allow[{index}]",
+                                            f"unknown exception {excerpt(name)} (known: {', '.join(EXCEPTIONS)})")))
     paths = data.get("storage_paths")
-    if paths is None:
-        return XmlPolicySettings(frozenset(allow))
-    if not isinstance(paths, list) or not all(isinstance(x, str) for x in paths):
-        raise reader.fail(f"{key}.storage_paths", "must be a list of absolute directory paths")
-    for index, path in enumerate(paths):
+    if paths is not None and (not isinstance(paths, list) or not all(isinstance(x, str) for x in paths)):
+        problems.append(str(reader.fail(f"{key}.storage_paths", "must be a list of absolute directory paths")))
+        paths = []
+    for index, path in enumerate(paths or []):
         where = f"{key}.storage_paths[{index}]"
         if normal_path(path) != path:
-            raise reader.fail(where, f"must be an absolute path without '..', '//' or a trailing '/', got {path!r}")
-        if path in SYSTEM_DIRECTORIES:
-            raise reader.fail(where, f"{path} is a system directory, not a place for guest files")
-    return XmlPolicySettings(frozenset(allow), tuple(paths))
+            problems.append(str(reader.fail(where, "must be an absolute path without '..', '//' or a trailing '/', "
+                                                   f"got {excerpt(path)}")))
+        elif path in SYSTEM_DIRECTORIES:
+            problems.append(str(reader.fail(where, f"{path} is a system directory, not a place for guest files")))
+    if problems:
+        raise ConfigError("\n".join(problems), tuple(problems))
+    return XmlPolicySettings(frozenset(allow)) if paths is None else XmlPolicySettings(frozenset(allow), tuple(paths))
 
 
 def _cpuset(reader: _Reader, value: Any, key: str) -> frozenset[int]:
@@ -316,140 +395,177 @@ def _cpuset(reader: _Reader, value: Any, key: str) -> frozenset[int]:
 
 
 def _retention(reader: _Reader, raw: Any) -> RetentionSettings:
-    data = reader.mapping(raw, "retention", RETENTION_KEYS)
+    data = reader.section(raw, "retention")
     defaults = RetentionSettings()
     ages: dict[str, float] = {}
     for name in RETENTION_KEYS:
-        key = f"retention.{name}"
-        value = data.get(name)
-        if value is None:
-            ages[f"{name}_s"] = getattr(defaults, f"{name}_s")
-            continue
-        seconds = None if isinstance(value, bool) else duration_seconds(str(value), "s", days=True)
-        if seconds is None:
-            raise reader.fail(key, f"must be a duration such as 30d, 12h, 90m or 3600 (seconds), got {value!r}")
-        if seconds <= 0:
-            raise reader.fail(key, f"must be longer than 0, got {value!r}")
-        ages[f"{name}_s"] = seconds
+        default = getattr(defaults, f"{name}_s")
+        ages[f"{name}_s"] = reader.take(lambda: _age(reader, data.get(name), f"retention.{name}", default), default)
     return RetentionSettings(**ages)
+
+
+def _age(reader: _Reader, value: Any, key: str, default: float) -> float:
+    if value is None:
+        return default
+    seconds = None if isinstance(value, bool) else duration_seconds(str(value), "s", days=True)
+    if seconds is None:
+        raise reader.fail(key, f"must be a duration such as 30d, 12h, 90m or 3600 (seconds), got {excerpt(value)}")
+    if seconds <= 0:
+        raise reader.fail(key, f"must be longer than 0, got {excerpt(value)}")
+    return seconds
 
 
 def settings_from_mapping(raw: Any, source: str, environ: dict[str, str] | None = None,
                           base_dir: Path | None = None) -> Settings:
     """Validate a parsed YAML document (or None) and apply environment overrides; relative
-    paths in it start at `base_dir` (the config file's directory)."""
+    paths in it start at `base_dir` (the config file's directory). ConfigError lists every
+    problem at once, each naming the key and the rule."""
     env = os.environ if environ is None else environ
     reader = _Reader(source, base_dir)
-    data = reader.mapping(raw, "", ("database_url", "data_dir", "hosts", "profiler", "api", "retention",
-                                    "placement", "protect"))
+    take = reader.take
+    data = take(lambda: reader.mapping(raw, "", CONFIG_KEYS[""]), {})
 
     data_dir_value = env.get(ENV_DATA_DIR) or data.get("data_dir")
-    data_dir = Path(reader.string(data_dir_value, "data_dir")) if data_dir_value else default_data_dir()
-
-    hosts_raw = data.get("hosts")
-    if hosts_raw is None:
-        hosts: tuple[HostSettings, ...] = (
-            HostSettings(EXAMPLE_HOST_NAME, DEFAULT_HOST_URI, capabilities=EXAMPLE_CAPABILITIES),)
-    else:
-        if not isinstance(hosts_raw, list) or not hosts_raw:
-            raise reader.fail("hosts", "must be a non-empty list of {name, uri}")
-        hosts = tuple(_parse_host(reader, item, i) for i, item in enumerate(hosts_raw))
-        names = [h.name for h in hosts]
-        duplicates = sorted({n for n in names if names.count(n) > 1})
-        if duplicates:
-            raise reader.fail("hosts", f"duplicate host names: {', '.join(duplicates)}")
+    data_dir = (take(lambda: Path(reader.string(data_dir_value, "data_dir")), default_data_dir())
+                if data_dir_value else default_data_dir())
+    hosts = take(lambda: _hosts(reader, data.get("hosts")), ())
 
     url_value = env.get(ENV_DATABASE_URL) or data.get("database_url")
     key = ENV_DATABASE_URL if env.get(ENV_DATABASE_URL) else "database_url"
-    database_url = (
-        _check_database_url(reader, reader.string(url_value, key), key)
-        if url_value
-        else sqlite_url(data_dir)
+    database_url = (take(lambda: _check_database_url(reader, reader.string(url_value, key), key), "")
+                    if url_value else sqlite_url(data_dir))
+    profiler = _profiler(reader, reader.section(data.get("profiler"), "profiler"))
+    api = _api(reader, reader.section(data.get("api"), "api"))
+    retention = _retention(reader, data.get("retention"))
+    placement = _placement(reader, data.get("placement"))
+    protect = _protect(reader, data.get("protect"))
+    reader.finish()
+    return Settings(data_dir, database_url, hosts, profiler, api, source, retention, placement, protect)
+
+
+def _hosts(reader: _Reader, raw: Any) -> tuple[HostSettings, ...]:
+    if raw is None:
+        return (HostSettings(EXAMPLE_HOST_NAME, DEFAULT_HOST_URI, capabilities=EXAMPLE_CAPABILITIES),)
+    if not isinstance(raw, list) or not raw:
+        raise reader.fail("hosts", "must be a non-empty list of {name, uri}")
+    parsed = [_parse_host(reader, item, i) for i, item in enumerate(raw)]
+    hosts = tuple(h for h in parsed if h is not None)
+    names = [h.name for h in hosts]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+        raise reader.fail("hosts", f"duplicate host names: {', '.join(duplicates)}")
+    return hosts
+
+
+def _profiler(reader: _Reader, prof: dict[str, Any]) -> ProfilerSettings:
+    take, base = reader.take, ProfilerSettings()
+
+    def excluded() -> tuple[str, ...]:
+        value = prof.get("excluded_domains", []) or []
+        if not isinstance(value, list) or not all(isinstance(x, str) for x in value):
+            raise reader.fail("profiler.excluded_domains", "must be a list of domain names")
+        return tuple(value)
+
+    def scope() -> tuple[str, ...]:
+        value = prof.get("scope", ["*"])
+        if not isinstance(value, list) or not value or not all(isinstance(x, str) and x.strip() for x in value):
+            raise reader.fail("profiler.scope", "must be a non-empty list of domain name globs, e.g. ['web-*']")
+        return tuple(x.strip() for x in value)
+
+    def sensitive() -> str:
+        value = reader.string(prof.get("sensitive", "all"), "profiler.sensitive")
+        if not (value == "all" or re.match(r"^label:[^=\s]+=\S*$", value) or re.match(r"^class:\S+$", value)):
+            raise reader.fail("profiler.sensitive", f"must be all, label:KEY=VALUE or class:NAME, got {excerpt(value)}")
+        return value
+
+    return ProfilerSettings(
+        t_m_ms=take(lambda: reader.number(prof.get("t_m_ms", 10.0), "profiler.t_m_ms", 0.1, 10_000), base.t_m_ms),
+        t_sleep_s=take(lambda: reader.number(prof.get("t_sleep_s", 10.0), "profiler.t_sleep_s", 0.0, 86_400),
+                       base.t_sleep_s),
+        max_freeze_ms=take(lambda: reader.number(prof.get("max_freeze_ms", 500.0), "profiler.max_freeze_ms",
+                                                 1, 60_000), base.max_freeze_ms),
+        excluded_domains=take(excluded, base.excluded_domains),
+        scope=take(scope, base.scope),
+        sensitive=take(sensitive, base.sensitive),
+        pair_probes=take(lambda: _whole(reader, prof.get("pair_probes", 4), "profiler.pair_probes", 0, 1000),
+                         base.pair_probes),
     )
 
-    prof = reader.mapping(data.get("profiler"), "profiler", ("t_m_ms", "t_sleep_s", "max_freeze_ms", "excluded_domains",
-                                                            "scope", "sensitive", "pair_probes"))
-    excluded = prof.get("excluded_domains", []) or []
-    if not isinstance(excluded, list) or not all(isinstance(x, str) for x in excluded):
-        raise reader.fail("profiler.excluded_domains", "must be a list of domain names")
-    scope = prof.get("scope", ["*"])
-    if not isinstance(scope, list) or not scope or not all(isinstance(x, str) and x.strip() for x in scope):
-        raise reader.fail("profiler.scope", "must be a non-empty list of domain name globs, e.g. ['web-*']")
-    sensitive = reader.string(prof.get("sensitive", "all"), "profiler.sensitive")
-    if not (sensitive == "all" or re.match(r"^label:[^=\s]+=\S*$", sensitive) or re.match(r"^class:\S+$", sensitive)):
-        raise reader.fail("profiler.sensitive", f"must be all, label:KEY=VALUE or class:NAME, got {sensitive!r}")
-    profiler = ProfilerSettings(
-        t_m_ms=reader.number(prof.get("t_m_ms", 10.0), "profiler.t_m_ms", 0.1, 10_000),
-        t_sleep_s=reader.number(prof.get("t_sleep_s", 10.0), "profiler.t_sleep_s", 0.0, 86_400),
-        max_freeze_ms=reader.number(prof.get("max_freeze_ms", 500.0), "profiler.max_freeze_ms", 1, 60_000),
-        excluded_domains=tuple(excluded),
-        scope=tuple(x.strip() for x in scope),
-        sensitive=sensitive,
-        pair_probes=_whole(reader, prof.get("pair_probes", 4), "profiler.pair_probes", 0, 1000),
-    )
-    api_raw = reader.mapping(data.get("api"), "api", ("listen", "max_request_bytes"))
-    listen = reader.string(api_raw.get("listen", "127.0.0.1:8470"), "api.listen")
-    if not re.match(r"^[\w.\-:\[\]]+:\d{1,5}$", listen):
-        raise reader.fail("api.listen", f"must be HOST:PORT, got {listen!r}")
-    api = ApiSettings(
-        listen=listen,
-        max_request_bytes=int(reader.number(api_raw.get("max_request_bytes", 1_048_576), "api.max_request_bytes", 1024, 1 << 30)),
-    )
-    retention = _retention(reader, data.get("retention"))
-    return Settings(data_dir, database_url, hosts, profiler, api, source, retention,
-                    _placement(reader, data.get("placement")), _protect(reader, data.get("protect")))
+
+def _api(reader: _Reader, api_raw: dict[str, Any]) -> ApiSettings:
+    base = ApiSettings()
+
+    def listen() -> str:
+        value = reader.string(api_raw.get("listen", base.listen), "api.listen")
+        if not re.match(r"^[\w.\-:\[\]]+:\d{1,5}$", value):
+            raise reader.fail("api.listen", f"must be HOST:PORT, got {excerpt(value)}")
+        return value
+
+    def max_request_bytes() -> int:
+        return int(reader.number(api_raw.get("max_request_bytes", base.max_request_bytes), "api.max_request_bytes",
+                                 1024, 1 << 30))
+
+    return ApiSettings(listen=reader.take(listen, base.listen),
+                       max_request_bytes=reader.take(max_request_bytes, base.max_request_bytes))
 
 
 def _whole(reader: _Reader, value: Any, key: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
-        raise reader.fail(key, f"must be an integer from {low} to {high}, got {value!r}")
+        raise reader.fail(key, f"must be an integer from {low} to {high}, got {excerpt(value)}")
     return value
 
 
 def _placement(reader: _Reader, raw: Any) -> PlacementSettings:
-    data = reader.mapping(raw, "placement", ("interference_weight", "interference_candidates", "model_refresh"))
-    defaults = PlacementSettings()
-    weight = reader.number(data.get("interference_weight", defaults.interference_weight),
-                           "placement.interference_weight", 0.0, 100.0)
-    candidates = data.get("interference_candidates", defaults.interference_candidates)
-    if isinstance(candidates, bool) or not isinstance(candidates, int) or not 0 <= candidates <= 1024:
-        raise reader.fail("placement.interference_candidates", f"must be an integer from 0 to 1024, got {candidates!r}")
-    refresh = data.get("model_refresh")
-    refresh_s = defaults.model_refresh_s
-    if refresh is not None:
-        seconds = None if isinstance(refresh, bool) else duration_seconds(str(refresh), "s")
+    data = reader.section(raw, "placement")
+    take, defaults = reader.take, PlacementSettings()
+
+    def refresh() -> float:
+        value = data.get("model_refresh")
+        if value is None:
+            return defaults.model_refresh_s
+        seconds = None if isinstance(value, bool) else duration_seconds(str(value), "s")
         if seconds is None or seconds <= 0:
             raise reader.fail("placement.model_refresh", f"must be a duration longer than 0 such as 60s or 5m, "
-                                                         f"got {refresh!r}")
-        refresh_s = seconds
-    return PlacementSettings(weight, candidates, refresh_s)
+                                                         f"got {excerpt(value)}")
+        return seconds
+
+    return PlacementSettings(
+        take(lambda: reader.number(data.get("interference_weight", defaults.interference_weight),
+                                   "placement.interference_weight", 0.0, 100.0), defaults.interference_weight),
+        take(lambda: _whole(reader, data.get("interference_candidates", defaults.interference_candidates),
+                            "placement.interference_candidates", 0, 1024), defaults.interference_candidates),
+        take(refresh, defaults.model_refresh_s))
 
 
 def _protect(reader: _Reader, raw: Any) -> ProtectSettings:
-    data = reader.mapping(raw, "protect", ("latency_critical_floor", "batch_min_share", "interval_s", "step",
-                                           "release_margin", "slow_interval_s", "freeze_budget", "budget_window_s"))
-    base = ProtectSettings()
+    data = reader.section(raw, "protect")
+    take, base = reader.take, ProtectSettings()
     values: dict[str, float | None] = {}
     for key, check in (("latency_critical_floor", check_floor), ("batch_min_share", check_min_share)):
-        value = data.get(key, getattr(base.defaults, key))
-        try:  # `none` switches the class default off
-            values[key] = None if value is None or value == "none" else check(value, f"protect.{key}")
-        except ProtectionError as exc:
-            raise reader.fail(f"protect.{key}", str(exc).split(": ", 1)[1] + " (or none)") from None
+        values[key] = take(lambda: _class_default(reader, data, key, check), getattr(base.defaults, key))
     defaults = ProtectionDefaults(**values)  # type: ignore[arg-type]
+
+    def number(name: str, low: float, high: float) -> float:
+        default = getattr(base, name)
+        return take(lambda: reader.number(data.get(name, default), f"protect.{name}", low, high), default)
+
     return ProtectSettings(
         defaults=defaults,
-        interval_s=reader.number(data.get("interval_s", base.interval_s), "protect.interval_s", 0.2, 3600),
-        step=reader.number(data.get("step", base.step), "protect.step", 0.01, 0.5),
-        release_margin=reader.number(data.get("release_margin", base.release_margin), "protect.release_margin",
-                                     0.0, 0.5),
-        slow_interval_s=reader.number(data.get("slow_interval_s", base.slow_interval_s), "protect.slow_interval_s",
-                                      0.2, 3600),
-        freeze_budget=reader.number(data.get("freeze_budget", base.freeze_budget), "protect.freeze_budget",
-                                    0.001, 1.0),
-        budget_window_s=reader.number(data.get("budget_window_s", base.budget_window_s), "protect.budget_window_s",
-                                      10, 86_400),
+        interval_s=number("interval_s", 0.2, 3600),
+        step=number("step", 0.01, 0.5),
+        release_margin=number("release_margin", 0.0, 0.5),
+        slow_interval_s=number("slow_interval_s", 0.2, 3600),
+        freeze_budget=number("freeze_budget", 0.001, 1.0),
+        budget_window_s=number("budget_window_s", 10, 86_400),
     )
+
+
+def _class_default(reader: _Reader, data: dict[str, Any], key: str, check: Callable[[Any, str], float]) -> float | None:
+    value = data.get(key, getattr(ProtectionDefaults(), key))
+    try:  # `none` switches the class default off
+        return None if value is None or value == "none" else check(value, f"protect.{key}")
+    except ProtectionError as exc:
+        raise reader.fail(f"protect.{key}", str(exc).split(": ", 1)[1] + " (or none)") from None
 
 
 def load_settings(path: str | os.PathLike[str] | None = None, environ: dict[str, str] | None = None) -> Settings:
@@ -466,7 +582,83 @@ def load_settings(path: str | os.PathLike[str] | None = None, environ: dict[str,
     except (PermissionError, IsADirectoryError, UnicodeDecodeError) as exc:
         raise ConfigError(f"config file {file}: unreadable ({exc.__class__.__name__}: {exc})") from None
     try:
-        raw = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise ConfigError(f"config file {file}: invalid YAML: {exc}") from None
-    return settings_from_mapping(raw, str(file), env, file.resolve().parent)
+        raw, duplicates = load_yaml_with_duplicates(text)
+    except YamlFileError as exc:
+        raise _problems([f"{file}: {problem}" for problem in exc.problems]) from None
+    # a duplicate key refuses the file, as in request files; its other problems are reported with it
+    refused = [f"{file}: {problem}" for problem in duplicates]
+    try:
+        settings = settings_from_mapping(raw, str(file), env, file.resolve().parent)
+    except ConfigError as exc:
+        raise _problems([*refused, *exc.problems]) from None
+    if refused:
+        raise _problems(refused)
+    return settings
+
+
+def _problems(problems: list[str]) -> ConfigError:
+    return ConfigError("\n".join(problems), tuple(problems))
+
+
+def without_password(url: str) -> str:
+    """A database URL to show: its password (if any) as ***."""
+    parts = urlsplit(url)
+    if parts.password is None:
+        return url
+    user = parts.username or ""
+    host = parts.netloc.rsplit("@", 1)[1]
+    return parts._replace(netloc=f"{user}:***@{host}").geturl()
+
+
+def _duration_text(seconds: float) -> str:
+    """'30d', '12h', '90m' or '45s': how the file spells a duration, so `config show` reads back."""
+    for unit, size in (("d", DAY_S), ("h", 3600.0), ("m", 60.0)):
+        if seconds >= size and seconds % size == 0:
+            return f"{int(seconds // size)}{unit}"
+    return f"{seconds:g}s"
+
+
+def settings_to_mapping(settings: Settings) -> dict[str, Any]:
+    """The effective settings as a config document, every key with its value (defaults filled
+    in), in the file's own key names and spellings: `settings_from_mapping` reads it back to the
+    same settings. The database URL is as configured: callers showing it hide its password."""
+    from vmplacer.core.cpuset import format_cpuset
+
+    def cpus(value: frozenset[int]) -> str:
+        return format_cpuset(value) if value else ""
+
+    floor, share = settings.protect.defaults.latency_critical_floor, settings.protect.defaults.batch_min_share
+    return {
+        "data_dir": str(settings.data_dir),
+        "database_url": settings.database_url,
+        "hosts": [{
+            "name": h.name, "uri": h.uri, "reserved_cpus": cpus(h.reserved_cpus), "domain_type": h.domain_type,
+            "sampler": h.sampler, "cpu_allocation_ratio": h.cpu_allocation_ratio,
+            "reserved_memory_mib_per_node": h.reserved_memory_mib_per_node, "emulator_cpus": cpus(h.emulator_cpus),
+            "domain_resync_s": h.domain_resync_s, "connect_timeout_s": h.connect_timeout_s,
+            "xml_policy": {"allow": sorted(h.xml_policy.allow),
+                           "storage_paths": None if h.xml_policy.storage_paths is None
+                           else list(h.xml_policy.storage_paths)},
+            "capabilities": None if h.capabilities is None else str(h.capabilities),
+        } for h in settings.hosts],
+        "profiler": {
+            "t_m_ms": settings.profiler.t_m_ms, "t_sleep_s": settings.profiler.t_sleep_s,
+            "max_freeze_ms": settings.profiler.max_freeze_ms,
+            "excluded_domains": list(settings.profiler.excluded_domains), "scope": list(settings.profiler.scope),
+            "sensitive": settings.profiler.sensitive, "pair_probes": settings.profiler.pair_probes,
+        },
+        "placement": {
+            "interference_weight": settings.placement.interference_weight,
+            "interference_candidates": settings.placement.interference_candidates,
+            "model_refresh": _duration_text(settings.placement.model_refresh_s),
+        },
+        "api": {"listen": settings.api.listen, "max_request_bytes": settings.api.max_request_bytes},
+        "retention": {name: _duration_text(getattr(settings.retention, f"{name}_s")) for name in RETENTION_KEYS},
+        "protect": {
+            "latency_critical_floor": "none" if floor is None else floor,
+            "batch_min_share": "none" if share is None else share,
+            "interval_s": settings.protect.interval_s, "step": settings.protect.step,
+            "release_margin": settings.protect.release_margin, "slow_interval_s": settings.protect.slow_interval_s,
+            "freeze_budget": settings.protect.freeze_budget, "budget_window_s": settings.protect.budget_window_s,
+        },
+    }

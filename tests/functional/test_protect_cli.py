@@ -5,6 +5,7 @@ guest alone."""
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 from pathlib import Path
 
@@ -38,6 +39,7 @@ def test_one_round_on_the_test_driver(tmp_path):
     assert report["host"] == "example" and report["verdicts"] == [] and report["steps"] == []
     assert any("CPU bandwidth unreadable" in note and "not supported" in note for note in report["notes"])
     assert report["budget"]["max_share"] == 0.02 and report["pace"]["interval_s"] == 2.0
+    assert re.fullmatch(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ", report["at"])  # ISO 8601 UTC, as every command's JSON
     table = run(tmp_path, "--host", "example", "--once")
     assert table.returncode == 0 and "budget 2.00 %" in table.stdout, table.stdout + table.stderr
 

@@ -222,3 +222,114 @@ def test_placement_admission_settings_come_from_the_config():
 def test_bad_placement_settings_name_the_key(placement, key):
     with pytest.raises(ConfigError, match=f"key '{key}'"):
         settings_from_mapping({"placement": placement}, "t", environ={})
+
+
+# ----- every problem at once, duplicate keys, the example file, config show ------------------
+
+def test_every_problem_is_reported_at_once_each_naming_its_key():
+    document = {
+        "hosts": [{"name": "bad name", "uri": "ftp://x", "cpu_allocation_ratio": 0},
+                  {"uri": "qemu:///system", "colour": "red"}],
+        "profiler": {"t_m_ms": -1, "freeze": 1},
+        "api": {"listen": "nowhere"},
+        "retention": {"plans": "soon"},
+        "placement": {"model_refresh": 0},
+        "protect": {"step": 9, "latency_critical_floor": 2},
+        "bogus": 1,
+    }
+    with pytest.raises(ConfigError) as excinfo:
+        settings_from_mapping(document, "cfg.yaml", environ={})
+    keys = ["bogus", "hosts[0].name", "hosts[0].uri", "hosts[0].cpu_allocation_ratio", "hosts[1].colour",
+            "hosts[1].name", "profiler.freeze", "profiler.t_m_ms", "api.listen", "retention.plans",
+            "placement.model_refresh", "protect.step", "protect.latency_critical_floor"]
+    problems = excinfo.value.problems
+    assert len(problems) == len(keys), problems
+    for key in keys:
+        assert any(p.startswith(f"cfg.yaml: key '{key}': ") for p in problems), key
+    assert str(excinfo.value).splitlines() == list(problems)
+
+
+def test_a_single_problem_is_one_line():
+    with pytest.raises(ConfigError) as excinfo:
+        settings_from_mapping({"api": {"listen": "x"}}, "cfg.yaml", environ={})
+    assert excinfo.value.problems == (str(excinfo.value),)
+
+
+def test_an_unknown_key_is_quoted_and_bounded():
+    with pytest.raises(ConfigError) as excinfo:
+        settings_from_mapping({"x\x1b[2J" + "y" * 500: 1}, "cfg.yaml", environ={})
+    assert "\x1b" not in str(excinfo.value) and len(str(excinfo.value)) < 400
+
+
+def test_duplicate_keys_are_refused_naming_both_lines_with_the_other_problems(tmp_path):
+    config = tmp_path / "vmplacer.yaml"
+    config.write_text("api: {listen: 'a:1'}\nprofiler:\n  t_m_ms: 5\n  t_m_ms: -1\napi: {listen: 'b:2'}\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load_settings(config, environ={})
+    problems = excinfo.value.problems
+    assert f"{config}: line 4, column 3: duplicate key 't_m_ms' (first at line 3)" in problems
+    assert f"{config}: line 5, column 1: duplicate key 'api' (first at line 1)" in problems
+    assert any("key 'profiler.t_m_ms'" in p for p in problems)  # the last value, checked too
+
+
+def test_yaml_syntax_errors_name_the_file_and_line_not_pyyaml_internals(tmp_path):
+    broken = tmp_path / "broken.yaml"
+    broken.write_text("api:\n  listen: [a\n")
+    with pytest.raises(ConfigError) as excinfo:
+        load_settings(broken, environ={})
+    text = str(excinfo.value)
+    assert text.startswith(f"{broken}: invalid YAML at line 3, column 1:")
+    assert "<unicode string>" not in text and "\n" not in text
+
+
+def _key_paths(document: object, prefix: str = "") -> set[str]:
+    """Every key path of a config document; the entries of a list of mappings share `name[]`."""
+    paths: set[str] = set()
+    if isinstance(document, dict):
+        for key, value in document.items():
+            path = f"{prefix}.{key}" if prefix else str(key)
+            paths.add(path)
+            if isinstance(value, list) and value and all(isinstance(v, dict) for v in value):
+                for item in value:
+                    paths |= _key_paths(item, f"{path}[]")
+            else:
+                paths |= _key_paths(value, path)
+    return paths
+
+
+def _model_key_paths() -> set[str]:
+    """The key paths the reader accepts, from its table of keys per section."""
+    from vmplacer.config import CONFIG_KEYS
+
+    return {f"{section}.{key}" if section else key for section, keys in CONFIG_KEYS.items() for key in keys}
+
+
+def test_the_example_config_lists_every_key_of_the_config_model():
+    import yaml
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "vmplacer.yaml"
+    listed = _key_paths(yaml.safe_load(example.read_text()))
+    model = _model_key_paths()
+    assert sorted(model - listed) == [], "keys missing from examples/vmplacer.yaml"
+    assert sorted(listed - model) == [], "keys in examples/vmplacer.yaml that the reader refuses"
+
+
+def test_the_key_table_covers_every_setting_of_the_model():
+    """settings_to_mapping writes each field of the settings dataclasses under its key: the
+    table the reader (and the example test) use has exactly those keys."""
+    from vmplacer.config import settings_to_mapping
+
+    settings = settings_from_mapping(None, "t", environ={})
+    assert _key_paths(settings_to_mapping(settings)) == _model_key_paths()
+
+
+def test_the_effective_config_reads_back_to_the_same_settings(tmp_path):
+    from vmplacer.config import settings_to_mapping
+
+    example = Path(__file__).resolve().parents[2] / "examples" / "vmplacer.yaml"
+    settings = load_settings(example, environ={})
+    again = settings_from_mapping(settings_to_mapping(settings), settings.source, environ={})
+    assert again == settings
+    tuned = settings_from_mapping({"retention": {"plans": "12h", "jobs": 90}, "placement": {"model_refresh": "90s"},
+                                   "protect": {"batch_min_share": "none"}}, "t", environ={})
+    assert settings_from_mapping(settings_to_mapping(tuned), "t", environ={}) == tuned

@@ -96,3 +96,33 @@ def test_base_xml_must_be_a_domain(tmp_path):
 def test_missing_file(tmp_path):
     with pytest.raises(RequestFileError, match="file not found"):
         load_request_file(tmp_path / "nope.yaml")
+
+
+# ----- parse errors name the file and the line, not the parser's "<unicode string>" ----------
+
+def test_yaml_syntax_error_names_the_file_and_line(tmp_path):
+    path = write(tmp_path, "guests:\n  - name: [a\n")
+    with pytest.raises(RequestFileError) as caught:
+        load_request_file(path)
+    (line,) = str(caught.value).splitlines()
+    assert line.startswith(f"{path}: invalid YAML at line 3, column 1: ")
+    assert "while parsing a flow sequence from line 2" in line and "<unicode string>" not in line
+
+
+def test_every_duplicate_key_is_named_with_both_lines(tmp_path):
+    path = write(tmp_path, "guests:\n  - name: a\n    vcpus: 1\n    name: b\n    memory_mib: 1\n    vcpus: 2\n")
+    with pytest.raises(RequestFileError) as caught:
+        load_request_file(path)
+    assert caught.value.problems == ("line 4, column 5: duplicate key 'name' (first at line 2)",
+                                     "line 6, column 5: duplicate key 'vcpus' (first at line 3)")
+    assert str(caught.value).startswith(f"{path}: line 4")
+
+
+def test_base_xml_syntax_error_names_the_xml_file_and_line(tmp_path):
+    (tmp_path / "bad.xml").write_text("<domain>\n  <name>x</nam>\n</domain>\n")
+    path = write(tmp_path, "guests:\n  - {name: a, vcpus: 1, memory_mib: 1, base_xml: bad.xml}\n")
+    with pytest.raises(RequestFileError) as caught:
+        load_request_file(path)
+    text = str(caught.value)
+    assert f"field base_xml: {tmp_path / 'bad.xml'}: not well-formed XML at line 2, column 16: " in text
+    assert "(<string>" not in text

@@ -79,11 +79,11 @@ def test_table_is_a_tree_per_node():
     result = vmplacer("topology", "--caps", str(path))
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
-    assert lines[0].startswith("host opteron6378-4node: 2 package(s), 4 dies, 4 NUMA node(s), 32 cores")
-    assert any(line.endswith("core 9 (package 0, die 1, L2 4 shared with core(s) 8): 9") for line in lines)
+    assert lines[0].startswith("host opteron6378-4node: 2 packages, 4 dies, 4 NUMA nodes, 32 cores")
+    assert any(line.endswith("core 9 (package 0, die 1, L2 4 shared with core 8): 9") for line in lines)
     assert sum("node " in line and "memory 64 GiB" in line for line in lines) == 4
     assert sum("core " in line for line in lines) == 32
-    assert any("L2 0 shared with core(s) 1" in line for line in lines)
+    assert any("L2 0 shared with core 1" in line for line in lines)
     assert any("hugepages: 2 MiB x 2048" in line for line in lines)
 
 
@@ -169,10 +169,10 @@ def test_unreachable_host_exits_1(tmp_path):
 @pytest.mark.parametrize(
     ("name", "summary"),
     [
-        ("epyc-4die-llc", "host epyc-4die-llc: 1 package(s), 4 dies, 1 NUMA node(s), 16 cores, 32 pCPUs"),
-        ("arm-clusters", "host arm-clusters: 1 package(s), 8 clusters, 2 NUMA node(s), 32 cores, 32 pCPUs"),
-        ("arm-gpu-memory", "host arm-gpu-memory: 1 package(s), 3 NUMA node(s) (2 memory only), 16 cores"),
-        ("s390x-books", "host s390x-books: 8 package(s), 1 NUMA node(s), 16 cores, 32 pCPUs"),
+        ("epyc-4die-llc", "host epyc-4die-llc: 1 package, 4 dies, 1 NUMA node, 16 cores, 32 pCPUs"),
+        ("arm-clusters", "host arm-clusters: 1 package, 8 clusters, 2 NUMA nodes, 32 cores, 32 pCPUs"),
+        ("arm-gpu-memory", "host arm-gpu-memory: 1 package, 3 NUMA nodes (2 memory only), 16 cores"),
+        ("s390x-books", "host s390x-books: 8 packages, 1 NUMA node, 16 cores, 32 pCPUs"),
     ],
 )
 def test_table_shows_dies_clusters_and_memory_only_nodes(tmp_path, name, summary):

@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from lxml import etree
 
+from vmplacer.adapters.xml_errors import xml_problem
 from vmplacer.core.assemble import CacheFacts, CpuFacts, TopologyError, assemble_topology
 from vmplacer.core.cpuset import CpusetError, parse_cpuset
 from vmplacer.core.topology import HostTopology, HugepagePool, Node
@@ -116,7 +117,7 @@ def parse_capabilities(xml_text: str, name: str = "host", *, source: str | None 
     try:
         root = etree.fromstring(xml_text.encode(), parser)
     except etree.XMLSyntaxError as exc:
-        raise CapabilitiesError(f"{source}: not well-formed XML: {exc}") from None
+        raise CapabilitiesError(f"{source}: {xml_problem(exc)}") from None
     reader = _Reader(source, root)
     if root.tag != "capabilities":
         raise reader.error(root, "root element must be <capabilities>")

@@ -22,6 +22,7 @@ import jinja2
 from lxml import etree
 
 from vmplacer.adapters.domain_xml_fields import NAMESPACE, FieldError, read_fields
+from vmplacer.adapters.xml_errors import xml_problem
 from vmplacer.core.cpuset import format_cpuset
 from vmplacer.core.guest import NAME_RE, GuestSpec, page_size_text
 from vmplacer.core.placement import GuestCell, Placement
@@ -71,7 +72,7 @@ def parse_domain(xml_text: str | bytes, what: str = "domain XML") -> etree._Elem
     try:
         root = etree.fromstring(xml_text, _parser())
     except etree.XMLSyntaxError as exc:
-        raise DomainXmlError(f"{what}: not well-formed XML: {exc}") from None
+        raise DomainXmlError(f"{what}: {xml_problem(exc)}") from None
     if root.getroottree().docinfo.doctype:
         raise DomainXmlError(f"{what}: DOCTYPE declarations are not accepted")
     if root.tag != "domain":

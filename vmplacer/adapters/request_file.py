@@ -19,9 +19,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from vmplacer.adapters.domain_xml import DomainXmlError, parse_domain
+from vmplacer.adapters.source_files import UniqueKeyLoader, YamlFileError, load_yaml
 from vmplacer.core.guest import GuestSpec, GuestSpecError
 
 TOP_LEVEL_KEYS = ("guests",)
@@ -46,22 +45,7 @@ class GuestRequest:
     base_xml_path: Path | None = None
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """SafeLoader that refuses duplicate keys (PyYAML would silently keep the last)."""
-
-
-def _construct_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark)
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_mapping)
+_UniqueKeyLoader = UniqueKeyLoader  # the loader request files and the config share
 
 
 def load_request_file(path: str | Path) -> list[GuestRequest]:
@@ -82,9 +66,9 @@ def load_request_file(path: str | Path) -> list[GuestRequest]:
 def parse_request_text(text: str, path: str | Path = "<request>") -> list[GuestRequest]:
     path = Path(path)
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except yaml.YAMLError as exc:
-        raise RequestFileError(path, [f"invalid YAML: {exc}"]) from None
+        data = load_yaml(text)
+    except YamlFileError as exc:
+        raise RequestFileError(path, list(exc.problems)) from None
     if not isinstance(data, dict):
         raise RequestFileError(path, ["must be a mapping with a 'guests' list"])
     problems = [f"unknown top-level key {key!r} (allowed: {', '.join(TOP_LEVEL_KEYS)})"

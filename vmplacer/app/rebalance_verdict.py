@@ -33,6 +33,7 @@ from vmplacer.core.layout_problem import utility
 from vmplacer.core.plan import Plan
 from vmplacer.core.policies.rebalance import evaluate_cluster
 from vmplacer.core.policies.rebalance_state import ClusterState, HostState, RebalanceSettings, describe_guest
+from vmplacer.core.text import plural
 
 SIMPLE = ("seed_policy", "blind_spread")
 TOLERANCE = 0.005  # below a simple rule by more than 0.5 % counts
@@ -134,7 +135,7 @@ def verdict(means: Mapping[str, float | None], objectives: Mapping[str, float] |
     if step is not None:
         name, threshold = _threshold(step, min_gain, min_gain_share, min_migration_gain)
         if step.true_gain < threshold:
-            moves = f", moving {step.migrations} guest(s) to another host" if step.migrations else ""
+            moves = f", moving {plural(step.migrations, 'guest')} to another host" if step.migrations else ""
             return {**result, "verdict": "threshold", "true_gain": round(step.true_gain, 4),
                     "threshold": threshold, "migrations": step.migrations,
                     "why": f"a perfect model declines it too: {best}'s layout gains +{step.true_gain:.3f} "

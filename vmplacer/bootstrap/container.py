@@ -257,6 +257,13 @@ class Container:
 
         return current_revision(self.engine), head_revision()
 
+    @staticmethod
+    def known_revisions() -> list[tuple[str, str]]:
+        """(revision, what it does) of every schema migration this code ships, oldest first."""
+        from vmplacer.adapters.db.migrate import known_revisions
+
+        return known_revisions()
+
     def ping_database(self) -> None:
         """One round trip to the database (raises when it is unreachable)."""
         from sqlalchemy import text

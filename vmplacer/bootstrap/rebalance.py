@@ -21,6 +21,7 @@ from vmplacer.app.executor import ExecutorSettings
 from vmplacer.app.rebalance import ROUNDS_PER_PROFILE, Rebalancer
 from vmplacer.bootstrap.container import Container
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
+from vmplacer.core.text import plural
 from vmplacer.core.trial import Measured
 from vmplacer.ports import SystemClock
 
@@ -67,7 +68,7 @@ def _profiler(container: Container) -> tuple[Callable[[str, float, Sequence[str]
             result = profiler.run()
         finally:
             freezer.close()
-        message = (f"run {result.run_id}: {len(result.vms)} VMs, {result.freezes} freezes, "
+        message = (f"run {result.run_id}: {plural(len(result.vms), 'VM')}, {plural(result.freezes, 'freeze')}, "
                    f"{result.stopped_because or 'done'}")
         return measured_of(host, result.vms, message)
 

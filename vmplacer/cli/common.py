@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 from typing import Any
 
 from vmplacer.core.durations import duration_seconds, format_seconds, is_bare_number
+from vmplacer.core.text import iso_utc
 
 EXIT_OK = 0
 EXIT_OPERATIONAL = 1
@@ -30,6 +33,88 @@ class UsageError(Exception):
 
 class OperationalError(Exception):
     """The world failed (host unreachable, database down): exit 1."""
+
+
+class DatabaseError(OperationalError):
+    """The database failed, or has no schema (or an older one) yet: exit 1. The message is made
+    where the command's context is known (`database_problem`), never the driver's SQL dump."""
+
+    def __init__(self, cause: Exception, doing: str = ""):
+        self.cause = cause
+        self.doing = doing  # e.g. "upgrade failed", put before the problem
+        super().__init__(database_problem(cause, doing=doing) or str(cause).splitlines()[0])
+
+
+_MISSING_SCHEMA = (
+    re.compile(r"no such (table|column): ([\w.]+)"),  # SQLite
+    re.compile(r"(relation|column) \"([\w.]+)\"(?: of relation \"[\w.]+\")? does not exist"),  # PostgreSQL
+)
+
+
+def _missing_schema_part(message: str) -> str | None:
+    """'table profile_runs' when the driver says a table (or column) the schema has is not there."""
+    for pattern in _MISSING_SCHEMA:
+        found = pattern.search(message)
+        if found:
+            kind = "table" if found.group(1) == "relation" else found.group(1)
+            return f"{kind} {found.group(2)}"
+    return None
+
+
+def _driver_message(exc: BaseException) -> str:
+    """The driver's own first line (no SQL, no parameters, no background link), bounded."""
+    orig = getattr(exc, "orig", None)
+    text = str(orig if orig is not None else exc).strip()
+    first = text.splitlines()[0] if text else exc.__class__.__name__
+    first = re.sub(r"^\((?:[\w.]+)\) ", "", first)  # SQLAlchemy's "(sqlite3.OperationalError) " prefix
+    return first if len(first) <= 200 else first[:200] + "…"
+
+
+def database_problem(exc: BaseException, ctx: CliContext | None = None, doing: str = "") -> str | None:
+    """A database that cannot be used, in one line naming what to do: no schema yet or an older
+    one (`vmplacer db upgrade`), a schema revision this version does not know (a newer vmplacer
+    migrated it), or the driver's own first line. None for anything that is not a database error."""
+    from alembic.util.exc import CommandError
+    from sqlalchemy.exc import SQLAlchemyError
+
+    where = "database"
+    if ctx is not None and ctx._container is not None:
+        try:
+            where = f"database {ctx._container.database_name()}"
+        except Exception:  # noqa: BLE001 - the name only decorates the message
+            pass
+    prefix = f"{where}: {doing}: " if doing else f"{where}: "
+    if isinstance(exc, CommandError):
+        return (f"{prefix}{_driver_message(exc)} (the database's schema revision is not one this vmplacer "
+                "knows: a newer vmplacer may have migrated it; `vmplacer db current` shows the database's "
+                "revision, `vmplacer db history` the ones this vmplacer knows)")
+    if not isinstance(exc, SQLAlchemyError):
+        return None
+    missing = _missing_schema_part(_driver_message(exc))
+    if missing is not None:
+        known, current, head = _revisions(ctx)
+        if not known:
+            return (f"{prefix}the database's schema is missing or older than this vmplacer ({missing} is "
+                    "missing): run `vmplacer db upgrade` (docs/operations.md, Upgrade)")
+        if current is None:
+            return (f"{prefix}the database has no schema yet ({missing} is missing): "
+                    "run `vmplacer db upgrade` (docs/operations.md, Upgrade)")
+        if current != head:
+            return (f"{prefix}the database's schema is at revision {current}, this vmplacer needs {head} "
+                    f"({missing} is missing): run `vmplacer db upgrade` (docs/operations.md, Upgrade)")
+        return f"{prefix}{missing} is missing although the schema is at revision {head}: restore the backup"
+    return f"{prefix}{exc.__class__.__name__}: {_driver_message(exc)}"
+
+
+def _revisions(ctx: CliContext | None) -> tuple[bool, str | None, str | None]:
+    """(whether the database said, its schema revision, the newest this code knows)."""
+    if ctx is None or ctx._container is None:
+        return False, None, None
+    try:
+        current, head = ctx._container.schema_revisions()
+    except Exception:  # noqa: BLE001 - then the message says what to do without the revision
+        return False, None, None
+    return True, current, head
 
 
 @dataclass
@@ -72,8 +157,44 @@ def add_format_argument(parser: argparse.ArgumentParser, *, inherited: bool = Fa
     )
 
 
+# Keys whose values are moments: epoch seconds (as the stores keep them) or datetimes become ISO 8601.
+_MOMENT_KEYS = frozenset({"at", "since", "until", "now"})
+ABSENT = "-"
+
+
+def _is_moment_key(key: Any) -> bool:
+    return isinstance(key, str) and (key in _MOMENT_KEYS or key.endswith("_at"))
+
+
+def _moment(value: Any) -> Any:
+    """A timestamp value as ISO 8601 UTC; anything that is not one stays as it is."""
+    if isinstance(value, datetime):
+        return iso_utc(value)
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return iso_utc(value)
+    if isinstance(value, str):
+        try:
+            return iso_utc(datetime.fromisoformat(value.replace("Z", "+00:00")))
+        except ValueError:
+            return value
+    return value
+
+
+def json_ready(data: Any) -> Any:
+    """`data` with every timestamp as ISO 8601 UTC (`2026-11-27T23:54:29Z`): the stores keep
+    epoch seconds or datetimes, and a script reading any command's JSON gets one spelling."""
+    if isinstance(data, dict):
+        return {key: _moment(value) if _is_moment_key(key) and value is not None else json_ready(value)
+                for key, value in data.items()}
+    if isinstance(data, (list, tuple)):
+        return [json_ready(value) for value in data]
+    if isinstance(data, datetime):
+        return iso_utc(data)
+    return data
+
+
 def print_json(data: Any) -> None:
-    json.dump(data, sys.stdout, indent=2, sort_keys=False, default=str)
+    json.dump(json_ready(data), sys.stdout, indent=2, sort_keys=False, default=str)
     sys.stdout.write("\n")
 
 
@@ -94,8 +215,20 @@ def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
     for column in columns:
         table.add_column(column)
     for row in rows:
-        table.add_row(*("" if value is None else str(value) for value in row))
+        table.add_row(*(cell(value) for value in row))
     Console(width=200).print(table)
+
+
+def cell(value: Any) -> str:
+    """One spelling per kind of value in every table: absent (None or empty) is '-', a boolean
+    yes/no, a moment ISO 8601 UTC; the rest as str() writes it."""
+    if value is None or value == "":
+        return ABSENT
+    if isinstance(value, bool):
+        return "yes" if value else "no"
+    if isinstance(value, datetime):
+        return iso_utc(value)
+    return str(value)
 
 
 def resolve_host(ctx: CliContext, name: str | None, alternatives: str = "") -> str:

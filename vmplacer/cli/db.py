@@ -4,18 +4,21 @@
 from __future__ import annotations
 
 import argparse
+import re
 from typing import Any
 
 from sqlalchemy.exc import SQLAlchemyError
 
 from vmplacer.cli.common import (
     CliContext,
-    OperationalError,
+    DatabaseError,
+    UsageError,
     add_format_argument,
     duration,
     emit,
     print_table,
 )
+from vmplacer.core.text import excerpt
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -30,6 +33,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     current = actions.add_parser("current", help="show the database's schema revision")
     add_format_argument(current)
     current.set_defaults(func=run_current)
+    history = actions.add_parser("history", help="list the schema revisions this vmplacer knows (oldest first)")
+    add_format_argument(history)
+    history.set_defaults(func=run_history)
     prune = actions.add_parser(
         "prune", help="delete finished plans, profile runs, audit entries, jobs and expired idempotency keys "
                       "older than the config's retention ages")
@@ -41,32 +47,71 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prune.set_defaults(func=run_prune)
 
 
-def run_upgrade(args: argparse.Namespace, ctx: CliContext) -> int:
+def _check_revision(revision: str) -> None:
+    """REVISION must be one this vmplacer ships (or head, base, or a relative step such as -1):
+    a typo is bad input, not a database that a newer vmplacer migrated."""
+    from vmplacer.bootstrap import Container
+
+    known = [rev for rev, _doc in Container.known_revisions()]
+    base = re.split(r"[+-]\d+$", revision)[0]
+    if revision == "heads" or re.fullmatch(r"[+-]\d+", revision) or base in (*known, "head", "base"):
+        return
+    raise UsageError(f"REVISION {excerpt(revision, 40)}: not a known schema revision (known: base, "
+                     f"{known[0]} to {known[-1]}, head; `vmplacer db history` lists them with what each does)")
+
+
+def _migrate(args: argparse.Namespace, ctx: CliContext, verb: str) -> int:
+    from alembic.util.exc import CommandError
+
+    _check_revision(args.revision)
     name = ctx.container.database_name()
+    step = ctx.container.upgrade_database if verb == "upgrade" else ctx.container.downgrade_database
     try:
-        ctx.container.upgrade_database(args.revision)
+        step(args.revision)
     except SQLAlchemyError as exc:
-        raise OperationalError(f"database {name}: upgrade failed: {exc.__class__.__name__}: {exc}") from None
-    print(f"database {name} at revision {args.revision}")
+        raise DatabaseError(exc, f"{verb} failed") from None
+    except CommandError as exc:
+        text = str(exc).splitlines()[0] if str(exc) else ""
+        if "not a valid" in text or "Destination" in text or "relative" in text:
+            # a known revision in the wrong direction (upgrade to an older one, downgrade to a newer one)
+            raise UsageError(f"REVISION {excerpt(args.revision, 40)}: {text[:200]} (`vmplacer db current` shows "
+                             f"the database's revision)") from None
+        raise
+    try:  # what the database is at now, not what was asked: `upgrade 0005` at 0011 changes nothing
+        current, _head = ctx.container.schema_revisions()
+    except SQLAlchemyError as exc:
+        raise DatabaseError(exc) from None
+    print(f"database {name} at revision {current or 'base (no schema)'}")
     return 0
 
 
+def run_upgrade(args: argparse.Namespace, ctx: CliContext) -> int:
+    return _migrate(args, ctx, "upgrade")
+
+
 def run_downgrade(args: argparse.Namespace, ctx: CliContext) -> int:
-    name = ctx.container.database_name()
+    return _migrate(args, ctx, "downgrade")
+
+
+def run_history(args: argparse.Namespace, ctx: CliContext) -> int:
+    """The schema revisions this vmplacer knows, oldest first, the database's marked."""
     try:
-        ctx.container.downgrade_database(args.revision)
-    except SQLAlchemyError as exc:
-        raise OperationalError(f"database {name}: downgrade failed: {exc}") from None
-    print(f"database {name} at revision {args.revision}")
+        current, _head = ctx.container.schema_revisions()
+    except SQLAlchemyError:
+        current = None  # the list is this vmplacer's own: still worth showing without a database
+    rows = [{"revision": rev, "description": doc, "current": rev == current}
+            for rev, doc in ctx.container.known_revisions()]
+    emit(args, rows, lambda d: print_table("schema revisions (oldest first)", ("revision", "current", "description"),
+                                           [(r["revision"], r["current"], r["description"]) for r in d]))
     return 0
 
 
 def run_current(args: argparse.Namespace, ctx: CliContext) -> int:
-    name = ctx.container.database_name()
     try:
         current, head = ctx.container.schema_revisions()
     except SQLAlchemyError as exc:
-        raise OperationalError(f"database {name}: {exc}") from None
+        raise DatabaseError(exc) from None
+    name = ctx.container.database_name()
     data = {
         "database": name,
         "current": current,
@@ -90,8 +135,7 @@ def run_prune(args: argparse.Namespace, ctx: CliContext) -> int:
     try:
         report = ctx.container.prune(**ages, actor="vmplacer db prune", dry_run=args.dry_run)
     except SQLAlchemyError as exc:
-        raise OperationalError(f"database {ctx.container.database_name()}: prune failed: "
-                               f"{exc.__class__.__name__}: {exc}") from None
+        raise DatabaseError(exc, "prune failed") from None
     emit(args, report.to_dict(), _render_prune)
     return 0
 

@@ -16,6 +16,7 @@ from vmplacer.cli.common import CliContext, UsageError, add_format_argument, emi
 from vmplacer.core.pairs import PairFileError, PairTable, parse_distance, parse_pairs
 from vmplacer.core.counter_profiles import Profiles, parse_profiles
 from vmplacer.core.ranking import rank_workloads
+from vmplacer.core.text import plural
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -231,7 +232,8 @@ def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
 def _render_rebalance(row: dict) -> None:
     policies = ("none", "seed_policy", "blind_spread", "vmplacer", "optimum")
     print_table(
-        f"{row['matrix']}: {row['vms']} VMs on {row['hosts']} host(s), start {row['start']}, seed {row['seed']}",
+        f"{row['matrix']}: {plural(row['vms'], 'VM')} on {plural(row['hosts'], 'host')}, "
+        f"start {row['start']}, seed {row['seed']}",
         ("policy", "mean perf", "worst VM", "actions"),
         [(p, "-" if row[p] is None else f"{row[p]:.4f}",
           "-" if row["min_vm"][p] is None else f"{row['min_vm'][p]:.4f}", row["actions"].get(p, "-"))

@@ -56,6 +56,8 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     from alembic.util.exc import CommandError
     from sqlalchemy.exc import SQLAlchemyError
 
+    from vmplacer.cli.common import database_problem
+
     container = ctx.container
     database_error = None
     try:  # a health check: the hosts are still listed when the database is down (or at a
@@ -63,7 +65,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
         container.upgrade_database()
         closed = container.maintenance.current()
     except (SQLAlchemyError, CommandError) as exc:
-        database_error = f"database: {exc.__class__.__name__}: {str(exc).splitlines()[0]}"
+        database_error = database_problem(exc, ctx)
         closed = {}
     rows = []
     for host in ctx.settings.hosts:
@@ -86,7 +88,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
                 (
                     r["name"],
                     r["uri"],
-                    "yes" if r["reachable"] else "NO",
+                    bool(r["reachable"]),
                     r.get("driver", ""),
                     r.get("domains", ""),
                     _maintenance_text(r["maintenance"]),

@@ -13,8 +13,10 @@ from vmplacer.cli.common import (
     EXIT_OPERATIONAL,
     EXIT_USAGE,
     CliContext,
+    DatabaseError,
     OperationalError,
     UsageError,
+    database_problem,
 )
 
 # Every command: (its module, which has `register(subparsers)`; its one-line help). Order = order
@@ -23,6 +25,8 @@ from vmplacer.cli.common import (
 # the modules' own (tests/unit/test_cli_startup.py keeps the two in step).
 COMMANDS: dict[str, tuple[str, str]] = {
     "version": ("vmplacer.cli.version", "print the version"),
+    "config": ("vmplacer.cli.config",
+               "check the config file, or show the effective config with every default filled in"),
     "db": ("vmplacer.cli.db", "database schema migrations and data retention"),
     "hosts": ("vmplacer.cli.hosts",
               "list configured hosts and check that each answers; maintenance mode (disable/enable)"),
@@ -116,20 +120,6 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
-def _database_problem(exc: Exception) -> str | None:
-    """A database that cannot be used (down, or at a schema revision this version does not know:
-    a newer vmplacer migrated it) in one line, for any command; None for every other error."""
-    from alembic.util.exc import CommandError
-    from sqlalchemy.exc import SQLAlchemyError
-
-    if isinstance(exc, CommandError):
-        return (f"database: {str(exc).splitlines()[0]} (the schema is not one this vmplacer knows: "
-                f"`vmplacer db current` shows it; a newer vmplacer may have migrated it)")
-    if isinstance(exc, SQLAlchemyError):
-        return f"database: {exc.__class__.__name__}: {str(exc).splitlines()[0]}"
-    return None
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
@@ -144,9 +134,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     ctx = CliContext(config_path=args.config)
     try:
         return int(args.func(args, ctx) or 0)
-    except UsageError as exc:
-        sys.stderr.write(f"vmplacer: error: {exc}\n")
+    except UsageError as exc:  # one line per problem (a config or request file may have several)
+        sys.stderr.writelines(f"vmplacer: error: {line}\n" for line in str(exc).splitlines() or [""])
         return EXIT_USAGE
+    except DatabaseError as exc:  # before OperationalError: said once, here, for every command
+        sys.stderr.write(f"vmplacer: failed: {database_problem(exc.cause, ctx, exc.doing) or exc}\n")
+        return EXIT_OPERATIONAL
     except OperationalError as exc:
         sys.stderr.write(f"vmplacer: failed: {exc}\n")
         return EXIT_OPERATIONAL
@@ -158,7 +151,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         sys.stderr.write("vmplacer: interrupted\n")
         return 130
     except Exception as exc:
-        problem = _database_problem(exc)
+        problem = database_problem(exc, ctx)
         if problem is None:
             raise
         sys.stderr.write(f"vmplacer: failed: {problem}\n")

@@ -25,6 +25,7 @@ from typing import Any
 
 from vmplacer.cli.common import (
     CliContext,
+    DatabaseError,
     OperationalError,
     UsageError,
     add_format_argument,
@@ -174,7 +175,7 @@ def _replay(ctx: CliContext, host: str | None) -> Any:
         try:
             ctx.container.upgrade_database()
         except SQLAlchemyError as exc:
-            raise OperationalError(f"database: cannot create the schema: {exc}") from None
+            raise DatabaseError(exc, "cannot create the schema") from None
         report = replay_freeze_journal(ctx.container, host)
         unreadable = [e for e in report.errors if "freeze journal unreadable" in e]
         if unreadable:
@@ -271,7 +272,7 @@ def _print_result(data: dict[str, Any]) -> None:
         zeta, zeta_b, loss = vm["zeta"], vm["zeta_b"], vm["degradation"]
         rows.append((
             name,
-            "yes" if vm["sensitive"] else "",
+            bool(vm["sensitive"]),
             _fmt(zeta and zeta["p50"]),
             _fmt(zeta_b and zeta_b["p50"]),
             f"{loss['estimate'] * 100:.1f}% [{loss['ci95_low'] * 100:.1f}, {loss['ci95_high'] * 100:.1f}]"
@@ -329,7 +330,7 @@ def run_show(args: argparse.Namespace, ctx: CliContext, vms: list[str]) -> int:
     try:
         data = show_data(profile_store(ctx.container), vms, args.run)
     except SQLAlchemyError as exc:
-        raise OperationalError(f"database: {exc.__class__.__name__}: {exc}") from None
+        raise DatabaseError(exc) from None
     if plot is not None:
         draw_boxplots(data, plot)
     if args.format == "json":

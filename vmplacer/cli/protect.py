@@ -27,6 +27,7 @@ from typing import Any
 from vmplacer.cli.common import (
     EXIT_OK,
     CliContext,
+    DatabaseError,
     OperationalError,
     UsageError,
     add_format_argument,
@@ -36,6 +37,7 @@ from vmplacer.cli.common import (
     refuse_options,
 )
 from vmplacer.core.durations import format_seconds
+from vmplacer.core.text import plural
 
 T_M_RANGE = {"low": 1e-4, "high": 1.0}  # a Freeze'nSense window: 100 us to 1 s
 # What only the loop reads (`protect status` reads --host, --plot, --since, --format).
@@ -123,7 +125,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     except HypervisorError as exc:
         raise OperationalError(str(exc)) from None
     except SQLAlchemyError as exc:
-        raise OperationalError(f"database: {exc}") from None
+        raise DatabaseError(exc) from None
     return EXIT_OK
 
 
@@ -162,7 +164,7 @@ def _status(args: argparse.Namespace, ctx: CliContext) -> int:
         ctx.container.upgrade_database()
         records = ctx.container.throttle_ledger.current(args.host)
     except SQLAlchemyError as exc:
-        raise OperationalError(f"database: {exc}") from None
+        raise DatabaseError(exc) from None
     rows = []
     for record in records:
         try:
@@ -237,7 +239,9 @@ def _plot(args: argparse.Namespace, history: Any, hosts: list[str], since_s: flo
 
 def _print(args: argparse.Namespace, data: dict[str, Any]) -> None:
     if args.format == "json":
-        print(json.dumps(data, sort_keys=True), flush=True)  # one JSON object per round
+        from vmplacer.cli.common import json_ready
+
+        print(json.dumps(json_ready(data), sort_keys=True), flush=True)  # one JSON object per round
         return
     if not data["verdicts"]:
         print(f"{data['host']}: no protected guest running")
@@ -254,7 +258,7 @@ def _print(args: argparse.Namespace, data: dict[str, Any]) -> None:
     print(f"  neighbours frozen {data['frozen_ms']:.0f} ms this round; since start "
           f"{data['freeze_overhead'] * 100:.2f} % of the time; last {budget.get('window_s', 0):.0f} s "
           f"{budget.get('share', 0.0) * 100:.2f} % (budget {budget.get('max_share', 0.0) * 100:.2f} %); "
-          f"next round in {pace.get('interval_s', 0.0):.0f} s with {pace.get('samples', 0)} samples "
+          f"next round in {pace.get('interval_s', 0.0):.0f} s with {plural(pace.get('samples', 0), 'sample')} "
           f"({pace.get('reason', '')})")
     for note in data["notes"]:
         sys.stderr.write(f"note: {note}\n")

@@ -35,6 +35,7 @@ from vmplacer.cli.common import (
     EXIT_OK,
     EXIT_OPERATIONAL,
     CliContext,
+    DatabaseError,
     OperationalError,
     UsageError,
     add_format_argument,
@@ -192,7 +193,7 @@ def _rebalancer(ctx: CliContext, args: argparse.Namespace, *, executor: bool) ->
     try:
         container.upgrade_database()
     except SQLAlchemyError as exc:
-        raise OperationalError(f"database: {exc}") from None
+        raise DatabaseError(exc) from None
     return build_rebalancer(
         container,
         settings=_settings(args),
@@ -223,7 +224,7 @@ def _guarded(fn):  # noqa: ANN001, ANN202 - wraps the handlers' calls into the w
     except HypervisorError as exc:
         raise OperationalError(str(exc)) from None
     except SQLAlchemyError as exc:
-        raise OperationalError(f"database: {exc}") from None
+        raise DatabaseError(exc) from None
 
 
 # ----- commands ----------------------------------------------------------------------------------------
@@ -289,7 +290,7 @@ def _enter_maintenance(ctx: CliContext, host: str, reason: str | None) -> None:
         record, changed = ctx.container.maintenance.start(host, uri, by=operator_name(),
                                                           reason=(reason or "").strip() or "drain")
     except SQLAlchemyError as exc:
-        raise OperationalError(f"database: {exc}") from None
+        raise DatabaseError(exc) from None
     sys.stderr.write(("" if changed else "already: ") + record.describe() + "\n")
 
 
@@ -357,7 +358,7 @@ def run_plans(args: argparse.Namespace, ctx: CliContext) -> int:
     try:
         container.upgrade_database()
     except SQLAlchemyError as exc:
-        raise OperationalError(f"database: {exc}") from None
+        raise DatabaseError(exc) from None
     store = container.plan_store
     if cancel:
         return _cancel(args, store, container, plan_id)  # type: ignore[arg-type]

@@ -29,6 +29,7 @@ from vmplacer.cli.common import (
     EXIT_OK,
     EXIT_OPERATIONAL,
     CliContext,
+    DatabaseError,
     OperationalError,
     UsageError,
     add_format_argument,
@@ -37,6 +38,7 @@ from vmplacer.cli.common import (
     print_table,
     resolve_hosts,
 )
+from vmplacer.core.text import plural
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
             raise UsageError(str(exc)) from None
         raise OperationalError(str(exc)) from None
     except SQLAlchemyError as exc:
-        raise OperationalError(f"database: {exc}") from None
+        raise DatabaseError(exc) from None
     emit(args, report.to_dict(), _render)
     if report.complete:
         return EXIT_OK
@@ -112,7 +114,7 @@ def _render(data: dict[str, Any]) -> None:
     for plan in data.get("closed_plans", []):
         print(f"plan {plan['id']}: " + (plan["message"] if data["dry_run"] else f"closed as failed: {plan['message']}"))
     verb = "would release" if data["dry_run"] else "released"
-    print(f"{verb} {data['released']} record(s), {'would move' if data['dry_run'] else 'moved'} "
+    print(f"{verb} {plural(data['released'], 'record')}, {'would move' if data['dry_run'] else 'moved'} "
           f"{data['followed']} to their domain's new host, {'would update' if data['dry_run'] else 'updated'} "
           f"{data['updated']}, {'would pin back' if data['dry_run'] else 'pinned back'} {data['restored']}, "
           f"{'would adopt' if data['dry_run'] else 'adopted'} the pins of {data['adopted']}{mode}")

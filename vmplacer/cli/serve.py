@@ -77,6 +77,8 @@ def ensure_schema(ctx: CliContext) -> None:
     SQLite (the single-node default just works); PostgreSQL is upgraded by the operator."""
     from sqlalchemy.exc import SQLAlchemyError
 
+    from vmplacer.cli.common import DatabaseError
+
     container = ctx.container
     url = ctx.settings.database_url
     try:
@@ -85,7 +87,7 @@ def ensure_schema(ctx: CliContext) -> None:
             container.upgrade_database()
             return
     except SQLAlchemyError as exc:
-        raise OperationalError(f"database: {exc.__class__.__name__}: {exc}") from None
+        raise DatabaseError(exc) from None
     if current != head:
         raise OperationalError(
             f"database schema is at revision {current or 'none'}, this vmplacer needs {head}: "

@@ -13,9 +13,16 @@ from __future__ import annotations
 
 import argparse
 import sys
-from datetime import datetime, timezone
 
-from vmplacer.cli.common import CliContext, OperationalError, UsageError, add_format_argument, emit, print_table
+from vmplacer.cli.common import (
+    CliContext,
+    DatabaseError,
+    UsageError,
+    add_format_argument,
+    emit,
+    print_table,
+)
+from vmplacer.core.text import iso_utc
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -52,7 +59,7 @@ def run_create(args: argparse.Namespace, ctx: CliContext) -> int:
     except TokenError as exc:
         raise UsageError(str(exc)) from None
     except SQLAlchemyError as exc:
-        raise OperationalError(f"database: {exc.__class__.__name__}: {exc}") from None
+        raise DatabaseError(exc) from None
     print(token)
     if sys.stderr.isatty():
         sys.stderr.write(f"token {args.name} ({args.scope}) created; it is shown only now — store it safely\n")
@@ -69,7 +76,7 @@ def run_revoke(args: argparse.Namespace, ctx: CliContext) -> int:
 def _when(epoch: float | None) -> str:
     if epoch is None:
         return "never"
-    return datetime.fromtimestamp(epoch, tz=timezone.utc).strftime("%Y-%m-%d %H:%M:%SZ")
+    return iso_utc(epoch)
 
 
 def run_list(args: argparse.Namespace, ctx: CliContext) -> int:

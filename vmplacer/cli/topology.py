@@ -23,6 +23,7 @@ from vmplacer.cli.common import (
     resolve_host,
 )
 from vmplacer.core.cpuset import format_cpuset
+from vmplacer.core.text import plural
 from vmplacer.core.topology import Core, HostTopology
 
 
@@ -107,16 +108,16 @@ def build_tree(topology: HostTopology):  # -> rich.tree.Tree
 
     cpus = topology.cpus
     online = topology.online_cpus
-    levels = [f"{len(topology.packages)} package(s)"]
+    levels = [plural(len(topology.packages), "package")]
     if len(topology.dies) > len(topology.packages):
-        levels.append(f"{len(topology.dies)} dies")
+        levels.append(plural(len(topology.dies), "die"))
     if topology.clusters:
-        levels.append(f"{len(topology.clusters)} clusters")
+        levels.append(plural(len(topology.clusters), "cluster"))
     memory_only = topology.memory_only_nodes
-    nodes = f"{len(topology.nodes)} NUMA node(s)" + (f" ({len(memory_only)} memory only)" if memory_only else "")
+    nodes = plural(len(topology.nodes), "NUMA node") + (f" ({len(memory_only)} memory only)" if memory_only else "")
     summary = (
         f"host {topology.name}: {', '.join(levels)}, {nodes}, "
-        f"{sum(1 for c in topology.cores if set(c.cpus) & online)} cores, {len(cpus)} pCPUs "
+        f"{plural(sum(1 for c in topology.cores if set(c.cpus) & online), 'core')}, {plural(len(cpus), 'pCPU')} "
         f"({len(online)} online), SMT-{topology.smt}"
     )
     tree = Tree(summary)
@@ -143,7 +144,7 @@ def build_tree(topology: HostTopology):  # -> rich.tree.Tree
                 label = "no cache information (offline CPUs)"
             else:
                 label = f"LLC {llc}: pCPUs {format_cpuset(topology.llc_groups[llc])}"
-            llc_branch = branch.add(f"{label} — {len(members)} core(s)")
+            llc_branch = branch.add(f"{label} — {plural(len(members), 'core')}")
             for core in members:
                 llc_branch.add(_core_line(topology, core))
     return tree
@@ -174,8 +175,8 @@ def _core_line(topology: HostTopology, core: Core) -> str:
     if first.l2 is not None:
         sharing = [c for c in topology.cores if topology.cpus[c.cpus[0]].l2 == first.l2]
         if len(sharing) > 1:
-            parts.append(f", L2 {first.l2} shared with core(s) "
-                         + ",".join(str(c.id) for c in sharing if c.id != core.id))
+            others = [str(c.id) for c in sharing if c.id != core.id]
+            parts.append(f", L2 {first.l2} shared with {'core' if len(others) == 1 else 'cores'} " + ",".join(others))
     parts.append("): " + ", ".join(threads))
     return "".join(parts)
 

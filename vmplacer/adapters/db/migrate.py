@@ -35,6 +35,13 @@ def head_revision() -> str:
     return head
 
 
+def known_revisions() -> list[tuple[str, str]]:
+    """(revision, what it does) of every migration this code ships, oldest first."""
+    script = ScriptDirectory.from_config(alembic_config("sqlite://"))
+    return [(rev.revision, (rev.doc or "").strip().splitlines()[0] if rev.doc else "")
+            for rev in reversed(list(script.walk_revisions()))]
+
+
 def current_revision(engine: Engine) -> str | None:
     with engine.connect() as connection:
         return MigrationContext.configure(connection).get_current_revision()

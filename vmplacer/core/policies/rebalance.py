@@ -54,6 +54,7 @@ import math
 from collections.abc import Iterable, Mapping
 
 from vmplacer.core.interference import InterferenceModel
+from vmplacer.core.text import plural
 from vmplacer.core.layout_problem import LayoutSolver
 from vmplacer.core.plan import Plan
 from vmplacer.core.policies.rebalance_actions import _build_actions, plan_from_search
@@ -136,7 +137,7 @@ def plan_rebalance(
     actions, predicted = _build_actions(search, model)
     fixed = sorted(f"{g.name} ({g.why_fixed})" for g in search.guests.values() if g.mode == FIXED and g.why_fixed)
     moved = sum(1 for a in actions if a.kind != "probe")
-    summary = (f"{moved} action(s); predicted objective {before:.3f} → {after:.3f}" if moved
+    summary = (f"{plural(moved, 'action')}; predicted objective {before:.3f} → {after:.3f}" if moved
                else f"no move clears the minimum gain of {settings.min_gain:g}{_per_guest(settings)}: nothing to do")
     if search.declined:
         summary += "; declined: " + declined_text(search.declined[-1])

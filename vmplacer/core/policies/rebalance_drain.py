@@ -22,6 +22,7 @@ from collections.abc import Iterable
 from dataclasses import replace
 
 from vmplacer.core.interference import InterferenceModel
+from vmplacer.core.text import plural
 from vmplacer.core.plan import Plan
 from vmplacer.core.policies.rebalance_actions import _build_actions, plan_from_search
 from vmplacer.core.policies.rebalance_search import _Move, _Search
@@ -86,8 +87,8 @@ def plan_drain(
     after = search.total_objective()
     actions, predicted = _build_actions(search, model)
     moved = sum(1 for a in actions if a.kind == "migrate")
-    summary = f"drain {host}: {moved} migration(s)"
-    summary += f"; {len(stuck)} guest(s) stay: " + "; ".join(stuck) if stuck else "; the host will be empty"
+    summary = f"drain {host}: {plural(moved, 'migration')}"
+    summary += f"; {plural(len(stuck), 'guest')} stay: " + "; ".join(stuck) if stuck else "; the host will be empty"
     notes = {"drain": host, "stuck": stuck, "fixed": [], "rejected": search.rejected[:20]}
     return plan_from_search(search, actions, predicted, before=before, after=after, summary=summary, notes=notes,
                             now=now)

@@ -30,6 +30,7 @@ from dataclasses import replace
 from vmplacer.core.policies.rebalance_exact import NotExact, exact_layout_of, layout_changes, solve_hosts
 from vmplacer.core.policies.rebalance_pessimistic import offer_trial
 from vmplacer.core.policies.rebalance_state import ClusterState
+from vmplacer.core.text import plural
 from vmplacer.core.trial import hosts_key, layout_key
 
 
@@ -112,7 +113,8 @@ def _offer_group_trial(search, group: list[str], changes: dict, gain: float) -> 
     search.group_trials[label] = {
         "hosts": list(group), "changes": changes, "what": "optimistic", "from_key": from_key, "to_key": to_key,
         "label": (f"joint layout of {', '.join(group)} the model would choose were its doubtful pairs harmless "
-                  f"({len(changes)} guest(s) move, {sum(1 for g, (h, _) in changes.items() if h != here[g][0])} "
+                  f"({plural(len(changes), 'guest')} move, "
+                  f"{sum(1 for g, (h, _) in changes.items() if h != here[g][0])} "
                   f"to another host; optimistic {gain:+.3f})")}
 
 

@@ -21,6 +21,7 @@ from vmplacer.core.migration_cost import migration_cost
 from vmplacer.core.nofit import NoFit
 from vmplacer.core.occupancy import HostUsage, memory_by_node
 from vmplacer.core.placement import GuestCell, Placement
+from vmplacer.core.text import plural
 from vmplacer.core.policies.rebalance_exact import NotExact, layout_changes, solve_hosts, solved_layout
 from vmplacer.core.policies.rebalance_explore import offer_optimistic_groups, offer_optimistic_layouts
 from vmplacer.core.policies.rebalance_pessimistic import choose_pessimistically, offer_declined_layouts
@@ -944,7 +945,7 @@ class _Search:
         if move.gain <= _EPS:
             return None
         move.reason = (f"exact layout of {', '.join(group)} ({solution.status}, {solution.solver}): "
-                       f"{len(changes)} guest(s) move, predicted {move.gain:+.3f}")
+                       f"{plural(len(changes), 'guest')} move, predicted {move.gain:+.3f}")
         return move
 
     def _judge(self, move: _Move) -> float:
