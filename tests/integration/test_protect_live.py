@@ -247,7 +247,7 @@ def _spawn_loop(config: Path, scope: list[str], *extra: str):
     root = Path(__file__).resolve().parents[2]
     env = clean_env({"VMPLACER_CONFIG": str(config), "PYTHONPATH": str(root)})
     args = [sys.executable, "-m", "vmplacer.cli.main", "protect", "--host", "host1", "--samples", "5",
-            "--t-m-ms", "50", "--format", "json", *extra]
+            "--tm", "50ms", "--format", "json", *extra]
     for name in scope:
         args += ["--scope", name]
     return subprocess.Popen(args, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
