@@ -12,7 +12,11 @@ trip, which would cap dry runs at a few dozen per second, so bursts share a
 snapshot: the topology is kept for TOPOLOGY_TTL_S, the domain list for
 DOMAINS_TTL_S, the recorded placements for RECORDED_TTL_S. When a domain list
 is due, one request refreshes it while the others go on with the previous
-one (never older than twice its TTL), so a refresh never stalls a burst.
+one (never older than twice its TTL), so a refresh never stalls a burst. In
+`vmplacer serve` a background thread (`keep_fresh`) does the refreshing for the
+whole fleet, and `changes` counts the refreshes that read something new: host
+choice among a thousand hosts then ranks a remembered fleet (app/fleet_placement.py,
+`SurveyMemo`) instead of reading a few dozen domain lists per request.
 
 Only dry runs read snapshots. Placements that change a host read everything
 live and claim their pCPUs in the database (the unique key that makes double
