@@ -58,14 +58,21 @@ def test_example_request_json_contract():
     assert by_name["db1"].hugepage_kib == 1048576 and by_name["web1"].hugepage_kib == 2048
 
 
-def test_table_output_shows_pinning_and_xml():
+def test_table_output_shows_pinning_and_xml_on_request(tmp_path):
     result = run("--caps", str(XEON), "--request", str(MIXED))
     assert result.returncode == 0, result.stderr
     assert "placement plan for host xeon-2s-56c-smt2 (dry run)" in result.stdout
+    assert "<domain " not in result.stdout  # the table alone
+    result = run("--caps", str(XEON), "--request", str(MIXED), "--xml", "--xml-dir", str(tmp_path / "xml"))
+    assert result.returncode == 0, result.stderr
     for name in ("db1", "web1", "analytics1"):
         assert name in result.stdout
         assert f"<!-- domain XML of guest {name} -->" in result.stdout
+        written = (tmp_path / "xml" / f"{name}.xml").read_text()
+        assert f"<name>{name}</name>" in written and written in result.stdout
     assert result.stdout.count("<domain ") == len(load_request_file(MIXED))
+    refused = run("--caps", str(XEON), "--request", str(MIXED), "--xml", "--format", "json")
+    assert refused.returncode == 2 and "--xml" in refused.stderr
 
 
 def test_guest_that_does_not_fit_is_an_error_and_later_guests_are_placed(tmp_path):

@@ -6,8 +6,9 @@ operator's dry run for the fleet), or capabilities files (`--caps`, repeatable).
 The guests are placed as a batch (app/fleet_placement.py): hardest first, each
 on the host where it scores best, with a bounded search for a better order when
 one is left out; each sees the host's existing domains and the guests placed
-before it. Prints a placement table (the host per guest) and each guest's domain
-XML, or with `--format json` the stable contract:
+before it. Prints a placement table (the host per guest; each guest's domain XML
+after it with `--xml`, or into files with `--xml-dir DIR`), or with `--format json`
+the stable contract:
 
     {"host": str | null,        # the only candidate host (null: several)
      "hosts": [str],            # the candidate hosts
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 from typing import Any
 
 from vmplacer.cli.common import (
@@ -48,6 +50,7 @@ from vmplacer.cli.common import (
     EXIT_OK,
     EXIT_USAGE,
     CliContext,
+    OperationalError,
     UsageError,
     add_format_argument,
     emit,
@@ -61,7 +64,7 @@ from vmplacer.core.cpuset import format_cpuset
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "plan",
-        help="dry run: place the guests of a request file and show pinning and domain XML",
+        help="dry run: place the guests of a request file and show pinning (and domain XML)",
         description="Place the guests of a YAML request file on the best of the candidate hosts and "
         "print the host, placement and domain XML of each; nothing is changed. `--all` is the fleet's "
         "dry run. Without --host/--all/--caps: the first configured host.",
@@ -80,6 +83,10 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="plan on hosts in maintenance all the same (as `place --ignore-maintenance`)")
     parser.add_argument("--domain-type", choices=("kvm", "qemu"),
                         help="domain type of guests without base XML (default: the host's domain_type, else kvm)")
+    parser.add_argument("--xml", action="store_true",
+                        help="print each guest's domain XML after the table (the JSON always has it)")
+    parser.add_argument("--xml-dir", metavar="DIR",
+                        help="write each guest's domain XML to DIR/GUEST.xml (DIR is created; files replaced)")
     add_format_argument(parser)
     parser.set_defaults(func=run)
 
@@ -89,6 +96,9 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
 
     if args.rebalance:
         from vmplacer.cli.rebalance import run_rebalance_plan
+
+        refuse_options(args, ("xml", "xml_dir"), "applies to placement plans (plan --request): a rebalancing "
+                       "plan changes pins, not domain XML")
 
         if args.host and len(args.host) > 1:
             raise UsageError("--host: once with --rebalance (or --all)")
@@ -102,6 +112,8 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     if args.caps:
         refuse_options(args, ("ignore_maintenance",), "applies to configured hosts, not to --caps files "
                        "(an offline host is never in maintenance)")
+    if args.format == "json":
+        refuse_options(args, ("xml",), "applies to table output (the JSON has each guest's domain XML)")
     if not args.request:
         raise UsageError("--request: required (or --rebalance to plan moves of running guests)")
     try:
@@ -111,7 +123,9 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     from vmplacer.cli.fleet_plan import fleet_plan
 
     data = fleet_plan(args, ctx, requests)
-    emit(args, data, _print_table)
+    if args.xml_dir:
+        _write_xml(Path(args.xml_dir), data["placements"])
+    emit(args, data, lambda shown: _print_table(shown, with_xml=args.xml))
     kinds = {error["kind"] for error in data["errors"]}
     if kinds & {"invalid-xml", "xml-policy"}:
         return EXIT_USAGE
@@ -119,7 +133,17 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
 
 
 # ----- table output -----------------------------------------------------------------------------------
-def _print_table(data: dict[str, Any]) -> None:
+def _write_xml(directory: Path, placements: list[dict[str, Any]]) -> None:
+    """Each planned guest's domain XML as DIR/GUEST.xml (guest names are checked names: no path)."""
+    try:
+        directory.mkdir(parents=True, exist_ok=True)
+        for entry in placements:
+            (directory / f"{entry['guest']}.xml").write_text(entry["xml"])
+    except OSError as exc:
+        raise OperationalError(f"--xml-dir {directory}: {exc.strerror or exc}") from None
+
+
+def _print_table(data: dict[str, Any], *, with_xml: bool = False) -> None:
     rows = []
     for entry in data["placements"]:
         pins = " ".join(f"{v}→{format_cpuset(c)}" for v, c in entry["vcpupin"].items())
@@ -143,7 +167,7 @@ def _print_table(data: dict[str, Any]) -> None:
             from vmplacer.cli.plan_why import print_why
 
             print_why(entry["guest"], entry["why"])
-    for entry in data["placements"]:
+    for entry in data["placements"] if with_xml else ():
         print(f"\n<!-- domain XML of guest {entry['guest']} -->")
         sys.stdout.write(entry["xml"])
     for error in data["errors"]:
