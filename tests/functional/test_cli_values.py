@@ -56,7 +56,7 @@ def test_hosts_table_says_yes_and_dash_not_python_values(tmp_path):
     assert result.returncode == 0, result.stderr
     row = next(line for line in result.stdout.splitlines() if "example" in line and "test:///" in line)
     assert "yes" in row and "None" not in row and "True" not in row
-    assert [cell.strip() for cell in row.split("│")][6] == "-"  # no maintenance
+    assert [cell.strip() for cell in row.split("|")][6] == "-"  # no maintenance
 
 
 def test_a_command_on_a_database_without_schema_says_to_upgrade(tmp_path):

@@ -63,8 +63,8 @@ guests:
     # The table shows the vCPUs' node and the memory node apart.
     table = plan(request)
     assert table.returncode == 0, table.stderr
-    row = next(line for line in table.stdout.splitlines() if "cxl-all" in line and "│" in line)
-    cells = [cell.strip() for cell in row.split("│")]
+    row = next(line for line in table.stdout.splitlines() if "cxl-all" in line and "|" in line)
+    cells = [cell.strip() for cell in row.split("|")]
     assert (cells[3], cells[6]) == ("0", "2")
 
 

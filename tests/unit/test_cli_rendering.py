@@ -29,7 +29,7 @@ def test_a_table_shows_absent_and_boolean_values_alike():
         print_table("t", ("name", "reachable", "driver"), [("a", True, None), ("b", False, "")])
     text = out.getvalue()
     assert "None" not in text and "True" not in text and "False" not in text and "NO" not in text
-    assert [line.split("│")[1:4] for line in text.splitlines() if "│ a" in line or "│ b" in line] == [
+    assert [line.split("|")[1:4] for line in text.splitlines() if "| a" in line or "| b" in line] == [
         [" a    ", " yes       ", " -      "], [" b    ", " no        ", " -      "]]
 
 

@@ -206,17 +206,35 @@ def emit(args: argparse.Namespace, data: Any, render_table: Callable[[Any], None
         render_table(data)
 
 
-def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """A rich table on a terminal, plain aligned text otherwise (stable for scripts and tests)."""
+PIPED_WIDTH = 1000  # columns of a table written to a pipe or file: never wrapped, unless $COLUMNS says
+
+
+def console():  # -> rich.console.Console
+    """Where tables and trees go: a terminal as wide as it is, with box drawing; a pipe or a
+    file as plain ASCII, not wrapped, without colour (what scripts, grep and logs want)."""
+    import os
+
     from rich.console import Console
+
+    if sys.stdout.isatty():
+        return Console(highlight=False)
+    columns = os.environ.get("COLUMNS", "")
+    return Console(width=int(columns) if columns.isdigit() and int(columns) > 0 else PIPED_WIDTH,
+                   highlight=False, color_system=None, emoji=False)
+
+
+def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
+    """A rich table as wide as the terminal, ASCII when piped (stable for scripts and tests)."""
+    from rich import box
     from rich.table import Table
 
-    table = Table(title=title, show_lines=False)
+    out = console()
+    table = Table(title=title, show_lines=False, box=box.HEAVY_HEAD if out.is_terminal else box.ASCII)
     for column in columns:
         table.add_column(column)
     for row in rows:
         table.add_row(*(cell(value) for value in row))
-    Console(width=200).print(table)
+    out.print(table)
 
 
 def cell(value: Any) -> str:

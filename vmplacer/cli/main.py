@@ -31,7 +31,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "hosts": ("vmplacer.cli.hosts",
               "list configured hosts and check that each answers; maintenance mode (disable/enable)"),
     "topology": ("vmplacer.cli.topology", "show a host's NUMA nodes, cores, threads and caches"),
-    "plan": ("vmplacer.cli.plan", "dry run: place the guests of a request file and show pinning and domain XML"),
+    "plan": ("vmplacer.cli.plan", "dry run: place the guests of a request file and show pinning (and domain XML)"),
     "place": ("vmplacer.cli.place", "place, define (and optionally start) a request file's guests on the best hosts"),
     "placements": ("vmplacer.cli.place", "list the placements vmplacer recorded"),
     "profile": ("vmplacer.cli.profile",

@@ -97,9 +97,9 @@ def _from_host(ctx: CliContext, name: str | None) -> HostTopology:
 # ----- the table form: a tree per node --------------------------------------------------
 
 def render_tree(topology: HostTopology) -> None:
-    from rich.console import Console
+    from vmplacer.cli.common import console
 
-    Console(width=160, highlight=False).print(build_tree(topology))
+    console().print(build_tree(topology))
 
 
 def build_tree(topology: HostTopology):  # -> rich.tree.Tree
