@@ -185,7 +185,15 @@ def api_case(hosts: int, requests: int) -> dict:
                 cases[str(concurrency)] = api_bench.run_load(
                     server.port, api_bench.dry_runs(server.token, requests, f"c{concurrency}"), concurrency, 200,
                     server.process.pid if server.process is not None else None)
-    return {"hosts": hosts, "requests": requests, "in_flight": cases}
+            # every request a guest shape not asked before (its memory): nothing remembered applies
+            distinct = api_bench.run_load(server.port, [api_bench._request("POST", "/v1/placements", server.token, {
+                "name": f"dry-shape-{i}", "vcpus": 1, "memory_mib": 64 + i, "cpu_policy": "dedicated",
+                "dry_run": True}) for i in range(requests)], 1, 200,
+                server.process.pid if server.process is not None else None)
+    return {"hosts": hosts, "requests": requests, "in_flight": cases, "every_request_a_new_shape": distinct,
+            "note": "in_flight: one guest shape asked again and again (an orchestrator's flavors): after the first, "
+                    "host choice ranks the remembered fleet and each shortlisted host's dry run is remembered; "
+                    "every_request_a_new_shape: each request allocates on the shortlisted hosts anew"}
 
 
 def main() -> None:

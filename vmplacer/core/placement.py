@@ -8,11 +8,15 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from types import MappingProxyType
 from typing import Any
 
 from vmplacer.core.cpuset import format_cpuset
 
 MEM_MODES = ("strict", "preferred", "interleave", "restrictive")
+
+
+NO_IOTHREADS: Mapping[int, frozenset[int]] = MappingProxyType({})  # shared, read-only: most domains have none
 
 
 @dataclass(frozen=True)
@@ -56,7 +60,7 @@ class Placement:
     anti_affinity: tuple[str, ...] = field(default=(), compare=False)
     # IOThread -> pCPUs as the domain says: read from a host, never recorded (IOThreads float with
     # the emulator threads, so the record's emulatorpin is where they belong) nor compared.
-    iothreadpin: Mapping[int, frozenset[int]] = field(default_factory=dict, compare=False)
+    iothreadpin: Mapping[int, frozenset[int]] = field(default_factory=lambda: NO_IOTHREADS, compare=False)
 
     @property
     def vcpus(self) -> int:
