@@ -171,6 +171,7 @@ def test_libvirt_failures_are_told_apart_by_code(api, monkeypatch, code, status,
         raise exc
 
     monkeypatch.setattr(libvirt.virConnect, "listAllDomains", failing)
+    api.app.state.services.snapshots.invalidate("t")  # what the server's refresher read before the failure
     response = api.post("/v1/placements", json={**GUEST, "host": "t"})
     assert response.status_code == status, response.text
     error = _error(response)
