@@ -3,6 +3,7 @@ UTC, one spelling for absent values and booleans, and database errors that say w
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import re
 import subprocess
@@ -10,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.support import clean_env, run_vmplacer
+from tests.support import clean_env, require, run_vmplacer
 
 ISO_UTC = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ$")
 
@@ -21,7 +22,7 @@ def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 @pytest.fixture
 def config(tmp_path) -> Path:
-    pytest.importorskip("libvirt")
+    require(importlib.util.find_spec("libvirt") is not None, "libvirt-python is not installed")
     path = tmp_path / "vmplacer.yaml"
     path.write_text(f"database_url: sqlite:///{tmp_path / 'vmplacer.db'}\ndata_dir: {tmp_path}\n"
                     "hosts:\n  - {name: t1, uri: \"test:///default\"}\n")
