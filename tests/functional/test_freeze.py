@@ -151,6 +151,27 @@ def test_a_suspend_landing_after_the_watchdog_is_undone(journal):
     assert log[-1] == ("resume", "n2")
 
 
+def test_a_suspend_the_daemon_never_answers_aborts_the_freeze_instead_of_holding_it(journal, monkeypatch):
+    """libvirt waits for QEMU's monitor without a bound: a suspend that never returns must
+    not hold the caller (and the frozen neighbours) with it. The freeze aborts once the
+    grace past max_freeze is over, while that suspend is still hanging; when it finally
+    lands, the thread that issued it resumes it."""
+    monkeypatch.setattr("vmplacer.app.freeze.SUSPEND_ANSWER_GRACE_S", 0.2)
+    host = three_guests()
+    answer = threading.Event()
+    host.on_suspend = lambda name: answer.wait() if name == "n2" else None
+    freezer = Freezer(host, journal, max_freeze_s=0.1, owner=current_owner())
+    with pytest.raises(FreezeAborted, match="n2.*no answer to suspend"):
+        with freezer.freeze(["n1", "n2"]):
+            pytest.fail("the block must not run while a suspend is unanswered")
+    assert not answer.is_set()  # it aborted while the suspend was still hanging
+    assert host.running() == {"me", "n1", "n2"}  # n1 was resumed; n2 never got paused yet
+    answer.set()
+    freezer.close()
+    assert host.running() == {"me", "n1", "n2"}  # the late suspend was undone by its thread
+    assert [op for op, name, _ in host.log if name == "n2"][-2:] == ["suspend", "resume"]
+
+
 def test_a_failing_resume_is_retried_and_a_lasting_failure_keeps_the_row(journal):
     host = three_guests()
     host.fail_resume["n1"] = 1  # one hiccup: the retry succeeds

@@ -59,6 +59,8 @@ def container_for(testbed, tmp_path: Path, **profiler: float) -> Container:
 def profile(container: Container, names: list[str], **overrides) -> dict:
     config = ProfilerConfig(**{
         "t_m_s": TEST_T_M_S, "t_sleep_s": 0.15, "max_freeze_s": 0.5, "samples": SAMPLES,
+        # A run takes seconds; one that cannot collect its samples ends here and says why.
+        "duration_s": 180.0,
         "scope": tuple(names), "sensitive": SensitiveSelector(frozenset(names)), **overrides,
     })
     profiler, freezer = build_profiler(container, "host1", config)

@@ -41,7 +41,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor, wait
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 
@@ -58,8 +58,14 @@ log = logging.getLogger(__name__)
 
 RESUME_ATTEMPTS = 3
 RESUME_RETRY_S = 0.02
-# How long the main thread waits for the watchdog's resumes before giving up on them.
+# How long the main thread waits for the watchdog's resumes before giving up on them, and
+# for a resume the daemon does not answer (libvirt waits for QEMU's monitor without a bound):
+# the row stays, and the guardian or a replay resumes the domain once the daemon answers.
 WATCHDOG_JOIN_S = 30.0
+# A suspend still unanswered this long after max_freeze aborts the freeze instead of holding
+# the caller: the watchdog has resumed the others by then, and the thread that issued the
+# late suspend undoes it when it lands.
+SUSPEND_ANSWER_GRACE_S = 2.0
 
 
 class FreezeAborted(RuntimeError):
@@ -132,9 +138,31 @@ class Freezer:
         self.clock = clock
         self.guard = guard
         self._pool = ThreadPoolExecutor(max_workers=workers, thread_name_prefix=f"freeze-{host.name}")
+        self._in_flight: set[Future[None]] = set()
+        self._in_flight_lock = threading.Lock()
 
     def close(self) -> None:
-        self._pool.shutdown(wait=True)
+        """Wait for the calls still in flight (a late suspend is undone by its thread), but
+        not forever: a daemon that never answers must not hold its caller."""
+        with self._in_flight_lock:
+            pending = list(self._in_flight)
+        _, stuck = wait(pending, timeout=WATCHDOG_JOIN_S)
+        if stuck:
+            log.error("host %s: %d libvirt call(s) of a freeze still unanswered after %.0f s; "
+                      "the journal row and the guardian cover their domains", self.host.name, len(stuck),
+                      WATCHDOG_JOIN_S)
+        self._pool.shutdown(wait=not stuck)
+
+    def _submit(self, call: Callable[..., None], *args: object) -> Future[None]:
+        future = self._pool.submit(call, *args)
+        with self._in_flight_lock:
+            self._in_flight.add(future)
+        future.add_done_callback(self._settled)
+        return future
+
+    def _settled(self, future: Future[None]) -> None:
+        with self._in_flight_lock:
+            self._in_flight.discard(future)
 
     # ----- the freeze ----------------------------------------------------------------
     @contextmanager
@@ -196,9 +224,15 @@ class Freezer:
         try:
             self.on_phase("suspending")
             if parallel:
-                futures: dict[str, Future[None]] = {n: self._pool.submit(self._suspend_one, state, n)
+                futures: dict[str, Future[None]] = {n: self._submit(self._suspend_one, state, n)
                                                     for n in targets}
+                wait(futures.values(), timeout=self.max_freeze_s + SUSPEND_ANSWER_GRACE_S)
                 for name, future in futures.items():
+                    if not future.done():
+                        failures[name] = HypervisorError(
+                            f"no answer to suspend within {self.max_freeze_s + SUSPEND_ANSWER_GRACE_S:g} s",
+                            host=self.host.name, domain=name)
+                        continue
                     try:
                         future.result()
                     except BaseException as exc:  # noqa: BLE001 - collected, reported below
@@ -274,9 +308,14 @@ class Freezer:
             return
         self.on_phase("resuming")
         started = self.clock()
-        futures = [self._pool.submit(self._resume_one, state, name) for name in names]
-        for future in futures:
-            future.result()
+        futures = {name: self._submit(self._resume_one, state, name) for name in names}
+        wait(futures.values(), timeout=WATCHDOG_JOIN_S)
+        for name, future in futures.items():
+            if not future.done():
+                with state.lock:
+                    state.report.resume_failures[name] = f"no answer to resume within {WATCHDOG_JOIN_S:g} s"
+                log.error("host %s: resume of %s unanswered after %.0f s; the journal row stays for the "
+                          "guardian and replay", self.host.name, name, WATCHDOG_JOIN_S)
         ended = self.clock()
         state.report.resume_ms = (ended - started) * 1e3
         state.report.span_ms = (ended - state.first_suspend) * 1e3
