@@ -43,6 +43,7 @@ from vmplacer.core.plan import (
 from vmplacer.core.policies.admit import AllocationOptions
 from vmplacer.core.policies.rebalance import plan_rebalance
 from vmplacer.core.policies.rebalance_drain import plan_drain
+from vmplacer.core.stage_times import StageTimes
 from vmplacer.core.trial import Backoff, Measured, backoffs, refuted_hosts
 from vmplacer.core.policies.rebalance_state import (
     ClusterState,
@@ -379,11 +380,15 @@ class Rebalancer:
             last_moved = self.plans.last_moved(list(observed.state.guests), since=now - settings.cooldown_s)
             memory = self._trial_memory(settings)
             second = self.second_model(notes) if memory.refuted and settings.second_opinion else None
+            times = StageTimes(time.perf_counter)
             plan = plan_rebalance(observed.state, model, settings, now=now, last_moved=last_moved,
                                   scope=movable, solver=self.solver, measured=memory.better, tried=memory.tried,
                                   explore_kept=memory.explore_kept,
                                   pooled=self.pooled_by_plans(observed.state), held=memory.held,
-                                  refuted=memory.refuted, second=second)
+                                  refuted=memory.refuted, second=second, times=times)
+            log.info("rebalance planned over %d hosts in %.2f s (%s)", len(observed.state.hosts),
+                     sum(times.seconds.values()),
+                     ", ".join(f"{stage} {seconds:.2f} s" for stage, seconds in times.rounded(2).items()))
         unreadable = [{"host": host, "error": error} for host, error in observed.errors.items()]
         summary = plan.summary
         if unreadable:

@@ -72,6 +72,7 @@ from vmplacer.core.policies.rebalance_state import (
     RebalanceSettings,
     describe_guest,
 )
+from vmplacer.core.stage_times import NO_STAGE_TIMES, StageTimes
 from vmplacer.core.trial import Backoff
 
 __all__ = [
@@ -98,6 +99,7 @@ def plan_rebalance(
     held: Mapping[str, Backoff] | None = None,
     refuted: Iterable[str] | None = None,
     second: InterferenceModel | None = None,
+    times: StageTimes | None = None,
 ) -> Plan:
     """Search moves on a what-if copy of `state`; the resulting Plan (state "proposed", or
     "empty" — final — when no move is worth making).
@@ -112,7 +114,8 @@ def plan_rebalance(
     floating guests an earlier plan floated, which the search may pin again; `held` names hosts
     in back-off (core/trial.backoffs): their data-driven moves are not planned, only tried;
     `refuted` names hosts whose planned layouts measured worse lately, where `second` (the
-    model in its other form) gives a second opinion (rebalance_second).
+    model in its other form) gives a second opinion (rebalance_second). `times` (optional)
+    collects the seconds each stage took, on the caller's clock.
     """
     settings = settings or RebalanceSettings()
     if hosts is not None:
@@ -123,18 +126,23 @@ def plan_rebalance(
         state = ClusterState({n: h for n, h in state.hosts.items() if n in allowed},
                              {n: g for n, g in state.guests.items() if g.host in allowed})
     at = 0.0 if now is None else now
-    search = _Search(state, model, settings, now, last_moved or {}, scope, solver,
-                     held={host: b.why(at) for host, b in (held or {}).items()})
+    times = times or NO_STAGE_TIMES
+    with times.stage("setup"):
+        search = _Search(state, model, settings, now, last_moved or {}, scope, solver,
+                         held={host: b.why(at) for host, b in (held or {}).items()})
+    search.times = times
     search.measured_better = set(measured or ())
     search.tried = dict(tried or {})
     search.explore_kept = dict(explore_kept or {})
     search.pooled = set(pooled or ())
     search.refuted = set(refuted or ())
     search.second = second
-    before = search.total_objective()
+    with times.stage("setup"):
+        before = search.total_objective()
     search.run()
-    after = search.total_objective()
-    actions, predicted = _build_actions(search, model)
+    with times.stage("actions"):
+        after = search.total_objective()
+        actions, predicted = _build_actions(search, model)
     fixed = sorted(f"{g.name} ({g.why_fixed})" for g in search.guests.values() if g.mode == FIXED and g.why_fixed)
     moved = sum(1 for a in actions if a.kind != "probe")
     summary = (f"{plural(moved, 'action')}; predicted objective {before:.3f} → {after:.3f}" if moved

@@ -80,11 +80,10 @@ def _build_actions(search: _Search, model: InterferenceModel) -> tuple[list[Acti
             return 1.0
         return float(min(1.0, max(0.0, (abs(lin) + confidence.get(name, 0.0) * rest) / (abs(lin) + rest))))
 
-    order = []
+    order: dict[str, None] = {}  # the guests moved, in the order of their first move
     for move in search.moves:
         for change in move.changes:
-            if change.guest not in order:
-                order.append(change.guest)
+            order.setdefault(change.guest, None)
     migrations_first = [n for n in order if n in search.migrated] + [n for n in order if n not in search.migrated]
     for name in migrations_first:
         original = search.original[name].placement
@@ -152,10 +151,12 @@ def _build_actions(search: _Search, model: InterferenceModel) -> tuple[list[Acti
         actions.append(_migration_trial_probe(search, group, len(actions), deps))
         baselines.extend(group)
     jointly_measured = {host for group in measured_groups for host in group}
+    index = _ActionIndex()
     for host in hosts:
         if host in jointly_measured:
             continue
-        deps = tuple(a.index for a in actions if (a.target_host or a.host) == host)
+        index.catch_up(actions)
+        deps = tuple(index.on_host.get(host, ()))
         # moves that rest on the model's data are measured (time sharing alone is arithmetic; the
         # blind spread, or staying, is the rule the trial is measured against, not a guess)
         rests_on_data = not search.betas.empty and host not in search.ruled
@@ -171,7 +172,8 @@ def _build_actions(search: _Search, model: InterferenceModel) -> tuple[list[Acti
                                              "the trial with",
                                       parameters={"seconds": settings.trial_seconds}))
             if host in search.trials:
-                _add_trial(search, host, actions)
+                index.catch_up(actions)
+                _add_trial(search, host, actions, index)
         elif deps and low:
             actions.append(Action(index=len(actions), kind="probe", host=host,
                                   reason="measure the new layout with Freeze'nSense: the model's confidence "
@@ -293,12 +295,35 @@ def _joint_probe(search: _Search, group: list[str], index: int, deps: tuple[int,
                   parameters={"seconds": settings.trial_seconds, "trial": trial})
 
 
-def _add_trial(search: _Search, host_name: str, actions: list[Action]) -> None:
-    """Repins from the plan's layout of the host to its trial layout, then an explore probe."""
+class _ActionIndex:
+    """What the per-host steps of `_build_actions` look up in the actions so far — each guest's
+    latest action with a placement after it, each host's latest probe, the actions on each host —
+    kept up to date by reading only the actions appended since the last look (a fleet's plan has
+    tens of thousands of actions: a scan per host would make building it quadratic)."""
+
+    def __init__(self) -> None:
+        self.seen = 0
+        self.last_after: dict[str, Action] = {}
+        self.last_probe: dict[str, int] = {}
+        self.on_host: dict[str, list[int]] = {}
+
+    def catch_up(self, actions: list[Action]) -> None:
+        for action in actions[self.seen:]:
+            if action.guest is not None and action.after is not None:
+                self.last_after[action.guest] = action
+            if action.kind == "probe":
+                self.last_probe[action.host] = action.index
+            self.on_host.setdefault(action.target_host or action.host, []).append(action.index)
+        self.seen = len(actions)
+
+
+def _add_trial(search: _Search, host_name: str, actions: list[Action], index: _ActionIndex) -> None:
+    """Repins from the plan's layout of the host to its trial layout, then an explore probe.
+    `index` is up to date with `actions`."""
     trial = search.trials[host_name]
     host = search.hosts[host_name]
-    last = {a.guest: a for a in actions if a.guest is not None and a.after is not None}
-    previous_probe = next((a.index for a in reversed(actions) if a.kind == "probe" and a.host == host_name), None)
+    last = index.last_after
+    previous_probe = index.last_probe.get(host_name)
     first = len(actions)
     for name, pins in sorted(trial["layout"].items()):
         if dict(host.pins[name]) == pins:

@@ -21,6 +21,7 @@ from vmplacer.core.migration_cost import migration_cost
 from vmplacer.core.nofit import NoFit
 from vmplacer.core.occupancy import HostUsage, memory_by_node
 from vmplacer.core.placement import GuestCell, Placement
+from vmplacer.core.stage_times import NO_STAGE_TIMES, StageTimes
 from vmplacer.core.text import plural
 from vmplacer.core.policies.rebalance_exact import NotExact, layout_changes, solve_hosts, solved_layout
 from vmplacer.core.policies.rebalance_explore import offer_optimistic_groups, offer_optimistic_layouts
@@ -92,6 +93,7 @@ class _Search:
                  solver: LayoutSolver | None = None, optimism: float = 0.0, held: Mapping[str, str] | None = None):
         self.state = state
         self.solver = solver
+        self.times: StageTimes = NO_STAGE_TIMES  # where the planning time goes (set by plan_rebalance)
         self.exact: list[dict] = []  # what the exact solver found, per host group
         self.declined: list[dict] = []  # gains the search saw and did not take, and why
         self.pessimistic: list[dict] = []  # each host's layout against the blind spread, at the lower bound
@@ -154,12 +156,17 @@ class _Search:
     def perf_by_guest(self) -> dict[str, float]:
         result: dict[str, float] = {}
         for host in self.hosts.values():
-            if not host.guests:
-                continue
-            pieces = host.pieces()
-            values = host.perf(pieces, pieces.cpu)[0][0]
-            result.update({name: float(values[i]) for i, name in enumerate(pieces.guests)})
+            result.update(self.host_perf(host))
         return result
+
+    @staticmethod
+    def host_perf(host: _Host) -> dict[str, float]:
+        """Each guest's predicted performance on `host` as it is laid out now."""
+        if not host.guests:
+            return {}
+        pieces = host.pieces()
+        values = host.perf(pieces, pieces.cpu)[0][0]
+        return {name: float(values[i]) for i, name in enumerate(pieces.guests)}
 
     def objective_of(self, pieces: _Pieces, perf: np.ndarray) -> np.ndarray:
         return (utility(perf, self.settings.fairness) * pieces.weight[None, :]).sum(axis=1)
@@ -748,15 +755,27 @@ class _Search:
         """Climb (single moves, swaps, pools, relocations, migrations); then, where hosts are
         small, an exact solver's layout from where the climb stopped; then climb again; then
         each host's layout against the blind spread, judged at the lower confidence bound."""
-        self._climb()
-        if self.solver is not None and self._polish():
+        times = self.times
+        with times.stage("climb"):
             self._climb()
-        choose_pessimistically(self)
-        consult_second_opinion(self)
-        offer_declined_layouts(self)
-        offer_optimistic_groups(self)
-        offer_optimistic_layouts(self)
-        offer_likeliest_steps(self)
+        if self.solver is not None:
+            with times.stage("exact"):
+                polished = self._polish()
+            if polished:
+                with times.stage("climb"):
+                    self._climb()
+        with times.stage("pessimistic"):
+            choose_pessimistically(self)
+        with times.stage("second_opinion"):
+            consult_second_opinion(self)
+        with times.stage("declined_layouts"):
+            offer_declined_layouts(self)
+        with times.stage("optimistic_groups"):
+            offer_optimistic_groups(self)
+        with times.stage("optimistic_layouts"):
+            offer_optimistic_layouts(self)
+        with times.stage("likeliest_steps"):
+            offer_likeliest_steps(self)
 
     def _climb(self) -> None:
         settings = self.settings
@@ -798,7 +817,10 @@ class _Search:
         """Apply a move to the what-if state; the hosts it changed."""
         hosts = {self.host_of[c.guest] for c in move.changes} | {c.host for c in move.changes}
         self.apply(move)
-        self.perf_now = self.perf_by_guest()
+        # A guest's predicted performance depends on its own host's layout only: re-read the hosts
+        # the move changed (guests that left them are re-read on the host they went to).
+        for name in hosts:
+            self.perf_now.update(self.host_perf(self.hosts[name]))
         for name in hosts:
             self.confidence.update(_host_confidences(self.hosts[name], self.model, self.betas))
         return hosts

@@ -1,0 +1,104 @@
+"""Rebalance planning at fleet scale, stage by stage.
+
+    python benchmarks/rebalance_scale.py [--out benchmarks/results/rebalance_scale.json]
+                                         [--sizes 100,300,1000] [--guests 40]
+
+The fleet is the one `benchmarks/rebalance.py` plans at scale: uniform two-node hosts of 24
+cores × 2 threads, each with `--guests` one-vCPU batch guests pinned to random pCPUs (seeded),
+their workloads drawn from the trained model's keys; CP-SAT on small hosts as the product
+runs it. Each size is planned once in a fresh process (its peak RSS is its own) with the
+product's defaults; the planner's own stage timer (core/stage_times.py, the numbers
+`vmplacer rebalance` logs) says where the time goes: setup (what-if state), climb (local
+moves and migrations), exact, pessimistic, second_opinion, declined_layouts,
+optimistic_groups, optimistic_layouts, likeliest_steps, actions (building the plan).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _rebalance_benchmark():  # type: ignore[no-untyped-def]
+    spec = importlib.util.spec_from_file_location("rebalance_benchmark", ROOT / "benchmarks" / "rebalance.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def measure(hosts: int, guests: int) -> dict:
+    import random
+
+    from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
+    from vmplacer.core.placement import Placement
+    from vmplacer.core.policies.rebalance import ClusterState, HostState, RebalanceSettings, describe_guest, plan_rebalance
+    from vmplacer.core.stage_times import StageTimes
+    from vmplacer.core.topology import uniform_topology
+
+    bench = _rebalance_benchmark()
+    model = bench.trained_model()
+    workloads = list(model.known_keys())
+    rng = random.Random(2)
+    host_states, described = {}, {}
+    for h in range(hosts):
+        name = f"h{h:04d}"
+        host_states[name] = HostState(name, uniform_topology(nodes=2, cores_per_node=12, threads_per_core=2, name=name))
+        for v in range(guests):
+            guest = f"{name}-vm{v:02d}"
+            placement = Placement(guest=guest, host=name, vcpupin={0: frozenset({rng.randrange(48)})},
+                                  memory_kib=2 * 1024 * 1024)
+            described[guest] = describe_guest(placement, labels={"workload": rng.choice(workloads),
+                                                                 "workload_class": "batch"})
+    state = ClusterState(host_states, described)
+    times = StageTimes(time.perf_counter)
+    cpu, wall = time.process_time(), time.perf_counter()
+    plan = plan_rebalance(state, model, RebalanceSettings(), now=0.0, solver=CpSatLayoutSolver(), times=times)
+    cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    kinds: dict[str, int] = {}
+    for action in plan.actions:
+        kinds[action.kind] = kinds.get(action.kind, 0) + 1
+    return {
+        "hosts": hosts, "guests": hosts * guests,
+        "wall_s": round(wall, 3), "cpu_s": round(cpu, 3),
+        "stages_s": times.rounded(3),
+        "per_host_ms": round(wall / hosts * 1e3, 2),
+        "actions": kinds,
+        "objective_before": round(plan.objective_before, 3), "objective_after": round(plan.objective_after, 3),
+        "peak_rss_mib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rebalance_scale.json"))
+    parser.add_argument("--sizes", default="100,300,1000")
+    parser.add_argument("--guests", type=int, default=40)
+    parser.add_argument("--measure", type=int, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.measure is not None:
+        print(json.dumps(measure(args.measure, args.guests)))
+        return
+    runs = []
+    for size in (int(s) for s in args.sizes.split(",")):
+        done = subprocess.run([sys.executable, __file__, "--measure", str(size), "--guests", str(args.guests)],
+                              capture_output=True, text=True, check=True)
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        print(json.dumps(runs[-1]), flush=True)
+    machine = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "uname": " ".join(os.uname())}
+    Path(args.out).write_text(json.dumps({"machine": machine, "runs": runs}, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()
