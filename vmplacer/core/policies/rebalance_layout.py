@@ -165,9 +165,11 @@ class _Host:
         self._pieces = None
         self._peers = None
 
-    def set_pins(self, name: str, pins: Mapping[int, frozenset[int]]) -> None:
+    def set_pins(self, name: str, pins: Mapping[int, frozenset[int]], *, pieces: _Pieces | None = None) -> None:
+        """`pieces`: the evaluation of the layout these pins restore (taking a tried move back),
+        kept instead of computed again."""
         self.pins[name] = dict(pins)
-        self._pieces = None
+        self._pieces = pieces
 
     def owned_by_others(self, name: str | None) -> frozenset[int]:
         """pCPUs exclusive guests other than `name` own (isolate guests: their whole cores)."""

@@ -1048,8 +1048,9 @@ class _Search:
                            change.pins)
                 undo.append(lambda s=source, t=target, g=guest, n=name, p=old_pins: (t.remove(n), s.add(g, p)))
             else:
+                before = source._pieces  # the host's evaluation as it is, valid again once taken back
                 source.set_pins(name, change.pins)
-                undo.append(lambda s=source, n=name, p=old_pins: s.set_pins(n, p))
+                undo.append(lambda s=source, n=name, p=old_pins, b=before: s.set_pins(n, p, pieces=b))
 
         def take_back() -> None:
             for step in reversed(undo):
