@@ -7,6 +7,7 @@ moved out of the way for each test (it fills the host's memory) and put back aft
 
 from __future__ import annotations
 
+import re
 import warnings
 
 import pytest
@@ -186,6 +187,25 @@ def test_every_write_names_the_token(host):
     proposed = next(e for e in entries if e["action"] == "rebalance-propose")
     assert proposed["detail"]["plan_id"] == plan.json()["id"]
 
+
+
+ISO_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
+
+
+def test_every_timestamp_the_api_shows_is_iso_8601_utc(host):
+    """Plans, plan lists, jobs and job lists spell time as the CLI and the audit log do."""
+    client, _, _ = host
+    plan = client.post("/v1/plans", json={"hosts": ["t"]}).json()
+    queued = client.post("/v1/profiles", json={"host": "t", "samples": 1}).json()["job"]
+    seen = [plan["created_at"], client.get(f"/v1/plans/{plan['id']}").json()["created_at"],
+            *(p["created_at"] for p in client.get("/v1/plans").json()["plans"]),
+            queued["created_at"], client.get(f"/v1/jobs/{queued['id']}").json()["created_at"],
+            *(j["created_at"] for j in client.get("/v1/jobs").json()["jobs"])]
+    for job in client.get("/v1/jobs").json()["jobs"]:
+        seen += [job[k] for k in ("started_at", "finished_at") if job[k] is not None]
+    assert len(seen) >= 6
+    for value in seen:
+        assert isinstance(value, str) and ISO_UTC.match(value), value
 
 
 def test_a_name_placed_through_another_instance_meanwhile_is_409_exists(database_url, tmp_path):

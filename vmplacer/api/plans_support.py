@@ -13,6 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from vmplacer.api.errors import ApiError
+from vmplacer.api.times import with_api_times
 from vmplacer.app.jobs import Handler, JobContext, JobFailed
 
 APPLY_JOB = "apply-plan"
@@ -72,7 +73,9 @@ def make_plan(services: Any, hosts: list[str] | None, max_actions: int | None, s
 def plan_view(plan: Any) -> dict[str, Any]:
     """A plan as the API shows it: `errors` names each host that could not be read when it
     was made (its guests were not considered)."""
-    data = plan.to_dict()
+    data = with_api_times(plan.to_dict(), "created_at")
+    if data.get("cancel_request"):
+        data["cancel_request"] = with_api_times(data["cancel_request"], "at")
     data["errors"] = [dict(entry) for entry in plan.settings.get("unreadable", ())]
     return data
 
@@ -118,7 +121,7 @@ def apply_handler(services: Any) -> Handler:
         finally:
             for host in ctx.job.hosts:
                 services.snapshots.invalidate(host)
-        result = plan.to_dict()
+        result = plan_view(plan)
         if plan.state != "succeeded":
             raise JobFailed(f"plan {plan_id} {plan.state}: {plan.message}", code=plan.state, details=result)
         return result

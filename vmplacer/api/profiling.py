@@ -11,6 +11,7 @@ import time
 from typing import Any
 
 from vmplacer.api.errors import ApiError, field_problems
+from vmplacer.api.times import api_time
 from vmplacer.app.jobs import JobContext, JobFailed
 from vmplacer.ports import DomainGone, HypervisorError
 
@@ -134,17 +135,10 @@ def stored_profile(services: Any, guest: str, run_id: int | None, host: str | No
     summary = stored_summary(samples)
     summary.pop("values")
 
-    def epoch(moment: Any) -> float | None:
-        if moment is None:
-            return None
-        from datetime import timezone
-
-        return (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()
-
     return {
         "guest": guest,
         "run": {"id": run.id, "host": run.host, "metric": run.metric, "status": run.status,
-                "started_at": epoch(run.started_at), "finished_at": epoch(run.finished_at),
+                "started_at": api_time(run.started_at), "finished_at": api_time(run.finished_at),
                 "parameters": run.parameters},
         "profile": summary,
     }

@@ -16,6 +16,7 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from vmplacer.api.times import api_time
 from vmplacer.app.jobs import Handler, JobContext, JobFailed
 from vmplacer.ports import HypervisorError
 
@@ -98,6 +99,6 @@ def protect_status(services: Any, host: str) -> dict[str, Any]:
     throttles = [{"guest": r.guest, "share": round(r.bandwidth.share, 4), "original_share": round(r.original.share, 4),
                   "protects": r.protects, "plan_id": r.plan_id, "age_s": round(r.age_s, 1)}
                  for r in services.container.throttle_ledger.current(host)]
-    return {"last_round_at": None if record is None else record.get("at"), "guests": guests,
+    return {"last_round_at": None if record is None else api_time(record.get("at")), "guests": guests,
             "budget": None if record is None else record.get("budget"),
             "pace": None if record is None else record.get("pace"), "throttles": throttles}

@@ -14,6 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from vmplacer.api.fields import DomainName, Glob, Reason, SelectorText, SpecText, SpecValue
+from vmplacer.api.times import ISO_HELP
 
 from vmplacer.core.guest import (
     CPU_POLICIES,
@@ -170,8 +171,8 @@ class Removed(BaseModel):
 
 class Lease(BaseModel):
     holder: str = Field(description="the vmplacer instance acting on the host")
-    acquired_at: float | None = None
-    expires_at: float | None = None
+    acquired_at: str | None = Field(default=None, description=ISO_HELP)
+    expires_at: str | None = Field(default=None, description=ISO_HELP)
 
 
 class Maintenance(BaseModel):
@@ -219,9 +220,9 @@ class JobView(BaseModel):
     error: dict[str, Any] | None = None
     created_by: str
     owner: str | None = None
-    created_at: float
-    started_at: float | None = None
-    finished_at: float | None = None
+    created_at: str = Field(description=ISO_HELP)
+    started_at: str | None = Field(default=None, description=ISO_HELP)
+    finished_at: str | None = Field(default=None, description=ISO_HELP)
 
 
 class JobList(BaseModel):
@@ -374,9 +375,10 @@ class PlanView(BaseModel):
     summary: str
     actions: list[dict[str, Any]]
     diff: list[dict[str, Any]]
+    created_at: str | None = Field(default=None, description=ISO_HELP)
     cancel_request: dict[str, Any] | None = Field(
-        default=None, description="a running plan someone asked to stop: {by, reason, at}; it stops before "
-                                  "its next action")
+        default=None, description="a running plan someone asked to stop: {by, reason, at (ISO 8601 UTC)}; it "
+                                  "stops before its next action")
     errors: list[HostError] = Field(default_factory=list,
                                     description="hosts that could not be read when the plan was made: their "
                                                 "guests were not considered")
@@ -390,6 +392,7 @@ class PlanSummary(BaseModel):
     hosts: list[str]
     summary: str
     actions: int
+    created_at: str | None = Field(default=None, description=ISO_HELP)
 
 
 class PlanList(BaseModel):

@@ -16,6 +16,7 @@ from vmplacer.api.errors import COMMON_RESPONSES, HOST_ERROR, NOT_FOUND, ApiErro
 from vmplacer.api.actors import api_actor
 from vmplacer.api.schemas import HOST_NAME, HostList, HostView, MaintenanceRequest, MaintenanceView
 from vmplacer.api.strict_json import StrictJsonRoute
+from vmplacer.api.times import with_api_times
 from vmplacer.ports import HypervisorError
 
 router = APIRouter(prefix="/v1/hosts", tags=["hosts"], route_class=StrictJsonRoute)
@@ -25,6 +26,10 @@ def known_host(services: Any, name: str) -> None:
     if name not in services.host_names:
         raise ApiError(404, "not-found", f"host {name!r} is not configured "
                        f"(configured: {', '.join(services.host_names) or 'none'})", {"host": name})
+
+
+def lease_view(lease: dict[str, Any] | None) -> dict[str, Any] | None:
+    return None if lease is None else with_api_times(lease, "acquired_at", "expires_at")
 
 
 @router.get("", response_model=HostList, summary="configured hosts and whether each answers",
@@ -37,7 +42,7 @@ def list_hosts(request: Request) -> HostList:
     for settings in services.settings.hosts:
         record = closed.get(settings.name)
         entry: dict[str, Any] = {"name": settings.name, "uri": settings.uri, "reachable": False,
-                                 "lease": leases.get(settings.name),
+                                 "lease": lease_view(leases.get(settings.name)),
                                  "maintenance": record.to_dict() if record else None}
         try:
             entry.update(services.container.hypervisor(settings.name).ping())

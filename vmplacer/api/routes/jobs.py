@@ -10,6 +10,7 @@ from fastapi import APIRouter, Path, Query, Request, Response
 from vmplacer.api.errors import COMMON_RESPONSES, NOT_FOUND, ApiError
 from vmplacer.api.schemas import JobList, JobView
 from vmplacer.api.strict_json import StrictJsonRoute
+from vmplacer.api.times import with_api_times
 from vmplacer.ports import JobRecord
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=StrictJsonRoute)
@@ -20,7 +21,7 @@ def job_view(job: JobRecord) -> dict[str, Any]:
     data = asdict(job)
     data["hosts"] = list(job.hosts)
     data.pop("heartbeat_at", None)
-    return data
+    return with_api_times(data, "created_at", "started_at", "finished_at")
 
 
 def check_can_queue(services: Any, kind: str, host: str, what: str) -> None:

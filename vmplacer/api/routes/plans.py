@@ -24,6 +24,7 @@ from vmplacer.api.schemas import (
     PlanView,
 )
 from vmplacer.api.strict_json import StrictJsonRoute
+from vmplacer.api.times import with_api_times
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"], route_class=StrictJsonRoute)
 
@@ -56,7 +57,8 @@ def list_plans(request: Request, limit: int = Query(default=20, ge=1, le=500),
     if not include_empty:
         states = [s for s in states if s != "empty"]
     wanted = None if set(states) == set(PLAN_STATES) else states
-    return {"plans": plans_support.plan_store(request.app.state.services).recent(limit, states=wanted)}
+    recent = plans_support.plan_store(request.app.state.services).recent(limit, states=wanted)
+    return {"plans": [with_api_times(plan, "created_at") for plan in recent]}
 
 
 @router.get("/{plan_id}", response_model=PlanView, summary="a plan: actions, reasons, predicted gain, outcome",
