@@ -18,9 +18,11 @@ from typing import Any, Callable, TypeVar
 from urllib.parse import urlsplit
 
 from vmplacer.adapters.source_files import YamlFileError, load_yaml_with_duplicates
+from vmplacer.config_rebalance import REBALANCE_KEYS, read_rebalance, rebalance_to_mapping
 from vmplacer.core.cpuset import CpusetError, parse_cpuset
 from vmplacer.core.durations import duration_seconds
 from vmplacer.core.policies.admit import AllocationOptions
+from vmplacer.core.policies.rebalance_state import RebalanceSettings
 from vmplacer.core.protection import ProtectionDefaults, ProtectionError, check_floor, check_min_share
 from vmplacer.core.text import control_problem, excerpt
 
@@ -54,7 +56,7 @@ class ConfigError(ValueError):
 # Every key the config file may hold, by section ("hosts[]": each entry of the hosts list): the
 # reader refuses any other, and tests/unit/test_config.py keeps examples/vmplacer.yaml listing them all.
 CONFIG_KEYS: dict[str, tuple[str, ...]] = {
-    "": ("data_dir", "database_url", "hosts", "profiler", "placement", "api", "retention", "protect"),
+    "": ("data_dir", "database_url", "hosts", "profiler", "placement", "api", "retention", "protect", "rebalance"),
     "hosts[]": ("name", "uri", "reserved_cpus", "domain_type", "sampler", "cpu_allocation_ratio",
                 "reserved_memory_mib_per_node", "emulator_cpus", "domain_resync_s", "connect_timeout_s",
                 "xml_policy", "capabilities"),
@@ -65,6 +67,8 @@ CONFIG_KEYS: dict[str, tuple[str, ...]] = {
     "retention": ("plans", "profiles", "audit", "jobs"),
     "protect": ("latency_critical_floor", "batch_min_share", "interval_s", "step", "release_margin",
                 "slow_interval_s", "freeze_budget", "budget_window_s"),
+    "rebalance": tuple(REBALANCE_KEYS),
+    **{f"rebalance.{stage}": tuple(keys) for stage, keys in REBALANCE_KEYS.items()},
 }
 
 
@@ -181,6 +185,7 @@ class Settings:
     retention: RetentionSettings = field(default_factory=RetentionSettings)
     placement: PlacementSettings = field(default_factory=PlacementSettings)
     protect: ProtectSettings = field(default_factory=ProtectSettings)
+    rebalance: RebalanceSettings = field(default_factory=RebalanceSettings)  # defaults of every run's flags
 
     def host(self, name: str) -> HostSettings:
         for host in self.hosts:
@@ -439,8 +444,10 @@ def settings_from_mapping(raw: Any, source: str, environ: dict[str, str] | None 
     retention = _retention(reader, data.get("retention"))
     placement = _placement(reader, data.get("placement"))
     protect = _protect(reader, data.get("protect"))
+    rebalance = read_rebalance(data.get("rebalance"), lambda key, reason: reader.problems.append(
+        str(reader.fail(key, reason))))
     reader.finish()
-    return Settings(data_dir, database_url, hosts, profiler, api, source, retention, placement, protect)
+    return Settings(data_dir, database_url, hosts, profiler, api, source, retention, placement, protect, rebalance)
 
 
 def _hosts(reader: _Reader, raw: Any) -> tuple[HostSettings, ...]:
@@ -661,4 +668,5 @@ def settings_to_mapping(settings: Settings) -> dict[str, Any]:
             "release_margin": settings.protect.release_margin, "slow_interval_s": settings.protect.slow_interval_s,
             "freeze_budget": settings.protect.freeze_budget, "budget_window_s": settings.protect.budget_window_s,
         },
+        "rebalance": rebalance_to_mapping(settings.rebalance),
     }

@@ -86,7 +86,7 @@ def test_operators_turn_exploration_off_without_losing_trials():
 
     from vmplacer.cli.rebalance import _settings
 
-    off = _settings(argparse.Namespace(no_explore=True))
+    off = _settings(argparse.Namespace(no_explore=True), RebalanceSettings())
     assert off.exploration == 0.0 and off.trials
-    assert _settings(argparse.Namespace()).exploration > 0
+    assert _settings(argparse.Namespace(), RebalanceSettings()).exploration > 0
     assert not _offered(search(sibling_rounds=0, exploration=off.exploration))

@@ -119,6 +119,7 @@ def test_on_by_default_and_from_the_command_line_off():
     import argparse
 
     from vmplacer.cli.rebalance import _settings
+    from vmplacer.core.policies.rebalance_state import RebalanceSettings
 
     state = placed((0, 4, 1, 2))
     model = learned(sibling_rounds=40)
@@ -128,9 +129,9 @@ def test_on_by_default_and_from_the_command_line_off():
     assert planned_repins(off) == planned_repins(plan_rebalance(state, model, plain_settings(), now=0.0,
                                                                 solver=SOLVER))
     assert not off.settings["notes"]["second_opinion"]
-    assert not _settings(argparse.Namespace(second_opinion=False)).second_opinion
-    assert _settings(argparse.Namespace(second_opinion=None)).second_opinion
-    assert _settings(argparse.Namespace()).second_opinion
+    assert not _settings(argparse.Namespace(second_opinion=False), RebalanceSettings()).second_opinion
+    assert _settings(argparse.Namespace(second_opinion=None), RebalanceSettings()).second_opinion
+    assert _settings(argparse.Namespace(), RebalanceSettings()).second_opinion
 
 
 def test_a_protected_guest_keeps_its_host_out_of_the_second_opinion():

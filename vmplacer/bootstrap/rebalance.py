@@ -98,7 +98,8 @@ def build_rebalancer(
     measure_demand: bool = True,
     on_trial: OnVerdict | None = None,
 ) -> Rebalancer:
-    """`on_trial` is told of each trial verdict while a plan is applied (the API counts them)."""
+    """`settings` default to the config file's `rebalance:` section. `on_trial` is told of each
+    trial verdict while a plan is applied (the API counts them)."""
     hosts = {h.name: RebalanceHost(container.hypervisor(h.name)) for h in container.settings.hosts}
     load_model, learn, unavailable = _learning(container)
     profile, why = _profiler(container)
@@ -120,7 +121,7 @@ def build_rebalancer(
         clock=SystemClock(),
         wall=time.time,
         holder=holder or new_holder(),
-        settings=settings,
+        settings=settings or container.settings.rebalance,
         executor_settings=executor_settings,
         placements=container.placement_updates(),
         audit=store,

@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from dataclasses import replace
 from typing import Any
 
 from vmplacer.cli.common import (
@@ -146,8 +147,9 @@ def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # ----- building ---------------------------------------------------------------------------------------
-def _settings(args: argparse.Namespace) -> Any:
-    from vmplacer.core.policies.rebalance_state import RebalanceInputError, RebalanceSettings
+def _settings(args: argparse.Namespace, base: Any) -> Any:
+    """The config file's `rebalance:` settings (`base`), with this run's flags on top."""
+    from vmplacer.core.policies.rebalance_state import RebalanceInputError
 
     values: dict[str, Any] = {}
     if getattr(args, "max_actions", None) is not None:
@@ -169,7 +171,7 @@ def _settings(args: argparse.Namespace) -> Any:
     if getattr(args, "bandwidth", None):
         values["migration_bandwidth_mib_s"] = float(args.bandwidth)
     try:
-        return RebalanceSettings(**values)
+        return replace(base, **values)
     except RebalanceInputError as exc:
         option = {"max_actions": "--max-actions", "min_gain": "--min-gain", "cooldown_s": "--cooldown",
                   "backoff_s": "--backoff"}
@@ -196,7 +198,7 @@ def _rebalancer(ctx: CliContext, args: argparse.Namespace, *, executor: bool) ->
         raise DatabaseError(exc) from None
     return build_rebalancer(
         container,
-        settings=_settings(args),
+        settings=_settings(args, container.settings.rebalance),
         executor_settings=_executor_settings(args) if executor else None,
     )
 

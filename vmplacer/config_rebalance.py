@@ -1,0 +1,154 @@
+"""The `rebalance:` section of the config file: the rebalancing policy's settings, grouped
+by the stage of planning they steer, each key mapped to one `RebalanceSettings` field.
+
+The file sets the defaults every run starts from (`vmplacer rebalance`, the systemd timer,
+the API's plans); a command-line flag overrides its key for that run. Values are checked by
+type here and then by `RebalanceSettings` itself, and every problem names its key.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any, Literal
+
+from vmplacer.core.policies.rebalance_state import RebalanceInputError, RebalanceSettings
+
+Kind = Literal["number", "integer", "flag"]
+
+# stage -> key in the file -> (RebalanceSettings field, kind). Every field appears exactly once
+# (tests/unit/test_config_rebalance.py holds that), so the file can say anything a flag can.
+REBALANCE_KEYS: dict[str, dict[str, tuple[str, Kind]]] = {
+    "hysteresis": {
+        "min_gain": ("min_gain", "number"),
+        "min_gain_share": ("min_gain_share", "number"),
+        "min_migration_gain": ("min_migration_gain", "number"),
+        "cooldown_s": ("cooldown_s", "number"),
+        "backoff_s": ("backoff_s", "number"),
+    },
+    "objective": {
+        "fairness": ("fairness", "number"),
+        "latency_critical_weight": ("latency_critical_weight", "number"),
+        "horizon_s": ("horizon_s", "number"),
+    },
+    "search": {
+        "max_actions": ("max_actions", "integer"),
+        "max_rounds": ("max_rounds", "integer"),
+        "move_candidates": ("move_candidates", "integer"),
+        "swap_candidates": ("swap_candidates", "integer"),
+        "migration_candidates": ("migration_candidates", "integer"),
+        "destination_candidates": ("destination_candidates", "integer"),
+        "pin_floating_guests": ("pin_floating_guests", "flag"),
+    },
+    "migration": {
+        "allow": ("allow_migration", "flag"),
+        "bandwidth_mib_s": ("migration_bandwidth_mib_s", "number"),
+        "max_downtime_s": ("max_downtime_s", "number"),
+        "copy_slowdown": ("copy_slowdown", "number"),
+        "default_dirty_mib_s": ("default_dirty_mib_s", "number"),
+        "memory_move_mib_s": ("memory_move_mib_s", "number"),
+    },
+    "exact": {
+        "max_cpus": ("exact_max_cpus", "integer"),
+        "time_s": ("exact_time_s", "number"),
+        "budget_s": ("exact_budget_s", "number"),
+        "exhaustive_limit": ("exhaustive_limit", "integer"),
+    },
+    "pessimistic": {
+        "pessimism": ("pessimism", "number"),
+        "guess_weight": ("guess_weight", "number"),
+    },
+    "probes": {
+        "below_confidence": ("probe_below_confidence", "number"),
+        "seconds": ("probe_seconds", "number"),
+    },
+    "trials": {
+        "enabled": ("trials", "flag"),
+        "seconds": ("trial_seconds", "number"),
+        "min_gain": ("trial_min_gain", "number"),
+        "tolerance": ("trial_tolerance", "number"),
+        "recheck": ("trial_recheck", "number"),
+        "refuted_bar": ("trial_refuted_bar", "number"),
+        "memory_s": ("trial_memory_s", "number"),
+        "max": ("trial_max", "integer"),
+        "step_trials": ("step_trials", "integer"),
+        "exploration": ("exploration", "number"),
+        "second_opinion": ("second_opinion", "flag"),
+    },
+}
+
+FIELD_KEYS: dict[str, str] = {name: f"rebalance.{stage}.{key}"
+                              for stage, keys in REBALANCE_KEYS.items() for key, (name, _) in keys.items()}
+
+
+def config_key_of(field_name: str) -> str:
+    """The file's key for a `RebalanceSettings` field (for messages that name both)."""
+    return FIELD_KEYS[field_name]
+
+
+def _value(value: Any, kind: Kind) -> float | int | bool:
+    """One value checked by kind; ValueError says the rule."""
+    if kind == "flag":
+        if not isinstance(value, bool):
+            raise ValueError("must be true or false")
+        return value
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError("must be a number" if kind == "number" else "must be a whole number")
+    if kind == "integer":
+        if isinstance(value, float) and not value.is_integer():
+            raise ValueError("must be a whole number")
+        return int(value)
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return float(value)
+
+
+def read_rebalance(raw: Any, problem: Any) -> RebalanceSettings:
+    """Settings from the section's document (None: the defaults). `problem(key, reason)` notes
+    one problem; every problem is noted, then the defaults stand in for a section in error."""
+    if raw is None:
+        return RebalanceSettings()
+    if not isinstance(raw, dict):
+        problem("rebalance", f"must be a mapping of stages ({', '.join(REBALANCE_KEYS)})")
+        return RebalanceSettings()
+    values: dict[str, Any] = {}
+    failed = False
+    for stage, section in raw.items():
+        keys = REBALANCE_KEYS.get(stage) if isinstance(stage, str) else None
+        if keys is None:
+            problem(f"rebalance.{stage}", f"unknown stage (allowed: {', '.join(REBALANCE_KEYS)})")
+            failed = True
+            continue
+        if section is None:
+            continue
+        if not isinstance(section, dict):
+            problem(f"rebalance.{stage}", f"must be a mapping of {', '.join(keys)}")
+            failed = True
+            continue
+        for key, value in section.items():
+            if key not in keys:
+                problem(f"rebalance.{stage}.{key}", f"unknown key (allowed: {', '.join(keys)})")
+                failed = True
+                continue
+            name, kind = keys[key]
+            try:
+                values[name] = _value(value, kind)
+            except ValueError as exc:
+                problem(f"rebalance.{stage}.{key}", f"{exc}, got {value!r}"[:200])
+                failed = True
+    defaults = RebalanceSettings()
+    for name, value in values.items():  # each value against the settings' own rules, all reported
+        try:
+            replace(defaults, **{name: value})
+        except RebalanceInputError as exc:
+            text = str(exc)
+            at = text.find(" must ")
+            problem(FIELD_KEYS[name], text[at + 1:] if at >= 0 else text)
+            failed = True
+    return defaults if failed else replace(defaults, **values)
+
+
+def rebalance_to_mapping(settings: RebalanceSettings) -> dict[str, dict[str, Any]]:
+    """The section as the file spells it, every key with its value."""
+    return {stage: {key: getattr(settings, name) for key, (name, _) in keys.items()}
+            for stage, keys in REBALANCE_KEYS.items()}
