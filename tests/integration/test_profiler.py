@@ -273,12 +273,17 @@ def test_spin_guests_on_different_pcpus_lose_nothing(testbed, host1_conn, own_gr
         runs.append({n: round(v, 3) for n, v in losses.items()})
         if all(loss <= TOLERANCE for loss in losses.values()):
             break
-    # Baseline: b's vCPU live on a's pCPU, then back.
+    # Baseline: b's vCPU live on a's pCPU, then back — as the guests' counters and as the
+    # profiler see it, under whatever load the machine has right now.
     b_dom = host1_conn.lookupByName(b.name)
     b_dom.pinVcpuFlags(0, (True, False), libvirt.VIR_DOMAIN_AFFECT_LIVE)
     try:
         time.sleep(0.5)
         shared = counter_ratios(host1_conn, [a, b])
+        profiled_shared = {}
+        if any(loss > TOLERANCE for loss in losses.values()):
+            shared_run = profile(container, [a.name, b.name])
+            profiled_shared = {n: vm["degradation"]["estimate"] for n, vm in shared_run["vms"].items()}
     finally:
         b_dom.pinVcpuFlags(0, (False, True), libvirt.VIR_DOMAIN_AFFECT_LIVE)
     time.sleep(0.5)
@@ -290,9 +295,15 @@ def test_spin_guests_on_different_pcpus_lose_nothing(testbed, host1_conn, own_gr
     print(f"\nprofiler degradation {losses}; guest counter ratios measured {history}; "
           f"sharing one pCPU {[round(r, 3) for r in shared]}")
     others = foreign_guests(host1_conn, [a.name, b.name])
+    # On a quiet machine the profiler sees at most TOLERANCE apart. Outside work on the 2 pCPUs
+    # (seen: 0.14-0.17 at load 3) is a real loss no placement removes; then the bound is causal,
+    # as for the counters: apart must cost less than half of what sharing one pCPU costs, as the
+    # profiler measured it here meanwhile.
+    profiler_bound = max(TOLERANCE, min(profiled_shared.values(), default=0.0) / 2)
     for name, loss in losses.items():
-        assert loss <= TOLERANCE, (f"{name}: degradation {loss:.3f} on its own pCPU, expected <= {TOLERANCE}; "
-                                   f"profile runs {runs}{others}")
+        assert loss <= profiler_bound, (
+            f"{name}: degradation {loss:.3f} on its own pCPU, expected <= {profiler_bound:.3f} (at most "
+            f"{TOLERANCE}, or half of what sharing one pCPU measured: {profiled_shared}); profile runs {runs}{others}")
         assert result["vms"][name]["neighbours"][0]["distance"] != "same-cpu"
     for ratio in counters:
         assert 1 - ratio <= bound, (

@@ -38,7 +38,7 @@ from pathlib import Path
 import libvirt
 import pytest
 
-from tests.support import VMPLACER, clean_env, require, run_vmplacer
+from tests.support import VMPLACER, clean_env, run_vmplacer
 from vmplacer.testbed import daemons
 from vmplacer.testbed.guests import ProgressSample, rate, read_progress, wait_for_progress
 
@@ -248,7 +248,6 @@ def test_overloaded_host_migrates_to_the_idle_one(testbed, host1_conn, host2_con
     settle([a, b])
     conns = {a.name: host1_conn, b.name: host1_conn}
     before, busy_before = measure(conns, [a, b])
-    require(busy_before >= 0.8, f"pCPU 0 is busy with work outside this test ({busy_before:.2f})")
 
     config = write_config(tmp_path, partition=True)
     remember(config, [a.name, b.name])
@@ -276,7 +275,10 @@ def test_overloaded_host_migrates_to_the_idle_one(testbed, host1_conn, host2_con
     print(f"\nmigrated {moved}; rates before {before} after {after}; ratios {ratios}; "
           f"pCPU share before {busy_before:.2f} after {busy_after:.2f}")
     assert record(config).get(moved) == "host2" and record(config).get(stayed) == "host1"
-    if busy_after >= 1.6:  # each guest has a pCPU of its own: twice the CPU time each
+    # The plan does not depend on outside load (time sharing is arithmetic, --profile-seconds 0);
+    # the rates do. They are compared only where the guests had their pCPUs to themselves
+    # before (pCPU 0 nearly all theirs) and after (each its own pCPU).
+    if busy_before >= 0.8 and busy_after >= 1.6:  # each guest has a pCPU of its own: twice the CPU time each
         # Twice the CPU time is not twice the work on every machine: the testbed's two pCPUs
         # are the vCPUs of the VM it runs in, and where those are SMT siblings of one core
         # underneath, both busy at once give each less work per CPU-second (CI measured
@@ -285,7 +287,8 @@ def test_overloaded_host_migrates_to_the_idle_one(testbed, host1_conn, host2_con
         for name, ratio in ratios.items():
             assert ratio >= 1.2, f"{name}: rate rose only {ratio:.2f}x"
     else:
-        print(f"rates not compared: outside work took the pCPUs (the guests got {busy_after:.2f} of 2)")
+        print(f"rates not compared: outside work took the pCPUs (the guests got {busy_before:.2f} of 1 "
+              f"before, {busy_after:.2f} of 2 after)")
 
 
 def test_maintenance_keeps_migrations_out_and_a_drain_empties_the_host(testbed, host1_conn, host2_conn, make_guest,
