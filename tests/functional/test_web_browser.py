@@ -16,7 +16,7 @@ from typing import Any
 import pytest
 
 from tests.functional.test_api_helpers import free_port, make_container
-from tests.functional.web_support import DEDICATED, HOSTILE, SHARED, Known, big_host, record_guests
+from tests.functional.web_support import DEDICATED, HOSTILE, SHARED, Known, big_host, record_guests, store_plan
 from tests.support import require
 from vmplacer.config import EXAMPLE_CAPABILITIES, EXAMPLE_HOST_NAME
 from vmplacer.core.placement import Placement
@@ -63,6 +63,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     container = make_container(f"sqlite:///{directory / 'vmplacer.db'}", directory, hosts)
     read = SqlTokenStore(container.sessions).create("viewer", "read")
     known = record_guests(container, EXAMPLE_HOST_NAME)
+    store_plan(container, EXAMPLE_HOST_NAME)
     app = create_app(container, ApiOptions(run_jobs=False, replay_freeze_journal=False, isolation_check_s=0))
     port = free_port()
     server, thread = _serve(app, port)
@@ -163,10 +164,12 @@ def test_a_read_token_signs_in_and_every_page_renders_without_csp_violations(sit
     rows = browser.find_elements(By.CSS_SELECTOR, "#fleet-rows tr[data-host]")
     assert sorted(r.get_attribute("data-host") for r in rows) == sorted([EXAMPLE_HOST_NAME, BIG])
     _shot(browser, "fleet")
-    for path in (f"/ui/hosts/{EXAMPLE_HOST_NAME}", f"/ui/hosts/{BIG}", "/ui/?sort=free_cores&order=desc"):
+    for path in (f"/ui/hosts/{EXAMPLE_HOST_NAME}", f"/ui/hosts/{BIG}", "/ui/?sort=free_cores&order=desc",
+                 "/ui/plans", "/ui/plans/1"):
         browser.get(site.url + path)
         assert browser.find_element(By.TAG_NAME, "h1").text
         assert browser.execute_script("return document.readyState") == "complete"
+    _shot(browser, "plan")
     browser.get(f"{site.url}/ui/hosts/{EXAMPLE_HOST_NAME}")
     browser.execute_script("return window.vmplacerRefresh()")  # one refresh round: fetch + DOM update
     _wait(browser, lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-refreshes") == "1")
@@ -199,7 +202,7 @@ def test_hostile_names_and_labels_render_as_text(site, browser):
     from selenium.webdriver.common.by import By
 
     _sign_in(browser, site, site.read)
-    for path in (f"/ui/hosts/{EXAMPLE_HOST_NAME}", "/ui/"):
+    for path in (f"/ui/hosts/{EXAMPLE_HOST_NAME}", "/ui/", "/ui/plans/1"):
         browser.get(site.url + path)
         browser.execute_script("return window.vmplacerRefresh()")  # the DOM the script builds, too
         assert browser.find_elements(By.TAG_NAME, "img") == []

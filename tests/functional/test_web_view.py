@@ -12,7 +12,7 @@ from html.parser import HTMLParser
 import pytest
 
 from tests.functional.test_api_helpers import make_container
-from tests.functional.web_support import DEDICATED, HOSTILE, SHARED, record_guests
+from tests.functional.web_support import DEDICATED, HOSTILE, SHARED, record_guests, store_plan
 from vmplacer.adapters.db.api import SqlTokenStore
 from vmplacer.api.app import create_app
 from vmplacer.api.services import ApiOptions
@@ -30,6 +30,7 @@ def web(sqlite_url, tmp_path):
     tokens = SqlTokenStore(container.sessions)
     admin, read = tokens.create("ops", "admin"), tokens.create("viewer", "read")
     known = record_guests(container, EXAMPLE_HOST_NAME)
+    store_plan(container, EXAMPLE_HOST_NAME)
     app = create_app(container, ApiOptions(run_jobs=False, replay_freeze_journal=False, isolation_check_s=0))
     with TestClient(app, raise_server_exceptions=False, follow_redirects=False) as client:
         yield client, admin, read, known
@@ -121,7 +122,7 @@ def test_every_ui_response_carries_the_security_headers(web):
 def test_pages_hold_no_inline_script_or_style_and_load_only_their_own_files(web):
     client, _, read, _ = web
     sign_in(client, read)
-    for path in ("/ui/login", "/ui/", f"/ui/hosts/{EXAMPLE_HOST_NAME}"):
+    for path in ("/ui/login", "/ui/", f"/ui/hosts/{EXAMPLE_HOST_NAME}", "/ui/plans", "/ui/plans/1"):
         html = client.get(path).text
         for tag, attrs in elements(html):
             assert "style" not in attrs and tag != "style", (path, tag)
@@ -137,7 +138,7 @@ def test_pages_hold_no_inline_script_or_style_and_load_only_their_own_files(web)
 def test_hostile_names_and_labels_render_as_text(web):
     client, _, read, _ = web
     sign_in(client, read)
-    for path in ("/ui/", f"/ui/hosts/{EXAMPLE_HOST_NAME}"):
+    for path in ("/ui/", f"/ui/hosts/{EXAMPLE_HOST_NAME}", "/ui/plans/1"):
         html = client.get(path).text
         assert HOSTILE not in html
         assert not [tag for tag, _ in elements(html) if tag == "img"]
@@ -177,6 +178,7 @@ def test_the_fleet_page_shows_the_room_the_placements_leave(web):
     taken = {topology.core_of(cpu).id for cpu in known.exclusive}
     assert row["free_cores"] == len(topology.cores) - len(taken)  # floating guests break no whole core
     assert sum(n["whole_cores"] for n in row["nodes"]) == row["free_cores"]
+    assert row["last_plan"]["id"] == 1 and row["last_plan"]["state"] == "proposed"
 
 
 @pytest.mark.parametrize("query, field", [
@@ -235,3 +237,30 @@ def test_a_refresh_costs_the_server_little(web, record_property):
         record_property(f"refresh_{name}_ms", round(wall_ms, 2))
         record_property(f"refresh_{name}_cpu_ms", round(cpu_ms, 2))
         print(f"{path}: {wall_ms:.2f} ms per request, {cpu_ms:.2f} ms CPU (client and server in one process)")
+
+
+def test_the_plans_pages_list_plans_and_show_actions_gain_and_trials(web):
+    client, _, read, _ = web
+    assert client.get("/ui/plans").status_code == 303  # signed in only
+    sign_in(client, read)
+    listing = client.get("/ui/plans").text
+    links = [a["href"] for t, a in elements(listing) if t == "a" and a.get("href", "").startswith("/ui/plans/")]
+    assert links == ["/ui/plans/1"]
+    page = client.get("/ui/plans/1")
+    assert page.status_code == 200
+    rows = [a for t, a in elements(page.text) if t == "tr" and "data-action" in a]
+    assert [r["data-action"] for r in rows] == ["0", "1"]
+    assert "+0.250" in page.text and "1.500 → 1.750" in page.text and ">kept<" in page.text
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page.text  # the hostile reason, as text
+
+
+@pytest.mark.parametrize("path, status, field", [
+    ("/ui/plans/0", 422, "plan_id"), ("/ui/plans/abc", 422, "plan_id"), ("/ui/plans/99999999999", 422, "plan_id"),
+    ("/ui/plans?limit=5", 422, "limit"), ("/ui/plans/1?x=1", 422, "x"), ("/ui/plans/7", 404, None),
+])
+def test_bad_plan_addresses_are_refused(web, path, status, field):
+    client, _, read, _ = web
+    sign_in(client, read)
+    answer = client.get(path)
+    assert answer.status_code == status
+    assert (f"field {field}:" in answer.text) if field else ("plan 7 does not exist" in answer.text)

@@ -76,3 +76,20 @@ def record_guests(container: Any, host: str) -> Known:
                   "labels": {HOSTILE: HOSTILE}})
     return Known(exclusive={c: DEDICATED for c in owned}, floating={c: SHARED for c in floating},
                  emulator={cores[0].cpus[0]: DEDICATED})
+
+
+def store_plan(container: Any, host: str) -> int:
+    """A proposed plan that repins the shared guest and probes it (a trial kept), its reason
+    hostile markup; returns its id."""
+    from vmplacer.core.plan import Action, Plan
+
+    record = container.placement_store.get(SHARED)
+    from vmplacer.core.placement import placement_from_dict
+
+    before = placement_from_dict(record["placement"])
+    after = Placement(**{**before.__dict__, "vcpupin": {v: frozenset({min(c)}) for v, c in before.vcpupin.items()}})
+    plan = Plan(actions=(Action(0, "repin", host, SHARED, None, before, after, reason=HOSTILE, predicted_gain=0.25,
+                                confidence=0.8),
+                         Action(1, "probe", host, depends_on=(0,), parameters={"seconds": 5.0}, state="succeeded")),
+                hosts=(host,), objective_before=1.5, objective_after=1.75, summary="1 repin", created_at=1795830000.0)
+    return int(container.plan_store.save(plan, created_by="tests").id)

@@ -126,6 +126,38 @@ def _link(query: FleetQuery, **changes: Any) -> str:
     return f"{PREFIX}/" + (f"?{urlencode(params)}" if params else "")
 
 
+# ----- plans -----------------------------------------------------------------------------------------
+def _no_parameters(request: Request) -> None:
+    """Pages that take no query string say so rather than ignore one."""
+    for name, _ in request.query_params.multi_items():
+        raise QueryError(name[:40], "this page takes no parameters")
+
+
+@router.get("/plans", response_class=HTMLResponse)
+def plans_page(request: Request, principal: Principal = Signed) -> HTMLResponse:
+    _no_parameters(request)
+    return _page("plans.html", request, plans=request.app.state.web.plans(), when=_when)
+
+
+@router.get("/plans/{plan_id}", response_class=HTMLResponse)
+def plan_page(request: Request, plan_id: str, principal: Principal = Signed) -> HTMLResponse:
+    _no_parameters(request)
+    if not plan_id.isascii() or not plan_id.isdigit() or len(plan_id) > 10 or not 1 <= int(plan_id) < 2**31:
+        return _page("error.html", request, 422, title="Bad request",
+                     message="field plan_id: a whole number from 1 to 2147483647")
+    plan = request.app.state.web.plan(int(plan_id))
+    if plan is None:
+        return _page("error.html", request, 404, title="Unknown plan", message=f"plan {int(plan_id)} does not exist")
+    return _page("plan.html", request, plan=plan, when=_when)
+
+
+def _when(epoch: float | None) -> str:
+    """Epoch seconds as ISO 8601 UTC, as the CLI and the API print them."""
+    if epoch is None:
+        return "—"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
 # ----- one host ------------------------------------------------------------------------------------
 def _known(request: Request, name: str) -> None:
     services = request.app.state.services

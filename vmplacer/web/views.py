@@ -19,6 +19,7 @@ from vmplacer.ports import HypervisorError
 COLOURS = 12  # guest colour classes g0..g11 in the stylesheet
 PLANS_TTL_S = 10.0  # the newest plan per host, read at most this often
 RECENT_PLANS = 500
+RECENT_PLANS_SHOWN = 100  # the plans page lists this many, newest first
 
 
 def colour(guest: str) -> str:
@@ -36,13 +37,13 @@ class WebViews:
         self.services = services
         self._rooms: dict[str, tuple[Any, Any, dict[str, Any]]] = {}
         self._lock = threading.Lock()
-        self.plans = TimedValue(self._newest_plans, PLANS_TTL_S)
+        self.newest_plans = TimedValue(self._newest_plans, PLANS_TTL_S)
 
     # ----- the fleet ---------------------------------------------------------------------------
     def fleet_rows(self) -> list[dict[str, Any]]:
         services = self.services
         maintenance = services.dry_run_maintenance.get()
-        plans = self.plans.get()
+        plans = self.newest_plans.get()
         rows = []
         for name in services.host_names:
             row: dict[str, Any] = {"name": name, "state": "ok", "error": "", "nodes": [], "guests": None,
@@ -88,6 +89,26 @@ class WebViews:
             for host in plan["hosts"] or ():
                 newest.setdefault(host, {"id": plan["id"], "state": plan["state"], "at": plan["created_at"]})
         return newest
+
+    # ----- plans ---------------------------------------------------------------------------------
+    def plans(self, limit: int = RECENT_PLANS_SHOWN) -> list[dict[str, Any]]:
+        """The newest stored plans, as the API lists them."""
+        return self.services.container.plan_store.recent(limit, states=None)
+
+    def plan(self, plan_id: int) -> dict[str, Any] | None:
+        """One plan as the API shows it (actions, reasons, predicted gain, outcome), each trial
+        probe's outcome named: kept when it succeeded, rolled back when it was undone."""
+        from vmplacer.api.plans_support import plan_view
+
+        plan = self.services.container.plan_store.get(plan_id)
+        if plan is None:
+            return None
+        data = plan_view(plan)
+        for action in data["actions"]:
+            action["trial"] = ({"succeeded": "kept", "rolled_back": "rolled back"}.get(action["state"], "")
+                               if action["kind"] == "probe" else "")
+            action["pins"] = _pins_change(action)
+        return data
 
     # ----- one host ----------------------------------------------------------------------------
     def host(self, name: str) -> dict[str, Any]:
@@ -135,6 +156,17 @@ def _with_live_iothreads(placement: Placement, live: dict[str, Placement]) -> Pl
     if found is None or not found.iothreadpin:
         return placement
     return replace(placement, iothreadpin=found.iothreadpin)
+
+
+def _pins_change(action: dict[str, Any]) -> str:
+    """"0→2 1→3 ⇒ 0→4 1→5": an action's vCPU pins before and after, when it moves any."""
+    def pins(placement: dict[str, Any] | None) -> str:
+        if not placement:
+            return ""
+        return " ".join(f"{v}→{format_cpuset(c)}" for v, c in sorted(placement["vcpupin"].items(), key=lambda kv: int(kv[0])))
+
+    before, after = pins(action.get("before")), pins(action.get("after"))
+    return f"{before} ⇒ {after}" if before != after else before
 
 
 def _cpu_cell(use: CpuUse) -> dict[str, Any]:

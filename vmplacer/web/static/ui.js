@@ -123,6 +123,7 @@
   }
 
   async function refresh() {
+    if (!refreshUrl) return; // a page with nothing live on it
     let response;
     try {
       response = await fetch(refreshUrl, { credentials: "same-origin", headers: { Accept: "application/json" } });
