@@ -264,3 +264,30 @@ def test_bad_plan_addresses_are_refused(web, path, status, field):
     answer = client.get(path)
     assert answer.status_code == status
     assert (f"field {field}:" in answer.text) if field else ("plan 7 does not exist" in answer.text)
+
+
+def test_an_unreadable_host_is_shown_as_such_and_not_read_on_every_refresh(sqlite_url, tmp_path):
+    from tests.functional.test_api_helpers import free_port
+
+    container = make_container(sqlite_url, tmp_path, [
+        {"name": "t", "uri": "test:///default", "domain_type": "qemu"},
+        {"name": "down", "uri": f"qemu+tcp://127.0.0.1:{free_port()}/system"}])
+    read = SqlTokenStore(container.sessions).create("viewer", "read")
+    app = create_app(container, ApiOptions(run_jobs=False, replay_freeze_journal=False, isolation_check_s=0))
+    try:
+        with TestClient(app, follow_redirects=False) as client:
+            sign_in(client, read)
+            snapshots = app.state.services.snapshots
+            reads: list[str] = []
+            topology = snapshots.topology
+            snapshots.topology = lambda name: (reads.append(name), topology(name))[1]
+            first = {r["name"]: r for r in client.get("/ui/api/fleet").json()["rows"]}
+            assert first["down"]["state"] == "unreadable" and "down" in first["down"]["error"]
+            assert first["t"]["state"] == "ok"
+            again = {r["name"]: r for r in client.get("/ui/api/fleet?state=unreadable").json()["rows"]}
+            assert list(again) == ["down"] and again["down"]["error"] == first["down"]["error"]
+            assert reads.count("down") == 1 and reads.count("t") == 2
+            page = client.get("/ui/hosts/down")
+            assert page.status_code == 503 and "down" in page.text
+    finally:
+        container.close()

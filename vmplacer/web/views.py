@@ -6,6 +6,7 @@ the pages poll."""
 from __future__ import annotations
 
 import threading
+import time
 import zlib
 from dataclasses import replace
 from typing import Any
@@ -19,7 +20,10 @@ from vmplacer.ports import HypervisorError
 COLOURS = 12  # guest colour classes g0..g11 in the stylesheet
 PLANS_TTL_S = 10.0  # the newest plan per host, read at most this often
 RECENT_PLANS = 500
-RECENT_PLANS_SHOWN = 100  # the plans page lists this many, newest first
+RECENT_PLANS_SHOWN = 100
+# A host that could not be read is shown unreadable this long before the fleet page reads it
+# again: a daemon that does not answer costs a connection timeout, and the page refreshes itself.
+UNREADABLE_TTL_S = 30.0  # the plans page lists this many, newest first
 
 
 def colour(guest: str) -> str:
@@ -33,8 +37,10 @@ class WebViews:
     fleet of a thousand hosts costs a thousand dictionary reads per refresh, not a thousand
     allocator views."""
 
-    def __init__(self, services: Any):
+    def __init__(self, services: Any, clock: Any = time.monotonic):
         self.services = services
+        self._clock = clock
+        self._unreadable: dict[str, tuple[float, str]] = {}  # host -> (when, why) of its last failed read
         self._rooms: dict[str, tuple[Any, Any, dict[str, Any]]] = {}
         self._lock = threading.Lock()
         self.newest_plans = TimedValue(self._newest_plans, PLANS_TTL_S)
@@ -52,11 +58,18 @@ class WebViews:
                                    "checked": name in services.isolation,
                                    "maintenance": maintenance[name].reason if name in maintenance else "",
                                    "last_plan": plans.get(name)}
+            failed = self._unreadable.get(name)
+            if failed is not None and self._clock() - failed[0] < UNREADABLE_TTL_S:
+                row["state"], row["error"] = "unreadable", failed[1]
+                rows.append(row)
+                continue
             try:
                 row.update(self._room(name))
             except HypervisorError as exc:
                 row["state"], row["error"] = "unreadable", str(exc)
+                self._unreadable[name] = (self._clock(), str(exc))
             else:
+                self._unreadable.pop(name, None)
                 if name in maintenance:
                     row["state"] = "maintenance"
             rows.append(row)
