@@ -20,10 +20,10 @@ from vmplacer.ports import HypervisorError
 COLOURS = 12  # guest colour classes g0..g11 in the stylesheet
 PLANS_TTL_S = 10.0  # the newest plan per host, read at most this often
 RECENT_PLANS = 500
-RECENT_PLANS_SHOWN = 100
+RECENT_PLANS_SHOWN = 100  # the plans page lists this many, newest first
 # A host that could not be read is shown unreadable this long before the fleet page reads it
 # again: a daemon that does not answer costs a connection timeout, and the page refreshes itself.
-UNREADABLE_TTL_S = 30.0  # the plans page lists this many, newest first
+UNREADABLE_TTL_S = 30.0
 
 
 def colour(guest: str) -> str:
