@@ -9,12 +9,24 @@
 # to host2 and both run about twice as fast. Then protection in place: a latency-critical guest
 # and a batch guest share host1's pCPU; `vmplacer protect` throttles the batch guest (libvirt CPU
 # bandwidth) until the latency-critical one holds its floor. Takes about two minutes; cleans up
-# after itself.
+# after itself. It ends by printing where `vmplacer serve` would show the web view (no server is
+# left running).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BIN=.venv/bin
 DEMO_HOST=${DEMO_HOST:-examples/hosts/xeon-2s-56c-smt2.xml}
 DEMO_REQUEST=${DEMO_REQUEST:-examples/requests/mixed.yaml}
+
+# Where the read-only web view would be: api.listen of the config given (the default config without one).
+web_view() {
+  local listen
+  listen=$("$BIN/vmplacer" "$@" config show --format json |
+    "$BIN/python" -c 'import json, sys; print(json.load(sys.stdin)["api"]["listen"])')
+  echo
+  echo "== web view: \`vmplacer$([[ $# -gt 0 ]] && printf ' %s' "$@") serve\` would show the fleet and each host's"
+  echo "   pCPU map at http://$listen/ui/ (sign in with a token: \`vmplacer token create NAME --scope read\`;"
+  echo "   over TLS as docs/operations.md, \"Web view\", says). No server was started."
+}
 
 echo "== vmplacer topology: $DEMO_HOST"
 "$BIN/vmplacer" topology --caps "$DEMO_HOST"
@@ -32,10 +44,12 @@ done
 [[ $(id -u) -eq 0 ]] || missing+=("root")
 if ((${#missing[@]})); then
   echo "== live rebalancing demo skipped: needs ${missing[*]} (see docs/testbed.md)"
+  web_view
   exit 0
 fi
 if ! bash scripts/testbed.sh up || ! bash scripts/testbed.sh image; then
   echo "== live rebalancing demo skipped: the libvirt testbed could not be brought up (see above)"
+  web_view
   exit 0
 fi
 
@@ -214,3 +228,4 @@ sleep 1
 driver protect-measure protect-after
 echo "== the latency-critical guest's own counter, before and after (work units per second)"
 driver protect-table
+web_view --config "$WORK/vmplacer.yaml"

@@ -11,6 +11,8 @@ PACKAGES=(
   libvirt-dev pkg-config qemu-system-x86 cpio busybox-static libxml2-utils
   # PostgreSQL for fleet mode and its tests
   postgresql
+  # the web view's browser tests (headless)
+  chromium chromium-driver
   # building libvirt-python
   gcc python3-dev python3-venv
 )

@@ -23,6 +23,7 @@ from vmplacer.api.app import create_app
 from vmplacer.api.services import ApiOptions
 
 PUBLIC = {"/healthz"}
+WEB = "/ui"  # the web view signs in with a cookie (tests/functional/test_web_view.py)
 SAMPLE_PARAMS = {"host": "t", "guest": "g1", "job_id": "00000000-0000-4000-8000-000000000000"}
 
 
@@ -33,6 +34,8 @@ def _routes(app) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
             continue
         for method in sorted(route.methods or ()):
             if method in ("HEAD", "OPTIONS"):
+                continue
+            if route.path == WEB or route.path.startswith(WEB + "/"):
                 continue
             path = re.sub(r"\{(\w+)(:[^}]*)?\}", lambda m: SAMPLE_PARAMS.get(m.group(1), "1"), route.path)
             found.append((method, path))

@@ -1,5 +1,5 @@
-"""A built wheel works away from the checkout: its templates, migrations and systemd units
-ship inside the package (the smoke path an operator follows in docs/operations.md).
+"""A built wheel works away from the checkout: its templates, migrations, systemd units and
+web view ship inside the package (the smoke path an operator follows in docs/operations.md).
 
 The wheel is built from this checkout and unpacked into a directory of its own; the
 dependencies come from the test environment (installing them again would test PyPI, not
@@ -52,7 +52,8 @@ def _run(installed: Path, home: Path, *args: str) -> subprocess.CompletedProcess
 def test_the_wheel_carries_what_vmplacer_reads(installed):
     package = installed / "vmplacer"
     for shipped in ("templates/domain.xml.j2", "migrations/env.py", "migrations/versions",
-                    "systemd/vmplacer-api.service", "data/example-host.xml"):
+                    "systemd/vmplacer-api.service", "data/example-host.xml", "web/templates/base.html",
+                    "web/templates/host.html", "web/static/ui.js", "web/static/ui.css"):
         assert (package / shipped).exists(), shipped
 
 
@@ -100,6 +101,10 @@ def test_the_installed_package_serves_healthz(installed, tmp_path):
                 time.sleep(0.2)
         assert answer is not None, server.communicate(timeout=10) if server.poll() is not None else "no answer"
         assert answer[0] == 200, answer
+        for path, needle in (("/ui/static/ui.css", b".cpu"), ("/ui/static/ui.js", b"textContent"),
+                             ("/ui/login", b'name="token"')):  # the web view ships in the wheel
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as response:
+                assert response.status == 200 and needle in response.read(), path
     finally:
         server.terminate()
         try:

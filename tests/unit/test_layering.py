@@ -8,7 +8,7 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[2] / "vmplacer"
 CORE = PACKAGE / "core"
-FRONT_ENDS = ("vmplacer.cli", "vmplacer.api")
+FRONT_ENDS = ("vmplacer.cli", "vmplacer.api", "vmplacer.web")
 ALLOWED_THIRD_PARTY = {"numpy"}
 FORBIDDEN_PROJECT = ("vmplacer.adapters", "vmplacer.app", "vmplacer.api", "vmplacer.cli",
                      "vmplacer.bootstrap", "vmplacer.config", "vmplacer.ports", "vmplacer.testbed")
@@ -142,10 +142,10 @@ def _database_imports(path: Path) -> list[str]:
 
 
 def test_front_ends_reach_the_database_only_through_the_composition_root():
-    """`api` and `cli` import no `adapters.db` module and run no SQL: stores, queries and
+    """`api`, `cli` and `web` import no `adapters.db` module and run no SQL: stores, queries and
     migrations come from `vmplacer/bootstrap/`."""
     problems = [f"{where} imports {name}"
-                for package in ("api", "cli") for path in sorted((PACKAGE / package).rglob("*.py"))
+                for package in ("api", "cli", "web") for path in sorted((PACKAGE / package).rglob("*.py"))
                 if (where := str(path.relative_to(PACKAGE.parent)))
                 for name in _database_imports(path)]
     assert not problems, "front ends use the database through vmplacer/bootstrap only:\n" + "\n".join(problems)

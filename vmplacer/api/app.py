@@ -22,13 +22,15 @@ from vmplacer.api.idempotency import IdempotencyMiddleware
 from vmplacer.api.limits import BodySizeLimit
 from vmplacer.api.services import ApiOptions, ApiServices
 from vmplacer.bootstrap import Container
+from vmplacer.web.security import SecurityHeaders
 from vmplacer.ports import LeaseStore
 
 DESCRIPTION = """\
 Placement controller for libvirt/KVM hosts: topology-aware placement with pinning,
 Freeze'nSense interference profiling, rebalancing plans.
 
-Every route except `/healthz` needs `Authorization: Bearer <token>` (`vmplacer token
+Every route except `/healthz` (and the web view under `/ui/`, which signs in with a token
+once and keeps it in a cookie) needs `Authorization: Bearer <token>` (`vmplacer token
 create NAME --scope read|admin`). GET needs a read or admin token; anything else needs
 admin. POSTs accept an `Idempotency-Key` header: a retry returns the first answer.
 Errors have one shape: `{"error": {"code", "message", "details"}}`.
@@ -75,6 +77,9 @@ def create_app(container: Container, options: ApiOptions | None = None,
     for module in (health, hosts, placements, profiles, plans, protect, reconcile, jobs, audit):
         app.include_router(module.router)
 
+    from vmplacer.web.routes import mount as mount_web_view
+
+    mount_web_view(app, services)  # /ui/: the operator's read-only view (cookie sign-in, no bearer)
     _finish_schema(app, services.host_names, services.base_xml_limit)
 
     @app.get("/openapi.json", include_in_schema=False)
@@ -85,6 +90,7 @@ def create_app(container: Container, options: ApiOptions | None = None,
     app.add_middleware(IdempotencyMiddleware, services=lambda: services)
     app.add_middleware(BodySizeLimit, max_bytes=container.settings.api.max_request_bytes)
     app.add_middleware(RequestMetrics, metrics=services.metrics)
+    app.add_middleware(SecurityHeaders)
     return app
 
 

@@ -24,6 +24,8 @@ from vmplacer.ports import TokenInfo, hash_token
 from vmplacer.api.errors import ApiError
 
 PUBLIC_PATHS = frozenset({"/healthz"})
+# The web view's paths: its routes check the token kept in its cookie instead (vmplacer/web/session.py).
+WEB_PREFIX = "/ui"
 READ_METHODS = frozenset({"GET", "HEAD"})
 CACHE_TTL_S = 5.0
 MAX_TOKEN_LENGTH = 512
@@ -97,7 +99,8 @@ def authorize(request: Request,
               ) -> Principal | None:
     """The application-wide dependency: 401 without a valid token, 403 for a read
     token on a method that changes something."""
-    if request.url.path in PUBLIC_PATHS:
+    path = request.url.path
+    if path in PUBLIC_PATHS or path == WEB_PREFIX or path.startswith(WEB_PREFIX + "/"):
         return None
     verifier: TokenVerifier = request.app.state.services.tokens
     if credentials is None:

@@ -1,0 +1,95 @@
+"""A fleet for the web view's tests: the built-in example host (and, on request, a synthetic
+host of 512 pCPUs) with placements recorded in the store, no libvirt domain behind them —
+one dedicated guest on exclusive pCPUs, one shared guest floating over two cores, and one
+whose name and labels are hostile markup."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from tests.unit import sysfs_fixtures
+from vmplacer.core.placement import Placement
+
+HOSTILE = "<img src=x onerror=alert(1)>"
+DEDICATED, SHARED = "db-1", "web-1"
+
+
+@dataclass(frozen=True)
+class Known:
+    """What the tests expect to see: pCPUs -> guest, and the guests' classes."""
+
+    exclusive: dict[int, str]
+    floating: dict[int, str]
+    emulator: dict[int, str]
+
+
+def big_host(directory: Path, packages: int = 2, nodes_per_package: int = 2, cores_per_node: int = 64,
+             threads: int = 2) -> Path:
+    """Capabilities of a host of packages x nodes x cores x threads pCPUs (512 by default),
+    written by the fixture generator's model of libvirt (siblings n and n + cores)."""
+    fixtures = sysfs_fixtures.load()
+    cores = packages * nodes_per_package * cores_per_node
+    node_count = packages * nodes_per_package
+    cpus = []
+    for thread in range(threads):
+        for core in range(cores):
+            node = core // cores_per_node
+            siblings = tuple(core + t * cores for t in range(threads))
+            node_cores = range(node * cores_per_node, (node + 1) * cores_per_node)
+            l3 = tuple(sorted(c + t * cores for c in node_cores for t in range(threads)))
+            cpus.append(fixtures.CpuSpec(id=core + thread * cores, node=node, package=node // nodes_per_package,
+                                         core_id=core % cores_per_node, siblings=siblings, l2=siblings, l3=l3,
+                                         l2_id=core, l3_id=node))
+    rows = [tuple(10 if a == b else (16 if a // nodes_per_package == b // nodes_per_package else 32)
+                  for b in range(node_count)) for a in range(node_count)]
+    nodes = [fixtures.NodeSpec(n, 256 * fixtures.GIB, 200 * fixtures.GIB, rows[n]) for n in range(node_count)]
+    path = directory / "big.xml"
+    path.write_text(fixtures.libvirt_capabilities(fixtures.Machine("big", cpus, nodes)))
+    return path
+
+
+def record_guests(container: Any, host: str) -> Known:
+    """Three placements on `host`, recorded as the placement service records them (the
+    store's claims included), chosen from the host's own topology."""
+    settings = container.settings.host(host)
+    topology = container.hypervisor(host).topology()
+    cores = [c for c in topology.cores if c.node == topology.nodes_with_cpus()[0]]
+    owned = list(cores[1].cpus) + list(cores[2].cpus)
+    floating = frozenset(cores[4].cpus) | frozenset(cores[5].cpus)
+    store = container.placement_store
+    dedicated = Placement(guest=DEDICATED, host=host, vcpupin={i: frozenset({c}) for i, c in enumerate(owned)},
+                          emulatorpin=frozenset({cores[0].cpus[0]}), memory_nodes=frozenset({0}),
+                          memory_kib=4 << 20, dedicated=True, exclusive_cpus=frozenset(owned))
+    store.record(host, settings.uri, dedicated,
+                 {"name": DEDICATED, "vcpus": len(owned), "memory_mib": 4096, "cpu_policy": "dedicated",
+                  "workload_class": "latency-critical", "labels": {"tier": "database"}})
+    shared = Placement(guest=SHARED, host=host, vcpupin={0: floating, 1: floating}, memory_nodes=frozenset({0}),
+                       memory_kib=2 << 20)
+    store.record(host, settings.uri, shared,
+                 {"name": SHARED, "vcpus": 2, "memory_mib": 2048, "workload_class": "batch",
+                  "labels": {"team": HOSTILE}})
+    hostile = Placement(guest=HOSTILE, host=host, vcpupin={0: frozenset(cores[6].cpus)}, memory_kib=1 << 20)
+    store.record(host, settings.uri, hostile,
+                 {"name": HOSTILE, "vcpus": 1, "memory_mib": 1024, "workload_class": HOSTILE,
+                  "labels": {HOSTILE: HOSTILE}})
+    return Known(exclusive={c: DEDICATED for c in owned}, floating={c: SHARED for c in floating},
+                 emulator={cores[0].cpus[0]: DEDICATED})
+
+
+def store_plan(container: Any, host: str) -> int:
+    """A proposed plan that repins the shared guest and probes it (a trial kept), its reason
+    hostile markup; returns its id."""
+    from vmplacer.core.plan import Action, Plan
+
+    record = container.placement_store.get(SHARED)
+    from vmplacer.core.placement import placement_from_dict
+
+    before = placement_from_dict(record["placement"])
+    after = Placement(**{**before.__dict__, "vcpupin": {v: frozenset({min(c)}) for v, c in before.vcpupin.items()}})
+    plan = Plan(actions=(Action(0, "repin", host, SHARED, None, before, after, reason=HOSTILE, predicted_gain=0.25,
+                                confidence=0.8),
+                         Action(1, "probe", host, depends_on=(0,), parameters={"seconds": 5.0}, state="succeeded")),
+                hosts=(host,), objective_before=1.5, objective_after=1.75, summary="1 repin", created_at=1795830000.0)
+    return int(container.plan_store.save(plan, created_by="tests").id)

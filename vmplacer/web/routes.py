@@ -1,0 +1,200 @@
+"""The web view's routes: login and logout (the only POSTs), the fleet and host pages, and
+the JSON those pages poll. Mounted by `api.app.create_app` through `mount`."""
+
+from __future__ import annotations
+
+import re
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlencode
+
+import jinja2
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from starlette.responses import Response
+from starlette.staticfiles import StaticFiles
+
+from vmplacer import __version__
+from vmplacer.api.auth import Principal
+from vmplacer.api.schemas import HOST_NAME
+from vmplacer.ports import HypervisorError
+from vmplacer.web import session
+from vmplacer.web.query import SORT_KEYS, STATES, FleetQuery, QueryError, select
+from vmplacer.web.security import PREFIX
+from vmplacer.web.views import WebViews
+
+HERE = Path(__file__).resolve().parent
+REFRESH_S = 10
+HOST_NAME_RE = re.compile(HOST_NAME)
+COLUMNS = (("name", "Host"), ("state", "State"), ("guests", "Guests"), ("free_cores", "Free whole cores"),
+           ("free_memory", "Free memory"), ("violations", "Isolation"))
+
+templates = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")), autoescape=True,
+                               undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+router = APIRouter(prefix=PREFIX, include_in_schema=False)
+Signed = Depends(session.principal)
+
+
+def mount(app: FastAPI, services: Any) -> None:
+    """The web view under /ui/: its routes, its static files and its sign-in handling."""
+    app.state.web = WebViews(services)
+    app.include_router(router)
+    app.mount(PREFIX + "/static", StaticFiles(directory=str(HERE / "static")), name="ui-static")
+    app.add_exception_handler(session.SignInRequired, _sign_in)  # type: ignore[arg-type]
+    app.add_exception_handler(QueryError, _bad_query)  # type: ignore[arg-type]
+
+
+def _page(name: str, request: Request, status: int = 200, **values: Any) -> HTMLResponse:
+    html = templates.get_template(name).render(prefix=PREFIX, version=__version__, refresh_s=REFRESH_S,
+                                               principal=session.signed_in_as(request), **values)
+    return HTMLResponse(html, status_code=status)
+
+
+def _sign_in(request: Request, exc: session.SignInRequired) -> Response:
+    response: Response
+    if exc.json:
+        response = JSONResponse({"error": {"code": "unauthorized", "message": "sign in again",
+                                           "details": {"login": session.LOGIN}}}, status_code=401)
+    else:
+        response = RedirectResponse(session.LOGIN, status_code=303)
+    if exc.had_cookie:
+        session.forget(response, request)
+    return response
+
+
+def _bad_query(request: Request, exc: QueryError) -> Response:
+    if request.url.path.startswith(PREFIX + "/api/"):
+        return JSONResponse({"error": {"code": "validation", "message": str(exc),
+                                       "details": [{"field": exc.field, "reason": exc.rule}]}}, status_code=422)
+    return _page("error.html", request, 422, title="Bad request", message=str(exc))
+
+
+# ----- signing in and out -------------------------------------------------------------------------
+@router.get("", include_in_schema=False)
+def root() -> RedirectResponse:
+    return RedirectResponse(PREFIX + "/", status_code=308)
+
+
+@router.get("/login", response_class=HTMLResponse)
+def login_form(request: Request) -> HTMLResponse:
+    return _page("login.html", request, message="")
+
+
+@router.post("/login", response_class=HTMLResponse)
+async def login(request: Request) -> Response:
+    token = await session.submitted_token(request)
+    found = request.app.state.services.tokens.verify(token) if token else None
+    if found is None:
+        message = "unknown or revoked token" if token else "a token is required"
+        return _page("login.html", request, 401, message=message)
+    response = RedirectResponse(PREFIX + "/", status_code=303)
+    session.keep(response, request, token)
+    return response
+
+
+@router.post("/logout")
+def logout(request: Request) -> Response:
+    response = RedirectResponse(session.LOGIN, status_code=303)
+    session.forget(response, request)
+    return response
+
+
+# ----- the fleet -----------------------------------------------------------------------------------
+def _fleet(request: Request) -> tuple[FleetQuery, Any]:
+    query = FleetQuery.parse(request.query_params.multi_items())
+    return query, select(request.app.state.web.fleet_rows(), query)
+
+
+@router.get("/", response_class=HTMLResponse)
+def fleet_page(request: Request, principal: Principal = Signed) -> HTMLResponse:
+    query, page = _fleet(request)
+    return _page("fleet.html", request, query=query, page=page, columns=COLUMNS, states=STATES,
+                 sort_keys=SORT_KEYS, link=lambda **changes: _link(query, **changes),
+                 refresh_url=f"{PREFIX}/api/fleet?{urlencode(query.params())}")
+
+
+@router.get("/api/fleet")
+def fleet_json(request: Request, principal: Principal = Signed) -> dict[str, Any]:
+    _, page = _fleet(request)
+    return {"rows": page.rows, "total": page.total, "fleet": page.fleet, "page": page.page, "pages": page.pages,
+            "at": time.time()}
+
+
+def _link(query: FleetQuery, **changes: Any) -> str:
+    params = query.params(**changes)
+    return f"{PREFIX}/" + (f"?{urlencode(params)}" if params else "")
+
+
+# ----- plans -----------------------------------------------------------------------------------------
+def _no_parameters(request: Request) -> None:
+    """Pages that take no query string say so rather than ignore one."""
+    for name, _ in request.query_params.multi_items():
+        raise QueryError(name[:40], "this page takes no parameters")
+
+
+@router.get("/plans", response_class=HTMLResponse)
+def plans_page(request: Request, principal: Principal = Signed) -> HTMLResponse:
+    _no_parameters(request)
+    return _page("plans.html", request, plans=request.app.state.web.plans(), when=_when)
+
+
+@router.get("/plans/{plan_id}", response_class=HTMLResponse)
+def plan_page(request: Request, plan_id: str, principal: Principal = Signed) -> HTMLResponse:
+    _no_parameters(request)
+    if not plan_id.isascii() or not plan_id.isdigit() or len(plan_id) > 10 or not 1 <= int(plan_id) < 2**31:
+        return _page("error.html", request, 422, title="Bad request",
+                     message="field plan_id: a whole number from 1 to 2147483647")
+    plan = request.app.state.web.plan(int(plan_id))
+    if plan is None:
+        return _page("error.html", request, 404, title="Unknown plan", message=f"plan {int(plan_id)} does not exist")
+    return _page("plan.html", request, plan=plan, when=_when)
+
+
+def _when(epoch: float | None) -> str:
+    """Epoch seconds as ISO 8601 UTC, as the CLI and the API print them."""
+    if epoch is None:
+        return "—"
+    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+
+
+# ----- one host ------------------------------------------------------------------------------------
+def _known(request: Request, name: str) -> None:
+    services = request.app.state.services
+    if not HOST_NAME_RE.match(name) or name not in services.host_names:
+        raise _NotConfigured(name)
+
+
+class _NotConfigured(Exception):
+    def __init__(self, name: str):
+        super().__init__(name)
+        self.name = name
+
+
+@router.get("/hosts/{name}", response_class=HTMLResponse)
+def host_page(request: Request, name: str, principal: Principal = Signed) -> HTMLResponse:
+    try:
+        _known(request, name)
+    except _NotConfigured:
+        return _page("error.html", request, 404, title="Unknown host",
+                     message=f"host {name[:63]!r} is not configured")
+    try:
+        host = request.app.state.web.host(name)
+    except HypervisorError as exc:
+        return _page("error.html", request, 503, title=f"Host {name} unreadable", message=str(exc))
+    return _page("host.html", request, host=host, refresh_url=f"{PREFIX}/api/hosts/{name}")
+
+
+@router.get("/api/hosts/{name}")
+def host_json(request: Request, name: str, principal: Principal = Signed) -> Response:
+    try:
+        _known(request, name)
+        host = request.app.state.web.host(name)
+    except _NotConfigured:
+        return JSONResponse({"error": {"code": "not-found", "message": f"host {name[:63]!r} is not configured",
+                                       "details": {"host": name[:63]}}}, status_code=404)
+    except HypervisorError as exc:
+        return JSONResponse({"error": {"code": "host-unreadable", "message": str(exc), "details": {"host": name}}},
+                            status_code=503)
+    return JSONResponse({"cpus": host["cpus"], "guests": host["guests"], "state": host["state"],
+                         "violations": host["violations"], "at": time.time()})
