@@ -18,6 +18,7 @@ from starlette.staticfiles import StaticFiles
 from vmplacer import __version__
 from vmplacer.api.auth import Principal
 from vmplacer.api.schemas import HOST_NAME
+from vmplacer.api.times import api_time
 from vmplacer.ports import HypervisorError
 from vmplacer.web import session
 from vmplacer.web.query import SORT_KEYS, STATES, FleetQuery, QueryError, select
@@ -151,11 +152,12 @@ def plan_page(request: Request, plan_id: str, principal: Principal = Signed) -> 
     return _page("plan.html", request, plan=plan, when=_when)
 
 
-def _when(epoch: float | None) -> str:
-    """Epoch seconds as ISO 8601 UTC, as the CLI and the API print them."""
-    if epoch is None:
+def _when(moment: float | str | None) -> str:
+    """A moment as ISO 8601 UTC, as the CLI and the API print them (the API's views already
+    spell it so)."""
+    if moment is None:
         return "—"
-    return time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(epoch))
+    return api_time(moment) or "—"
 
 
 # ----- one host ------------------------------------------------------------------------------------
