@@ -52,6 +52,9 @@ def test_config_errors_exit_2_naming_the_key(tmp_path, content, key):
     result = run("--config", str(config), "hosts")
     assert result.returncode == 2
     assert key in result.stderr
+    result = run("hosts", "--config", str(config))  # a global option after the command reads alike
+    assert result.returncode == 2
+    assert key in result.stderr
     result = run("hosts", env={"VMPLACER_CONFIG": str(config)})
     assert result.returncode == 2
     assert key in result.stderr

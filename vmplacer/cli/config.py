@@ -24,8 +24,6 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "config", help="check the config file, or show the effective config with every default filled in")
     actions = parser.add_subparsers(dest="config_action", metavar="ACTION", required=True)
     check = actions.add_parser("check", help="validate the config file: 'ok' (exit 0) or every problem (exit 2)")
-    check.add_argument("--config", dest="check_config", metavar="FILE",
-                       help="the file to check (default: the global --config, else $VMPLACER_CONFIG)")
     check.set_defaults(func=run_check)
     show = actions.add_parser("show", help="print the effective config (file, environment and defaults)")
     show.add_argument("--format", choices=("yaml", "json"), default="yaml", help="output format (default: yaml)")
@@ -41,7 +39,7 @@ def _load(path: str | None) -> Any:
 def run_check(args: argparse.Namespace, ctx: CliContext) -> int:
     from vmplacer.config import ConfigError
 
-    path = args.check_config or ctx.config_path
+    path = ctx.config_path  # --config, before or after `config check`
     try:
         settings = _load(path)
     except ConfigError as exc:

@@ -8,7 +8,6 @@ import logging
 import sys
 from collections.abc import Sequence
 
-from vmplacer import __version__
 from vmplacer.cli.common import (
     EXIT_OPERATIONAL,
     EXIT_USAGE,
@@ -18,6 +17,7 @@ from vmplacer.cli.common import (
     UsageError,
     database_problem,
 )
+from vmplacer.cli.global_options import add_global_options, spread_global_options, value_taking_flags
 
 # Every command: (its module, which has `register(subparsers)`; its one-line help). Order = order
 # in --help. Only the module of the command being run is imported: `vmplacer --help` and
@@ -51,8 +51,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "token": ("vmplacer.cli.token", "create, revoke and list REST API bearer tokens"),
 }
 COMMAND_MODULES = tuple(dict.fromkeys(module for module, _help in COMMANDS.values()))
-# Options taken before the command, and whether each takes a value (argparse accepts prefixes).
-_GLOBAL_OPTIONS = {"--config": True, "--verbose": False, "--version": False, "--help": False}
+# Options that may come before the command, and whether each takes a value (argparse accepts prefixes).
+_GLOBAL_OPTIONS = value_taking_flags()
 
 
 class _Parser(argparse.ArgumentParser):
@@ -99,13 +99,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         prog="vmplacer",
         description="Interference-aware placement controller for libvirt/KVM hosts.",
     )
-    parser.add_argument(
-        "--config",
-        metavar="FILE",
-        help="YAML config file (default: $VMPLACER_CONFIG, else built-in defaults)",
-    )
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more logging")
-    parser.add_argument("--version", action="version", version=f"vmplacer {__version__}")
+    add_global_options(parser, top=True)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     chosen = command_in(argv) if argv is not None else None
     wanted = ({COMMANDS[chosen][0]} if chosen in COMMANDS else set()) if argv is not None else set(COMMAND_MODULES)
@@ -117,6 +111,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
                 registered.add(module_name)
         else:
             subparsers.add_parser(name, help=help_line, add_help=False)
+    spread_global_options(parser)
     return parser
 
 
