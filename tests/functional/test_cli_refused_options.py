@@ -72,8 +72,8 @@ def cli(tmp_path, monkeypatch, capsys):
     (("rebalance", "--dry-run", "--migration-timeout", "1m"), "--migration-timeout: applies when a plan is carried out"),
     (("rebalance", "--dry-run", "--on-failure", "rollback"), "--on-failure: applies when a plan is carried out"),
     # plans: one plan shown, not a listing
-    (("plans", "3", "--limit", "5"), "--limit: only when listing plans (no PLAN_ID)"),
-    (("plans", "3", "--all"), "--all: only when listing plans (no PLAN_ID)"),
+    (("plans", "3", "--limit", "5"), "--limit: only when listing plans (`plans list`)"),
+    (("plans", "3", "--all"), "--all: only when listing plans (`plans list`)"),
     # protect: the loop and `status` read different options
     (("protect", "--once", "--plot", "x.png"), "--plot: applies to `protect status`, not to the protection loop"),
     (("protect", "--host", "example", "--since", "1h"), "--since: applies to `protect status`"),

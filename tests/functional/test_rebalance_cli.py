@@ -112,6 +112,20 @@ def test_plan_store_show_apply_and_lifecycle(config):
     assert [p["id"] for p in listed] == [stored, 1]
 
 
+def test_plans_verbs_read_as_the_older_spellings(config):
+    stored = _store(config)
+    listed = vmplacer(config, "plans", "--format", "json")
+    assert listed[0] == 0 and [p["id"] for p in listed[1]] == [stored]
+    assert vmplacer(config, "plans", "list", "--format", "json") == listed
+    shown = vmplacer(config, "plans", str(stored), "--format", "json")
+    assert shown[0] == 0 and shown[1]["plan"]["id"] == stored
+    assert vmplacer(config, "plans", "show", str(stored), "--format", "json") == shown
+    assert vmplacer(config, "plans", "show", "--format", "json", str(stored)) == shown  # the id after an option
+    code, data, err = vmplacer(config, "plans", "cancel", "--format", "json", str(stored))
+    assert code == 0, err
+    assert data["plan"]["state"] == "cancelled"
+
+
 def test_plans_cancel(config):
     proposed, approved, running = _store(config, actions=2), _store(config, "approved"), _store(config, "running")
     code, data, err = vmplacer(config, "plans", "cancel", str(proposed), "--reason", "maintenance window",
@@ -140,7 +154,7 @@ def test_plans_cancel(config):
     assert code == 2 and f"plan {proposed} is cancelled" in err
     code, _, err = vmplacer(config, "plans", "cancel", "99")
     assert code == 2 and "plan 99 does not exist" in err
-    for args, message in ((["plans", "cancel"], "cancel: give exactly one PLAN_ID"),
+    for args, message in ((["plans", "cancel"], "plans cancel: give exactly one PLAN_ID"),
                           (["plans", "cancel", "x"], "PLAN_ID: must be a plan number"),
                           (["plans", str(proposed), "--reason", "x"], "--reason: only with"),
                           (["plans", "--state", "done"], "--state 'done': not a plan state"),

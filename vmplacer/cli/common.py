@@ -25,6 +25,8 @@ EXIT_OK = 0
 EXIT_OPERATIONAL = 1
 EXIT_USAGE = 2
 EXIT_NO_FIT = 3  # some guest fits on no host: an answer about capacity, not a failure of vmplacer
+# A parser attribute naming its nargs="*" positional whose words may also follow options (verbs.words_anywhere).
+WORDS_ANYWHERE = "words_anywhere"
 
 
 class UsageError(Exception):

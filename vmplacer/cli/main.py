@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from vmplacer.cli.common import (
     EXIT_OPERATIONAL,
     EXIT_USAGE,
+    WORDS_ANYWHERE,
     CliContext,
     DatabaseError,
     OperationalError,
@@ -35,12 +36,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "place": ("vmplacer.cli.place", "place, define (and optionally start) a request file's guests on the best hosts"),
     "placements": ("vmplacer.cli.place", "list the placements vmplacer recorded"),
     "profile": ("vmplacer.cli.profile",
-                "measure interference with Freeze'nSense; `profile show VM` prints stored results"),
+                "measure interference with Freeze'nSense (run), print stored results (show VM...)"),
     "guard": ("vmplacer.cli.guard", "resume guests left paused by a killed vmplacer process (once, or every second)"),
     "rebalance": ("vmplacer.cli.rebalance",
                   "profile, learn, plan and apply live repins/migrations (holds a lease per host)"),
     "apply": ("vmplacer.cli.rebalance", "apply a stored plan (proposed or approved)"),
-    "plans": ("vmplacer.cli.rebalance", "list stored rebalancing plans, show one, or cancel one"),
+    "plans": ("vmplacer.cli.rebalance", "stored rebalancing plans: list, show ID, cancel ID"),
     "reconcile": ("vmplacer.cli.reconcile",
                   "forget placements whose domains are gone, fix recorded states (holds a lease per host)"),
     "protect": ("vmplacer.cli.protect",
@@ -69,6 +70,11 @@ class _Parser(argparse.ArgumentParser):
         """Also records the innermost (chosen command's) parser as `command_parser`, whose defaults
         tell `common.option_given` which options the operator set."""
         namespace, extras = super().parse_known_args(args, namespace)
+        dest = getattr(self, WORDS_ANYWHERE, None)
+        if dest and extras and not any(word.startswith("-") for word in extras):
+            # words after an option (`profile show --run 3 web db`): argparse's nargs="*" took those before it
+            setattr(namespace, dest, [*(getattr(namespace, dest, None) or []), *extras])
+            extras = []
         if not hasattr(namespace, "command_parser"):  # the sub-command's parser ran first, and set it
             namespace.command_parser = self
         return namespace, extras

@@ -1,9 +1,12 @@
 """`vmplacer profile`: Freeze'nSense on one host, and the stored results.
 
-    vmplacer profile --host H [VM ...] [--tm 10ms] [--tsleep 1s] [--samples N] [--metric ipc|cpu|probe]
-                     [--duration 60s] [--max-freeze 500ms]
+    vmplacer profile run [VM ...] [--host H] [--tm 10ms] [--tsleep 1s] [--samples N]
+                         [--metric ipc|cpu|probe] [--duration 60s] [--max-freeze 500ms]
     vmplacer profile show VM [VM ...] [--run ID] [--format json] [--plot FILE.png]
     vmplacer profile replay [--host H]
+
+`run` may be left out (`vmplacer profile VM ...`, as before); a VM named like an action is
+profiled with `run` in front (`vmplacer profile run show`).
 
 Profiling first replays the freeze journal (resuming whatever a killed
 profiler left paused), then samples until every sensitive VM has N ζ and N ζb
@@ -36,30 +39,35 @@ from vmplacer.cli.common import (
     refuse_options,
     resolve_host,
 )
+from vmplacer.cli.verbs import no_more_words, split_verb, words_anywhere
 
 _PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 DEFAULT_SAMPLES = 20  # when neither --samples nor --duration says when to stop
+VERBS = ("run", "show", "replay")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "profile",
-        help="measure interference with Freeze'nSense; `profile show VM` prints stored results",
+        help="measure interference with Freeze'nSense (run), print stored results (show VM...)",
         description=(
-            "Profile VMs on one host: for each sensitive VM, suspend every other running domain "
+            "`run`: profile VMs on one host: for each sensitive VM, suspend every other running domain "
             "for t_m, sample the VM alone (ζb), resume; sample every VM without freezing (ζ); "
-            "sleep t_sleep. `vmplacer profile show VM...` prints the stored distributions, "
-            "`vmplacer profile replay` resumes domains a killed profiler left paused."
+            "sleep t_sleep. `show VM...` prints the stored distributions, "
+            "`replay` resumes domains a killed profiler left paused. `run` may be left out "
+            "(`vmplacer profile VM...`); a VM named `run`, `show` or `replay` is profiled with "
+            "`vmplacer profile run NAME`."
         ),
         usage=(
-            "vmplacer profile [--host H] [VM ...] [--tm 10ms] [--tsleep 1s] [--samples N] "
+            "vmplacer profile [run] [VM ...] [--host H] [--tm 10ms] [--tsleep 1s] [--samples N] "
             "[--metric ipc|cpu|probe] [options]\n"
             "       vmplacer profile show VM [VM ...] [--run ID] [--format json] [--plot FILE.png]\n"
             "       vmplacer profile replay [--host H]"
         ),
     )
-    parser.add_argument("vms", nargs="*", metavar="VM",
-                        help="VMs to profile (default: every running VM in scope); or `show VM...`, `replay`")
+    parser.add_argument("vms", nargs="*", metavar="[run|show|replay] VM",
+                        help="the action (default run), then its VMs: run: the VMs to profile (default: every "
+                             "running VM in scope); show: the VMs whose stored results to print; replay: none")
     parser.add_argument("--host", help="configured host name (default: the first one)")
     parser.add_argument("--tm", type=duration(unit=None), metavar="DURATION",
                         help="freeze/sample length t_m with its unit, e.g. 10ms (a bare number is refused; "
@@ -96,12 +104,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--plot", metavar="FILE", help="show: draw ζ vs ζb box plots per VM into FILE.png")
     add_format_argument(parser)
     parser.set_defaults(func=run)
+    words_anywhere(parser, "vms")
 
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
-    if args.vms and args.vms[0] == "show":
-        return run_show(args, ctx, args.vms[1:])
-    if args.vms and args.vms[0] == "replay":
+    verb, args.vms = split_verb("profile", args.vms, VERBS, bare="run", other="run")
+    if verb == "show":
+        return run_show(args, ctx, args.vms)
+    if verb == "replay":
         return run_replay(args, ctx)
     return run_profile(args, ctx)
 
@@ -323,7 +333,8 @@ def run_show(args: argparse.Namespace, ctx: CliContext, vms: list[str]) -> int:
     _only_for(args, "show", ("host", "tm", "tsleep", "max_freeze", "samples", "duration", "metric", "sensitive",
                              "exclude", "scope", "pair_probes", "adaptive", "probe", "probe_kind", "no_progress"))
     if not vms:
-        raise UsageError("profile show: name at least one VM")
+        raise UsageError("profile show: name at least one VM (a VM named `show` is profiled with "
+                         "`vmplacer profile run show`)")
     plot = Path(args.plot) if args.plot else None
     if plot is not None and plot.suffix.lower() not in _PLOT_SUFFIXES:
         raise UsageError(f"--plot: {plot} must end in {', '.join(_PLOT_SUFFIXES)}")
@@ -414,8 +425,8 @@ def run_replay(args: argparse.Namespace, ctx: CliContext) -> int:
     _only_for(args, "replay", ("tm", "tsleep", "max_freeze", "samples", "duration", "metric", "sensitive",
                                "exclude", "scope", "pair_probes", "adaptive", "probe", "probe_kind", "no_progress",
                                "run", "plot"))
-    if len(args.vms) > 1:
-        raise UsageError(f"profile replay: unexpected arguments {args.vms[1:]}")
+    no_more_words("profile", "replay", args.vms,
+                  " (VMs named so are profiled with `vmplacer profile run replay ...`)")
     if args.host:
         resolve_host(ctx, args.host)
     report = _replay(ctx, args.host)

@@ -1,10 +1,10 @@
 """`vmplacer protect`: hold protected guests above their ζ/ζb floor by throttling their neighbours.
 
-    vmplacer protect --host H [--once | --rounds N] [--interval 2s] [--scope GLOB ...]
+    vmplacer protect [run] --host H [--once | --rounds N] [--interval 2s] [--scope GLOB ...]
                      [--samples N] [--tm 10ms] [--format table|json]
     vmplacer protect status [--host H] [--format table|json] [--plot FILE.png] [--since DURATION]
 
-Runs in the foreground (systemd/vmplacer-protect@.service runs it per host). Each round profiles
+`run` may be left out (`vmplacer protect --host H`, as before). Runs in the foreground (systemd/vmplacer-protect@.service runs it per host). Each round profiles
 the protected guests with short Freeze'nSense rounds, asks the interference model who costs them
 their performance, and throttles or releases throttleable neighbours one step through a stored
 plan (shown by `vmplacer plans`). `status` shows each protected guest as its loop last saw it
@@ -53,8 +53,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "below its vmplacer.min_cpu_share, never a guest without one), release step by step when it has "
         "headroom, release at once when it stops. A floor throttling cannot hold is reported with a "
         "proposed rebalance plan. See docs/protect.md.",
+        usage="vmplacer protect [run] --host NAME [--once | --rounds N] [--interval DURATION] [options]\n"
+              "       vmplacer protect status [--host NAME] [--plot FILE.png] [--since DURATION] [--format F]",
     )
-    parser.add_argument("what", nargs="?", choices=("status",), help="status: the throttles in force, no loop")
+    parser.add_argument("what", nargs="?", choices=("run", "status"), default="run", metavar="{run,status}",
+                        help="run (the default): the protection loop on one host; status: the throttles in force "
+                             "and each protected guest as its loop last saw it, no loop")
     parser.add_argument("--host", metavar="NAME", help="the configured host to protect on (required for the loop; "
                         "status: only this host)")
     runs = parser.add_mutually_exclusive_group()

@@ -4,7 +4,8 @@
     vmplacer apply PLAN_ID [--wait 1m] [--on-failure continue|rollback] [--migration-timeout 10m]
     vmplacer rebalance [--dry-run] [--max-actions N] [--host H ... | --all] [--profile-seconds 10s]
     vmplacer rebalance --drain HOST [--reason TEXT] [--scope GLOB]   (maintenance: empty HOST)
-    vmplacer plans [PLAN_ID] [--all | --state S ...] [--limit N]
+    vmplacer plans [list] [--all | --state S ...] [--limit N]
+    vmplacer plans show PLAN_ID          (also: vmplacer plans PLAN_ID)
     vmplacer plans cancel PLAN_ID [--reason TEXT]
 
 `rebalance` = profile → learn → plan → apply while holding a lease on every
@@ -48,6 +49,7 @@ from vmplacer.cli.common import (
     refuse_options,
     resolve_hosts,
 )
+from vmplacer.cli.verbs import no_more_words, split_verb, words_anywhere
 
 DEFAULT_PROFILE_SECONDS = 5.0
 # Options of a rebalancing plan that a placement plan (`plan --request`) never reads, and back.
@@ -80,14 +82,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     apply.set_defaults(func=run_apply)
 
     plans = subparsers.add_parser(
-        "plans", help="list stored rebalancing plans, show one, or cancel one",
-        usage="vmplacer plans [PLAN_ID] [--all | --state STATE ...] [--limit N] [--format F]\n"
+        "plans", help="stored rebalancing plans: list, show ID, cancel ID",
+        usage="vmplacer plans [list] [--all | --state STATE ...] [--limit N] [--format F]\n"
+              "       vmplacer plans show PLAN_ID [--format F]\n"
               "       vmplacer plans cancel PLAN_ID [--reason TEXT] [--format F]",
-        description="Without PLAN_ID: the newest plans (empty ones, where a run found nothing to do, are left "
-                    "out unless --all or --state asks for them). With PLAN_ID: that plan. `cancel PLAN_ID`: "
-                    "stop a proposed or approved plan at once, or a running one before its next action "
-                    "(actions already done stay applied; a cancel is not a rollback).")
-    plans.add_argument("words", nargs="*", metavar="PLAN_ID | cancel PLAN_ID", help=argparse.SUPPRESS)
+        description="`list` (the default): the newest plans (empty ones, where a run found nothing to do, are "
+                    "left out unless --all or --state asks for them). `show PLAN_ID` (or `plans PLAN_ID`): that "
+                    "plan. `cancel PLAN_ID`: stop a proposed or approved plan at once, or a running one before "
+                    "its next action (actions already done stay applied; a cancel is not a rollback).")
+    plans.add_argument("words", nargs="*", metavar="[list | show PLAN_ID | cancel PLAN_ID]",
+                       help="the action (default: list; a bare PLAN_ID shows that plan)")
     plans.add_argument("--limit", type=count(1), default=20, metavar="N", help="at most N plans (default 20)")
     which = plans.add_mutually_exclusive_group()
     which.add_argument("--all", action="store_true", help="list plans in every state, empty ones included")
@@ -96,6 +100,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plans.add_argument("--reason", metavar="TEXT", help="with cancel: why (kept with the plan and in the audit log)")
     add_format_argument(plans)
     plans.set_defaults(func=run_plans)
+    words_anywhere(plans, "words")
 
 
 def _plan_states() -> tuple[str, ...]:
@@ -327,29 +332,34 @@ def run_apply(args: argparse.Namespace, ctx: CliContext) -> int:
     return EXIT_OK if plan.state in ("succeeded", "cancelled") else EXIT_OPERATIONAL
 
 
+PLANS_VERBS = ("list", "show", "cancel")
+
+
 def _plan_id(text: str) -> int:
     try:
         value = int(text)
     except ValueError:
-        raise UsageError(f"PLAN_ID: must be a plan number (or 'cancel PLAN_ID'), got {text!r}") from None
+        raise UsageError(f"PLAN_ID: must be a plan number (or an action: {', '.join(PLANS_VERBS)}), "
+                         f"got {text!r}") from None
     if value < 1:
         raise UsageError(f"PLAN_ID: must be a positive plan number, got {value}")
     return value
 
 
 def run_plans(args: argparse.Namespace, ctx: CliContext) -> int:
-    """`plans` (list), `plans PLAN_ID` (show), `plans cancel PLAN_ID [--reason TEXT]`."""
-    words = list(args.words)
-    cancel = bool(words) and words[0] == "cancel"
-    if cancel and len(words) != 2:
-        raise UsageError("cancel: give exactly one PLAN_ID, e.g. `vmplacer plans cancel 12 --reason \"...\"`")
-    if not cancel and len(words) > 1:
-        raise UsageError(f"PLAN_ID: one plan at a time, got {' '.join(words)}")
-    plan_id = _plan_id(words[-1]) if words else None
+    """`plans [list]`, `plans [show] PLAN_ID`, `plans cancel PLAN_ID [--reason TEXT]`."""
+    verb, rest = split_verb("plans", args.words, PLANS_VERBS, bare="list", other="show")
+    if verb == "list":
+        no_more_words("plans", "list", rest, f" (`vmplacer plans show {rest[0]}` shows one plan)" if rest else "")
+    elif len(rest) != 1:
+        example = "12 --reason \"...\"" if verb == "cancel" else "12"
+        raise UsageError(f"plans {verb}: give exactly one PLAN_ID, e.g. `vmplacer plans {verb} {example}`")
+    cancel = verb == "cancel"
+    plan_id = _plan_id(rest[0]) if rest else None
     if not cancel:
         refuse_options(args, ("reason",), "only with `plans cancel PLAN_ID`")
     if plan_id is not None:
-        refuse_options(args, ("all", "state", "limit"), "only when listing plans (no PLAN_ID)")
+        refuse_options(args, ("all", "state", "limit"), "only when listing plans (`plans list`)")
     unknown = sorted(set(args.state or ()) - set(_plan_states()))
     if unknown:
         raise UsageError(f"--state {unknown[0]!r}: not a plan state (one of {', '.join(_plan_states())})")

@@ -1,0 +1,40 @@
+"""Noun-verb grammar for the commands whose verb may be left out.
+
+`vmplacer profile run VM...`, `vmplacer plans show 12`, `vmplacer protect status`: the verb comes
+right after the command. The older spellings without it (`profile VM...`, `plans 12`, `protect`)
+still work: a first word that is no verb belongs to the default verb. A word that is both a verb
+and a name (a VM called `show`) is the verb; the explicit form (`profile run show`) says the name.
+"""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from vmplacer.cli.common import WORDS_ANYWHERE, UsageError
+
+
+def words_anywhere(parser: argparse.ArgumentParser, dest: str) -> None:
+    """Let the words of positional `dest` (nargs="*") also come after options: argparse alone
+    refuses `plans show --format json 12` ("unrecognized arguments: 12")."""
+    setattr(parser, WORDS_ANYWHERE, dest)
+
+
+def split_verb(command: str, words: Sequence[str], verbs: Sequence[str], *, bare: str,
+               other: str | None) -> tuple[str, list[str]]:
+    """(verb, the words after it). `bare`: the verb of the command alone; `other`: the verb a first
+    word that is no verb belongs to (None: such a word is refused, exit 2, naming the verbs)."""
+    if not words:
+        return bare, []
+    first, *rest = words
+    if first in verbs:
+        return first, rest
+    if other is None:
+        raise UsageError(f"{command}: {first!r} is not an action (one of {', '.join(verbs)})")
+    return other, list(words)
+
+
+def no_more_words(command: str, verb: str, rest: Sequence[str], hint: str = "") -> None:
+    """Exit 2 when a verb that takes no words got some."""
+    if rest:
+        raise UsageError(f"{command} {verb}: takes no arguments, got {' '.join(rest)}{hint}")
