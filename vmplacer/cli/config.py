@@ -22,7 +22,8 @@ from vmplacer.cli.common import EXIT_OK, EXIT_USAGE, CliContext, print_json
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "config", help="check the config file, or show the effective config with every default filled in")
-    actions = parser.add_subparsers(dest="config_action", metavar="ACTION", required=True)
+    actions = parser.add_subparsers(dest="config_action", metavar="ACTION", required=True,
+                                    help="check or show")
     check = actions.add_parser("check", help="validate the config file: 'ok' (exit 0) or every problem (exit 2)")
     check.set_defaults(func=run_check)
     show = actions.add_parser("show", help="print the effective config (file, environment and defaults)")

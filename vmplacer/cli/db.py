@@ -23,12 +23,15 @@ from vmplacer.core.text import excerpt
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("db", help="database schema migrations and data retention")
-    actions = parser.add_subparsers(dest="db_action", metavar="ACTION", required=True)
+    actions = parser.add_subparsers(dest="db_action", metavar="ACTION", required=True,
+                                    help="upgrade, downgrade, current, history or prune")
     up = actions.add_parser("upgrade", help="migrate the database to the newest schema (or REVISION)")
-    up.add_argument("revision", nargs="?", default="head")
+    up.add_argument("revision", nargs="?", default="head", metavar="REVISION",
+                    help="the schema revision to migrate to (default: head, the newest; `db history` lists them)")
     up.set_defaults(func=run_upgrade)
     down = actions.add_parser("downgrade", help="migrate the database back to REVISION")
-    down.add_argument("revision")
+    down.add_argument("revision", metavar="REVISION",
+                      help="the schema revision to migrate back to (`vmplacer db history` lists them)")
     down.set_defaults(func=run_downgrade)
     current = actions.add_parser("current", help="show the database's schema revision")
     add_format_argument(current)

@@ -21,7 +21,7 @@ from vmplacer.core.text import plural
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("eval", help="evaluate the interference model on measured pair data")
-    commands = parser.add_subparsers(dest="eval_command", metavar="WHAT")
+    commands = parser.add_subparsers(dest="eval_command", metavar="WHAT", help="model, rebalance or rank")
     parser.set_defaults(func=_missing_subcommand(parser))
 
     model = commands.add_parser("model", help="fit on profiled random placements, score held-out ones")

@@ -31,7 +31,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "hosts", help="list configured hosts and check that each answers; maintenance mode (disable/enable)")
     add_format_argument(parser)
     parser.set_defaults(func=run)
-    actions = parser.add_subparsers(dest="hosts_command", metavar="{disable,enable}")
+    actions = parser.add_subparsers(dest="hosts_command", metavar="{disable,enable}",
+                                    help="maintenance mode of one host (without: list the hosts)")
     disable = actions.add_parser("disable", help="put a host in maintenance: no new guests, no migrations in")
     disable.add_argument("host", metavar="HOST", help="a configured host")
     disable.add_argument("--reason", required=True, help="why (kept with the host and in the audit log)")

@@ -106,7 +106,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         description="Interference-aware placement controller for libvirt/KVM hosts.",
     )
     add_global_options(parser, top=True)
-    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser,
+                                       help="`vmplacer COMMAND --help` shows its options")
     chosen = command_in(argv) if argv is not None else None
     wanted = ({COMMANDS[chosen][0]} if chosen in COMMANDS else set()) if argv is not None else set(COMMAND_MODULES)
     registered: set[str] = set()

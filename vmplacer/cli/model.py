@@ -9,7 +9,7 @@ from vmplacer.cli.common import CliContext, UsageError, add_format_argument, emi
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("model", help="the interference model learned from profiles")
-    actions = parser.add_subparsers(dest="model_action", metavar="ACTION", required=True)
+    actions = parser.add_subparsers(dest="model_action", metavar="ACTION", required=True, help="show or learn")
     show = actions.add_parser("show", help="what the model knows: per-guest sensitivity and interference")
     add_format_argument(show)
     show.set_defaults(func=run_show)

@@ -76,7 +76,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run_rebalance)
 
     apply = subparsers.add_parser("apply", help="apply a stored plan (proposed or approved)")
-    apply.add_argument("plan_id", type=int, metavar="PLAN_ID")
+    apply.add_argument("plan_id", type=int, metavar="PLAN_ID",
+                       help="the stored plan to apply (`vmplacer plans` lists them)")
     add_executor_arguments(apply)
     add_format_argument(apply)
     apply.set_defaults(func=run_apply)

@@ -45,7 +45,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--no-jobs", action="store_true",
                         help="queue jobs but leave running them to other instances")
     parser.add_argument("--log-level", choices=("critical", "error", "warning", "info", "debug"),
-                        default="info")
+                        default="info", help="uvicorn's log level (default: info)")
     parser.add_argument("--access-log", action="store_true", help="log every request")
     parser.set_defaults(func=run)
 

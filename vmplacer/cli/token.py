@@ -27,14 +27,15 @@ from vmplacer.core.text import iso_utc
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("token", help="create, revoke and list REST API bearer tokens")
-    actions = parser.add_subparsers(dest="token_action", metavar="ACTION", required=True)
+    actions = parser.add_subparsers(dest="token_action", metavar="ACTION", required=True,
+                                    help="create, revoke or list")
     create = actions.add_parser("create", help="create a token and print it (shown only this once)")
     create.add_argument("name", help="who or what uses it (1-64 of A-Z a-z 0-9 _ . - @)")
     create.add_argument("--scope", choices=("admin", "read"), required=True,
                         help="read: GET only; admin: everything")
     create.set_defaults(func=run_create)
     revoke = actions.add_parser("revoke", help="revoke a token by name")
-    revoke.add_argument("name")
+    revoke.add_argument("name", help="the name the token was created with")
     revoke.set_defaults(func=run_revoke)
     listing = actions.add_parser("list", help="list tokens (names and scopes; never the tokens)")
     add_format_argument(listing)
