@@ -251,6 +251,34 @@ def cell(value: Any) -> str:
     return str(value)
 
 
+# What a command that acts on hosts takes without --host or --all-hosts, as its --help says it.
+HOST_DEFAULTS = {
+    "first": "the first configured host",
+    "all": "every configured host",
+    "required": "none, --host is required",
+}
+
+
+def add_host_selection(parser: argparse.ArgumentParser, *, default: str, verb: str = "act on",
+                       repeatable: bool = True, all_hosts: bool = True, default_note: str = "",
+                       host_note: str = "") -> argparse._MutuallyExclusiveGroup:
+    """The one way a command names the hosts it acts on: `--host NAME` (repeatable where several
+    hosts make sense) or `--all-hosts` (also spelled `--all`, as before), never both. `default`
+    (a key of HOST_DEFAULTS) is what the command takes without either, said in the help of both
+    options; `default_note` says why, or what differs by mode; `host_note` adds to --host's help. The group is returned so a command
+    can add other, exclusive sources of hosts (`--caps`)."""
+    said = HOST_DEFAULTS[default] + (f" ({default_note})" if default_note else "")
+    neither = "without --host or --all-hosts" if all_hosts else "without --host"
+    group = parser.add_mutually_exclusive_group()
+    group.add_argument("--host", metavar="NAME", action="append" if repeatable else "store",
+                       help=f"{verb} this configured host{' (repeatable)' if repeatable else ''}{host_note}; "
+                            f"{neither}: {said}")
+    if all_hosts:
+        group.add_argument("--all-hosts", "--all", dest="all", action="store_true",
+                           help=f"{verb} every configured host ({neither}: {HOST_DEFAULTS[default]})")
+    return group
+
+
 def resolve_host(ctx: CliContext, name: str | None, alternatives: str = "") -> str:
     """The configured host `--host NAME` names, or the first one when it is omitted."""
     known = [host.name for host in ctx.settings.hosts]

@@ -1,5 +1,5 @@
 """The candidate hosts of `plan` and `place`: named (`--host`, repeatable), every configured
-one (`--all`), or capabilities files (`--caps`, repeatable, an offline fleet).
+one (`--all-hosts`, or `--all`), the first configured one (neither), or capabilities files (`--caps`, repeatable, an offline fleet).
 
 A host in maintenance takes no new guest and one that cannot be read takes none either:
 both are reported as refused, next to the guests' own reasons.
@@ -12,16 +12,22 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from vmplacer.cli.common import CliContext, OperationalError, UsageError, count, resolve_host, resolve_hosts
+from vmplacer.cli.common import (
+    CliContext,
+    OperationalError,
+    UsageError,
+    add_host_selection,
+    count,
+    resolve_host,
+    resolve_hosts,
+)
 
 
-def add_host_arguments(parser: argparse.ArgumentParser, *, caps: bool) -> None:
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--host", metavar="NAME", action="append",
-                        help="a configured host (repeatable: the best of them for each guest; "
-                        "default: the first configured host)")
-    source.add_argument("--all", action="store_true",
-                        help="every configured host not in maintenance: each guest goes to the best one")
+def add_host_arguments(parser: argparse.ArgumentParser, *, caps: bool, verb: str, default_note: str) -> None:
+    """The shared host selection (each guest goes to the best of the hosts, those in maintenance
+    refused), `--hosts-to-score`, and with `caps` the offline `--caps` files instead of hosts."""
+    source = add_host_selection(parser, default="first", verb=verb, default_note=default_note,
+                                host_note=": each guest goes to the best of them, hosts in maintenance refused")
     parser.add_argument("--hosts-to-score", type=count(0, 100_000, zero="every host"), default=None, metavar="N",
                         help="with more candidate hosts than N, allocate each guest on the N whose free room "
                         "promises most (and the best of each host shape), not on every host (default 8; "

@@ -26,6 +26,7 @@ from vmplacer.cli.common import (
     OperationalError,
     UsageError,
     add_format_argument,
+    add_host_selection,
     emit,
     print_table,
 )
@@ -39,9 +40,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Place each guest of a YAML request file on the best candidate host, define its "
         "domain and record the placement. The others are still placed when one cannot be: exit 3 if a "
         "guest does not fit, 1 if libvirt or the database failed for one, 2 if the domain XML policy "
-        "refused one.",
+        "refused one. Without --host/--all-hosts: the first configured host (kept for existing scripts).",
     )
-    add_host_arguments(parser, caps=False)
+    add_host_arguments(parser, caps=False, verb="place on", default_note="kept so that existing scripts act where they did")
     parser.add_argument("--request", metavar="FILE", required=True, help="YAML request file (guests: [...])")
     parser.add_argument("--start", action="store_true", help="start each domain after defining it")
     parser.add_argument("--ignore-maintenance", action="store_true",
@@ -51,7 +52,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.set_defaults(func=run)
 
     listing = subparsers.add_parser("placements", help="list the placements vmplacer recorded")
-    listing.add_argument("--host", metavar="NAME", help="only this host")
+    add_host_selection(listing, default="all", verb="list the placements on", repeatable=False)
     add_format_argument(listing)
     listing.set_defaults(func=run_list)
 

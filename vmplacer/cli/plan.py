@@ -66,10 +66,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "plan",
         help="dry run: place the guests of a request file and show pinning (and domain XML)",
         description="Place the guests of a YAML request file on the best of the candidate hosts and "
-        "print the host, placement and domain XML of each; nothing is changed. `--all` is the fleet's "
-        "dry run. Without --host/--all/--caps: the first configured host.",
+        "print the host, placement and domain XML of each; nothing is changed. `--all-hosts` is the fleet's "
+        "dry run. Without --host/--all-hosts/--caps: the first configured host (kept for existing scripts); "
+        "with --rebalance: every configured host.",
     )
-    add_host_arguments(parser, caps=True)
+    add_host_arguments(parser, caps=True, verb="plan on",
+                       default_note="kept so that existing scripts act where they did; with --rebalance: every configured host")
     parser.add_argument("--request", metavar="FILE", help="YAML request file (guests: [...]); required unless --rebalance")
     parser.add_argument("--rebalance", action="store_true",
                         help="plan live repins/migrations of the running guests instead (dry run, stored as proposed)")

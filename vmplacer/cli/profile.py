@@ -32,6 +32,7 @@ from vmplacer.cli.common import (
     OperationalError,
     UsageError,
     add_format_argument,
+    add_host_selection,
     count,
     duration,
     emit,
@@ -68,7 +69,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("vms", nargs="*", metavar="[run|show|replay] VM",
                         help="the action (default run), then its VMs: run: the VMs to profile (default: every "
                              "running VM in scope); show: the VMs whose stored results to print; replay: none")
-    parser.add_argument("--host", help="configured host name (default: the first one)")
+    add_host_selection(parser, default="first", verb="profile on",
+                       repeatable=False, all_hosts=False, default_note="`profile replay`: every configured host")
     parser.add_argument("--tm", type=duration(unit=None), metavar="DURATION",
                         help="freeze/sample length t_m with its unit, e.g. 10ms (a bare number is refused; "
                              "default: profiler.t_m_ms)")

@@ -31,6 +31,7 @@ from vmplacer.cli.common import (
     OperationalError,
     UsageError,
     add_format_argument,
+    add_host_selection,
     count,
     duration,
     emit,
@@ -59,8 +60,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("what", nargs="?", choices=("run", "status"), default="run", metavar="{run,status}",
                         help="run (the default): the protection loop on one host; status: the throttles in force "
                              "and each protected guest as its loop last saw it, no loop")
-    parser.add_argument("--host", metavar="NAME", help="the configured host to protect on (required for the loop; "
-                        "status: only this host)")
+    add_host_selection(parser, default="required", verb="protect guests on", repeatable=False,
+                       all_hosts=False, default_note="`protect status`: every configured host")
     runs = parser.add_mutually_exclusive_group()
     runs.add_argument("--once", action="store_true", help="one round, then exit")
     runs.add_argument("--rounds", type=count(1), metavar="N",

@@ -41,6 +41,7 @@ from vmplacer.cli.common import (
     OperationalError,
     UsageError,
     add_format_argument,
+    add_host_selection,
     count,
     duration,
     emit,
@@ -112,10 +113,8 @@ def _plan_states() -> tuple[str, ...]:
 
 def add_policy_arguments(parser: argparse.ArgumentParser, *, host_group: bool = True) -> None:
     if host_group:
-        where = parser.add_mutually_exclusive_group()
-        where.add_argument("--host", action="append", metavar="NAME",
-                           help="only this host (repeatable; no migrations between hosts left out)")
-        where.add_argument("--all", action="store_true", help="every configured host (the default)")
+        add_host_selection(parser, default="all", verb="rebalance",
+                           host_note=": no migrations to or from the hosts left out")
     parser.add_argument("--max-actions", type=count(0), metavar="N", help="at most N actions (default 8)")
     parser.add_argument("--scope", action="append", default=[], metavar="GLOB",
                         help="only guests matching may move (repeatable; the others still count as load)")

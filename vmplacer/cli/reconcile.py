@@ -33,6 +33,7 @@ from vmplacer.cli.common import (
     OperationalError,
     UsageError,
     add_format_argument,
+    add_host_selection,
     duration,
     emit,
     print_table,
@@ -52,9 +53,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "without a record are reported. Records changed within the settle window are left alone (a placement "
         "may be in progress).",
     )
-    where = parser.add_mutually_exclusive_group()
-    where.add_argument("--host", action="append", metavar="NAME", help="only this host (repeatable)")
-    where.add_argument("--all", action="store_true", help="every configured host (the default)")
+    add_host_selection(parser, default="all", verb="reconcile")
     parser.add_argument("--dry-run", action="store_true", help="report what would change; change nothing")
     parser.add_argument("--drift", choices=("restore", "adopt", "report"), default="restore",
                         help="drifted pinning: pin it back as recorded (default), adopt libvirt's pins into the "

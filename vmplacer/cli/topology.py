@@ -19,6 +19,7 @@ from vmplacer.cli.common import (
     OperationalError,
     UsageError,
     add_format_argument,
+    add_host_selection,
     emit,
     resolve_host,
 )
@@ -34,8 +35,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         description="Show a host's topology as the placer sees it. Without an option: the first "
         "configured host.",
     )
-    source = parser.add_mutually_exclusive_group()
-    source.add_argument("--host", metavar="NAME", help="a configured host, read through libvirt")
+    source = add_host_selection(parser, default="first", verb="read", repeatable=False,
+                                all_hosts=False, default_note="through libvirt; --caps or --sysfs read a file instead")
     source.add_argument("--caps", metavar="FILE", help="a libvirt capabilities XML file")
     source.add_argument("--sysfs", metavar="ROOT", help="a directory holding sys/devices/system ('/' here)")
     add_format_argument(parser)
