@@ -43,3 +43,16 @@ def test_every_action_of_every_parser_has_help_text():
 def test_the_walk_reaches_every_depth():
     progs = {parser.prog for parser, _action in _walk(build_parser())}
     assert {"vmplacer", "vmplacer plans", "vmplacer hosts disable", "vmplacer db upgrade"} <= progs
+
+
+def test_top_help_lists_every_command_once_in_a_group():
+    from vmplacer.cli.main import COMMAND_GROUPS, COMMANDS
+
+    grouped = [name for _title, names in COMMAND_GROUPS for name in names]
+    assert sorted(grouped) == sorted(COMMANDS)
+    text = build_parser([]).format_help()
+    for title, names in COMMAND_GROUPS:
+        section = text[text.index(f"\n{title}:\n"):]
+        section = section[:section.index("\n\n")]
+        assert [line.split()[0] for line in section.splitlines()[2:] if line.startswith("  ") and
+                not line.startswith("   ")] == list(names)

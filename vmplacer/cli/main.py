@@ -51,6 +51,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("vmplacer.cli.serve", "run the REST API (uvicorn)"),
     "token": ("vmplacer.cli.token", "create, revoke and list REST API bearer tokens"),
 }
+# How `vmplacer --help` lists the commands: each once, by what the operator is doing.
+COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("placing guests", ("plan", "place", "placements", "topology")),
+    ("hosts and records", ("hosts", "reconcile")),
+    ("measuring interference", ("profile", "model", "eval")),
+    ("moving and protecting guests", ("rebalance", "plans", "apply", "protect", "guard")),
+    ("running vmplacer", ("serve", "db", "config", "token", "version")),
+)
 COMMAND_MODULES = tuple(dict.fromkeys(module for module, _help in COMMANDS.values()))
 # Options that may come before the command, and whether each takes a value (argparse accepts prefixes).
 _GLOBAL_OPTIONS = value_taking_flags()
@@ -80,6 +88,29 @@ class _Parser(argparse.ArgumentParser):
         return namespace, extras
 
 
+class _TopParser(_Parser):
+    """`vmplacer --help` lists the commands in COMMAND_GROUPS' sections, then the options."""
+
+    def format_help(self) -> str:
+        formatter = self._get_formatter()
+        formatter.add_usage(self.usage, self._actions, self._mutually_exclusive_groups)
+        formatter.add_text(self.description)
+        commands = next(a for a in self._actions if isinstance(a, argparse._SubParsersAction))
+        listed = {choice.dest: choice for choice in commands._choices_actions}
+        for title, names in COMMAND_GROUPS:
+            formatter.start_section(title)
+            formatter.add_arguments([listed[name] for name in names if name in listed])
+            formatter.end_section()
+        for group in self._action_groups:
+            actions = [a for a in group._group_actions if a is not commands]
+            if actions:
+                formatter.start_section(group.title)
+                formatter.add_arguments(actions)
+                formatter.end_section()
+        formatter.add_text(self.epilog)
+        return formatter.format_help()
+
+
 def command_in(argv: Sequence[str]) -> str | None:
     """The command `argv` names (the first word after the global options), or None."""
     words = iter(argv)
@@ -101,9 +132,12 @@ def command_in(argv: Sequence[str]) -> str | None:
 def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     """The parser; with `argv`, only the named command's module is imported and registered
     (every other command is listed by name and help line). Without: every command in full."""
-    parser = _Parser(
+    parser = _TopParser(
         prog="vmplacer",
         description="Interference-aware placement controller for libvirt/KVM hosts.",
+        epilog="`vmplacer COMMAND --help` shows a command's options; the global options may also follow "
+               "the command. Exit codes: 0 ok, 1 a host, libvirt or the database failed, 2 bad usage, "
+               "3 a guest fits on no host (plan, place).",
     )
     add_global_options(parser, top=True)
     subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser,
