@@ -50,6 +50,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "eval": ("vmplacer.cli.eval", "evaluate the interference model on measured pair data"),
     "serve": ("vmplacer.cli.serve", "run the REST API (uvicorn)"),
     "token": ("vmplacer.cli.token", "create, revoke and list REST API bearer tokens"),
+    "completion": ("vmplacer.cli.completion", "print a shell completion script (bash)"),
 }
 # How `vmplacer --help` lists the commands: each once, by what the operator is doing.
 COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -57,7 +58,7 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("hosts and records", ("hosts", "reconcile")),
     ("measuring interference", ("profile", "model", "eval")),
     ("moving and protecting guests", ("rebalance", "plans", "apply", "protect", "guard")),
-    ("running vmplacer", ("serve", "db", "config", "token", "version")),
+    ("running vmplacer", ("serve", "db", "config", "token", "version", "completion")),
 )
 COMMAND_MODULES = tuple(dict.fromkeys(module for module, _help in COMMANDS.values()))
 # Options that may come before the command, and whether each takes a value (argparse accepts prefixes).

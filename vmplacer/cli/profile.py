@@ -106,7 +106,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--plot", metavar="FILE", help="show: draw ζ vs ζb box plots per VM into FILE.png")
     add_format_argument(parser)
     parser.set_defaults(func=run)
-    words_anywhere(parser, "vms")
+    words_anywhere(parser, "vms", VERBS)
 
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:

@@ -102,7 +102,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     plans.add_argument("--reason", metavar="TEXT", help="with cancel: why (kept with the plan and in the audit log)")
     add_format_argument(plans)
     plans.set_defaults(func=run_plans)
-    words_anywhere(plans, "words")
+    words_anywhere(plans, "words", PLANS_VERBS)
 
 
 def _plan_states() -> tuple[str, ...]:

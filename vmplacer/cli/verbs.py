@@ -14,10 +14,14 @@ from collections.abc import Sequence
 from vmplacer.cli.common import WORDS_ANYWHERE, UsageError
 
 
-def words_anywhere(parser: argparse.ArgumentParser, dest: str) -> None:
-    """Let the words of positional `dest` (nargs="*") also come after options: argparse alone
-    refuses `plans show --format json 12` ("unrecognized arguments: 12")."""
+ACTION_WORDS = "action_words"  # the parser attribute listing its actions (for shell completion)
+
+
+def words_anywhere(parser: argparse.ArgumentParser, dest: str, verbs: Sequence[str]) -> None:
+    """Let the words of positional `dest` (nargs="*"), which start with one of `verbs`, also come
+    after options: argparse alone refuses `plans show --format json 12` ("unrecognized arguments: 12")."""
     setattr(parser, WORDS_ANYWHERE, dest)
+    setattr(parser, ACTION_WORDS, tuple(verbs))
 
 
 def split_verb(command: str, words: Sequence[str], verbs: Sequence[str], *, bare: str,
