@@ -44,9 +44,9 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import host_facts  # noqa: E402
 
-from vmplacer.adapters.simulator import GroundTruth, SimCluster  # noqa: E402
-from vmplacer.app.evaluate import ProfileSettings, profile_host  # noqa: E402
-from vmplacer.app.rebalance_eval import DISTANCE_PRIOR  # noqa: E402
+from vmplacer.lab.simulator import GroundTruth, SimCluster  # noqa: E402
+from vmplacer.lab.evaluate import ProfileSettings, profile_host  # noqa: E402
+from vmplacer.lab.rebalance_eval import DISTANCE_PRIOR  # noqa: E402
 from vmplacer.core.allocate import NoFit, allocate  # noqa: E402
 from vmplacer.core.class_priors import Identity, ShrunkBetas  # noqa: E402
 from vmplacer.core.guest import GuestSpec  # noqa: E402

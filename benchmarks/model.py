@@ -27,8 +27,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import host_facts  # noqa: E402
 
-from vmplacer.adapters.simulator import GroundTruth, SimCluster  # noqa: E402
-from vmplacer.app.evaluate import (  # noqa: E402
+from vmplacer.lab.simulator import GroundTruth, SimCluster  # noqa: E402
+from vmplacer.lab.evaluate import (  # noqa: E402
     ProfileSettings,
     _populate,
     profile_training_hosts,

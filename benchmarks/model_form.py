@@ -4,7 +4,7 @@
 
 A diagnosis, not a race: for every one-host case of `benchmarks/results/rebalance.json` (its
 workloads, its host shape), every distinct layout is enumerated (as the optimum is:
-vmplacer/adapters/simulator_optimum.py) and scored four ways:
+vmplacer/lab/optimum.py) and scored four ways:
 
 * **truth** — the simulator's arithmetic: each neighbour y leaves x the fraction 1 − L·g_y
   of its speed, so losses compound (a product, never below 0);
@@ -36,8 +36,8 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import host_facts  # noqa: E402
 
-from vmplacer.adapters.simulator import GroundTruth  # noqa: E402
-from vmplacer.adapters.simulator_optimum import _layouts  # noqa: E402
+from vmplacer.lab.simulator import GroundTruth  # noqa: E402
+from vmplacer.lab.optimum import _layouts  # noqa: E402
 from vmplacer.core.interference import distance_matrix  # noqa: E402
 from vmplacer.core.pairs import parse_pairs  # noqa: E402
 from vmplacer.core.topology import uniform_topology  # noqa: E402

@@ -11,13 +11,13 @@ policy, interference-blind spreading and the optimum; and planning time at scale
 For each pair matrix in tests/data/interference/*_pairs.csv (the simulator's hidden truth), for
 each host shape (SHAPES: free cores, two hosts, NUMA, full hosts, full hosts with cache-hungry and
 compute-bound guests, overcommitted hosts) and starting point (the seed's worst case — VMs packed
-on SMT sibling threads of the first host — and random pCPUs), for each seed: see vmplacer/app/rebalance_eval.py for the
+on SMT sibling threads of the first host — and random pCPUs), for each seed: see vmplacer/lab/rebalance_eval.py for the
 policies. vmplacer plans with the exact solver (CP-SAT) on hosts of at most 16 pCPUs.
 Performance = mean fraction of isolated performance over all VMs, from the simulator's
 noise-free truth. The optimum enumerates every distinct layout (hosts, nodes, cores and threads
-are interchangeable; time sharing included: vmplacer/adapters/simulator_optimum.py) — proven,
+are interchangeable; time sharing included: vmplacer/lab/optimum.py) — proven,
 for every case here. Each row says each policy's share of it, and when vmplacer ends more than
-0.5 % below a simple rule, why (vmplacer/app/rebalance_verdict.py): threshold (in truth the
+0.5 % below a simple rule, why (vmplacer/lab/verdicts.py): threshold (in truth the
 step to the rule's layout gains less than min_gain / min_migration_gain: a perfect model declines
 it too), declined (the plan names the gain and what declined it), search, or model (the model
 rates its own layout higher). Only search and model are real losses. Steps are valued as the
@@ -74,11 +74,11 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import host_facts  # noqa: E402
 
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver  # noqa: E402
-from vmplacer.adapters.simulator import GroundTruth, SimCluster  # noqa: E402
-from vmplacer.adapters.simulator_optimum import case_optimum  # noqa: E402
-from vmplacer.app.evaluate import ProfileSettings, profile_host  # noqa: E402
-from vmplacer.app.rebalance_eval import DISTANCE_PRIOR, Case, HostShape, evaluate_case  # noqa: E402
-from vmplacer.app.rebalance_verdict import REAL_LOSSES, VERDICTS, perfect_model_moves  # noqa: E402
+from vmplacer.lab.simulator import GroundTruth, SimCluster  # noqa: E402
+from vmplacer.lab.optimum import case_optimum  # noqa: E402
+from vmplacer.lab.evaluate import ProfileSettings, profile_host  # noqa: E402
+from vmplacer.lab.rebalance_eval import DISTANCE_PRIOR, Case, HostShape, evaluate_case  # noqa: E402
+from vmplacer.lab.verdicts import REAL_LOSSES, VERDICTS, perfect_model_moves  # noqa: E402
 from vmplacer.core.interference import FORMS, InterferenceModel, ModelConfig  # noqa: E402
 from vmplacer.core.pairs import parse_pairs  # noqa: E402
 from vmplacer.core.placement import Placement  # noqa: E402

@@ -1,8 +1,9 @@
 """Protocols between the application layer and the outside world.
 
-`app/` depends only on these; libvirt, the simulator and the database are
-adapters injected by `vmplacer/bootstrap/`, so the same profiler, executor and
-rebalancer run against real hosts and simulated ones.
+`app/` depends only on these; libvirt and the database are adapters injected by
+`vmplacer/bootstrap/`, and the lab's simulator (`vmplacer/lab/`) implements them
+too, so the same profiler, executor and rebalancer run against real hosts and
+simulated ones.
 """
 
 from __future__ import annotations

@@ -13,7 +13,7 @@ from vmplacer.adapters.db import migrate
 from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
 from vmplacer.adapters.request_file import parse_request_text
-from vmplacer.adapters.simulator import SimCluster
+from vmplacer.lab.simulator import SimCluster
 from vmplacer.app.placement_service import PlacementService
 from vmplacer.app.rebalance import Rebalancer
 from vmplacer.app.fleet_planner import FleetHost

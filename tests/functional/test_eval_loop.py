@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vmplacer.adapters.simulator import INSTRUCTIONS_PER_CPU_SECOND, GroundTruth, SimCluster
-from vmplacer.app.evaluate import (
+from vmplacer.lab.simulator import INSTRUCTIONS_PER_CPU_SECOND, GroundTruth, SimCluster
+from vmplacer.lab.evaluate import (
     ProfileSettings,
     evaluate_model,
     freeze_and_sense,
@@ -168,7 +168,7 @@ def test_the_evaluation_loop_profiles_with_productions_budget():
     """A profile step and a trial's probe of the evaluated loop are ROUNDS_PER_PROFILE rounds, each
     with the configured default of pair probes: vmplacer is judged on the samples it takes."""
     from vmplacer.app.rebalance import ROUNDS_PER_PROFILE
-    from vmplacer.app.rebalance_eval import VmplacerLoop
+    from vmplacer.lab.rebalance_eval import VmplacerLoop
     from vmplacer.config import ProfilerSettings
 
     sim = SimCluster(GroundTruth(E7600), noise=0.0)
@@ -187,8 +187,8 @@ def test_the_evaluation_loop_profiles_with_productions_budget():
 def test_a_checkpoint_records_vmplacer_as_a_shorter_evaluation_ends():
     """Performance recorded after an earlier run count is what a case run only that long ends at,
     and the last mark is the case's own result: one row shows how fast vmplacer converges."""
-    from vmplacer.adapters.simulator_optimum import case_optimum
-    from vmplacer.app.rebalance_eval import Case, evaluate_case
+    from vmplacer.lab.optimum import case_optimum
+    from vmplacer.lab.rebalance_eval import Case, evaluate_case
 
     def simulator(truth, seed, noise):
         return SimCluster(truth, seed=seed, noise=noise)
@@ -218,8 +218,8 @@ def test_a_checkpoint_records_vmplacer_as_a_shorter_evaluation_ends():
 def test_a_case_is_also_measured_against_the_optimum_of_vmplacers_own_objective():
     """vmplacer maximizes Σ p − φ·max(0, 1 − p)²; the row says how far it ends from the layout that
     maximizes that in truth, and whether the step there clears the threshold a perfect model needs."""
-    from vmplacer.adapters.simulator_optimum import case_optimum
-    from vmplacer.app.rebalance_eval import Case, evaluate_case
+    from vmplacer.lab.optimum import case_optimum
+    from vmplacer.lab.rebalance_eval import Case, evaluate_case
     from vmplacer.core.policies.rebalance_state import RebalanceSettings
 
     def simulator(truth, seed, noise):

@@ -9,7 +9,7 @@ import pytest
 
 from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore
-from vmplacer.adapters.simulator import SimCluster
+from vmplacer.lab.simulator import SimCluster
 from vmplacer.app.executor import Executor, ExecutorError, ExecutorSettings
 from vmplacer.app.rebalance import Rebalancer, RebalanceError, RunOptions
 from vmplacer.core.placement import Placement

@@ -21,7 +21,7 @@ from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates
 from vmplacer.adapters.db.throttles import SqlThrottleLedger
 from vmplacer.adapters.domain_xml import render_domain
-from vmplacer.adapters.simulator import VirtualClock
+from vmplacer.lab.simulator import VirtualClock
 from vmplacer.app.executor import Executor
 from vmplacer.app.placement_service import PlacementService
 from vmplacer.app.reconcile import Reconciler

@@ -17,7 +17,7 @@ from tests.functional.test_executor_sim import crowd, pins, rebalancer, sim  # n
 from vmplacer.adapters.db.models import AuditRow, HostLeaseRow, utcnow
 from vmplacer.adapters.db.plans import STOPPED_BEFORE, SqlLeaseStore, SqlPlanStore
 from vmplacer.app.rebalance import PlanStateError, RunOptions, cancel_plan
-from vmplacer.app.rebalance_eval import MemoryPlanStore
+from vmplacer.lab.rebalance_eval import MemoryPlanStore
 from vmplacer.core.placement import Placement
 from vmplacer.core.plan import Action, Plan
 from vmplacer.core.policies.rebalance_state import RebalanceSettings

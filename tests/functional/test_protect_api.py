@@ -21,7 +21,7 @@ from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
 from vmplacer.adapters.db.throttles import SqlThrottleLedger
-from vmplacer.adapters.simulator import SimCluster
+from vmplacer.lab.simulator import SimCluster
 from vmplacer.api.app import create_app
 from vmplacer.api.protecting import PROTECT_JOB, protect_handler
 from vmplacer.api.services import ApiOptions

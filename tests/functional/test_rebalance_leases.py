@@ -12,7 +12,7 @@ from sqlalchemy import select
 from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.models import HostLeaseRow
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
-from vmplacer.adapters.simulator import SimCluster
+from vmplacer.lab.simulator import SimCluster
 from vmplacer.app.rebalance import Rebalancer, RunOptions
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
 from vmplacer.core.topology import uniform_topology

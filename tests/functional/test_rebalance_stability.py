@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from vmplacer.adapters.simulator import SimCluster
+from vmplacer.lab.simulator import SimCluster
 from vmplacer.app.rebalance import RunOptions
-from vmplacer.app.rebalance_eval import DISTANCE_PRIOR, Case, HostShape, VmplacerLoop, build, starting_point
+from vmplacer.lab.rebalance_eval import DISTANCE_PRIOR, Case, HostShape, VmplacerLoop, build, starting_point
 from vmplacer.core.interference import ModelConfig
 from vmplacer.core.pairs import parse_pairs
 from vmplacer.core.policies.rebalance_state import RebalanceSettings

@@ -13,7 +13,7 @@ import pytest
 
 from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore
-from vmplacer.adapters.simulator import SimCluster
+from vmplacer.lab.simulator import SimCluster
 from vmplacer.api.metrics import ApiMetrics, trial_outcome_gauges
 from vmplacer.app.actions.probe import OnVerdict
 from vmplacer.app.jobs import JobContext

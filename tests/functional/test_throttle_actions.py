@@ -9,7 +9,7 @@ import pytest
 from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
 from vmplacer.adapters.db.throttles import SqlThrottleLedger
-from vmplacer.adapters.simulator import SimCluster
+from vmplacer.lab.simulator import SimCluster
 from vmplacer.app.executor import Executor
 from vmplacer.app.rebalance import Rebalancer
 from vmplacer.core.bandwidth import CpuBandwidth, throttled_to

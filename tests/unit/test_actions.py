@@ -7,7 +7,7 @@ from dataclasses import replace
 
 import pytest
 
-from vmplacer.adapters.simulator import SimCluster
+from vmplacer.lab.simulator import SimCluster
 from vmplacer.app.actions import Check, action_kinds
 from vmplacer.core.bandwidth import CpuBandwidth, throttled_to
 from vmplacer.core.placement import Placement

@@ -3,9 +3,9 @@ executor stops a running plan between actions there as it does on the database."
 
 from __future__ import annotations
 
-from vmplacer.adapters.simulator import SimCluster
+from vmplacer.lab.simulator import SimCluster
 from vmplacer.app.rebalance import Rebalancer, cancel_plan
-from vmplacer.app.rebalance_eval import MemoryLeaseStore, MemoryPlanStore
+from vmplacer.lab.rebalance_eval import MemoryLeaseStore, MemoryPlanStore
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
 from vmplacer.core.topology import uniform_topology
 from vmplacer.ports import PlanStore

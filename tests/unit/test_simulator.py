@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from vmplacer.adapters.simulator import (
+from vmplacer.lab.simulator import (
     DEFAULT_DISTANCE_FACTORS,
     INSTRUCTIONS_PER_CPU_SECOND,
     GroundTruth,

@@ -6,8 +6,8 @@ import itertools
 
 import pytest
 
-from vmplacer.adapters.simulator import GroundTruth, SimCluster
-from vmplacer.adapters.simulator_optimum import _layouts, best_layout, count_layouts
+from vmplacer.lab.simulator import GroundTruth, SimCluster
+from vmplacer.lab.optimum import _layouts, best_layout, count_layouts
 from vmplacer.core.pairs import parse_pairs
 from vmplacer.core.topology import uniform_topology
 

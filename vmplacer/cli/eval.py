@@ -102,8 +102,8 @@ def load_profiles(path: str) -> Profiles:
 
 def run_model(args: argparse.Namespace, ctx: CliContext) -> int:
     # the simulator is this command's only host: built here, like a composition root would
-    from vmplacer.adapters.simulator import GroundTruth, SimCluster
-    from vmplacer.app.evaluate import ProfileSettings, evaluate_model, parse_range
+    from vmplacer.lab.simulator import GroundTruth, SimCluster
+    from vmplacer.lab.evaluate import ProfileSettings, evaluate_model, parse_range
 
     if args.cores < 2:
         raise UsageError(f"--cores must be >= 2, got {args.cores}")
@@ -191,7 +191,7 @@ def _render_rank(data: dict) -> None:
 
 
 def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
-    from vmplacer.app.rebalance_eval import Case, HostShape, evaluate_case
+    from vmplacer.lab.rebalance_eval import Case, HostShape, evaluate_case
 
     try:
         nodes, cores, threads = (int(part) for part in args.shape.lower().split("x"))
@@ -209,8 +209,8 @@ def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
         raise UsageError(f"--vms {args.vms}: the siblings start packs every VM on the first host, "
                          f"which has {shape.pcpus} pCPUs")
     from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
-    from vmplacer.adapters.simulator import GroundTruth, SimCluster  # this command's only hosts
-    from vmplacer.adapters.simulator_optimum import case_optimum
+    from vmplacer.lab.simulator import GroundTruth, SimCluster  # this command's only hosts
+    from vmplacer.lab.optimum import case_optimum
     from vmplacer.core.policies.rebalance_state import RebalanceSettings
 
     table = load_pairs(args.pairs)
@@ -240,7 +240,7 @@ def _render_rebalance(row: dict) -> None:
          for p in policies])
     best = row.get("objective_optimum")
     if best:
-        from vmplacer.app.rebalance_verdict import perfect_model_moves
+        from vmplacer.lab.verdicts import perfect_model_moves
 
         step = best["step"]
         verdict = ("vmplacer is there" if step["true_gain"] <= 1e-9 else

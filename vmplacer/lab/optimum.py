@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vmplacer.adapters.simulator import GroundTruth
+from vmplacer.lab.simulator import GroundTruth
 from vmplacer.core.interference import distance_matrix
 from vmplacer.core.layout_problem import utility
 from vmplacer.core.topology import uniform_topology

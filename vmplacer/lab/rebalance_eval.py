@@ -29,10 +29,10 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vmplacer.app.evaluate import ProfileSettings, freeze_and_sense, measure, profile_and_measure
+from vmplacer.lab.evaluate import ProfileSettings, freeze_and_sense, measure, profile_and_measure
 from vmplacer.app.executor import ExecutorSettings
 from vmplacer.app.rebalance import ROUNDS_PER_PROFILE, Rebalancer, RunOptions
-from vmplacer.app.rebalance_verdict import SIMPLE, model_objectives, reach, step_threshold, true_objective, verdict
+from vmplacer.lab.verdicts import SIMPLE, model_objectives, reach, step_threshold, true_objective, verdict
 from vmplacer.core.interference import InterferenceModel, ModelConfig, Observation, other_form
 from vmplacer.core.layout_problem import LayoutSolver
 from vmplacer.core.pairs import PairTable
