@@ -1,5 +1,6 @@
 """Layering rules of docs/architecture.md, build-breaking: the pure core stays pure, the
-lower layers (config, core) know no front end, and no module imports itself back."""
+lower layers (config, core) know no front end, the product never imports the lab, and no
+module imports itself back."""
 
 from __future__ import annotations
 
@@ -101,6 +102,63 @@ def test_adapters_import_no_config():
                 for name, targets in sorted(_graph().items()) if name.startswith("vmplacer.adapters")
                 for target in sorted(targets) if target == "vmplacer.config"]
     assert not problems, "adapters import no config:\n" + "\n".join(problems)
+
+
+# ----- the lab ---------------------------------------------------------------------------------
+# The simulator, its optimum and the evaluations measure the product; nothing the product runs on
+# real hosts may depend on them. `vmplacer eval` is the one way in, and it imports the lab inside
+# its handlers so every other command starts without it. Benchmarks and tests sit outside the
+# package and may import it freely.
+
+LAB = "vmplacer.lab"
+LAB_USERS = {"vmplacer.cli.eval"}
+LAB_MAY_IMPORT = ("vmplacer.core", "vmplacer.ports", "vmplacer.app", "vmplacer.adapters", LAB)
+
+
+def _within(name: str, packages: tuple[str, ...]) -> bool:
+    return any(name == p or name.startswith(p + ".") for p in packages)
+
+
+def _lab_problems(graph: dict[str, set[str]]) -> list[str]:
+    """Imports of the lab by anything but its users, and imports by the lab of anything above
+    core, ports, app and adapters."""
+    problems = []
+    for name, targets in sorted(graph.items()):
+        inside = _within(name, (LAB,))
+        for target in sorted(targets):
+            if not inside and name not in LAB_USERS and _within(target, (LAB,)):
+                problems.append(f"{name} imports {target}")
+            elif inside and not _within(target, LAB_MAY_IMPORT):
+                problems.append(f"{name} imports {target}")
+    return problems
+
+
+def test_only_vmplacer_eval_imports_the_lab_and_the_lab_imports_no_front_end():
+    graph = _graph()
+    assert LAB in graph and LAB_USERS <= graph.keys(), "the lab or its user moved: update this test"
+    problems = _lab_problems(graph)
+    assert not problems, "the product never imports vmplacer.lab:\n" + "\n".join(problems)
+
+
+def test_vmplacer_eval_imports_the_lab_only_inside_its_handlers():
+    """At module level `cli/eval.py` stays free of the lab: registering the command (as
+    `vmplacer --help` does) must not load the simulator."""
+    path = PACKAGE / "cli" / "eval.py"
+    top = [name for node in ast.parse(path.read_text(), filename=str(path)).body
+           for name in ([alias.name for alias in node.names] if isinstance(node, ast.Import) else
+                        [node.module or ""] if isinstance(node, ast.ImportFrom) else [])]
+    assert top and not [name for name in top if _within(name, (LAB,))]
+    modules = _module_names()
+    assert {m for m in _project_imports("vmplacer.cli.eval", path, modules) if _within(m, (LAB,))}
+
+
+def test_the_lab_rule_has_teeth():
+    graph = {"vmplacer.app.rebalance": {"vmplacer.lab.simulator"},
+             "vmplacer.cli.eval": {"vmplacer.lab.evaluate"},
+             "vmplacer.lab.evaluate": {"vmplacer.core.pairs", "vmplacer.lab.simulator", "vmplacer.bootstrap"},
+             "vmplacer.lab.simulator": {"vmplacer.ports", "vmplacer.adapters.cpsat_layout", "vmplacer.app.executor"}}
+    assert _lab_problems(graph) == ["vmplacer.app.rebalance imports vmplacer.lab.simulator",
+                                    "vmplacer.lab.evaluate imports vmplacer.bootstrap"]
 
 
 def _cycle_from(graph: dict[str, set[str]], start: str) -> list[str] | None:
