@@ -53,7 +53,8 @@ def test_the_wheel_carries_what_vmplacer_reads(installed):
     package = installed / "vmplacer"
     for shipped in ("templates/domain.xml.j2", "migrations/env.py", "migrations/versions",
                     "systemd/vmplacer-api.service", "data/example-host.xml", "web/templates/base.html",
-                    "web/templates/host.html", "web/static/ui.js", "web/static/ui.css"):
+                    "web/templates/host.html", "web/static/ui.js", "web/static/ui.css",
+                    "lab/simulator.py"):  # what `vmplacer eval` runs on
         assert (package / shipped).exists(), shipped
 
 
