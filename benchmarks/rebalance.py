@@ -366,13 +366,14 @@ def trained_model(seed: int = 1, form: str | None = None) -> InterferenceModel:
     return InterferenceModel(model_config(form)).fit(observations)
 
 
-def plan_at_scale(hosts: int = 100, vms: int = 40, repeats: int = 3, form: str | None = None) -> dict:
-    model = trained_model(form=form)
+def scale_fleet(model: InterferenceModel, hosts: int, vms: int, digits: int = 3) -> ClusterState:
+    """The fleet planning is timed on (seeded): uniform two-node hosts of 24 cores x 2 threads,
+    each with `vms` one-vCPU batch guests pinned to random pCPUs, workloads the model knows."""
     workloads = list(model.known_keys())
     rng = random.Random(2)
     host_states, guests = {}, {}
     for h in range(hosts):
-        name = f"h{h:03d}"
+        name = f"h{h:0{digits}d}"
         topology = uniform_topology(nodes=2, cores_per_node=12, threads_per_core=2, name=name)
         host_states[name] = HostState(name, topology)
         for v in range(vms):
@@ -381,7 +382,12 @@ def plan_at_scale(hosts: int = 100, vms: int = 40, repeats: int = 3, form: str |
                                   memory_kib=2 * 1024 * 1024)
             guests[guest] = describe_guest(placement, labels={"workload": rng.choice(workloads),
                                                               "workload_class": "batch"})
-    state = ClusterState(host_states, guests)
+    return ClusterState(host_states, guests)
+
+
+def plan_at_scale(hosts: int = 100, vms: int = 40, repeats: int = 3, form: str | None = None) -> dict:
+    model = trained_model(form=form)
+    state = scale_fleet(model, hosts, vms)
     times, plan = [], None
     for _ in range(repeats):
         began = time.perf_counter()

@@ -38,29 +38,13 @@ def _rebalance_benchmark():  # type: ignore[no-untyped-def]
 
 
 def measure(hosts: int, guests: int) -> dict:
-    import random
-
     from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
-    from vmplacer.core.placement import Placement
-    from vmplacer.core.policies.rebalance import ClusterState, HostState, RebalanceSettings, describe_guest, plan_rebalance
+    from vmplacer.core.policies.rebalance import RebalanceSettings, plan_rebalance
     from vmplacer.core.stage_times import StageTimes
-    from vmplacer.core.topology import uniform_topology
 
     bench = _rebalance_benchmark()
     model = bench.trained_model()
-    workloads = list(model.known_keys())
-    rng = random.Random(2)
-    host_states, described = {}, {}
-    for h in range(hosts):
-        name = f"h{h:04d}"
-        host_states[name] = HostState(name, uniform_topology(nodes=2, cores_per_node=12, threads_per_core=2, name=name))
-        for v in range(guests):
-            guest = f"{name}-vm{v:02d}"
-            placement = Placement(guest=guest, host=name, vcpupin={0: frozenset({rng.randrange(48)})},
-                                  memory_kib=2 * 1024 * 1024)
-            described[guest] = describe_guest(placement, labels={"workload": rng.choice(workloads),
-                                                                 "workload_class": "batch"})
-    state = ClusterState(host_states, described)
+    state = bench.scale_fleet(model, hosts, guests, digits=4)
     times = StageTimes(time.perf_counter)
     cpu, wall = time.process_time(), time.perf_counter()
     plan = plan_rebalance(state, model, RebalanceSettings(), now=0.0, solver=CpSatLayoutSolver(), times=times)

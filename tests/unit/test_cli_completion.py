@@ -8,6 +8,7 @@ import subprocess
 
 import pytest
 
+from tests.support import require
 from vmplacer.cli.completion import bash_script
 from vmplacer.cli.global_options import command_parsers
 from vmplacer.cli.main import COMMANDS, build_parser, main
@@ -33,6 +34,7 @@ def test_the_script_names_every_command_and_sub_command(script):
 
 def _complete(script: str, line: str) -> list[str]:
     """What bash offers for `line` (the word being completed is its last, maybe empty)."""
+    require(shutil.which("bash") is not None, "bash is what the completion script is for")
     words = line.split(" ")
     program = (script + "\nCOMP_WORDS=(" + " ".join(f"'{w}'" for w in words) + ")\n"
                f"COMP_CWORD={len(words) - 1}\n_vmplacer\nprintf '%s\\n' \"${{COMPREPLY[@]}}\"\n")
@@ -40,7 +42,6 @@ def _complete(script: str, line: str) -> list[str]:
     return sorted(filter(None, done.stdout.splitlines()))
 
 
-@pytest.mark.skipif(shutil.which("bash") is None, reason="bash is what this script is for")
 @pytest.mark.parametrize("line, offered", [
     ("vmplacer pl", ["place", "placements", "plan", "plans"]),
     ("vmplacer --config c.yaml hosts dis", ["disable"]),
