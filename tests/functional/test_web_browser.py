@@ -304,6 +304,8 @@ def test_the_guest_page_shows_the_right_pins(site, browser):
     browser.get_log("browser")
     _sign_in(browser, site, site.read)
     browser.get(f"{site.url}/ui/hosts/{EXAMPLE_HOST_NAME}")
+    browser.execute_script("return window.vmplacerRefresh()")  # the guest table as the script rebuilds it
+    _wait(browser, lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-refreshes") == "1")
     browser.find_element(By.LINK_TEXT, DEDICATED).click()  # from the host page's guest table
     _wait(browser, lambda d: d.current_url == _guest_url(site, DEDICATED))
     assert browser.find_element(By.ID, "guest-name").text == DEDICATED
