@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 
 from tests.functional.test_api_helpers import free_port, make_container
-from tests.functional.web_support import DEDICATED, HOSTILE, SHARED, Known, big_host, record_guests, store_plan
+from tests.functional.web_support import (DEDICATED, HOSTILE, SHARED, Known, big_host, record_guests, store_plan,
+                                          store_profiles)
 from tests.support import require
 from vmplacer.config import EXAMPLE_CAPABILITIES, EXAMPLE_HOST_NAME
 from vmplacer.core.placement import Placement
@@ -64,6 +65,7 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
     read = SqlTokenStore(container.sessions).create("viewer", "read")
     known = record_guests(container, EXAMPLE_HOST_NAME)
     store_plan(container, EXAMPLE_HOST_NAME)
+    store_profiles(container, EXAMPLE_HOST_NAME)
     app = create_app(container, ApiOptions(run_jobs=False, replay_freeze_journal=False, isolation_check_s=0))
     port = free_port()
     server, thread = _serve(app, port)
@@ -286,3 +288,89 @@ def test_a_host_of_512_pcpus_renders_every_pcpu(site, browser, record_property):
     print(f"512-pCPU host page: {timing}")
     assert timing["dom"] >= timing["response"] > 0  # the browser's own ordering of its events
     _shot(browser, "host-512")
+
+
+def _guest_url(site: Site, guest: str) -> str:
+    from urllib.parse import quote
+
+    return f"{site.url}/ui/hosts/{EXAMPLE_HOST_NAME}/guests/{quote(guest, safe='')}"
+
+
+def test_the_guest_page_shows_the_right_pins(site, browser):
+    from selenium.webdriver.common.by import By
+
+    from vmplacer.core.cpuset import format_cpuset
+
+    browser.get_log("browser")
+    _sign_in(browser, site, site.read)
+    browser.get(f"{site.url}/ui/hosts/{EXAMPLE_HOST_NAME}")
+    browser.execute_script("return window.vmplacerRefresh()")  # the guest table as the script rebuilds it
+    _wait(browser, lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-refreshes") == "1")
+    browser.find_element(By.LINK_TEXT, DEDICATED).click()  # from the host page's guest table
+    _wait(browser, lambda d: d.current_url == _guest_url(site, DEDICATED))
+    assert browser.find_element(By.ID, "guest-name").text == DEDICATED
+    owned = list(site.known.exclusive)  # vCPU i on the i-th pCPU it was given
+    pins = [(r.get_attribute("data-vcpu"), r.find_elements(By.TAG_NAME, "td")[1].text)
+            for r in browser.find_elements(By.CSS_SELECTOR, "#vcpupin tbody tr")]
+    assert pins == [(str(i), str(cpu)) for i, cpu in enumerate(owned)]
+    assert browser.find_element(By.ID, "emulatorpin").text == format_cpuset(frozenset(site.known.emulator))
+    assert browser.find_element(By.ID, "exclusive").text == format_cpuset(frozenset(owned))
+    assert browser.find_element(By.ID, "memory-nodes").text == "0 (strict)"
+    neighbours = {r.get_attribute("data-neighbour"): r.text
+                  for r in browser.find_elements(By.CSS_SELECTOR, "#neighbours tr[data-neighbour]")}
+    assert set(neighbours) == {SHARED, HOSTILE}  # the hostile name as the characters it is made of
+    assert all(" %" in text for text in neighbours.values())
+    assert len(browser.find_elements(By.CSS_SELECTOR, "#history tr[data-run]")) == 2
+    assert browser.find_elements(By.TAG_NAME, "img") == [] and _no_alert(browser)
+    _shot(browser, "guest")
+    browser.get(f"{site.url}/ui/plans/1")
+    browser.find_element(By.LINK_TEXT, SHARED).click()  # from the plan page, to where it runs now
+    _wait(browser, lambda d: d.current_url == _guest_url(site, SHARED))
+    assert [r.get_attribute("data-plan") for r in browser.find_elements(By.CSS_SELECTOR, "#guest-plans tr")[1:]] == ["1"]
+    browser.get(_guest_url(site, HOSTILE))
+    assert browser.find_element(By.ID, "guest-name").text == HOSTILE
+    assert browser.find_elements(By.TAG_NAME, "img") == [] and _no_alert(browser)
+    violations = [m for m in _console(browser) if "Content Security Policy" in m or "Refused to" in m]
+    assert violations == []
+
+
+def test_the_model_page_draws_heat_map_cells_with_their_counts(site, browser):
+    from selenium.webdriver.common.by import By
+
+    from vmplacer.core.topology import NEIGHBOUR_CLASSES
+
+    browser.get_log("browser")
+    _sign_in(browser, site, site.read)
+    browser.get(f"{site.url}/ui/model")
+    maps = browser.find_elements(By.CSS_SELECTOR, "section.heatmap")
+    assert [m.get_attribute("data-distance") for m in maps] == [c.value for c in NEIGHBOUR_CLASSES]
+    model = site.container.load_model()
+    keys = model.known_keys()
+    observed = {(c.value, u, v): n for (c, u, v), n in model.pair_evidence().items() if n > 0}
+    cells = browser.find_elements(By.CSS_SELECTOR, "td.cell[data-beta]")
+    assert len(cells) == len(maps) * len(keys) * (len(keys) - 1)
+    seen = 0
+    for section in maps:
+        distance = section.get_attribute("data-distance")
+        for cell in section.find_elements(By.CSS_SELECTOR, "td.cell[data-beta]"):
+            key = (distance, cell.get_attribute("data-background"), cell.get_attribute("data-foreground"))
+            count = float(cell.find_element(By.CLASS_NAME, "obs").text)
+            assert count == pytest.approx(observed.get(key, 0.0), rel=1e-2)
+            assert (count > 0) == ("prior" not in cell.get_attribute("class").split())
+            # drawn: a colour class from the stylesheet, not an inline style
+            assert cell.get_attribute("style") in (None, "")
+            assert cell.value_of_css_property("background-color") != "rgba(0, 0, 0, 0)"
+            seen += count > 0
+    assert seen == len(observed) > 0
+    assert browser.find_elements(By.TAG_NAME, "img") == [] and _no_alert(browser)
+    _shot(browser, "model")
+    violations = [m for m in _console(browser) if "Content Security Policy" in m or "Refused to" in m]
+    assert violations == []
+
+
+def test_an_unknown_page_is_a_page(site, browser):
+    from selenium.webdriver.common.by import By
+
+    _sign_in(browser, site, site.read)
+    browser.get(f"{site.url}/ui/nowhere")
+    assert browser.find_element(By.TAG_NAME, "h1").text == "Not found"

@@ -93,3 +93,46 @@ def store_plan(container: Any, host: str) -> int:
                          Action(1, "probe", host, depends_on=(0,), parameters={"seconds": 5.0}, state="succeeded")),
                 hosts=(host,), objective_before=1.5, objective_after=1.75, summary="1 repin", created_at=1795830000.0)
     return int(container.plan_store.save(plan, created_by="tests").id)
+
+
+def store_profiles(container: Any, host: str, runs: int = 2) -> list[int]:
+    """Finished profile runs on `host`, stored and summarised as the profiler stores them: the
+    dedicated guest measured next to the shared and the hostile guest (frozen for ζb), the
+    shared guest next to the dedicated one, each neighbour at its real distance on the host;
+    then `vmplacer model learn`'s learning over them. Returns the run ids."""
+    from vmplacer.app.learn import learn_both_forms
+    from vmplacer.core.model_view import nearest_distance, tenant_of
+    from vmplacer.core.placement import placement_from_dict
+    from vmplacer.core.profile_stats import Distribution, degradation
+    from vmplacer.ports import Neighbour, ProfileSample
+
+    topology = container.hypervisor(host).topology()
+    tenants = {g: tenant_of(topology, placement_from_dict(container.placement_store.get(g)["placement"]))
+               for g in (DEDICATED, SHARED, HOSTILE)}
+
+    def around(guest: str) -> tuple[Neighbour, ...]:
+        return tuple(Neighbour(other, nearest_distance(topology, tenants[guest], tenants[other]).value, True)
+                     for other in tenants if other != guest and (guest == DEDICATED or other == DEDICATED))
+
+    store = container.profile_store
+    ids = []
+    for run in range(runs):
+        run_id = store.start_run(host, "ipc", {"samples": 4})
+        values: dict[str, tuple[list[float], list[float]]] = {}
+        samples = []
+        for guest, loss in ((DEDICATED, 0.2 + 0.05 * run), (SHARED, 0.1)):
+            shared = [1.0 - loss + 0.01 * i for i in range(4)]
+            alone = [1.0 + 0.01 * i for i in range(4)]
+            values[guest] = (shared, alone)
+            at = 1795830000.0 + 3600 * run
+            for i in range(4):
+                samples.append(ProfileSample(guest, "zeta", "ipc", shared[i], 0.1, 100.0, at + 2 * i, around(guest)))
+                samples.append(ProfileSample(guest, "zeta_b", "ipc", alone[i], 0.1, 100.0, at + 2 * i + 1,
+                                             around(guest), freeze_ms=12.0))
+        store.add_samples(run_id, samples)
+        vms = {g: {"zeta": Distribution.of(z).to_dict(), "zeta_b": Distribution.of(zb).to_dict(),
+                   "degradation": degradation(z, zb).to_dict()} for g, (z, zb) in values.items()}
+        store.finish_run(run_id, {"host": host, "metric": "ipc", "run_id": run_id, "vms": vms})
+        ids.append(run_id)
+    learn_both_forms(store.finished_run_ids(), store, container.model_repository)
+    return ids

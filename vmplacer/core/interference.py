@@ -844,6 +844,18 @@ class InterferenceModel:
                 result[neighbour] = result.get(neighbour, 0.0) + float(diagonal[index])
         return result
 
+    def pair_evidence(self) -> dict[tuple[DistanceClass, str, str], float]:
+        """(distance, background, foreground) -> the data resting on that exact coefficient, in
+        unit-exposure observations (Σ w² of the background's exposures in the foreground's
+        observations at that distance; one observation next to a fully busy neighbour counts 1):
+        what backs one cell of the coefficient tables, 0 where only the factor model speaks."""
+        result: dict[tuple[DistanceClass, str, str], float] = {}
+        for key, block in self._blocks.items():
+            diagonal = np.diag(block.views()[0])
+            for (neighbour, rank), index in block.features.items():
+                result[(_CLASSES[rank], neighbour, key)] = float(diagonal[index])
+        return result
+
     def beta_tensor(self, identities: list[tuple[str, str]]) -> np.ndarray:
         """[distance rank, background, foreground] β between (key, workload class) identities,
         the same values `beta` gives one by one (0 at ``same-cpu``: time sharing only)."""

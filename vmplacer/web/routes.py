@@ -7,11 +7,12 @@ import re
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlencode
+from urllib.parse import quote, urlencode
 
 import jinja2
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
 
@@ -21,12 +22,14 @@ from vmplacer.api.schemas import HOST_NAME
 from vmplacer.api.times import api_time
 from vmplacer.ports import HypervisorError
 from vmplacer.web import session
+from vmplacer.web.guard import SignInLimiter, cross_site
 from vmplacer.web.query import SORT_KEYS, STATES, FleetQuery, QueryError, select
 from vmplacer.web.security import PREFIX
 from vmplacer.web.views import WebViews
 
 HERE = Path(__file__).resolve().parent
 REFRESH_S = 10
+GUEST_NAME_LENGTH = 255  # the longest name a placement record holds (its column's length)
 HOST_NAME_RE = re.compile(HOST_NAME)
 COLUMNS = (("name", "Host"), ("state", "State"), ("guests", "Guests"), ("free_cores", "Free whole cores"),
            ("free_memory", "Free memory"), ("violations", "Isolation"))
@@ -34,16 +37,44 @@ COLUMNS = (("name", "Host"), ("state", "State"), ("guests", "Guests"), ("free_co
 templates = jinja2.Environment(loader=jinja2.FileSystemLoader(str(HERE / "templates")), autoescape=True,
                                undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
 router = APIRouter(prefix=PREFIX, include_in_schema=False)
+
+
+def guest_url(host: str, guest: str) -> str:
+    """A guest page's address; the guest's name is caller input, so every byte is escaped."""
+    return f"{PREFIX}/hosts/{quote(host, safe='')}/guests/{quote(guest, safe='')}"
+
+
+def guest_link(guest: str) -> str:
+    """A guest's address wherever it runs now (a plan may have moved it since)."""
+    return f"{PREFIX}/guests/{quote(guest, safe='')}"
+
+
+templates.globals["guest_url"] = guest_url
+templates.globals["guest_link"] = guest_link
 Signed = Depends(session.principal)
 
 
 def mount(app: FastAPI, services: Any) -> None:
     """The web view under /ui/: its routes, its static files and its sign-in handling."""
     app.state.web = WebViews(services)
+    app.state.web_sign_ins = SignInLimiter()
     app.include_router(router)
     app.mount(PREFIX + "/static", StaticFiles(directory=str(HERE / "static")), name="ui-static")
     app.add_exception_handler(session.SignInRequired, _sign_in)  # type: ignore[arg-type]
     app.add_exception_handler(QueryError, _bad_query)  # type: ignore[arg-type]
+    api_http = app.exception_handlers.get(StarletteHTTPException)
+
+    async def not_found(request: Request, exc: StarletteHTTPException) -> Response:
+        """An unknown page under /ui answers a page, not the API's JSON (its JSON under /ui/api stays JSON)."""
+        path = request.url.path
+        if exc.status_code == 404 and (path == PREFIX or path.startswith(PREFIX + "/")) \
+                and not path.startswith(PREFIX + "/api/"):
+            return _page("error.html", request, 404, title="Not found", message="no such page in the web view")
+        if api_http is None:
+            return JSONResponse({"error": {"code": "http", "message": str(exc.detail)}}, status_code=exc.status_code)
+        return await api_http(request, exc)
+
+    app.add_exception_handler(StarletteHTTPException, not_found)  # type: ignore[arg-type]
 
 
 def _page(name: str, request: Request, status: int = 200, **values: Any) -> HTMLResponse:
@@ -82,11 +113,26 @@ def login_form(request: Request) -> HTMLResponse:
     return _page("login.html", request, message="")
 
 
+def _client(request: Request) -> str:
+    return request.client.host if request.client else "unknown"
+
+
 @router.post("/login", response_class=HTMLResponse)
 async def login(request: Request) -> Response:
+    why = cross_site(request)
+    if why:
+        return _page("error.html", request, 403, title="Refused", message=f"sign-in refused: {why}")
+    limiter: SignInLimiter = request.app.state.web_sign_ins
+    wait = limiter.retry_after(_client(request))
+    if wait:
+        response = _page("login.html", request, 429,
+                         message=f"too many failed sign-ins from this address: try again in {wait} s")
+        response.headers["Retry-After"] = str(wait)
+        return response
     token = await session.submitted_token(request)
     found = request.app.state.services.tokens.verify(token) if token else None
     if found is None:
+        limiter.failed(_client(request))
         message = "unknown or revoked token" if token else "a token is required"
         return _page("login.html", request, 401, message=message)
     response = RedirectResponse(PREFIX + "/", status_code=303)
@@ -96,6 +142,9 @@ async def login(request: Request) -> Response:
 
 @router.post("/logout")
 def logout(request: Request) -> Response:
+    why = cross_site(request)
+    if why:
+        return _page("error.html", request, 403, title="Refused", message=f"sign-out refused: {why}")
     response = RedirectResponse(session.LOGIN, status_code=303)
     session.forget(response, request)
     return response
@@ -200,3 +249,55 @@ def host_json(request: Request, name: str, principal: Principal = Signed) -> Res
                             status_code=503)
     return JSONResponse({"cpus": host["cpus"], "guests": host["guests"], "state": host["state"],
                          "violations": host["violations"], "at": time.time()})
+
+
+# ----- one guest -----------------------------------------------------------------------------------
+def _guest_name_problem(name: str) -> str:
+    """The guest segment of a guest page's address: any recorded name (an adopted domain keeps
+    its libvirt name), but no longer than a record's and no control characters."""
+    if not 1 <= len(name) <= GUEST_NAME_LENGTH:
+        return f"field guest: 1 to {GUEST_NAME_LENGTH} characters"
+    if any(ord(ch) < 32 or ord(ch) == 127 for ch in name):
+        return "field guest: no control characters"
+    return ""
+
+
+@router.get("/hosts/{name}/guests/{guest}", response_class=HTMLResponse)
+def guest_page(request: Request, name: str, guest: str, principal: Principal = Signed) -> HTMLResponse:
+    _no_parameters(request)
+    try:
+        _known(request, name)
+    except _NotConfigured:
+        return _page("error.html", request, 404, title="Unknown host",
+                     message=f"host {name[:63]!r} is not configured")
+    problem = _guest_name_problem(guest)
+    if problem:
+        return _page("error.html", request, 422, title="Bad request", message=problem)
+    try:
+        data = request.app.state.web.guest(name, guest)
+    except HypervisorError as exc:
+        return _page("error.html", request, 503, title=f"Host {name} unreadable", message=str(exc))
+    if data is None:
+        return _page("error.html", request, 404, title="Unknown guest",
+                     message=f"host {name} records no guest {guest!r}")
+    return _page("guest.html", request, guest=data, when=_when)
+
+
+@router.get("/guests/{guest}")
+def guest_where_it_runs(request: Request, guest: str, principal: Principal = Signed) -> Response:
+    """The guest's page on the host its record names now."""
+    _no_parameters(request)
+    problem = _guest_name_problem(guest)
+    if problem:
+        return _page("error.html", request, 422, title="Bad request", message=problem)
+    record = request.app.state.services.container.placement_store.get(guest)
+    if record is None or record["host"] not in request.app.state.services.host_names:
+        return _page("error.html", request, 404, title="Unknown guest", message=f"no guest {guest!r} is recorded")
+    return RedirectResponse(guest_url(record["host"], guest), status_code=303)
+
+
+# ----- the model -----------------------------------------------------------------------------------
+@router.get("/model", response_class=HTMLResponse)
+def model_page(request: Request, principal: Principal = Signed) -> HTMLResponse:
+    _no_parameters(request)
+    return _page("model.html", request, model=request.app.state.web.model_tables(), when=_when)

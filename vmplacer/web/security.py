@@ -1,5 +1,5 @@
 """Headers every /ui response carries: a strict Content-Security-Policy (no inline script or
-style, nothing from another origin), no MIME sniffing, no referrer, no framing."""
+style, nothing from another origin), no MIME sniffing, no referrer to other sites, no framing."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ CSP = ("default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' 
 HEADERS = {
     "Content-Security-Policy": CSP,
     "X-Content-Type-Options": "nosniff",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # a referrer for this site's own forms (their CSRF check), none to others
     "X-Frame-Options": "DENY",
     "Cross-Origin-Opener-Policy": "same-origin",
 }

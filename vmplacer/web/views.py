@@ -6,6 +6,7 @@ the pages poll."""
 from __future__ import annotations
 
 import threading
+from datetime import datetime, timezone
 import time
 import zlib
 from dataclasses import replace
@@ -21,6 +22,9 @@ COLOURS = 12  # guest colour classes g0..g11 in the stylesheet
 PLANS_TTL_S = 10.0  # the newest plan per host, read at most this often
 RECENT_PLANS = 500
 RECENT_PLANS_SHOWN = 100  # the plans page lists this many, newest first
+MODEL_TTL_S = 30.0
+HISTORY_RUNS = 20  # a guest's page shows its newest profile runs, at most this many
+GUEST_PLANS = 20  # and the newest plans that touched it
 # A host that could not be read is shown unreadable this long before the fleet page reads it
 # again: a daemon that does not answer costs a connection timeout, and the page refreshes itself.
 UNREADABLE_TTL_S = 30.0
@@ -44,6 +48,10 @@ class WebViews:
         self._rooms: dict[str, tuple[Any, Any, dict[str, Any]]] = {}
         self._lock = threading.Lock()
         self.newest_plans = TimedValue(self._newest_plans, PLANS_TTL_S)
+        self._model = TimedValue(self._stored_model, MODEL_TTL_S)
+
+    def _stored_model(self) -> Any:
+        return self.services.container.load_model()
 
     # ----- the fleet ---------------------------------------------------------------------------
     def fleet_rows(self) -> list[dict[str, Any]]:
@@ -154,6 +162,67 @@ class WebViews:
             "guests": guests,
         }
 
+    # ----- one guest -----------------------------------------------------------------------------
+    def guest(self, host: str, name: str) -> dict[str, Any] | None:
+        """One recorded guest of `host`: its placement, its ζ/ζb history, the loss the model
+        predicts from each neighbour, and the plans that touched it; None when `host` records no
+        such guest. Raises HypervisorError when the host's topology cannot be read."""
+        from vmplacer.core.model_view import neighbour_losses, tenant_of
+
+        container = self.services.container
+        record = container.placement_store.get(name)
+        if record is None or record["host"] != host:
+            return None
+        topology = self.services.snapshots.topology(host)
+        live = self._live_pins(host)
+        records = container.placement_records(host)
+        placements = {r["guest"]: _with_live_iothreads(placement_from_dict(r["placement"]), live) for r in records}
+        placement = placements.get(name) or _with_live_iothreads(placement_from_dict(record["placement"]), live)
+        throttles = {t.guest: t for t in container.throttle_ledger.current(host)}
+        classes = {r["guest"]: (r.get("spec") or {}).get("workload_class") or "" for r in records}
+        mine = tenant_of(topology, placement, classes.get(name, ""))
+        others = [t for g, p in sorted(placements.items()) if g != name
+                  for t in [tenant_of(topology, p, classes.get(g, ""))] if t is not None]
+        model = self.model()
+        predicted = neighbour_losses(model, topology, mine, others) if mine is not None else None
+        return {
+            "host": host,
+            "row": _guest_row(record, placement, throttles.get(name)),
+            "placement": {
+                "vcpus": [{"vcpu": v, "cpus": format_cpuset(c)} for v, c in sorted(placement.vcpupin.items())],
+                "emulatorpin": format_cpuset(placement.emulatorpin) or "floats (not pinned)",
+                "iothreads": [{"iothread": i, "cpus": format_cpuset(c)} for i, c in sorted(placement.iothreadpin.items())],
+                "memory_nodes": format_cpuset(placement.memory_nodes) or "any",
+                "mem_mode": placement.mem_mode,
+                "memory_mib": placement.memory_kib // 1024,
+                "hugepage_kib": placement.hugepage_kib,
+                "cells": [{"id": c.id, "vcpus": format_cpuset(c.vcpus), "memory_mib": c.memory_kib // 1024,
+                           "host_node": c.host_node, "memory_node": c.memory_node} for c in placement.cells],
+                "exclusive": format_cpuset(placement.exclusive_cpus),
+            },
+            "history": [_history_row(h) for h in container.profile_store.guest_history(name, HISTORY_RUNS)],
+            "predicted": predicted,
+            "model_observations": model.observations,
+            "plans": container.plan_store.touching(name, GUEST_PLANS),
+        }
+
+    # ----- the model -----------------------------------------------------------------------------
+    def model(self) -> Any:
+        """The learned interference model, read at most every MODEL_TTL_S (it changes when
+        `vmplacer model learn` runs, not per page view)."""
+        return self._model.get()
+
+    def model_tables(self) -> dict[str, Any]:
+        from vmplacer.core.model_view import coefficient_tables
+
+        info = self.services.container.model_repository.info() or {"name": "default", "observations": 0,
+                                                                  "last_run_id": None, "updated_at": None}
+        updated = info.get("updated_at")
+        if isinstance(updated, str):  # the repository's ISO text (naive from SQLite: it stores UTC)
+            moment = datetime.fromisoformat(updated)
+            info = {**info, "updated_at": (moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)).timestamp()}
+        return {"info": info, **coefficient_tables(self.model())}
+
     def _live_pins(self, name: str) -> dict[str, Placement]:
         """Each defined domain's live placement (IOThread pins are never recorded); nothing when
         the domain list cannot be read now."""
@@ -180,6 +249,18 @@ def _pins_change(action: dict[str, Any]) -> str:
 
     before, after = pins(action.get("before")), pins(action.get("after"))
     return f"{before} ⇒ {after}" if before != after else before
+
+
+def _history_row(entry: dict[str, Any]) -> dict[str, Any]:
+    """One profile run's ζ/ζb summary of a guest: medians, degradation (1 − ζ/ζb) and its 95 %
+    interval, the sample counts; None where the run reported no value."""
+    summary = entry.get("summary") or {}
+    zeta, zeta_b, loss = summary.get("zeta") or {}, summary.get("zeta_b") or {}, summary.get("degradation") or {}
+    return {"run_id": entry["run_id"], "host": entry["host"], "metric": entry["metric"],
+            "finished_at": entry["finished_at"],
+            "zeta": zeta.get("p50"), "zeta_n": zeta.get("n", 0), "zeta_b": zeta_b.get("p50"),
+            "zeta_b_n": zeta_b.get("n", 0), "degradation": loss.get("estimate"),
+            "ci_low": loss.get("ci95_low"), "ci_high": loss.get("ci95_high")}
 
 
 def _cpu_cell(use: CpuUse) -> dict[str, Any]:

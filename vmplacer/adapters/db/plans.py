@@ -296,6 +296,19 @@ class SqlPlanStore:
             return [{"id": r.id, "state": r.state, "hosts": r.hosts, "summary": r.summary,
                      "created_at": _epoch(r.created_at), "actions": len(r.actions)} for r in rows]
 
+    def touching(self, guest: str, limit: int = 20) -> list[dict[str, Any]]:
+        """The newest plans with an action on `guest`, as `recent` lists them, each with the
+        kinds and states of the actions on that guest (a guest's page: what was done to it)."""
+        ids = (select(PlanActionRow.plan_id).where(PlanActionRow.guest == guest)
+               .group_by(PlanActionRow.plan_id).order_by(PlanActionRow.plan_id.desc()).limit(limit))
+        with self.sessions() as session:
+            rows = session.scalars(select(PlanRow).where(PlanRow.id.in_(ids)).order_by(PlanRow.id.desc()))
+            return [{"id": r.id, "state": r.state, "hosts": r.hosts, "summary": r.summary,
+                     "created_at": _epoch(r.created_at), "actions": len(r.actions),
+                     "on_guest": [{"index": a.seq, "kind": a.kind, "state": a.state}
+                                  for a in sorted(r.actions, key=lambda a: a.seq) if a.guest == guest]}
+                    for r in rows]
+
     def last_moved(self, guests: Iterable[str] | None = None, since: float | None = None) -> dict[str, float]:
         """Guest -> epoch seconds its latest move (repin, memory, migration) finished; with `since`
         (epoch seconds), only guests moved since then (the cool-down's window: a range of the

@@ -148,6 +148,23 @@ class SqlProfileStore:
                                    .join(newest, ProfileRunRow.id == newest.c.id))
             return [(host, results or {}) for host, results in rows]
 
+    def guest_history(self, guest: str, limit: int = 20) -> list[dict[str, Any]]:
+        """The guest's ζ/ζb summaries from its newest finished runs, newest first: run id, host,
+        when it finished, and the run's summary of that guest (its `vms` entry; None when the
+        run sampled the guest but reported nothing on it). Runs are found through the
+        (guest, run_id) index, so a long history costs `limit` rows, not a scan."""
+        runs = (select(ProfileSampleRow.run_id).where(ProfileSampleRow.guest == guest)
+                .group_by(ProfileSampleRow.run_id))
+        query = (select(ProfileRunRow)
+                 .where(ProfileRunRow.id.in_(runs), ProfileRunRow.status == "finished",
+                        ProfileRunRow.results.is_not(None))
+                 .order_by(ProfileRunRow.id.desc()).limit(limit))
+        with self.sessions() as session:
+            return [{"run_id": row.id, "host": row.host, "metric": row.metric,
+                     "finished_at": _epoch(row.finished_at) if row.finished_at else None,
+                     "summary": ((row.results or {}).get("vms") or {}).get(guest)}
+                    for row in session.scalars(query)]
+
     def samples(self, run_id: int, guest: str | None = None) -> list[dict[str, Any]]:
         query = select(ProfileSampleRow).where(ProfileSampleRow.run_id == run_id).order_by(ProfileSampleRow.id)
         if guest is not None:

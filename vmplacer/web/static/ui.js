@@ -7,6 +7,7 @@
   const refreshUrl = body.dataset.refresh;
   const everyS = Math.max(2, parseInt(body.dataset.refreshS || "10", 10) || 10);
   const prefix = "/ui";
+  const hostName = body.dataset.host || "";
 
   function el(tag, attrs, text) {
     const node = document.createElement(tag);
@@ -70,7 +71,8 @@
     const tr = el("tr", { "data-guest": g.name });
     const name = el("td");
     name.appendChild(el("span", { class: "swatch " + g.colour }));
-    name.appendChild(document.createTextNode(g.name));
+    name.appendChild(el("a", { href: prefix + "/hosts/" + encodeURIComponent(hostName) + "/guests/" +
+      encodeURIComponent(g.name) }, g.name));
     tr.appendChild(name);
     for (const value of [g.state, g.kind, g["class"]]) tr.appendChild(el("td", {}, value));
     const labels = el("td");
