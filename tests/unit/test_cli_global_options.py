@@ -47,7 +47,9 @@ def test_neither_gives_the_defaults():
     (("hosts", "-v"), 1),
     (("hosts", "-vv"), 2),
     (("reconcile", "--verbose", "--dry-run"), 1),
-    (("-vvv", "hosts", "-v"), 1),  # the count after the command wins, as any value does
+    (("-vvv", "hosts", "-v"), 4),  # before and after add up
+    (("-v", "hosts", "-v", "disable", "h1", "--reason", "r", "-v"), 3),  # at every depth
+    (("--verbose", "plans", "cancel", "3", "-vv"), 3),
 ])
 def test_verbose_counts_before_and_after_the_command(argv, verbose):
     assert parse(*argv).verbose == verbose

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from collections.abc import Sequence
 
@@ -18,7 +17,13 @@ from vmplacer.cli.common import (
     UsageError,
     database_problem,
 )
-from vmplacer.cli.global_options import add_global_options, spread_global_options, value_taking_flags
+from vmplacer.cli.global_options import (
+    add_global_options,
+    spread_global_options,
+    value_taking_flags,
+    verbose_total,
+)
+from vmplacer.cli.log_format import chosen_format, configure_logging
 
 # Every command: (its module, which has `register(subparsers)`; its one-line help). Order = order
 # in --help. Only the module of the command being run is imported: `vmplacer --help` and
@@ -92,6 +97,13 @@ class _Parser(argparse.ArgumentParser):
 class _TopParser(_Parser):
     """`vmplacer --help` lists the commands in COMMAND_GROUPS' sections, then the options."""
 
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
+    ) -> tuple[argparse.Namespace, list[str]]:
+        namespace, extras = super().parse_known_args(args, namespace)
+        verbose_total(namespace)
+        return namespace, extras
+
     def format_help(self) -> str:
         formatter = self._get_formatter()
         formatter.add_usage(self.usage, self._actions, self._mutually_exclusive_groups)
@@ -161,10 +173,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    try:
+        configure_logging(chosen_format(args.log_format), args.verbose)
+    except ValueError as exc:  # $VMPLACER_LOG_FORMAT says something else
+        sys.stderr.write(f"vmplacer: error: {exc}\n")
+        return EXIT_USAGE
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE
