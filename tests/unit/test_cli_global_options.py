@@ -82,3 +82,22 @@ def test_an_unknown_global_option_after_the_command_is_still_a_usage_error(capsy
         main(["reconcile", "--confg-file", "x"])
     assert exited.value.code == 2
     assert "--confg-file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (("hosts", "--typo", "x"), "--typo"),
+    (("hosts", "-q", "x"), "-q"),
+    (("--typo", "x"), "--typo"),
+])
+def test_an_unknown_option_before_a_word_is_named_not_the_word(capsys, argv, flag):
+    with pytest.raises(SystemExit) as exited:
+        main(list(argv))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"unrecognized arguments: {flag}" in err and "invalid choice" not in err, err
+
+
+def test_a_wrong_action_word_alone_is_still_named(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["hosts", "bogus"])
+    assert exited.value.code == 2 and "invalid choice: 'bogus'" in capsys.readouterr().err
