@@ -17,7 +17,7 @@ class DistanceClass(str, Enum):
     """How closely two pCPUs share hardware, from closest to farthest.
 
     `same-cpu` is one pCPU time-shared; the other five are the classes the
-    interference model carries (METHOD.md §3).
+    interference model carries (docs/research/method.md §3).
     """
 
     SAME_CPU = "same-cpu"
