@@ -122,9 +122,9 @@ def render_nodes(topology: HostTopology) -> None:
         table.add_column(column, justify=justify, overflow="fold")
     for row in node_rows(topology):
         table.add_row(*row)
-    text = [summary_line(topology)]
+    summary = summary_line(topology)
     if out.is_terminal:
-        out.print(text[0])
+        out.print(summary)
         out.print(table)
         for line in footer_lines(topology):
             out.print(line)
@@ -132,7 +132,7 @@ def render_nodes(topology: HostTopology) -> None:
     out.width = min(out.width, PLAIN_WIDTH)
     with out.capture() as captured:
         out.print(table)
-    lines = [*_wrapped(text[0]), *captured.get().splitlines()]
+    lines = [*_wrapped(summary), *captured.get().splitlines()]
     for line in footer_lines(topology):
         lines.extend(_wrapped(line))
     sys.stdout.write("".join(line.rstrip() + "\n" for line in lines))
