@@ -1,5 +1,5 @@
-"""Build glue only (metadata lives in setup.cfg): templates/, migrations/ and systemd/ stay at the
-top of the repository and are copied into the built package, where vmplacer.resources finds them."""
+"""Build glue only (metadata lives in setup.cfg): templates/, migrations/, systemd/ and docs/ stay
+at the top of the repository and are copied into the built package, where vmplacer.resources finds them."""
 
 import shutil
 from pathlib import Path
@@ -7,7 +7,7 @@ from pathlib import Path
 from setuptools import setup
 from setuptools.command.build_py import build_py
 
-SHIPPED = ("templates", "migrations", "systemd")
+SHIPPED = ("templates", "migrations", "systemd", "docs")
 
 
 class BuildWithResources(build_py):

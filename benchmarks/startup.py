@@ -51,7 +51,9 @@ load_average = host_facts.load_average
 
 
 def _env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_")}
+    """No VMPLACER_* settings, this tree first on the path, and bytecode caches written (an
+    installed wheel has them; with PYTHONDONTWRITEBYTECODE every run would compile every module)."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("VMPLACER_") and k != "PYTHONDONTWRITEBYTECODE"}
     env["PYTHONPATH"] = str(ROOT)
     return env
 

@@ -208,10 +208,10 @@ driver start
 driver measure before
 echo
 echo "== vmplacer plan --rebalance (dry run)"
-"${VM[@]}" plan --rebalance --all --scope "$SCOPE"
+"${VM[@]}" plan --rebalance --all-hosts --scope "$SCOPE"
 echo
 echo "== vmplacer rebalance: profile (Freeze'nSense) → learn → plan → apply, holding a lease per host"
-"${VM[@]}" rebalance --all --scope "$SCOPE" --profile-seconds 3
+"${VM[@]}" rebalance --all-hosts --scope "$SCOPE" --profile-seconds 3
 echo
 sleep 2
 driver measure after
@@ -222,8 +222,8 @@ echo "== protection in place: a latency-critical guest (vmplacer.protect 0.8) an
 echo "   (vmplacer.min_cpu_share 0.1) share host1's pCPU"
 driver protect-start
 driver protect-measure protect-before
-echo "== vmplacer protect --host host1: Freeze'nSense → who hurts it (model) → throttle one step, each round"
-"${VM[@]}" protect --host host1 --scope "$SCOPE" --rounds 10 --interval 1s --samples 5 --tm 50ms || true
+echo "== vmplacer protect run --host host1: Freeze'nSense → who hurts it (model) → throttle one step, each round"
+"${VM[@]}" protect run --host host1 --scope "$SCOPE" --rounds 10 --interval 1s --samples 5 --tm 50ms || true
 sleep 1
 driver protect-measure protect-after
 echo "== the latency-critical guest's own counter, before and after (work units per second)"

@@ -1,6 +1,6 @@
 """Where the files vmplacer reads at run time live: inside the installed package.
 
-`templates/`, `migrations/` and `systemd/` stay at the top of the repository; the build
+`templates/`, `migrations/`, `systemd/` and `docs/` stay at the top of the repository; the build
 (setup.py) copies them into the package, so a wheel carries them as `vmplacer/<name>`. A
 checkout (or an editable install of one) has them at the top instead.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 from importlib.resources import files
 from pathlib import Path
 
-SHIPPED = ("templates", "migrations", "systemd")
+SHIPPED = ("templates", "migrations", "systemd", "docs")
 
 
 def resource_dir(name: str) -> Path:

@@ -71,6 +71,12 @@ def cli(tmp_path, monkeypatch, capsys):
     # a dry run carries nothing out
     (("rebalance", "--dry-run", "--migration-timeout", "1m"), "--migration-timeout: applies when a plan is carried out"),
     (("rebalance", "--dry-run", "--on-failure", "rollback"), "--on-failure: applies when a plan is carried out"),
+    # written at its default value, an option is still given (and refused where it does not apply)
+    (("rebalance", "--dry-run", "--on-failure", "continue"), "--on-failure: applies when a plan is carried out"),
+    (("rebalance", "--dry-run", "--migration-timeout=300s"), "--migration-timeout: applies when a plan is carried out"),
+    (("plans", "3", "--limit", "20"), "--limit: only when listing plans (`plans list`)"),
+    (("protect", "status", "--samples", "5"), "--samples: applies to the protection loop"),
+    (("protect", "status", "--sam", "5"), "--samples: applies to the protection loop"),
     # plans: one plan shown, not a listing
     (("plans", "3", "--limit", "5"), "--limit: only when listing plans (`plans list`)"),
     (("plans", "3", "--all"), "--all: only when listing plans (`plans list`)"),

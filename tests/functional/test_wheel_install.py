@@ -54,8 +54,15 @@ def test_the_wheel_carries_what_vmplacer_reads(installed):
     for shipped in ("templates/domain.xml.j2", "migrations/env.py", "migrations/versions",
                     "systemd/vmplacer-api.service", "data/example-host.xml", "web/templates/base.html",
                     "web/templates/host.html", "web/static/ui.js", "web/static/ui.css",
-                    "lab/simulator.py"):  # what `vmplacer eval` runs on
+                    "lab/simulator.py",  # what `vmplacer eval` runs on
+                    "docs/operations.md", "docs/protect.md", "docs/rebalance.md"):  # the units' Documentation=
         assert (package / shipped).exists(), shipped
+
+
+def test_the_installed_package_prints_its_manual_page(installed, tmp_path):
+    result = _run(installed, tmp_path, "manpage")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.startswith(".TH VMPLACER 1 ") and '.SS "vmplacer serve"' in result.stdout
 
 
 def test_the_installed_package_upgrades_plans_and_makes_tokens(installed, tmp_path):

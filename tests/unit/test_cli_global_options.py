@@ -47,7 +47,9 @@ def test_neither_gives_the_defaults():
     (("hosts", "-v"), 1),
     (("hosts", "-vv"), 2),
     (("reconcile", "--verbose", "--dry-run"), 1),
-    (("-vvv", "hosts", "-v"), 1),  # the count after the command wins, as any value does
+    (("-vvv", "hosts", "-v"), 4),  # before and after add up
+    (("-v", "hosts", "-v", "disable", "h1", "--reason", "r", "-v"), 3),  # at every depth
+    (("--verbose", "plans", "cancel", "3", "-vv"), 3),
 ])
 def test_verbose_counts_before_and_after_the_command(argv, verbose):
     assert parse(*argv).verbose == verbose
@@ -80,3 +82,22 @@ def test_an_unknown_global_option_after_the_command_is_still_a_usage_error(capsy
         main(["reconcile", "--confg-file", "x"])
     assert exited.value.code == 2
     assert "--confg-file" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (("hosts", "--typo", "x"), "--typo"),
+    (("hosts", "-q", "x"), "-q"),
+    (("--typo", "x"), "--typo"),
+])
+def test_an_unknown_option_before_a_word_is_named_not_the_word(capsys, argv, flag):
+    with pytest.raises(SystemExit) as exited:
+        main(list(argv))
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert f"unrecognized arguments: {flag}" in err and "invalid choice" not in err, err
+
+
+def test_a_wrong_action_word_alone_is_still_named(capsys):
+    with pytest.raises(SystemExit) as exited:
+        main(["hosts", "bogus"])
+    assert exited.value.code == 2 and "invalid choice: 'bogus'" in capsys.readouterr().err

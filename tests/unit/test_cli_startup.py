@@ -28,7 +28,8 @@ NEVER = {"sqlalchemy", "alembic", "psycopg", "numpy", "ortools", "fastapi", "sta
          "uvicorn", "prometheus_client", "libvirt", "psutil", "httpx"}
 RENDERING = {"jinja2"}  # only where domain XML is rendered
 FILES = {"yaml", "lxml"}  # only where a request or capabilities file is read
-DISPATCHER = {"vmplacer.cli.main", "vmplacer.cli.common", "vmplacer.cli.global_options"}  # every command's
+DISPATCHER = {"vmplacer.cli.main", "vmplacer.cli.common", "vmplacer.cli.global_options",
+              "vmplacer.cli.log_format"}  # every command's
 PROJECT_LAYERS = ("vmplacer.app", "vmplacer.api", "vmplacer.bootstrap", "vmplacer.testbed", "vmplacer.lab")
 
 _PROBE = """

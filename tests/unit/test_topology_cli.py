@@ -76,7 +76,7 @@ def test_sysfs_json(tmp_path, name):
 
 def test_table_is_a_tree_per_node():
     path = ROOT / "examples" / "hosts" / "opteron6378-4node.xml"
-    result = vmplacer("topology", "--caps", str(path))
+    result = vmplacer("topology", "--caps", str(path), "--cores")
     assert result.returncode == 0, result.stderr
     lines = result.stdout.splitlines()
     assert lines[0].startswith("host opteron6378-4node: 2 packages, 4 dies, 4 NUMA nodes, 32 cores")
@@ -90,11 +90,11 @@ def test_table_is_a_tree_per_node():
 def test_table_marks_offline_isolated_and_memory_only(tmp_path):
     fixtures = _fixture_builder()
     xeon = fixtures.write_machine(fixtures.machines()["xeon-2s-sparse"], tmp_path)
-    result = vmplacer("topology", "--sysfs", str(xeon))
+    result = vmplacer("topology", "--sysfs", str(xeon), "--cores")
     assert result.returncode == 0, result.stderr
     assert "43 (offline)" in result.stdout and "4 (isolated)" in result.stdout, result.stdout
     memory_only = fixtures.write_machine(fixtures.machines()["memory-only-node"], tmp_path)
-    result = vmplacer("topology", "--sysfs", str(memory_only))
+    result = vmplacer("topology", "--sysfs", str(memory_only), "--cores")
     assert result.returncode == 0, result.stderr
     assert "no CPUs (memory only)" in result.stdout
 
@@ -178,7 +178,7 @@ def test_unreachable_host_exits_1(tmp_path):
 def test_table_shows_dies_clusters_and_memory_only_nodes(tmp_path, name, summary):
     fixtures = _fixture_builder()
     root = fixtures.write_machine(fixtures.machines()[name], tmp_path)
-    result = vmplacer("topology", "--sysfs", str(root))
+    result = vmplacer("topology", "--sysfs", str(root), "--cores")
     assert result.returncode == 0, result.stderr
     assert result.stdout.splitlines()[0].startswith(summary), result.stdout
 

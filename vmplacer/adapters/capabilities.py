@@ -9,7 +9,7 @@ Elements used, all under `<host>`:
   CPU-less memory node. libvirt writes `die_id` and `cluster_id` 0 on
   hosts without dies or clusters, and passes on the 65535 x86 kernels print
   for an unknown cluster: both mean "no such level" (`assemble_topology`);
-- `<cache><bank level type cpus>` when present (libvirt reports banks of
+- `<cache><bank level type size unit cpus>` when present (libvirt reports banks of
   level 3 and up; a hand-written file may add level-2 banks, e.g. for AMD
   module pairs). Missing cache levels fall back to one L2 per core and one
   LLC per die, with a warning.
@@ -161,7 +161,10 @@ def parse_capabilities(xml_text: str, name: str = "host", *, source: str | None 
     for bank in host.findall("cache/bank"):
         if bank.get("type", "both") == "code":
             continue
-        caches.append(CacheFacts(level=reader.int_attr(bank, "level"), cpus=reader.cpuset_attr(bank, "cpus")))
+        size = bank.get("size")
+        caches.append(CacheFacts(level=reader.int_attr(bank, "level"), cpus=reader.cpuset_attr(bank, "cpus"),
+                                 size_kib=None if size is None else reader.scaled_kib(bank, size,
+                                                                                     bank.get("unit", "B"))))
     warnings = []
     if not caches and any(f.online for f in facts):
         warnings.append("<host><cache>: no cache banks; each die is taken as one last-level cache "

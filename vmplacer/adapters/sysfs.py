@@ -23,7 +23,7 @@ sysfs-devices-system-cpu, admin-guide/cputopology.rst):
 - CPU sets come as lists (`*_list`, `cpulist`) or, on older kernels and some
   architectures only, as hex masks (`shared_cpu_map`, `thread_siblings`,
   `core_siblings`, `cpumap`);
-- `cache/indexN` of an online CPU: `level`, `type`, `shared_cpu_list` or
+- `cache/indexN` of an online CPU: `level`, `type`, `size`, `shared_cpu_list` or
   `shared_cpu_map`; s390x lists only the caches private to one CPU;
 - hybrid Intel hosts list their P and E cores in `/sys/devices/cpu_core/cpus`
   and `/sys/devices/cpu_atom/cpus`.
@@ -223,8 +223,22 @@ def _read_caches(files: SysfsFiles, cache_dir: Path) -> list[CacheFacts]:
             files.warn("cache-cpus", index / "shared_cpu_list",
                        "missing, and no shared_cpu_map either; that cache is left out")
         elif cpus:
-            found.append(CacheFacts(level=level, cpus=cpus, source=str(index)))
+            found.append(CacheFacts(level=level, cpus=cpus, source=str(index),
+                                    size_kib=_cache_size_kib(files.text(index / "size"))))
     return found
+
+
+_CACHE_SIZE = re.compile(r"^(\d+)([KMG]?)$")
+_SIZE_UNIT_BYTES = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3}  # bytes per unit
+
+
+def _cache_size_kib(text: str | None) -> int | None:
+    """KiB from a `cache/indexN/size` ('32768K', '2M'); None when missing or unreadable: the size
+    is shown to operators only, so an odd spelling costs the size, not the host."""
+    found = _CACHE_SIZE.match((text or "").strip().upper())
+    if not found:
+        return None
+    return int(found.group(1)) * _SIZE_UNIT_BYTES[found.group(2)] // 1024
 
 
 def _hybrid_kinds(files: SysfsFiles, devices: Path) -> dict[int, str]:

@@ -368,6 +368,8 @@ class ReplayReport:
     errors: list[str] = field(default_factory=list)
     # One per replayed row: {journal_id, host, cause, resumed, errors, overrun_s} (for the audit log).
     rescues: list[dict[str, object]] = field(default_factory=list)
+    # Why the journal could not be read (the store's own exception), for the caller to word.
+    journal_error: Exception | None = field(default=None, repr=False, compare=False)
 
     def to_dict(self) -> dict[str, object]:
         return {
@@ -416,7 +418,8 @@ def replay_journal(
     try:
         entries = journal.pending(host)
     except Exception as exc:  # noqa: BLE001 - report, let the caller decide
-        report.errors.append(f"freeze journal unreadable: {exc}")
+        report.errors.append(f"freeze journal unreadable: {str(exc).splitlines()[0] if str(exc) else exc!r}")
+        report.journal_error = exc
         return report
     lookup = hosts if callable(hosts) else hosts.get
     for entry in entries:

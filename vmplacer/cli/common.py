@@ -387,14 +387,35 @@ def count(low: int = 0, high: int | None = None, *, zero: str | None = None) -> 
 
 
 def option_given(args: argparse.Namespace, dest: str) -> bool:
-    """Whether the operator set option `dest`: its value differs from its parser's default (main
-    records the chosen command's parser as `command_parser`), or without a parser at hand, from
-    'not set' (None, False, an empty list)."""
+    """Whether the operator set option `dest`: written on the command line (at its default value
+    too: `protect status --samples 5` asks for something status never does), or its value
+    differs from its parser's default (main records the chosen command's parser as
+    `command_parser`), or without a parser at hand, differs from 'not set' (None, False, [])."""
     value = getattr(args, dest, None)
     parser = getattr(args, "command_parser", None)
     if parser is not None:
-        return value != parser.get_default(dest)
+        return _written(parser, dest) or value != parser.get_default(dest)
     return value not in (None, False, [])
+
+
+def _written(parser: argparse.ArgumentParser, dest: str) -> bool:
+    """Whether a flag of `dest` is among the words the parser was given (`--flag`, `--flag=V`, a
+    prefix argparse accepts, `-x` alone or bundled), before any `--`."""
+    flags = {flag for action in parser._actions if action.dest == dest for flag in action.option_strings}
+    if not flags:
+        return False
+    long_options = [flag for flag in parser._option_string_actions if flag.startswith("--")]
+    for word in getattr(parser, "_words", ()):
+        if word == "--":
+            return False
+        if word.startswith("--"):
+            written = word.split("=", 1)[0]
+            matches = [flag for flag in long_options if flag.startswith(written)]
+            if written in flags or (len(matches) == 1 and matches[0] in flags):
+                return True
+        elif word.startswith("-") and word[:2] in flags:
+            return True
+    return False
 
 
 def option_flag(args: argparse.Namespace, dest: str) -> str:

@@ -32,6 +32,10 @@ GLOBAL_OPTIONS: tuple[GlobalOption, ...] = (
                                  "help": "YAML config file (default: $VMPLACER_CONFIG, else built-in defaults)"}),
     GlobalOption(("-v", "--verbose"), {"action": "count", "default": 0,
                                        "help": "more logging (-v: info, -vv: debug)"}),
+    GlobalOption(("--log-format",), {"choices": ("text", "json"), "default": None,
+                                     "help": "log lines on stderr as text, or one JSON object per line with time, "
+                                             "level, logger, message and fields, for journald and log shippers "
+                                             "(default: $VMPLACER_LOG_FORMAT, else text)"}),
     GlobalOption(("--version",), {"action": "version", "version": f"vmplacer {__version__}",
                                   "help": "print the version and exit"}),
 )
@@ -46,6 +50,12 @@ def value_taking_flags() -> dict[str, bool]:
     return flags
 
 
+# Below the top, -v counts into an attribute of its own per parser: argparse gives each sub-command
+# a fresh namespace and copies it over its parent's, so one shared attribute would keep only the
+# innermost count. The top parser adds them all up (`verbose_total`): `-v hosts -v` is -vv.
+VERBOSE_BELOW = "verbose_below:"
+
+
 def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
     """The global options on `parser`; below the top they leave the namespace alone unless given.
     A parser that already has one of the flags keeps its own (it never does in this tree)."""
@@ -56,7 +66,17 @@ def add_global_options(parser: argparse.ArgumentParser, *, top: bool) -> None:
         settings = dict(option.settings)
         if not top and "default" in settings:
             settings["default"] = argparse.SUPPRESS
+        if not top and settings.get("action") == "count":
+            settings["dest"] = VERBOSE_BELOW + parser.prog
         group.add_argument(*option.flags, **settings)
+
+
+def verbose_total(namespace: argparse.Namespace) -> None:
+    """Fold the -v counts given after the command (at any depth) into `namespace.verbose`."""
+    below = [key for key in vars(namespace) if key.startswith(VERBOSE_BELOW)]
+    namespace.verbose = getattr(namespace, "verbose", 0) + sum(getattr(namespace, key) for key in below)
+    for key in below:
+        delattr(namespace, key)
 
 
 def command_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:

@@ -20,6 +20,7 @@ from typing import Any
 
 from vmplacer.cli.common import (
     CliContext,
+    DatabaseError,
     OperationalError,
     add_format_argument,
     duration,
@@ -106,6 +107,12 @@ class _Stop:
 
 
 def _unreadable(report: Any) -> None:
+    """A journal that cannot be read fails the command: a database one says what to do
+    (`vmplacer db upgrade` on a fresh database), never the driver's SQL."""
+    from sqlalchemy.exc import SQLAlchemyError
+
+    if isinstance(report.journal_error, SQLAlchemyError):
+        raise DatabaseError(report.journal_error, "freeze journal unreadable")
     unreadable = [e for e in report.errors if "freeze journal unreadable" in e]
     if unreadable:
         raise OperationalError(unreadable[0])

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import logging
 import sys
 from collections.abc import Sequence
 
@@ -18,7 +17,13 @@ from vmplacer.cli.common import (
     UsageError,
     database_problem,
 )
-from vmplacer.cli.global_options import add_global_options, spread_global_options, value_taking_flags
+from vmplacer.cli.global_options import (
+    add_global_options,
+    spread_global_options,
+    value_taking_flags,
+    verbose_total,
+)
+from vmplacer.cli.log_format import chosen_format, configure_logging
 
 # Every command: (its module, which has `register(subparsers)`; its one-line help). Order = order
 # in --help. Only the module of the command being run is imported: `vmplacer --help` and
@@ -51,6 +56,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "serve": ("vmplacer.cli.serve", "run the REST API (uvicorn)"),
     "token": ("vmplacer.cli.token", "create, revoke and list REST API bearer tokens"),
     "completion": ("vmplacer.cli.completion", "print a shell completion script (bash)"),
+    "manpage": ("vmplacer.cli.manpage",
+                "print the vmplacer(1) manual page (roff), generated from this version's commands"),
 }
 # How `vmplacer --help` lists the commands: each once, by what the operator is doing.
 COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
@@ -58,7 +65,7 @@ COMMAND_GROUPS: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("hosts and records", ("hosts", "reconcile")),
     ("measuring interference", ("profile", "model", "eval")),
     ("moving and protecting guests", ("rebalance", "plans", "apply", "protect", "guard")),
-    ("running vmplacer", ("serve", "db", "config", "token", "version", "completion")),
+    ("running vmplacer", ("serve", "db", "config", "token", "version", "completion", "manpage")),
 )
 COMMAND_MODULES = tuple(dict.fromkeys(module for module, _help in COMMANDS.values()))
 # Options that may come before the command, and whether each takes a value (argparse accepts prefixes).
@@ -68,7 +75,12 @@ _GLOBAL_OPTIONS = value_taking_flags()
 class _Parser(argparse.ArgumentParser):
     """argparse exits 2 on bad usage already; keep its message but our wording."""
 
+    _words: list[str] = []
+
     def error(self, message: str) -> None:  # type: ignore[override]
+        unknown = self._unknown_option() if "invalid choice" in message else None
+        if unknown:  # `hosts --typo x`: the typo is the problem, not the word argparse tried next
+            message = f"unrecognized arguments: {unknown} (`{self.prog} --help` lists the options)"
         self.print_usage(sys.stderr)
         sys.stderr.write(f"vmplacer: error: {message}\n")
         raise SystemExit(EXIT_USAGE)
@@ -78,6 +90,7 @@ class _Parser(argparse.ArgumentParser):
     ) -> tuple[argparse.Namespace, list[str]]:
         """Also records the innermost (chosen command's) parser as `command_parser`, whose defaults
         tell `common.option_given` which options the operator set."""
+        self._words = list(sys.argv[1:] if args is None else args)
         namespace, extras = super().parse_known_args(args, namespace)
         dest = getattr(self, WORDS_ANYWHERE, None)
         if dest and extras and not any(word.startswith("-") for word in extras):
@@ -89,8 +102,32 @@ class _Parser(argparse.ArgumentParser):
         return namespace, extras
 
 
+    def _unknown_option(self) -> str | None:
+        """The first word given to this parser that looks like an option it does not have."""
+        known = self._option_string_actions
+        for word in self._words:
+            if word == "--":
+                return None
+            if not word.startswith("-") or word == "-" or word[1:2].isdigit():
+                continue
+            flag = word.split("=", 1)[0]
+            if word.startswith("--"):
+                if flag not in known and not any(option.startswith(flag) for option in known):
+                    return flag
+            elif word[:2] not in known:
+                return word[:2]
+        return None
+
+
 class _TopParser(_Parser):
     """`vmplacer --help` lists the commands in COMMAND_GROUPS' sections, then the options."""
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None,
+    ) -> tuple[argparse.Namespace, list[str]]:
+        namespace, extras = super().parse_known_args(args, namespace)
+        verbose_total(namespace)
+        return namespace, extras
 
     def format_help(self) -> str:
         formatter = self._get_formatter()
@@ -161,10 +198,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
-    logging.basicConfig(
-        level=logging.WARNING - 10 * min(args.verbose, 2),
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-    )
+    try:
+        configure_logging(chosen_format(args.log_format), args.verbose)
+    except ValueError as exc:  # $VMPLACER_LOG_FORMAT says something else
+        sys.stderr.write(f"vmplacer: error: {exc}\n")
+        return EXIT_USAGE
     if not getattr(args, "func", None):
         parser.print_help()
         return EXIT_USAGE

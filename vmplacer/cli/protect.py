@@ -7,7 +7,7 @@
 `run` may be left out (`vmplacer protect --host H`, as before). Runs in the foreground (systemd/vmplacer-protect@.service runs it per host). Each round profiles
 the protected guests with short Freeze'nSense rounds, asks the interference model who costs them
 their performance, and throttles or releases throttleable neighbours one step through a stored
-plan (shown by `vmplacer plans`). `status` shows each protected guest as its loop last saw it
+plan (shown by `vmplacer plans show ID`). `status` shows each protected guest as its loop last saw it
 (smoothed ζ/ζb, floor, throttles applied, time below the floor, the freeze budget) and the throttles
 in force that vmplacer set (the throttle ledger) with the share libvirt shows now; `--plot` draws
 ζ/ζb and throttle levels over time from the loop's recorded rounds. Policy and limits: docs/protect.md. Exit codes: 0 done

@@ -78,7 +78,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     apply = subparsers.add_parser("apply", help="apply a stored plan (proposed or approved)")
     apply.add_argument("plan_id", type=int, metavar="PLAN_ID",
-                       help="the stored plan to apply (`vmplacer plans` lists them)")
+                       help="the stored plan to apply (`vmplacer plans list` lists them)")
     add_executor_arguments(apply)
     add_format_argument(apply)
     apply.set_defaults(func=run_apply)

@@ -122,7 +122,8 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     app = create_app(container, options)
     log.info("vmplacer API instance %s on %s:%d", options.instance, host, port)
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=args.log_level, access_log=args.access_log,
+        # log_config=None: uvicorn's lines go through vmplacer's handler, in --log-format's form
+        app, host=host, port=port, log_level=args.log_level, access_log=args.access_log, log_config=None,
         ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
         timeout_graceful_shutdown=30, server_header=False, date_header=True,
     )

@@ -1,5 +1,8 @@
 """`vmplacer topology`: show a host's NUMA nodes, packages, dies, clusters, cores, threads and caches.
 
+The default is compact, one line per NUMA node (pCPUs, cores x threads, last-level caches and
+their sizes, memory, hugepages) with the node distances below, as `numactl -H` and
+`lstopo-no-graphics --no-io` give it; `--cores` prints the tree down to every core and thread.
 Reads a configured host through its hypervisor, a saved capabilities file, or
 a sysfs tree, so an operator can check what the placer will see before it
 places anything. `--format json` is the stable contract (`HostTopology.to_dict`,
@@ -32,20 +35,26 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "topology",
         help="show a host's NUMA nodes, cores, threads and caches",
-        description="Show a host's topology as the placer sees it. Without an option: the first "
-        "configured host.",
+        description="Show a host's topology as the placer sees it: one line per NUMA node (pCPUs, "
+        "cores x threads, last-level caches and sizes, memory, hugepages), or with --cores every core "
+        "and thread. Without an option: the first configured host.",
     )
     source = add_host_selection(parser, default="first", verb="read", repeatable=False,
                                 all_hosts=False, default_note="through libvirt; --caps or --sysfs read a file instead")
     source.add_argument("--caps", metavar="FILE", help="a libvirt capabilities XML file")
     source.add_argument("--sysfs", metavar="ROOT", help="a directory holding sys/devices/system ('/' here)")
+    parser.add_argument("--cores", action="store_true",
+                        help="show every core and its threads, grouped by node and last-level cache "
+                             "(table format only; the JSON always lists them)")
     add_format_argument(parser)
     parser.set_defaults(func=run)
 
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
+    if args.cores and args.format == "json":
+        raise UsageError("--cores: applies to the table format; the JSON always lists every core")
     topology = load_topology(args, ctx)
-    emit(args, topology.to_dict(), lambda _data: render_tree(topology))
+    emit(args, topology.to_dict(), lambda _data: render_tree(topology) if args.cores else render_nodes(topology))
     for warning in topology.warnings:
         sys.stderr.write(f"vmplacer: warning: {warning}\n")
     return 0
@@ -95,7 +104,168 @@ def _from_host(ctx: CliContext, name: str | None) -> HostTopology:
         raise OperationalError(f"host {name}: {exc}") from None
 
 
-# ----- the table form: a tree per node --------------------------------------------------
+# ----- the compact form: one line per node ---------------------------------------------
+
+def render_nodes(topology: HostTopology) -> None:
+    """The summary, a table of nodes, caches, distances: on a terminal as wide as it is; in a
+    pipe or file plain aligned text without box drawing, 80 columns wide (the lines wrap)."""
+    from rich import box
+    from rich.table import Table
+
+    from vmplacer.cli.common import console
+
+    out = console()
+    table = Table(box=box.SIMPLE_HEAD if out.is_terminal else None, pad_edge=False, show_edge=False,
+                  padding=(0, 1))
+    for column, justify in (("node", "right"), ("pCPUs", "left"), ("cores", "right"), ("LLC", "left"),
+                            ("memory", "right"), ("free", "right"), ("hugepages", "left")):
+        table.add_column(column, justify=justify, overflow="fold")
+    for row in node_rows(topology):
+        table.add_row(*row)
+    summary = summary_line(topology)
+    if out.is_terminal:
+        out.print(summary)
+        out.print(table)
+        for line in footer_lines(topology):
+            out.print(line)
+        return
+    out.width = min(out.width, PLAIN_WIDTH)
+    with out.capture() as captured:
+        out.print(table)
+    lines = [*_wrapped(summary), *captured.get().splitlines()]
+    for line in footer_lines(topology):
+        lines.extend(_wrapped(line))
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in lines))
+
+
+PLAIN_WIDTH = 80  # the compact form written to a pipe or file: what a log, a mail or a ticket shows
+
+
+def _wrapped(line: str) -> list[str]:
+    import textwrap
+
+    return textwrap.wrap(line, PLAIN_WIDTH, subsequent_indent="  ", break_on_hyphens=False) or [""]
+
+
+def summary_line(topology: HostTopology) -> str:
+    """'host NAME: 2 packages, 2 nodes, 56 cores, 112 pCPUs, SMT-2' (offline pCPUs counted when any)."""
+    online = topology.online_cpus
+    levels = [plural(len(topology.packages), "package")]
+    if len(topology.dies) > len(topology.packages):
+        levels.append(plural(len(topology.dies), "die"))
+    if topology.clusters:
+        levels.append(plural(len(topology.clusters), "cluster"))
+    memory_only = topology.memory_only_nodes
+    nodes = plural(len(topology.nodes), "node") + (f" ({len(memory_only)} memory only)" if memory_only else "")
+    cores = sum(1 for c in topology.cores if set(c.cpus) & online)
+    offline = len(topology.cpus) - len(online)
+    return (f"host {topology.name}: {', '.join(levels)}, {nodes}, {plural(cores, 'core')}, "
+            f"{plural(len(topology.cpus), 'pCPU')}{f' ({offline} offline)' if offline else ''}, "
+            f"SMT-{topology.smt}")
+
+
+def node_rows(topology: HostTopology) -> list[tuple[str, ...]]:
+    """One row per node: id, pCPUs, cores x threads, LLCs, memory, free memory, hugepages."""
+    rows = []
+    for node in sorted(topology.nodes.values(), key=lambda n: n.id):
+        cpus = topology.cpus_in_node(node.id)
+        cores = [c for c in topology.cores_in_node(node.id) if set(c.cpus) & topology.online_cpus]
+        rows.append((
+            str(node.id),
+            format_cpuset(cpus) if cpus else "-",
+            _cores_by_threads(topology, cores) if cores else "-",
+            _node_llcs(topology, cpus) if cores else "-",
+            _size(node.memory_kib),
+            _size(node.free_kib),
+            _hugepages(node.hugepages),
+        ))
+    return rows
+
+
+def _cores_by_threads(topology: HostTopology, cores: list[Core]) -> str:
+    """'28x2' (28 cores of 2 online threads); hybrid hosts: '8x2+8x1'."""
+    online = topology.online_cpus
+    counts: dict[int, int] = {}
+    for core in cores:
+        threads = len(set(core.cpus) & online)
+        counts[threads] = counts.get(threads, 0) + 1
+    return "+".join(f"{n}x{threads}" for threads, n in sorted(counts.items(), reverse=True))
+
+
+def _node_llcs(topology: HostTopology, cpus: frozenset[int]) -> str:
+    """The node's last-level caches: 'L3 38.5 MiB', '4x L3 32 MiB'; '?' marks a size not reported."""
+    groups = sorted({topology.cpus[c].llc for c in cpus if topology.cpus[c].llc is not None})
+    if not groups:
+        return "-"
+    level = f"L{topology.llc_level}" if topology.llc_level else "LLC"
+    sizes = [topology.llc_kib.get(g) for g in groups]
+    parts = []
+    for size in dict.fromkeys(sizes):
+        n = sizes.count(size)
+        parts.append(f"{f'{n}x ' if n > 1 else ''}{level} {_cache_size(size) if size is not None else '?'}")
+    return ", ".join(parts)
+
+
+def _hugepages(pools) -> str:
+    """'8192x2M, 32x1G' (empty pools left out); free pages follow in brackets where some are taken."""
+    shown = [p for p in pools if p.total]
+    if not shown:
+        return "-"
+    return ", ".join(f"{p.total}x{_short_size(p.size_kib)}" + (f" ({p.free} free)" if p.free != p.total else "")
+                     for p in shown)
+
+
+def footer_lines(topology: HostTopology) -> list[str]:
+    """Cache sizes, the pCPUs that are offline, isolated or reserved, and the node distances."""
+    lines = [_cache_line(topology)]
+    for what, cpus in (("offline", set(topology.cpus) - topology.online_cpus),
+                       ("isolated", topology.isolated), ("reserved", topology.reserved)):
+        if cpus:
+            lines.append(f"{what} pCPUs: {format_cpuset(cpus)}")
+    if topology.memory_only_nodes:
+        lines.append("memory-only nodes get guest memory only when a placement names them")
+    if len(topology.nodes) > 1:
+        lines.extend(distance_lines(topology))
+    return lines
+
+
+def _cache_line(topology: HostTopology) -> str:
+    """'caches: L3 38.5 MiB per 28 cores; L2 per core (size not reported)'."""
+    if topology.llc_level is None:
+        return "caches: not reported; one last-level cache per die and one L2 per core assumed"
+    parts = []
+    for level, groups, sizes in ((topology.llc_level, topology.llc_groups, topology.llc_kib),
+                                 (2, topology.l2_groups, topology.l2_kib)):
+        if level == 2 and topology.llc_level == 2:
+            continue
+        described = dict.fromkeys((sizes.get(group), len({topology.cpus[c].core for c in members}))
+                                  for group, members in groups.items())
+        for size, cores in described:
+            said = f"L{level}" + (f" {_cache_size(size)}" if size is not None else "")
+            said += " per core" if cores == 1 else f" per {cores} cores"
+            parts.append(said + ("" if size is not None else " (size not reported)"))
+    return "caches: " + "; ".join(parts)
+
+
+def distance_lines(topology: HostTopology) -> list[str]:
+    """The node distance matrix, as `numactl -H` prints it."""
+    ids = sorted(topology.nodes)
+    width = max(3, *(len(str(i)) for i in ids))
+    lines = ["node distances:", "node " + " ".join(f"{i:>{width}}" for i in ids)]
+    for a in ids:
+        lines.append(f"{a:>3}: " + " ".join(f"{topology.distance(a, b):>{width}}" for b in ids))
+    return lines
+
+
+def _short_size(kib: int) -> str:
+    """'2M', '1G', '64K': the hugepage sizes as the kernel names their pools."""
+    for unit, factor in (("G", 1024**2), ("M", 1024)):
+        if kib >= factor and kib % factor == 0:
+            return f"{kib // factor}{unit}"
+    return f"{kib}K"
+
+
+# ----- the --cores form: a tree per node --------------------------------------------------
 
 def render_tree(topology: HostTopology) -> None:
     from vmplacer.cli.common import console
@@ -187,4 +357,12 @@ def _size(kib: int) -> str:
         if kib >= factor:
             value = kib / factor
             return f"{value:.0f} {unit}" if value == int(value) else f"{value:.1f} {unit}"
+    return f"{kib} KiB"
+
+
+def _cache_size(kib: int) -> str:
+    """'38.5 MiB', '1280 KiB': a cache size said exactly (1.25 MiB is not '1.2 MiB')."""
+    for unit, factor in (("GiB", 1024**2), ("MiB", 1024)):
+        if kib >= factor and (kib * 10) % factor == 0:
+            return f"{kib / factor:g} {unit}"
     return f"{kib} KiB"

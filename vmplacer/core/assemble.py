@@ -46,11 +46,13 @@ class CpuFacts:
 
 @dataclass(frozen=True)
 class CacheFacts:
-    """One cache instance: its level, the CPUs sharing it, and where the reader found it."""
+    """One cache instance: its level, the CPUs sharing it, its size when the host says it, and
+    where the reader found it."""
 
     level: int
     cpus: frozenset[int]
     source: str | None = field(default=None, compare=False)
+    size_kib: int | None = field(default=None, compare=False)
 
 
 def assemble_topology(
@@ -87,6 +89,7 @@ def assemble_topology(
         core_index[cpu] = index
     die_of = _dies(facts, online, packages, raw_die)
     cluster_of = _clusters(online, packages, raw_die, cores, die_of, name)
+    caches = list(caches)
     l2_of, llc_of = _cache_groups(caches, online, cores, die_of, name)
 
     result = {
@@ -104,13 +107,33 @@ def assemble_topology(
         )
         for i, f in sorted(facts.items())
     }
+    top_level = max((c.level for c in caches if c.level >= 2), default=None)
     return HostTopology(
         nodes={k: nodes[k] for k in sorted(nodes)},
         cpus=result,
         isolated=frozenset(isolated) & frozenset(facts),
         name=name,
         warnings=tuple(dict.fromkeys(warnings)),
+        l2_kib=_group_sizes(caches, 2, l2_of, cores),
+        llc_kib=_group_sizes(caches, top_level, llc_of, cores),
+        llc_level=top_level,
     )
+
+
+def _group_sizes(caches: Iterable[CacheFacts], level: int | None, group_of: Mapping[int, int],
+                 cores: list[list[int]]) -> dict[int, int]:
+    """Group id -> size in KiB of the reported caches of `level` (what the operator sizes guests
+    by); groups the reader assumed, or whose size the host did not say, are left out."""
+    if level is None:
+        return {}
+    sizes: dict[int, int] = {}
+    for cache in caches:
+        if cache.level != level or cache.size_kib is None:
+            continue
+        groups = {group_of[cpu] for cpu in cache.cpus if cpu in group_of}
+        if len(groups) == 1:
+            sizes.setdefault(groups.pop(), cache.size_kib)
+    return dict(sorted(sizes.items()))
 
 
 def _checked(cpus: Iterable[CpuFacts], nodes: Mapping[int, Node], name: str) -> dict[int, CpuFacts]:

@@ -410,7 +410,7 @@ def _nearer_never_less(scale: np.ndarray, evidence: np.ndarray, reference: Dista
     """The distance scales made non-increasing from same-core to remote-node (weighted
     pool-adjacent-violators), the reference class held where it is.
 
-    Nearer pCPUs share more hardware (METHOD.md §1): a fit that rates SMT siblings
+    Nearer pCPUs share more hardware (docs/research/method.md §1): a fit that rates SMT siblings
     below cores that only share the LLC is reading noise or confounded layouts.
     Classes without data follow their neighbours.
     """

@@ -35,7 +35,7 @@ def _cpu_nodes(topology: HostTopology, cpus: Iterable[int]) -> set[int]:
 class LocalityScorer:
     """Few nodes, close nodes, and vCPUs of a cell inside one cache domain.
 
-    METHOD.md §1: all vCPUs and memory on one node beat split layouts by ~29 %
+    docs/research/method.md §1: all vCPUs and memory on one node beat split layouts by ~29 %
     for sensitive guests; splitting vCPUs hurts communication-heavy guests most.
     Extra nodes beyond the guest's own cells cost the most; then the mean
     NUMA distance between the nodes used; then LLC spread within a cell.
@@ -110,7 +110,7 @@ class PackingScorer:
 class SiblingScorer:
     """Avoid co-runners on SMT siblings and crowded shared pools.
 
-    SMT siblings hurt most (METHOD.md §1: ~22 % mean IPC loss for sibling pairs
+    SMT siblings hurt most (docs/research/method.md §1: ~22 % mean IPC loss for sibling pairs
     against ~4 % on separate cores). A dedicated vCPU scores by whether its
     sibling threads run someone else; a floating vCPU by the shared load per
     pCPU of its node after placement.

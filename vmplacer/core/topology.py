@@ -17,7 +17,7 @@ class DistanceClass(str, Enum):
     """How closely two pCPUs share hardware, from closest to farthest.
 
     `same-cpu` is one pCPU time-shared; the other five are the classes the
-    interference model carries (METHOD.md §3).
+    interference model carries (docs/research/method.md §3).
     """
 
     SAME_CPU = "same-cpu"
@@ -103,6 +103,11 @@ class HostTopology:
     isolated: frozenset[int] = frozenset()  # kernel isolcpus: usable only when pinned
     name: str = "host"
     warnings: tuple[str, ...] = ()  # what the reader could not read and what it assumed instead
+    # Sizes of the L2 and last-level cache groups the host reported (group id -> KiB); a group
+    # missing here was assumed or its size not said. Descriptive only: placement never reads them.
+    l2_kib: dict[int, int] = field(default_factory=dict, compare=False)
+    llc_kib: dict[int, int] = field(default_factory=dict, compare=False)
+    llc_level: int | None = field(default=None, compare=False)  # None: no cache reported, LLC per die assumed
 
     # ----- construction helpers -------------------------------------------------
     def with_reserved(self, cpus: frozenset[int] | set[int]) -> HostTopology:
@@ -267,8 +272,9 @@ class HostTopology:
                      for k, v in self.dies.items()],
             "clusters": [{"id": k, "die": self.cpus[min(v)].die, "cpus": sorted(v)}
                          for k, v in self.clusters.items()],
-            "llc": [{"id": k, "cpus": sorted(v)} for k, v in self.llc_groups.items()],
-            "l2": [{"id": k, "cpus": sorted(v)} for k, v in self.l2_groups.items()],
+            "llc": [{"id": k, "cpus": sorted(v), "level": self.llc_level, "size_kib": self.llc_kib.get(k)}
+                    for k, v in self.llc_groups.items()],
+            "l2": [{"id": k, "cpus": sorted(v), "size_kib": self.l2_kib.get(k)} for k, v in self.l2_groups.items()],
             "smt": self.smt,
             "packages": list(self.packages),
             "memory_only_nodes": list(self.memory_only_nodes),

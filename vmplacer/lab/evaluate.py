@@ -57,7 +57,7 @@ class Testbed(Protocol):
 
 @dataclass(frozen=True)
 class ProfileSettings:
-    """Freeze'nSense timing (METHOD.md §2): ζ over `window_s`, ζb over `t_m` while others are frozen."""
+    """Freeze'nSense timing (docs/research/method.md §2): ζ over `window_s`, ζb over `t_m` while others are frozen."""
 
     window_s: float = 1.0
     t_m: float = 0.01

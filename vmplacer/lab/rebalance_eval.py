@@ -6,7 +6,7 @@ seed's worst case (VMs packed on SMT sibling threads of the first host) or
 random pCPUs (collisions allowed). Then, each on its own copy of the start:
 
 * none — nothing moves;
-* seed_policy — the seed's relocation experiment (METHOD.md §2): profile
+* seed_policy — the seed's relocation experiment (docs/research/method.md §2): profile
   with Freeze'nSense, move the two most-degraded VMs to distant cores (the
   free pCPU farthest from every other VM on their host);
 * blind_spread — interference-blind spreading: every VM re-placed on the
@@ -44,7 +44,7 @@ from vmplacer.core.trial import CLOSE_CALL_NOTE, Measured, TrialOutcome, trial_o
 STARTS = ("siblings", "random")
 
 # What the model assumes about distance before its own samples say otherwise (ModelConfig.distance_prior):
-# SMT siblings hurt most — METHOD.md §1: ~22 % mean loss for sibling pairs against ~4 % on separate
+# SMT siblings hurt most — docs/research/method.md §1: ~22 % mean loss for sibling pairs against ~4 % on separate
 # cores, so about 5× the loss at the reference (same-LLC) distance; cores of another node share less
 # (only the memory controller, or only the interconnect): halved per step, no measurement behind it.
 DISTANCE_PRIOR = {"same-core": 5.0, "same-node": 0.5, "remote-node": 0.25}

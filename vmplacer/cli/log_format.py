@@ -1,0 +1,98 @@
+"""How vmplacer's log lines look on stderr: text for a person, or one JSON object per line.
+
+`--log-format json` (or VMPLACER_LOG_FORMAT=json) is for the long-running commands under
+systemd (`serve`, `rebalance`, `protect run`, `guard`): journald and log shippers read each line
+as one record with `time` (ISO 8601 UTC, milliseconds), `level`, `logger`, `message` and any
+structured `extra=` fields. Names, reasons and XML an operator or API caller supplied stay data
+either way: JSON escapes them, and the text form escapes control characters, so a newline in a
+VM name can never forge a second log line.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+from datetime import datetime, timezone
+from typing import Any
+
+LOG_FORMATS = ("text", "json")
+LOG_FORMAT_VARIABLE = "VMPLACER_LOG_FORMAT"
+TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+# Attributes every LogRecord has: anything else on a record came from `extra=` and is data to keep.
+_STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
+
+
+def log_time(record: logging.LogRecord) -> str:
+    """'2026-11-28T06:58:01.123Z'."""
+    moment = datetime.fromtimestamp(record.created, tz=timezone.utc)
+    return moment.strftime("%Y-%m-%dT%H:%M:%S.") + f"{int(record.msecs):03d}Z"
+
+
+def escaped(text: str) -> str:
+    """`text` with control characters (newlines included) written as escapes: one record, one line."""
+    if text.isprintable():
+        return text
+    return "".join(ch if ch.isprintable() else ch.encode("unicode_escape").decode("ascii") for ch in text)
+
+
+def extras(record: logging.LogRecord) -> dict[str, Any]:
+    return {key: value for key, value in vars(record).items() if key not in _STANDARD and not key.startswith("_")}
+
+
+class JsonLineFormatter(logging.Formatter):
+    """One JSON object per record, on one line."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        entry: dict[str, Any] = {"time": log_time(record), "level": record.levelname.lower(),
+                                 "logger": record.name, "message": record.getMessage()}
+        for key, value in extras(record).items():
+            entry.setdefault(key, value)
+        if record.exc_info:
+            entry["exception"] = self.formatException(record.exc_info)
+        if record.stack_info:
+            entry["stack"] = self.formatStack(record.stack_info)
+        return json.dumps(entry, ensure_ascii=False, default=str)
+
+
+class TextFormatter(logging.Formatter):
+    """TEXT_FORMAT with the time in ISO 8601 UTC, the message's control characters escaped and the
+    `extra=` fields appended as key=value."""
+
+    def __init__(self) -> None:
+        super().__init__(TEXT_FORMAT)
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:  # noqa: N802
+        return log_time(record)
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802
+        fields = "".join(f" {key}={escaped(str(value))}" for key, value in extras(record).items())
+        saved = record.message
+        record.message = escaped(saved) + fields
+        try:
+            return super().formatMessage(record)
+        finally:
+            record.message = saved
+
+
+def chosen_format(flag: str | None) -> str:
+    """The flag, else $VMPLACER_LOG_FORMAT, else text; ValueError names a bad variable value."""
+    if flag:
+        return flag
+    value = os.environ.get(LOG_FORMAT_VARIABLE, "").strip()
+    if not value:
+        return "text"
+    if value not in LOG_FORMATS:
+        raise ValueError(f"{LOG_FORMAT_VARIABLE}={value!r}: must be one of {', '.join(LOG_FORMATS)}")
+    return value
+
+
+def configure_logging(log_format: str, verbose: int) -> None:
+    """The root handler on stderr, in `log_format`; -v info, -vv debug."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(JsonLineFormatter() if log_format == "json" else TextFormatter())
+    root = logging.getLogger()
+    for old in list(root.handlers):
+        root.removeHandler(old)
+    root.addHandler(handler)
+    root.setLevel(logging.WARNING - 10 * min(verbose, 2))
