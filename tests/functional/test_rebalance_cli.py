@@ -195,6 +195,8 @@ def test_rebalance_run_reports_its_steps(config):
     (["rebalance", "--profile-seconds", "-2"], "--profile-seconds"),
     (["rebalance", "--migration-timeout", "0"], "--migration-timeout"),
     (["rebalance", "--host", "t1", "--all"], "not allowed with argument"),
+    (["rebalance", "--no-share", "--batch-hosts", "2"], "--batch-hosts: only when the run shares its hosts"),
+    (["rebalance", "--batch-hosts", "0"], "--batch-hosts"),
 ])
 def test_bad_input_exits_2_naming_the_option(config, args, message):
     code, _, err = vmplacer(config, *args)
