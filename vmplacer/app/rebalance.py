@@ -10,6 +10,11 @@ second finds the hosts busy, waits up to `wait_s`, then gives up). `run`,
 (no live lease on any of their hosts): they end `failed`, their running action
 with an unknown outcome.
 
+With `share`, `run` joins the round over its hosts that other instances may be
+working on too (the RoundStore port) and runs the loop on one claimed batch of
+hosts at a time, so each host is planned and applied once per round; hosts whose
+holder stopped are taken over when their lease lapses.
+
 Every outside service is injected: hosts (the Hypervisor port), stores
 (plans, leases, placement rows, audit), and the optional steps — profile
 (Freeze'nSense), learn (refit the interference model from the samples),
@@ -212,7 +217,9 @@ class RoundShare:
     id: int
     hosts: int  # in the whole round
     opened: bool  # this instance opened the round (the others joined it)
-    batches: list[dict[str, Any]] = field(default_factory=list)  # {hosts, plan_id, status, plan_cpu_s}
+    # {hosts, marked (the hosts it marked done: not those whose lease lapsed and was taken over),
+    #  plan_id, status, plan_cpu_s}
+    batches: list[dict[str, Any]] = field(default_factory=list)
     left: list[str] = field(default_factory=list)  # hosts still pending when this instance stopped
 
     @property
