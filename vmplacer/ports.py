@@ -360,10 +360,12 @@ class RoundTicket:
 
 @dataclass(frozen=True)
 class RoundProgress:
-    """A round's hosts not done yet, and which of them another holder leases live (host -> holder)."""
+    """A round's hosts not done yet, which of them another holder leases live (host -> holder),
+    and which of those are leased outside the round (not by the instance that claimed them)."""
 
     pending: tuple[str, ...]
     busy: dict[str, str]
+    foreign: tuple[str, ...] = ()
 
 
 class RoundStore(Protocol):

@@ -38,6 +38,7 @@ def upgrade() -> None:
         "rebalance_round_hosts",
         sa.Column("round_id", sa.Integer(), nullable=False),
         sa.Column("host", sa.String(64), nullable=False),
+        sa.Column("claimed_by", sa.String(128), nullable=True),
         sa.Column("done_by", sa.String(128), nullable=True),
         sa.Column("done_at", sa.DateTime(timezone=True), nullable=True),
         sa.Column("plan_id", sa.Integer(), nullable=True),

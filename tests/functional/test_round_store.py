@@ -27,6 +27,7 @@ def test_join_claim_done_and_rest(sessions):
     assert rounds.claim(first.id, "b", 5, 60) == ["h002", "h003"]
     assert rounds.claim(first.id, "c", 5, 60) == [], "every pending host is leased live by another"
     assert rounds.progress(first.id, "c").busy == {"h000": "a", "h001": "a", "h002": "b", "h003": "b"}
+    assert rounds.progress(first.id, "c").foreign == (), "leased by the instances that claimed them"
 
     assert rounds.mark_done(first.id, ["h002", "h003"], "a", None, "applied") == [], "a is not their holder"
     assert rounds.mark_done(first.id, ["h000", "h001"], "a", 7, "applied") == ["h000", "h001"]
@@ -52,15 +53,18 @@ def test_join_claim_done_and_rest(sessions):
 
 
 def test_a_run_leaves_hosts_someone_else_keeps_for_the_next_run(migrated_url, sessions):
-    """A host leased by another holder that keeps it: the run does the others, waits one TTL
-    without progress, then leaves it pending; the next run joins the same round and does it."""
+    """A host leased outside the round (an API job) that keeps it: the run does the others, does
+    not wait a lease TTL for it (only --wait, here 0), leaves it pending; the next run joins the
+    same round and does it."""
     held = SqlLeaseStore(sessions)
     assert held.acquire(["h001"], "api-job", 120)
-    ttl = 1.0
+    ttl = 600.0
     first = run_instance(migrated_url, "first", hosts=4, guests=6, batch_hosts=2, lease_ttl_s=ttl)
     assert first["round"]["opened"] and first["round"]["left"] == ["h001"]
     assert sorted(first["round"]["done_here"]) == ["h000", "h002", "h003"]
-    assert any("still held by api-job" in note for note in first["notes"]), first["notes"]
+    assert any("still held by api-job after 0 s outside this round" in note for note in first["notes"]), \
+        first["notes"]
+    assert first["wall_s"] < ttl, "a host held outside the round must not be waited for a lease TTL"
     held.release(["h001"], "api-job")
     second = run_instance(migrated_url, "second", hosts=4, guests=6, batch_hosts=2, lease_ttl_s=ttl)
     assert second["round"]["id"] == first["round"]["id"] and not second["round"]["opened"]

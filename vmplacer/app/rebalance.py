@@ -662,7 +662,10 @@ class Rebalancer:
             report.notes.append(f"round {ticket.id} over these {plural(len(host_names), 'host')} finished less than "
                                 f"{options.round_rest_s:g} s ago: nothing to do until it has rested")
             return report
-        patience = options.lease_ttl_s + options.wait_s  # a stopped holder's lease lapses within one TTL
+        # An instance of the round that stopped lets its lease lapse within one TTL: wait that long
+        # for its hosts. Hosts held outside the round (an API job, a --no-share run) are waited for
+        # only `wait_s`, as a single run waits for busy hosts.
+        patience = options.lease_ttl_s + options.wait_s
         last_pending: tuple[str, ...] | None = None
         since = self.clock.now()
         statuses: list[str] = []
@@ -677,12 +680,15 @@ class Rebalancer:
                 break
             if progress.pending != last_pending:
                 last_pending, since = progress.pending, self.clock.now()
-            elif self.clock.now() - since >= patience:
+            outside_only = bool(progress.busy) and set(progress.busy) == set(progress.foreign)
+            limit = options.wait_s if outside_only else patience
+            if self.clock.now() - since >= limit:
                 share.left = list(progress.pending)
                 holders = sorted(set(progress.busy.values()))
+                where = "outside this round" if outside_only else "without progress"
                 report.notes.append(
                     f"round {ticket.id}: {plural(len(progress.pending), 'host')} still held by "
-                    f"{', '.join(holders) or 'another run'} after {patience:g} s without progress; the round stays "
+                    f"{', '.join(holders) or 'another run'} after {limit:g} s {where}; the round stays "
                     "open and the next run joins it")
                 break
             self.clock.sleep(ROUND_POLL_S)

@@ -307,12 +307,15 @@ class RebalanceRoundRow(Base):
 
 class RebalanceRoundHostRow(Base):
     """A host of a round: pending until the instance that held its lease marks it done, with the
-    plan that covered it (none when the host could not be planned)."""
+    plan that covered it (none when the host could not be planned). `claimed_by` tells a lease
+    taken by the round's instances (waited for, taken over when it lapses) from one held
+    outside the round (an API job, a `--no-share` run)."""
 
     __tablename__ = "rebalance_round_hosts"
 
     round_id: Mapped[int] = mapped_column(ForeignKey("rebalance_rounds.id", ondelete="CASCADE"), primary_key=True)
     host: Mapped[str] = mapped_column(String(64), primary_key=True)
+    claimed_by: Mapped[str | None] = mapped_column(String(128), nullable=True)  # the last instance to claim it
     done_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
     done_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     plan_id: Mapped[int | None] = mapped_column(Integer, nullable=True)

@@ -119,8 +119,16 @@ class SqlRoundStore:
                 row.holder = holder
                 row.expires_at = expires
                 taken.append(row.host)
+            self._claimed(session, round_id, taken, holder)
             session.commit()
             return taken
+
+    @staticmethod
+    def _claimed(session: Session, round_id: int, hosts: list[str], holder: str) -> None:
+        if hosts:
+            session.execute(update(RebalanceRoundHostRow)
+                            .where(RebalanceRoundHostRow.round_id == round_id, RebalanceRoundHostRow.host.in_(hosts))
+                            .values(claimed_by=holder))
 
     def _claim_conditional(self, round_id: int, holder: str, limit: int, now: datetime,
                            expires: datetime) -> list[str]:
@@ -142,6 +150,7 @@ class SqlRoundStore:
                     .values(holder=holder, acquired_at=now, expires_at=expires))
                 if result.rowcount == 1:
                     taken.append(host)
+                    self._claimed(session, round_id, [host], holder)
         return taken
 
     # ----- done ----------------------------------------------------------------------------------
@@ -169,23 +178,27 @@ class SqlRoundStore:
 
     # ----- reading -------------------------------------------------------------------------------
     def progress(self, round_id: int, holder: str) -> RoundProgress:
-        """Pending hosts, and of those the ones another holder leases live (what we wait for)."""
+        """Pending hosts; of those, the ones another holder leases live (what we wait for), and
+        of these the ones leased outside the round (not by the instance that claimed them)."""
         now = utcnow()
         with self.sessions() as session:
             rows = session.execute(
-                select(RebalanceRoundHostRow.host, HostLeaseRow.holder, HostLeaseRow.expires_at)
+                select(RebalanceRoundHostRow.host, RebalanceRoundHostRow.claimed_by, HostLeaseRow.holder,
+                       HostLeaseRow.expires_at)
                 .join(HostLeaseRow, HostLeaseRow.host == RebalanceRoundHostRow.host, isouter=True)
                 .where(RebalanceRoundHostRow.round_id == round_id, RebalanceRoundHostRow.done_at.is_(None))
                 .order_by(RebalanceRoundHostRow.host)).all()
-        pending = tuple(host for host, _, _ in rows)
-        busy = {host: lease_holder for host, lease_holder, expires_at in rows
-                if lease_holder not in (None, holder) and expires_at is not None and _aware(expires_at) > now}
-        return RoundProgress(pending, busy)
+        pending = tuple(row[0] for row in rows)
+        live = [(host, claimed_by, lease_holder) for host, claimed_by, lease_holder, expires_at in rows
+                if lease_holder not in (None, holder) and expires_at is not None and _aware(expires_at) > now]
+        busy = {host: lease_holder for host, _, lease_holder in live}
+        foreign = tuple(host for host, claimed_by, lease_holder in live if lease_holder != claimed_by)
+        return RoundProgress(pending, busy, foreign)
 
     def hosts(self, round_id: int) -> list[dict[str, Any]]:
         """Every host of the round: who did it, when, with which plan."""
         with self.sessions() as session:
-            return [{"host": r.host, "done_by": r.done_by, "plan_id": r.plan_id, "outcome": r.outcome,
+            return [{"host": r.host, "claimed_by": r.claimed_by, "done_by": r.done_by, "plan_id": r.plan_id, "outcome": r.outcome,
                      "done": r.done_at is not None}
                     for r in session.scalars(select(RebalanceRoundHostRow)
                                              .where(RebalanceRoundHostRow.round_id == round_id)
