@@ -362,7 +362,11 @@ def _share(args: argparse.Namespace, drain: str | None, selected: int) -> bool:
     if args.share is False:
         refuse_options(args, ("batch_hosts", "round_rest"), "only when the run shares its hosts, not with --no-share")
         return False
-    return bool(args.share) or selected > 1
+    share = bool(args.share) or selected > 1
+    if not share:
+        refuse_options(args, ("batch_hosts", "round_rest"), "only when the run shares its hosts (several hosts "
+                       "selected, or --share)")
+    return share
 
 
 def run_apply(args: argparse.Namespace, ctx: CliContext) -> int:
