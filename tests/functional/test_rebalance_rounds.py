@@ -67,9 +67,9 @@ def _every_host_once(url: str, reports: list[dict]) -> dict[str, str]:
 
 
 def test_three_instances_share_a_round_each_host_exactly_once(migrated_url, tmp_path):
-    start_at = time.time() + 4.0  # after the three interpreters have imported everything
+    together = SPAWN.Barrier(3)  # the three start planning once all have loaded, whatever the load
     started = [_start(migrated_url, f"instance-{i}", tmp_path, batch_hosts=2, lease_ttl_s=60.0, profile_s=0.2,
-                      start_at=start_at) for i in range(3)]
+                      barrier=together) for i in range(3)]
     for process, _ in started:
         process.join(120)
         assert process.exitcode == 0

@@ -50,12 +50,13 @@ def simulated_fleet(hosts: int, guests: int, *, seed: int = 0, nodes: int = 2, c
 
 def run_instance(url: str, holder: str, *, hosts: int, guests: int, batch_hosts: int, lease_ttl_s: float,
                  profile_s: float = 0.0, hang_in_profile: bool = False, start_at: float | None = None,
-                 out: str | None = None, seed: int = 0) -> dict[str, Any]:
+                 out: str | None = None, seed: int = 0, barrier: Any = None) -> dict[str, Any]:
     """One instance's `rebalance --all` (shared round) over the simulated fleet; its report as a
     dict, with the process's CPU seconds. `profile_s`: a profiling step that takes this long per
     host (a real one profiles for seconds); `hang_in_profile`: never come back from the first
     profile (an instance to be killed while it holds leases). `start_at`: a wall-clock moment
-    to start at, so instances start together. `out`: also write the report there as JSON."""
+    to start at, so instances start together; `barrier` (a multiprocessing.Barrier): wait there
+    for the other instances once everything is loaded. `out`: also write the report there as JSON."""
     from vmplacer.adapters.db.engine import make_engine, make_session_factory
     from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
     from vmplacer.adapters.db.rounds import SqlRoundStore
@@ -78,6 +79,8 @@ def run_instance(url: str, holder: str, *, hosts: int, guests: int, batch_hosts:
                             settings=RebalanceSettings(allow_migration=False, trials=False, cooldown_s=0.0))
     options = RunOptions(share=True, batch_hosts=batch_hosts, lease_ttl_s=lease_ttl_s,
                          profile_seconds=profile_s if not hang_in_profile else 1.0)
+    if barrier is not None:
+        barrier.wait(300)
     if start_at is not None:
         time.sleep(max(0.0, start_at - time.time()))
     wall, cpu = time.perf_counter(), time.process_time()
