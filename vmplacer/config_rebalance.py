@@ -75,6 +75,10 @@ REBALANCE_KEYS: dict[str, dict[str, tuple[str, Kind]]] = {
         "exploration": ("exploration", "number"),
         "second_opinion": ("second_opinion", "flag"),
     },
+    "rounds": {
+        "batch_hosts": ("round_batch_hosts", "integer"),
+        "rest_s": ("round_rest_s", "number"),
+    },
 }
 
 FIELD_KEYS: dict[str, str] = {name: f"rebalance.{stage}.{key}"

@@ -9,6 +9,7 @@ simulated ones.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -345,6 +346,39 @@ class LeaseStore(Protocol):
         ...
     def renew(self, hosts: list[str], holder: str, ttl_s: float) -> bool: ...
     def release(self, hosts: list[str], holder: str) -> None: ...
+
+
+@dataclass(frozen=True)
+class RoundTicket:
+    """The round an instance joined: `opened` by it, or already `finished` (rested: nothing to do)."""
+
+    id: int
+    key: str
+    opened: bool
+    finished: bool
+
+
+@dataclass(frozen=True)
+class RoundProgress:
+    """A round's hosts not done yet, which of them another holder leases live (host -> holder),
+    and which of those are leased outside the round (not by the instance that claimed them)."""
+
+    pending: tuple[str, ...]
+    busy: dict[str, str]
+    foreign: tuple[str, ...] = ()
+
+
+class RoundStore(Protocol):
+    """Rebalance rounds shared by several instances: each host done once per round."""
+
+    def join(self, key: str, hosts: Sequence[str], holder: str, *, dry_run: bool,
+             rest_s: float = 0.0) -> RoundTicket: ...
+    def claim(self, round_id: int, holder: str, limit: int, ttl_s: float) -> list[str]:
+        """Pending hosts whose lease was free, expired or ours, now leased to `holder`."""
+        ...
+    def mark_done(self, round_id: int, hosts: Sequence[str], holder: str, plan_id: int | None,
+                  outcome: str) -> list[str]: ...
+    def progress(self, round_id: int, holder: str) -> RoundProgress: ...
 
 
 @runtime_checkable

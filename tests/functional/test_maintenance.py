@@ -96,6 +96,8 @@ def test_cli_bad_input_exits_2_and_changes_nothing(cli_config, args, message):
     (["rebalance", "--drain", "nope"], "--drain 'nope': unknown host (configured: t1, t2)"),
     (["rebalance", "--reason", "x"], "--reason: only with --drain HOST"),
     (["rebalance", "--drain", "t1", "--no-migrate"], "--no-migrate: a drain is made of live migrations"),
+    (["rebalance", "--drain", "t1", "--share"], "--share: does not apply to a drain"),
+    (["rebalance", "--drain", "t1", "--batch-hosts", "4"], "--batch-hosts: only when the run shares its hosts"),
     (["rebalance", "--drain", "t1", "--host", "t2"], "host t1 to drain is not among the hosts of this run"),
     (["plan", "--rebalance", "--drain", "nope"], "--drain 'nope': unknown host"),
 ])

@@ -195,6 +195,9 @@ def test_rebalance_run_reports_its_steps(config):
     (["rebalance", "--profile-seconds", "-2"], "--profile-seconds"),
     (["rebalance", "--migration-timeout", "0"], "--migration-timeout"),
     (["rebalance", "--host", "t1", "--all"], "not allowed with argument"),
+    (["rebalance", "--no-share", "--batch-hosts", "2"], "--batch-hosts: only when the run shares its hosts"),
+    (["rebalance", "--batch-hosts", "0"], "--batch-hosts"),
+    (["rebalance", "--host", "t1", "--round-rest", "5m"], "--round-rest: only when the run shares its hosts"),
 ])
 def test_bad_input_exits_2_naming_the_option(config, args, message):
     code, _, err = vmplacer(config, *args)
@@ -232,3 +235,19 @@ def test_eval_rebalance_prints_one_case():
     assert code == 2 and "--shape" in err
     code, _, err = vmplacer(None, "eval", "rebalance", "--pairs", str(E7600), "--vms", "9")
     assert code == 2 and "--vms 9" in err
+
+
+def test_a_shared_round_rests_before_the_same_hosts_are_done_again(config):
+    code, first, err = vmplacer(config, "rebalance", "--share", "--round-rest", "5m", "--profile-seconds", "0",
+                                "--format", "json")
+    assert code == 0, err
+    assert first["round"]["opened"] and first["round"]["done_here"] == ["t1"]
+    assert [b["plan_id"] for b in first["round"]["batches"]] == [first["plan"]["id"]]
+    code, rested, err = vmplacer(config, "rebalance", "--share", "--round-rest", "5m", "--profile-seconds", "0",
+                                 "--format", "json")
+    assert code == 0, err
+    assert rested["status"] == "nothing-to-do" and rested["plan"] is None
+    assert rested["round"]["id"] == first["round"]["id"] and rested["round"]["done_here"] == []
+    assert "finished less than 300 s ago" in rested["notes"][-1]
+    code, again, err = vmplacer(config, "rebalance", "--share", "--profile-seconds", "0", "--format", "json")
+    assert code == 0 and again["round"]["opened"] and again["round"]["id"] != first["round"]["id"], err

@@ -10,6 +10,11 @@ second finds the hosts busy, waits up to `wait_s`, then gives up). `run`,
 (no live lease on any of their hosts): they end `failed`, their running action
 with an unknown outcome.
 
+With `share`, `run` joins the round over its hosts that other instances may be
+working on too (the RoundStore port) and runs the loop on one claimed batch of
+hosts at a time, so each host is planned and applied once per round; hosts whose
+holder stopped are taken over when their lease lapses.
+
 Every outside service is injected: hosts (the Hypervisor port), stores
 (plans, leases, placement rows, audit), and the optional steps — profile
 (Freeze'nSense), learn (refit the interference model from the samples),
@@ -21,6 +26,7 @@ uses the linear predictor (time sharing only).
 from __future__ import annotations
 
 import fnmatch
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -44,6 +50,7 @@ from vmplacer.core.policies.admit import AllocationOptions
 from vmplacer.core.policies.rebalance import plan_rebalance
 from vmplacer.core.policies.rebalance_drain import plan_drain
 from vmplacer.core.stage_times import StageTimes
+from vmplacer.core.text import plural
 from vmplacer.core.trial import Backoff, Measured, backoffs, refuted_hosts
 from vmplacer.core.policies.rebalance_state import (
     ClusterState,
@@ -60,15 +67,25 @@ from vmplacer.ports import (
     LeaseStore,
     PlacementUpdates,
     PlanStore,
+    RoundStore,
     ThrottleLedger,
 )
 
 log = logging.getLogger(__name__)
 
 RUN_STATUSES = ("applied", "planned", "nothing-to-do", "busy", "failed", "cancelled")
+# A shared round's status from its batches' statuses: the first of these that occurs.
+ROUND_STATUS_ORDER = ("failed", "cancelled", "applied", "planned", "nothing-to-do")
+ROUND_POLL_S = 1.0  # how often a run whose remaining hosts others hold looks again
 # A profile step (and a trial's probe) is one profiler run of `profile_seconds` with t_sleep a
 # tenth of it: about this many Freeze'nSense rounds, whatever the duration.
 ROUNDS_PER_PROFILE = 10
+
+
+def round_key(host_names: Iterable[str], dry_run: bool) -> str:
+    """What instances sharing a round agree on: the same hosts, and a dry run or not."""
+    text = ("dry-run" if dry_run else "apply") + "\n" + "\n".join(sorted(set(host_names)))
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 class RebalanceError(RuntimeError):
@@ -174,6 +191,11 @@ class RunOptions:
     lease_ttl_s: float = 900.0
     wait_s: float = 0.0  # how long to wait for busy hosts
     drain: str | None = None  # a host to empty (maintenance) instead of a rebalance
+    # Share the hosts with other instances in a round (needs a round store; never for a drain):
+    # claim `batch_hosts` hosts at a time, plan and apply them, until every host of the round is done.
+    share: bool = False
+    batch_hosts: int = 50
+    round_rest_s: float = 0.0  # a round of the same hosts that finished this recently is not redone
 
 
 @dataclass
@@ -189,19 +211,47 @@ class Step:
 
 
 @dataclass
+class RoundShare:
+    """This instance's part of a shared round: the batches it claimed, planned and applied."""
+
+    id: int
+    hosts: int  # in the whole round
+    opened: bool  # this instance opened the round (the others joined it)
+    # {hosts, marked (the hosts it marked done: not those whose lease lapsed and was taken over),
+    #  plan_id, status, plan_cpu_s}
+    batches: list[dict[str, Any]] = field(default_factory=list)
+    left: list[str] = field(default_factory=list)  # hosts still pending when this instance stopped
+
+    @property
+    def done_here(self) -> list[str]:
+        return sorted(h for b in self.batches for h in b["marked"])
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "hosts": self.hosts, "opened": self.opened, "done_here": self.done_here,
+                "plan_cpu_s": round(sum(b["plan_cpu_s"] for b in self.batches), 4),
+                "batches": [{k: v for k, v in b.items() if k != "marked"} for b in self.batches],
+                "left": list(self.left)}
+
+
+@dataclass
 class RunReport:
     status: str
     plan: Plan | None = None
     steps: list[Step] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
+    round: RoundShare | None = None  # set when the run shared its hosts with other instances
+    plan_cpu_s: float = 0.0  # CPU time this process spent planning (what sharing divides)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        data = {
             "status": self.status,
             "plan": self.plan.to_dict() if self.plan else None,
             "steps": [s.to_dict() for s in self.steps],
             "notes": list(self.notes),
         }
+        if self.round is not None:
+            data["round"] = self.round.to_dict()
+        return data
 
 
 @dataclass
@@ -239,8 +289,10 @@ class Rebalancer:
         solver: LayoutSolver | None = None,
         throttles: ThrottleLedger | None = None,
         on_trial: OnVerdict | None = None,
+        rounds: RoundStore | None = None,
     ):
         self.hosts = dict(hosts)
+        self.rounds = rounds  # rounds shared with other instances (None: every run plans all its hosts)
         # Each host's latest measurement (this run's profile, then its kept trials): what trials compare.
         self.measurements: dict[str, Measured] = {}
         self.throttles = throttles  # where throttle/release actions record what they leave in force
@@ -554,38 +606,129 @@ class Rebalancer:
     def run(self, options: RunOptions) -> RunReport:
         host_names = list(options.hosts) if options.hosts else sorted(self.hosts)
         self._check_hosts(host_names)
+        if options.share and options.drain is None and self.rounds is not None:
+            return self._run_round(host_names, options)
         report = RunReport(status="failed")
         report.notes.extend(self.close_orphaned())  # before our own leases, which would hide them
         if not self._acquire(host_names, options.lease_ttl_s, options.wait_s):
             report.status = "busy"
             report.notes.append(f"hosts {', '.join(host_names)}: another run holds a lease; nothing done")
             return report
-        self.measurements.clear()
         try:
-            self._profile_step(report, host_names, options)
-            self._learn_step(report)
-            started = self.clock.now()
-            plan = self.make_plan(host_names, max_actions=options.max_actions, scope=options.scope,
-                                  notes=report.notes, drain=options.drain)
-            report.steps.append(Step("plan", "ok", self.clock.now() - started, plan.summary))
-            report.plan = plan
-            moves = [a for a in plan.actions if a.kind != "probe"]
-            if not moves:
-                report.status = "nothing-to-do"
-                return report
-            if options.dry_run:
-                report.status = "planned"
-                return report
-            self.leases.renew(host_names, self.holder, options.lease_ttl_s)
-            started = self.clock.now()
-            plan = self._apply_held(plan, host_names, options.lease_ttl_s, self.auditor)
-            report.steps.append(Step("apply", {"succeeded": "ok", "cancelled": "skipped"}.get(plan.state, "failed"),
-                                     self.clock.now() - started, f"plan {plan.id} {plan.state}: {plan.message}"))
-            report.plan = plan
-            report.status = {"succeeded": "applied", "cancelled": "cancelled"}.get(plan.state, "failed")
-            return report
+            return self._run_held(report, host_names, options)
         finally:
             self.leases.release(host_names, self.holder)
+
+    def _run_held(self, report: RunReport, host_names: list[str], options: RunOptions) -> RunReport:
+        """Profile, learn, plan and apply `host_names`, whose leases this run holds."""
+        self.measurements.clear()
+        self._profile_step(report, host_names, options)
+        self._learn_step(report)
+        started, cpu_started = self.clock.now(), time.process_time()
+        plan = self.make_plan(host_names, max_actions=options.max_actions, scope=options.scope,
+                              notes=report.notes, drain=options.drain)
+        report.plan_cpu_s += time.process_time() - cpu_started
+        report.steps.append(Step("plan", "ok", self.clock.now() - started, plan.summary))
+        report.plan = plan
+        moves = [a for a in plan.actions if a.kind != "probe"]
+        if not moves:
+            report.status = "nothing-to-do"
+            return report
+        if options.dry_run:
+            report.status = "planned"
+            return report
+        self.leases.renew(host_names, self.holder, options.lease_ttl_s)
+        started = self.clock.now()
+        plan = self._apply_held(plan, host_names, options.lease_ttl_s, self.auditor)
+        report.steps.append(Step("apply", {"succeeded": "ok", "cancelled": "skipped"}.get(plan.state, "failed"),
+                                 self.clock.now() - started, f"plan {plan.id} {plan.state}: {plan.message}"))
+        report.plan = plan
+        report.status = {"succeeded": "applied", "cancelled": "cancelled"}.get(plan.state, "failed")
+        return report
+
+    # ----- a round shared with other instances ---------------------------------------------------------
+    def _run_round(self, host_names: list[str], options: RunOptions) -> RunReport:
+        """Join (or open) the round over `host_names`, then claim batches of its hosts until every
+        one is done: hosts other instances lease are theirs; when only those remain, wait until
+        they are done or their lease lapses (a stopped instance), and take them over."""
+        assert self.rounds is not None
+        report = RunReport(status="nothing-to-do")
+        report.notes.extend(self.close_orphaned())
+        ticket = self.rounds.join(round_key(host_names, options.dry_run), host_names, self.holder,
+                                  dry_run=options.dry_run, rest_s=options.round_rest_s)
+        share = RoundShare(ticket.id, len(host_names), ticket.opened)
+        report.round = share
+        if ticket.finished:
+            report.notes.append(f"round {ticket.id} over these {plural(len(host_names), 'host')} finished less than "
+                                f"{options.round_rest_s:g} s ago: nothing to do until it has rested")
+            return report
+        # An instance of the round that stopped lets its lease lapse within one TTL: wait that long
+        # for its hosts. Hosts held outside the round (an API job, a --no-share run) are waited for
+        # only `wait_s`, as a single run waits for busy hosts.
+        patience = options.lease_ttl_s + options.wait_s
+        last_pending: tuple[str, ...] | None = None
+        since = self.clock.now()
+        statuses: list[str] = []
+        while True:
+            batch = self.rounds.claim(ticket.id, self.holder, max(1, options.batch_hosts), options.lease_ttl_s)
+            if batch:
+                statuses.append(self._round_batch(report, ticket.id, batch, options))
+                since = self.clock.now()
+                continue
+            progress = self.rounds.progress(ticket.id, self.holder)
+            if not progress.pending:
+                break
+            if progress.pending != last_pending:
+                last_pending, since = progress.pending, self.clock.now()
+            outside_only = bool(progress.busy) and set(progress.busy) == set(progress.foreign)
+            limit = options.wait_s if outside_only else patience
+            if self.clock.now() - since >= limit:
+                share.left = list(progress.pending)
+                holders = sorted(set(progress.busy.values()))
+                where = "outside this round" if outside_only else "without progress"
+                report.notes.append(
+                    f"round {ticket.id}: {plural(len(progress.pending), 'host')} still held by "
+                    f"{', '.join(holders) or 'another run'} after {limit:g} s {where}; the round stays "
+                    "open and the next run joins it")
+                break
+            self.clock.sleep(ROUND_POLL_S)
+            # a stopped instance's plan left running is closed before its hosts are taken over
+            report.notes.extend(self.close_orphaned())
+        done_elsewhere = len(host_names) - len(share.done_here) - len(share.left)
+        report.notes.append(f"round {ticket.id}: this run did {plural(len(share.done_here), 'host')} of "
+                            f"{len(host_names)} in {plural(len(share.batches), 'batch', 'batches')}; "
+                            f"{done_elsewhere} done by other runs")
+        report.status = next((s for s in ROUND_STATUS_ORDER if s in statuses), "nothing-to-do")
+        return report
+
+    def _round_batch(self, report: RunReport, round_id: int, batch: list[str], options: RunOptions) -> str:
+        """Plan and apply one claimed batch, mark it done in the round, release its leases."""
+        assert self.rounds is not None
+        part = RunReport(status="failed")
+        try:
+            self._run_held(part, batch, options)
+        except (RebalanceError, HypervisorError) as exc:
+            part.status = "failed"
+            part.notes.append(f"hosts {', '.join(batch)}: {exc}")
+        finally:
+            plan_id = part.plan.id if part.plan is not None else None
+            try:
+                marked = self.rounds.mark_done(round_id, batch, self.holder, plan_id, part.status)
+            finally:
+                self.leases.release(batch, self.holder)
+        report.steps.extend(part.steps)
+        report.notes.extend(part.notes)
+        report.plan_cpu_s += part.plan_cpu_s
+        if part.plan is not None and (report.plan is None or part.plan.actions or not report.plan.actions):
+            report.plan = part.plan
+        lost = sorted(set(batch) - set(marked))
+        if lost:
+            report.notes.append(f"round {round_id}: lease of {', '.join(lost)} lapsed during the batch; "
+                                "another run took them over")
+        assert report.round is not None
+        report.round.batches.append({"hosts": list(batch), "marked": marked, "plan_id": plan_id,
+                                     "status": part.status, "plan_cpu_s": round(part.plan_cpu_s, 4)})
+        return part.status
 
     def _profile_step(self, report: RunReport, host_names: list[str], options: RunOptions) -> None:
         if options.drain is not None:

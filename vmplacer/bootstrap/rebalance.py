@@ -15,6 +15,7 @@ from typing import Any
 
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
 from vmplacer.adapters.db.plans import new_holder
+from vmplacer.adapters.db.rounds import SqlRoundStore
 from vmplacer.adapters.libvirt_rebalance import RebalanceHost
 from vmplacer.app.actions.probe import OnVerdict
 from vmplacer.app.executor import ExecutorSettings
@@ -138,4 +139,5 @@ def build_rebalancer(
         unavailable=unavailable,
         solver=CpSatLayoutSolver(),
         on_trial=on_trial,
+        rounds=SqlRoundStore(container.sessions),
     )

@@ -3,6 +3,7 @@
     vmplacer plan --rebalance [--host H ... | --all] [--max-actions N] [--scope GLOB]   (dry run)
     vmplacer apply PLAN_ID [--wait 1m] [--on-failure continue|rollback] [--migration-timeout 10m]
     vmplacer rebalance [--dry-run] [--max-actions N] [--host H ... | --all] [--profile-seconds 10s]
+                       [--[no-]share] [--batch-hosts N] [--round-rest DURATION]
     vmplacer rebalance --drain HOST [--reason TEXT] [--scope GLOB]   (maintenance: empty HOST)
     vmplacer plans [list] [--all | --state S ...] [--limit N]
     vmplacer plans show PLAN_ID          (also: vmplacer plans PLAN_ID)
@@ -13,6 +14,12 @@ host involved; a second run finds the hosts busy and exits without acting
 (status "busy", exit 0 — a timer firing early is not an error) unless
 `--wait` gives it time. A run that finds nothing to do stores an `empty`
 plan (final), which `plans` leaves out unless asked (--all, --state empty).
+Several instances running `rebalance --all` at once share the work (`--share`, the default when
+several hosts are selected): each joins the round over those hosts and claims batches of
+`--batch-hosts` hosts not done yet (leases taken atomically), plans and applies them, and goes
+on until every host of the round is done once; hosts a stopped instance held are taken over
+when their lease lapses. Migrations stay within a batch. `--no-share` plans every selected
+host in one plan and finds them busy while another run holds any.
 `plans cancel` stops a proposed or approved plan at once and a running one
 before its next action (what is done stays done). `--drain HOST` puts HOST
 in maintenance (no new guests, no migrations in) and plans the live
@@ -72,6 +79,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--dry-run", action="store_true", help="stop after the plan (it is stored, as proposed)")
     parser.add_argument("--profile-seconds", type=duration(zero="skips profiling"), metavar="DURATION",
                         help="Freeze'nSense profiling per host before planning, e.g. 10s (default 5s; 0 skips)")
+    parser.add_argument("--share", action=argparse.BooleanOptionalAction, default=None,
+                        help="share the hosts with other instances running the same command: each joins one "
+                             "round and claims batches of hosts until every host is done once (default: on "
+                             "when several hosts are selected; --no-share plans all of them in one plan)")
+    parser.add_argument("--batch-hosts", type=count(1), metavar="N",
+                        help="with --share: hosts claimed, planned and applied together; migrations stay within "
+                             "a batch (default 50, rebalance.rounds.batch_hosts)")
+    parser.add_argument("--round-rest", type=duration(zero="none"), metavar="DURATION",
+                        help="with --share: a round of the same hosts that finished this recently is not redone, "
+                             "e.g. 5m for a timer firing every 10m on each instance (default 0)")
     add_executor_arguments(parser)
     add_format_argument(parser)
     parser.set_defaults(func=run_rebalance)
@@ -175,6 +192,10 @@ def _settings(args: argparse.Namespace, base: Any) -> Any:
         values["second_opinion"] = bool(args.second_opinion)
     if getattr(args, "bandwidth", None):
         values["migration_bandwidth_mib_s"] = float(args.bandwidth)
+    if getattr(args, "batch_hosts", None) is not None:
+        values["round_batch_hosts"] = args.batch_hosts
+    if getattr(args, "round_rest", None) is not None:
+        values["round_rest_s"] = args.round_rest
     try:
         return replace(base, **values)
     except RebalanceInputError as exc:
@@ -308,11 +329,15 @@ def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
     if args.dry_run:
         refuse_options(args, ("on_failure", "migration_timeout"),
                        "applies when a plan is carried out, not to rebalance --dry-run (the plan is only stored)")
+    hosts = _hosts(args, ctx)
+    share = _share(args, drain, len(hosts) if hosts is not None else len(ctx.settings.hosts))
     rebalancer = _rebalancer(ctx, args, executor=True)
     profile_seconds = DEFAULT_PROFILE_SECONDS if args.profile_seconds is None else args.profile_seconds
     options = RunOptions(
-        hosts=_hosts(args, ctx), dry_run=args.dry_run, max_actions=args.max_actions,
+        hosts=hosts, dry_run=args.dry_run, max_actions=args.max_actions,
         scope=tuple(args.scope) or ("*",), profile_seconds=profile_seconds, wait_s=args.wait, drain=drain,
+        share=share, batch_hosts=rebalancer.settings.round_batch_hosts,
+        round_rest_s=rebalancer.settings.round_rest_s,
     )
     if drain is not None and not args.dry_run:
         _enter_maintenance(ctx, drain, args.reason)  # first: nothing new lands while it empties
@@ -323,6 +348,25 @@ def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
     if report.status == "failed" or (stuck and report.status in ("applied", "nothing-to-do")):
         return EXIT_OPERATIONAL
     return EXIT_OK
+
+
+def _share(args: argparse.Namespace, drain: str | None, selected: int) -> bool:
+    """Whether this run shares its hosts with other instances in a round: asked for, or by
+    default when several hosts are selected; never for a drain (one host, moved as a whole)."""
+    if drain is not None:
+        if args.share:
+            raise UsageError("--share: does not apply to a drain (--drain): it plans one host's guests as a whole")
+        refuse_options(args, ("batch_hosts", "round_rest"), "only when the run shares its hosts (--share), not "
+                       "with --drain")
+        return False
+    if args.share is False:
+        refuse_options(args, ("batch_hosts", "round_rest"), "only when the run shares its hosts, not with --no-share")
+        return False
+    share = bool(args.share) or selected > 1
+    if not share:
+        refuse_options(args, ("batch_hosts", "round_rest"), "only when the run shares its hosts (several hosts "
+                       "selected, or --share)")
+    return share
 
 
 def run_apply(args: argparse.Namespace, ctx: CliContext) -> int:

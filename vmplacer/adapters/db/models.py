@@ -7,6 +7,7 @@ from datetime import datetime, timezone
 
 from sqlalchemy import (
     JSON,
+    Boolean,
     DateTime,
     Float,
     ForeignKey,
@@ -282,6 +283,43 @@ class HostLeaseRow(Base):
     holder: Mapped[str | None] = mapped_column(String(128), nullable=True)
     acquired_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class RebalanceRoundRow(Base):
+    """One round of rebalancing shared by every instance that selects the same hosts: each host
+    is planned (and applied) once per round, by whichever instance claims it.
+
+    `open_key` is the selection's key while the round is open and NULL once every host is done:
+    its unique constraint lets only one round per selection be open, so instances starting
+    together join one round instead of opening one each."""
+
+    __tablename__ = "rebalance_rounds"
+    __table_args__ = (UniqueConstraint("open_key"), Index("ix_rebalance_rounds_key_finished_at", "key", "finished_at"))
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    key: Mapped[str] = mapped_column(String(64))
+    open_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    dry_run: Mapped[bool] = mapped_column(Boolean, default=False)
+    opened_by: Mapped[str] = mapped_column(String(128), default="")
+    opened_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), default=utcnow)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class RebalanceRoundHostRow(Base):
+    """A host of a round: pending until the instance that held its lease marks it done, with the
+    plan that covered it (none when the host could not be planned). `claimed_by` tells a lease
+    taken by the round's instances (waited for, taken over when it lapses) from one held
+    outside the round (an API job, a `--no-share` run)."""
+
+    __tablename__ = "rebalance_round_hosts"
+
+    round_id: Mapped[int] = mapped_column(ForeignKey("rebalance_rounds.id", ondelete="CASCADE"), primary_key=True)
+    host: Mapped[str] = mapped_column(String(64), primary_key=True)
+    claimed_by: Mapped[str | None] = mapped_column(String(128), nullable=True)  # the last instance to claim it
+    done_by: Mapped[str | None] = mapped_column(String(128), nullable=True)
+    done_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    plan_id: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    outcome: Mapped[str | None] = mapped_column(String(32), nullable=True)
 
 
 # ----- REST API: tokens, idempotency keys, jobs ---------------------------------------------

@@ -15,6 +15,8 @@ without end; this keeps the tables bounded. Rules, per kind:
 * audit: entries by `at`.
 * jobs: succeeded or failed jobs, by when they finished; queued and running jobs are
   never touched.
+* rebalance rounds: finished rounds (with their hosts) by when they finished, at the plans'
+  age; an open round is still shared by the instances working on it.
 * idempotency keys: those past the store's own replay window (SqlIdempotencyStore.purge):
   that window is a promise to API clients, so it does not follow the ages here.
 
@@ -46,6 +48,8 @@ from vmplacer.adapters.db.models import (
     JobRow,
     PlanActionRow,
     PlanRow,
+    RebalanceRoundHostRow,
+    RebalanceRoundRow,
     ProfileRunRow,
     ProfileSampleRow,
     utcnow,
@@ -56,7 +60,8 @@ DEFAULT_BATCH = 1000
 JOB_FINAL_STATES = ("succeeded", "failed")
 PROFILE_RUN_FINAL_STATES = ("finished", "failed")
 # What a prune reports, in this order; children are counted under their own names.
-KINDS = ("plans", "plan_actions", "profile_runs", "profile_samples", "audit", "jobs", "idempotency_keys")
+KINDS = ("plans", "plan_actions", "profile_runs", "profile_samples", "audit", "jobs", "idempotency_keys",
+         "rebalance_rounds", "rebalance_round_hosts")
 
 
 @dataclass(frozen=True)
@@ -128,6 +133,10 @@ class Pruner:
         counts["audit"], _ = self._batches(AuditRow.id, audit, dry_run)
         counts["jobs"], _ = self._batches(JobRow.id, jobs, dry_run)
         counts["idempotency_keys"] = self._idempotency_keys(dry_run)
+        with self.sessions() as session:
+            rounds = _rounds(session, cutoff(ages.plans_s))
+        counts["rebalance_rounds"], (counts["rebalance_round_hosts"],) = self._batches(
+            RebalanceRoundRow.id, rounds, dry_run, children=[RebalanceRoundHostRow.round_id])
         if not dry_run and any(counts.values()):
             self._audit_prune(report)
         return report
@@ -183,6 +192,12 @@ class Pruner:
 def _plans(session: Session, before: datetime) -> list[ColumnElement[bool]]:
     return [PlanRow.state.in_(PLAN_FINAL_STATES), PlanRow.updated_at < before,
             PlanRow.id < _newest(session, PlanRow.id)]
+
+
+def _rounds(session: Session, before: datetime) -> list[ColumnElement[bool]]:
+    """Finished rebalance rounds, as old as final plans may be; open ones are still shared."""
+    return [RebalanceRoundRow.finished_at.is_not(None), RebalanceRoundRow.finished_at < before,
+            RebalanceRoundRow.id < _newest(session, RebalanceRoundRow.id)]
 
 
 def _profile_runs(session: Session, before: datetime) -> list[ColumnElement[bool]]:

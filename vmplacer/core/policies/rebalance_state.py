@@ -102,6 +102,11 @@ class RebalanceSettings:
     # where a host's last planned layout measured worse, try the layout the model's other form would choose
     # (core/policies/rebalance_second; with trial_refuted_bar, docs/rebalance.md diagnoses 26-27)
     second_opinion: bool = True
+    # Several instances sharing a round (`vmplacer rebalance --all` on each): hosts claimed and
+    # planned together (moves stay within a batch), and how long a finished round rests before
+    # the same hosts are rebalanced again (0: a later run starts a new round at once).
+    round_batch_hosts: int = 50
+    round_rest_s: float = 0.0
 
     def min_gain_for(self, guests: float) -> float:
         """The hysteresis of a move on hosts that run `guests` (their weights summed)."""
@@ -113,7 +118,7 @@ class RebalanceSettings:
         for name in ("min_gain", "min_gain_share", "min_migration_gain", "cooldown_s", "horizon_s", "copy_slowdown",
                      "default_dirty_mib_s", "fairness", "probe_seconds", "exact_time_s", "exact_budget_s",
                      "pessimism", "trial_seconds", "trial_min_gain", "trial_tolerance", "trial_recheck",
-                     "trial_refuted_bar", "trial_memory_s", "backoff_s", "exploration"):
+                     "trial_refuted_bar", "trial_memory_s", "backoff_s", "exploration", "round_rest_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be a number >= 0, got {value!r}")
@@ -127,6 +132,9 @@ class RebalanceSettings:
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 0):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be an integer >= 0, got {value!r}")
+        if not (isinstance(self.round_batch_hosts, int) and self.round_batch_hosts >= 1):
+            raise RebalanceInputError("rebalance settings: field 'round_batch_hosts' must be an integer >= 1, "
+                                      f"got {self.round_batch_hosts!r}")
         if self.copy_slowdown > 1:
             raise RebalanceInputError(f"rebalance settings: field 'copy_slowdown' must be <= 1, got {self.copy_slowdown}")
         if not 0 <= self.guess_weight <= 1:
