@@ -7,6 +7,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -128,10 +129,16 @@ def _read(path: Path) -> str:
         return ""
 
 
+_TEST_DATA_DIR = tempfile.mkdtemp(prefix="vmplacer-test-data-")
+
+
 def clean_env(extra: Mapping[str, str] | None = None, *, drop: tuple[str, ...] = ("VMPLACER_",)) -> dict[str, str]:
     """This process's environment without the machine's own `VMPLACER_*` settings (a test sets
-    the ones it means), plus `extra`."""
+    the ones it means), plus `extra`. The data directory defaults to one of this test run's own:
+    a command run without a config would otherwise use the machine's (/var/lib/vmplacer as
+    root), and its state would decide the test."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
+    env["VMPLACER_DATA_DIR"] = _TEST_DATA_DIR
     env.update(extra or {})
     return env
 
