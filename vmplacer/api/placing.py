@@ -147,8 +147,10 @@ class Placer:
               actor: dict[str, Any]) -> Outcome:
         mode = "define" if define else "reserve"
         started = time.perf_counter()
-        if self.service.is_placed(spec.name):  # one indexed read: the hosts' snapshots are stale after each write
+        if not define and self.service.is_placed(spec.name):  # one indexed read: the snapshots lag behind writes
             self._exists(spec, hosts, mode)
+        # a definition asks the store once per batch of placements that arrived together (the
+        # placement service's group commit): a name already placed is refused there, by every host
 
         def record(host: str, outcome: str) -> None:
             self.metrics.placements.labels(host, mode, outcome).inc()
@@ -160,8 +162,10 @@ class Placer:
             raise _blame(exc, base_xml) from None
         except NothingFits as exc:
             if exc.failures and all(isinstance(e, NoFit) and e.reasons and all(r.constraint == "name"
-                                    and r.where == "fleet" for r in e.reasons) for _, e in exc.failures):
-                self._exists(spec, hosts, mode)  # placed meanwhile, through another instance
+                                    for r in e.reasons) for _, e in exc.failures) and (
+                    all(r.where == "fleet" for _, e in exc.failures for r in e.reasons)  # type: ignore[attr-defined]
+                    or self.service.is_placed(spec.name)):
+                self._exists(spec, hosts, mode)  # on record (its domain too, maybe): placed already
             self._count(hosts, mode, exc.failures)
             raise self._nothing_fits(spec, exc.failures, exc.report) from None
         finally:

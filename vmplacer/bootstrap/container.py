@@ -332,6 +332,8 @@ class ServerContainer(Container):
         from vmplacer.adapters.db.engine import make_engine
 
         url = self.settings.database_url
-        if make_url(url).get_backend_name() != "postgresql":
-            return make_engine(url)  # SQLite: local file, opening a connection is cheap
+        if make_url(url).get_backend_name() == "sqlite" and make_url(url).database in (None, "", ":memory:"):
+            return make_engine(url)  # one in-memory database per connection: nothing to pool
+        # SQLite too: a fresh connection costs its PRAGMAs, and a pool of 5 + 10 overflow made
+        # most requests open one under concurrent placements
         return make_engine(url, pool_size=SERVER_POOL_SIZE, max_overflow=SERVER_POOL_OVERFLOW, pool_timeout=30)

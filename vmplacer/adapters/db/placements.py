@@ -212,7 +212,14 @@ def record_placement(
     The caller commits; a concurrent writer that claimed any of the same pCPUs
     makes the commit fail with an IntegrityError, so nothing is double-booked.
     """
-    host_id = _host_id(session, host, uri)
+    row = placement_row(_host_id(session, host, uri), placement, spec, state)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def placement_row(host_id: int, placement: Placement, spec: dict[str, Any], state: str = "planned") -> PlacementRow:
+    """A new placement row with one claim row per exclusive pCPU (not yet added to a session)."""
     row = PlacementRow(
         guest=placement.guest,
         host_id=host_id,
@@ -223,8 +230,6 @@ def record_placement(
         placement=placement.to_dict(),
     )
     row.claims = [CpuClaimRow(host_id=host_id, cpu=cpu) for cpu in sorted(exclusive_of(placement))]
-    session.add(row)
-    session.flush()
     return row
 
 
@@ -295,6 +300,63 @@ class SqlPlacementStore:
                 raise ClaimConflict(
                     f"guest {placement.guest}: a pCPU or the name is already taken on host {host}"
                 ) from exc
+
+    def record_many(self, host: str, uri: str, claims: list[tuple[Placement, dict[str, Any]]]) -> None:
+        """`record` of several placements on one host in one transaction (placements that arrived
+        together): all are committed, or none (ClaimConflict) and the caller claims one by one."""
+        from sqlalchemy.exc import IntegrityError
+
+        from vmplacer.ports import ClaimConflict
+
+        if not claims:
+            return
+        with self._sessions() as session:
+            try:
+                host_id = _host_id(session, host, uri)
+                session.add_all([placement_row(host_id, placement, spec) for placement, spec in claims])
+                session.commit()
+            except IntegrityError as exc:
+                session.rollback()
+                names = ", ".join(p.guest for p, _ in claims)
+                raise ClaimConflict(f"guests {names}: a pCPU or a name is already taken on host {host}") from exc
+
+    def settle(self, states: list[tuple[str, str, str | None]], forgotten: list[str],
+               audits: list[dict[str, Any]]) -> None:
+        """Placements that arrived together, settled in one transaction: each (guest, state,
+        domain UUID) of `states` set, each guest of `forgotten` forgotten (its claims freed),
+        and `audits` (each one `audit_entry`'s) recorded."""
+        from vmplacer.adapters.db.repositories import record_audit
+
+        with self._sessions() as session:
+            now = utcnow()
+            for guest, state, domain_uuid in states:
+                values: dict[str, Any] = {"state": state, "updated_at": now}
+                if domain_uuid:
+                    values["domain_uuid"] = domain_uuid
+                if not session.execute(update(PlacementRow).where(PlacementRow.guest == guest)
+                                       .values(**values)).rowcount:
+                    raise KeyError(guest)
+            for guest in forgotten:
+                row = get_placement_row(session, guest)
+                if row is not None:
+                    remove_placement(session, row)
+            for entry in audits:
+                record_audit(session, **entry)
+            session.commit()
+
+    def audit_entry(self, *, action: str, outcome: str, host: str | None, guest: str | None,
+                    message: str = "", detail: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What `audit` would record, as this store's actor, without recording it (`settle` does,
+        together with entries of other actors)."""
+        return {"actor": self._actor, "action": action, "outcome": outcome, "host": host, "guest": guest,
+                "message": message, "detail": {**self._actor_detail, **(detail or {})}}
+
+    def placed_among(self, guests: list[str]) -> set[str]:
+        """Which of `guests` have a placement recorded (one query)."""
+        if not guests:
+            return set()
+        with self._sessions() as session:
+            return set(session.scalars(select(PlacementRow.guest).where(PlacementRow.guest.in_(guests))))
 
     def set_state(self, guest: str, state: str, domain_uuid: str | None = None, *,
                   audit: dict[str, Any] | None = None) -> None:
