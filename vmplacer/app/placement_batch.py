@@ -23,19 +23,35 @@ batch's guests through the one-at-a-time path, which re-reads the host and tries
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from vmplacer.app.host_snapshot import HostSnapshot, joined_refusals, take_snapshot
+from vmplacer.app.place_result import PlaceResult, host_lock
 from vmplacer.core.allocate import may_narrow
 from vmplacer.core.guest import GuestSpec
 from vmplacer.core.interference_scorer import profile_from_labels
 from vmplacer.core.nofit import NoFit, NoFitReason
 from vmplacer.core.occupancy import exclusive_of
+from vmplacer.core.isolation import IsolationViolation
 from vmplacer.core.placement import Placement
+from vmplacer.core.topology import HostTopology
 from vmplacer.ports import ClaimConflict, HypervisorError, PlacementStore
 
-if TYPE_CHECKING:
-    from vmplacer.app.placement_service import PlaceResult, PlacementService, PlacingHost
+PlacingHost = Any  # app/placement_service.py's PlacingHost
+
+
+class PlacementService(Protocol):
+    """What a batch uses of the placement service (app/placement_service.py)."""
+
+    def admit_host(self, host: str) -> None: ...
+    def with_recorded(self, host: PlacingHost, snapshot: HostSnapshot) -> HostSnapshot: ...
+    def allocate_on(self, host: PlacingHost, spec: GuestSpec, view: HostSnapshot) -> Placement: ...
+    def render(self, spec: GuestSpec, placement: Placement, base_xml: str | None = None) -> str: ...
+    def narrowings(self, topology: HostTopology, placements: list[Placement]) -> list[Placement]: ...
+    def narrow_floating(self, host: PlacingHost, snapshot: HostSnapshot, claimed_among: list[Placement]
+                        ) -> tuple[list[Placement], list[IsolationViolation]]: ...
+    def undo_define(self, host: PlacingHost, guest: str, *, forget: bool = True) -> None: ...
+    def acting_through(self, store: PlacementStore) -> Any: ...
 
 
 @dataclass(eq=False)
@@ -83,6 +99,7 @@ def place_batch(service: PlacementService, asks: list[Ask]) -> None:
         for ask in asks:
             _one_at_a_time(service, ask)
         return
+    service.admit_host(host.name)  # e.g. not in maintenance: refuses the whole batch
     placed = store.placed_among([ask.spec.name for ask in asks])
     for ask in asks:
         if ask.spec.name in placed:
@@ -91,8 +108,6 @@ def place_batch(service: PlacementService, asks: list[Ask]) -> None:
     if not pending:
         return
     snapshot = take_snapshot(host)
-    from vmplacer.app.placement_service import host_lock
-
     with host_lock(host.name):
         claimed, seen = _allocate_in_order(service, host, snapshot, pending)
         try:
@@ -158,12 +173,13 @@ def _joined(service: PlacementService, view: HostSnapshot, spec: GuestSpec, plac
     topology = view.topology
     if not exclusive_of(placement) or not may_narrow(joined.placements, topology.reserved):
         return joined, []
-    narrowed = [after for after in service.narrowings(topology, joined.placements)
-                if after.guest in live and after.guest != spec.name]
+    narrowed = [after for after in service.narrowings(topology, joined.placements) if after.guest != spec.name]
     if not narrowed:
         return joined, []
-    live.update({after.guest: after for after in narrowed})
-    return replace(joined, live=live), narrowed
+    by_guest = {after.guest: after for after in narrowed}
+    live.update({guest: after for guest, after in by_guest.items() if guest in live})
+    recorded = tuple(by_guest.get(p.guest, p) for p in joined.recorded)  # a domain listed only on record
+    return replace(joined, live=live, recorded=recorded), narrowed
 
 
 def _define_and_settle(service: PlacementService, host: PlacingHost, store: Any, snapshot: HostSnapshot,
@@ -218,8 +234,6 @@ def _define_and_settle(service: PlacementService, host: PlacingHost, store: Any,
                     "isolation_violations": [v.describe() for v in violations]}))
         ask.narrowed = mine
     store.settle(states, [], audits)
-    from vmplacer.app.placement_service import PlaceResult
-
     for ask in placed:
         assert ask.placement is not None
         ask.result = PlaceResult(ask.placement, ask.xml, "running" if ask.start else "defined", ask.uuid,

@@ -13,11 +13,12 @@ import json
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
 from vmplacer.app.group_commit import GroupCommit
 from vmplacer.app.host_snapshot import HostSnapshot, take_snapshot
+from vmplacer.app.place_result import PlaceResult, host_lock
 from vmplacer.app.placement_batch import Ask, already_placed, batch_capable, place_batch
 from vmplacer.core.allocate import allocate, may_narrow, refresh_shared_pins
 from vmplacer.core.fleet_index import HostRoom, host_room
@@ -62,46 +63,6 @@ class Admission(Protocol):
     def scorer(self, spec: GuestSpec, neighbours: dict[str, GuestProfile]) -> Scorer: ...
 
 
-@dataclass
-class PlaceResult:
-    placement: Placement
-    xml: str
-    state: str  # planned (dry run) | defined | running
-    domain_uuid: str | None = None
-    narrowed_placements: list[Placement] = field(default_factory=list)  # floating domains, as now pinned
-    # what still breaks the isolation invariant on the host after this placement (a floater
-    # libvirt refused to narrow, a domain pinned by hand), each named; empty when all is well
-    violations: list[IsolationViolation] = field(default_factory=list)
-
-    @property
-    def narrowed(self) -> list[str]:
-        """The floating domains whose pins this placement narrowed."""
-        return [p.guest for p in self.narrowed_placements]
-
-    def narrowed_pins(self) -> list[dict[str, Any]]:
-        """Each narrowed domain's pins now (what libvirt and the records say after the placement)."""
-        return [{"guest": p.guest, "host": p.host,
-                 "vcpupin": {str(v): sorted(c) for v, c in sorted(p.vcpupin.items())},
-                 "emulatorpin": sorted(p.emulatorpin)} for p in self.narrowed_placements]
-
-    def to_dict(self) -> dict[str, Any]:
-        data = self.placement.to_dict()
-        data.update({"xml": self.xml, "state": self.state, "domain_uuid": self.domain_uuid,
-                     "narrowed": self.narrowed, "narrowed_pins": self.narrowed_pins(),
-                     "isolation_violations": [v.to_dict() for v in self.violations]})
-        return data
-
-
-_host_locks: dict[str, threading.Lock] = {}
-_host_locks_guard = threading.Lock()
-
-
-def host_lock(host: str) -> threading.Lock:
-    """One lock per host in this process: placements on a host are serialized."""
-    with _host_locks_guard:
-        return _host_locks.setdefault(host, threading.Lock())
-
-
 def _pin_changes(host: PlacingHost, old: Placement, new: Placement) -> None:
     """Pin what differs between `old` and `new`: vCPUs first, then the emulator threads."""
     for vcpu, cpus in sorted(new.vcpupin.items()):
@@ -127,18 +88,20 @@ class PlacementService:
     def __init__(self, store: PlacementStore, render: Renderer,
                  options: Callable[[str], AllocationOptions] | None = None,
                  admission: Admission | None = None, *, occupancies: dict[str, Occupancy] | None = None,
-                 groups: GroupCommit[Ask] | None = None):
+                 groups: GroupCommit[Ask] | None = None, admit_host: Callable[[str], None] | None = None):
         """`options` gives each host's allocation knobs (overcommit, memory reserve) by host name;
         `admission` the scorer for each new guest (None: the topology scorers alone).
         `occupancies` holds each host's last occupancy, whose usage the next placement extends
         instead of rebuilding it over every guest (shared by the services `acting_through` makes);
         `groups` batches the placements that arrive together on a host (app/group_commit.py:
-        shared likewise, so requests acting as different callers share a batch)."""
+        shared likewise, so requests acting as different callers share a batch); `admit_host(host)`
+        raises when the host takes no new guest now (maintenance): each batch asks it once."""
         self._store = store
         self._render = render
         self._options = options or (lambda _host: AllocationOptions())
         self._admission = admission
         self._occupancies: dict[str, Occupancy] = occupancies if occupancies is not None else {}
+        self.admit_host = admit_host or (lambda _host: None)
         self._groups: GroupCommit[Ask] = groups if groups is not None else GroupCommit(
             lambda _host, asks: place_batch(self, asks), lambda ask: ask.settled, Ask.fail)
         self._shapes: list[HostTopology] = []  # one topology (unnamed) per host shape seen
@@ -158,7 +121,7 @@ class PlacementService:
         """The same service recording (and auditing) through `store`, e.g. one that names
         the caller a request came from."""
         return PlacementService(store, self._render, self._options, self._admission,
-                                occupancies=self._occupancies, groups=self._groups)
+                                occupancies=self._occupancies, groups=self._groups, admit_host=self.admit_host)
 
     def _with_recorded(self, host: PlacingHost, snapshot: HostSnapshot) -> HostSnapshot:
         """`snapshot` plus the placements recorded for the host now and not (yet) seen in

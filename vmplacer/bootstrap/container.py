@@ -91,12 +91,13 @@ class Container:
         self.xml_policy(placement.host).check(xml, spec.name, "the rendered domain XML")
         return xml
 
-    def placement_service(self, store: Any = None):  # -> PlacementService
-        """Placements through `store` (default: the database; a dry run passes host snapshots)."""
+    def placement_service(self, store: Any = None, admit_host: Any = None):  # -> PlacementService
+        """Placements through `store` (default: the database; a dry run passes host snapshots);
+        `admit_host(host)` raises when a host takes no new guest (the API's maintenance check)."""
         from vmplacer.app.placement_service import PlacementService
 
         return PlacementService(store or self.placement_store, self.render, self.allocation_options,
-                                self.admission)
+                                self.admission, admit_host=admit_host)
 
     @cached_property
     def admission(self):  # -> ModelAdmission

@@ -241,6 +241,24 @@ def _host_id(session: Session, host: str, uri: str) -> int:
     return ensure_host(session, host, uri).id
 
 
+def _insert_placements(session: Session, host_id: int, claims: list[tuple[Placement, dict[str, Any]]]) -> None:
+    """Placement rows and their claim rows as two multi-row INSERTs (not an ORM flush per row):
+    what `placement_row` would add, for a batch of placements."""
+    from sqlalchemy import insert
+
+    now = utcnow()
+    placements, cpu_claims = PlacementRow.__table__, CpuClaimRow.__table__
+    inserted = session.connection().execute(
+        insert(placements).returning(placements.c.id, placements.c.guest, sort_by_parameter_order=True),
+        [{"guest": p.guest, "host_id": host_id, "state": "planned", "vcpus": p.vcpus, "memory_kib": p.memory_kib,
+          "spec": spec, "placement": p.to_dict(), "created_at": now, "updated_at": now} for p, spec in claims])
+    ids = {guest: row_id for row_id, guest in inserted}
+    rows = [{"host_id": host_id, "cpu": cpu, "placement_id": ids[p.guest]}
+            for p, _ in claims for cpu in sorted(exclusive_of(p))]
+    if rows:
+        session.connection().execute(insert(cpu_claims), rows)
+
+
 def update_placement(session: Session, row: PlacementRow, placement: Placement) -> None:
     """Replace a row's placement and its claims (repin, migration)."""
     session.execute(delete(CpuClaimRow).where(CpuClaimRow.placement_id == row.id))
@@ -312,8 +330,7 @@ class SqlPlacementStore:
             return
         with self._sessions() as session:
             try:
-                host_id = _host_id(session, host, uri)
-                session.add_all([placement_row(host_id, placement, spec) for placement, spec in claims])
+                _insert_placements(session, _host_id(session, host, uri), claims)
                 session.commit()
             except IntegrityError as exc:
                 session.rollback()
@@ -325,23 +342,30 @@ class SqlPlacementStore:
         """Placements that arrived together, settled in one transaction: each (guest, state,
         domain UUID) of `states` set, each guest of `forgotten` forgotten (its claims freed),
         and `audits` (each one `audit_entry`'s) recorded."""
-        from vmplacer.adapters.db.repositories import record_audit
+        from sqlalchemy import bindparam, insert
+
+        from vmplacer.adapters.db.models import AuditRow
 
         with self._sessions() as session:
             now = utcnow()
-            for guest, state, domain_uuid in states:
-                values: dict[str, Any] = {"state": state, "updated_at": now}
-                if domain_uuid:
-                    values["domain_uuid"] = domain_uuid
-                if not session.execute(update(PlacementRow).where(PlacementRow.guest == guest)
-                                       .values(**values)).rowcount:
-                    raise KeyError(guest)
+            if states:  # one statement run for every row (executemany), not one ORM flush each
+                table = PlacementRow.__table__
+                changed = session.connection().execute(
+                    update(table).where(table.c.guest == bindparam("g"))
+                    .values(state=bindparam("s"), updated_at=bindparam("at"),
+                            domain_uuid=func.coalesce(bindparam("u"), table.c.domain_uuid)),
+                    [{"g": guest, "s": state, "u": domain_uuid or None, "at": now}
+                     for guest, state, domain_uuid in states])
+                if changed.rowcount not in (-1, len(states)):
+                    raise KeyError(", ".join(guest for guest, _, _ in states))
             for guest in forgotten:
                 row = get_placement_row(session, guest)
                 if row is not None:
                     remove_placement(session, row)
-            for entry in audits:
-                record_audit(session, **entry)
+            if audits:
+                session.connection().execute(insert(AuditRow.__table__),
+                                             [{"at": now, **entry, "message": entry.get("message") or ""}
+                                              for entry in audits])
             session.commit()
 
     def audit_entry(self, *, action: str, outcome: str, host: str | None, guest: str | None,
