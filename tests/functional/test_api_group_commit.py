@@ -201,3 +201,38 @@ def test_a_batch_places_what_the_same_requests_one_at_a_time_would(database_url,
     for name in alone:
         assert together[name] == alone[name], (name, together[name][1:], alone[name][1:])
     assert together_records == alone_records
+
+
+def test_a_batch_whose_claim_another_instance_beats_places_its_guests_one_by_one(database_url, tmp_path,
+                                                                                   monkeypatch):
+    from dataclasses import replace
+
+    from vmplacer.adapters.db.placements import SqlPlacementStore
+
+    original = SqlPlacementStore.record_many
+    rival: list[frozenset[int]] = []
+
+    def beaten(self, host, uri, claims):  # type: ignore[no-untyped-def]
+        """Another instance claims the batch's first guest's pCPUs just before the batch does."""
+        if not rival and len(claims) > 1:
+            first = claims[0][0]
+            SqlPlacementStore(self._sessions, actor="other-instance").record(
+                host, uri, replace(first, guest="rival"), {"name": "rival"})
+            rival.append(frozenset(first.exclusive_cpus))
+        return original(self, host, uri, claims)
+
+    monkeypatch.setattr(SqlPlacementStore, "record_many", beaten)
+    with _serving(database_url, tmp_path) as (client, connection, groups):
+        bodies = [{"name": f"pin-{i}", "vcpus": 2, "memory_mib": 16, "cpu_policy": "dedicated", "host": "t"}
+                  for i in range(5)]
+        answers = _one_batch(client, groups, bodies)
+        assert [a.status_code for a in answers] == [201] * len(bodies), [a.text for a in answers]
+        assert rival and rival[0]
+        owned = [frozenset(a.json()["placement"]["exclusive_cpus"]) for a in answers]
+        assert sum(len(c) for c in owned) == len(frozenset().union(*owned))  # no pCPU twice
+        assert not frozenset().union(*owned) & rival[0]  # the rival's claim won: nobody else has its pCPUs
+        records = client.get("/v1/placements").json()["placements"]
+        ours = [r for r in records if r["guest"] != "rival"]
+        assert sorted(r["guest"] for r in ours) == sorted(d.name() for d in connection.listAllDomains())
+        for record in ours:
+            assert _live_placement(connection, record["guest"])["vcpupin"] == record["placement"]["vcpupin"]

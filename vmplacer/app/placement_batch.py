@@ -112,11 +112,9 @@ def place_batch(service: PlacementService, asks: list[Ask]) -> None:
         claimed, seen = _allocate_in_order(service, host, snapshot, pending)
         try:
             store.record_many(host.name, host.uri, [(ask.placement, ask.spec.to_dict()) for ask in claimed])
-        except ClaimConflict:
-            claimed = []
-            conflicted = True
-        else:
             conflicted = False
+        except ClaimConflict:
+            conflicted = True
     if conflicted:  # raced by another instance: each guest claims alone, re-reading the host
         for ask in pending:
             if not ask.settled:
