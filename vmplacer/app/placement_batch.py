@@ -216,7 +216,8 @@ def _define_and_settle(service: PlacementService, host: PlacingHost, store: Any,
     placed = [ask for ask in claimed if not ask.settled]
     if not placed:
         return
-    narrowed, violations = service.narrow_floating(host, snapshot, claimed_among)
+    # narrowing is audited as the first placed guest's caller (a lone placement audits its own)
+    narrowed, violations = service.acting_through(placed[0].store).narrow_floating(host, snapshot, claimed_among)
     states, audits = [], []
     for ask in placed:
         assert ask.placement is not None
