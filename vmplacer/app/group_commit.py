@@ -54,6 +54,12 @@ class GroupCommit(Generic[T]):
         with self._guard:
             return self._lanes.setdefault(key, _Lane())
 
+    def busy(self, key: str) -> bool:
+        """Whether a batch runs on `key` now."""
+        lane = self._lane(key)
+        with lane.ready:
+            return lane.busy
+
     def queued(self, key: str) -> int:
         """How many items wait on `key` for the next batch (not those of the batch running)."""
         lane = self._lane(key)
@@ -77,10 +83,13 @@ class GroupCommit(Generic[T]):
                 batch, lane.waiting = lane.waiting[:self._max_batch], lane.waiting[self._max_batch:]
             try:
                 self._run(key, batch)
+                left = RuntimeError(f"{key}: a batch left an item without an answer")
             except BaseException as exc:  # noqa: BLE001 - each caller gets it as its own answer
+                left = exc
+            try:
                 for queued in batch:
                     if not self._done(queued):
-                        self._fail(queued, exc)
+                        self._fail(queued, left)
             finally:
                 with lane.ready:
                     lane.busy = False
