@@ -2,6 +2,7 @@
 
     python benchmarks/api.py [--out benchmarks/results/api.json] [--requests 2000] [--placements 300]
                              [--concurrency 1,32,200] [--databases sqlite,postgresql]
+                             [--kinds dry_run,place] [--baseline CHECKOUT]
 
 Each database gets a real `vmplacer serve` (uvicorn, one process, started by
 benchmarks/api_server.py) on loopback with one host on libvirt's test driver,
@@ -21,7 +22,10 @@ Only successful answers count: any other status is reported under `errors`.
 Each case also records the server process's CPU time per request (one Python
 process runs one thread at a time, so this bounds its rate), and `isolated`
 holds libvirt's defineXML/undefine of a rendered placement alone.
-PostgreSQL comes from $VMPLACER_TEST_POSTGRES_URL, else scripts/postgres.sh.
+PostgreSQL comes from $VMPLACER_TEST_POSTGRES_URL, else scripts/postgres.sh. With
+`--baseline CHECKOUT` the placement cases run a second time on that checkout's code (its
+benchmarks/api_server.py; the schema must be this one's), recorded under `baseline`: old and
+new code measured in the same run, on the same machine load.
 
 Targets (this 2-core machine): rps at 200 in flight >= 0.8 x rps at 1; p99 at 32 in flight < 100 ms.
 """
@@ -122,7 +126,8 @@ def _free_port() -> int:
 class Serve:
     """One `vmplacer serve` process with one test-driver host that has room for guests."""
 
-    def __init__(self, directory: Path, database_url: str):
+    def __init__(self, directory: Path, database_url: str, server: str = SERVER):
+        """`server`: the api_server.py to run (another checkout's, to measure its code)."""
         import yaml
 
         self.config = directory / "vmplacer.yaml"
@@ -135,6 +140,7 @@ class Serve:
         self.log = directory / "serve.log"
         self.process: subprocess.Popen[bytes] | None = None
         self.token = ""
+        self.server = server
 
     def _cli(self, *args: str) -> str:
         result = subprocess.run([VMPLACER, "--config", str(self.config), *args], capture_output=True, text=True,
@@ -148,7 +154,7 @@ class Serve:
         self.token = self._cli("token", "create", "bench", "--scope", "admin")
         with open(self.log, "wb") as log:
             self.process = subprocess.Popen(
-                [sys.executable, SERVER, str(self.config), "--listen", f"127.0.0.1:{self.port}",
+                [sys.executable, self.server, str(self.config), "--listen", f"127.0.0.1:{self.port}",
                  "--log-level", "warning", "--no-jobs"], stdout=log, stderr=subprocess.STDOUT, env=_env())
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
@@ -329,25 +335,34 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", default="1,32,200")
     parser.add_argument("--databases", default="sqlite,postgresql")
     parser.add_argument("--kinds", default="dry_run,place")
+    parser.add_argument("--baseline", metavar="CHECKOUT",
+                        help="also run the placement cases on this checkout's code (e.g. `git archive` of the "
+                        "previous version unpacked): the same machine, database and load, for comparison")
     args = parser.parse_args(argv)
     cases: list[dict[str, object]] = []
     load_before = load_average()
     counts: dict[str, int] = {"dry_run": args.requests, "place": args.placements}
     isolated: dict[str, object] = {}
+    codes = [("current", SERVER)]
+    if args.baseline:
+        codes.append(("baseline", str(Path(args.baseline).resolve() / "benchmarks" / "api_server.py")))
+    baseline: list[dict[str, object]] = []
     for database in args.databases.split(","):
-        with tempfile.TemporaryDirectory(prefix="vmplacer-bench-") as tmp, \
-                Database(database, Path(tmp)) as url, Serve(Path(tmp), url) as server:
-            if not isolated:
-                isolated = define_cost(server)
-            for kind in args.kinds.split(","):
-                for concurrency in (int(c) for c in args.concurrency.split(",")):
-                    load = load_average()
-                    case = {"database": database, "kind": kind, "load_average": load,
-                            **measure(server, kind, counts[kind], concurrency)}
-                    cases.append(case)
-                    print(f"{database:10} {kind:7} c={concurrency:<3} {case['rps']:7.1f} req/s  "
-                          f"p50 {case['p50_ms']} ms  p99 {case['p99_ms']} ms  {case['statuses']}  load {load}",
-                          flush=True)
+        for code, script in codes:
+            kinds = args.kinds.split(",") if code == "current" else [k for k in args.kinds.split(",") if k == "place"]
+            with tempfile.TemporaryDirectory(prefix="vmplacer-bench-") as tmp, \
+                    Database(database, Path(tmp)) as url, Serve(Path(tmp), url, script) as server:
+                if not isolated:
+                    isolated = define_cost(server)
+                for kind in kinds:
+                    for concurrency in (int(c) for c in args.concurrency.split(",")):
+                        load = load_average()
+                        case = {"database": database, "kind": kind, "load_average": load,
+                                **measure(server, kind, counts[kind], concurrency)}
+                        (cases if code == "current" else baseline).append(case)
+                        print(f"{code:8} {database:10} {kind:7} c={concurrency:<3} {case['rps']:7.1f} req/s  "
+                              f"p50 {case['p50_ms']} ms  p99 {case['p99_ms']} ms  {case['statuses']}  load {load}",
+                              flush=True)
     result = {
         "machine": {**machine(), "load_average": {"before": load_before, "after": load_average()}},
         "target": {"rps_200_over_rps_1": TARGET_SCALING, "p99_ms_at_32": TARGET_P99_MS_AT_32},
@@ -360,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
         "isolated": isolated,
         "cases": cases,
     }
+    if args.baseline:  # the previous code's placements, measured in the same run
+        result["baseline"] = {"code": args.baseline, "cases": baseline}
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(result, indent=2) + "\n")
     print(f"written to {args.out}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from collections.abc import Callable
 from typing import Any
 
 from vmplacer.adapters.domain_xml import DomainXmlError, parse_domain
@@ -86,19 +87,20 @@ class Placer:
             raise ApiError(422, "validation", reason, field_problems([("host", reason)]))
         return host
 
-    def candidates(self, host: str | None, *, dry_run: bool = False) -> list[str]:
+    def candidates(self, host: str | None, *, dry_run: bool = False, batched: bool = False) -> list[str]:
         """The hosts a new guest may land on: the one the request names, else every
         configured host that is not in maintenance (a host in maintenance takes no new guest).
-        A dry run reads maintenance from a short cache (see hostcache), a placement live."""
+        A dry run reads maintenance from a short cache (see hostcache), and so does a definition
+        (`batched`: its batch reads it live once before claiming, `admit_host`); a
+        reservation reads it live."""
         names = self.services.host_names
         if host is not None:
             self.configured(host)
-        closed = (self.services.dry_run_maintenance.get() if dry_run
+        closed = (self.services.dry_run_maintenance.get() if dry_run or batched
                   else self.services.container.maintenance.current())
         if host is not None:
             if host in closed:
-                raise ApiError(409, "host-in-maintenance", closed[host].describe() + ": it takes no new guest",
-                               {"host": host, "maintenance": closed[host].to_dict()})
+                raise in_maintenance(host, closed[host])
             return [host]
         if not names:
             raise ApiError(503, "no-hosts", "no hosts are configured", None, NO_HOSTS_RETRY)
@@ -147,8 +149,10 @@ class Placer:
               actor: dict[str, Any]) -> Outcome:
         mode = "define" if define else "reserve"
         started = time.perf_counter()
-        if self.service.is_placed(spec.name):  # one indexed read: the hosts' snapshots are stale after each write
+        if not define and self.service.is_placed(spec.name):  # one indexed read: the snapshots lag behind writes
             self._exists(spec, hosts, mode)
+        # a definition asks the store once per batch of placements that arrived together (the
+        # placement service's group commit): a name already placed is refused there, by every host
 
         def record(host: str, outcome: str) -> None:
             self.metrics.placements.labels(host, mode, outcome).inc()
@@ -160,8 +164,10 @@ class Placer:
             raise _blame(exc, base_xml) from None
         except NothingFits as exc:
             if exc.failures and all(isinstance(e, NoFit) and e.reasons and all(r.constraint == "name"
-                                    and r.where == "fleet" for r in e.reasons) for _, e in exc.failures):
-                self._exists(spec, hosts, mode)  # placed meanwhile, through another instance
+                                    for r in e.reasons) for _, e in exc.failures) and (
+                    all(r.where == "fleet" for _, e in exc.failures for r in e.reasons)  # type: ignore[attr-defined]
+                    or self.service.is_placed(spec.name)):
+                self._exists(spec, hosts, mode)  # on record (its domain too, maybe): placed already
             self._count(hosts, mode, exc.failures)
             raise self._nothing_fits(spec, exc.failures, exc.report) from None
         finally:
@@ -190,6 +196,24 @@ class Placer:
             "guest": spec.name, "host": None, "reasons": [],
             "candidates": [{"host": h, "reasons": [r.to_dict() for r in e.reasons]} if isinstance(e, NoFit)
                            else {"host": h, "error": str(e)} for h, e in failures]})
+
+
+def in_maintenance(host: str, record: Any) -> ApiError:
+    return ApiError(409, "host-in-maintenance", record.describe() + ": it takes no new guest",
+                    {"host": host, "maintenance": record.to_dict()})
+
+
+def admit_host(services: Any) -> Callable[[str], None]:
+    """The live maintenance check a batch of placements makes once, on its host, before it
+    claims anything (409 host-in-maintenance for every guest of the batch)."""
+
+    def admit(host: str) -> None:
+        record = services.container.maintenance.current().get(host)
+        if record is not None:
+            services.dry_run_maintenance.invalidate()  # the cache lags: host choice reads anew
+            raise in_maintenance(host, record)
+
+    return admit
 
 
 def _blame(exc: DomainRefused, base_xml: str | None) -> HypervisorError:

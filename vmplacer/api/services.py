@@ -72,7 +72,9 @@ class ApiServices:
         self.options = options or ApiOptions()
         self.instance = self.options.instance
         self.metrics = ApiMetrics()
-        self.placement = container.placement_service()
+        from vmplacer.api.placing import admit_host
+
+        self.placement = container.placement_service(admit_host=admit_host(self))
         store = container.placement_store
         self.snapshots = HostSnapshots(container.hypervisor, store.occupied_and_refusals,
                                        every_host_records=getattr(store, "every_host_occupied_and_refusals", None))

@@ -13,10 +13,13 @@ import json
 
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 from typing import Any, Protocol
 
+from vmplacer.app.group_commit import GroupCommit
 from vmplacer.app.host_snapshot import HostSnapshot, take_snapshot
+from vmplacer.app.place_result import PlaceResult, host_lock
+from vmplacer.app.placement_batch import Ask, already_placed, batch_capable, place_batch
 from vmplacer.core.allocate import allocate, may_narrow, refresh_shared_pins
 from vmplacer.core.fleet_index import HostRoom, host_room
 from vmplacer.core.guest import GuestSpec
@@ -60,46 +63,6 @@ class Admission(Protocol):
     def scorer(self, spec: GuestSpec, neighbours: dict[str, GuestProfile]) -> Scorer: ...
 
 
-@dataclass
-class PlaceResult:
-    placement: Placement
-    xml: str
-    state: str  # planned (dry run) | defined | running
-    domain_uuid: str | None = None
-    narrowed_placements: list[Placement] = field(default_factory=list)  # floating domains, as now pinned
-    # what still breaks the isolation invariant on the host after this placement (a floater
-    # libvirt refused to narrow, a domain pinned by hand), each named; empty when all is well
-    violations: list[IsolationViolation] = field(default_factory=list)
-
-    @property
-    def narrowed(self) -> list[str]:
-        """The floating domains whose pins this placement narrowed."""
-        return [p.guest for p in self.narrowed_placements]
-
-    def narrowed_pins(self) -> list[dict[str, Any]]:
-        """Each narrowed domain's pins now (what libvirt and the records say after the placement)."""
-        return [{"guest": p.guest, "host": p.host,
-                 "vcpupin": {str(v): sorted(c) for v, c in sorted(p.vcpupin.items())},
-                 "emulatorpin": sorted(p.emulatorpin)} for p in self.narrowed_placements]
-
-    def to_dict(self) -> dict[str, Any]:
-        data = self.placement.to_dict()
-        data.update({"xml": self.xml, "state": self.state, "domain_uuid": self.domain_uuid,
-                     "narrowed": self.narrowed, "narrowed_pins": self.narrowed_pins(),
-                     "isolation_violations": [v.to_dict() for v in self.violations]})
-        return data
-
-
-_host_locks: dict[str, threading.Lock] = {}
-_host_locks_guard = threading.Lock()
-
-
-def host_lock(host: str) -> threading.Lock:
-    """One lock per host in this process: placements on a host are serialized."""
-    with _host_locks_guard:
-        return _host_locks.setdefault(host, threading.Lock())
-
-
 def _pin_changes(host: PlacingHost, old: Placement, new: Placement) -> None:
     """Pin what differs between `old` and `new`: vCPUs first, then the emulator threads."""
     for vcpu, cpus in sorted(new.vcpupin.items()):
@@ -124,16 +87,23 @@ DRY_PLANS_KEPT = 10_000  # remembered dry runs (host x guest shape), forgotten a
 class PlacementService:
     def __init__(self, store: PlacementStore, render: Renderer,
                  options: Callable[[str], AllocationOptions] | None = None,
-                 admission: Admission | None = None, *, occupancies: dict[str, Occupancy] | None = None):
+                 admission: Admission | None = None, *, occupancies: dict[str, Occupancy] | None = None,
+                 groups: GroupCommit[Ask] | None = None, admit_host: Callable[[str], None] | None = None):
         """`options` gives each host's allocation knobs (overcommit, memory reserve) by host name;
         `admission` the scorer for each new guest (None: the topology scorers alone).
         `occupancies` holds each host's last occupancy, whose usage the next placement extends
-        instead of rebuilding it over every guest (shared by the services `acting_through` makes)."""
+        instead of rebuilding it over every guest (shared by the services `acting_through` makes);
+        `groups` batches the placements that arrive together on a host (app/group_commit.py:
+        shared likewise, so requests acting as different callers share a batch); `admit_host(host)`
+        raises when the host takes no new guest now (maintenance): each batch asks it once."""
         self._store = store
         self._render = render
         self._options = options or (lambda _host: AllocationOptions())
         self._admission = admission
         self._occupancies: dict[str, Occupancy] = occupancies if occupancies is not None else {}
+        self.admit_host = admit_host or (lambda _host: None)
+        self._groups: GroupCommit[Ask] = groups if groups is not None else GroupCommit(
+            lambda _host, asks: place_batch(self, asks), lambda ask: ask.settled, Ask.fail)
         self._shapes: list[HostTopology] = []  # one topology (unnamed) per host shape seen
         self._shape_of: dict[int, tuple[HostTopology, int]] = {}  # id(topology) -> (it, its shape)
         self._shapes_lock = threading.Lock()
@@ -142,17 +112,48 @@ class PlacementService:
         # kind of guest on an unchanged host gives what the last one gave
         self._dry_plans: dict[tuple[str, str], tuple[HostSnapshot, Any, Placement]] = {}
 
+    @property
+    def groups(self) -> GroupCommit[Ask]:
+        """The batches of placements that arrived together, per host (shared with `acting_through`'s)."""
+        return self._groups
+
     def acting_through(self, store: PlacementStore) -> PlacementService:
         """The same service recording (and auditing) through `store`, e.g. one that names
         the caller a request came from."""
         return PlacementService(store, self._render, self._options, self._admission,
-                                occupancies=self._occupancies)
+                                occupancies=self._occupancies, groups=self._groups, admit_host=self.admit_host)
 
     def _with_recorded(self, host: PlacingHost, snapshot: HostSnapshot) -> HostSnapshot:
         """`snapshot` plus the placements recorded for the host now and not (yet) seen in
         libvirt, with the recorded guests' anti-affinity (the store is read here: under the
         host lock when claiming)."""
         return snapshot.with_recorded(*self._store.occupied_and_refusals(host.name))
+
+    def with_recorded(self, host: PlacingHost, snapshot: HostSnapshot) -> HostSnapshot:
+        """`snapshot` with the store's records of the host (read now): a batch's one store read."""
+        return self._with_recorded(host, snapshot)
+
+    def allocate_on(self, host: PlacingHost, spec: GuestSpec, view: HostSnapshot) -> Placement:
+        """Allocate `spec` on `view` exactly as a placement does (the batch's per-guest step)."""
+        return self._allocate(host, spec, view)
+
+    def narrow_floating(self, host: PlacingHost, snapshot: HostSnapshot, claimed_among: list[Placement]
+                        ) -> tuple[list[Placement], list[IsolationViolation]]:
+        """Floating domains narrowed off the pCPUs now claimed (see `_narrow_floating`)."""
+        return self._narrow_floating(host, snapshot, claimed_among)
+
+    def narrowings(self, topology: HostTopology, placements: list[Placement]) -> list[Placement]:
+        return self._narrowings(topology, placements)
+
+    def undo_define(self, host: PlacingHost, guest: str, *, forget: bool = True) -> None:
+        """Destroy and undefine a domain whose placement failed (and, with `forget`, its record)."""
+        for step in (host.destroy, host.undefine):
+            try:
+                step(guest)
+            except HypervisorError:
+                pass
+        if forget:
+            self._store.forget(guest)
 
     def _allocate(self, host: PlacingHost, spec: GuestSpec, view: HostSnapshot) -> Placement:
         """Anti-affinity binds both ways: the guest keeps off the nodes of the guests it
@@ -257,6 +258,30 @@ class PlacementService:
     ) -> PlaceResult:
         """Claim, render, define (and start); on any failure after the claim, undo it all.
 
+        Placements on the same host that arrive together are placed as one batch: one read
+        of the host, one transaction for their claims (app/placement_batch.py); a store
+        without batch writes places each one alone (`place_alone`)."""
+        if not batch_capable(self._store):
+            return self.place_alone(host, spec, base_xml, start=start, actor_detail=actor_detail)
+        ask = Ask(host, spec, base_xml, start, actor_detail, self._store)
+        self._groups.submit(host.name, ask)
+        if ask.error is not None:
+            raise ask.error
+        assert ask.result is not None
+        return ask.result
+
+    def place_alone(
+        self,
+        host: PlacingHost,
+        spec: GuestSpec,
+        base_xml: str | None = None,
+        *,
+        start: bool = False,
+        actor_detail: dict[str, Any] | None = None,
+    ) -> PlaceResult:
+        """One placement by itself: claim, render, define (and start); on any failure after the
+        claim, undo it all.
+
         The host lock covers only choosing the pCPUs and committing their claim. Reading
         libvirt happens before it: every placement vmplacer made is in the store, which is
         read inside the lock, so the claim is never planned on a stale view of vmplacer's
@@ -264,10 +289,7 @@ class PlacementService:
         and libvirt's define run after it: until they succeed, the committed claim keeps
         the pCPUs from every other placement, and a failure forgets it."""
         if self.is_placed(spec.name):
-            from vmplacer.core.nofit import NoFit, NoFitReason
-
-            raise NoFit(spec.name, host.name, [NoFitReason(
-                "name", "fleet", "a guest name not yet placed", f"guest {spec.name} is already placed")])
+            raise already_placed(spec, host.name)
         snapshot = take_snapshot(host)
         with host_lock(host.name):
             placement, claimed_among = self._claim(host, spec, snapshot)
@@ -347,12 +369,7 @@ class PlacementService:
             raise
 
     def _undo_define(self, host: PlacingHost, guest: str) -> None:
-        for step in (host.destroy, host.undefine):
-            try:
-                step(guest)
-            except HypervisorError:
-                pass
-        self._store.forget(guest)
+        self.undo_define(host, guest)
 
     def _narrow_floating(self, host: PlacingHost, snapshot: HostSnapshot,
                          claimed_among: list[Placement]) -> tuple[list[Placement], list[IsolationViolation]]:
@@ -388,6 +405,7 @@ class PlacementService:
                     self._store.audit(action="narrow-shared-pins", outcome="failed", host=host.name,
                                       guest=after.guest, message=str(exc))
             self._store.update_pins(narrowed)
+            narrowed.sort(key=lambda p: p.guest)  # reported by name, whatever order libvirt listed them in
             now = {p.guest: p for p in narrowed}
             after = [now.get(p.guest, p) for p in placements]
             emulator_cpus = self._options(host.name).emulator_cpus

@@ -91,12 +91,13 @@ class Container:
         self.xml_policy(placement.host).check(xml, spec.name, "the rendered domain XML")
         return xml
 
-    def placement_service(self, store: Any = None):  # -> PlacementService
-        """Placements through `store` (default: the database; a dry run passes host snapshots)."""
+    def placement_service(self, store: Any = None, admit_host: Any = None):  # -> PlacementService
+        """Placements through `store` (default: the database; a dry run passes host snapshots);
+        `admit_host(host)` raises when a host takes no new guest (the API's maintenance check)."""
         from vmplacer.app.placement_service import PlacementService
 
         return PlacementService(store or self.placement_store, self.render, self.allocation_options,
-                                self.admission)
+                                self.admission, admit_host=admit_host)
 
     @cached_property
     def admission(self):  # -> ModelAdmission
@@ -332,6 +333,8 @@ class ServerContainer(Container):
         from vmplacer.adapters.db.engine import make_engine
 
         url = self.settings.database_url
-        if make_url(url).get_backend_name() != "postgresql":
-            return make_engine(url)  # SQLite: local file, opening a connection is cheap
+        if make_url(url).get_backend_name() == "sqlite" and make_url(url).database in (None, "", ":memory:"):
+            return make_engine(url)  # one in-memory database per connection: nothing to pool
+        # SQLite too: a fresh connection costs its PRAGMAs, and a pool of 5 + 10 overflow made
+        # most requests open one under concurrent placements
         return make_engine(url, pool_size=SERVER_POOL_SIZE, max_overflow=SERVER_POOL_OVERFLOW, pool_timeout=30)

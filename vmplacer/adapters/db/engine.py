@@ -20,12 +20,12 @@ _clock = time.monotonic
 
 
 def make_engine(url: str, **pool: Any) -> Engine:
-    """The engine for `url`; `pool`: pool settings for a server database (PostgreSQL)."""
+    """The engine for `url`; `pool`: pool settings of a server process (its request threads)."""
     parsed = make_url(url)
     if parsed.get_backend_name() == "sqlite":
         if parsed.database and parsed.database != ":memory:":
             Path(parsed.database).parent.mkdir(parents=True, exist_ok=True)
-        engine = create_engine(url, connect_args={"timeout": 30})
+        engine = create_engine(url, connect_args={"timeout": 30}, **pool)
 
         @event.listens_for(engine, "connect")
         def _sqlite_pragmas(dbapi_connection, _record) -> None:  # type: ignore[no-untyped-def]

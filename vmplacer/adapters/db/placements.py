@@ -212,7 +212,14 @@ def record_placement(
     The caller commits; a concurrent writer that claimed any of the same pCPUs
     makes the commit fail with an IntegrityError, so nothing is double-booked.
     """
-    host_id = _host_id(session, host, uri)
+    row = placement_row(_host_id(session, host, uri), placement, spec, state)
+    session.add(row)
+    session.flush()
+    return row
+
+
+def placement_row(host_id: int, placement: Placement, spec: dict[str, Any], state: str = "planned") -> PlacementRow:
+    """A new placement row with one claim row per exclusive pCPU (not yet added to a session)."""
     row = PlacementRow(
         guest=placement.guest,
         host_id=host_id,
@@ -223,8 +230,6 @@ def record_placement(
         placement=placement.to_dict(),
     )
     row.claims = [CpuClaimRow(host_id=host_id, cpu=cpu) for cpu in sorted(exclusive_of(placement))]
-    session.add(row)
-    session.flush()
     return row
 
 
@@ -234,6 +239,24 @@ def _host_id(session: Session, host: str, uri: str) -> int:
     if found is not None and found.uri == uri:
         return int(found.id)
     return ensure_host(session, host, uri).id
+
+
+def _insert_placements(session: Session, host_id: int, claims: list[tuple[Placement, dict[str, Any]]]) -> None:
+    """Placement rows and their claim rows as two multi-row INSERTs (not an ORM flush per row):
+    what `placement_row` would add, for a batch of placements."""
+    from sqlalchemy import insert
+
+    now = utcnow()
+    placements, cpu_claims = PlacementRow.__table__, CpuClaimRow.__table__
+    inserted = session.connection().execute(
+        insert(placements).returning(placements.c.id, placements.c.guest, sort_by_parameter_order=True),
+        [{"guest": p.guest, "host_id": host_id, "state": "planned", "vcpus": p.vcpus, "memory_kib": p.memory_kib,
+          "spec": spec, "placement": p.to_dict(), "created_at": now, "updated_at": now} for p, spec in claims])
+    ids = {guest: row_id for row_id, guest in inserted}
+    rows = [{"host_id": host_id, "cpu": cpu, "placement_id": ids[p.guest]}
+            for p, _ in claims for cpu in sorted(exclusive_of(p))]
+    if rows:
+        session.connection().execute(insert(cpu_claims), rows)
 
 
 def update_placement(session: Session, row: PlacementRow, placement: Placement) -> None:
@@ -295,6 +318,69 @@ class SqlPlacementStore:
                 raise ClaimConflict(
                     f"guest {placement.guest}: a pCPU or the name is already taken on host {host}"
                 ) from exc
+
+    def record_many(self, host: str, uri: str, claims: list[tuple[Placement, dict[str, Any]]]) -> None:
+        """`record` of several placements on one host in one transaction (placements that arrived
+        together): all are committed, or none (ClaimConflict) and the caller claims one by one."""
+        from sqlalchemy.exc import IntegrityError
+
+        from vmplacer.ports import ClaimConflict
+
+        if not claims:
+            return
+        with self._sessions() as session:
+            try:
+                _insert_placements(session, _host_id(session, host, uri), claims)
+                session.commit()
+            except IntegrityError as exc:
+                session.rollback()
+                names = ", ".join(p.guest for p, _ in claims)
+                raise ClaimConflict(f"guests {names}: a pCPU or a name is already taken on host {host}") from exc
+
+    def settle(self, states: list[tuple[str, str, str | None]], forgotten: list[str],
+               audits: list[dict[str, Any]]) -> None:
+        """Placements that arrived together, settled in one transaction: each (guest, state,
+        domain UUID) of `states` set, each guest of `forgotten` forgotten (its claims freed),
+        and `audits` (each one `audit_entry`'s) recorded."""
+        from sqlalchemy import bindparam, insert
+
+        from vmplacer.adapters.db.models import AuditRow
+
+        with self._sessions() as session:
+            now = utcnow()
+            if states:  # one statement run for every row (executemany), not one ORM flush each
+                table = PlacementRow.__table__
+                changed = session.connection().execute(
+                    update(table).where(table.c.guest == bindparam("g"))
+                    .values(state=bindparam("s"), updated_at=bindparam("at"),
+                            domain_uuid=func.coalesce(bindparam("u"), table.c.domain_uuid)),
+                    [{"g": guest, "s": state, "u": domain_uuid or None, "at": now}
+                     for guest, state, domain_uuid in states])
+                if changed.rowcount not in (-1, len(states)):
+                    raise KeyError(", ".join(guest for guest, _, _ in states))
+            for guest in forgotten:
+                row = get_placement_row(session, guest)
+                if row is not None:
+                    remove_placement(session, row)
+            if audits:
+                session.connection().execute(insert(AuditRow.__table__),
+                                             [{"at": now, **entry, "message": entry.get("message") or ""}
+                                              for entry in audits])
+            session.commit()
+
+    def audit_entry(self, *, action: str, outcome: str, host: str | None, guest: str | None,
+                    message: str = "", detail: dict[str, Any] | None = None) -> dict[str, Any]:
+        """What `audit` would record, as this store's actor, without recording it (`settle` does,
+        together with entries of other actors)."""
+        return {"actor": self._actor, "action": action, "outcome": outcome, "host": host, "guest": guest,
+                "message": message, "detail": {**self._actor_detail, **(detail or {})}}
+
+    def placed_among(self, guests: list[str]) -> set[str]:
+        """Which of `guests` have a placement recorded (one query)."""
+        if not guests:
+            return set()
+        with self._sessions() as session:
+            return set(session.scalars(select(PlacementRow.guest).where(PlacementRow.guest.in_(guests))))
 
     def set_state(self, guest: str, state: str, domain_uuid: str | None = None, *,
                   audit: dict[str, Any] | None = None) -> None:

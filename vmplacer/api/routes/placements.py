@@ -42,7 +42,7 @@ def create_placement(request: Request, body: PlacementRequest, response: Respons
         raise ApiError(422, "validation", f"field base_xml: {reason}", [{"field": "base_xml", "reason": reason}])
     base_xml = check_base_xml(body.base_xml, spec.name)
     placer = Placer(services, acting_placement(services, actor))
-    hosts = placer.candidates(body.host, dry_run=body.dry_run)
+    hosts = placer.candidates(body.host, dry_run=body.dry_run, batched=body.define)
     if body.start and not body.define:
         raise ApiError(422, "validation", "start needs define (a reserved guest is defined by the caller)",
                        [{"field": "start", "reason": "start=true requires define=true"}])
