@@ -13,6 +13,8 @@ PACKAGES=(
   postgresql
   # the web view's browser tests (headless)
   chromium chromium-driver
+  # the man page's rendering test and the units' Documentation=man:vmplacer(1) check
+  man-db groff-base
   # building libvirt-python
   gcc python3-dev python3-venv
 )

@@ -4,6 +4,7 @@ command (the installed `vmplacer` above all) so that a hang reports where it hun
 from __future__ import annotations
 
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -149,3 +150,23 @@ def run_vmplacer(*args: str, env: Mapping[str, str] | None = None, cwd: str | Pa
     the test with every thread's stack (`run_reporting_hangs`)."""
     return run_reporting_hangs([VMPLACER, *args], env=clean_env() if env is None else env, cwd=cwd,
                                timeout=timeout)
+
+
+def systemd_verify_problems(units: Sequence[Path], workdir: Path) -> list[str] | None:
+    """What `systemd-analyze verify` finds wrong with `units` (None without systemd-analyze).
+
+    The units name `man:vmplacer(1)`, which systemd checks with `man`: the page is generated
+    from this checkout (`vmplacer manpage`) into `workdir` and found there through MANPATH, as
+    an installed one is. Missing executables are the machine's, not the unit's, and are left out."""
+    analyze = shutil.which("systemd-analyze")
+    if analyze is None:
+        return None
+    man1 = workdir / "man" / "man1"
+    man1.mkdir(parents=True, exist_ok=True)
+    page = run_vmplacer("manpage")
+    assert page.returncode == 0, page.stderr
+    (man1 / "vmplacer.1").write_text(page.stdout)
+    env = {**os.environ, "MANPATH": f"{workdir / 'man'}:"}
+    result = subprocess.run([analyze, "verify", *map(str, units)], capture_output=True, text=True, env=env)
+    return [line for line in (result.stdout + result.stderr).splitlines()
+            if line.strip() and "is not executable" not in line and "No such file" not in line]

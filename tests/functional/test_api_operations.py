@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from tests.functional.test_api_helpers import Server, make_container, write_config
-from tests.support import require
+from tests.support import require, systemd_verify_problems
 from vmplacer.cli.common import UsageError
 from vmplacer.cli.serve import is_loopback, parse_listen
 
@@ -58,7 +58,7 @@ def test_half_tls_options_are_refused(tmp_path):
     assert result.returncode == 2 and "go together" in result.stderr
 
 
-def test_systemd_unit_is_hardened_and_writes_only_its_data_dir():
+def test_systemd_unit_is_hardened_and_writes_only_its_data_dir(tmp_path):
     text = UNIT.read_text()
     settings = {}
     for line in text.splitlines():
@@ -73,12 +73,8 @@ def test_systemd_unit_is_hardened_and_writes_only_its_data_dir():
     assert "/var/lib/vmplacer" in settings["ReadWritePaths"]
     assert settings["StateDirectory"] == ["vmplacer"]
     assert settings["Environment"] == ["VMPLACER_CONFIG=/etc/vmplacer/vmplacer.yaml"]
-    analyze = shutil.which("systemd-analyze")
-    if analyze:
-        result = subprocess.run([analyze, "verify", str(UNIT)], capture_output=True, text=True)
-        problems = [line for line in (result.stdout + result.stderr).splitlines()
-                    if line.strip() and "is not executable" not in line and "No such file" not in line]
-        assert problems == [], problems
+    problems = systemd_verify_problems([UNIT], tmp_path)
+    assert not problems, problems
 
 
 def test_docs_cover_every_route(tmp_path):

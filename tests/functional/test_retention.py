@@ -6,7 +6,6 @@ everything still live (and each guest's newest profile runs), never touches plac
 from __future__ import annotations
 
 import json
-import shutil
 import subprocess
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -15,7 +14,7 @@ from pathlib import Path
 import pytest
 from sqlalchemy import func, select, update
 
-from tests.support import run_vmplacer
+from tests.support import run_vmplacer, systemd_verify_problems
 from vmplacer.adapters.db import migrate
 from vmplacer.adapters.db.api import SqlIdempotencyStore, SqlJobStore
 from vmplacer.adapters.db.engine import make_engine, make_session_factory
@@ -373,7 +372,7 @@ def _unit(name: str) -> dict[str, list[str]]:
     return settings
 
 
-def test_prune_units_are_hardened_and_daily():
+def test_prune_units_are_hardened_and_daily(tmp_path):
     service = _unit("vmplacer-prune.service")
     assert service["Type"] == ["oneshot"]
     assert [v.split()[-2:] for v in service["ExecStart"]] == [["db", "prune"]]
@@ -387,11 +386,6 @@ def test_prune_units_are_hardened_and_daily():
     timer = _unit("vmplacer-prune.timer")
     assert timer["OnCalendar"] == ["daily"] and timer["Persistent"] == ["true"]
     assert timer["RandomizedDelaySec"] and timer["WantedBy"] == ["timers.target"]
-    analyze = shutil.which("systemd-analyze")
-    if analyze:
-        result = subprocess.run([analyze, "verify", str(ROOT / "systemd" / "vmplacer-prune.timer"),
-                                 str(ROOT / "systemd" / "vmplacer-prune.service")],
-                                capture_output=True, text=True)
-        problems = [line for line in (result.stdout + result.stderr).splitlines()
-                    if line.strip() and "is not executable" not in line and "No such file" not in line]
-        assert problems == [], problems
+    problems = systemd_verify_problems([ROOT / "systemd" / "vmplacer-prune.timer",
+                                        ROOT / "systemd" / "vmplacer-prune.service"], tmp_path)
+    assert not problems, problems
