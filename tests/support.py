@@ -135,11 +135,8 @@ _TEST_DATA_DIR = tempfile.mkdtemp(prefix="vmplacer-test-data-")
 
 def clean_env(extra: Mapping[str, str] | None = None, *, drop: tuple[str, ...] = ("VMPLACER_",)) -> dict[str, str]:
     """This process's environment without the machine's own `VMPLACER_*` settings (a test sets
-    the ones it means), plus `extra`. The data directory defaults to one of this test run's own:
-    a command run without a config would otherwise use the machine's (/var/lib/vmplacer as
-    root), and its state would decide the test."""
+    the ones it means), plus `extra`."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(drop)}
-    env["VMPLACER_DATA_DIR"] = _TEST_DATA_DIR
     env.update(extra or {})
     return env
 
@@ -148,7 +145,13 @@ def run_vmplacer(*args: str, env: Mapping[str, str] | None = None, cwd: str | Pa
                  timeout: float = 120) -> subprocess.CompletedProcess[str]:
     """`vmplacer ARGS` as an operator runs it, in `clean_env()` unless `env` is given; a hang fails
     the test with every thread's stack (`run_reporting_hangs`)."""
-    return run_reporting_hangs([VMPLACER, *args], env=clean_env() if env is None else env, cwd=cwd,
+    if env is None:
+        env = clean_env()
+        if not any(a == "--config" or a.startswith("--config=") for a in args):
+            # Without a config the data directory would be the machine's (/var/lib/vmplacer as
+            # root), and its state would decide the test: this test run has its own.
+            env["VMPLACER_DATA_DIR"] = _TEST_DATA_DIR
+    return run_reporting_hangs([VMPLACER, *args], env=env, cwd=cwd,
                                timeout=timeout)
 
 
