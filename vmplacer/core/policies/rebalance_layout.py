@@ -43,6 +43,9 @@ class BetaTable:
         self._known = set(model.known_keys()) if not self.empty else set()
         self._classes = list(DistanceClass)
         self._pairs: dict[tuple[tuple[str, str], tuple[str, str], bool], np.ndarray] = {}
+        # tensors per tuple of identities: a fleet's hosts draw their guests from the few identities
+        # the model learned, so the same tuples recur on host after host (read only once made)
+        self._tensors: dict[tuple[tuple[tuple[str, str], ...], bool], np.ndarray] = {}
         self.prior = None if self.empty else self._prior()
 
     def _prior(self) -> np.ndarray:
@@ -65,23 +68,25 @@ class BetaTable:
         """[distance rank, background, foreground] over `identities`; None when all β are 0."""
         if self.empty:
             return None
-        k = len(identities)
-        table = np.zeros((len(self._classes), k, k))
-        for i, background in enumerate(identities):
-            for j, foreground in enumerate(identities):
-                table[:, i, j] = self._pair(background, foreground)
-        return table
+        return self._tensor(tuple(identities), confidence=False)
 
     def confidence_tensor(self, identities: Sequence[tuple[str, str]]) -> np.ndarray | None:
         """[distance rank, background, foreground]: how much of each β rests on data."""
         if self.empty:
             return None
-        k = len(identities)
-        table = np.ones((len(self._classes), k, k))
-        for i, background in enumerate(identities):
-            for j, foreground in enumerate(identities):
-                table[:, i, j] = self._pair(background, foreground, confidence=True)
-        return table
+        return self._tensor(tuple(identities), confidence=True)
+
+    def _tensor(self, identities: tuple[tuple[str, str], ...], confidence: bool) -> np.ndarray:
+        found = self._tensors.get((identities, confidence))
+        if found is None:
+            k = len(identities)
+            found = np.ones((len(self._classes), k, k)) if confidence else np.zeros((len(self._classes), k, k))
+            for i, background in enumerate(identities):
+                for j, foreground in enumerate(identities):
+                    found[:, i, j] = self._pair(background, foreground, confidence=confidence)
+            found.flags.writeable = False  # shared by every layout with these identities
+            self._tensors[(identities, confidence)] = found
+        return found
 
     def _pair(self, background: tuple[str, str], foreground: tuple[str, str], confidence: bool = False) -> np.ndarray:
         key = (background, foreground, confidence)
@@ -107,6 +112,7 @@ class BetaTable:
 
 
 # --------------------------------------------------------------------------- one host's layout
+_RECENT_LAYOUTS = 4  # evaluated layouts kept per host: a fleet's worth stays well under its memory bound
 @dataclass
 class _Pieces:
     """A host layout flattened: one piece per (vCPU, pCPU it may run on)."""
@@ -150,6 +156,9 @@ class _Host:
         self.guests: dict[str, GuestState] = {}
         self.pins: dict[str, dict[int, frozenset[int]]] = {}
         self._pieces: _Pieces | None = None
+        # evaluations of the layouts the guests here had lately, by their pins: the search tries a
+        # move and takes it back, or sets pins aside and restores them, many times over one layout
+        self._recent: dict[tuple[tuple[str, tuple[tuple[int, frozenset[int]], ...]], ...], _Pieces] = {}
         self._peers: dict[str, frozenset[str]] | None = None  # anti-affinity peers present, per guest
 
     # ----- layout -------------------------------------------------------------------------
@@ -157,12 +166,14 @@ class _Host:
         self.guests[guest.name] = guest
         self.pins[guest.name] = dict(pins)
         self._pieces = None
+        self._recent.clear()
         self._peers = None
 
     def remove(self, name: str) -> None:
         del self.guests[name]
         del self.pins[name]
         self._pieces = None
+        self._recent.clear()
         self._peers = None
 
     def set_pins(self, name: str, pins: Mapping[int, frozenset[int]], *, pieces: _Pieces | None = None) -> None:
@@ -242,6 +253,12 @@ class _Host:
                guests: Mapping[str, GuestState] | None = None) -> _Pieces:
         if layout is None and self._pieces is not None:
             return self._pieces
+        signature = None
+        if layout is None:
+            signature = tuple((name, tuple(sorted(pins.items()))) for name, pins in self.pins.items())
+            self._pieces = self._recent.get(signature)
+            if self._pieces is not None:
+                return self._pieces
         layout = self.pins if layout is None else layout
         guests = self.guests if guests is None else guests
         names = list(layout)
@@ -277,6 +294,10 @@ class _Host:
         )
         if layout is self.pins:
             self._pieces = result
+            if signature is not None:
+                if len(self._recent) >= _RECENT_LAYOUTS:
+                    del self._recent[next(iter(self._recent))]
+                self._recent[signature] = result
         return result
 
     def perf(self, pieces: _Pieces, cpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
