@@ -112,6 +112,7 @@ class BetaTable:
 
 
 # --------------------------------------------------------------------------- one host's layout
+PairTerms = tuple[list[tuple[str, int, int]], np.ndarray, np.ndarray]
 _RECENT_LAYOUTS = 4  # evaluated layouts kept per host: a fleet's worth stays well under its memory bound
 @dataclass
 class _Pieces:
@@ -132,6 +133,8 @@ class _Pieces:
     current: tuple[np.ndarray, np.ndarray] | None = None  # `perf` of the layout itself, cached
     identities: tuple[tuple[str, str], ...] = ()  # model identity of each key index
     blind: _Pieces | None = None  # the same layout under the topology prior (every guest alike), cached
+    terms: PairTerms | None = None  # `_Host.pair_terms` of the layout, cached
+    spread: PairTerms | None = None  # `_Host.pair_spread` of the layout, cached
 
 
 class _Host:
@@ -369,9 +372,15 @@ class _Host:
         loss[:, m] = (suffered * granted).sum(axis=1)
         return self._per_guest(pieces, granted * remaining(loss, self.betas.form)), linear
 
-    def pair_terms(self, pieces: _Pieces) -> tuple[list[tuple[str, int, int]], np.ndarray, np.ndarray]:
+    def pair_terms(self, pieces: _Pieces) -> PairTerms:
         """Each piece's identity (guest, vCPU, pCPU); per pair [x, y] the weighted performance y's
-        interference takes from x, and the model's confidence in that coefficient."""
+        interference takes from x, and the model's confidence in that coefficient (cached on the
+        layout: every move judged from it asks again; read only)."""
+        if pieces.terms is None:
+            pieces.terms = _read_only(self._pair_terms(pieces))
+        return pieces.terms
+
+    def _pair_terms(self, pieces: _Pieces) -> PairTerms:
         keys = [(pieces.guests[pieces.vm[p]], int(pieces.vcpu[p]), self.cpus[pieces.cpu[p]])
                 for p in range(len(pieces.cpu))]
         if pieces.table is None or not keys:
@@ -384,7 +393,13 @@ class _Host:
         confidence = conf_table[dist, pieces.key[None, :], pieces.key[:, None]]
         return keys, terms, confidence
 
-    def pair_spread(self, pieces: _Pieces) -> tuple[list[tuple[str, int, int]], np.ndarray, np.ndarray]:
+    def pair_spread(self, pieces: _Pieces) -> PairTerms:
+        """`_pair_spread`, cached on the layout (read only)."""
+        if pieces.spread is None:
+            pieces.spread = _read_only(self._pair_spread(pieces))
+        return pieces.spread
+
+    def _pair_spread(self, pieces: _Pieces) -> PairTerms:
         """As `pair_terms`, with each term's variance instead of its confidence: what the model
         may be wrong by. A coefficient learned from n observations of noise σ is off by about
         σ/√(n + k) (k: `confidence_evidence`, the shrinkage's weight; confidence is n/(n + k), so
@@ -423,6 +438,13 @@ class _Host:
     @staticmethod
     def _per_guest(pieces: _Pieces, got: np.ndarray) -> np.ndarray:
         return np.maximum(got @ pieces.onehot, 0.0) / pieces.ideal[None, :]
+
+
+def _read_only(found: PairTerms) -> PairTerms:
+    """Cached pair terms, guarded against a caller changing them in place."""
+    for array in found[1:]:
+        array.flags.writeable = False
+    return found
 
 
 def _interference_matrix(host: _Host, pieces: _Pieces) -> np.ndarray:

@@ -259,7 +259,7 @@ class _Search:
             return None
         if pieces.blind is None:
             pieces.blind = replace(pieces, key=np.zeros_like(pieces.key), table=self.betas.prior, matrix=None,
-                                   current=None, blind=None)
+                                   current=None, blind=None, terms=None, spread=None)
         return pieces.blind
 
     def _quick_sure(self, pieces: _Pieces, gain: np.ndarray, lin: np.ndarray,
@@ -1020,10 +1020,7 @@ class _Search:
         """The host's objective under the topology prior, minus time sharing alone."""
         if not host.guests or self.betas.prior is None:
             return 0.0
-        pieces = host.pieces()
-        blind = replace(pieces, key=np.zeros_like(pieces.key), table=self.betas.prior, matrix=None, current=None)
-        perf, linear = host.perf(blind, blind.cpu)
-        return float(self.objective_of(blind, perf)[0] - self.objective_of(blind, linear)[0])
+        return self._blind_base(host, host.pieces())
 
     def _interference_part(self, host: _Host) -> dict[str, float]:
         """Per guest: predicted performance minus what time sharing alone predicts."""
