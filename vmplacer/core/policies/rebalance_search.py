@@ -133,6 +133,8 @@ class _Search:
             for peer in guest.anti_affinity:
                 self.refused_by.setdefault(peer, set()).add(guest.name)
         self.memory_nodes = {g.name: g.placement.memory_nodes for g in self.guests.values()}
+        # guest -> (guest state, host, pins, memory nodes, placement): `_current_placement`, kept
+        self._placements: dict[str, tuple[GuestState, str, Mapping[int, frozenset[int]], object, Placement]] = {}
         self.original = {g.name: g for g in self.guests.values()}
         self.start_perf = self.perf_by_guest()
         self.confidence: dict[str, float] = {}
@@ -697,13 +699,21 @@ class _Search:
 
     # ----- applying moves --------------------------------------------------------------------------------
     def _current_placement(self, name: str) -> Placement:
+        """The guest's placement as the what-if state has it (kept while its guest state, host,
+        pins and memory nodes are the very ones it was made from: destinations ask for every
+        guest's placement on every host they weigh)."""
         guest = self.guests[name]
         host = self.hosts[self.host_of[name]]
         pins = host.pins[name]
+        memory = self.memory_nodes.get(name)
+        kept = self._placements.get(name)
+        if kept is not None and kept[0] is guest and kept[1] == host.name and kept[2] is pins and kept[3] == memory:
+            return kept[4]
         old = guest.placement
         placement = replace(old, host=host.name, vcpupin=dict(pins))
-        if self.memory_nodes.get(name) is not None:
-            placement = replace(placement, memory_nodes=self.memory_nodes[name])
+        if memory is not None:
+            placement = replace(placement, memory_nodes=memory)
+        self._placements[name] = (guest, host.name, pins, memory, placement)
         return placement
 
     def apply(self, move: _Move) -> None:
