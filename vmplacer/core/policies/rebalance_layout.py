@@ -113,6 +113,7 @@ class BetaTable:
 
 # --------------------------------------------------------------------------- one host's layout
 PairTerms = tuple[list[tuple[str, int, int]], np.ndarray, np.ndarray]
+_FEW_MOVED = 2  # candidates moving at most this many pieces get their interference matrix by update
 _RECENT_LAYOUTS = 4  # evaluated layouts kept per host: a fleet's worth stays well under its memory bound
 @dataclass
 class _Pieces:
@@ -333,12 +334,40 @@ class _Host:
 
     def _interfered(self, pieces: _Pieces, cpu: np.ndarray, granted: np.ndarray) -> np.ndarray:
         assert pieces.table is not None
-        dist = self.dist[cpu[:, :, None], cpu[:, None, :]]  # [c, x, y]
-        k = pieces.table.shape[1]
-        beta = pieces.table.reshape(-1)[dist * (k * k) + pieces.key[None, None, :] * k + pieces.key[None, :, None]]
-        other = (pieces.vm[:, None] != pieces.vm[None, :])[None, :, :] & (dist != 0)
-        loss = np.einsum("cxy,cy->cx", np.where(other, beta, 0.0), granted)
+        moved = cpu != pieces.cpu[None, :]
+        if len(cpu) and moved.sum(axis=1).max() <= _FEW_MOVED:
+            matrix = self._matrices_moved(pieces, cpu, moved)
+        else:
+            dist = self.dist[cpu[:, :, None], cpu[:, None, :]]  # [c, x, y]
+            k = pieces.table.shape[1]
+            beta = pieces.table.reshape(-1)[dist * (k * k) + pieces.key[None, None, :] * k + pieces.key[None, :, None]]
+            other = (pieces.vm[:, None] != pieces.vm[None, :])[None, :, :] & (dist != 0)
+            matrix = np.where(other, beta, 0.0)
+        loss = np.einsum("cxy,cy->cx", matrix, granted)
         return self._per_guest(pieces, granted * remaining(loss, self.betas.form))
+
+    def _matrices_moved(self, pieces: _Pieces, cpu: np.ndarray, moved: np.ndarray) -> np.ndarray:
+        """[c, x, y]: the interference matrix of each candidate that moves at most `_FEW_MOVED`
+        pieces (a swap moves two): the layout's own matrix with only the moved pieces' rows and
+        columns looked up again — the same entries a full look-up gives, at a fraction of it."""
+        assert pieces.table is not None
+        count = len(cpu)
+        rows = np.arange(count)
+        result = np.repeat(_interference_matrix(self, pieces)[None, :, :], count, axis=0)
+        k = pieces.table.shape[1]
+        flat = pieces.table.reshape(-1)
+        # each candidate's moved pieces first; a candidate that moves fewer takes unmoved ones too,
+        # whose rows and columns come out as they were
+        for j in np.argsort(~moved, axis=1, kind="stable")[:, :_FEW_MOVED].T:
+            at = cpu[rows, j][:, None]
+            other = pieces.vm[None, :] != pieces.vm[j][:, None]
+            dist = self.dist[at, cpu]  # [c, y]: j's pCPU to y's
+            result[rows, j, :] = np.where(other & (dist != 0),
+                                          flat[dist * (k * k) + pieces.key[None, :] * k + pieces.key[j][:, None]], 0.0)
+            dist = self.dist[cpu, at]  # [c, x]: x's pCPU to j's
+            result[rows, :, j] = np.where(other & (dist != 0),
+                                          flat[dist * (k * k) + pieces.key[j][:, None] * k + pieces.key[None, :]], 0.0)
+        return result
 
     def perf_moves(self, pieces: _Pieces, m: int, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`perf` for candidates that each move piece `m` to one of `targets` (local pCPU indexes).
