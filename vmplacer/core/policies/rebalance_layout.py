@@ -136,6 +136,7 @@ class _Pieces:
     blind: _Pieces | None = None  # the same layout under the topology prior (every guest alike), cached
     terms: PairTerms | None = None  # `_Host.pair_terms` of the layout, cached
     spread: PairTerms | None = None  # `_Host.pair_spread` of the layout, cached
+    load: np.ndarray | None = None  # demand on each pCPU as the layout stands, cached by `perf_moves`
 
 
 class _Host:
@@ -380,7 +381,9 @@ class _Host:
         n = len(self.cpus)
         cpu = np.tile(pieces.cpu, (count, 1))
         cpu[:, m] = targets
-        load = np.tile(np.bincount(pieces.cpu, weights=pieces.demand, minlength=n), (count, 1))
+        if pieces.load is None:
+            pieces.load = np.bincount(pieces.cpu, weights=pieces.demand, minlength=n)
+        load = np.tile(pieces.load, (count, 1))
         rows = np.arange(count)
         load[:, pieces.cpu[m]] -= pieces.demand[m]
         load[rows, targets] += pieces.demand[m]

@@ -261,7 +261,8 @@ class _Search:
             return None
         if pieces.blind is None:
             pieces.blind = replace(pieces, key=np.zeros_like(pieces.key), table=self.betas.prior, matrix=None,
-                                   current=None, blind=None, terms=None, spread=None)
+                                   current=None, blind=None, terms=None, spread=None,
+                                   load=None)
         return pieces.blind
 
     def _quick_sure(self, pieces: _Pieces, gain: np.ndarray, lin: np.ndarray,
