@@ -22,6 +22,7 @@ from vmplacer.core.policies.rebalance_state import EXCLUSIVE, FIXED, GuestState,
 
 
 # --------------------------------------------------------------------------- β table
+_KEEPING_HOSTS = 8  # hosts at a time that keep their recent layouts' evaluations (`_Host.pieces`)
 class BetaTable:
     """Interference coefficients β_c(u → v) between the guests' model identities, cached.
 
@@ -47,6 +48,19 @@ class BetaTable:
         # the model learned, so the same tuples recur on host after host (read only once made)
         self._tensors: dict[tuple[tuple[tuple[str, str], ...], bool], np.ndarray] = {}
         self.prior = None if self.empty else self._prior()
+        # hosts keeping recent layouts' evaluations, the least lately used first: only a few at a
+        # time, so a fleet's plan holds a few hosts' worth of them, not every host's
+        self._keepers: dict[object, None] = {}
+
+    def keeping(self, host: object) -> None:
+        """`host` keeps evaluations of its recent layouts; the host that kept some the least
+        lately drops its own once more than `_KEEPING_HOSTS` do."""
+        self._keepers.pop(host, None)
+        self._keepers[host] = None
+        if len(self._keepers) > _KEEPING_HOSTS:
+            oldest = next(iter(self._keepers))
+            del self._keepers[oldest]
+            oldest._recent.clear()  # type: ignore[attr-defined]
 
     def _prior(self) -> np.ndarray:
         """[rank, 1, 1]: what any guest costs any other at each distance when nothing is known
@@ -303,6 +317,7 @@ class _Host:
                 if len(self._recent) >= _RECENT_LAYOUTS:
                     del self._recent[next(iter(self._recent))]
                 self._recent[signature] = result
+                self.betas.keeping(self)
         return result
 
     def perf(self, pieces: _Pieces, cpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
