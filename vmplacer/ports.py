@@ -16,6 +16,8 @@ from typing import Any, Protocol, runtime_checkable
 
 from vmplacer.core.bandwidth import CpuBandwidth
 from vmplacer.core.placement import Placement
+from vmplacer.core.plan import Action, CancelRequest, Plan
+from vmplacer.core.trial import TrialOutcome
 from vmplacer.core.topology import HostTopology
 
 
@@ -302,21 +304,21 @@ class JobStore(Protocol):
 class PlanStore(Protocol):
     """Where plans and the outcome of each action are kept (the database in production)."""
 
-    def save(self, plan: object, created_by: str = "") -> object: ...  # Plan -> Plan with its id
-    def get(self, plan_id: int) -> object | None: ...
+    def save(self, plan: Plan, created_by: str = "") -> Plan: ...  # the plan with its id
+    def get(self, plan_id: int) -> Plan | None: ...
     def transition(self, plan_id: int, from_state: str, to_state: str, message: str = "") -> bool:
         """Move a plan on only if it is still in `from_state` (one of two racing callers wins)."""
         ...
-    def record_action(self, plan_id: int, action: object, *, started: bool = False,
+    def record_action(self, plan_id: int, action: Action, *, started: bool = False,
                       finished: bool = False) -> None: ...
     def last_moved(self, guests: list[str] | None = None, since: float | None = None) -> dict[str, float]:
         """Guest -> epoch seconds its latest move finished (only moves finished since `since`)."""
         ...
-    def trial_outcomes(self, since: float) -> list[Any]: ...  # TrialOutcome of trial probes finished since
+    def trial_outcomes(self, since: float) -> list[TrialOutcome]: ...  # of trial probes finished since
     def trial_counts(self, since: float) -> dict[tuple[str, str, str], int]:
         """(host, trial kind, kept|undone) -> trial probes finished since `since` (epoch seconds)."""
         ...
-    def last_placements(self, guests: list[str]) -> dict[str, Any]:
+    def last_placements(self, guests: list[str]) -> dict[str, Placement]:
         """Guest -> the Placement its latest successful repin or migration left it in."""
         ...
     def cancel(self, plan_id: int, from_state: str, message: str) -> bool:
@@ -327,7 +329,7 @@ class PlanStore(Protocol):
         """Ask a running plan to stop before its next action; False if it is not running.
         A second request keeps the first one's author and reason."""
         ...
-    def cancel_requested(self, plan_id: int) -> object | None:
+    def cancel_requested(self, plan_id: int) -> CancelRequest | None:
         """The pending CancelRequest of a running plan, or None (the executor asks between actions)."""
         ...
     def close_orphaned(self, by: str = "vmplacer", *, dry_run: bool = False) -> list[int]:

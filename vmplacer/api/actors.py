@@ -9,11 +9,16 @@ built here, so no route can write one that says only "vmplacer".
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from fastapi import Request
 
 from vmplacer.api.auth import require_principal
+
+if TYPE_CHECKING:
+    from vmplacer.ports import PlacementStore
+    from vmplacer.api.services import ApiServices
+    from vmplacer.app.placement_service import PlacementService
 
 
 @dataclass(frozen=True)
@@ -36,17 +41,17 @@ def api_actor(request: Request) -> ApiActor:
     return ApiActor(principal.name, principal.id, request.app.state.services.instance)
 
 
-def acting_store(services: Any, actor: ApiActor):  # -> SqlPlacementStore
+def acting_store(services: ApiServices, actor: ApiActor) -> PlacementStore:
     """The placement store, auditing as `actor`."""
     return services.container.placement_store_as(actor.name, actor.detail())
 
 
-def acting_placement(services: Any, actor: ApiActor):  # -> PlacementService
+def acting_placement(services: ApiServices, actor: ApiActor) -> PlacementService:
     """The placement service (same renderer, same per-host options), auditing as `actor`."""
     return services.placement.acting_through(acting_store(services, actor))
 
 
-def audit(services: Any, actor: ApiActor, *, action: str, message: str, host: str | None = None,
+def audit(services: ApiServices, actor: ApiActor, *, action: str, message: str, host: str | None = None,
           guest: str | None = None, detail: dict[str, Any] | None = None) -> None:
     """One audit entry for a write that has no service of its own to record it (queued jobs,
     stored plans)."""

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from collections.abc import Callable
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from vmplacer.adapters.domain_xml import DomainXmlError, parse_domain
 from vmplacer.adapters.libvirt_errors import INVALID, DomainRefused
@@ -27,6 +27,9 @@ from vmplacer.app.placement_service import PlaceResult
 from vmplacer.core.guest import GuestSpec
 from vmplacer.core.nofit import NoFit
 from vmplacer.ports import HypervisorError
+
+if TYPE_CHECKING:
+    from vmplacer.api.services import ApiServices
 
 # Hosts leave maintenance at an operator's pace: a client polling faster learns nothing.
 NO_HOSTS_RETRY = {"Retry-After": "60"}
@@ -68,7 +71,7 @@ class Outcome:
 
 
 class Placer:
-    def __init__(self, services: Any, service: Any = None):
+    def __init__(self, services: ApiServices, service: Any = None):
         """`service`: the placement service to place through (one auditing as the caller);
         default the shared one."""
         self.services = services
@@ -203,7 +206,7 @@ def in_maintenance(host: str, record: Any) -> ApiError:
                     {"host": host, "maintenance": record.to_dict()})
 
 
-def admit_host(services: Any) -> Callable[[str], None]:
+def admit_host(services: ApiServices) -> Callable[[str], None]:
     """The live maintenance check a batch of placements makes once, on its host, before it
     claims anything (409 host-in-maintenance for every guest of the batch)."""
 

@@ -10,16 +10,21 @@ rebalance` takes, so an API apply and a CLI run never act on one host at once.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from vmplacer.api.errors import ApiError
 from vmplacer.api.times import with_api_times
 from vmplacer.app.jobs import Handler, JobContext, JobFailed
 
+if TYPE_CHECKING:
+    from vmplacer.ports import PlanStore
+    from vmplacer.api.services import ApiServices
+    from vmplacer.app.rebalance import Rebalancer
+
 APPLY_JOB = "apply-plan"
 
 
-def build_rebalancer(services: Any, holder: str):  # -> Rebalancer
+def build_rebalancer(services: ApiServices, holder: str) -> Rebalancer:
     """The rebalancer as the CLI builds it (stored model, learning, vCPU demand, probes),
     acting under `holder` in the host leases; the trials of the plans it applies are counted in
     this instance's metrics."""
@@ -28,7 +33,7 @@ def build_rebalancer(services: Any, holder: str):  # -> Rebalancer
     return compose(services.container, holder=holder, on_trial=services.metrics.rebalance_trial)
 
 
-def plan_store(services: Any):  # -> SqlPlanStore
+def plan_store(services: ApiServices) -> PlanStore:
     return services.container.plan_store
 
 
@@ -37,7 +42,7 @@ def plan_hosts(plan: Any) -> list[str]:
     return sorted({a.host for a in plan.actions} | {a.target_host for a in plan.actions if a.target_host})
 
 
-def make_plan(services: Any, hosts: list[str] | None, max_actions: int | None, scope: list[str],
+def make_plan(services: ApiServices, hosts: list[str] | None, max_actions: int | None, scope: list[str],
               created_by: str, drain: str | None = None) -> dict[str, Any]:
     """A stored rebalance plan, or with `drain` the migrations that empty that host (which
     must be in maintenance already: a dry run changes nothing, maintenance included)."""
@@ -80,7 +85,7 @@ def plan_view(plan: Any) -> dict[str, Any]:
     return data
 
 
-def start_apply(services: Any, plan_id: int, created_by: str, token_id: int | None = None) -> Any:
+def start_apply(services: ApiServices, plan_id: int, created_by: str, token_id: int | None = None) -> Any:
     """Approve the plan and queue the job that applies it (one of racing callers wins); 409 otherwise.
     The job keeps the token's name and id: the executor's audit entries name them."""
     from vmplacer.ports import ApplyRefused
@@ -101,7 +106,7 @@ def start_apply(services: Any, plan_id: int, created_by: str, token_id: int | No
         raise ApiError(409, "conflict", str(exc), {"plan": plan_id, "state": exc.state, "job": exc.job}) from None
 
 
-def apply_handler(services: Any) -> Handler:
+def apply_handler(services: ApiServices) -> Handler:
     def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         from vmplacer.app.rebalance import RebalanceError
 
@@ -129,7 +134,7 @@ def apply_handler(services: Any) -> Handler:
     return run
 
 
-def job_handlers(services: Any) -> dict[str, Handler]:
+def job_handlers(services: ApiServices) -> dict[str, Handler]:
     try:
         import vmplacer.app.rebalance  # noqa: F401
     except ImportError:

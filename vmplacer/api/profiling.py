@@ -8,17 +8,21 @@ the job runner runs it on the instance that holds the host's lease. Probes
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from vmplacer.api.errors import ApiError, field_problems
 from vmplacer.api.times import api_time
 from vmplacer.app.jobs import JobContext, JobFailed
 from vmplacer.ports import DomainGone, HypervisorError
 
+if TYPE_CHECKING:
+    from vmplacer.api.services import ApiServices
+    from vmplacer.app.profiler import ProfilerConfig
+
 PROFILE_JOB = "profile"
 
 
-def profiler_config(params: dict[str, Any], settings: Any):  # -> ProfilerConfig
+def profiler_config(params: dict[str, Any], settings: Any) -> ProfilerConfig:
     """ProfilerConfig from request parameters and the settings' defaults; 422 naming the field."""
     from vmplacer.bootstrap.profiler_config import SensitiveSpecError
     from vmplacer.bootstrap.profiler_config import profiler_config as compose
@@ -86,7 +90,7 @@ class _Progress:
         self.ctx.progress(fraction, f"sampling: {counts}")
 
 
-def profile_handler(services: Any):
+def profile_handler(services: ApiServices):
     def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         from vmplacer.app.profiler import ProfilerError
         from vmplacer.bootstrap.profiler import build_profiler
@@ -118,7 +122,7 @@ def profile_handler(services: Any):
     return run
 
 
-def stored_profile(services: Any, guest: str, run_id: int | None, host: str | None) -> dict[str, Any]:
+def stored_profile(services: ApiServices, guest: str, run_id: int | None, host: str | None) -> dict[str, Any]:
     """ζ, ζb and degradation distributions of one VM from the stored samples of one run
     (the newest run holding samples of it, unless `run_id` says which)."""
     from vmplacer.bootstrap.profiler import profile_store

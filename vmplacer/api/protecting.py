@@ -14,23 +14,26 @@ reason is gone.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from vmplacer.api.times import api_time
 from vmplacer.app.jobs import Handler, JobContext, JobFailed
 from vmplacer.ports import HypervisorError
 
+if TYPE_CHECKING:
+    from vmplacer.api.services import ApiServices
+
 PROTECT_JOB = "protect"
 STOP_POLL_S = 1.0
 
 
-def stop_requested(services: Any, job_id: str) -> dict[str, Any] | None:
+def stop_requested(services: ApiServices, job_id: str) -> dict[str, Any] | None:
     job = services.jobs.get(job_id)
     stop = (job.parameters or {}).get("stop") if job is not None else None
     return stop if isinstance(stop, dict) else None
 
 
-def protect_handler(services: Any, build: Any = None) -> Handler:
+def protect_handler(services: ApiServices, build: Any = None) -> Handler:
     """`build(container, host, **options)` makes the loop (default: bootstrap.protect's)."""
 
     def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
@@ -86,7 +89,7 @@ def protect_handler(services: Any, build: Any = None) -> Handler:
     return run
 
 
-def protect_status(services: Any, host: str) -> dict[str, Any]:
+def protect_status(services: ApiServices, host: str) -> dict[str, Any]:
     """What the host's loop last recorded per protected guest, and the throttles in force there."""
     from vmplacer.adapters.protect_history import ProtectHistory
 

@@ -9,17 +9,20 @@ held to the policy again by both renderers (the placement service's and the dry 
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from vmplacer.adapters.domain_xml import parse_domain
 from vmplacer.adapters.domain_xml_policy import DomainXmlPolicyError, Violation
 from vmplacer.api.errors import ApiError
 from vmplacer.ports import HypervisorError
 
+if TYPE_CHECKING:
+    from vmplacer.api.services import ApiServices
+
 CODE = "xml-policy"
 
 
-def admit_base_xml(services: Any, guest: str, hosts: list[str], base_xml: str | None) -> list[str]:
+def admit_base_xml(services: ApiServices, guest: str, hosts: list[str], base_xml: str | None) -> list[str]:
     """The hosts among `hosts` whose policy accepts `base_xml` (all of them without one)."""
     if base_xml is None:
         return hosts

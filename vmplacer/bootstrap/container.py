@@ -19,6 +19,21 @@ if TYPE_CHECKING:
     from sqlalchemy import Engine
     from sqlalchemy.orm import Session, sessionmaker
 
+    from vmplacer.adapters.db.api import SqlIdempotencyStore, SqlJobStore, SqlTokenStore
+    from vmplacer.adapters.db.maintenance import SqlMaintenanceStore
+    from vmplacer.adapters.db.models_repo import SqlModelRepository
+    from vmplacer.adapters.db.placements import SqlPlacementStore
+    from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore
+    from vmplacer.adapters.db.profiles import SqlProfileStore
+    from vmplacer.adapters.db.throttles import SqlThrottleLedger
+    from vmplacer.adapters.domain_xml_policy import DomainXmlPolicy
+    from vmplacer.adapters.libvirt_host import LibvirtHost
+    from vmplacer.app.admission import ModelAdmission
+    from vmplacer.app.placement_service import PlacementService
+    from vmplacer.app.reconcile import Reconciler
+    from vmplacer.core.interference import InterferenceModel
+    from vmplacer.core.policies.admit import AllocationOptions
+
 # A server's engine pool: kept open, and opened for bursts (each request thread holds at most
 # one connection at a time). Several instances on one server: mind PostgreSQL's max_connections.
 SERVER_POOL_SIZE = 10
@@ -67,7 +82,7 @@ class Container:
         ages = RetentionAges(plans_s=plans_s, profiles_s=profiles_s, audit_s=audit_s, jobs_s=jobs_s)
         return Pruner(self.sessions, actor=actor).prune(ages, dry_run=dry_run)
 
-    def hypervisor(self, name: str):  # -> LibvirtHost
+    def hypervisor(self, name: str) -> LibvirtHost:
         """The libvirt adapter of a configured host (raises ConfigError if unknown)."""
         if name not in self._hypervisors:
             from vmplacer.adapters.libvirt_host import LibvirtHost
@@ -76,7 +91,7 @@ class Container:
         return self._hypervisors[name]
 
     @cached_property
-    def placement_store(self):  # -> SqlPlacementStore
+    def placement_store(self) -> SqlPlacementStore:
         from vmplacer.adapters.db.placements import SqlPlacementStore
 
         return SqlPlacementStore(self.sessions)
@@ -91,7 +106,7 @@ class Container:
         self.xml_policy(placement.host).check(xml, spec.name, "the rendered domain XML")
         return xml
 
-    def placement_service(self, store: Any = None, admit_host: Any = None):  # -> PlacementService
+    def placement_service(self, store: Any = None, admit_host: Any = None) -> PlacementService:
         """Placements through `store` (default: the database; a dry run passes host snapshots);
         `admit_host(host)` raises when a host takes no new guest (the API's maintenance check)."""
         from vmplacer.app.placement_service import PlacementService
@@ -100,7 +115,7 @@ class Container:
                                 self.admission, admit_host=admit_host)
 
     @cached_property
-    def admission(self):  # -> ModelAdmission
+    def admission(self) -> ModelAdmission:
         """The scorer source of every placement path: the stored interference model (read
         lazily, reloaded every `placement.model_refresh`), weighted as configured."""
         from vmplacer.app.admission import ModelAdmission
@@ -111,7 +126,7 @@ class Container:
                                                                            placement.interference_candidates),
                               refresh_s=placement.model_refresh_s)
 
-    def _stored_model_if_any(self):  # -> InterferenceModel
+    def _stored_model_if_any(self) -> InterferenceModel:
         """The learned model; an empty one when the database has none yet — without creating
         a database a dry run (`plan`) would otherwise leave behind."""
         from vmplacer.core.interference import InterferenceModel
@@ -133,7 +148,7 @@ class Container:
             return False
         return bool(inspect(self.engine).has_table(table))
 
-    def xml_policy(self, host_name: str):  # -> DomainXmlPolicy
+    def xml_policy(self, host_name: str) -> DomainXmlPolicy:
         """The domain XML policy of a configured host (raises ConfigError if unknown). Kept per
         host, so the facts it reads from the host (emulators, storage pools) are cached."""
         policy = self._xml_policies.get(host_name)
@@ -148,7 +163,7 @@ class Container:
                                          read_pools=settings.storage_paths is None)))
         return policy
 
-    def reconciler(self, holder: str, store=None):  # -> Reconciler
+    def reconciler(self, holder: str, store=None) -> Reconciler:
         """Placement records against libvirt on every configured host, acting under `holder`
         in the host leases (the CLI and the API build it the same way); `store`: a placement
         store auditing as someone else than vmplacer (the API's caller)."""
@@ -165,21 +180,21 @@ class Container:
                           throttles=self.throttle_ledger,
                           emulator_cpus=lambda name: self.allocation_options(name).emulator_cpus)
 
-    def placement_store_as(self, actor: str, detail: dict[str, Any] | None = None):  # -> SqlPlacementStore
+    def placement_store_as(self, actor: str, detail: dict[str, Any] | None = None) -> SqlPlacementStore:
         """A placement store whose audit entries name `actor` (an API caller) and `detail`."""
         from vmplacer.adapters.db.placements import SqlPlacementStore
 
         return SqlPlacementStore(self.sessions, actor=actor, actor_detail=detail)
 
     # ----- stores -------------------------------------------------------------------------------
-    def placement_updates(self):  # -> SqlPlacementUpdates
+    def placement_updates(self) -> SqlPlacementUpdates:
         """Placement rows and exclusive-pCPU claims as the executor and reconcile change them."""
         from vmplacer.adapters.db.plans import SqlPlacementUpdates
 
         return SqlPlacementUpdates(self.sessions, {h.name: h.uri for h in self.settings.hosts})
 
     @cached_property
-    def lease_store(self):  # -> SqlLeaseStore
+    def lease_store(self) -> SqlLeaseStore:
         from vmplacer.adapters.db.plans import SqlLeaseStore
 
         return SqlLeaseStore(self.sessions)
@@ -190,37 +205,37 @@ class Container:
                 for host, info in self.lease_store.holders().items() if info.get("live")}
 
     @cached_property
-    def plan_store(self):  # -> SqlPlanStore
+    def plan_store(self) -> SqlPlanStore:
         from vmplacer.adapters.db.plans import SqlPlanStore
 
         return SqlPlanStore(self.sessions)
 
     @cached_property
-    def throttle_ledger(self):  # -> SqlThrottleLedger
+    def throttle_ledger(self) -> SqlThrottleLedger:
         from vmplacer.adapters.db.throttles import SqlThrottleLedger
 
         return SqlThrottleLedger(self.sessions)
 
     @cached_property
-    def token_store(self):  # -> SqlTokenStore
+    def token_store(self) -> SqlTokenStore:
         from vmplacer.adapters.db.api import SqlTokenStore
 
         return SqlTokenStore(self.sessions)
 
     @cached_property
-    def idempotency_store(self):  # -> SqlIdempotencyStore
+    def idempotency_store(self) -> SqlIdempotencyStore:
         from vmplacer.adapters.db.api import SqlIdempotencyStore
 
         return SqlIdempotencyStore(self.sessions)
 
     @cached_property
-    def job_store(self):  # -> SqlJobStore
+    def job_store(self) -> SqlJobStore:
         from vmplacer.adapters.db.api import SqlJobStore
 
         return SqlJobStore(self.sessions)
 
     @cached_property
-    def profile_store(self):  # -> SqlProfileStore
+    def profile_store(self) -> SqlProfileStore:
         from vmplacer.adapters.db.profiles import SqlProfileStore
 
         return SqlProfileStore(self.sessions)
@@ -272,7 +287,7 @@ class Container:
         with self.engine.connect() as connection:
             connection.execute(text("SELECT 1"))
 
-    def allocation_options(self, host_name: str):  # -> AllocationOptions
+    def allocation_options(self, host_name: str) -> AllocationOptions:
         """The configured allocation knobs of a host (defaults for hosts not in the config)."""
         from vmplacer.config import ConfigError
         from vmplacer.core.policies.admit import AllocationOptions
@@ -283,22 +298,22 @@ class Container:
             return AllocationOptions()
 
     @cached_property
-    def maintenance(self):  # -> SqlMaintenanceStore
+    def maintenance(self) -> SqlMaintenanceStore:
         from vmplacer.adapters.db.maintenance import SqlMaintenanceStore
 
         return SqlMaintenanceStore(self.sessions)
 
     @cached_property
-    def model_repository(self):  # -> SqlModelRepository
+    def model_repository(self) -> SqlModelRepository:
         from vmplacer.adapters.db.models_repo import SqlModelRepository
 
         return SqlModelRepository(self.sessions)
 
-    def load_model(self):  # -> InterferenceModel
+    def load_model(self) -> InterferenceModel:
         """The learned interference model (the linear predictor until samples exist)."""
         return self.model_repository.load()[0]
 
-    def load_second_model(self):  # -> InterferenceModel | None
+    def load_second_model(self) -> InterferenceModel | None:
         """The learned model in its other form (app/learn.SECOND_FORM); None until it has samples."""
         from vmplacer.app.learn import SECOND_FORM
 

@@ -6,11 +6,14 @@ here, never by wiring hosts, snapshots and libvirt's refusals themselves.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from vmplacer.adapters.libvirt_errors import DomainRefused
 from vmplacer.app.fleet_placement import FleetPlacement
 from vmplacer.app.placement_service import PlacementService
+
+if TYPE_CHECKING:
+    from vmplacer.api.services import ApiServices
 
 
 def cli_fleet_placement(container: Any) -> tuple[FleetPlacement, PlacementService]:
@@ -19,7 +22,7 @@ def cli_fleet_placement(container: Any) -> tuple[FleetPlacement, PlacementServic
     return FleetPlacement(service, container.hypervisor, container.hypervisor, refusals=(DomainRefused,)), service
 
 
-def api_fleet_placement(services: Any) -> FleetPlacement:
+def api_fleet_placement(services: ApiServices) -> FleetPlacement:
     """Dry runs on the API's short-lived host snapshots, placements live; every placement
     drops its host's snapshot, and libvirt errors are counted."""
     return FleetPlacement(services.dry_runs, services.snapshots.view, services.container.hypervisor,

@@ -16,10 +16,13 @@ import sys
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vmplacer.core.durations import duration_seconds, format_seconds, is_bare_number
 from vmplacer.core.text import iso_utc
+
+if TYPE_CHECKING:
+    from rich.console import Console
 
 EXIT_OK = 0
 EXIT_OPERATIONAL = 1
@@ -211,7 +214,7 @@ def emit(args: argparse.Namespace, data: Any, render_table: Callable[[Any], None
 PIPED_WIDTH = 1000  # columns of a table written to a pipe or file: never wrapped, unless $COLUMNS says
 
 
-def console():  # -> rich.console.Console
+def console() -> Console:
     """Where tables and trees go: a terminal as wide as it is, with box drawing; a pipe or a
     file as plain ASCII, not wrapped, without colour (what scripts, grep and logs want)."""
     import os

@@ -16,6 +16,7 @@ import argparse
 import platform
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from vmplacer.cli.common import (
     CliContext,
@@ -29,6 +30,9 @@ from vmplacer.cli.common import (
 from vmplacer.core.cpuset import format_cpuset
 from vmplacer.core.text import plural
 from vmplacer.core.topology import Core, HostTopology
+
+if TYPE_CHECKING:
+    from rich.tree import Tree
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -273,7 +277,7 @@ def render_tree(topology: HostTopology) -> None:
     console().print(build_tree(topology))
 
 
-def build_tree(topology: HostTopology):  # -> rich.tree.Tree
+def build_tree(topology: HostTopology) -> Tree:
     """Host -> NUMA node -> (memory, hugepages) and LLC group -> core -> threads."""
     from rich.tree import Tree
 

@@ -36,7 +36,7 @@ from vmplacer.lab.verdicts import SIMPLE, model_objectives, reach, step_threshol
 from vmplacer.core.interference import InterferenceModel, ModelConfig, Observation, other_form
 from vmplacer.core.layout_problem import LayoutSolver
 from vmplacer.core.pairs import PairTable
-from vmplacer.core.plan import Action, Plan, PlanError
+from vmplacer.core.plan import Action, CancelRequest, Plan, PlanError
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
 from vmplacer.core.topology import HostTopology, uniform_topology
 from vmplacer.core.trial import CLOSE_CALL_NOTE, Measured, TrialOutcome, trial_outcome, verdict_label
@@ -96,8 +96,6 @@ class MemoryPlanStore:
     def request_cancel(self, plan_id: int, by: str, reason: str = "") -> bool:
         from dataclasses import replace
 
-        from vmplacer.core.plan import CancelRequest
-
         plan = self.plans[plan_id]
         if plan.state != "running":
             return False
@@ -105,7 +103,7 @@ class MemoryPlanStore:
             self.plans[plan_id] = replace(plan, cancel_request=CancelRequest(by, reason, self.wall()))
         return True
 
-    def cancel_requested(self, plan_id: int):  # -> CancelRequest | None
+    def cancel_requested(self, plan_id: int) -> CancelRequest | None:
         plan = self.plans.get(plan_id)
         return plan.cancel_request if plan is not None else None
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, TYPE_CHECKING
 from urllib.parse import quote, urlencode
 
 import jinja2
@@ -26,6 +26,9 @@ from vmplacer.web.guard import SignInLimiter, cross_site
 from vmplacer.web.query import SORT_KEYS, STATES, FleetQuery, QueryError, select
 from vmplacer.web.security import PREFIX
 from vmplacer.web.views import WebViews
+
+if TYPE_CHECKING:
+    from vmplacer.api.services import ApiServices
 
 HERE = Path(__file__).resolve().parent
 REFRESH_S = 10
@@ -54,7 +57,7 @@ templates.globals["guest_link"] = guest_link
 Signed = Depends(session.principal)
 
 
-def mount(app: FastAPI, services: Any) -> None:
+def mount(app: FastAPI, services: ApiServices) -> None:
     """The web view under /ui/: its routes, its static files and its sign-in handling."""
     app.state.web = WebViews(services)
     app.state.web_sign_ins = SignInLimiter()

@@ -10,13 +10,16 @@ from datetime import datetime, timezone
 import time
 import zlib
 from dataclasses import replace
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from vmplacer.api.hostcache import TimedValue
 from vmplacer.core.cpu_map import CpuUse, cpu_layout, cpu_uses, node_free
 from vmplacer.core.cpuset import format_cpuset
 from vmplacer.core.placement import Placement, placement_from_dict
 from vmplacer.ports import HypervisorError
+
+if TYPE_CHECKING:
+    from vmplacer.api.services import ApiServices
 
 COLOURS = 12  # guest colour classes g0..g11 in the stylesheet
 PLANS_TTL_S = 10.0  # the newest plan per host, read at most this often
@@ -41,7 +44,7 @@ class WebViews:
     fleet of a thousand hosts costs a thousand dictionary reads per refresh, not a thousand
     allocator views."""
 
-    def __init__(self, services: Any, clock: Any = time.monotonic):
+    def __init__(self, services: ApiServices, clock: Any = time.monotonic):
         self.services = services
         self._clock = clock
         self._unreadable: dict[str, tuple[float, str]] = {}  # host -> (when, why) of its last failed read

@@ -8,7 +8,7 @@ record stays), DELETE leaves it.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from fastapi import APIRouter, Path, Request
 
@@ -19,10 +19,13 @@ from vmplacer.api.strict_json import StrictJsonRoute
 from vmplacer.api.times import with_api_times
 from vmplacer.ports import HypervisorError
 
+if TYPE_CHECKING:
+    from vmplacer.api.services import ApiServices
+
 router = APIRouter(prefix="/v1/hosts", tags=["hosts"], route_class=StrictJsonRoute)
 
 
-def known_host(services: Any, name: str) -> None:
+def known_host(services: ApiServices, name: str) -> None:
     if name not in services.host_names:
         raise ApiError(404, "not-found", f"host {name!r} is not configured "
                        f"(configured: {', '.join(services.host_names) or 'none'})", {"host": name})

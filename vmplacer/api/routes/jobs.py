@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import asdict
-from typing import Any, Literal
+from typing import Any, Literal, TYPE_CHECKING
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
@@ -12,6 +12,9 @@ from vmplacer.api.schemas import JobList, JobView
 from vmplacer.api.strict_json import StrictJsonRoute
 from vmplacer.api.times import with_api_times
 from vmplacer.ports import JobRecord
+
+if TYPE_CHECKING:
+    from vmplacer.api.services import ApiServices
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=StrictJsonRoute)
 JOB_ID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
@@ -24,7 +27,7 @@ def job_view(job: JobRecord) -> dict[str, Any]:
     return with_api_times(data, "created_at", "started_at", "finished_at")
 
 
-def check_can_queue(services: Any, kind: str, host: str, what: str) -> None:
+def check_can_queue(services: ApiServices, kind: str, host: str, what: str) -> None:
     """409 when a job of `kind` is already active on `host` (`what` names it), 503 when no runner
     would ever pick a new one up: a job is queued only where it can run."""
     busy = services.jobs.active_on(kind, host)
@@ -35,7 +38,7 @@ def check_can_queue(services: Any, kind: str, host: str, what: str) -> None:
         raise ApiError(503, "not-ready", "the job runner is not running", None, {"Retry-After": "5"})
 
 
-def accepted(services: Any, job: JobRecord, response: Response, location: str) -> dict[str, Any]:
+def accepted(services: ApiServices, job: JobRecord, response: Response, location: str) -> dict[str, Any]:
     """The 202 answer for a queued job: the runner woken, `Location` set to where to follow it."""
     if services.runner is not None:
         services.runner.wake()

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, TYPE_CHECKING
 
 from fastapi import APIRouter, Path, Request, Response
 
@@ -14,10 +14,14 @@ from vmplacer.api.routes.jobs import JOB_ID, accepted, check_can_queue, job_view
 from vmplacer.api.schemas import JobAccepted, ProtectRequest, ProtectView
 from vmplacer.api.strict_json import StrictJsonRoute
 
+if TYPE_CHECKING:
+    from vmplacer.api.services import ApiServices
+    from vmplacer.ports import JobRecord
+
 router = APIRouter(prefix="/v1/protect", tags=["protect"], route_class=StrictJsonRoute)
 
 
-def _protect_job(services: Any, job_id: str):  # -> JobRecord
+def _protect_job(services: ApiServices, job_id: str) -> JobRecord:
     """The protection job, 404 when there is none — or when it was deleted (asked to stop): the
     protection is gone; how its stop and releases went stays at /v1/jobs/{id}."""
     job = services.jobs.get(job_id)
