@@ -80,7 +80,8 @@ class RebalanceSettings:
     trials: bool = True  # measure each host after its moves (Freeze'nSense) and undo what measures worse
     trial_seconds: float = 3.0  # profiling time of a trial's measurement
     # a tried layout stays only if measured better by this much per guest (0.003 rather than 0.005: the
-    # second opinion's layout on the benchmark measures +0.004, diagnosis 27)
+    # second opinion's layout on the benchmark measures +0.004: diagnosis 27 in
+    # docs/research/rebalance-diagnoses.md)
     trial_min_gain: float = 0.003
     trial_tolerance: float = 0.0  # planned moves are undone only if measured worse by more than this per guest
     # a trial measured within this of its bar (per guest) is measured once more and judged on both
@@ -88,7 +89,8 @@ class RebalanceSettings:
     trial_recheck: float = 0.006
     # where a host's last planned layout measured worse (the model is wrong there lately), its next planned
     # layout is kept only if measured better by this much per guest, not merely no worse (0: off; 0.002 kept
-    # the planner's own optimum out of reach where it is within one probe's error, docs/rebalance.md diagnosis 30)
+    # the planner's own optimum out of reach where it is within one probe's error: diagnosis 30 in
+    # docs/research/rebalance-diagnoses.md)
     trial_refuted_bar: float = 0.001
     trial_memory_s: float = 86400.0  # a measured comparison of two layouts is trusted (not tried again) this long
     trial_max: int = 3  # layouts a host may try within trial_memory_s
@@ -100,7 +102,8 @@ class RebalanceSettings:
     backoff_s: float = 0.0
     exploration: float = 1.5  # a host with no other trial tries its exact layout with each β this many sd lower (0: off)
     # where a host's last planned layout measured worse, try the layout the model's other form would choose
-    # (core/policies/rebalance_second; with trial_refuted_bar, docs/rebalance.md diagnoses 26-27)
+    # (core/policies/rebalance_second; with trial_refuted_bar: diagnoses 26-27 in
+    # docs/research/rebalance-diagnoses.md)
     second_opinion: bool = True
     # Several instances sharing a round (`vmplacer rebalance --all` on each): hosts claimed and
     # planned together (moves stay within a batch), and how long a finished round rests before
