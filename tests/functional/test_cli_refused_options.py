@@ -82,19 +82,19 @@ def cli(tmp_path, monkeypatch, capsys):
     (("plans", "3", "--all"), "--all: only when listing plans (`plans list`)"),
     # protect: the loop and `status` read different options
     (("protect", "--once", "--plot", "x.png"), "--plot: applies to `protect status`, not to the protection loop"),
-    (("protect", "--host", "example", "--since", "1h"), "--since: applies to `protect status`"),
+    (("protect", "run", "--host", "example", "--since", "1h"), "--since: applies to `protect status`"),
     (("protect", "status", "--once"), "--once: applies to the protection loop, not to `protect status`"),
     (("protect", "status", "--tm", "10ms"), "--tm: applies to the protection loop"),
     (("protect", "status", "--interval", "2s"), "--interval: applies to the protection loop"),
     (("protect", "status", "--since", "1h"), "--since: only with `protect status --plot`"),
-    (("protect", "--host", "example", "--tm", "10ms", "--t-m-ms", "10"), "--t-m-ms: the deprecated spelling of --tm"),
+    (("protect", "run", "--host", "example", "--tm", "10ms", "--t-m-ms", "10"), "--t-m-ms: the deprecated spelling of --tm"),
     # guard --once replays once: nothing to pace
     (("guard", "--once", "--every", "5"), "--every: paces the repeated replays, not guard --once"),
     # profile: show and replay read no profiling options
     (("profile", "show", "a", "--pair-probes", "2"), "--pair-probes: not used by `vmplacer profile show`"),
     (("profile", "show", "a", "--probe-kind", "gauge"), "--probe-kind: not used by `vmplacer profile show`"),
     (("profile", "replay", "--sensitive", "all"), "--sensitive: not used by `vmplacer profile replay`"),
-    (("profile", "--host", "example", "--probe-kind", "gauge"), "--probe-kind: only with --probe"),
+    (("profile", "run", "--host", "example", "--probe-kind", "gauge"), "--probe-kind: only with --probe"),
     (("profile", "--plot", "x.png"), "--plot: not used by `vmplacer profile`"),
 ])
 def test_an_option_the_mode_does_not_read_is_refused(cli, argv, message):
@@ -114,7 +114,7 @@ def run(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
 
 
 def test_the_deprecated_t_m_ms_still_runs_and_says_so(tmp_path):
-    done = run(tmp_path, "protect", "--host", "example", "--once", "--t-m-ms", "5", "--format", "json")
+    done = run(tmp_path, "protect", "run", "--host", "example", "--once", "--t-m-ms", "5", "--format", "json")
     assert done.returncode == 0, done.stderr
     assert "--t-m-ms is deprecated: write --tm 5ms" in done.stderr
     assert json.loads(done.stdout.strip().splitlines()[-1])["host"] == "example"

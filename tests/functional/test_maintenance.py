@@ -115,7 +115,7 @@ def test_cli_drain_dry_run_changes_nothing_and_names_who_stays(cli_config):
     assert any(n.startswith("guest test: ") and "stays on t1" in n for n in data["notes"]), data["notes"]
     code, listed, _, _ = _cli(cli_config, "hosts", "--format", "json")
     assert all(h["maintenance"] is None for h in listed), "a dry run leaves maintenance alone"
-    code, data, _, err = _cli(cli_config, "rebalance", "--drain", "t1", "--reason", "kernel update",
+    code, data, _, err = _cli(cli_config, "rebalance", "--drain", "t1", "--yes", "--reason", "kernel update",
                               "--profile-seconds", "0", "--format", "json")
     assert code == 1, err
     assert "host t1 is in maintenance" in err and "kernel update" in err

@@ -52,7 +52,7 @@ def test_reconcile_closes_and_reports_an_orphaned_plan(config):  # noqa: F811
     assert code == 0, err
     assert [p["id"] for p in dry["closed_plans"]] == [plan_id]
     assert "would be closed as failed" in dry["closed_plans"][0]["message"]
-    assert vmplacer(config, "plans", str(plan_id), "--format", "json")[1]["plan"]["state"] == "running"
+    assert vmplacer(config, "plans", "show", str(plan_id), "--format", "json")[1]["plan"]["state"] == "running"
 
     code, data, err = vmplacer(config, "reconcile", "--format", "json")
     assert code == 0, err
@@ -62,7 +62,7 @@ def test_reconcile_closes_and_reports_an_orphaned_plan(config):  # noqa: F811
     # The dry run took and released t1's lease: the expiry is gone, the plan's last step is what is known.
     assert closed[0]["message"].startswith("interrupted: the process applying it stopped (no live lease on its "
                                            "hosts; its last recorded step was at ")
-    code, shown, _ = vmplacer(config, "plans", str(plan_id), "--format", "json")
+    code, shown, _ = vmplacer(config, "plans", "show", str(plan_id), "--format", "json")
     plan = shown["plan"]
     assert plan["state"] == "failed" and plan["message"] == closed[0]["message"]
     assert [a["state"] for a in plan["actions"]] == ["failed", "skipped"]
@@ -92,7 +92,7 @@ def test_rebalance_closes_an_orphaned_plan_and_notes_it(config):  # noqa: F811
     assert report["status"] == "nothing-to-do"
     notes = [n for n in report["notes"] if "closed as failed" in n]
     assert len(notes) == 1 and notes[0].startswith(f"plan {live} closed as failed: interrupted:")
-    code, shown, _ = vmplacer(config, "plans", str(live), "--format", "json")
+    code, shown, _ = vmplacer(config, "plans", "show", str(live), "--format", "json")
     assert shown["plan"]["state"] == "failed"
 
 
@@ -101,5 +101,5 @@ def test_cancelling_an_orphaned_plan_closes_it_and_says_it_is_final(config):  # 
     code, _, err = vmplacer(config, "plans", "cancel", str(plan_id), "--reason", "stuck")
     assert code == 2
     assert f"plan {plan_id} is failed: it was running, but the process applying it had stopped" in err
-    code, shown, _ = vmplacer(config, "plans", str(plan_id), "--format", "json")
+    code, shown, _ = vmplacer(config, "plans", "show", str(plan_id), "--format", "json")
     assert shown["plan"]["state"] == "failed" and shown["plan"]["cancel_request"] is None

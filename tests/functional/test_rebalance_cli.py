@@ -86,11 +86,11 @@ def test_plan_store_show_apply_and_lifecycle(config):
     assert plan["actions"] == [] and "nothing to do" in plan["summary"]
     assert {"actions", "diff", "objective_before", "objective_after", "predicted_gain", "settings"} <= set(plan)
     assert plan["settings"]["min_gain"] == 0.05 and "notes" in plan["settings"]
-    code, listed, _ = vmplacer(config, "plans", "--format", "json")
+    code, listed, _ = vmplacer(config, "plans", "list", "--format", "json")
     assert code == 0 and listed == []  # empty plans are hidden by default
-    code, listed, _ = vmplacer(config, "plans", "--all", "--format", "json")
+    code, listed, _ = vmplacer(config, "plans", "list", "--all", "--format", "json")
     assert code == 0 and [(p["id"], p["state"]) for p in listed] == [(1, "empty")]
-    code, listed, _ = vmplacer(config, "plans", "--state", "empty", "--format", "json")
+    code, listed, _ = vmplacer(config, "plans", "list", "--state", "empty", "--format", "json")
     assert code == 0 and [p["id"] for p in listed] == [1]
     code, shown, _ = vmplacer(config, "plans", "1", "--format", "json")
     assert shown["plan"]["id"] == 1 and shown["plan"]["state"] == "empty"
@@ -98,7 +98,7 @@ def test_plan_store_show_apply_and_lifecycle(config):
     assert code == 2 and "plan 1 is empty: nothing worth doing was found" in err
     # A plan with actions goes proposed → approved → running → succeeded.
     stored = _store(config)
-    code, listed, _ = vmplacer(config, "plans", "--format", "json")
+    code, listed, _ = vmplacer(config, "plans", "list", "--format", "json")
     assert code == 0 and [(p["id"], p["state"]) for p in listed] == [(stored, "proposed")]
     code, applied, err = vmplacer(config, "apply", str(stored), "--format", "json")
     assert code == 0, err
@@ -108,16 +108,16 @@ def test_plan_store_show_apply_and_lifecycle(config):
     assert code == 2 and f"plan {stored} is succeeded" in err
     code, _, err = vmplacer(config, "apply", "99")
     assert code == 2 and "plan 99 does not exist" in err
-    code, listed, _ = vmplacer(config, "plans", "--state", "succeeded", "--state", "empty", "--format", "json")
+    code, listed, _ = vmplacer(config, "plans", "list", "--state", "succeeded", "--state", "empty", "--format", "json")
     assert [p["id"] for p in listed] == [stored, 1]
 
 
 def test_plans_verbs_read_as_the_older_spellings(config):
     stored = _store(config)
-    listed = vmplacer(config, "plans", "--format", "json")
+    listed = vmplacer(config, "plans", "list", "--format", "json")
     assert listed[0] == 0 and [p["id"] for p in listed[1]] == [stored]
     assert vmplacer(config, "plans", "list", "--format", "json") == listed
-    shown = vmplacer(config, "plans", str(stored), "--format", "json")
+    shown = vmplacer(config, "plans", "show", str(stored), "--format", "json")
     assert shown[0] == 0 and shown[1]["plan"]["id"] == stored
     assert vmplacer(config, "plans", "show", str(stored), "--format", "json") == shown
     assert vmplacer(config, "plans", "show", "--format", "json", str(stored)) == shown  # the id after an option
@@ -138,14 +138,14 @@ def test_plans_cancel(config):
     assert data["plan"]["message"] == message
     code, _, err = vmplacer(config, "plans", "cancel", str(approved))
     assert code == 0, err
-    assert vmplacer(config, "plans", str(approved), "--format", "json")[1]["plan"]["state"] == "cancelled"
+    assert vmplacer(config, "plans", "show", str(approved), "--format", "json")[1]["plan"]["state"] == "cancelled"
     # Running: only a request, which the executor honours before its next action.
     code, data, err = vmplacer(config, "plans", "cancel", str(running), "--reason", "stop", "--format", "json")
     assert code == 0, err
     assert data["status"] == "cancel-requested" and data["plan"]["state"] == "running"
     assert data["plan"]["cancel_request"]["reason"] == "stop" and data["plan"]["actions"][0]["state"] == "pending"
     assert any("stops before its next action" in n for n in data["notes"])
-    code, out, _ = vmplacer(config, "plans", str(running))
+    code, out, _ = vmplacer(config, "plans", "show", str(running))
     assert code == 0 and "cancel requested by" in out["text"] and ": stop" in out["text"]
     # Final plans, unknown plans and malformed commands are refused, naming the plan and its state.
     code, _, err = vmplacer(config, "plans", "cancel", str(proposed))
@@ -156,9 +156,9 @@ def test_plans_cancel(config):
     assert code == 2 and "plan 99 does not exist" in err
     for args, message in ((["plans", "cancel"], "plans cancel: give exactly one PLAN_ID"),
                           (["plans", "cancel", "x"], "PLAN_ID: must be a plan number"),
-                          (["plans", str(proposed), "--reason", "x"], "--reason: only with"),
-                          (["plans", "--state", "done"], "--state 'done': not a plan state"),
-                          (["plans", "--all", "--state", "empty"], "not allowed with argument")):
+                          (["plans", "show", str(proposed), "--reason", "x"], "--reason: only with"),
+                          (["plans", "list", "--state", "done"], "--state 'done': not a plan state"),
+                          (["plans", "list", "--all", "--state", "empty"], "not allowed with argument")):
         code, _, err = vmplacer(config, *args)
         assert code == 2 and message in err, (args, err)
     audit = _audit(config, proposed)
@@ -184,7 +184,7 @@ def test_rebalance_run_reports_its_steps(config):
     (["plan", "--rebalance", "--host", "nope"], "--host 'nope': unknown host"),
     (["rebalance", "--host", "nope"], "--host 'nope': unknown host"),
     (["place", "--host", "nope", "--request", str(MIXED)], "--host 'nope': unknown host"),
-    (["profile", "--host", "nope"], "--host 'nope': unknown host"),
+    (["profile", "run", "--host", "nope"], "--host 'nope': unknown host"),
     (["profile", "replay", "--host", "nope"], "--host 'nope': unknown host"),
     (["plan", "--rebalance", "--request", "x.yaml"], "--request: not used with --rebalance"),
     (["plan", "--rebalance", "--host", "t1", "--host", "t2"], "--host: once with --rebalance (or --all)"),

@@ -53,6 +53,7 @@ def test_the_wheel_carries_what_vmplacer_reads(installed):
     package = installed / "vmplacer"
     for shipped in ("templates/domain.xml.j2", "migrations/env.py", "migrations/versions",
                     "systemd/vmplacer-api.service", "data/example-host.xml", "web/templates/base.html",
+                    "data/schemas/request.schema.json",  # `vmplacer config schema request`
                     "web/templates/host.html", "web/static/ui.js", "web/static/ui.css",
                     "lab/simulator.py",  # what `vmplacer eval` runs on
                     "docs/operations.md", "docs/protect.md", "docs/rebalance.md"):  # the units' Documentation=
@@ -63,6 +64,12 @@ def test_the_installed_package_prints_its_manual_page(installed, tmp_path):
     result = _run(installed, tmp_path, "manpage")
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(".TH VMPLACER 1 ") and '.SS "vmplacer serve"' in result.stdout
+
+
+def test_the_installed_package_prints_the_request_file_schema(installed, tmp_path):
+    result = _run(installed, tmp_path, "config", "schema", "request")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["properties"]["guests"]["items"] == {"$ref": "#/$defs/Guest"}
 
 
 def test_the_installed_package_upgrades_plans_and_makes_tokens(installed, tmp_path):

@@ -246,7 +246,7 @@ def _spawn_loop(config: Path, scope: list[str], *extra: str):
 
     root = Path(__file__).resolve().parents[2]
     env = clean_env({"VMPLACER_CONFIG": str(config), "PYTHONPATH": str(root)})
-    args = [sys.executable, "-m", "vmplacer.cli.main", "protect", "--host", "host1", "--samples", "5",
+    args = [sys.executable, "-m", "vmplacer.cli.main", "protect", "run", "--host", "host1", "--samples", "5",
             "--tm", "50ms", "--format", "json", *extra]
     for name in scope:
         args += ["--scope", name]

@@ -309,7 +309,7 @@ def test_maintenance_keeps_migrations_out_and_a_drain_empties_the_host(testbed, 
     code, _, stderr = vmplacer(config, "hosts", "enable", "host2")
     assert code == 0, stderr
 
-    code, report, stderr = vmplacer(config, "rebalance", "--drain", "host1", "--reason", "kernel update",
+    code, report, stderr = vmplacer(config, "rebalance", "--drain", "host1", "--yes", "--reason", "kernel update",
                                     "--scope", SCOPE, "--profile-seconds", "0")
     assert code == 0, stderr
     plan = report["plan"]
@@ -386,7 +386,7 @@ def test_destination_dies_mid_migration(testbed, host1_conn, make_guest, tmp_pat
     assert_never_backwards(read_progress(handle.console))
     # The stored plan and the placement rows say the same.
     assert record(config) == {a.name: "host1", b.name: "host1"}
-    code, shown, _ = vmplacer(config, "plans", str(plan["id"]))
+    code, shown, _ = vmplacer(config, "plans", "show", str(plan["id"]))
     assert shown["plan"]["state"] == "failed"
     assert next(x for x in shown["plan"]["actions"] if x["kind"] == "migrate")["state"] == "failed"
 

@@ -89,7 +89,7 @@ def test_the_deprecated_t_m_ms_keeps_milliseconds_and_takes_units():
     (("plan", "--request", "r.yaml", "--max-actions", "-1"), "argument --max-actions: must be at least 0, got -1"),
     (("rebalance", "--max-actions", "x"), "argument --max-actions: not a whole number: 'x'"),
     (("rebalance", "--bandwidth", "0"), "argument --bandwidth: must be at least 1, got 0"),
-    (("plans", "--limit", "0"), "argument --limit: must be at least 1, got 0"),
+    (("plans", "list", "--limit", "0"), "argument --limit: must be at least 1, got 0"),
     (("protect", "--samples", "101"), "argument --samples: must be 1..100, got 101"),
     (("protect", "--rounds", "0"), "argument --rounds: must be at least 1, got 0"),
     (("profile", "--pair-probes", "-1"), "argument --pair-probes: must be at least 0, got -1"),

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import io
 import json
+import re
+import sys
 from contextlib import redirect_stdout
 from datetime import datetime, timedelta, timezone
 
@@ -29,8 +31,35 @@ def test_a_table_shows_absent_and_boolean_values_alike():
         print_table("t", ("name", "reachable", "driver"), [("a", True, None), ("b", False, "")])
     text = out.getvalue()
     assert "None" not in text and "True" not in text and "False" not in text and "NO" not in text
-    assert [line.split("|")[1:4] for line in text.splitlines() if "| a" in line or "| b" in line] == [
-        [" a    ", " yes       ", " -      "], [" b    ", " no        ", " -      "]]
+    assert text.splitlines() == ["t", "name  reachable  driver", "a     yes        -", "b     no         -"]
+
+
+BOX_DRAWING = re.compile("[\u2500-\u257f|+]")
+
+
+def test_a_piped_table_is_plain_aligned_text_one_line_per_row():
+    out = io.StringIO()
+    with redirect_stdout(out):
+        print_table("plans", ("id", "hosts", "summary"),
+                    [(1, "h1 → h2", "two\nlines"), (12, "ζ-host", "x")])
+    lines = out.getvalue().splitlines()
+    assert not BOX_DRAWING.search(out.getvalue()), out.getvalue()
+    assert lines == ["plans", "id  hosts    summary", "1   h1 → h2  two lines", "12  ζ-host   x"]
+
+
+class _Terminal(io.StringIO):
+    def isatty(self) -> bool:
+        return True
+
+
+def test_a_table_on_a_terminal_is_rich_s_own(monkeypatch):
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stdout", terminal)
+    monkeypatch.setenv("COLUMNS", "60")
+    print_table("t", ("name", "reachable"), [("a", True)])
+    text = terminal.getvalue()
+    assert "┏" in text and "━" in text and "yes" in text, text  # rich's box, as wide as the terminal says
+    assert max(len(line) for line in re.sub(r"\x1b\[[0-9;]*m", "", text).splitlines()) <= 60
 
 
 @pytest.mark.parametrize(("count", "text"), [(0, "0 guests"), (1, "1 guest"), (2, "2 guests")])

@@ -63,12 +63,61 @@ def test_a_wrong_or_ambiguous_spelling_exits_2_saying_the_rule(capsys, monkeypat
 
 
 @pytest.mark.parametrize("argv, what", [
-    (("protect", "--host", "h"), "run"),
+    (("protect", "--host", "h"), None),  # left out: the handler takes `run`, saying it is deprecated
     (("protect", "run", "--host", "h"), "run"),
     (("protect", "status"), "status"),
 ])
 def test_protect_with_and_without_the_verb(argv, what):
     assert build_parser(list(argv)).parse_args(list(argv)).what == what
+
+
+@pytest.mark.parametrize("argv, old, new", [
+    (("profile", "web", "db"), "profile web db", "profile run web db"),
+    (("profile",), "profile", "profile run"),
+    (("profile", "--host", "example", "web"), "profile web", "profile run web"),
+])
+def test_profile_without_the_verb_says_once_it_is_deprecated(dispatched, capsys, argv, old, new):
+    dispatched(*argv[1:])
+    err = capsys.readouterr().err
+    assert err.count("deprecated") == 1 and f"vmplacer: `{old}` is deprecated; use `{new}`\n" in err, err
+
+
+@pytest.mark.parametrize("argv", [("run", "web"), ("show", "web"), ("replay",)])
+def test_profile_with_the_verb_says_nothing_of_deprecation(dispatched, capsys, argv):
+    dispatched(*argv)
+    assert "deprecated" not in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, code, old, new", [
+    (("plans", "12"), 2, "plans 12", "plans show 12"),  # no plan 12 in a fresh database: exit 2, after the line
+    (("plans",), 0, "plans", "plans list"),
+    (("protect", "--host", "nowhere"), 2, "protect", "protect run"),
+])
+def test_the_older_spellings_work_and_say_once_they_are_deprecated(capsys, monkeypatch, tmp_path, argv, code,
+                                                                    old, new):
+    monkeypatch.setenv("VMPLACER_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("VMPLACER_CONFIG", raising=False)
+    assert main(list(argv)) == code
+    err = capsys.readouterr().err
+    assert err.count("deprecated") == 1 and f"vmplacer: `{old}` is deprecated; use `{new}`\n" in err, err
+    if argv[0] == "plans" and code == 2:
+        assert "plan 12 does not exist" in err  # it did what `plans show 12` does
+    if argv[0] == "protect":
+        assert "--host 'nowhere': not a configured host" in err  # it went on as `protect run`
+
+
+@pytest.mark.parametrize("argv", [("plans", "list"), ("plans", "show", "12")])
+def test_the_noun_verb_spellings_say_nothing_of_deprecation(capsys, monkeypatch, tmp_path, argv):
+    monkeypatch.setenv("VMPLACER_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("VMPLACER_CONFIG", raising=False)
+    main(list(argv))
+    assert "deprecated" not in capsys.readouterr().err
+
+
+def test_a_word_with_control_characters_is_quoted_in_the_deprecation_line(dispatched, capsys):
+    dispatched("we\x1b[2Jb")
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "'we\\x1b[2Jb'" in err, err
 
 
 def test_protect_with_an_unknown_action_exits_2_naming_the_choices(capsys):

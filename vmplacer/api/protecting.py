@@ -1,7 +1,7 @@
 """The protection loop as an API job: runs on one host until asked to stop.
 
 POST /v1/protect queues a `protect` job; the runner that holds the host's
-lease runs the loop (the same loop as `vmplacer protect --host H`, acting
+lease runs the loop (the same loop as `vmplacer protect run --host H`, acting
 under the runner's lease). DELETE /v1/protect/{id} records a stop request in
 the job's row; the loop notices it within a second, releases every throttle
 it holds on the host and finishes the job `succeeded`. A job stopped for any

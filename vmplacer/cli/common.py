@@ -229,17 +229,37 @@ def console() -> Console:
 
 
 def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """A rich table as wide as the terminal, ASCII when piped (stable for scripts and tests)."""
+    """On a terminal a rich table as wide as the terminal; piped or into a file plain aligned text
+    (title, header, one line per row, columns two spaces apart, no box drawing, never wrapped),
+    what grep, awk and `column` read."""
+    cells = [[cell(value) for value in row] for row in rows]
+    if not sys.stdout.isatty():
+        sys.stdout.write(plain_table(title, columns, cells))
+        return
     from rich import box
     from rich.table import Table
 
-    out = console()
-    table = Table(title=title, show_lines=False, box=box.HEAVY_HEAD if out.is_terminal else box.ASCII)
+    table = Table(title=title, show_lines=False, box=box.HEAVY_HEAD)
     for column in columns:
         table.add_column(column)
-    for row in rows:
-        table.add_row(*(cell(value) for value in row))
-    out.print(table)
+    for row in cells:
+        table.add_row(*row)
+    console().print(table)
+
+
+def plain_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+    """The text of a table without box drawing: each column as wide as its widest cell (in
+    terminal cells: `→` and `ζ` are one, wide characters two), two spaces apart, no trailing
+    blanks; a line break inside a cell becomes a space so that a row stays one line."""
+    from rich.cells import cell_len
+
+    lines = [[" ".join(str(text).splitlines()) for text in line] for line in (list(columns), *rows)]
+    widths = [max(cell_len(line[i]) if i < len(line) else 0 for line in lines) for i in range(len(columns))]
+    out = [title] if title else []
+    for line in lines:
+        padded = [text + " " * (widths[i] - cell_len(text)) for i, text in enumerate(line)]
+        out.append("  ".join(padded).rstrip())
+    return "\n".join(out) + "\n"
 
 
 def cell(value: Any) -> str:

@@ -1,12 +1,15 @@
-"""`vmplacer config check|show`: is the config file right, and what does vmplacer run with.
+"""`vmplacer config check|show|schema`: is the config file right, and what does vmplacer run with.
 
     vmplacer config check [--config FILE]        # "ok", or every problem (exit 2)
     vmplacer config show [--format yaml|json]    # the effective config, defaults filled in
+    vmplacer config schema request               # JSON Schema of a request file
 
 `check` reports every problem of the file in one go, each naming the key and the rule, so a
 deploy pipeline can refuse a bad file before a service restarts on it. `show` prints what the
 file, $VMPLACER_DATABASE_URL and $VMPLACER_DATA_DIR add up to, every key included; the
-database password is hidden. Its YAML is itself a valid config file.
+database password is hidden. Its YAML is itself a valid config file. `schema request` prints the
+JSON Schema of a request file (`plan --request`, `place`), generated from the API's guest model
+and shipped with the package, for editors and pipelines.
 """
 
 from __future__ import annotations
@@ -23,12 +26,19 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "config", help="check the config file, or show the effective config with every default filled in")
     actions = parser.add_subparsers(dest="config_action", metavar="ACTION", required=True,
-                                    help="check or show")
+                                    help="check, show or schema")
     check = actions.add_parser("check", help="validate the config file: 'ok' (exit 0) or every problem (exit 2)")
     check.set_defaults(func=run_check)
     show = actions.add_parser("show", help="print the effective config (file, environment and defaults)")
     show.add_argument("--format", choices=("yaml", "json"), default="yaml", help="output format (default: yaml)")
     show.set_defaults(func=run_show)
+    schema = actions.add_parser("schema", help="print the JSON Schema of a request file (plan --request, place)")
+    schema.add_argument("kind", choices=SCHEMAS, metavar="{" + ",".join(SCHEMAS) + "}",
+                        help="request: the guests file `plan --request` and `place` read")
+    schema.set_defaults(func=run_schema)
+
+
+SCHEMAS = ("request",)  # vmplacer/data/schemas/KIND.schema.json
 
 
 def _load(path: str | None) -> Any:
@@ -69,4 +79,12 @@ def run_show(args: argparse.Namespace, ctx: CliContext) -> int:
     source = settings.source if settings.source == "built-in defaults" else os.path.abspath(settings.source)
     print(f"# effective vmplacer config: {source}, environment overrides and defaults")
     sys.stdout.write(yaml.safe_dump(document, sort_keys=False, default_flow_style=False, allow_unicode=True))
+    return EXIT_OK
+
+
+def run_schema(args: argparse.Namespace, ctx: CliContext) -> int:
+    """The shipped copy, as is: no model imported, and what an operator saves is what tests compare."""
+    from importlib.resources import files
+
+    sys.stdout.write((files("vmplacer") / "data" / "schemas" / f"{args.kind}.schema.json").read_text("utf-8"))
     return EXIT_OK

@@ -18,6 +18,7 @@ from vmplacer.cli.common import (
     emit,
     print_table,
 )
+from vmplacer.cli.confirm import add_yes_argument, confirm
 from vmplacer.core.text import excerpt
 
 
@@ -32,6 +33,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     down = actions.add_parser("downgrade", help="migrate the database back to REVISION")
     down.add_argument("revision", metavar="REVISION",
                       help="the schema revision to migrate back to (`vmplacer db history` lists them)")
+    add_yes_argument(down, "do it without asking (needed when stdin is not a terminal: a downgrade drops what "
+                           "newer revisions added; on a terminal a y/N question asks first, No exits 2)")
     down.set_defaults(func=run_downgrade)
     current = actions.add_parser("current", help="show the database's schema revision")
     add_format_argument(current)
@@ -46,6 +49,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="one age for every kind instead of the config's retention section "
                             "(e.g. 30d, 12h, 90m, 3600)")
     prune.add_argument("--dry-run", action="store_true", help="count what would go, delete nothing")
+    prune.epilog = ("prune does not ask for confirmation (no --yes): it deletes only finished records older than "
+                    "the retention ages, as the daily timer does; --dry-run shows what would go.")
     add_format_argument(prune)
     prune.set_defaults(func=run_prune)
 
@@ -68,6 +73,9 @@ def _migrate(args: argparse.Namespace, ctx: CliContext, verb: str) -> int:
 
     _check_revision(args.revision)
     name = ctx.container.database_name()
+    if verb == "downgrade":
+        confirm(args, "db downgrade", f"migrate database {name} back to revision {excerpt(args.revision, 40)}, "
+                "dropping what newer revisions added")
     step = ctx.container.upgrade_database if verb == "upgrade" else ctx.container.downgrade_database
     try:
         step(args.revision)

@@ -5,7 +5,8 @@
     vmplacer profile show VM [VM ...] [--run ID] [--format json] [--plot FILE.png]
     vmplacer profile replay [--host H]
 
-`run` may be left out (`vmplacer profile VM ...`, as before); a VM named like an action is
+`run` may still be left out (`vmplacer profile VM ...`) this release, with a deprecation line on
+stderr; a VM named like an action is
 profiled with `run` in front (`vmplacer profile run show`).
 
 Profiling first replays the freeze journal (resuming whatever a killed
@@ -55,14 +56,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
             "`run`: profile VMs on one host: for each sensitive VM, suspend every other running domain "
             "for t_m, sample the VM alone (ζb), resume; sample every VM without freezing (ζ); "
             "sleep t_sleep. `show VM...` prints the stored distributions, "
-            "`replay` resumes domains a killed profiler left paused. `run` may be left out "
-            "(`vmplacer profile VM...`); a VM named `run`, `show` or `replay` is profiled with "
+            "`replay` resumes domains a killed profiler left paused. `run` may still be left out "
+            "(`vmplacer profile VM...`, deprecated); a VM named `run`, `show` or `replay` is profiled with "
             "`vmplacer profile run NAME`."
         ),
         usage=(
-            "vmplacer profile [run] [VM ...] [--host H] [--tm 10ms] [--tsleep 1s] [--samples N] "
-            "[--metric ipc|cpu|probe] [options]\n"
-            "       vmplacer profile show VM [VM ...] [--run ID] [--format json] [--plot FILE.png]\n"
+            "vmplacer profile run [VM ...] [--host H] [--tm 10ms]\n"
+            "                            [--tsleep 1s] [--samples N]\n"
+            "                            [--metric ipc|cpu|probe] [options]\n"
+            "       vmplacer profile show VM [VM ...] [--run ID] [--format json]\n"
+            "                             [--plot FILE.png]\n"
             "       vmplacer profile replay [--host H]"
         ),
     )

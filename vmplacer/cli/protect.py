@@ -1,10 +1,10 @@
 """`vmplacer protect`: hold protected guests above their ζ/ζb floor by throttling their neighbours.
 
-    vmplacer protect [run] --host H [--once | --rounds N] [--interval 2s] [--scope GLOB ...]
+    vmplacer protect run --host H [--once | --rounds N] [--interval 2s] [--scope GLOB ...]
                      [--samples N] [--tm 10ms] [--format table|json]
     vmplacer protect status [--host H] [--format table|json] [--plot FILE.png] [--since DURATION]
 
-`run` may be left out (`vmplacer protect --host H`, as before). Runs in the foreground (systemd/vmplacer-protect@.service runs it per host). Each round profiles
+`run` may still be left out (`vmplacer protect --host H`) this release, with a deprecation line. Runs in the foreground (systemd/vmplacer-protect@.service runs it per host). Each round profiles
 the protected guests with short Freeze'nSense rounds, asks the interference model who costs them
 their performance, and throttles or releases throttleable neighbours one step through a stored
 plan (shown by `vmplacer plans show ID`). `status` shows each protected guest as its loop last saw it
@@ -54,12 +54,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
         "below its vmplacer.min_cpu_share, never a guest without one), release step by step when it has "
         "headroom, release at once when it stops. A floor throttling cannot hold is reported with a "
         "proposed rebalance plan. See docs/protect.md.",
-        usage="vmplacer protect [run] --host NAME [--once | --rounds N] [--interval DURATION] [options]\n"
-              "       vmplacer protect status [--host NAME] [--plot FILE.png] [--since DURATION] [--format F]",
+        usage="vmplacer protect run --host NAME [--once | --rounds N]\n"
+              "                            [--interval DURATION] [options]\n"
+              "       vmplacer protect status [--host NAME] [--plot FILE.png]\n"
+              "                               [--since DURATION] [--format F]",
     )
-    parser.add_argument("what", nargs="?", choices=("run", "status"), default="run", metavar="{run,status}",
-                        help="run (the default): the protection loop on one host; status: the throttles in force "
-                             "and each protected guest as its loop last saw it, no loop")
+    parser.add_argument("what", nargs="?", choices=("run", "status"), metavar="{run,status}",
+                        help="run: the protection loop on one host (also taken when left out, deprecated); "
+                             "status: the throttles in force and each protected guest as its loop last saw it, "
+                             "no loop")
     add_host_selection(parser, default="required", verb="protect guests on", repeatable=False,
                        all_hosts=False, default_note="`protect status`: every configured host")
     runs = parser.add_mutually_exclusive_group()
@@ -94,6 +97,11 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
 
     from vmplacer.ports import HypervisorError
 
+    if args.what is None:
+        from vmplacer.cli.verbs import deprecated
+
+        deprecated("protect", [], "run")
+        args.what = "run"
     if args.what == "status":
         refuse_options(args, LOOP_OPTIONS, "applies to the protection loop, not to `protect status`")
         return _status(args, ctx)

@@ -4,9 +4,9 @@
     vmplacer apply PLAN_ID [--wait 1m] [--on-failure continue|rollback] [--migration-timeout 10m]
     vmplacer rebalance [--dry-run] [--max-actions N] [--host H ... | --all] [--profile-seconds 10s]
                        [--[no-]share] [--batch-hosts N] [--round-rest DURATION]
-    vmplacer rebalance --drain HOST [--reason TEXT] [--scope GLOB]   (maintenance: empty HOST)
-    vmplacer plans [list] [--all | --state S ...] [--limit N]
-    vmplacer plans show PLAN_ID          (also: vmplacer plans PLAN_ID)
+    vmplacer rebalance --drain HOST [--reason TEXT] [--scope GLOB] [--yes]   (maintenance: empty HOST)
+    vmplacer plans list [--all | --state S ...] [--limit N]     (`plans` alone: deprecated)
+    vmplacer plans show PLAN_ID          (`plans PLAN_ID`: deprecated)
     vmplacer plans cancel PLAN_ID [--reason TEXT]
 
 `rebalance` = profile → learn → plan → apply while holding a lease on every
@@ -23,7 +23,8 @@ host in one plan and finds them busy while another run holds any.
 `plans cancel` stops a proposed or approved plan at once and a running one
 before its next action (what is done stays done). `--drain HOST` puts HOST
 in maintenance (no new guests, no migrations in) and plans the live
-migrations of every guest on it instead of a rebalance. Exit codes: 0 done
+migrations of every guest on it instead of a rebalance; it asks first on a terminal and needs
+`--yes` anywhere else (a plan only: `plan --rebalance --drain HOST`). Exit codes: 0 done
 (or nothing to do, or busy, or cancelled on request); 1 an action failed, a
 drain left guests on its host, or a host/database failed; 2 bad input (an
 unknown plan, or one whose state does not allow the command; an option the chosen mode
@@ -57,6 +58,7 @@ from vmplacer.cli.common import (
     refuse_options,
     resolve_hosts,
 )
+from vmplacer.cli.confirm import add_yes_argument, confirm
 from vmplacer.cli.verbs import no_more_words, split_verb, words_anywhere
 
 DEFAULT_PROFILE_SECONDS = 5.0
@@ -102,15 +104,16 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
     plans = subparsers.add_parser(
         "plans", help="stored rebalancing plans: list, show ID, cancel ID",
-        usage="vmplacer plans [list] [--all | --state STATE ...] [--limit N] [--format F]\n"
+        usage="vmplacer plans list [--all | --state STATE ...] [--limit N]\n"
+              "                          [--format F]\n"
               "       vmplacer plans show PLAN_ID [--format F]\n"
               "       vmplacer plans cancel PLAN_ID [--reason TEXT] [--format F]",
-        description="`list` (the default): the newest plans (empty ones, where a run found nothing to do, are "
-                    "left out unless --all or --state asks for them). `show PLAN_ID` (or `plans PLAN_ID`): that "
-                    "plan. `cancel PLAN_ID`: stop a proposed or approved plan at once, or a running one before "
+        description="`list`: the newest plans (empty ones, where a run found nothing to do, are "
+                    "left out unless --all or --state asks for them). `show PLAN_ID`: that plan (`plans` alone and "
+                    "`plans PLAN_ID` still work this release, deprecated). `cancel PLAN_ID`: stop a proposed or approved plan at once, or a running one before "
                     "its next action (actions already done stay applied; a cancel is not a rollback).")
     plans.add_argument("words", nargs="*", metavar="[list | show PLAN_ID | cancel PLAN_ID]",
-                       help="the action (default: list; a bare PLAN_ID shows that plan)")
+                       help="the action (left out, deprecated: list; a bare PLAN_ID shows that plan)")
     plans.add_argument("--limit", type=count(1), default=20, metavar="N", help="at most N plans (default 20)")
     which = plans.add_mutually_exclusive_group()
     which.add_argument("--all", action="store_true", help="list plans in every state, empty ones included")
@@ -155,6 +158,9 @@ def add_policy_arguments(parser: argparse.ArgumentParser, *, host_group: bool = 
                         help="maintenance: live-migrate every guest off HOST (it is put in maintenance first, "
                              "unless this is a dry run) instead of rebalancing")
     parser.add_argument("--reason", metavar="TEXT", help="with --drain: why HOST goes into maintenance")
+    if host_group:  # `rebalance`, not `plan --rebalance` (a dry run, which changes nothing)
+        add_yes_argument(parser, "with --drain (not --dry-run): do it without asking (needed when stdin is not "
+                                 "a terminal; on a terminal a y/N question asks first, No exits 2)")
 
 
 def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
@@ -339,6 +345,13 @@ def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
         share=share, batch_hosts=rebalancer.settings.round_batch_hosts,
         round_rest_s=rebalancer.settings.round_rest_s,
     )
+    if drain is None or args.dry_run:
+        refuse_options(args, ("yes",), "only for a real drain (--drain HOST without --dry-run), the one run "
+                       "that asks first")
+    elif hosts is not None and drain not in hosts:
+        raise UsageError(f"host {drain} to drain is not among the hosts of this run ({', '.join(hosts)})")
+    else:
+        confirm(args, "rebalance --drain", f"put host {drain} in maintenance and live-migrate every guest off it")
     if drain is not None and not args.dry_run:
         _enter_maintenance(ctx, drain, args.reason)  # first: nothing new lands while it empties
     report = _guarded(lambda: rebalancer.run(options))
@@ -391,7 +404,7 @@ def _plan_id(text: str) -> int:
 
 
 def run_plans(args: argparse.Namespace, ctx: CliContext) -> int:
-    """`plans [list]`, `plans [show] PLAN_ID`, `plans cancel PLAN_ID [--reason TEXT]`."""
+    """`plans list`, `plans show PLAN_ID`, `plans cancel PLAN_ID [--reason TEXT]`."""
     verb, rest = split_verb("plans", args.words, PLANS_VERBS, bare="list", other="show")
     if verb == "list":
         no_more_words("plans", "list", rest, f" (`vmplacer plans show {rest[0]}` shows one plan)" if rest else "")
@@ -446,7 +459,7 @@ def _cancel(args: argparse.Namespace, store: Any, container: Any, plan_id: int) 
     notes = []
     if outcome.status == "cancel-requested":
         notes.append(f"plan {plan_id} is running: it stops before its next action; actions already done stay "
-                     f"applied (`vmplacer plans {plan_id}` shows the outcome)")
+                     f"applied (`vmplacer plans show {plan_id}` shows the outcome)")
     emit(args, {"status": outcome.status, "plan": outcome.plan.to_dict(), "notes": notes}, _render_report)
     return EXIT_OK
 

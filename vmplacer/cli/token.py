@@ -1,7 +1,7 @@
 """`vmplacer token create|revoke|list`: bearer tokens of the REST API.
 
     vmplacer token create NAME --scope admin|read   # prints the token, once
-    vmplacer token revoke NAME
+    vmplacer token revoke NAME [--yes]             # asks y/N on a terminal; --yes elsewhere
     vmplacer token list [--format json]
 
 Only the SHA-256 of a token is stored; a lost token is revoked and replaced,
@@ -22,7 +22,8 @@ from vmplacer.cli.common import (
     emit,
     print_table,
 )
-from vmplacer.core.text import iso_utc
+from vmplacer.cli.confirm import add_yes_argument, confirm
+from vmplacer.core.text import excerpt, iso_utc
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -36,6 +37,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     create.set_defaults(func=run_create)
     revoke = actions.add_parser("revoke", help="revoke a token by name")
     revoke.add_argument("name", help="the name the token was created with")
+    add_yes_argument(revoke)
     revoke.set_defaults(func=run_revoke)
     listing = actions.add_parser("list", help="list tokens (names and scopes; never the tokens)")
     add_format_argument(listing)
@@ -68,8 +70,12 @@ def run_create(args: argparse.Namespace, ctx: CliContext) -> int:
 
 
 def run_revoke(args: argparse.Namespace, ctx: CliContext) -> int:
-    if not _store(ctx).revoke(args.name):
-        raise UsageError(f"no token named {args.name!r}")
+    store = _store(ctx)
+    if args.name not in {token.name for token in store.list()}:
+        raise UsageError(f"no token named {excerpt(args.name, 64)}")
+    confirm(args, "token revoke", f"revoke token {excerpt(args.name, 64)}: whatever uses it is refused from then on")
+    if not store.revoke(args.name):
+        raise UsageError(f"no token named {excerpt(args.name, 64)}")
     print(f"token {args.name} revoked")
     return 0
 

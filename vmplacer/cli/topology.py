@@ -274,7 +274,14 @@ def _short_size(kib: int) -> str:
 def render_tree(topology: HostTopology) -> None:
     from vmplacer.cli.common import console
 
-    console().print(build_tree(topology))
+    out = console()
+    if out.is_terminal:
+        out.print(build_tree(topology))
+        return
+    out.width = min(out.width, PLAIN_WIDTH)  # a pipe or a file: 80 columns, as the compact form
+    with out.capture() as captured:
+        out.print(build_tree(topology))
+    sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
 
 
 def build_tree(topology: HostTopology) -> Tree:
