@@ -22,6 +22,7 @@ from vmplacer.app.executor import ExecutorSettings
 from vmplacer.app.rebalance import ROUNDS_PER_PROFILE, Rebalancer
 from vmplacer.bootstrap.container import Container
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
+from vmplacer.core.profile_stats import measured_share
 from vmplacer.core.text import plural
 from vmplacer.core.trial import Measured
 from vmplacer.ports import SystemClock
@@ -77,16 +78,16 @@ def _profiler(container: Container) -> tuple[Callable[[str, float, Sequence[str]
 
 
 def measured_of(host: str, vms: Mapping[str, Any], message: str) -> Measured:
-    """Each profiled guest's measured share of its isolated performance: mean ζ over mean ζb of
-    its valid samples (what a measured trial compares, core/trial.py)."""
+    """Each profiled guest's measured share of its isolated performance (`measured_share`:
+    what a measured trial compares, core/trial.py), backed by its fewer kind of samples."""
     performance: dict[str, float] = {}
     samples: dict[str, int] = {}
     for name, vm in sorted(vms.items()):
-        zeta, zeta_b = list(vm.zeta), list(vm.zeta_b)
-        if not zeta or not zeta_b or sum(zeta_b) <= 0:
+        share = measured_share(vm.zeta, vm.zeta_b)
+        if share is None:
             continue
-        performance[name] = (sum(zeta) / len(zeta)) / (sum(zeta_b) / len(zeta_b))
-        samples[name] = min(len(zeta), len(zeta_b))
+        performance[name] = share
+        samples[name] = min(len(vm.zeta), len(vm.zeta_b))
     return Measured(host, performance, samples, message)
 
 

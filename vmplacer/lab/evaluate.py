@@ -27,6 +27,7 @@ from vmplacer.core.interference import (
     interference_terms,
 )
 from vmplacer.core.pairs import PairTable
+from vmplacer.core.profile_stats import measured_share
 from vmplacer.core.stats import rrmse
 from vmplacer.core.topology import HostTopology, uniform_topology
 from vmplacer.core.trial import Measured
@@ -147,18 +148,21 @@ def profile_and_measure(hypervisor: Hypervisor, sampler: Sampler, clock: Clock,
                         settings: ProfileSettings = ProfileSettings(), *,
                         key_by_name: bool = False,
                         probed: Counter[frozenset[str]] | None = None) -> tuple[list[Observation], Measured]:
-    """`profile_host`, plus each guest's measured share of its isolated performance (mean ζ/ζb
-    over its valid ζ samples, pair probes left out): what a measured trial compares
-    (core/trial.py). `probed` counts the pair probes per pair across calls."""
+    """`profile_host`, plus each guest's measured share of its isolated performance
+    (`measured_share` of its valid ζ and ζb samples, pair probes left out): what a measured
+    trial compares (core/trial.py). `probed` counts the pair probes per pair across calls."""
     named = _profile_named(hypervisor, sampler, clock, settings, key_by_name, probed)
-    ratios: dict[str, list[float]] = {}
+    kept: dict[str, tuple[list[float], list[float]]] = {}
     for name, observation in named:
         if name is None:
             continue
-        ratios.setdefault(name, []).append(observation.zeta / observation.zeta_b)
+        zeta, zeta_b = kept.setdefault(name, ([], []))
+        zeta.append(observation.zeta)
+        zeta_b.append(observation.zeta_b)
+    shares = {n: measured_share(zeta, zeta_b) for n, (zeta, zeta_b) in sorted(kept.items())}
     measured = Measured(host=hypervisor.name,
-                        performance={n: sum(v) / len(v) for n, v in sorted(ratios.items())},
-                        samples={n: len(v) for n, v in sorted(ratios.items())})
+                        performance={n: share for n, share in shares.items() if share is not None},
+                        samples={n: len(kept[n][0]) for n, share in shares.items() if share is not None})
     return [o for _, o in named], measured
 
 
