@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
@@ -19,10 +19,10 @@ from vmplacer.adapters.db.rounds import SqlRoundStore
 from vmplacer.adapters.libvirt_rebalance import RebalanceHost
 from vmplacer.app.actions.probe import OnVerdict
 from vmplacer.app.executor import ExecutorSettings
+from vmplacer.app.profiler import measured_of
 from vmplacer.app.rebalance import ROUNDS_PER_PROFILE, Rebalancer
 from vmplacer.bootstrap.container import Container
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
-from vmplacer.core.profile_stats import measured_share
 from vmplacer.core.text import plural
 from vmplacer.core.trial import Measured
 from vmplacer.ports import SystemClock
@@ -75,20 +75,6 @@ def _profiler(container: Container) -> tuple[Callable[[str, float, Sequence[str]
         return measured_of(host, result.vms, message)
 
     return profile, ""
-
-
-def measured_of(host: str, vms: Mapping[str, Any], message: str) -> Measured:
-    """Each profiled guest's measured share of its isolated performance (`measured_share`:
-    what a measured trial compares, core/trial.py), backed by its fewer kind of samples."""
-    performance: dict[str, float] = {}
-    samples: dict[str, int] = {}
-    for name, vm in sorted(vms.items()):
-        share = measured_share(vm.zeta, vm.zeta_b)
-        if share is None:
-            continue
-        performance[name] = share
-        samples[name] = min(len(vm.zeta), len(vm.zeta_b))
-    return Measured(host, performance, samples, message)
 
 
 def build_rebalancer(
