@@ -1,9 +1,8 @@
-"""The Freeze'nSense measurement loop of the evaluation, run through the ports on simulated hosts."""
+"""The evaluation's Freeze'nSense measurements: the shipped profiler run on simulated hosts."""
 
 from __future__ import annotations
 
 import random
-from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -12,7 +11,6 @@ from vmplacer.lab.simulator import INSTRUCTIONS_PER_CPU_SECOND, GroundTruth, Sim
 from vmplacer.lab.evaluate import (
     ProfileSettings,
     evaluate_model,
-    freeze_and_sense,
     parse_range,
     profile_and_measure,
     profile_host,
@@ -22,7 +20,7 @@ from vmplacer.lab.evaluate import (
 from vmplacer.core.interference import InterferenceModel
 from vmplacer.core.pairs import parse_pairs
 from vmplacer.core.topology import uniform_topology
-from vmplacer.ports import HypervisorError
+from vmplacer.lab.profiling import run_profiler
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "interference"
 E7600 = parse_pairs((DATA / "e7600_2core_pairs.csv").read_text(), "e7600_2core_pairs.csv")
@@ -36,49 +34,41 @@ def populated(sim: SimCluster, cores: int, per_core: int, seed: int = 0):
     return host
 
 
-def test_freeze_and_sense_measures_the_isolated_speed_and_resumes_everyone():
+def test_the_shipped_profiler_measures_the_isolated_speed_in_simulated_time_and_resumes_everyone():
     sim = SimCluster(GroundTruth(E7600), noise=0.0)
     host = populated(sim, cores=2, per_core=2)
-    target = host.domains()[0].name
-    sample = freeze_and_sense(host, sim.sampler(host), sim.clock, target, t_m=0.01)
-    # one vCPU that shares its pCPU with another VM: alone it has the whole pCPU
-    assert host.true_performance(target) < 0.5
-    assert sample.valid and sample.value == pytest.approx(INSTRUCTIONS_PER_CPU_SECOND)
+    started = sim.clock.now()
+    profiled = run_profiler(host, sim.sampler(host), sim.clock, ProfileSettings(rounds=3))
+    assert profiled.result is not None and profiled.result.stopped_because == "samples reached"
+    for name, vm in profiled.result.vms.items():
+        # one vCPU that shares its pCPU with another VM: alone it has the whole pCPU
+        assert vm.zeta_b == pytest.approx([INSTRUCTIONS_PER_CPU_SECOND] * 3)
+        assert vm.zeta == pytest.approx([host.true_performance(name) * INSTRUCTIONS_PER_CPU_SECOND] * 3)
+    assert profiled.result.freezes == 3 * 4
     assert all(d.state == "running" for d in host.domains())
+    # the rounds ran on the simulated clock: three sleeps of t_sleep (ProfileSettings.window_s) and more
+    assert sim.clock.now() - started >= 3 * ProfileSettings().window_s
+    assert all(started <= s.at <= sim.clock.now() for s in profiled.samples)
 
 
-def test_frozen_domains_are_resumed_even_when_sampling_fails():
+def test_a_failed_resume_on_a_simulated_host_is_retried_by_the_shipped_freezer():
     sim = SimCluster(GroundTruth(E7600), noise=0.0)
     host = populated(sim, cores=2, per_core=2)
-    target = host.domains()[0].name
-
-    class BrokenSampler:
-        metric = "ips"
-
-        def begin(self, domains):
-            raise RuntimeError("counter read failed")
-
-        def end(self, token):
-            raise AssertionError("not reached")
-
-    with pytest.raises(RuntimeError):
-        freeze_and_sense(host, BrokenSampler(), sim.clock, target, t_m=0.01)
-    assert all(d.state == "running" for d in host.domains())
-
-
-def test_a_failing_resume_is_retried_then_reported_after_the_others():
-    sim = SimCluster(GroundTruth(E7600), noise=0.0)
-    host = populated(sim, cores=2, per_core=2)
-    names = [d.name for d in host.domains()]
+    names = sorted(d.name for d in host.domains())
     sim.inject_failure("resume", names[1], times=1)
-    freeze_and_sense(host, sim.sampler(host), sim.clock, names[0], t_m=0.01)  # retry succeeds
+    profiled = run_profiler(host, sim.sampler(host), sim.clock, ProfileSettings(rounds=1))
     assert all(d.state == "running" for d in host.domains())
-    sim.inject_failure("resume", names[1], times=2)
-    with pytest.raises(HypervisorError, match=names[1]):
-        freeze_and_sense(host, sim.sampler(host), sim.clock, names[0], t_m=0.01)
-    states = {d.name: d.state for d in host.domains()}
-    assert states[names[1]] == "paused"
-    assert all(state == "running" for name, state in states.items() if name != names[1])
+    assert profiled.result is not None and all(len(vm.zeta_b) == 1 for vm in profiled.result.vms.values())
+
+
+def test_profiling_is_reproducible_under_a_seed():
+    def run():
+        sim = SimCluster(GroundTruth(E7600), seed=5)
+        host = populated(sim, cores=4, per_core=2)
+        return profile_and_measure(host, sim.sampler(host), sim.clock, ProfileSettings(rounds=3, pair_probes=2))
+
+    first, again = run(), run()
+    assert first == again and len(first[0]) == 3 * 8 + 3 * 2 * 2
 
 
 def test_profiling_without_noise_observes_the_true_ratio():
@@ -102,13 +92,11 @@ def test_pair_probes_observe_one_neighbours_true_loss_and_stay_out_of_the_measur
     workloads = sorted(E7600.workloads)[:3]
     for name, workload, cpu in zip(("a", "b", "c"), workloads, (0, 2, 1)):
         host.define_domain(name, workload=workload, vcpupin=[cpu], workload_class="batch")
-    probed = Counter()
     observations, measured = profile_and_measure(host, sim.sampler(host), sim.clock,
-                                                 ProfileSettings(rounds=2, pair_probes=2), key_by_name=True,
-                                                 probed=probed)
+                                                 ProfileSettings(rounds=2, pair_probes=2), key_by_name=True)
     pairs = [o for o in observations if len(o.neighbours) == 1]
     assert len(observations) == 2 * 3 + len(pairs) and len(pairs) == 2 * 2 * 2  # 2 probes a round, both sampled
-    assert sorted(probed.values()) == [1, 1, 2]  # three pairs, least probed first
+    assert {(o.key, o.neighbours[0].key) for o in pairs} <= {(x, y) for x in "abc" for y in "abc" if x != y}
     truth = GroundTruth(E7600)
     workload = dict(zip(("a", "b", "c"), workloads))
     for obs in pairs:

@@ -5,7 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vmplacer.core.profile_stats import Distribution, degradation, overhead_formula, t_quantile_975
+from vmplacer.core.profile_stats import (
+    Distribution,
+    degradation,
+    measured_share,
+    overhead_formula,
+    t_quantile_975,
+)
 
 
 def test_distribution_percentiles_and_confidence_interval():
@@ -93,3 +99,50 @@ def test_neighbour_losses_take_the_partner_that_ran_alone_and_the_costliest_firs
     assert [(r["neighbour"], r["distance"], r["n"]) for r in losses] == [("b", "same-core", 1), ("c", "same-llc", 1)]
     assert losses[0]["degradation"]["estimate"] == pytest.approx(1 - 0.5 / 1.5)  # against every ζb's median
     assert neighbour_losses([_row("zeta_p", 0.5, 1.0, [("b", "same-core", False)])]) == []  # no ζb: nothing
+
+
+# ----- measured share of isolated performance -------------------------------------------------
+
+
+def test_measured_share_is_the_ratio_of_the_medians():
+    # ζ and ζb taken at different moments: their medians are compared, not pairwise ratios
+    zeta = [0.6, 0.8, 0.7]
+    zeta_b = [1.0, 0.9, 1.1]
+    assert measured_share(zeta, zeta_b) == pytest.approx(float(np.median(zeta)) / float(np.median(zeta_b)))
+    assert measured_share(zeta, zeta_b) != pytest.approx(float(np.mean(np.divide(zeta, zeta_b))))
+
+
+def test_measured_share_needs_both_kinds_of_sample():
+    assert measured_share([], [1.0]) is None
+    assert measured_share([0.5], []) is None
+    assert measured_share([], []) is None
+
+
+def test_measured_share_without_a_positive_isolated_median_is_unknown():
+    assert measured_share([0.5, 0.6], [0.0, 0.0, 0.0]) is None
+    assert measured_share([0.5], [0.0, 0.0, 2.0]) is None  # median ζb 0: one sample is not a baseline
+
+
+def test_measured_share_of_a_single_sample_each():
+    assert measured_share([0.3], [0.6]) == pytest.approx(0.5)
+
+
+def test_measured_share_is_not_moved_by_one_outlier():
+    rng = np.random.default_rng(3)
+    zeta = list(0.7 * (1 + 0.03 * rng.standard_normal(9)))
+    zeta_b = list(1 + 0.03 * rng.standard_normal(9))
+    clean = measured_share(zeta, zeta_b)
+    assert clean == pytest.approx(0.7, abs=0.03)
+    for wild in (0.0, 50.0):
+        assert measured_share(zeta[:-1] + [wild], zeta_b) == pytest.approx(clean, abs=0.03)
+        assert measured_share(zeta, zeta_b[:-1] + [wild]) == pytest.approx(clean, abs=0.03)
+    # the mean of the ratios is what one wild sample drags
+    ratios = np.divide(zeta[:-1] + [50.0], zeta_b)
+    assert abs(float(ratios.mean()) - clean) > 1.0
+
+
+def test_measured_share_never_exceeds_the_isolated_performance():
+    # ζb is what the guest does alone: noise above it is not a share above 1
+    assert measured_share([1.04, 1.02, 1.03], [1.0, 0.99, 1.01]) == 1.0
+    assert measured_share([1.0], [1.0]) == 1.0
+    assert measured_share([0.0, 0.0], [1.0]) == 0.0

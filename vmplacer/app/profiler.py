@@ -37,13 +37,14 @@ import math
 import random
 import time
 from collections import Counter, deque
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from vmplacer.app.freeze import FreezeAborted, Freezer, FreezeReport, ReplayReport
-from vmplacer.core.profile_stats import Distribution, degradation, overhead_formula
+from vmplacer.core.profile_stats import Distribution, degradation, measured_share, overhead_formula
 from vmplacer.core.topology import DistanceClass, HostTopology
+from vmplacer.core.trial import Measured
 from vmplacer.ports import (
     WORKLOAD_CLASS_LABEL,
     Clock,
@@ -280,6 +281,20 @@ class ProfileResult:
             "stopped_because": self.stopped_because,
             "vms": {name: vm.summary() for name, vm in sorted(self.vms.items())},
         }
+
+
+def measured_of(host: str, vms: Mapping[str, VmProfile], message: str) -> Measured:
+    """Each profiled guest's measured share of its isolated performance (`measured_share`: what a
+    measured trial compares, core/trial.py), backed by its fewer kind of samples."""
+    performance: dict[str, float] = {}
+    samples: dict[str, int] = {}
+    for name, vm in sorted(vms.items()):
+        share = measured_share(vm.zeta, vm.zeta_b)
+        if share is None:
+            continue
+        performance[name] = share
+        samples[name] = min(len(vm.zeta), len(vm.zeta_b))
+    return Measured(host, performance, samples, message)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,6 @@ executor (leases, plans, audit, throttle ledger) and the learned interference mo
 from __future__ import annotations
 
 import fnmatch
-import statistics
 import time
 from collections.abc import Sequence
 
@@ -17,6 +16,7 @@ from vmplacer.bootstrap.profiler import build_profiler
 from vmplacer.bootstrap.profiler_config import profiler_config
 from vmplacer.bootstrap.rebalance import build_rebalancer
 from vmplacer.config import ProtectSettings
+from vmplacer.core.profile_stats import measured_share
 from vmplacer.core.protect import LoopSettings
 from vmplacer.core.protect_cadence import CadenceSettings
 from vmplacer.ports import DomainFacts
@@ -69,10 +69,8 @@ def build_protect_loop(container: Container, host_name: str, *, scope: Sequence[
             result = profiler.run()
         finally:
             freezer.close()
-        ratios = {}
-        for name, vm in result.vms.items():
-            if name in names and vm.zeta and vm.zeta_b and statistics.median(vm.zeta_b) > 0:
-                ratios[name] = min(1.0, statistics.median(vm.zeta) / statistics.median(vm.zeta_b))
+        shares = {name: measured_share(vm.zeta, vm.zeta_b) for name, vm in result.vms.items() if name in names}
+        ratios = {name: share for name, share in shares.items() if share is not None}
         wall = time.monotonic() - started
         return Measurement(ratios, result.frozen_s, wall)
 

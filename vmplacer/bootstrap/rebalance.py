@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
@@ -19,6 +19,7 @@ from vmplacer.adapters.db.rounds import SqlRoundStore
 from vmplacer.adapters.libvirt_rebalance import RebalanceHost
 from vmplacer.app.actions.probe import OnVerdict
 from vmplacer.app.executor import ExecutorSettings
+from vmplacer.app.profiler import measured_of
 from vmplacer.app.rebalance import ROUNDS_PER_PROFILE, Rebalancer
 from vmplacer.bootstrap.container import Container
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
@@ -74,20 +75,6 @@ def _profiler(container: Container) -> tuple[Callable[[str, float, Sequence[str]
         return measured_of(host, result.vms, message)
 
     return profile, ""
-
-
-def measured_of(host: str, vms: Mapping[str, Any], message: str) -> Measured:
-    """Each profiled guest's measured share of its isolated performance: mean ζ over mean ζb of
-    its valid samples (what a measured trial compares, core/trial.py)."""
-    performance: dict[str, float] = {}
-    samples: dict[str, int] = {}
-    for name, vm in sorted(vms.items()):
-        zeta, zeta_b = list(vm.zeta), list(vm.zeta_b)
-        if not zeta or not zeta_b or sum(zeta_b) <= 0:
-            continue
-        performance[name] = (sum(zeta) / len(zeta)) / (sum(zeta_b) / len(zeta_b))
-        samples[name] = min(len(zeta), len(zeta_b))
-    return Measured(host, performance, samples, message)
 
 
 def build_rebalancer(

@@ -3,8 +3,9 @@
 The seed's point is that the frozen samples reproduce the isolated
 *distribution*, not only its mean, so results are kept as percentiles (the
 box plots of its Fig. 5.3: quartiles in the box, 10th/90th percentiles as
-whiskers) plus a confidence interval. Degradation uses medians: a few ragged
-samples that slipped through validation cannot move it.
+whiskers) plus a confidence interval. Degradation and a guest's measured share
+of its isolated performance use medians: a few ragged samples that slipped
+through validation cannot move them.
 """
 
 from __future__ import annotations
@@ -129,6 +130,27 @@ def degradation(
         by_mean=1.0 - float(shared.mean()) / alone_mean,
         per_round=per_round,
     )
+
+
+def measured_share(zeta: Sequence[float], zeta_b: Sequence[float]) -> float | None:
+    """A guest's measured share of its isolated performance: median ζ over median ζb, at most 1.0.
+
+    What a measured trial compares (core/trial.py) and a protection floor is held to. Medians,
+    as for the degradation above: one ragged sample (a window that caught a neighbour's wake-up,
+    a loaded sampler) must not move a verdict, and the ζ and ζb of a run are taken at different
+    moments, so the ratio of two robust centres is the estimate, not a mean of per-pair ratios.
+    Capped at 1.0: ζb is what the guest does alone (docs/research/method.md §2), so a ratio above
+    it is sampling noise, and counting it would let noise score a guest above the best it can do.
+    None without a sample of either kind, or when the median ζb is not positive (nothing to
+    compare with).
+    """
+    if len(zeta) == 0 or len(zeta_b) == 0:
+        return None
+    alone = float(np.median(np.asarray(zeta_b, dtype=float)))
+    if not alone > 0:
+        return None
+    shared = float(np.median(np.asarray(zeta, dtype=float)))
+    return min(1.0, max(0.0, shared / alone))
 
 
 def overhead_formula(k_s: float, t_m_s: float, t_sleep_s: float) -> float:

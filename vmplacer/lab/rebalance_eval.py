@@ -24,18 +24,19 @@ from __future__ import annotations
 
 import itertools
 import random
-from collections import Counter
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vmplacer.lab.evaluate import ProfileSettings, freeze_and_sense, measure, profile_and_measure
+from vmplacer.lab.evaluate import profile_and_measure
+from vmplacer.lab.profiling import ProfileSettings, run_profiler
 from vmplacer.app.executor import ExecutorSettings
 from vmplacer.app.rebalance import ROUNDS_PER_PROFILE, Rebalancer, RunOptions
 from vmplacer.lab.verdicts import SIMPLE, model_objectives, reach, step_threshold, true_objective, verdict
 from vmplacer.core.interference import InterferenceModel, ModelConfig, Observation, other_form
 from vmplacer.core.layout_problem import LayoutSolver
 from vmplacer.core.pairs import PairTable
+from vmplacer.core.profile_stats import degradation
 from vmplacer.core.plan import Action, CancelRequest, Plan, PlanError
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
 from vmplacer.core.topology import HostTopology, uniform_topology
@@ -282,20 +283,16 @@ def _mean(values: dict[str, float]) -> float:
 
 # --------------------------------------------------------------------------- the policies
 def seed_policy(cluster, *, rounds: int = 3, moved: int = 2) -> int:
-    """Freeze'nSense, then the `moved` most-degraded VMs to the free pCPU farthest from all others."""
+    """Freeze'nSense (the shipped profiler), then the `moved` most-degraded VMs to the free pCPU
+    farthest from all others; degradation as the profiler reports it (medians of ζ and ζb)."""
     settings = ProfileSettings(rounds=rounds)
-    degradation: dict[str, list[float]] = {}
+    scores: dict[str, float] = {}
     for host in cluster.hosts.values():
-        names = [d.name for d in host.domains() if d.state == "running"]
-        sampler = cluster.sampler(host)
-        for _ in range(rounds):
-            zetas = measure(sampler, cluster.clock, names, settings.window_s)
-            for name in names:
-                zeta_b = freeze_and_sense(host, sampler, cluster.clock, name, settings.t_m)
-                zeta = zetas[name]
-                if zeta.valid and zeta_b.valid and zeta_b.value > 0:
-                    degradation.setdefault(name, []).append(1.0 - zeta.value / zeta_b.value)
-    scores = {n: sum(v) / len(v) for n, v in degradation.items() if v}
+        profiled = run_profiler(host, cluster.sampler(host), cluster.clock, settings)
+        for name, vm in sorted(profiled.result.vms.items() if profiled.result else ()):
+            loss = degradation(vm.zeta, vm.zeta_b)
+            if loss is not None:
+                scores[name] = loss.estimate
     worst = sorted(scores, key=lambda n: (-scores[n], n))[:moved]
     moves = 0
     for name in worst:
@@ -359,11 +356,11 @@ class VmplacerLoop:
     settings: RebalanceSettings = field(default_factory=RebalanceSettings)
     model_config: ModelConfig | None = None
     # As in production: a profile step and a trial's probe are ROUNDS_PER_PROFILE Freeze'nSense
-    # rounds each, with `profiler.pair_probes` (default 4) pair probes per round.
+    # rounds each of the shipped profiler (a new one per call, as production builds it), with
+    # `profiler.pair_probes` (default 4) pair probes per round.
     profile_rounds: int = ROUNDS_PER_PROFILE
     probe_rounds: int = ROUNDS_PER_PROFILE
     pair_probes: int = 4
-    probed: Counter[frozenset[str]] = field(default_factory=Counter)
     observations: list[Observation] = field(default_factory=list)
     model: InterferenceModel | None = None
     solver: LayoutSolver | None = None
@@ -385,8 +382,7 @@ class VmplacerLoop:
     def _profile(self, host_name: str, seconds: float, scope: Sequence[str], rounds: int | None = None) -> Measured:
         host = self.cluster.hosts[host_name]
         settings = ProfileSettings(rounds=rounds or self.profile_rounds, pair_probes=self.pair_probes)
-        found, measured = profile_and_measure(host, self.cluster.sampler(host), self.cluster.clock,
-                                              settings, probed=self.probed)
+        found, measured = profile_and_measure(host, self.cluster.sampler(host), self.cluster.clock, settings)
         self.observations.extend(found)
         return Measured(host_name, measured.performance, measured.samples, f"{len(found)} observations")
 
