@@ -284,3 +284,25 @@ def test_emulators_come_from_domain_capabilities_and_capabilities():
 def test_only_directory_pools_below_system_directories_are_storage_paths(xml, expected):
     assert pool_path(xml) == expected
 
+
+
+def test_the_rendered_tree_is_judged_as_the_text_libvirt_is_given():
+    """The renderer hands its tree to the policy instead of the text parsed back: both must
+    yield the same violations, for documents refused and accepted alike."""
+    from vmplacer.adapters.domain_xml import DomainXmlError, domain_text, render_domain_tree
+
+    spec = GuestSpec.from_mapping({"name": "g1", "vcpus": 2, "memory_mib": 512})
+    placement = Placement(guest="g1", host="h", vcpupin={0: frozenset({0, 1}), 1: frozenset({0, 1})},
+                          emulatorpin=frozenset({0, 1}), memory_nodes=frozenset({0}),
+                          cells=(GuestCell(0, frozenset({0, 1}), 512 * 1024, 0),), memory_kib=512 * 1024)
+    refused = accepted = 0
+    for _, document, *_rest in FORBIDDEN + ALLOWED:
+        try:
+            tree = render_domain_tree(spec, placement, base_xml=document, domain_type="kvm")
+        except DomainXmlError:
+            continue  # libvirt's schema refuses it before any policy is asked
+        from_tree = policy().violations(tree)
+        assert from_tree == policy().violations(domain_text(tree)), document
+        refused += bool(from_tree)
+        accepted += not from_tree
+    assert refused >= 20 and accepted >= 5, (refused, accepted)

@@ -213,6 +213,28 @@ def render_domain(
     the caller's document is kept. Without it, a minimal domain of
     `domain_type` ('kvm', or 'qemu' where hardware virtualization is missing).
     """
+    return domain_text(render_domain_tree(spec, placement, base_xml=base_xml, domain_type=domain_type, arch=arch,
+                                          uuid=uuid, templates_dir=templates_dir))
+
+
+def domain_text(root: etree._Element) -> str:
+    """The document libvirt is given for a rendered tree (render_domain_tree)."""
+    return etree.tostring(root, encoding="unicode") + "\n"
+
+
+def render_domain_tree(
+    spec: GuestSpec,
+    placement: Placement,
+    *,
+    base_xml: str | None = None,
+    domain_type: str = "kvm",
+    arch: str = "x86_64",
+    uuid: str | None = None,
+    templates_dir: Path | None = None,
+) -> etree._Element:
+    """render_domain's validated, indented tree, before it becomes text: a caller that holds the
+    document to a policy too (bootstrap.container.render) walks this tree instead of parsing the text
+    back, then takes domain_text(tree)."""
     _check_consistent(spec, placement)
     if base_xml is None:
         if domain_type not in DOMAIN_TYPES:
@@ -232,7 +254,7 @@ def render_domain(
     _pin_iothreads(root, placement.emulatorpin)
     validate_domain(root, spec.name)
     etree.indent(root, space="  ")
-    return etree.tostring(root, encoding="unicode") + "\n"
+    return root
 
 
 def iothread_ids(root: etree._Element) -> list[int]:

@@ -180,10 +180,17 @@ FIELDS: tuple[XmlField, ...] = (
 )
 
 
+# FIELDS' XPaths compiled once: `tree.xpath(text)` compiles its expression on every call, most of the
+# cost of reading a domain (and placing reads every new one). lxml serialises each evaluator's runs
+# with a lock of its own, so threads may share them.
+_COMPILED: tuple[tuple[str, etree.XPath, Callable[[list, str], Any]], ...] = tuple(
+    (field.name, etree.XPath(field.xpath, namespaces=NS), field.convert) for field in FIELDS)
+
+
 def read_fields(root: etree._Element) -> dict[str, Any]:
     """Evaluate every row of FIELDS against a parsed <domain>."""
     values: dict[str, Any] = {}
     tree = root.getroottree()
-    for field in FIELDS:
-        values[field.name] = field.convert(tree.xpath(field.xpath, namespaces=NS), field.name)
+    for name, xpath, convert in _COMPILED:
+        values[name] = convert(xpath(tree), name)
     return values

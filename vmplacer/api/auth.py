@@ -19,6 +19,7 @@ from typing import Annotated
 
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from starlette.concurrency import run_in_threadpool
 
 from vmplacer.ports import TokenInfo, hash_token
 from vmplacer.api.errors import ApiError
@@ -54,6 +55,18 @@ class TokenVerifier:
         self._clock = clock
         self._cache: dict[str, tuple[float, Principal]] = {}
         self._lock = threading.Lock()
+
+    def cached(self, token: str) -> Principal | None:
+        """The principal of a token verified less than the TTL ago, else None (ask `verify`):
+        no database, so the event loop may ask without handing the request to a thread."""
+        if not token or len(token) > MAX_TOKEN_LENGTH:
+            return None
+        key = hash_token(token)
+        with self._lock:
+            hit = self._cache.get(key)
+        if hit is not None and self._clock() - hit[0] < self._ttl:
+            return hit[1]
+        return None
 
     def verify(self, token: str) -> Principal | None:
         if not token or len(token) > MAX_TOKEN_LENGTH:
@@ -94,18 +107,21 @@ def _unauthorized(message: str) -> ApiError:
     return ApiError(401, "unauthorized", message, None, {"WWW-Authenticate": "Bearer"})
 
 
-def authorize(request: Request,
-              credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)] = None,
-              ) -> Principal | None:
+async def authorize(request: Request,
+                    credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(bearer)] = None,
+                    ) -> Principal | None:
     """The application-wide dependency: 401 without a valid token, 403 for a read
-    token on a method that changes something."""
+    token on a method that changes something. It runs on the event loop (a token verified
+    lately is a cache hit); only a database look-up is handed to a worker thread."""
     path = request.url.path
     if path in PUBLIC_PATHS or path == WEB_PREFIX or path.startswith(WEB_PREFIX + "/"):
         return None
     verifier: TokenVerifier = request.app.state.services.tokens
     if credentials is None:
         raise _unauthorized("a bearer token is required (Authorization: Bearer <token>)")
-    principal = verifier.verify(credentials.credentials)
+    principal = verifier.cached(credentials.credentials)
+    if principal is None:
+        principal = await run_in_threadpool(verifier.verify, credentials.credentials)
     if principal is None:
         raise _unauthorized("unknown or revoked token")
     if request.method not in READ_METHODS and not principal.admin:

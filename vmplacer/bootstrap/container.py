@@ -99,12 +99,13 @@ class Container:
     def render(self, spec: Any, placement: Any, base_xml: str | None) -> str:
         """Render a guest's domain XML, then hold it to the host's domain XML policy before
         libvirt (or a dry run's caller) sees it (raises DomainXmlPolicyError)."""
-        from vmplacer.adapters.domain_xml import render_domain
+        from vmplacer.adapters.domain_xml import domain_text, render_domain_tree
 
         host = self.settings.host(placement.host)
-        xml = render_domain(spec, placement, base_xml=base_xml, domain_type=host.domain_type)
-        self.xml_policy(placement.host).check(xml, spec.name, "the rendered domain XML")
-        return xml
+        # one tree for both: the policy walks what the text says, without parsing the text back
+        root = render_domain_tree(spec, placement, base_xml=base_xml, domain_type=host.domain_type)
+        self.xml_policy(placement.host).check(root, spec.name, "the rendered domain XML")
+        return domain_text(root)
 
     def placement_service(self, store: Any = None, admit_host: Any = None) -> PlacementService:
         """Placements through `store` (default: the database; a dry run passes host snapshots);

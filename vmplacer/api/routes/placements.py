@@ -10,6 +10,7 @@ from vmplacer.adapters.domain_xml_policy import DomainXmlPolicyError
 from vmplacer.api.actors import acting_placement, acting_store, api_actor
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, HOST_ERROR, NOT_FOUND, ApiError
 from vmplacer.api.placing import Placer, check_base_xml
+from vmplacer.api.responses import validated_json
 from vmplacer.api.schemas import (
     GUEST_NAME,
     HOST_NAME,
@@ -33,7 +34,7 @@ router = APIRouter(prefix="/v1/placements", tags=["placements"], route_class=Str
     responses={**COMMON_RESPONSES, **CONFLICT, **HOST_ERROR,
                201: {"model": PlacementView, "description": "placed (reserved, defined or running)"}},
 )
-def create_placement(request: Request, body: PlacementRequest, response: Response) -> dict[str, Any]:
+def create_placement(request: Request, body: PlacementRequest) -> Response:
     services = request.app.state.services
     actor = api_actor(request)
     spec = GuestSpec.from_mapping(body.guest_fields())
@@ -49,13 +50,12 @@ def create_placement(request: Request, body: PlacementRequest, response: Respons
     hosts = admit_base_xml(services, spec.name, hosts, base_xml)  # before any fit, claim or define
     try:
         if body.dry_run:  # the dry-run renderer holds its XML to the policy too (services._render)
-            return placer.plan(spec, hosts, base_xml).to_dict()
+            return validated_json(PlacementView, placer.plan(spec, hosts, base_xml).to_dict())
         outcome = placer.place(spec, hosts, base_xml, define=body.define, start=body.start, actor=actor.detail())
     except DomainXmlPolicyError as exc:  # the rendered XML, refused before libvirt saw it (claim undone)
         raise policy_refusal(exc) from None
-    response.status_code = 201
-    response.headers["Location"] = f"/v1/placements/{spec.name}"
-    return outcome.to_dict()
+    return validated_json(PlacementView, outcome.to_dict(), status_code=201,
+                          headers={"Location": f"/v1/placements/{spec.name}"})
 
 
 @router.get("", response_model=PlacementList, summary="placements vmplacer recorded",
