@@ -54,6 +54,7 @@ def test_the_wheel_carries_what_vmplacer_reads(installed):
     for shipped in ("templates/domain.xml.j2", "migrations/env.py", "migrations/versions",
                     "systemd/vmplacer-api.service", "data/example-host.xml", "web/templates/base.html",
                     "data/schemas/request.schema.json",  # `vmplacer config schema request`
+                    "data/schemas/config.schema.json",  # `vmplacer config schema config`
                     "web/templates/host.html", "web/static/ui.js", "web/static/ui.css",
                     "lab/simulator.py",  # what `vmplacer eval` runs on
                     "docs/operations.md", "docs/protect.md", "docs/rebalance.md"):  # the units' Documentation=
@@ -70,6 +71,13 @@ def test_the_installed_package_prints_the_request_file_schema(installed, tmp_pat
     result = _run(installed, tmp_path, "config", "schema", "request")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["properties"]["guests"]["items"] == {"$ref": "#/$defs/Guest"}
+
+
+def test_the_installed_package_prints_the_config_file_schema(installed, tmp_path):
+    result = _run(installed, tmp_path, "config", "schema", "config")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout == (installed / "vmplacer" / "data" / "schemas" / "config.schema.json").read_text("utf-8")
+    assert json.loads(result.stdout)["properties"]["hosts"]["items"] == {"$ref": "#/$defs/Host"}
 
 
 def test_the_installed_package_upgrades_plans_and_makes_tokens(installed, tmp_path):

@@ -1,5 +1,7 @@
-"""The JSON Schema of a request file ships with the package, equals what the API's guest model
-generates now (it never drifts), and says of the shipped examples what the loader says."""
+"""The JSON Schemas of a request file and of the config file ship with the package and equal what
+their sources (the API's guest model, the config reader's key table) generate now: they never
+drift. The request schema says of the shipped examples what the loader says; the config schema's
+agreement with its reader is tests/unit/test_config_schema.py's."""
 
 from __future__ import annotations
 
@@ -30,9 +32,10 @@ def test_the_shipped_schema_is_what_the_model_generates(kind):
         f"vmplacer/data/schemas/{kind}.schema.json is stale: run `python -m vmplacer.api.file_schemas`")
 
 
-def test_the_command_prints_the_shipped_schema(capsys):
-    assert main(["config", "schema", "request"]) == 0
-    assert capsys.readouterr().out == shipped("request")
+@pytest.mark.parametrize("kind", ["request", "config"])
+def test_the_command_prints_the_shipped_schema(capsys, kind):
+    assert main(["config", "schema", kind]) == 0
+    assert capsys.readouterr().out == shipped(kind)
 
 
 def _validator():

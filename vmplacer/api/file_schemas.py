@@ -1,10 +1,11 @@
-"""JSON Schema of a request file (`vmplacer plan --request`, `vmplacer place`), generated from the
-API's validating model of one guest, so an editor or a pipeline checks a file with the same
-fields, types and ranges the API takes.
+"""JSON Schemas of vmplacer's files: a request file (`vmplacer plan --request`, `vmplacer place`),
+generated from the API's validating model of one guest, so an editor or a pipeline checks a file
+with the same fields, types and ranges the API takes; and the config file, generated from the
+table of keys its reader refuses every other key by (vmplacer/config_schema.py).
 
-The schema ships inside the package (vmplacer/data/schemas/) and `vmplacer config schema
-request` prints that copy, without importing pydantic; tests/unit/test_file_schemas.py fails
-when the copy differs from what the model generates now. `python -m vmplacer.api.file_schemas`
+The schemas ship inside the package (vmplacer/data/schemas/) and `vmplacer config schema
+request|config` prints that copy, without importing pydantic; tests/unit/test_file_schemas.py
+fails when a copy differs from what its source generates now. `python -m vmplacer.api.file_schemas`
 writes it again.
 """
 
@@ -52,7 +53,14 @@ def request_file_schema() -> dict[str, Any]:
     }
 
 
-GENERATED = {"request": request_file_schema}
+def config_file_schema() -> dict[str, Any]:
+    """The config file's schema, from the reader's own table of keys (vmplacer/config_keys.py)."""
+    from vmplacer.config_schema import config_file_schema as from_key_table
+
+    return from_key_table()
+
+
+GENERATED = {"request": request_file_schema, "config": config_file_schema}
 
 
 def schema_text(schema: dict[str, Any]) -> str:

@@ -3,13 +3,15 @@
     vmplacer config check [--config FILE]        # "ok", or every problem (exit 2)
     vmplacer config show [--format yaml|json]    # the effective config, defaults filled in
     vmplacer config schema request               # JSON Schema of a request file
+    vmplacer config schema config                # JSON Schema of the config file
 
 `check` reports every problem of the file in one go, each naming the key and the rule, so a
 deploy pipeline can refuse a bad file before a service restarts on it. `show` prints what the
 file, $VMPLACER_DATABASE_URL and $VMPLACER_DATA_DIR add up to, every key included; the
 database password is hidden. Its YAML is itself a valid config file. `schema request` prints the
-JSON Schema of a request file (`plan --request`, `place`), generated from the API's guest model
-and shipped with the package, for editors and pipelines.
+JSON Schema of a request file (`plan --request`, `place`), generated from the API's guest model;
+`schema config` that of the config file, generated from the reader's table of keys. Both ship
+with the package, for editors and pipelines; `check` still has the last word on a config.
 """
 
 from __future__ import annotations
@@ -24,7 +26,8 @@ from vmplacer.cli.common import EXIT_OK, EXIT_USAGE, CliContext, print_json
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
-        "config", help="check the config file, or show the effective config with every default filled in")
+        "config", help="check the config file, show the effective config with every default filled in, "
+                       "or print the JSON Schema of the config or a request file")
     actions = parser.add_subparsers(dest="config_action", metavar="ACTION", required=True,
                                     help="check, show or schema")
     check = actions.add_parser("check", help="validate the config file: 'ok' (exit 0) or every problem (exit 2)")
@@ -32,13 +35,15 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show = actions.add_parser("show", help="print the effective config (file, environment and defaults)")
     show.add_argument("--format", choices=("yaml", "json"), default="yaml", help="output format (default: yaml)")
     show.set_defaults(func=run_show)
-    schema = actions.add_parser("schema", help="print the JSON Schema of a request file (plan --request, place)")
+    schema = actions.add_parser("schema", help="print the JSON Schema of a request file (plan --request, place) "
+                                               "or of the config file, for editors and CI")
     schema.add_argument("kind", choices=SCHEMAS, metavar="{" + ",".join(SCHEMAS) + "}",
-                        help="request: the guests file `plan --request` and `place` read")
+                        help="request: the guests file `plan --request` and `place` read; config: the config file "
+                             "(--config, $VMPLACER_CONFIG), every key `config check` accepts")
     schema.set_defaults(func=run_schema)
 
 
-SCHEMAS = ("request",)  # vmplacer/data/schemas/KIND.schema.json
+SCHEMAS = ("request", "config")  # vmplacer/data/schemas/KIND.schema.json
 
 
 def _load(path: str | None) -> Any:

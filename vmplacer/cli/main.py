@@ -32,7 +32,8 @@ from vmplacer.cli.log_format import chosen_format, configure_logging
 COMMANDS: dict[str, tuple[str, str]] = {
     "version": ("vmplacer.cli.version", "print the version"),
     "config": ("vmplacer.cli.config",
-               "check the config file, or show the effective config with every default filled in"),
+               "check the config file, show the effective config with every default filled in, "
+               "or print the JSON Schema of the config or a request file"),
     "db": ("vmplacer.cli.db", "database schema migrations and data retention"),
     "hosts": ("vmplacer.cli.hosts",
               "list configured hosts and check that each answers; maintenance mode (disable/enable)"),

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import re
 
-_DURATION = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*(us|µs|ms|s|m|min|h|d)?\s*$")
+_NUMBER = r"(\d+(?:\.\d*)?|\.\d+)"
+_UNIT_NAMES = ("us", "µs", "ms", "s", "m", "min", "h", "d")
+_DURATION = re.compile(rf"^\s*{_NUMBER}\s*({'|'.join(_UNIT_NAMES)})?\s*$")
 _UNITS = {"us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "min": 60.0, "h": 3600.0, "d": 86_400.0}
 
 
@@ -21,6 +23,13 @@ def duration_seconds(text: str, default_unit: str | None, *, days: bool = False)
         return None
     unit = match.group(2) or default_unit
     return None if unit is None else float(match.group(1)) * _UNITS[unit]
+
+
+def duration_pattern(*, days: bool = False) -> str:
+    """The regular expression of the text `duration_seconds` reads (days only with `days`), for
+    the config file's JSON Schema: the schema and the reader spell durations alike."""
+    units = [unit for unit in _UNIT_NAMES if days or unit != "d"]
+    return rf"^\s*{_NUMBER}\s*({'|'.join(units)})?\s*$"
 
 
 def is_bare_number(text: str) -> bool:
