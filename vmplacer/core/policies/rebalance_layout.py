@@ -151,6 +151,7 @@ class _Pieces:
     terms: PairTerms | None = None  # `_Host.pair_terms` of the layout, cached
     spread: PairTerms | None = None  # `_Host.pair_spread` of the layout, cached
     load: np.ndarray | None = None  # demand on each pCPU as the layout stands, cached by `perf_moves`
+    blind_base: float | None = None  # objective minus time sharing under the topology prior, cached
 
 
 class _Host:
@@ -392,6 +393,26 @@ class _Host:
         the current matrix times the new time shares, corrected for m: a
         matrix product instead of a fresh C×P×P gather.
         """
+        cpu, granted, linear = self._moved_shares(pieces, m, targets)
+        if pieces.table is None:
+            return linear, linear
+        return self._moved_interfered(pieces, m, targets, granted), linear
+
+    def perf_moves_blind(self, pieces: _Pieces, blind: _Pieces | None, m: int,
+                         targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """`perf_moves` of the layout and the performance part of `perf_moves` of its `blind` view
+        (the same pieces under another table): both share the time shares, computed once."""
+        cpu, granted, linear = self._moved_shares(pieces, m, targets)
+        perf = linear if pieces.table is None else self._moved_interfered(pieces, m, targets, granted)
+        if blind is None:
+            return perf, linear, None
+        blind_perf = linear if blind.table is None else self._moved_interfered(blind, m, targets, granted)
+        return perf, linear, blind_perf
+
+    def _moved_shares(self, pieces: _Pieces, m: int,
+                      targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(candidate pCPUs, granted time shares, linear performance) of moving piece `m` to each
+        of `targets`."""
         count = len(targets)
         n = len(self.cpus)
         cpu = np.tile(pieces.cpu, (count, 1))
@@ -403,9 +424,11 @@ class _Host:
         load[:, pieces.cpu[m]] -= pieces.demand[m]
         load[rows, targets] += pieces.demand[m]
         granted = pieces.demand[None, :] * np.minimum(1.0, 1.0 / np.maximum(load[rows[:, None], cpu], 1e-12))
-        linear = self._per_guest(pieces, granted)
-        if pieces.table is None:
-            return linear, linear
+        return cpu, granted, self._per_guest(pieces, granted)
+
+    def _moved_interfered(self, pieces: _Pieces, m: int, targets: np.ndarray, granted: np.ndarray) -> np.ndarray:
+        """Performance with interference of the candidates of `_moved_shares`."""
+        assert pieces.table is not None
         matrix = _interference_matrix(self, pieces)
         loss = granted @ matrix.T
         loss -= np.outer(granted[:, m], matrix[:, m])
@@ -417,7 +440,7 @@ class _Host:
         suffered = np.where(valid, flat[dist * (k * k) + pieces.key[None, :] * k + pieces.key[m]], 0.0)
         loss += caused * granted[:, m][:, None]
         loss[:, m] = (suffered * granted).sum(axis=1)
-        return self._per_guest(pieces, granted * remaining(loss, self.betas.form)), linear
+        return self._per_guest(pieces, granted * remaining(loss, self.betas.form))
 
     def pair_terms(self, pieces: _Pieces) -> PairTerms:
         """Each piece's identity (guest, vCPU, pCPU); per pair [x, y] the weighted performance y's

@@ -185,6 +185,8 @@ class _Search:
     def floors_ok(self, pieces: _Pieces, perf: np.ndarray) -> np.ndarray:
         """Per candidate: no protected guest pushed below min(its floor, where it is now)."""
         ok = np.ones(perf.shape[0], dtype=bool)
+        if not self.floors:
+            return ok
         for index, name in enumerate(pieces.guests):
             floor = self.floors.get(name)
             if floor is None:
@@ -262,25 +264,31 @@ class _Search:
         if pieces.blind is None:
             pieces.blind = replace(pieces, key=np.zeros_like(pieces.key), table=self.betas.prior, matrix=None,
                                    current=None, blind=None, terms=None, spread=None,
-                                   load=None)
+                                   load=None, blind_base=None)
         return pieces.blind
 
-    def _quick_sure(self, pieces: _Pieces, gain: np.ndarray, lin: np.ndarray,
-                    blind_perf: tuple[np.ndarray, np.ndarray] | None, blind_base: float) -> np.ndarray:
+    def _quick_sure(self, pieces: _Pieces, gain: np.ndarray, lin: np.ndarray, blind: _Pieces | None,
+                    blind_perf: np.ndarray | None, linear_obj: np.ndarray, blind_base: float) -> np.ndarray:
         """Per candidate: the sure gain if the model's own data counted for nothing — time
-        sharing plus what both the model and the topology prior predict."""
-        if blind_perf is None:
+        sharing plus what both the model and the topology prior predict. The blind view's time
+        sharing is the layout's own (same pieces, same shares): its linear objective is
+        `linear_obj`, already summed."""
+        if blind is None or blind_perf is None:
             return lin
-        prior = self.objective_of(pieces, blind_perf[0]) - self.objective_of(pieces, blind_perf[1]) - blind_base
+        prior = self.objective_of(blind, blind_perf) - linear_obj - blind_base
         interference = gain - lin
         return lin + np.maximum(self.settings.guess_weight * interference, np.minimum(interference, prior))
 
     def _blind_base(self, host: _Host, pieces: _Pieces) -> float:
-        blind = self._blind(pieces)
-        if blind is None:
-            return 0.0
-        perf, linear = host.perf(blind, blind.cpu)
-        return float(self.objective_of(blind, perf)[0] - self.objective_of(blind, linear)[0])
+        """The layout's objective under the topology prior minus time sharing alone (cached: every
+        single move judged from the layout subtracts it)."""
+        if pieces.blind_base is None:
+            blind = self._blind(pieces)
+            if blind is None:
+                return 0.0
+            perf, linear = host.perf(blind, blind.cpu)
+            pieces.blind_base = float(self.objective_of(blind, perf)[0] - self.objective_of(blind, linear)[0])
+        return pieces.blind_base
 
     def _best_single(self, host: _Host, pieces: _Pieces, m: int, base_obj: float, base_lin: float) -> list[_Move]:
         name = pieces.guests[pieces.vm[m]]
@@ -290,13 +298,13 @@ class _Search:
         if not targets:
             return []
         local = np.array([host.index[c] for c in targets], dtype=np.int64)
-        perf, linear = host.perf_moves(pieces, m, local)
-        gain = self.objective_of(pieces, perf) - base_obj
-        lin = self.objective_of(pieces, linear) - base_lin
-        ok = self.floors_ok(pieces, perf)
         blind = self._blind(pieces)
-        quick = self._quick_sure(pieces, gain, lin, None if blind is None else host.perf_moves(blind, m, local),
-                                 self._blind_base(host, pieces))
+        perf, linear, blind_perf = host.perf_moves_blind(pieces, blind, m, local)
+        gain = self.objective_of(pieces, perf) - base_obj
+        linear_obj = self.objective_of(pieces, linear)
+        lin = linear_obj - base_lin
+        ok = self.floors_ok(pieces, perf)
+        quick = self._quick_sure(pieces, gain, lin, blind, blind_perf, linear_obj, self._blind_base(host, pieces))
         moves = []
         for score in (gain, quick):
             score = np.where(ok, score, -np.inf)
