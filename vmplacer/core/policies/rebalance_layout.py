@@ -12,7 +12,7 @@ objective described in `rebalance`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -152,6 +152,18 @@ class _Pieces:
     spread: PairTerms | None = None  # `_Host.pair_spread` of the layout, cached
     load: np.ndarray | None = None  # demand on each pCPU as the layout stands, cached by `perf_moves`
     blind_base: float | None = None  # objective minus time sharing under the topology prior, cached
+    # (guest, vCPU) -> its piece, for vCPUs pinned to one pCPU (`_Host.set_pins` derives layouts by it)
+    slots: dict[tuple[str, int], int] | None = None
+    # the layout this one was derived from (its matrix made) and the pieces that moved: the
+    # interference matrix is that one's with the moved rows and columns looked up again
+    parent: tuple[_Pieces, np.ndarray] | None = None
+
+    def slot_of(self) -> dict[tuple[str, int], int]:
+        """(guest, vCPU) -> piece, for the vCPUs pinned to exactly one pCPU (made on first use)."""
+        if self.slots is None:
+            self.slots = {(self.guests[self.vm[p]], int(self.vcpu[p])): p
+                          for p in np.flatnonzero(self.single).tolist()}
+        return self.slots
 
 
 class _Host:
@@ -176,6 +188,10 @@ class _Host:
         self.guests: dict[str, GuestState] = {}
         self.pins: dict[str, dict[int, frozenset[int]]] = {}
         self._pieces: _Pieces | None = None
+        # since `_pieces` was dropped by `set_pins`: the evaluation it dropped and the one-pCPU
+        # vCPUs that moved since, (guest, vCPU) -> local pCPU index; None when the pins changed
+        # otherwise (a layout is then flattened anew)
+        self._derive: tuple[_Pieces, dict[tuple[str, int], int]] | None = None
         # evaluations of the layouts the guests here had lately, by their pins: the search tries a
         # move and takes it back, or sets pins aside and restores them, many times over one layout
         self._recent: dict[tuple[tuple[str, tuple[tuple[int, frozenset[int]], ...]], ...], _Pieces] = {}
@@ -186,6 +202,7 @@ class _Host:
         self.guests[guest.name] = guest
         self.pins[guest.name] = dict(pins)
         self._pieces = None
+        self._derive = None
         self._recent.clear()
         self._peers = None
 
@@ -193,14 +210,36 @@ class _Host:
         del self.guests[name]
         del self.pins[name]
         self._pieces = None
+        self._derive = None
         self._recent.clear()
         self._peers = None
 
     def set_pins(self, name: str, pins: Mapping[int, frozenset[int]], *, pieces: _Pieces | None = None) -> None:
         """`pieces`: the evaluation of the layout these pins restore (taking a tried move back),
-        kept instead of computed again."""
+        kept instead of computed again. Else, when only vCPUs pinned to one pCPU move to another
+        one, the next evaluation is derived from the last (the same arrays, but their pCPUs)."""
+        old = self.pins.get(name)
         self.pins[name] = dict(pins)
-        self._pieces = pieces
+        self._pieces, dropped = pieces, self._pieces
+        if pieces is not None:
+            self._derive = None
+            return
+        if dropped is not None:
+            self._derive = (dropped, {})
+        if self._derive is None:
+            return
+        if old is None or old.keys() != pins.keys():
+            self._derive = None
+            return
+        moved = self._derive[1]
+        for vcpu, cpus in pins.items():
+            before = old[vcpu]
+            if cpus == before:
+                continue
+            if len(cpus) != 1 or len(before) != 1:
+                self._derive = None
+                return
+            moved[(name, vcpu)] = self.index[next(iter(cpus))]
 
     def owned_by_others(self, name: str | None) -> frozenset[int]:
         """pCPUs exclusive guests other than `name` own (isolate guests: their whole cores)."""
@@ -278,7 +317,12 @@ class _Host:
             signature = tuple((name, tuple(sorted(pins.items()))) for name, pins in self.pins.items())
             self._pieces = self._recent.get(signature)
             if self._pieces is not None:
+                self._derive = None
                 return self._pieces
+            if self._derive is not None:
+                result = _derived(*self._derive)
+                self._derive = None
+                return self._keep(signature, result)
         layout = self.pins if layout is None else layout
         guests = self.guests if guests is None else guests
         names = list(layout)
@@ -315,10 +359,16 @@ class _Host:
         if layout is self.pins:
             self._pieces = result
             if signature is not None:
-                if len(self._recent) >= _RECENT_LAYOUTS:
-                    del self._recent[next(iter(self._recent))]
-                self._recent[signature] = result
-                self.betas.keeping(self)
+                self._keep(signature, result)
+        return result
+
+    def _keep(self, signature: tuple, result: _Pieces) -> _Pieces:
+        """`result` is the evaluation of the layout as it is, and one of its recent ones."""
+        self._pieces = result
+        if len(self._recent) >= _RECENT_LAYOUTS:
+            del self._recent[next(iter(self._recent))]
+        self._recent[signature] = result
+        self.betas.keeping(self)
         return result
 
     def perf(self, pieces: _Pieces, cpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -517,8 +567,31 @@ def _read_only(found: PairTerms) -> PairTerms:
     return found
 
 
+def _derived(base: _Pieces, moved: Mapping[tuple[str, int], int]) -> _Pieces:
+    """`base` with the one-pCPU vCPUs in `moved` on their new pCPUs: the same pieces in the same
+    order (one per such vCPU before and after), so every array but the pCPUs is base's own (read
+    only), and nothing computed from the pCPUs is kept."""
+    cpu = base.cpu.copy()
+    slots = base.slot_of()
+    at = []
+    for where, local in moved.items():
+        cpu[slots[where]] = local
+        at.append(slots[where])
+    changed = np.array(sorted(set(at)), dtype=np.int64)
+    changed = changed[cpu[changed] != base.cpu[changed]]
+    return replace(base, cpu=cpu, matrix=None, current=None, blind=None, terms=None, spread=None, load=None,
+                   blind_base=None, parent=(base, changed) if base.matrix is not None else None)
+
+
+_FEW_ROWS = 8  # a derived layout moving at most this many pieces gets its matrix by update
+
+
 def _interference_matrix(host: _Host, pieces: _Pieces) -> np.ndarray:
     """[x, y]: β(y → x) at their pCPUs' distance, 0 for pieces of one guest or one pCPU (cached)."""
+    parent, pieces.parent = pieces.parent, None
+    if pieces.matrix is None and parent is not None and len(parent[1]) <= _FEW_ROWS:
+        assert pieces.table is not None and parent[0].matrix is not None
+        pieces.matrix = _matrix_updated(host, pieces, parent[0].matrix, parent[1])
     if pieces.matrix is None:
         assert pieces.table is not None
         dist = host.dist[pieces.cpu[:, None], pieces.cpu[None, :]]
@@ -527,6 +600,23 @@ def _interference_matrix(host: _Host, pieces: _Pieces) -> np.ndarray:
         other = (pieces.vm[:, None] != pieces.vm[None, :]) & (dist != 0)
         pieces.matrix = np.where(other, beta, 0.0)
     return pieces.matrix
+
+
+def _matrix_updated(host: _Host, pieces: _Pieces, matrix: np.ndarray, moved: np.ndarray) -> np.ndarray:
+    """`_interference_matrix` of a layout that differs from the one of `matrix` in the pCPUs of
+    the `moved` pieces only: the other entries are the same look-ups, so they are copied."""
+    assert pieces.table is not None
+    result = matrix.copy()
+    k = pieces.table.shape[1]
+    flat = pieces.table.reshape(-1)
+    cpu, key, vm = pieces.cpu, pieces.key, pieces.vm
+    for j in moved.tolist():
+        other = vm != vm[j]
+        dist = host.dist[cpu[j], cpu]  # [y]: j's pCPU to y's
+        result[j, :] = np.where(other & (dist != 0), flat[dist * (k * k) + key * k + key[j]], 0.0)
+        dist = host.dist[cpu, cpu[j]]  # [x]: x's pCPU to j's
+        result[:, j] = np.where(other & (dist != 0), flat[dist * (k * k) + key[j] * k + key], 0.0)
+    return result
 
 
 def _locality_nodes(host: _Host, guest: GuestState, pins: Mapping[int, frozenset[int]]) -> set[int]:

@@ -264,7 +264,7 @@ class _Search:
         if pieces.blind is None:
             pieces.blind = replace(pieces, key=np.zeros_like(pieces.key), table=self.betas.prior, matrix=None,
                                    current=None, blind=None, terms=None, spread=None,
-                                   load=None, blind_base=None)
+                                   load=None, blind_base=None, slots=None, parent=None)
         return pieces.blind
 
     def _quick_sure(self, pieces: _Pieces, gain: np.ndarray, lin: np.ndarray, blind: _Pieces | None,
