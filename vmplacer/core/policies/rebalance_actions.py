@@ -432,7 +432,8 @@ def _confidences(search: _Search, model: InterferenceModel) -> dict[str, float]:
     """The model's confidence in each guest's prediction in the final layout."""
     result: dict[str, float] = {}
     for host in search.hosts.values():
-        result.update(_host_confidences(host, model, search.betas))
+        result.update(search.host_confidences(host) if model is search.model
+                      else _host_confidences(host, model, search.betas))
     return result
 
 

@@ -196,6 +196,9 @@ class _Host:
         # move and takes it back, or sets pins aside and restores them, many times over one layout
         self._recent: dict[tuple[tuple[str, tuple[tuple[int, frozenset[int]], ...]], ...], _Pieces] = {}
         self._peers: dict[str, frozenset[str]] | None = None  # anti-affinity peers present, per guest
+        # (the guests as they were, the ones among them that own pCPUs): the rules ask who owns
+        # pCPUs for every candidate pCPU of every vCPU, and the guests rarely change
+        self._owners: tuple[tuple[GuestState, ...], list[str]] = ((), [])
 
     # ----- layout -------------------------------------------------------------------------
     def add(self, guest: GuestState, pins: Mapping[int, frozenset[int]]) -> None:
@@ -241,11 +244,22 @@ class _Host:
                 return
             moved[(name, vcpu)] = self.index[next(iter(cpus))]
 
+    def owners(self) -> list[str]:
+        """The guests that own pCPUs (exclusive, or fixed with exclusive pCPUs), in guest order;
+        recomputed only when a guest here was added, removed or replaced."""
+        guests = tuple(self.guests.values())
+        if guests != self._owners[0]:
+            self._owners = (guests, [name for name, guest in self.guests.items()
+                                     if guest.mode == EXCLUSIVE
+                                     or guest.mode == FIXED and guest.placement.exclusive_cpus])
+        return self._owners[1]
+
     def owned_by_others(self, name: str | None) -> frozenset[int]:
         """pCPUs exclusive guests other than `name` own (isolate guests: their whole cores)."""
         owned: set[int] = set()
-        for other, guest in self.guests.items():
-            if other == name or guest.mode != EXCLUSIVE and not (guest.mode == FIXED and guest.placement.exclusive_cpus):
+        for other in self.owners():
+            guest = self.guests[other]
+            if other == name:
                 continue
             if guest.mode == FIXED:
                 owned |= guest.placement.exclusive_cpus

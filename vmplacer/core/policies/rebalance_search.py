@@ -138,8 +138,10 @@ class _Search:
         self.original = {g.name: g for g in self.guests.values()}
         self.start_perf = self.perf_by_guest()
         self.confidence: dict[str, float] = {}
+        # host -> (its guests and pins, their confidences): `host_confidences`, kept
+        self._confidences: dict[str, tuple[tuple, dict[str, float]]] = {}
         for host in self.hosts.values():
-            self.confidence.update(_host_confidences(host, model, self.betas))
+            self.confidence.update(self.host_confidences(host))
         self.floors: dict[str, float] = {}
         for guest in self.guests.values():
             if guest.floor is not None:
@@ -155,6 +157,18 @@ class _Search:
         self.pooled: set[str] = set()  # floating guests an earlier plan of vmplacer's pooled
 
     # ----- evaluation helpers -------------------------------------------------------------------------
+    def host_confidences(self, host: _Host) -> dict[str, float]:
+        """`_host_confidences` of the host as it is, kept while its guests and pins are the same:
+        the plan asks again for every host at the end, and most hosts are as they were."""
+        state = (tuple(host.guests.values()),
+                 tuple((name, tuple(sorted(pins.items()))) for name, pins in host.pins.items()))
+        kept = self._confidences.get(host.name)
+        if kept is not None and kept[0] == state:
+            return kept[1]
+        found = _host_confidences(host, self.model, self.betas)
+        self._confidences[host.name] = (state, found)
+        return found
+
     def perf_by_guest(self) -> dict[str, float]:
         result: dict[str, float] = {}
         for host in self.hosts.values():
@@ -841,7 +855,7 @@ class _Search:
         for name in hosts:
             self.perf_now.update(self.host_perf(self.hosts[name]))
         for name in hosts:
-            self.confidence.update(_host_confidences(self.hosts[name], self.model, self.betas))
+            self.confidence.update(self.host_confidences(self.hosts[name]))
         return hosts
 
     def held_back(self, move: _Move) -> bool:
