@@ -523,9 +523,8 @@ class _Host:
         granted, scale = self._pair_scale(pieces)
         terms = scale[:, None] * _interference_matrix(self, pieces) * granted[None, :]
         conf_table = self.betas.confidence_tensor(list(pieces.identities))
-        dist = self.dist[pieces.cpu[:, None], pieces.cpu[None, :]]
-        confidence = conf_table[dist, pieces.key[None, :], pieces.key[:, None]]
-        return keys, terms, confidence
+        assert conf_table is not None
+        return keys, terms, _pair_lookup(self, pieces, conf_table, masked=False)
 
     def pair_spread(self, pieces: _Pieces) -> PairTerms:
         """`_pair_spread`, cached on the layout (read only)."""
@@ -608,12 +607,40 @@ def _interference_matrix(host: _Host, pieces: _Pieces) -> np.ndarray:
         pieces.matrix = _matrix_updated(host, pieces, parent[0].matrix, parent[1])
     if pieces.matrix is None:
         assert pieces.table is not None
-        dist = host.dist[pieces.cpu[:, None], pieces.cpu[None, :]]
-        k = pieces.table.shape[1]
-        beta = pieces.table.reshape(-1)[dist * (k * k) + pieces.key[None, :] * k + pieces.key[:, None]]
-        other = (pieces.vm[:, None] != pieces.vm[None, :]) & (dist != 0)
-        pieces.matrix = np.where(other, beta, 0.0)
+        pieces.matrix = _pair_lookup(host, pieces, pieces.table, masked=True)
     return pieces.matrix
+
+
+_STRUCTURED = 128  # layouts of more pieces than this (floating vCPUs) look pairs up per (pCPU, identity)
+
+
+def _pair_lookup(host: _Host, pieces: _Pieces, table: np.ndarray, masked: bool) -> np.ndarray:
+    """[x, y]: `table`[distance of x's and y's pCPUs, y's identity, x's identity]; `masked`: 0 for
+    pieces of one guest or one pCPU. A pool's floating vCPUs make hundreds of pieces that share a
+    few (pCPU, identity) pairs: those are looked up once and spread, the same entries."""
+    cpu, key, vm = pieces.cpu, pieces.key, pieces.vm
+    k = table.shape[1]
+    flat = table.reshape(-1)
+    if len(cpu) <= _STRUCTURED:
+        dist = host.dist[cpu[:, None], cpu[None, :]]
+        found = flat[dist * (k * k) + key[None, :] * k + key[:, None]]
+        if not masked:
+            return found
+        other = (vm[:, None] != vm[None, :]) & (dist != 0)
+        return np.where(other, found, 0.0)
+    unique, inverse = np.unique(cpu * k + key, return_inverse=True)
+    ucpu = unique // k
+    ukey = unique - ucpu * k
+    dist = host.dist[ucpu[:, None], ucpu[None, :]]
+    small = flat[dist * (k * k) + ukey[None, :] * k + ukey[:, None]]
+    if masked:
+        small = np.where(dist != 0, small, 0.0)
+    result = small.take(inverse, axis=0).take(inverse, axis=1)
+    if masked:  # pieces of one guest are consecutive
+        bounds = [0, *(np.flatnonzero(np.diff(vm)) + 1).tolist(), len(vm)]
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            result[start:end, start:end] = 0.0
+    return result
 
 
 def _matrix_updated(host: _Host, pieces: _Pieces, matrix: np.ndarray, moved: np.ndarray) -> np.ndarray:
