@@ -65,7 +65,10 @@ def _build_actions(search: _Search, model: InterferenceModel) -> tuple[list[Acti
             reasons.setdefault(change.guest, []).append(move.reason)
             if move.cost:
                 costs[change.guest] = dict(move.cost)
-    confidence = _confidences(search, model)
+    if model is search.model:
+        confidence_of = search.guest_confidence
+    else:
+        confidence_of = _confidences(search, model).get
 
     actions: list[Action] = []
     def add(**kwargs) -> Action:
@@ -78,7 +81,7 @@ def _build_actions(search: _Search, model: InterferenceModel) -> tuple[list[Acti
         rest = abs(total - lin)
         if abs(lin) + rest <= _EPS:
             return 1.0
-        return float(min(1.0, max(0.0, (abs(lin) + confidence.get(name, 0.0) * rest) / (abs(lin) + rest))))
+        return float(min(1.0, max(0.0, (abs(lin) + confidence_of(name, 0.0) * rest) / (abs(lin) + rest))))
 
     order: dict[str, None] = {}  # the guests moved, in the order of their first move
     for move in search.moves:
@@ -432,8 +435,7 @@ def _confidences(search: _Search, model: InterferenceModel) -> dict[str, float]:
     """The model's confidence in each guest's prediction in the final layout."""
     result: dict[str, float] = {}
     for host in search.hosts.values():
-        result.update(search.host_confidences(host) if model is search.model
-                      else _host_confidences(host, model, search.betas))
+        result.update(_host_confidences(host, model, search.betas))
     return result
 
 

@@ -137,11 +137,8 @@ class _Search:
         self._placements: dict[str, tuple[GuestState, str, Mapping[int, frozenset[int]], object, Placement]] = {}
         self.original = {g.name: g for g in self.guests.values()}
         self.start_perf = self.perf_by_guest()
-        self.confidence: dict[str, float] = {}
         # host -> (its guests and pins, their confidences): `host_confidences`, kept
         self._confidences: dict[str, tuple[tuple, dict[str, float]]] = {}
-        for host in self.hosts.values():
-            self.confidence.update(self.host_confidences(host))
         self.floors: dict[str, float] = {}
         for guest in self.guests.values():
             if guest.floor is not None:
@@ -157,6 +154,18 @@ class _Search:
         self.pooled: set[str] = set()  # floating guests an earlier plan of vmplacer's pooled
 
     # ----- evaluation helpers -------------------------------------------------------------------------
+    @property
+    def confidence(self) -> dict[str, float]:
+        """Each guest's confidence (`_host_confidences`) in the what-if layout as it is now."""
+        result: dict[str, float] = {}
+        for host in self.hosts.values():
+            result.update(self.host_confidences(host))
+        return result
+
+    def guest_confidence(self, name: str, default: float = 0.0) -> float:
+        """`confidence` of one guest: only its host's is computed (a plan needs the moved guests')."""
+        return self.host_confidences(self.hosts[self.host_of[name]]).get(name, default)
+
     def host_confidences(self, host: _Host) -> dict[str, float]:
         """`_host_confidences` of the host as it is, kept while its guests and pins are the same:
         the plan asks again for every host at the end, and most hosts are as they were."""
@@ -854,8 +863,6 @@ class _Search:
         # the move changed (guests that left them are re-read on the host they went to).
         for name in hosts:
             self.perf_now.update(self.host_perf(self.hosts[name]))
-        for name in hosts:
-            self.confidence.update(self.host_confidences(self.hosts[name]))
         return hosts
 
     def held_back(self, move: _Move) -> bool:
