@@ -155,7 +155,8 @@ class _Pieces:
     # (guest, vCPU) -> its piece, for vCPUs pinned to one pCPU (`_Host.set_pins` derives layouts by it)
     slots: dict[tuple[str, int], int] | None = None
     # the layout this one was derived from (its matrix made) and the pieces that moved: the
-    # interference matrix is that one's with the moved rows and columns looked up again
+    # interference matrix (and the blind view's) is that one's with the moved rows and columns
+    # looked up again
     parent: tuple[_Pieces, np.ndarray] | None = None
 
     def slot_of(self) -> dict[tuple[str, int], int]:
@@ -179,7 +180,8 @@ class _Host:
         self.dist = distance_matrix(topo, np.array(self.cpus, dtype=np.int64))
         self.usable = frozenset(topo.usable_cpus)
         self.node_of = {c: topo.cpus[c].node for c in self.cpus}
-        self.siblings = {c: topo.siblings(c) & set(self.cpus) for c in self.cpus}
+        online = set(self.cpus)
+        self.siblings = {c: topo.siblings(c) & online for c in self.cpus}
         self.node_cpus: dict[int, frozenset[int]] = {}
         for cpu in self.cpus:
             self.node_cpus[self.node_of[cpu]] = self.node_cpus.get(self.node_of[cpu], frozenset()) | {cpu}
@@ -592,6 +594,10 @@ def _derived(base: _Pieces, moved: Mapping[tuple[str, int], int]) -> _Pieces:
         at.append(slots[where])
     changed = np.array(sorted(set(at)), dtype=np.int64)
     changed = changed[cpu[changed] != base.cpu[changed]]
+    # one generation back at most: what base was derived from is let go
+    base.parent = None
+    if base.blind is not None:
+        base.blind.parent = None
     return replace(base, cpu=cpu, matrix=None, current=None, blind=None, terms=None, spread=None, load=None,
                    blind_base=None, parent=(base, changed) if base.matrix is not None else None)
 
@@ -601,9 +607,9 @@ _FEW_ROWS = 8  # a derived layout moving at most this many pieces gets its matri
 
 def _interference_matrix(host: _Host, pieces: _Pieces) -> np.ndarray:
     """[x, y]: β(y → x) at their pCPUs' distance, 0 for pieces of one guest or one pCPU (cached)."""
-    parent, pieces.parent = pieces.parent, None
-    if pieces.matrix is None and parent is not None and len(parent[1]) <= _FEW_ROWS:
-        assert pieces.table is not None and parent[0].matrix is not None
+    parent = pieces.parent
+    if pieces.matrix is None and parent is not None and parent[0].matrix is not None and len(parent[1]) <= _FEW_ROWS:
+        assert pieces.table is not None
         pieces.matrix = _matrix_updated(host, pieces, parent[0].matrix, parent[1])
     if pieces.matrix is None:
         assert pieces.table is not None

@@ -285,9 +285,12 @@ class _Search:
         if self.betas.prior is None:
             return None
         if pieces.blind is None:
+            parent = None
+            if pieces.parent is not None and pieces.parent[0].blind is not None:
+                parent = (pieces.parent[0].blind, pieces.parent[1])  # its matrix, updated likewise
             pieces.blind = replace(pieces, key=np.zeros_like(pieces.key), table=self.betas.prior, matrix=None,
                                    current=None, blind=None, terms=None, spread=None,
-                                   load=None, blind_base=None, slots=None, parent=None)
+                                   load=None, blind_base=None, slots=None, parent=parent)
         return pieces.blind
 
     def _quick_sure(self, pieces: _Pieces, gain: np.ndarray, lin: np.ndarray, blind: _Pieces | None,
@@ -383,13 +386,14 @@ class _Search:
 
     def _valid_swap(self, host: _Host, a: str, pins_a: dict, b: str, pins_b: dict) -> bool:
         old_a, old_b = host.pins[a], host.pins[b]
+        evaluated = host._pieces  # the layout's evaluation, valid again once the pins are back
         host.set_pins(a, pins_a)
         host.set_pins(b, pins_b)
         try:
             return not self.violations(host, [a, b])
         finally:
             host.set_pins(a, old_a)
-            host.set_pins(b, old_b)
+            host.set_pins(b, old_b, pieces=evaluated)
 
     def _pool_moves(self, host: _Host, base_obj: float, base_lin: float) -> list[_Move]:
         """Oversubscribed shareable vCPUs float over their node's pool; floating ones pin back 1:1."""
