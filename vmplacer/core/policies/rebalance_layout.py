@@ -152,6 +152,8 @@ class _Pieces:
     spread: PairTerms | None = None  # `_Host.pair_spread` of the layout, cached
     load: np.ndarray | None = None  # demand on each pCPU as the layout stands, cached by `perf_moves`
     blind_base: float | None = None  # objective minus time sharing under the topology prior, cached
+    reach: np.ndarray | None = None  # [pCPU, piece]: distance of each local pCPU to each piece's, cached
+    piece_keys: list[tuple[str, int, int]] | None = None  # `_Host.pair_terms` keys, cached
     # (guest, vCPU) -> its piece, for vCPUs pinned to one pCPU (`_Host.set_pins` derives layouts by it)
     slots: dict[tuple[str, int], int] | None = None
     # the layout this one was derived from (its matrix made) and the pieces that moved: the
@@ -469,10 +471,13 @@ class _Host:
         """`perf_moves` of the layout and the performance part of `perf_moves` of its `blind` view
         (the same pieces under another table): both share the time shares, computed once."""
         cpu, granted, linear = self._moved_shares(pieces, m, targets)
-        perf = linear if pieces.table is None else self._moved_interfered(pieces, m, targets, granted)
+        if pieces.table is None:
+            return linear, linear, None if blind is None else linear
+        dist, valid = self._moved_reach(pieces, m, targets)
+        perf = self._moved_interfered(pieces, m, targets, granted, dist, valid)
         if blind is None:
             return perf, linear, None
-        blind_perf = linear if blind.table is None else self._moved_interfered(blind, m, targets, granted)
+        blind_perf = linear if blind.table is None else self._moved_interfered(blind, m, targets, granted, dist, valid)
         return perf, linear, blind_perf
 
     def _moved_shares(self, pieces: _Pieces, m: int,
@@ -492,18 +497,32 @@ class _Host:
         granted = pieces.demand[None, :] * np.minimum(1.0, 1.0 / np.maximum(load[rows[:, None], cpu], 1e-12))
         return cpu, granted, self._per_guest(pieces, granted)
 
-    def _moved_interfered(self, pieces: _Pieces, m: int, targets: np.ndarray, granted: np.ndarray) -> np.ndarray:
-        """Performance with interference of the candidates of `_moved_shares`."""
+    def _moved_reach(self, pieces: _Pieces, m: int, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[c, x]: the distance of x's pCPU to m's new pCPU in each candidate, and whether x and m
+        interfere there (other guests, other pCPUs). The pCPUs' distances to every piece are
+        looked up once per layout (`_Pieces.reach`): each candidate takes its target's row."""
+        if pieces.reach is None:
+            pieces.reach = self.dist[:, pieces.cpu]
+        dist = pieces.reach.take(targets, axis=0)
+        return dist, (pieces.vm[None, :] != pieces.vm[m]) & (dist != 0)
+
+    def _moved_interfered(self, pieces: _Pieces, m: int, targets: np.ndarray, granted: np.ndarray,
+                          dist: np.ndarray | None = None, valid: np.ndarray | None = None) -> np.ndarray:
+        """Performance with interference of the candidates of `_moved_shares` (`dist`, `valid`:
+        `_moved_reach`, which a layout and its blind view share)."""
         assert pieces.table is not None
         matrix = _interference_matrix(self, pieces)
         loss = granted @ matrix.T
         loss -= np.outer(granted[:, m], matrix[:, m])
-        dist = self.dist[targets[:, None], pieces.cpu[None, :]]  # [c, x]: x's pCPU to m's new pCPU
+        if dist is None or valid is None:
+            dist, valid = self._moved_reach(pieces, m, targets)
         k = pieces.table.shape[1]
         flat = pieces.table.reshape(-1)
-        valid = (pieces.vm[None, :] != pieces.vm[m]) & (dist != 0)
-        caused = np.where(valid, flat[dist * (k * k) + pieces.key[m] * k + pieces.key[None, :]], 0.0)
-        suffered = np.where(valid, flat[dist * (k * k) + pieces.key[None, :] * k + pieces.key[m]], 0.0)
+        if k == 1:  # one identity (the blind view): what m causes is what it suffers
+            caused = suffered = np.where(valid, flat[dist], 0.0)
+        else:
+            caused = np.where(valid, flat[dist * (k * k) + pieces.key[m] * k + pieces.key[None, :]], 0.0)
+            suffered = np.where(valid, flat[dist * (k * k) + pieces.key[None, :] * k + pieces.key[m]], 0.0)
         loss += caused * granted[:, m][:, None]
         loss[:, m] = (suffered * granted).sum(axis=1)
         return self._per_guest(pieces, granted * remaining(loss, self.betas.form))
@@ -517,8 +536,11 @@ class _Host:
         return pieces.terms
 
     def _pair_terms(self, pieces: _Pieces) -> PairTerms:
-        keys = [(pieces.guests[pieces.vm[p]], int(pieces.vcpu[p]), self.cpus[pieces.cpu[p]])
-                for p in range(len(pieces.cpu))]
+        if pieces.piece_keys is None:
+            guests, cpus = pieces.guests, self.cpus
+            pieces.piece_keys = [(guests[g], v, cpus[c]) for g, v, c in
+                                 zip(pieces.vm.tolist(), pieces.vcpu.tolist(), pieces.cpu.tolist())]
+        keys = pieces.piece_keys
         if pieces.table is None or not keys:
             zero = np.zeros((len(keys), len(keys)))
             return keys, zero, zero
@@ -599,7 +621,8 @@ def _derived(base: _Pieces, moved: Mapping[tuple[str, int], int]) -> _Pieces:
     if base.blind is not None:
         base.blind.parent = None
     return replace(base, cpu=cpu, matrix=None, current=None, blind=None, terms=None, spread=None, load=None,
-                   blind_base=None, parent=(base, changed) if base.matrix is not None else None)
+                   blind_base=None, reach=None, piece_keys=None,
+                   parent=(base, changed) if base.matrix is not None else None)
 
 
 _FEW_ROWS = 8  # a derived layout moving at most this many pieces gets its matrix by update

@@ -290,7 +290,7 @@ class _Search:
                 parent = (pieces.parent[0].blind, pieces.parent[1])  # its matrix, updated likewise
             pieces.blind = replace(pieces, key=np.zeros_like(pieces.key), table=self.betas.prior, matrix=None,
                                    current=None, blind=None, terms=None, spread=None,
-                                   load=None, blind_base=None, slots=None, parent=parent)
+                                   load=None, blind_base=None, slots=None, parent=parent, piece_keys=None)
         return pieces.blind
 
     def _quick_sure(self, pieces: _Pieces, gain: np.ndarray, lin: np.ndarray, blind: _Pieces | None,
@@ -1043,7 +1043,10 @@ class _Search:
         move.prior_gain = prior_after - prior_before
         total = weighted = 0.0
         for (keys_b, terms_b, conf_b), (keys_a, terms_a, conf_a) in zip(before, after):
-            union = {k: i for i, k in enumerate(dict.fromkeys(keys_b + keys_a))}
+            # a layout's pieces are distinct: the ones before take the first places, in order
+            union = dict(zip(keys_b, range(len(keys_b))))
+            for k in keys_a:
+                union.setdefault(k, len(union))
             n = len(union)
             if n == 0:
                 continue
@@ -1052,9 +1055,13 @@ class _Search:
             for keys, terms, conf, sign in ((keys_b, terms_b, conf_b, -1.0), (keys_a, terms_a, conf_a, 1.0)):
                 if not keys:
                     continue
-                at = np.array([union[k] for k in keys])
-                delta[np.ix_(at, at)] += sign * terms
-                trust[np.ix_(at, at)] = np.minimum(trust[np.ix_(at, at)], np.where(terms != 0, conf, 1.0))
+                if keys is keys_b:
+                    at: slice | tuple = (slice(0, len(keys)), slice(0, len(keys)))
+                else:
+                    index = np.array([union[k] for k in keys])
+                    at = np.ix_(index, index)
+                delta[at] += sign * terms
+                trust[at] = np.minimum(trust[at], np.where(terms != 0, conf, 1.0))
             change = np.abs(delta)
             total += float(change.sum())
             weighted += float((change * trust).sum())
