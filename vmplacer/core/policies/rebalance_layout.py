@@ -389,9 +389,11 @@ class _Host:
         self.betas.keeping(self)
         return result
 
-    def perf(self, pieces: _Pieces, cpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def perf(self, pieces: _Pieces, cpu: np.ndarray,
+             moved: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Per candidate (rows of `cpu`, C×P): each guest's predicted performance (C×V), and the
-        same from time sharing alone (the linear predictor)."""
+        same from time sharing alone (the linear predictor). `moved` (optional, C×2): the two
+        pieces each candidate moves, in increasing order, when the caller knows them (swaps)."""
         same = cpu is pieces.cpu
         if same and pieces.current is not None:
             return pieces.current
@@ -412,16 +414,20 @@ class _Host:
             loss = granted @ _interference_matrix(self, pieces).T
             result = (self._per_guest(pieces, granted * remaining(loss, self.betas.form)), linear)
         else:
-            result = (self._interfered(pieces, cpu, granted), linear)
+            result = (self._interfered(pieces, cpu, granted, moved), linear)
         if same:
             pieces.current = result
         return result
 
-    def _interfered(self, pieces: _Pieces, cpu: np.ndarray, granted: np.ndarray) -> np.ndarray:
+    def _interfered(self, pieces: _Pieces, cpu: np.ndarray, granted: np.ndarray,
+                    pairs: np.ndarray | None = None) -> np.ndarray:
         assert pieces.table is not None
-        moved = cpu != pieces.cpu[None, :]
-        if len(cpu) and moved.sum(axis=1).max() <= _FEW_MOVED:
-            matrix = self._matrices_moved(pieces, cpu, moved)
+        if pairs is not None:
+            matrix = self._matrices_moved(pieces, cpu, pairs)
+        elif len(cpu) and (moved := cpu != pieces.cpu[None, :]).sum(axis=1).max() <= _FEW_MOVED:
+            # each candidate's moved pieces first; a candidate that moves fewer takes unmoved ones
+            # too, whose rows and columns come out as they were
+            matrix = self._matrices_moved(pieces, cpu, np.argsort(~moved, axis=1, kind="stable")[:, :_FEW_MOVED])
         else:
             dist = self.dist[cpu[:, :, None], cpu[:, None, :]]  # [c, x, y]
             k = pieces.table.shape[1]
@@ -433,17 +439,16 @@ class _Host:
 
     def _matrices_moved(self, pieces: _Pieces, cpu: np.ndarray, moved: np.ndarray) -> np.ndarray:
         """[c, x, y]: the interference matrix of each candidate that moves at most `_FEW_MOVED`
-        pieces (a swap moves two): the layout's own matrix with only the moved pieces' rows and
-        columns looked up again — the same entries a full look-up gives, at a fraction of it."""
+        pieces (a swap moves two; `moved`, C×_FEW_MOVED: those pieces): the layout's own matrix
+        with only the moved pieces' rows and columns looked up again — the same entries a full
+        look-up gives, at a fraction of it."""
         assert pieces.table is not None
         count = len(cpu)
         rows = np.arange(count)
         result = np.repeat(_interference_matrix(self, pieces)[None, :, :], count, axis=0)
         k = pieces.table.shape[1]
         flat = pieces.table.reshape(-1)
-        # each candidate's moved pieces first; a candidate that moves fewer takes unmoved ones too,
-        # whose rows and columns come out as they were
-        for j in np.argsort(~moved, axis=1, kind="stable")[:, :_FEW_MOVED].T:
+        for j in moved.T:
             at = cpu[rows, j][:, None]
             other = pieces.vm[None, :] != pieces.vm[j][:, None]
             dist = self.dist[at, cpu]  # [c, y]: j's pCPU to y's

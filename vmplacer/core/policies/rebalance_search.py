@@ -243,8 +243,9 @@ class _Search:
         order = self._ranked_pieces(host, pieces, current)
         for m in order[: self.settings.move_candidates]:
             moves.extend(self._best_single(host, pieces, m, base_obj, base_lin))
+        swappable = self._swappable(pieces)
         for m in order[: self.settings.swap_candidates]:
-            moves.extend(self._best_swap(host, pieces, m, base_obj, base_lin))
+            moves.extend(self._best_swap(host, pieces, m, base_obj, base_lin, swappable))
         moves.extend(self._pool_moves(host, base_obj, base_lin))
         moves.extend(self._relocations(host, base_obj, base_lin))
         if not moves:
@@ -271,14 +272,6 @@ class _Search:
             result.append((shortfall + max(0.0, crowd[pieces.cpu[p]] - 1.0), p))
         result.sort(key=lambda item: (-item[0], item[1]))
         return [p for _, p in result]
-
-    def _gain_vectors(self, host: _Host, pieces: _Pieces, cand: np.ndarray, base_obj: float,
-                      base_lin: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        perf, linear = host.perf(pieces, cand)
-        gain = self.objective_of(pieces, perf) - base_obj
-        lin = self.objective_of(pieces, linear) - base_lin
-        ok = self.floors_ok(pieces, perf)
-        return gain, lin, ok
 
     def _blind(self, pieces: _Pieces) -> _Pieces | None:
         """The same layout seen through the topology prior (every guest alike), cached."""
@@ -344,19 +337,30 @@ class _Search:
                                quick_sure=float(quick[best])))
         return moves
 
-    def _best_swap(self, host: _Host, pieces: _Pieces, m: int, base_obj: float, base_lin: float) -> list[_Move]:
+    def _swappable(self, pieces: _Pieces) -> np.ndarray:
+        """Per piece: a vCPU pinned to one pCPU, of a pinned or exclusive guest (a swap partner)."""
+        pinned = np.array([self.guests[name].mode in (PINNED, EXCLUSIVE) for name in pieces.guests], dtype=bool)
+        return pieces.single & pinned[pieces.vm]
+
+    def _best_swap(self, host: _Host, pieces: _Pieces, m: int, base_obj: float, base_lin: float,
+                   swappable: np.ndarray | None = None) -> list[_Move]:
         name_m = pieces.guests[pieces.vm[m]]
-        partners = [n for n in range(len(pieces.cpu))
-                    if n != m and pieces.single[n] and pieces.cpu[n] != pieces.cpu[m]
-                    and pieces.vm[n] != pieces.vm[m]
-                    and self.guests[pieces.guests[pieces.vm[n]]].mode in (PINNED, EXCLUSIVE)]
-        if not partners:
+        if swappable is None:
+            swappable = self._swappable(pieces)
+        # on another pCPU (so not m itself), of another guest
+        partners = np.flatnonzero(swappable & (pieces.cpu != pieces.cpu[m]) & (pieces.vm != pieces.vm[m]))
+        if not len(partners):
             return []
         cand = np.tile(pieces.cpu, (len(partners), 1))
         rows = np.arange(len(partners))
         cand[rows, m] = pieces.cpu[partners]
         cand[rows, partners] = pieces.cpu[m]
-        gain, lin, ok = self._gain_vectors(host, pieces, cand, base_obj, base_lin)
+        pairs = np.stack([np.minimum(partners, m), np.maximum(partners, m)], axis=1)
+        perf, linear = host.perf(pieces, cand, pairs)
+        gain = self.objective_of(pieces, perf) - base_obj
+        lin = self.objective_of(pieces, linear) - base_lin
+        ok = self.floors_ok(pieces, perf)
+        partners = partners.tolist()
         # Under the topology prior every guest is alike, so a swap changes nothing there
         # (bar unequal loads): its zero-confidence value is time sharing and the guessed part.
         quick = lin + self.settings.guess_weight * np.maximum(gain - lin, 0.0) + np.minimum(gain - lin, 0.0)
