@@ -227,6 +227,8 @@ class _Host:
         one, the next evaluation is derived from the last (the same arrays, but their pCPUs)."""
         old = self.pins.get(name)
         self.pins[name] = dict(pins)
+        if pieces is None and old == self.pins[name]:
+            return  # the same layout: its evaluation stands
         self._pieces, dropped = pieces, self._pieces
         if pieces is not None:
             self._derive = None
