@@ -555,6 +555,9 @@ class _Host:
         terms = scale[:, None] * _interference_matrix(self, pieces) * granted[None, :]
         conf_table = self.betas.confidence_tensor(list(pieces.identities))
         assert conf_table is not None
+        parent = pieces.parent
+        if parent is not None and parent[0].terms is not None and len(parent[1]) <= _FEW_ROWS:
+            return keys, terms, _rows_updated(self, pieces, conf_table, parent[0].terms[2], parent[1], masked=False)
         return keys, terms, _pair_lookup(self, pieces, conf_table, masked=False)
 
     def pair_spread(self, pieces: _Pieces) -> PairTerms:
@@ -640,7 +643,7 @@ def _interference_matrix(host: _Host, pieces: _Pieces) -> np.ndarray:
     parent = pieces.parent
     if pieces.matrix is None and parent is not None and parent[0].matrix is not None and len(parent[1]) <= _FEW_ROWS:
         assert pieces.table is not None
-        pieces.matrix = _matrix_updated(host, pieces, parent[0].matrix, parent[1])
+        pieces.matrix = _rows_updated(host, pieces, pieces.table, parent[0].matrix, parent[1], masked=True)
     if pieces.matrix is None:
         assert pieces.table is not None
         pieces.matrix = _pair_lookup(host, pieces, pieces.table, masked=True)
@@ -679,20 +682,22 @@ def _pair_lookup(host: _Host, pieces: _Pieces, table: np.ndarray, masked: bool) 
     return result
 
 
-def _matrix_updated(host: _Host, pieces: _Pieces, matrix: np.ndarray, moved: np.ndarray) -> np.ndarray:
-    """`_interference_matrix` of a layout that differs from the one of `matrix` in the pCPUs of
-    the `moved` pieces only: the other entries are the same look-ups, so they are copied."""
-    assert pieces.table is not None
+def _rows_updated(host: _Host, pieces: _Pieces, table: np.ndarray, matrix: np.ndarray, moved: np.ndarray,
+                  masked: bool) -> np.ndarray:
+    """`_pair_lookup` of a layout that differs from the one of `matrix` in the pCPUs of the `moved`
+    pieces only: the other entries are the same look-ups, so they are copied."""
     result = matrix.copy()
-    k = pieces.table.shape[1]
-    flat = pieces.table.reshape(-1)
+    k = table.shape[1]
+    flat = table.reshape(-1)
     cpu, key, vm = pieces.cpu, pieces.key, pieces.vm
     for j in moved.tolist():
         other = vm != vm[j]
         dist = host.dist[cpu[j], cpu]  # [y]: j's pCPU to y's
-        result[j, :] = np.where(other & (dist != 0), flat[dist * (k * k) + key * k + key[j]], 0.0)
+        row = flat[dist * (k * k) + key * k + key[j]]
+        result[j, :] = np.where(other & (dist != 0), row, 0.0) if masked else row
         dist = host.dist[cpu, cpu[j]]  # [x]: x's pCPU to j's
-        result[:, j] = np.where(other & (dist != 0), flat[dist * (k * k) + key[j] * k + key], 0.0)
+        column = flat[dist * (k * k) + key[j] * k + key]
+        result[:, j] = np.where(other & (dist != 0), column, 0.0) if masked else column
     return result
 
 
