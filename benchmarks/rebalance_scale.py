@@ -1,7 +1,7 @@
 """Rebalance planning at fleet scale, stage by stage.
 
     python benchmarks/rebalance_scale.py [--out benchmarks/results/rebalance_scale.json]
-                                         [--sizes 100,300,1000] [--guests 40]
+                                         [--sizes 100,300,1000] [--guests 40] [--baseline CHECKOUT]
 
 The fleet is the one `benchmarks/rebalance.py` plans at scale: uniform two-node hosts of 24
 cores × 2 threads, each with `--guests` one-vCPU batch guests pinned to random pCPUs (seeded),
@@ -11,6 +11,9 @@ product's defaults; the planner's own stage timer (core/stage_times.py, the numb
 `vmplacer rebalance` logs) says where the time goes: setup (what-if state), climb (local
 moves and migrations), exact, pessimistic, second_opinion, declined_layouts,
 optimistic_groups, optimistic_layouts, likeliest_steps, actions (building the plan).
+With `--baseline` (another checkout of vmplacer, e.g. the previous commit in a git worktree),
+each size is planned by that checkout first, then by this one, in the same run (same load), and
+its numbers are kept under "baseline".
 """
 
 from __future__ import annotations
@@ -69,19 +72,33 @@ def main() -> None:
     parser.add_argument("--out", default=str(ROOT / "benchmarks" / "results" / "rebalance_scale.json"))
     parser.add_argument("--sizes", default="100,300,1000")
     parser.add_argument("--guests", type=int, default=40)
+    parser.add_argument("--baseline", help="another checkout of vmplacer, measured first at each size")
     parser.add_argument("--measure", type=int, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.measure is not None:
         print(json.dumps(measure(args.measure, args.guests)))
         return
-    runs = []
+    baseline = Path(args.baseline).resolve() if args.baseline else None
+    runs, baseline_runs = [], []
     for size in (int(s) for s in args.sizes.split(",")):
-        done = subprocess.run([sys.executable, __file__, "--measure", str(size), "--guests", str(args.guests)],
-                              capture_output=True, text=True, check=True)
-        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+        if baseline is not None:
+            baseline_runs.append(_measured(baseline / "benchmarks" / "rebalance_scale.py", size, args.guests))
+            print("baseline", json.dumps(baseline_runs[-1]), flush=True)
+        runs.append(_measured(Path(__file__), size, args.guests))
         print(json.dumps(runs[-1]), flush=True)
     machine = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "uname": " ".join(os.uname())}
-    Path(args.out).write_text(json.dumps({"machine": machine, "runs": runs}, indent=1) + "\n")
+    result: dict = {"machine": machine, "runs": runs}
+    if baseline is not None:
+        commit = subprocess.run(["git", "-C", str(baseline), "rev-parse", "HEAD"], capture_output=True, text=True)
+        result["baseline"] = {"commit": commit.stdout.strip() or None, "runs": baseline_runs}
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+
+
+def _measured(script: Path, size: int, guests: int) -> dict:
+    """One size planned by `script` (this file or a baseline checkout's) in a fresh process."""
+    done = subprocess.run([sys.executable, str(script), "--measure", str(size), "--guests", str(guests)],
+                          capture_output=True, text=True, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 if __name__ == "__main__":

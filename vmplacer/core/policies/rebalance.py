@@ -53,6 +53,7 @@ import itertools
 import math
 from collections.abc import Iterable, Mapping
 
+from vmplacer.core.collector import collection_held
 from vmplacer.core.interference import InterferenceModel
 from vmplacer.core.text import plural
 from vmplacer.core.layout_problem import LayoutSolver
@@ -117,7 +118,18 @@ def plan_rebalance(
     model in its other form) gives a second opinion (rebalance_second). `times` (optional)
     collects the seconds each stage took, on the caller's clock.
     """
-    settings = settings or RebalanceSettings()
+    with collection_held():  # a fleet's what-if state is millions of objects kept to the end
+        return _plan(state, model, settings or RebalanceSettings(), now=now, last_moved=last_moved, scope=scope,
+                     hosts=hosts, solver=solver, measured=measured, tried=tried, explore_kept=explore_kept,
+                     pooled=pooled, held=held, refuted=refuted, second=second, times=times)
+
+
+def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSettings, *, now: float | None,
+          last_moved: Mapping[str, float] | None, scope: Iterable[str] | None, hosts: Iterable[str] | None,
+          solver: LayoutSolver | None, measured: Iterable[tuple[str, str]] | None, tried: Mapping[str, int] | None,
+          explore_kept: Mapping[str, int] | None, pooled: Iterable[str] | None, held: Mapping[str, Backoff] | None,
+          refuted: Iterable[str] | None, second: InterferenceModel | None, times: StageTimes | None) -> Plan:
+    """`plan_rebalance`'s work, its arguments as given."""
     if hosts is not None:
         allowed = set(hosts)
         unknown = sorted(allowed - set(state.hosts))

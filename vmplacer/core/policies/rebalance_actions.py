@@ -10,6 +10,7 @@ Freeze'nSense probe when the model's confidence in the moves is low.
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping
 from dataclasses import replace
 from typing import Any
@@ -65,7 +66,10 @@ def _build_actions(search: _Search, model: InterferenceModel) -> tuple[list[Acti
             reasons.setdefault(change.guest, []).append(move.reason)
             if move.cost:
                 costs[change.guest] = dict(move.cost)
-    confidence = _confidences(search, model)
+    if model is search.model:
+        confidence_of = search.guest_confidence
+    else:
+        confidence_of = _confidences(search, model).get
 
     actions: list[Action] = []
     def add(**kwargs) -> Action:
@@ -78,7 +82,7 @@ def _build_actions(search: _Search, model: InterferenceModel) -> tuple[list[Acti
         rest = abs(total - lin)
         if abs(lin) + rest <= _EPS:
             return 1.0
-        return float(min(1.0, max(0.0, (abs(lin) + confidence.get(name, 0.0) * rest) / (abs(lin) + rest))))
+        return float(min(1.0, max(0.0, (abs(lin) + confidence_of(name, 0.0) * rest) / (abs(lin) + rest))))
 
     order: dict[str, None] = {}  # the guests moved, in the order of their first move
     for move in search.moves:
@@ -198,11 +202,17 @@ def _with_baselines(search: _Search, actions: list[Action], hosts: list[str]) ->
                     reason="measure the host as it is with Freeze'nSense, to compare the moves with",
                     parameters={"seconds": search.settings.trial_seconds, "baseline": True})
              for i, host in enumerate(hosts)]
-    rest = []
-    for action in actions:
-        deps = {d + shift for d in action.depends_on}
-        rest.append(replace(action, index=action.index + shift, depends_on=tuple(sorted(deps))))
-    return first + rest
+    return first + [_shifted(action, shift) for action in actions]
+
+
+def _shifted(action: Action, shift: int) -> Action:
+    """`action` `shift` places later, its dependencies with it. Its checks (`Action.__post_init__`)
+    do not depend on where it stands, so it is copied rather than built and checked again: a
+    fleet's plan holds tens of thousands of actions."""
+    moved = copy.copy(action)
+    object.__setattr__(moved, "index", action.index + shift)
+    object.__setattr__(moved, "depends_on", tuple(sorted({d + shift for d in action.depends_on})))
+    return moved
 
 
 def _layout_guests(search: _Search, host: _Host) -> list[str]:

@@ -12,7 +12,7 @@ objective described in `rebalance`.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -151,6 +151,22 @@ class _Pieces:
     terms: PairTerms | None = None  # `_Host.pair_terms` of the layout, cached
     spread: PairTerms | None = None  # `_Host.pair_spread` of the layout, cached
     load: np.ndarray | None = None  # demand on each pCPU as the layout stands, cached by `perf_moves`
+    blind_base: float | None = None  # objective minus time sharing under the topology prior, cached
+    reach: np.ndarray | None = None  # [pCPU, piece]: distance of each local pCPU to each piece's, cached
+    piece_keys: list[tuple[str, int, int]] | None = None  # `_Host.pair_terms` keys, cached
+    # (guest, vCPU) -> its piece, for vCPUs pinned to one pCPU (`_Host.set_pins` derives layouts by it)
+    slots: dict[tuple[str, int], int] | None = None
+    # the layout this one was derived from (its matrix made) and the pieces that moved: the
+    # interference matrix (and the blind view's) is that one's with the moved rows and columns
+    # looked up again
+    parent: tuple[_Pieces, np.ndarray] | None = None
+
+    def slot_of(self) -> dict[tuple[str, int], int]:
+        """(guest, vCPU) -> piece, for the vCPUs pinned to exactly one pCPU (made on first use)."""
+        if self.slots is None:
+            self.slots = {(self.guests[self.vm[p]], int(self.vcpu[p])): p
+                          for p in np.flatnonzero(self.single).tolist()}
+        return self.slots
 
 
 class _Host:
@@ -166,7 +182,8 @@ class _Host:
         self.dist = distance_matrix(topo, np.array(self.cpus, dtype=np.int64))
         self.usable = frozenset(topo.usable_cpus)
         self.node_of = {c: topo.cpus[c].node for c in self.cpus}
-        self.siblings = {c: topo.siblings(c) & set(self.cpus) for c in self.cpus}
+        online = set(self.cpus)
+        self.siblings = {c: topo.siblings(c) & online for c in self.cpus}
         self.node_cpus: dict[int, frozenset[int]] = {}
         for cpu in self.cpus:
             self.node_cpus[self.node_of[cpu]] = self.node_cpus.get(self.node_of[cpu], frozenset()) | {cpu}
@@ -175,16 +192,24 @@ class _Host:
         self.guests: dict[str, GuestState] = {}
         self.pins: dict[str, dict[int, frozenset[int]]] = {}
         self._pieces: _Pieces | None = None
+        # since `_pieces` was dropped by `set_pins`: the evaluation it dropped and the one-pCPU
+        # vCPUs that moved since, (guest, vCPU) -> local pCPU index; None when the pins changed
+        # otherwise (a layout is then flattened anew)
+        self._derive: tuple[_Pieces, dict[tuple[str, int], int]] | None = None
         # evaluations of the layouts the guests here had lately, by their pins: the search tries a
         # move and takes it back, or sets pins aside and restores them, many times over one layout
         self._recent: dict[tuple[tuple[str, tuple[tuple[int, frozenset[int]], ...]], ...], _Pieces] = {}
         self._peers: dict[str, frozenset[str]] | None = None  # anti-affinity peers present, per guest
+        # (the guests as they were, the ones among them that own pCPUs): the rules ask who owns
+        # pCPUs for every candidate pCPU of every vCPU, and the guests rarely change
+        self._owners: tuple[tuple[GuestState, ...], list[str]] = ((), [])
 
     # ----- layout -------------------------------------------------------------------------
     def add(self, guest: GuestState, pins: Mapping[int, frozenset[int]]) -> None:
         self.guests[guest.name] = guest
         self.pins[guest.name] = dict(pins)
         self._pieces = None
+        self._derive = None
         self._recent.clear()
         self._peers = None
 
@@ -192,20 +217,55 @@ class _Host:
         del self.guests[name]
         del self.pins[name]
         self._pieces = None
+        self._derive = None
         self._recent.clear()
         self._peers = None
 
     def set_pins(self, name: str, pins: Mapping[int, frozenset[int]], *, pieces: _Pieces | None = None) -> None:
         """`pieces`: the evaluation of the layout these pins restore (taking a tried move back),
-        kept instead of computed again."""
+        kept instead of computed again. Else, when only vCPUs pinned to one pCPU move to another
+        one, the next evaluation is derived from the last (the same arrays, but their pCPUs)."""
+        old = self.pins.get(name)
         self.pins[name] = dict(pins)
-        self._pieces = pieces
+        if pieces is None and old == self.pins[name]:
+            return  # the same layout: its evaluation stands
+        self._pieces, dropped = pieces, self._pieces
+        if pieces is not None:
+            self._derive = None
+            return
+        if dropped is not None:
+            self._derive = (dropped, {})
+        if self._derive is None:
+            return
+        if old is None or old.keys() != pins.keys():
+            self._derive = None
+            return
+        moved = self._derive[1]
+        for vcpu, cpus in pins.items():
+            before = old[vcpu]
+            if cpus == before:
+                continue
+            if len(cpus) != 1 or len(before) != 1:
+                self._derive = None
+                return
+            moved[(name, vcpu)] = self.index[next(iter(cpus))]
+
+    def owners(self) -> list[str]:
+        """The guests that own pCPUs (exclusive, or fixed with exclusive pCPUs), in guest order;
+        recomputed only when a guest here was added, removed or replaced."""
+        guests = tuple(self.guests.values())
+        if guests != self._owners[0]:
+            self._owners = (guests, [name for name, guest in self.guests.items()
+                                     if guest.mode == EXCLUSIVE
+                                     or guest.mode == FIXED and guest.placement.exclusive_cpus])
+        return self._owners[1]
 
     def owned_by_others(self, name: str | None) -> frozenset[int]:
         """pCPUs exclusive guests other than `name` own (isolate guests: their whole cores)."""
         owned: set[int] = set()
-        for other, guest in self.guests.items():
-            if other == name or guest.mode != EXCLUSIVE and not (guest.mode == FIXED and guest.placement.exclusive_cpus):
+        for other in self.owners():
+            guest = self.guests[other]
+            if other == name:
                 continue
             if guest.mode == FIXED:
                 owned |= guest.placement.exclusive_cpus
@@ -277,7 +337,12 @@ class _Host:
             signature = tuple((name, tuple(sorted(pins.items()))) for name, pins in self.pins.items())
             self._pieces = self._recent.get(signature)
             if self._pieces is not None:
+                self._derive = None
                 return self._pieces
+            if self._derive is not None:
+                result = _derived(*self._derive)
+                self._derive = None
+                return self._keep(signature, result)
         layout = self.pins if layout is None else layout
         guests = self.guests if guests is None else guests
         names = list(layout)
@@ -314,15 +379,23 @@ class _Host:
         if layout is self.pins:
             self._pieces = result
             if signature is not None:
-                if len(self._recent) >= _RECENT_LAYOUTS:
-                    del self._recent[next(iter(self._recent))]
-                self._recent[signature] = result
-                self.betas.keeping(self)
+                self._keep(signature, result)
         return result
 
-    def perf(self, pieces: _Pieces, cpu: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _keep(self, signature: tuple, result: _Pieces) -> _Pieces:
+        """`result` is the evaluation of the layout as it is, and one of its recent ones."""
+        self._pieces = result
+        if len(self._recent) >= _RECENT_LAYOUTS:
+            del self._recent[next(iter(self._recent))]
+        self._recent[signature] = result
+        self.betas.keeping(self)
+        return result
+
+    def perf(self, pieces: _Pieces, cpu: np.ndarray,
+             moved: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Per candidate (rows of `cpu`, C×P): each guest's predicted performance (C×V), and the
-        same from time sharing alone (the linear predictor)."""
+        same from time sharing alone (the linear predictor). `moved` (optional, C×2): the two
+        pieces each candidate moves, in increasing order, when the caller knows them (swaps)."""
         same = cpu is pieces.cpu
         if same and pieces.current is not None:
             return pieces.current
@@ -343,16 +416,20 @@ class _Host:
             loss = granted @ _interference_matrix(self, pieces).T
             result = (self._per_guest(pieces, granted * remaining(loss, self.betas.form)), linear)
         else:
-            result = (self._interfered(pieces, cpu, granted), linear)
+            result = (self._interfered(pieces, cpu, granted, moved), linear)
         if same:
             pieces.current = result
         return result
 
-    def _interfered(self, pieces: _Pieces, cpu: np.ndarray, granted: np.ndarray) -> np.ndarray:
+    def _interfered(self, pieces: _Pieces, cpu: np.ndarray, granted: np.ndarray,
+                    pairs: np.ndarray | None = None) -> np.ndarray:
         assert pieces.table is not None
-        moved = cpu != pieces.cpu[None, :]
-        if len(cpu) and moved.sum(axis=1).max() <= _FEW_MOVED:
-            matrix = self._matrices_moved(pieces, cpu, moved)
+        if pairs is not None:
+            matrix = self._matrices_moved(pieces, cpu, pairs)
+        elif len(cpu) and (moved := cpu != pieces.cpu[None, :]).sum(axis=1).max() <= _FEW_MOVED:
+            # each candidate's moved pieces first; a candidate that moves fewer takes unmoved ones
+            # too, whose rows and columns come out as they were
+            matrix = self._matrices_moved(pieces, cpu, np.argsort(~moved, axis=1, kind="stable")[:, :_FEW_MOVED])
         else:
             dist = self.dist[cpu[:, :, None], cpu[:, None, :]]  # [c, x, y]
             k = pieces.table.shape[1]
@@ -364,17 +441,16 @@ class _Host:
 
     def _matrices_moved(self, pieces: _Pieces, cpu: np.ndarray, moved: np.ndarray) -> np.ndarray:
         """[c, x, y]: the interference matrix of each candidate that moves at most `_FEW_MOVED`
-        pieces (a swap moves two): the layout's own matrix with only the moved pieces' rows and
-        columns looked up again — the same entries a full look-up gives, at a fraction of it."""
+        pieces (a swap moves two; `moved`, C×_FEW_MOVED: those pieces): the layout's own matrix
+        with only the moved pieces' rows and columns looked up again — the same entries a full
+        look-up gives, at a fraction of it."""
         assert pieces.table is not None
         count = len(cpu)
         rows = np.arange(count)
         result = np.repeat(_interference_matrix(self, pieces)[None, :, :], count, axis=0)
         k = pieces.table.shape[1]
         flat = pieces.table.reshape(-1)
-        # each candidate's moved pieces first; a candidate that moves fewer takes unmoved ones too,
-        # whose rows and columns come out as they were
-        for j in np.argsort(~moved, axis=1, kind="stable")[:, :_FEW_MOVED].T:
+        for j in moved.T:
             at = cpu[rows, j][:, None]
             other = pieces.vm[None, :] != pieces.vm[j][:, None]
             dist = self.dist[at, cpu]  # [c, y]: j's pCPU to y's
@@ -392,6 +468,29 @@ class _Host:
         the current matrix times the new time shares, corrected for m: a
         matrix product instead of a fresh C×P×P gather.
         """
+        cpu, granted, linear = self._moved_shares(pieces, m, targets)
+        if pieces.table is None:
+            return linear, linear
+        return self._moved_interfered(pieces, m, targets, granted), linear
+
+    def perf_moves_blind(self, pieces: _Pieces, blind: _Pieces | None, m: int,
+                         targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """`perf_moves` of the layout and the performance part of `perf_moves` of its `blind` view
+        (the same pieces under another table): both share the time shares, computed once."""
+        cpu, granted, linear = self._moved_shares(pieces, m, targets)
+        if pieces.table is None:
+            return linear, linear, None if blind is None else linear
+        dist, valid = self._moved_reach(pieces, m, targets)
+        perf = self._moved_interfered(pieces, m, targets, granted, dist, valid)
+        if blind is None:
+            return perf, linear, None
+        blind_perf = linear if blind.table is None else self._moved_interfered(blind, m, targets, granted, dist, valid)
+        return perf, linear, blind_perf
+
+    def _moved_shares(self, pieces: _Pieces, m: int,
+                      targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(candidate pCPUs, granted time shares, linear performance) of moving piece `m` to each
+        of `targets`."""
         count = len(targets)
         n = len(self.cpus)
         cpu = np.tile(pieces.cpu, (count, 1))
@@ -403,21 +502,37 @@ class _Host:
         load[:, pieces.cpu[m]] -= pieces.demand[m]
         load[rows, targets] += pieces.demand[m]
         granted = pieces.demand[None, :] * np.minimum(1.0, 1.0 / np.maximum(load[rows[:, None], cpu], 1e-12))
-        linear = self._per_guest(pieces, granted)
-        if pieces.table is None:
-            return linear, linear
+        return cpu, granted, self._per_guest(pieces, granted)
+
+    def _moved_reach(self, pieces: _Pieces, m: int, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """[c, x]: the distance of x's pCPU to m's new pCPU in each candidate, and whether x and m
+        interfere there (other guests, other pCPUs). The pCPUs' distances to every piece are
+        looked up once per layout (`_Pieces.reach`): each candidate takes its target's row."""
+        if pieces.reach is None:
+            pieces.reach = self.dist[:, pieces.cpu]
+        dist = pieces.reach.take(targets, axis=0)
+        return dist, (pieces.vm[None, :] != pieces.vm[m]) & (dist != 0)
+
+    def _moved_interfered(self, pieces: _Pieces, m: int, targets: np.ndarray, granted: np.ndarray,
+                          dist: np.ndarray | None = None, valid: np.ndarray | None = None) -> np.ndarray:
+        """Performance with interference of the candidates of `_moved_shares` (`dist`, `valid`:
+        `_moved_reach`, which a layout and its blind view share)."""
+        assert pieces.table is not None
         matrix = _interference_matrix(self, pieces)
         loss = granted @ matrix.T
         loss -= np.outer(granted[:, m], matrix[:, m])
-        dist = self.dist[targets[:, None], pieces.cpu[None, :]]  # [c, x]: x's pCPU to m's new pCPU
+        if dist is None or valid is None:
+            dist, valid = self._moved_reach(pieces, m, targets)
         k = pieces.table.shape[1]
         flat = pieces.table.reshape(-1)
-        valid = (pieces.vm[None, :] != pieces.vm[m]) & (dist != 0)
-        caused = np.where(valid, flat[dist * (k * k) + pieces.key[m] * k + pieces.key[None, :]], 0.0)
-        suffered = np.where(valid, flat[dist * (k * k) + pieces.key[None, :] * k + pieces.key[m]], 0.0)
+        if k == 1:  # one identity (the blind view): what m causes is what it suffers
+            caused = suffered = np.where(valid, flat[dist], 0.0)
+        else:
+            caused = np.where(valid, flat[dist * (k * k) + pieces.key[m] * k + pieces.key[None, :]], 0.0)
+            suffered = np.where(valid, flat[dist * (k * k) + pieces.key[None, :] * k + pieces.key[m]], 0.0)
         loss += caused * granted[:, m][:, None]
         loss[:, m] = (suffered * granted).sum(axis=1)
-        return self._per_guest(pieces, granted * remaining(loss, self.betas.form)), linear
+        return self._per_guest(pieces, granted * remaining(loss, self.betas.form))
 
     def pair_terms(self, pieces: _Pieces) -> PairTerms:
         """Each piece's identity (guest, vCPU, pCPU); per pair [x, y] the weighted performance y's
@@ -428,17 +543,22 @@ class _Host:
         return pieces.terms
 
     def _pair_terms(self, pieces: _Pieces) -> PairTerms:
-        keys = [(pieces.guests[pieces.vm[p]], int(pieces.vcpu[p]), self.cpus[pieces.cpu[p]])
-                for p in range(len(pieces.cpu))]
+        if pieces.piece_keys is None:
+            guests, cpus = pieces.guests, self.cpus
+            pieces.piece_keys = [(guests[g], v, cpus[c]) for g, v, c in
+                                 zip(pieces.vm.tolist(), pieces.vcpu.tolist(), pieces.cpu.tolist())]
+        keys = pieces.piece_keys
         if pieces.table is None or not keys:
             zero = np.zeros((len(keys), len(keys)))
             return keys, zero, zero
         granted, scale = self._pair_scale(pieces)
         terms = scale[:, None] * _interference_matrix(self, pieces) * granted[None, :]
         conf_table = self.betas.confidence_tensor(list(pieces.identities))
-        dist = self.dist[pieces.cpu[:, None], pieces.cpu[None, :]]
-        confidence = conf_table[dist, pieces.key[None, :], pieces.key[:, None]]
-        return keys, terms, confidence
+        assert conf_table is not None
+        parent = pieces.parent
+        if parent is not None and parent[0].terms is not None and len(parent[1]) <= _FEW_ROWS:
+            return keys, terms, _rows_updated(self, pieces, conf_table, parent[0].terms[2], parent[1], masked=False)
+        return keys, terms, _pair_lookup(self, pieces, conf_table, masked=False)
 
     def pair_spread(self, pieces: _Pieces) -> PairTerms:
         """`_pair_spread`, cached on the layout (read only)."""
@@ -494,16 +614,91 @@ def _read_only(found: PairTerms) -> PairTerms:
     return found
 
 
+def _derived(base: _Pieces, moved: Mapping[tuple[str, int], int]) -> _Pieces:
+    """`base` with the one-pCPU vCPUs in `moved` on their new pCPUs: the same pieces in the same
+    order (one per such vCPU before and after), so every array but the pCPUs is base's own (read
+    only), and nothing computed from the pCPUs is kept."""
+    cpu = base.cpu.copy()
+    slots = base.slot_of()
+    at = []
+    for where, local in moved.items():
+        cpu[slots[where]] = local
+        at.append(slots[where])
+    changed = np.array(sorted(set(at)), dtype=np.int64)
+    changed = changed[cpu[changed] != base.cpu[changed]]
+    # one generation back at most: what base was derived from is let go
+    base.parent = None
+    if base.blind is not None:
+        base.blind.parent = None
+    return replace(base, cpu=cpu, matrix=None, current=None, blind=None, terms=None, spread=None, load=None,
+                   blind_base=None, reach=None, piece_keys=None,
+                   parent=(base, changed) if base.matrix is not None else None)
+
+
+_FEW_ROWS = 8  # a derived layout moving at most this many pieces gets its matrix by update
+
+
 def _interference_matrix(host: _Host, pieces: _Pieces) -> np.ndarray:
     """[x, y]: β(y → x) at their pCPUs' distance, 0 for pieces of one guest or one pCPU (cached)."""
+    parent = pieces.parent
+    if pieces.matrix is None and parent is not None and parent[0].matrix is not None and len(parent[1]) <= _FEW_ROWS:
+        assert pieces.table is not None
+        pieces.matrix = _rows_updated(host, pieces, pieces.table, parent[0].matrix, parent[1], masked=True)
     if pieces.matrix is None:
         assert pieces.table is not None
-        dist = host.dist[pieces.cpu[:, None], pieces.cpu[None, :]]
-        k = pieces.table.shape[1]
-        beta = pieces.table.reshape(-1)[dist * (k * k) + pieces.key[None, :] * k + pieces.key[:, None]]
-        other = (pieces.vm[:, None] != pieces.vm[None, :]) & (dist != 0)
-        pieces.matrix = np.where(other, beta, 0.0)
+        pieces.matrix = _pair_lookup(host, pieces, pieces.table, masked=True)
     return pieces.matrix
+
+
+_STRUCTURED = 128  # layouts of more pieces than this (floating vCPUs) look pairs up per (pCPU, identity)
+
+
+def _pair_lookup(host: _Host, pieces: _Pieces, table: np.ndarray, masked: bool) -> np.ndarray:
+    """[x, y]: `table`[distance of x's and y's pCPUs, y's identity, x's identity]; `masked`: 0 for
+    pieces of one guest or one pCPU. A pool's floating vCPUs make hundreds of pieces that share a
+    few (pCPU, identity) pairs: those are looked up once and spread, the same entries."""
+    cpu, key, vm = pieces.cpu, pieces.key, pieces.vm
+    k = table.shape[1]
+    flat = table.reshape(-1)
+    if len(cpu) <= _STRUCTURED:
+        dist = host.dist[cpu[:, None], cpu[None, :]]
+        found = flat[dist * (k * k) + key[None, :] * k + key[:, None]]
+        if not masked:
+            return found
+        other = (vm[:, None] != vm[None, :]) & (dist != 0)
+        return np.where(other, found, 0.0)
+    unique, inverse = np.unique(cpu * k + key, return_inverse=True)
+    ucpu = unique // k
+    ukey = unique - ucpu * k
+    dist = host.dist[ucpu[:, None], ucpu[None, :]]
+    small = flat[dist * (k * k) + ukey[None, :] * k + ukey[:, None]]
+    if masked:
+        small = np.where(dist != 0, small, 0.0)
+    result = small.take(inverse, axis=0).take(inverse, axis=1)
+    if masked:  # pieces of one guest are consecutive
+        bounds = [0, *(np.flatnonzero(np.diff(vm)) + 1).tolist(), len(vm)]
+        for start, end in zip(bounds[:-1], bounds[1:]):
+            result[start:end, start:end] = 0.0
+    return result
+
+
+def _rows_updated(host: _Host, pieces: _Pieces, table: np.ndarray, matrix: np.ndarray, moved: np.ndarray,
+                  masked: bool) -> np.ndarray:
+    """`_pair_lookup` of a layout that differs from the one of `matrix` in the pCPUs of the `moved`
+    pieces only: the other entries are the same look-ups, so they are copied."""
+    result = matrix.copy()
+    k = table.shape[1]
+    flat = table.reshape(-1)
+    cpu, key, vm = pieces.cpu, pieces.key, pieces.vm
+    for j in moved.tolist():
+        other = vm != vm[j]
+        dist = host.dist[cpu[j], cpu]  # [y]: j's pCPU to y's
+        row = flat[dist * (k * k) + key * k + key[j]]
+        result[j, :] = np.where(other & (dist != 0), row, 0.0) if masked else row
+        dist = host.dist[cpu, cpu[j]]  # [x]: x's pCPU to j's
+        column = flat[dist * (k * k) + key[j] * k + key]
+        result[:, j] = np.where(other & (dist != 0), column, 0.0) if masked else column
+    return result
 
 
 def _locality_nodes(host: _Host, guest: GuestState, pins: Mapping[int, frozenset[int]]) -> set[int]:

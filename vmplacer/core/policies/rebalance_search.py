@@ -137,9 +137,8 @@ class _Search:
         self._placements: dict[str, tuple[GuestState, str, Mapping[int, frozenset[int]], object, Placement]] = {}
         self.original = {g.name: g for g in self.guests.values()}
         self.start_perf = self.perf_by_guest()
-        self.confidence: dict[str, float] = {}
-        for host in self.hosts.values():
-            self.confidence.update(_host_confidences(host, model, self.betas))
+        # host -> (its guests and pins, their confidences): `host_confidences`, kept
+        self._confidences: dict[str, tuple[tuple, dict[str, float]]] = {}
         self.floors: dict[str, float] = {}
         for guest in self.guests.values():
             if guest.floor is not None:
@@ -155,6 +154,30 @@ class _Search:
         self.pooled: set[str] = set()  # floating guests an earlier plan of vmplacer's pooled
 
     # ----- evaluation helpers -------------------------------------------------------------------------
+    @property
+    def confidence(self) -> dict[str, float]:
+        """Each guest's confidence (`_host_confidences`) in the what-if layout as it is now."""
+        result: dict[str, float] = {}
+        for host in self.hosts.values():
+            result.update(self.host_confidences(host))
+        return result
+
+    def guest_confidence(self, name: str, default: float = 0.0) -> float:
+        """`confidence` of one guest: only its host's is computed (a plan needs the moved guests')."""
+        return self.host_confidences(self.hosts[self.host_of[name]]).get(name, default)
+
+    def host_confidences(self, host: _Host) -> dict[str, float]:
+        """`_host_confidences` of the host as it is, kept while its guests and pins are the same:
+        the plan asks again for every host at the end, and most hosts are as they were."""
+        state = (tuple(host.guests.values()),
+                 tuple((name, tuple(sorted(pins.items()))) for name, pins in host.pins.items()))
+        kept = self._confidences.get(host.name)
+        if kept is not None and kept[0] == state:
+            return kept[1]
+        found = _host_confidences(host, self.model, self.betas)
+        self._confidences[host.name] = (state, found)
+        return found
+
     def perf_by_guest(self) -> dict[str, float]:
         result: dict[str, float] = {}
         for host in self.hosts.values():
@@ -185,6 +208,8 @@ class _Search:
     def floors_ok(self, pieces: _Pieces, perf: np.ndarray) -> np.ndarray:
         """Per candidate: no protected guest pushed below min(its floor, where it is now)."""
         ok = np.ones(perf.shape[0], dtype=bool)
+        if not self.floors:
+            return ok
         for index, name in enumerate(pieces.guests):
             floor = self.floors.get(name)
             if floor is None:
@@ -218,8 +243,9 @@ class _Search:
         order = self._ranked_pieces(host, pieces, current)
         for m in order[: self.settings.move_candidates]:
             moves.extend(self._best_single(host, pieces, m, base_obj, base_lin))
+        swappable = self._swappable(pieces)
         for m in order[: self.settings.swap_candidates]:
-            moves.extend(self._best_swap(host, pieces, m, base_obj, base_lin))
+            moves.extend(self._best_swap(host, pieces, m, base_obj, base_lin, swappable))
         moves.extend(self._pool_moves(host, base_obj, base_lin))
         moves.extend(self._relocations(host, base_obj, base_lin))
         if not moves:
@@ -247,40 +273,41 @@ class _Search:
         result.sort(key=lambda item: (-item[0], item[1]))
         return [p for _, p in result]
 
-    def _gain_vectors(self, host: _Host, pieces: _Pieces, cand: np.ndarray, base_obj: float,
-                      base_lin: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        perf, linear = host.perf(pieces, cand)
-        gain = self.objective_of(pieces, perf) - base_obj
-        lin = self.objective_of(pieces, linear) - base_lin
-        ok = self.floors_ok(pieces, perf)
-        return gain, lin, ok
-
     def _blind(self, pieces: _Pieces) -> _Pieces | None:
         """The same layout seen through the topology prior (every guest alike), cached."""
         if self.betas.prior is None:
             return None
         if pieces.blind is None:
+            parent = None
+            if pieces.parent is not None and pieces.parent[0].blind is not None:
+                parent = (pieces.parent[0].blind, pieces.parent[1])  # its matrix, updated likewise
             pieces.blind = replace(pieces, key=np.zeros_like(pieces.key), table=self.betas.prior, matrix=None,
                                    current=None, blind=None, terms=None, spread=None,
-                                   load=None)
+                                   load=None, blind_base=None, slots=None, parent=parent, piece_keys=None)
         return pieces.blind
 
-    def _quick_sure(self, pieces: _Pieces, gain: np.ndarray, lin: np.ndarray,
-                    blind_perf: tuple[np.ndarray, np.ndarray] | None, blind_base: float) -> np.ndarray:
+    def _quick_sure(self, pieces: _Pieces, gain: np.ndarray, lin: np.ndarray, blind: _Pieces | None,
+                    blind_perf: np.ndarray | None, linear_obj: np.ndarray, blind_base: float) -> np.ndarray:
         """Per candidate: the sure gain if the model's own data counted for nothing — time
-        sharing plus what both the model and the topology prior predict."""
-        if blind_perf is None:
+        sharing plus what both the model and the topology prior predict. The blind view's time
+        sharing is the layout's own (same pieces, same shares): its linear objective is
+        `linear_obj`, already summed."""
+        if blind is None or blind_perf is None:
             return lin
-        prior = self.objective_of(pieces, blind_perf[0]) - self.objective_of(pieces, blind_perf[1]) - blind_base
+        prior = self.objective_of(blind, blind_perf) - linear_obj - blind_base
         interference = gain - lin
         return lin + np.maximum(self.settings.guess_weight * interference, np.minimum(interference, prior))
 
     def _blind_base(self, host: _Host, pieces: _Pieces) -> float:
-        blind = self._blind(pieces)
-        if blind is None:
-            return 0.0
-        perf, linear = host.perf(blind, blind.cpu)
-        return float(self.objective_of(blind, perf)[0] - self.objective_of(blind, linear)[0])
+        """The layout's objective under the topology prior minus time sharing alone (cached: every
+        single move judged from the layout subtracts it)."""
+        if pieces.blind_base is None:
+            blind = self._blind(pieces)
+            if blind is None:
+                return 0.0
+            perf, linear = host.perf(blind, blind.cpu)
+            pieces.blind_base = float(self.objective_of(blind, perf)[0] - self.objective_of(blind, linear)[0])
+        return pieces.blind_base
 
     def _best_single(self, host: _Host, pieces: _Pieces, m: int, base_obj: float, base_lin: float) -> list[_Move]:
         name = pieces.guests[pieces.vm[m]]
@@ -290,13 +317,13 @@ class _Search:
         if not targets:
             return []
         local = np.array([host.index[c] for c in targets], dtype=np.int64)
-        perf, linear = host.perf_moves(pieces, m, local)
-        gain = self.objective_of(pieces, perf) - base_obj
-        lin = self.objective_of(pieces, linear) - base_lin
-        ok = self.floors_ok(pieces, perf)
         blind = self._blind(pieces)
-        quick = self._quick_sure(pieces, gain, lin, None if blind is None else host.perf_moves(blind, m, local),
-                                 self._blind_base(host, pieces))
+        perf, linear, blind_perf = host.perf_moves_blind(pieces, blind, m, local)
+        gain = self.objective_of(pieces, perf) - base_obj
+        linear_obj = self.objective_of(pieces, linear)
+        lin = linear_obj - base_lin
+        ok = self.floors_ok(pieces, perf)
+        quick = self._quick_sure(pieces, gain, lin, blind, blind_perf, linear_obj, self._blind_base(host, pieces))
         moves = []
         for score in (gain, quick):
             score = np.where(ok, score, -np.inf)
@@ -310,19 +337,30 @@ class _Search:
                                quick_sure=float(quick[best])))
         return moves
 
-    def _best_swap(self, host: _Host, pieces: _Pieces, m: int, base_obj: float, base_lin: float) -> list[_Move]:
+    def _swappable(self, pieces: _Pieces) -> np.ndarray:
+        """Per piece: a vCPU pinned to one pCPU, of a pinned or exclusive guest (a swap partner)."""
+        pinned = np.array([self.guests[name].mode in (PINNED, EXCLUSIVE) for name in pieces.guests], dtype=bool)
+        return pieces.single & pinned[pieces.vm]
+
+    def _best_swap(self, host: _Host, pieces: _Pieces, m: int, base_obj: float, base_lin: float,
+                   swappable: np.ndarray | None = None) -> list[_Move]:
         name_m = pieces.guests[pieces.vm[m]]
-        partners = [n for n in range(len(pieces.cpu))
-                    if n != m and pieces.single[n] and pieces.cpu[n] != pieces.cpu[m]
-                    and pieces.vm[n] != pieces.vm[m]
-                    and self.guests[pieces.guests[pieces.vm[n]]].mode in (PINNED, EXCLUSIVE)]
-        if not partners:
+        if swappable is None:
+            swappable = self._swappable(pieces)
+        # on another pCPU (so not m itself), of another guest
+        partners = np.flatnonzero(swappable & (pieces.cpu != pieces.cpu[m]) & (pieces.vm != pieces.vm[m]))
+        if not len(partners):
             return []
         cand = np.tile(pieces.cpu, (len(partners), 1))
         rows = np.arange(len(partners))
         cand[rows, m] = pieces.cpu[partners]
         cand[rows, partners] = pieces.cpu[m]
-        gain, lin, ok = self._gain_vectors(host, pieces, cand, base_obj, base_lin)
+        pairs = np.stack([np.minimum(partners, m), np.maximum(partners, m)], axis=1)
+        perf, linear = host.perf(pieces, cand, pairs)
+        gain = self.objective_of(pieces, perf) - base_obj
+        lin = self.objective_of(pieces, linear) - base_lin
+        ok = self.floors_ok(pieces, perf)
+        partners = partners.tolist()
         # Under the topology prior every guest is alike, so a swap changes nothing there
         # (bar unequal loads): its zero-confidence value is time sharing and the guessed part.
         quick = lin + self.settings.guess_weight * np.maximum(gain - lin, 0.0) + np.minimum(gain - lin, 0.0)
@@ -352,13 +390,14 @@ class _Search:
 
     def _valid_swap(self, host: _Host, a: str, pins_a: dict, b: str, pins_b: dict) -> bool:
         old_a, old_b = host.pins[a], host.pins[b]
+        evaluated = host._pieces  # the layout's evaluation, valid again once the pins are back
         host.set_pins(a, pins_a)
         host.set_pins(b, pins_b)
         try:
             return not self.violations(host, [a, b])
         finally:
             host.set_pins(a, old_a)
-            host.set_pins(b, old_b)
+            host.set_pins(b, old_b, pieces=evaluated)
 
     def _pool_moves(self, host: _Host, base_obj: float, base_lin: float) -> list[_Move]:
         """Oversubscribed shareable vCPUs float over their node's pool; floating ones pin back 1:1."""
@@ -832,8 +871,6 @@ class _Search:
         # the move changed (guests that left them are re-read on the host they went to).
         for name in hosts:
             self.perf_now.update(self.host_perf(self.hosts[name]))
-        for name in hosts:
-            self.confidence.update(_host_confidences(self.hosts[name], self.model, self.betas))
         return hosts
 
     def held_back(self, move: _Move) -> bool:
@@ -1010,7 +1047,10 @@ class _Search:
         move.prior_gain = prior_after - prior_before
         total = weighted = 0.0
         for (keys_b, terms_b, conf_b), (keys_a, terms_a, conf_a) in zip(before, after):
-            union = {k: i for i, k in enumerate(dict.fromkeys(keys_b + keys_a))}
+            # a layout's pieces are distinct: the ones before take the first places, in order
+            union = dict(zip(keys_b, range(len(keys_b))))
+            for k in keys_a:
+                union.setdefault(k, len(union))
             n = len(union)
             if n == 0:
                 continue
@@ -1019,9 +1059,13 @@ class _Search:
             for keys, terms, conf, sign in ((keys_b, terms_b, conf_b, -1.0), (keys_a, terms_a, conf_a, 1.0)):
                 if not keys:
                     continue
-                at = np.array([union[k] for k in keys])
-                delta[np.ix_(at, at)] += sign * terms
-                trust[np.ix_(at, at)] = np.minimum(trust[np.ix_(at, at)], np.where(terms != 0, conf, 1.0))
+                if keys is keys_b:
+                    at: slice | tuple = (slice(0, len(keys)), slice(0, len(keys)))
+                else:
+                    index = np.array([union[k] for k in keys])
+                    at = np.ix_(index, index)
+                delta[at] += sign * terms
+                trust[at] = np.minimum(trust[at], np.where(terms != 0, conf, 1.0))
             change = np.abs(delta)
             total += float(change.sum())
             weighted += float((change * trust).sum())
