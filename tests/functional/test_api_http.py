@@ -209,7 +209,7 @@ def test_a_recreated_token_of_the_same_name_never_replays_the_old_ones_answers(s
     with server.client(server.create_token("rotated", "admin")) as old:
         first = old.post("/v1/placements", json=body, headers=key)
         assert old.post("/v1/placements", json=body, headers=key).headers.get("idempotent-replayed") == "true"
-    vmplacer(server.config, "token", "revoke", "rotated")
+    vmplacer(server.config, "token", "revoke", "rotated", "--yes")
     with server.client(server.create_token("rotated", "admin")) as new:
         again = new.post("/v1/placements", json=body, headers=key)
     assert again.status_code == first.status_code
@@ -319,8 +319,8 @@ def test_token_cli(tmp_path):
     listing = json.loads(vmplacer(config, "token", "list", "--format", "json").stdout)
     assert [(t["name"], t["scope"]) for t in listing] == [("ci", "read")]
     assert created.stdout.strip() not in json.dumps(listing)
-    assert vmplacer(config, "token", "revoke", "ci").returncode == 0
-    assert vmplacer(config, "token", "revoke", "ci").returncode == 2
+    assert vmplacer(config, "token", "revoke", "ci", "--yes").returncode == 0
+    assert vmplacer(config, "token", "revoke", "ci", "--yes").returncode == 2
 
 
 def _store_plan(server: Server, state: str = "proposed") -> int:
