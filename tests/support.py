@@ -43,6 +43,7 @@ def run_reporting_hangs(cmd: Sequence[str], *, timeout: float, env: Mapping[str,
     environment = dict(os.environ if env is None else env, PYTHONFAULTHANDLER="1")
     hung = False
     kernel_view = ""
+    caller_mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           env=environment, cwd=cwd) as process:
         try:
@@ -51,6 +52,9 @@ def run_reporting_hangs(cmd: Sequence[str], *, timeout: float, env: Mapping[str,
             hung = True
             tree = process_tree(process.pid)
             kernel_view = "\n".join(describe_process(pid) for pid in tree)
+            kernel_view += "\n" + python_stacks(process.pid)
+            # a child starts with its parent's mask: one inherited with SIGABRT blocked prints no stack
+            kernel_view += f"\n--- signals this test's thread blocked when it started the command: {sorted(caller_mask)}"
             process.send_signal(signal.SIGABRT)  # only the command: a child may be holding guests paused
             try:
                 out, err = process.communicate(timeout=30)
@@ -112,9 +116,42 @@ def describe_process(pid: int) -> str:
         return f"pid {pid}: gone"
     lines = [f"pid {pid}: {command[:300]}"]
     for thread in thread_states(pid):
-        lines.append(f"  thread {thread.tid} ({thread.name}) state {thread.state} wchan {thread.wchan}")
+        task = Path(f"/proc/{pid}/task/{thread.tid}")
+        lines.append(f"  thread {thread.tid} ({thread.name}) state {thread.state} wchan {thread.wchan} "
+                     f"cpu {_cpu_seconds(task):.1f} s {_signal_masks(task)}")
         lines.extend(f"    {frame}" for frame in _read(Path(f"/proc/{pid}/task/{thread.tid}/stack")).splitlines()[:20])
     return "\n".join(lines)
+
+
+def python_stacks(pid: int) -> str:
+    """Every Python thread's stack of `pid` read from outside (py-spy, no signal involved): a
+    process that blocks SIGABRT, or spins where faulthandler cannot run, still says where it is.
+    Native frames are included (`--native`): a C library spinning is named too."""
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        return "--- py-spy not installed: no stacks read from outside"
+    try:
+        done = subprocess.run([spy, "dump", "--native", "--pid", str(pid)], capture_output=True, text=True,
+                              timeout=60)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"--- py-spy dump failed: {exc}"
+    return f"--- py-spy dump (exit {done.returncode}):\n{done.stdout[-8000:]}{done.stderr[-2000:]}"
+
+
+def _cpu_seconds(task: Path) -> float:
+    """User + system CPU time a thread used so far (busy spinning shows here, not in its state)."""
+    fields = _stat_fields(task / "stat")
+    try:
+        return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except (IndexError, ValueError):
+        return 0.0
+
+
+def _signal_masks(task: Path) -> str:
+    """Blocked and pending signals of a thread (a blocked SIGABRT means faulthandler cannot run)."""
+    wanted = {"SigBlk", "SigPnd", "ShdPnd", "SigIgn", "SigCgt"}
+    parts = [line.replace("\t", " ") for line in _read(task / "status").splitlines() if line.split(":")[0] in wanted]
+    return " ".join(parts)
 
 
 def _stat_fields(path: Path) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import signal
 import sys
 from collections.abc import Sequence
 
@@ -195,7 +196,17 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     return parser
 
 
+# Signals the CLI must be able to receive whatever its parent blocked: stop requests (systemd,
+# cron's kill, Ctrl-C) and the fatal ones faulthandler reports on. A signal mask survives exec, so
+# a parent that started vmplacer from a thread blocking them would leave `serve`, `guard` and
+# `protect` deaf to a stop and a hung command unable to print where it hangs.
+DELIVERED_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGABRT,
+                     signal.SIGSEGV, signal.SIGBUS, signal.SIGFPE, signal.SIGILL)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    if argv is None:  # the process's own entry point, not a caller's thread
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, DELIVERED_SIGNALS)
     argv = sys.argv[1:] if argv is None else list(argv)
     parser = build_parser(argv)
     args = parser.parse_args(argv)
