@@ -51,6 +51,7 @@ def test_topology_of_every_example_host_fits_80_columns(host, form):
     assert done.returncode == 0, done.stderr
     assert done.stdout.count("\n") > 2 and too_wide(done.stdout) == [], done.stdout
     assert all(line == line.rstrip() for line in done.stdout.splitlines())
+    assert done.stdout.isascii(), "piped output is plain ASCII: no box drawing or tree guides"
 
 
 def test_the_man_page_rendered_by_man_fits_80_columns(tmp_path):

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import platform
 import sys
+import textwrap
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -146,8 +147,6 @@ PLAIN_WIDTH = 80  # the compact form written to a pipe or file: what a log, a ma
 
 
 def _wrapped(line: str) -> list[str]:
-    import textwrap
-
     return textwrap.wrap(line, PLAIN_WIDTH, subsequent_indent="  ", break_on_hyphens=False) or [""]
 
 
@@ -278,10 +277,17 @@ def render_tree(topology: HostTopology) -> None:
     if out.is_terminal:
         out.print(build_tree(topology))
         return
-    out.width = min(out.width, PLAIN_WIDTH)  # a pipe or a file: 80 columns, as the compact form
-    with out.capture() as captured:
-        out.print(build_tree(topology))
-    sys.stdout.write("".join(line.rstrip() + "\n" for line in captured.get().splitlines()))
+    sys.stdout.write(plain_tree(build_tree(topology)))
+
+
+def plain_tree(tree: Tree, depth: int = 0) -> str:
+    """A pipe or a file gets the tree as indented ASCII lines (two spaces a level, no guide
+    lines, wrapped at 80 columns as the compact form): what grep, awk and a log read."""
+    indent = "  " * depth
+    text = "".join(f"{line}\n" for line in textwrap.wrap(str(tree.label), PLAIN_WIDTH, initial_indent=indent,
+                                                          subsequent_indent=indent + "    ",
+                                                          break_on_hyphens=False))
+    return text + "".join(plain_tree(child, depth + 1) for child in tree.children)
 
 
 def build_tree(topology: HostTopology) -> Tree:
@@ -326,7 +332,7 @@ def build_tree(topology: HostTopology) -> Tree:
                 label = "no cache information (offline CPUs)"
             else:
                 label = f"LLC {llc}: pCPUs {format_cpuset(topology.llc_groups[llc])}"
-            llc_branch = branch.add(f"{label} — {plural(len(members), 'core')}")
+            llc_branch = branch.add(f"{label}, {plural(len(members), 'core')}")
             for core in members:
                 llc_branch.add(_core_line(topology, core))
     return tree
