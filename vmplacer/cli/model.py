@@ -13,7 +13,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show = actions.add_parser("show", help="what the model knows: per-guest sensitivity and interference")
     add_format_argument(show)
     show.set_defaults(func=run_show)
-    learn = actions.add_parser("learn", help="learn from stored profile runs not learned yet")
+    learn = actions.add_parser("learn", help="learn from stored profile runs not learned yet, each guest under its "
+                                             "`workload` label (else its name), as the rebalancer plans it")
     learn.add_argument("--run", type=int, action="append", metavar="ID",
                        help="only this profile run (repeatable; default: every run not yet learned)")
     add_format_argument(learn)
