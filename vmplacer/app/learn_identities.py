@@ -45,30 +45,38 @@ class GuestIdentities:
     """`identify` for app/learn.py: the model identity of each named guest vmplacer knows.
 
     `labels` is called once, on first use (listing hosts is the costly part); `specs` gives
-    a guest's stored spec mapping, or None."""
+    a guest's stored spec mapping, or None. Each guest is looked up once: both model forms
+    learn every run, and a first learn reads the whole sample history."""
 
     def __init__(self, labels: Callable[[], Mapping[str, Mapping[str, str]]],
                  specs: Callable[[str], Mapping[str, Any] | None]):
         self._labels = labels
         self._specs = specs
         self._listed: Mapping[str, Mapping[str, str]] | None = None
+        self._known: dict[str, ModelIdentity | None] = {}
 
     def __call__(self, names: Collection[str]) -> dict[str, ModelIdentity]:
         if self._listed is None:
             self._listed = self._labels()
         found: dict[str, ModelIdentity] = {}
         for name in sorted(names):
-            labels = self._listed.get(name)
-            spec = self._spec(name)
-            if labels is None and spec is None:
-                continue
-            try:
-                found[name] = model_identity(name, labels, spec)
-            except ModelIdentityError as exc:
-                # The rebalancer then describes the guest from its spec alone; so does learning.
-                log.warning("learning: %s; keyed by its stored spec", exc)
-                found[name] = model_identity(name, spec=spec)
+            if name not in self._known:
+                self._known[name] = self._identity(name, self._listed.get(name))
+            identity = self._known[name]
+            if identity is not None:
+                found[name] = identity
         return found
+
+    def _identity(self, name: str, labels: Mapping[str, str] | None) -> ModelIdentity | None:
+        spec = self._spec(name)
+        if labels is None and spec is None:
+            return None
+        try:
+            return model_identity(name, labels, spec)
+        except ModelIdentityError as exc:
+            # The rebalancer then describes the guest from its spec alone; so does learning.
+            log.warning("learning: %s; keyed by its stored spec", exc)
+            return model_identity(name, spec=spec)
 
     def _spec(self, name: str) -> GuestSpec | None:
         raw = self._specs(name)
