@@ -15,12 +15,18 @@ neighbours running during ζp that were frozen during ζb.
 The same samples also teach the model in its other form (`SECOND_FORM`, stored
 beside the default): the rebalancer asks it for a second opinion on hosts where
 the default model's planned layouts measured worse (core/policies/rebalance_second).
+
+Samples name guests; the model is keyed by workload. Each sampled guest (and each
+neighbour) is learned under the key and class the planner looks it up by
+(core/model_identity.py): replicas sharing a `workload` label teach one key. The
+caller says who is who (`identify`, app/learn_identities.py); a guest it does not
+know (gone since it was sampled) is learned under its name, class unknown.
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -32,6 +38,7 @@ from vmplacer.core.interference import (
     Observation,
     other_form,
 )
+from vmplacer.core.model_identity import ModelIdentity
 from vmplacer.core.topology import DistanceClass
 
 SAME_CPU = DistanceClass.SAME_CPU.value
@@ -42,6 +49,10 @@ SECOND_FORM = "second-form"  # the default model's samples, read in the other fo
 class ModelRepository(Protocol):
     def load(self, name: str = "default") -> tuple[InterferenceModel, int | None]: ...
     def save(self, model: InterferenceModel, last_run_id: int | None, name: str = "default") -> None: ...
+
+
+# The model identity of each of the named guests it knows (the others are learned by name).
+Identify = Callable[[Collection[str]], Mapping[str, ModelIdentity]]
 
 
 class SampleSource(Protocol):
@@ -64,9 +75,12 @@ def observations_from_samples(
     samples: Iterable[Mapping[str, Any]],
     workload_classes: Mapping[str, str] | None = None,
     skipped: Counter[str] | None = None,
+    identities: Mapping[str, ModelIdentity] | None = None,
 ) -> list[Observation]:
-    """Pair each ζb with the nearest-in-time ζ of the same guest (same metric)."""
-    classes = workload_classes or {}
+    """Pair each ζb with the nearest-in-time ζ of the same guest (same metric). A guest in
+    `identities` is learned under its key and class, any other under its name and its class
+    in `workload_classes` (default unknown)."""
+    classes = _Identities(identities or {}, workload_classes or {})
     skipped = skipped if skipped is not None else Counter()
     by_guest: dict[tuple[str, str], dict[str, list[Mapping[str, Any]]]] = {}
     for sample in samples:
@@ -98,7 +112,7 @@ def _pair_observations(
     guest: str,
     pairs: list[Mapping[str, Any]],
     alone_samples: list[Mapping[str, Any]],
-    classes: Mapping[str, str],
+    classes: _Identities,
     skipped: Counter[str],
 ) -> list[Observation]:
     """Each ζp with the guest's nearest-in-time ζb: the neighbours running in the first and
@@ -123,25 +137,46 @@ def _pair_observations(
     return result
 
 
+@dataclass(frozen=True)
+class _Identities:
+    known: Mapping[str, ModelIdentity]
+    classes: Mapping[str, str]
+
+    def of(self, name: str) -> ModelIdentity:
+        found = self.known.get(name)
+        return found if found is not None else ModelIdentity(name, self.classes.get(name, UNKNOWN_CLASS))
+
+
 def _observation(guest: str, zeta: float, zeta_b: float, exposed: list[Mapping[str, Any]],
-                 classes: Mapping[str, str]) -> Observation | None:
+                 identities: _Identities) -> Observation | None:
     """ζ/ζb = own_share − Σ β over `exposed`; None when a distance is unknown."""
     if any(n["distance"] == "unknown" for n in exposed):
         return None
     same_cpu = sum(1 for n in exposed if n["distance"] == SAME_CPU)
-    exposures = tuple(
-        Exposure(key=n["name"], distance=DistanceClass(n["distance"]), load=1.0,
-                 workload_class=classes.get(n["name"], UNKNOWN_CLASS))
-        for n in exposed if n["distance"] != SAME_CPU
-    )
+    exposures = []
+    for n in exposed:
+        if n["distance"] != SAME_CPU:
+            neighbour = identities.of(n["name"])
+            exposures.append(Exposure(key=neighbour.key, distance=DistanceClass(n["distance"]), load=1.0,
+                                      workload_class=neighbour.workload_class))
+    own = identities.of(guest)
     return Observation(
-        key=guest,
+        key=own.key,
         zeta=zeta,
         zeta_b=zeta_b,
-        neighbours=exposures,
+        neighbours=tuple(exposures),
         own_share=1.0 / (1 + same_cpu),
-        workload_class=classes.get(guest, UNKNOWN_CLASS),
+        workload_class=own.workload_class,
     )
+
+
+def _names(samples: Iterable[Mapping[str, Any]]) -> set[str]:
+    """Every guest a run's samples name: the sampled ones and their neighbours."""
+    names: set[str] = set()
+    for sample in samples:
+        names.add(sample["guest"])
+        names.update(n["name"] for n in sample.get("neighbours") or ())
+    return names
 
 
 def learn_from_runs(
@@ -151,10 +186,12 @@ def learn_from_runs(
     workload_classes: Mapping[str, str] | None = None,
     name: str = DEFAULT_MODEL,
     config: ModelConfig | None = None,
+    identify: Identify | None = None,
 ) -> LearnReport:
     """Update the stored model with the samples of `runs` (older runs first); idempotent
     per run: a run at or before the model's last learned run is not learned twice. A model
-    not stored yet starts with `config` (default: the default configuration)."""
+    not stored yet starts with `config` (default: the default configuration). `identify`
+    gives the model key and class of the guests a run names (default: each its own name)."""
     model, last_run = repository.load(name)
     if last_run is None and model.observations == 0 and config is not None:
         model = InterferenceModel(config)
@@ -164,7 +201,9 @@ def learn_from_runs(
         if last_run is not None and run_id <= last_run:
             report.skipped["already-learned-run"] += 1
             continue
-        observations = observations_from_samples(source.samples(run_id), workload_classes, report.skipped)
+        samples = source.samples(run_id)
+        identities = identify(_names(samples)) if identify is not None else None
+        observations = observations_from_samples(samples, workload_classes, report.skipped, identities)
         for observation in observations:
             model.update(observation)
         report.observations += len(observations)
@@ -181,12 +220,14 @@ def learn_both_forms(
     source: SampleSource,
     repository: ModelRepository,
     workload_classes: Mapping[str, str] | None = None,
+    identify: Identify | None = None,
 ) -> LearnReport:
     """Learn `runs` into the default model, then into its second form (which catches up on
     every run it has not learned, so it fills in from the stored samples on its first learn).
     The default model's report is returned: it is the one that plans."""
     runs = sorted(set(runs))
-    report = learn_from_runs(runs, source, repository, workload_classes)
+    report = learn_from_runs(runs, source, repository, workload_classes, identify=identify)
     default, _ = repository.load(DEFAULT_MODEL)
-    learn_from_runs(runs, source, repository, workload_classes, name=SECOND_FORM, config=other_form(default.config))
+    learn_from_runs(runs, source, repository, workload_classes, name=SECOND_FORM, config=other_form(default.config),
+                    identify=identify)
     return report

@@ -32,17 +32,21 @@ log = logging.getLogger(__name__)
 DEMAND_WINDOW_S = 1.0
 
 
-def _learning(container: Container) -> tuple[Callable[[], Any] | None, Callable[[], str] | None, dict[str, str]]:
-    """(load the stored model, learn the profile runs not learned yet, reasons for what is missing)."""
+def _learning(container: Container, hosts: dict[str, RebalanceHost],
+              ) -> tuple[Callable[[], Any] | None, Callable[[], str] | None, dict[str, str]]:
+    """(load the stored model, learn the profile runs not learned yet, reasons for what is missing).
+    Sampled guests are keyed as the planner keys them: from their labels on `hosts` and their records."""
     try:
         from vmplacer.app.learn import learn_both_forms
+        from vmplacer.bootstrap.learning import guest_identities
     except ImportError as exc:
         why = f"model learning cannot be loaded ({exc})"
         return None, None, {"model": why, "learn": why}
 
     def learn() -> str:
         store = container.profile_store
-        report = learn_both_forms(store.finished_run_ids(), store, container.model_repository)
+        report = learn_both_forms(store.finished_run_ids(), store, container.model_repository,
+                                  identify=guest_identities(container, lambda: hosts.values()))
         skipped = ", ".join(f"{k} {v}" for k, v in sorted(report.skipped.items()) if k != "already-learned-run")
         return (f"{report.observations} new observations from runs {report.runs or 'none'}; the model holds "
                 f"{report.total_observations}" + (f"; skipped: {skipped}" if skipped else ""))
@@ -89,7 +93,7 @@ def build_rebalancer(
     """`settings` default to the config file's `rebalance:` section. `on_trial` is told of each
     trial verdict while a plan is applied (the API counts them)."""
     hosts = {h.name: RebalanceHost(container.hypervisor(h.name)) for h in container.settings.hosts}
-    load_model, learn, unavailable = _learning(container)
+    load_model, learn, unavailable = _learning(container, hosts)
     profile, why = _profiler(container)
     if profile is None:
         unavailable["profile"] = why

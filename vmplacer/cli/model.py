@@ -13,7 +13,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     show = actions.add_parser("show", help="what the model knows: per-guest sensitivity and interference")
     add_format_argument(show)
     show.set_defaults(func=run_show)
-    learn = actions.add_parser("learn", help="learn from stored profile runs not learned yet")
+    learn = actions.add_parser("learn", help="learn from stored profile runs not learned yet, each guest under its "
+                                             "`workload` label (else its name), as the rebalancer plans it")
     learn.add_argument("--run", type=int, action="append", metavar="ID",
                        help="only this profile run (repeatable; default: every run not yet learned)")
     add_format_argument(learn)
@@ -49,6 +50,7 @@ def run_show(args: argparse.Namespace, ctx: CliContext) -> int:
 
 def run_learn(args: argparse.Namespace, ctx: CliContext) -> int:
     from vmplacer.app.learn import learn_both_forms
+    from vmplacer.bootstrap.learning import guest_identities
 
     container = ctx.container
     container.upgrade_database()
@@ -60,7 +62,8 @@ def run_learn(args: argparse.Namespace, ctx: CliContext) -> int:
         if missing:
             raise UsageError(f"--run: no finished profile run {', '.join(map(str, missing))}")
         runs = sorted(set(args.run))
-    report = learn_both_forms(runs, store, container.model_repository)
+    # sampled guests learned under the key and class the rebalancer plans them by (their labels)
+    report = learn_both_forms(runs, store, container.model_repository, identify=guest_identities(container))
     emit(args, report.to_dict(), lambda d: print(
         f"learned {d['observations']} observations from runs {d['runs'] or 'none'}; "
         f"model holds {d['total_observations']}; skipped {d['skipped'] or 'nothing'}"))

@@ -32,14 +32,14 @@ import numpy as np
 from vmplacer.core.class_priors import Identity, ShrinkageSettings, ShrunkBetas
 from vmplacer.core.guest import GuestSpec
 from vmplacer.core.interference import UNKNOWN_CLASS, Tenant, TenantLayout, remaining
+from vmplacer.core.model_identity import LABEL_CLASS, LABEL_WORKLOAD, ModelIdentityError, model_identity  # noqa: F401
 from vmplacer.core.occupancy import exclusive_of, split_vcpus
 from vmplacer.core.placement import Placement
 from vmplacer.core.scoring import Scorer, WeightedScorer, default_scorer
 from vmplacer.core.topology import HostTopology
 
 # Labels read (the rebalancer reads the same ones; operators set them in the request's `labels`).
-LABEL_WORKLOAD = "workload"
-LABEL_CLASS = "workload_class"
+# The model key and class come from core/model_identity.py, as the rebalancer and learning take them.
 LABEL_LOAD = "load"
 
 
@@ -80,16 +80,21 @@ def profile_from_labels(name: str, labels: Mapping[str, str], workload_class: st
         load = 1.0
     if not (0.0 < load <= 1.0):
         load = 1.0
-    return GuestProfile(name, labels.get(LABEL_WORKLOAD) or name,
-                        labels.get(LABEL_CLASS) or workload_class or UNKNOWN_CLASS, load)
+    try:
+        identity = model_identity(name, labels, workload_class=workload_class)
+    except ModelIdentityError:  # hand-edited metadata: the rebalancer refuses it; admission keys by name
+        identity = model_identity(name, workload_class=workload_class)
+    return GuestProfile(name, identity.key, identity.workload_class, load)
 
 
 def profile_of_spec(spec: GuestSpec) -> GuestProfile:
     """A new guest: key and class from its labels, else its spec's workload class. Its demand
     is unknown until measured, so it is taken as fully busy (the cautious choice)."""
-    labels = spec.labels
-    return GuestProfile(spec.name, labels.get(LABEL_WORKLOAD) or spec.name,
-                        labels.get(LABEL_CLASS) or spec.workload_class, 1.0)
+    try:
+        identity = model_identity(spec.name, spec=spec)
+    except ModelIdentityError:  # a spec built past validation: keyed by name, as describe_guest's fallback
+        identity = model_identity(spec.name, workload_class=spec.workload_class)
+    return GuestProfile(spec.name, identity.key, identity.workload_class, 1.0)
 
 
 @dataclass(frozen=True)

@@ -60,8 +60,8 @@ def profile_host(host: ProfiledHost, sampler: Sampler, clock: Clock,
     """The shipped profiler over every running domain of one host (lab/profiling.py); its samples
     as model observations: one per guest and round, and one per guest of each pair probe.
 
-    `key_by_name` keys observations by guest name, as the online learner does
-    (app/learn.py), instead of by the `workload` label shared by replicas."""
+    `key_by_name` keys observations by guest name (each guest its own key, as an unlabelled guest
+    is), instead of by the `workload` label shared by replicas."""
     profiled = run_profiler(host, sampler, clock, settings)
     return observations_of(host, profiled, settings, key_by_name=key_by_name)
 

@@ -23,14 +23,13 @@ from typing import Protocol
 from vmplacer.app.freeze import Freezer
 from vmplacer.app.profiler import ProfileResult, Profiler, ProfilerConfig, measured_of
 from vmplacer.core.interference import Exposure, Observation, Tenant, interference_terms
+from vmplacer.core.model_identity import model_identity
 from vmplacer.core.topology import HostTopology
 from vmplacer.core.trial import Measured
 from vmplacer.ports import Clock, DomainInfo, FreezableHost, FreezeEntry, ProfileSample, Sampler
 
 log = logging.getLogger(__name__)
 
-WORKLOAD_LABEL = "workload"
-CLASS_LABEL = "workload_class"
 LOAD_LABEL = "load"
 # The freezer's watchdog waits in real time. A simulated freeze lasts simulated t_m and a few
 # microseconds of real time, so the product's bound (max_freeze, 0.5 s) would only fire when the
@@ -139,11 +138,12 @@ def tenants_of(domains: list[DomainInfo]) -> list[Tenant]:
         except ValueError:
             raise ValueError(f"domain {domain.name!r}: label {LOAD_LABEL!r} is not a number: "
                              f"{labels.get(LOAD_LABEL)!r}") from None
+        identity = model_identity(domain.name, labels)  # as the rebalancer and the product's learner key it
         tenants.append(Tenant(
             name=domain.name,
             cpus=dict(domain.placement.vcpupin),
-            key=labels.get(WORKLOAD_LABEL, domain.name),
-            workload_class=labels.get(CLASS_LABEL, "unknown"),
+            key=identity.key,
+            workload_class=identity.workload_class,
             load=load,
         ))
     return tenants

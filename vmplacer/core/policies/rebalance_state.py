@@ -15,6 +15,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from vmplacer.core.guest import GuestSpec
+from vmplacer.core.model_identity import LABEL_CLASS, LABEL_WORKLOAD, ModelIdentityError, model_identity  # noqa: F401
 from vmplacer.core.placement import Placement
 from vmplacer.core.policies.admit import AllocationOptions
 from vmplacer.core.topology import HostTopology
@@ -27,8 +28,8 @@ FIXED = "fixed"  # never moved (out of scope, cooling down, paused, or asked not
 MODES = (EXCLUSIVE, PINNED, FLOATING, FIXED)
 
 # Labels the rebalancer reads (operators set them with the placement request's `labels`).
-LABEL_WORKLOAD = "workload"  # interference-model key shared by replicas (default: the guest name)
-LABEL_CLASS = "workload_class"
+# LABEL_WORKLOAD (interference-model key shared by replicas, default: the guest name) and LABEL_CLASS:
+# core/model_identity.py, the one derivation learning uses too.
 LABEL_LOAD = "load"  # time share each vCPU asks for, 0..1 (default: measured, else 1)
 LABEL_PRIORITY = "priority"
 LABEL_FLOOR = "perf_floor"  # SLO-like floor: predicted performance never pushed below it
@@ -264,8 +265,12 @@ def describe_guest(
     """
     settings = settings or RebalanceSettings()
     name = placement.guest
+    try:
+        identity = model_identity(name, labels, spec)
+    except ModelIdentityError as exc:
+        raise RebalanceInputError(str(exc)) from None
     labels = dict(spec.labels if spec else {}) | dict(labels or {})
-    workload_class = labels.get(LABEL_CLASS) or (spec.workload_class if spec else "unknown")
+    workload_class = identity.workload_class
     if load is None:
         load = _number(labels, LABEL_LOAD, name, 0.0, 1.0)
     load = 1.0 if load is None else min(1.0, max(float(load), 0.01))
@@ -309,7 +314,7 @@ def describe_guest(
         host=placement.host,
         placement=placement,
         mode=mode,
-        key=labels.get(LABEL_WORKLOAD) or name,
+        key=identity.key,
         workload_class=workload_class,
         load=load,
         weight=weight,
