@@ -24,6 +24,7 @@ measures it better; what earlier trials measured decides before the model does.
 
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import replace
 
@@ -56,19 +57,47 @@ def spread_layout(search, host: _Host) -> dict[str, dict[int, frozenset[int]]] |
     for cpu, load in cpu_load.items():
         core_load[core_of[cpu]] = core_load.get(core_of[cpu], 0.0) + load
     layout: dict[str, dict[int, frozenset[int]]] = {}
+    least = _LeastLoaded(cpu_load, core_load, core_of)
     for name in movable:
         nodes = _locality_nodes(host, host.guests[name], host.pins[name])
-        allowed = sorted(c for c in host.usable if not nodes or host.node_of[c] in nodes)
+        allowed = tuple(sorted(c for c in host.usable if not nodes or host.node_of[c] in nodes))
         if not allowed:
             return None
         pins: dict[int, frozenset[int]] = {}
         for vcpu in sorted(host.pins[name]):
-            cpu = min(allowed, key=lambda c: (cpu_load[c], core_load[core_of[c]], c))
+            cpu = least.pick(allowed)
             pins[vcpu] = frozenset({cpu})
             cpu_load[cpu] += 1.0
             core_load[core_of[cpu]] += 1.0
         layout[name] = pins
     return layout
+
+
+class _LeastLoaded:
+    """min(allowed, key=(its load, its core's load, pCPU)) over and over while the loads only grow:
+    a heap per set of allowed pCPUs whose entries may lag behind (a lagging entry is never above
+    its pCPU's key, so the top, once up to date, is the least of them all; pCPUs are distinct, so
+    there are no ties). Every vCPU of every guest asks: a scan each time is what made the spread
+    cost as much as the search's moves."""
+
+    def __init__(self, cpu_load: dict[int, float], core_load: dict[int, float], core_of: dict[int, int]):
+        self.cpu_load, self.core_load, self.core_of = cpu_load, core_load, core_of
+        self.heaps: dict[tuple[int, ...], list[tuple[float, float, int]]] = {}
+
+    def _key(self, cpu: int) -> tuple[float, float, int]:
+        return self.cpu_load[cpu], self.core_load[self.core_of[cpu]], cpu
+
+    def pick(self, allowed: tuple[int, ...]) -> int:
+        heap = self.heaps.get(allowed)
+        if heap is None:
+            heap = [self._key(c) for c in allowed]
+            heapq.heapify(heap)
+            self.heaps[allowed] = heap
+        while True:
+            key = self._key(heap[0][2])
+            if key == heap[0]:
+                return key[2]
+            heapq.heapreplace(heap, key)
 
 
 def doubt(search, move) -> float:

@@ -1047,28 +1047,11 @@ class _Search:
         move.prior_gain = prior_after - prior_before
         total = weighted = 0.0
         for (keys_b, terms_b, conf_b), (keys_a, terms_a, conf_a) in zip(before, after):
-            # a layout's pieces are distinct: the ones before take the first places, in order
-            union = dict(zip(keys_b, range(len(keys_b))))
-            for k in keys_a:
-                union.setdefault(k, len(union))
-            n = len(union)
-            if n == 0:
+            change, trust = _pair_changes(keys_b, terms_b, conf_b, keys_a, terms_a, conf_a)
+            if change is None:
                 continue
-            delta = np.zeros((n, n))
-            trust = np.ones((n, n))
-            for keys, terms, conf, sign in ((keys_b, terms_b, conf_b, -1.0), (keys_a, terms_a, conf_a, 1.0)):
-                if not keys:
-                    continue
-                if keys is keys_b:
-                    at: slice | tuple = (slice(0, len(keys)), slice(0, len(keys)))
-                else:
-                    index = np.array([union[k] for k in keys])
-                    at = np.ix_(index, index)
-                delta[at] += sign * terms
-                trust[at] = np.minimum(trust[at], np.where(terms != 0, conf, 1.0))
-            change = np.abs(delta)
             total += float(change.sum())
-            weighted += float((change * trust).sum())
+            weighted += float(np.multiply(change, trust, out=trust).sum())
         move.confidence = weighted / total if total > _EPS else 1.0
 
     def _prior_interference(self, host: _Host) -> float:
@@ -1108,6 +1091,53 @@ class _Search:
             for step in reversed(undo):
                 step()
         return take_back
+
+
+def _pair_changes(keys_b: list, terms_b: np.ndarray, conf_b: np.ndarray, keys_a: list, terms_a: np.ndarray,
+                  conf_a: np.ndarray) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
+    """[x, y] over the pieces of both layouts (before's first, in order, then after's new ones):
+    how much each pair's term changes, |after − before|, and the least confidence behind it
+    (written over: the caller's to use up).
+
+    When every piece before is still there after (a pool: the pinned vCPUs become floating
+    pieces over the pool, the old ones among them, hundreds in all), after's terms are gathered
+    into that order in one go instead of scattered into zeros through a fancy index: each entry
+    is the same arithmetic on the same operands, so the same floats and the same sums."""
+    nb = len(keys_b)
+    union = dict(zip(keys_b, range(nb)))  # a layout's pieces are distinct
+    for k in keys_a:
+        union.setdefault(k, len(union))
+    n = len(union)
+    if n == 0:
+        return None, None
+    index = np.fromiter(map(union.__getitem__, keys_a), dtype=np.intp, count=len(keys_a))
+    order = np.argsort(index, kind="stable") if keys_a and len(keys_a) == n else None
+    if order is None or not bool((index[order] == np.arange(n)).all()):
+        delta = np.zeros((n, n))
+        trust = np.ones((n, n))
+        if nb:
+            delta[:nb, :nb] += -1.0 * terms_b
+            trust[:nb, :nb] = np.minimum(trust[:nb, :nb], np.where(terms_b != 0, conf_b, 1.0))
+        if keys_a:
+            at = np.ix_(index, index)
+            delta[at] += 1.0 * terms_a
+            trust[at] = np.minimum(trust[at], np.where(terms_a != 0, conf_a, 1.0))
+        return np.abs(delta, out=delta), trust
+    # after's piece order[u] is the union's piece u
+    delta = terms_a.take(order, axis=0).take(order, axis=1)
+    trust = conf_a.take(order, axis=0).take(order, axis=1)
+    np.copyto(trust, 1.0, where=delta == 0)  # np.where(terms != 0, conf, 1.0)
+    if nb:
+        # before's block: (0 − before) + after, and the least of 1, before's and after's confidence
+        changed = np.zeros((nb, nb))
+        changed += -1.0 * terms_b
+        delta[:nb, :nb] = changed + delta[:nb, :nb]
+        least = np.minimum(np.ones((nb, nb)), np.where(terms_b != 0, conf_b, 1.0))
+        least = np.minimum(least, trust[:nb, :nb])
+    np.minimum(1.0, trust, out=trust)  # ties only at 1.0 itself: the same as against ones
+    if nb:
+        trust[:nb, :nb] = least
+    return np.abs(delta, out=delta), trust
 
 
 def _least_loaded(host: _Host, cpus: set[int], leaving: set[str]) -> list[int]:
