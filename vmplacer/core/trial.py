@@ -164,10 +164,19 @@ def close_call(verdict: Verdict, *, kind: str, min_gain: float, tolerance: float
 
 def layout_key(host: str, layout: Mapping[str, Mapping[int, frozenset[int]] | Mapping[int, list[int]]]) -> str:
     """A short stable name of a host's layout (guest → vCPU → pCPUs), to remember trials by."""
-    canonical = {g: {str(v): sorted(int(c) for c in cpus) for v, cpus in sorted(pins.items(), key=lambda kv: int(kv[0]))}
-                 for g, pins in sorted(layout.items())}
+    canonical = {g: _canonical_pins(pins) for g, pins in sorted(layout.items())}
     text = json.dumps([host, canonical], sort_keys=True, separators=(",", ":"))
     return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _canonical_pins(pins: Mapping[int, frozenset[int]] | Mapping[int, list[int]]) -> dict[str, list[int]]:
+    """vCPU (as text) → its pCPUs in order. A guest of one vCPU (most of them) skips the sort:
+    plans key every host's layout several times over."""
+    if len(pins) == 1:
+        ((vcpu, cpus),) = pins.items()
+        int(vcpu)  # a vCPU that is no number is refused as the sort by number refuses it
+        return {str(vcpu): sorted(map(int, cpus))}
+    return {str(v): sorted(map(int, cpus)) for v, cpus in sorted(pins.items(), key=lambda kv: int(kv[0]))}
 
 
 def hosts_key(hosts: Sequence[str], where: Mapping[str, tuple[str, Mapping[int, frozenset[int]]]]) -> str:

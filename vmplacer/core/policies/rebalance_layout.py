@@ -407,7 +407,7 @@ class _Host:
             return empty, empty
         n = len(self.cpus)
         slots = (cpu + (np.arange(count) * n)[:, None]).ravel()
-        load = np.bincount(slots, weights=np.tile(pieces.demand, count), minlength=count * n)
+        load = np.bincount(slots, weights=np.repeat(pieces.demand[None, :], count, axis=0).ravel(), minlength=count * n)
         granted = pieces.demand[None, :] * np.minimum(1.0, 1.0 / np.maximum(load[slots].reshape(count, size), 1e-12))
         linear = self._per_guest(pieces, granted)
         if pieces.table is None:
@@ -487,17 +487,83 @@ class _Host:
         blind_perf = linear if blind.table is None else self._moved_interfered(blind, m, targets, granted, dist, valid)
         return perf, linear, blind_perf
 
+    def perf_moves_blind_many(self, pieces: _Pieces, blind: _Pieces | None, moved: np.ndarray,
+                              targets: np.ndarray,
+                              blocks: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        """`perf_moves_blind` for the candidates of several pieces at once: row r moves piece
+        `moved[r]` to `targets[r]`; `blocks`: each piece's rows, in order. Every entry is the
+        same arithmetic as `perf_moves_blind` of that piece alone — elementwise steps and row
+        sums over all rows at once, the matrix products block by block on the very shapes one
+        piece alone has — so each block's numbers are the same floats; a host's best single
+        moves cost one pass instead of one per piece."""
+        cpu, granted, linear = self._moved_shares_many(pieces, moved, targets, blocks)
+        if pieces.table is None:
+            return linear, linear, None if blind is None else linear
+        if pieces.reach is None:
+            pieces.reach = self.dist[:, pieces.cpu]
+        dist = pieces.reach.take(targets, axis=0)
+        valid = (pieces.vm[None, :] != pieces.vm[moved][:, None]) & (dist != 0)
+        perf = self._moved_interfered_many(pieces, moved, granted, dist, valid, blocks)
+        if blind is None:
+            return perf, linear, None
+        blind_perf = linear if blind.table is None else self._moved_interfered_many(blind, moved, granted, dist,
+                                                                                    valid, blocks)
+        return perf, linear, blind_perf
+
+    def _moved_shares_many(self, pieces: _Pieces, moved: np.ndarray, targets: np.ndarray,
+                           blocks: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`_moved_shares`, row r moving piece `moved[r]` (no target is the piece's own pCPU)."""
+        count = len(targets)
+        n = len(self.cpus)
+        rows = np.arange(count)
+        cpu = np.repeat(pieces.cpu[None, :], count, axis=0)
+        cpu[rows, moved] = targets
+        if pieces.load is None:
+            pieces.load = np.bincount(pieces.cpu, weights=pieces.demand, minlength=n)
+        load = np.repeat(pieces.load[None, :], count, axis=0)
+        share = pieces.demand[moved]
+        load[rows, pieces.cpu[moved]] -= share
+        load[rows, targets] += share
+        granted = pieces.demand[None, :] * np.minimum(1.0, 1.0 / np.maximum(load[rows[:, None], cpu], 1e-12))
+        return cpu, granted, self._per_guest_blocks(pieces, granted, blocks)
+
+    def _moved_interfered_many(self, pieces: _Pieces, moved: np.ndarray, granted: np.ndarray, dist: np.ndarray,
+                               valid: np.ndarray, blocks: list[tuple[int, int]]) -> np.ndarray:
+        """`_moved_interfered`, row r moving piece `moved[r]`."""
+        assert pieces.table is not None
+        matrix = _interference_matrix(self, pieces)
+        loss = _blocks_product(granted, matrix.T, blocks)
+        rows = np.arange(len(moved))
+        mine = granted[rows, moved]  # each row's granted share of its moved piece
+        loss -= mine[:, None] * matrix[:, moved].T  # np.outer's products, row by row
+        k = pieces.table.shape[1]
+        flat = pieces.table.reshape(-1)
+        if k == 1:
+            caused = suffered = np.where(valid, flat[dist], 0.0)
+        else:
+            key = pieces.key[moved][:, None]
+            caused = np.where(valid, flat[dist * (k * k) + key * k + pieces.key[None, :]], 0.0)
+            suffered = np.where(valid, flat[dist * (k * k) + pieces.key[None, :] * k + key], 0.0)
+        loss += caused * mine[:, None]
+        loss[rows, moved] = (suffered * granted).sum(axis=1)
+        return self._per_guest_blocks(pieces, granted * remaining(loss, self.betas.form), blocks)
+
+    @staticmethod
+    def _per_guest_blocks(pieces: _Pieces, got: np.ndarray, blocks: list[tuple[int, int]]) -> np.ndarray:
+        """`_per_guest` of each block of rows (its product on the block's own shape)."""
+        return np.maximum(_blocks_product(got, pieces.onehot, blocks), 0.0) / pieces.ideal[None, :]
+
     def _moved_shares(self, pieces: _Pieces, m: int,
                       targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(candidate pCPUs, granted time shares, linear performance) of moving piece `m` to each
         of `targets`."""
         count = len(targets)
         n = len(self.cpus)
-        cpu = np.tile(pieces.cpu, (count, 1))
+        cpu = np.repeat(pieces.cpu[None, :], count, axis=0)
         cpu[:, m] = targets
         if pieces.load is None:
             pieces.load = np.bincount(pieces.cpu, weights=pieces.demand, minlength=n)
-        load = np.tile(pieces.load, (count, 1))
+        load = np.repeat(pieces.load[None, :], count, axis=0)
         rows = np.arange(count)
         load[:, pieces.cpu[m]] -= pieces.demand[m]
         load[rows, targets] += pieces.demand[m]
@@ -605,6 +671,15 @@ class _Host:
     @staticmethod
     def _per_guest(pieces: _Pieces, got: np.ndarray) -> np.ndarray:
         return np.maximum(got @ pieces.onehot, 0.0) / pieces.ideal[None, :]
+
+
+def _blocks_product(a: np.ndarray, b: np.ndarray, blocks: list[tuple[int, int]]) -> np.ndarray:
+    """a @ b, block of rows by block of rows: each block the product one piece's candidates alone
+    make (a matrix product's rounding may depend on its shape; the blocks keep each one's)."""
+    result = np.empty((a.shape[0], b.shape[1]))
+    for start, end in blocks:
+        result[start:end] = a[start:end] @ b
+    return result
 
 
 def _read_only(found: PairTerms) -> PairTerms:

@@ -241,8 +241,7 @@ class _Search:
         current = base[0]
         moves: list[_Move] = []
         order = self._ranked_pieces(host, pieces, current)
-        for m in order[: self.settings.move_candidates]:
-            moves.extend(self._best_single(host, pieces, m, base_obj, base_lin))
+        moves.extend(self._best_singles(host, pieces, order[: self.settings.move_candidates], base_obj, base_lin))
         swappable = self._swappable(pieces)
         for m in order[: self.settings.swap_candidates]:
             moves.extend(self._best_swap(host, pieces, m, base_obj, base_lin, swappable))
@@ -309,22 +308,46 @@ class _Search:
             pieces.blind_base = float(self.objective_of(blind, perf)[0] - self.objective_of(blind, linear)[0])
         return pieces.blind_base
 
-    def _best_single(self, host: _Host, pieces: _Pieces, m: int, base_obj: float, base_lin: float) -> list[_Move]:
-        name = pieces.guests[pieces.vm[m]]
-        vcpu = int(pieces.vcpu[m])
-        here = host.cpus[pieces.cpu[m]]
-        targets = sorted(host.allowed(name, vcpu) - {here})
-        if not targets:
+    def _best_singles(self, host: _Host, pieces: _Pieces, ms: list[int], base_obj: float,
+                      base_lin: float) -> list[_Move]:
+        """Each piece of `ms` in turn: its best move to another allowed pCPU by predicted gain, and
+        by quick sure gain (one move when they agree). All pieces' candidates are scored in one
+        pass (`perf_moves_blind_many`: each piece's numbers as if scored alone)."""
+        singles = []  # (piece, guest, vCPU, pCPU now, pCPUs it may move to)
+        for m in ms:
+            name = pieces.guests[pieces.vm[m]]
+            vcpu = int(pieces.vcpu[m])
+            here = host.cpus[pieces.cpu[m]]
+            targets = sorted(host.allowed(name, vcpu) - {here})
+            if targets:
+                singles.append((m, name, vcpu, here, targets))
+        if not singles:
             return []
-        local = np.array([host.index[c] for c in targets], dtype=np.int64)
+        blocks, start = [], 0
+        for single in singles:
+            blocks.append((start, start + len(single[4])))
+            start += len(single[4])
+        moved = np.repeat(np.array([single[0] for single in singles], dtype=np.int64),
+                          [len(single[4]) for single in singles])
+        local = np.array([host.index[c] for single in singles for c in single[4]], dtype=np.int64)
         blind = self._blind(pieces)
-        perf, linear, blind_perf = host.perf_moves_blind(pieces, blind, m, local)
+        perf, linear, blind_perf = host.perf_moves_blind_many(pieces, blind, moved, local, blocks)
         gain = self.objective_of(pieces, perf) - base_obj
         linear_obj = self.objective_of(pieces, linear)
         lin = linear_obj - base_lin
         ok = self.floors_ok(pieces, perf)
         quick = self._quick_sure(pieces, gain, lin, blind, blind_perf, linear_obj, self._blind_base(host, pieces))
         moves = []
+        for (m, name, vcpu, here, targets), (start, end) in zip(singles, blocks):
+            moves.extend(self._single_moves(host, name, vcpu, here, targets, gain[start:end], lin[start:end],
+                                            quick[start:end], ok[start:end]))
+        return moves
+
+    @staticmethod
+    def _single_moves(host: _Host, name: str, vcpu: int, here: int, targets: list[int], gain: np.ndarray,
+                      lin: np.ndarray, quick: np.ndarray, ok: np.ndarray) -> list[_Move]:
+        """One vCPU's best move by predicted gain and by quick sure gain (per target pCPU)."""
+        moves: list[_Move] = []
         for score in (gain, quick):
             score = np.where(ok, score, -np.inf)
             best = int(np.argmax(score))
@@ -351,7 +374,7 @@ class _Search:
         partners = np.flatnonzero(swappable & (pieces.cpu != pieces.cpu[m]) & (pieces.vm != pieces.vm[m]))
         if not len(partners):
             return []
-        cand = np.tile(pieces.cpu, (len(partners), 1))
+        cand = np.repeat(pieces.cpu[None, :], len(partners), axis=0)
         rows = np.arange(len(partners))
         cand[rows, m] = pieces.cpu[partners]
         cand[rows, partners] = pieces.cpu[m]
@@ -503,7 +526,7 @@ class _Search:
                 host.set_pins(name, {**pins, vcpu: frozenset({targets[0]})})
                 pieces = host.pieces()
                 piece = int(np.flatnonzero((pieces.vm == pieces.guests.index(name)) & (pieces.vcpu == vcpu))[0])
-                cand = np.tile(pieces.cpu, (len(targets), 1))
+                cand = np.repeat(pieces.cpu[None, :], len(targets), axis=0)
                 cand[:, piece] = [host.index[c] for c in targets]
                 values = self.objective_of(pieces, host.perf_moves(pieces, piece, cand[:, piece])[0])
                 best = targets[int(np.argmax(values))]

@@ -1,0 +1,108 @@
+"""The search's shortcuts give the very floats of the plain computation: a host's single moves
+scored in one pass equal each piece scored alone, the pool's pair changes gathered equal them
+scattered, and the spread's heap picks what a scan of every pCPU picks."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+
+from vmplacer.core.placement import Placement
+from vmplacer.core.policies.rebalance import ClusterState, HostState, RebalanceSettings, describe_guest
+from vmplacer.core.policies.rebalance_pessimistic import _LeastLoaded
+from vmplacer.core.policies.rebalance_search import _pair_changes, _Search
+from vmplacer.core.topology import uniform_topology
+
+from tests.unit.test_rebalance_pessimism import GUESTS, learned
+
+TOPO = uniform_topology(nodes=2, cores_per_node=4, threads_per_core=2, name="h")
+
+
+def crowded_search(seed: int) -> _Search:
+    """The model's four workloads, twice each, on random pCPUs (some shared); one guest of two vCPUs."""
+    rng = random.Random(seed)
+    guests = {}
+    for i in range(8):
+        name = f"{GUESTS[i % 4]}{i}"
+        pins = {v: frozenset({rng.randrange(len(TOPO.cpus))}) for v in range(2 if i == 3 else 1)}
+        guests[name] = describe_guest(Placement(guest=name, host="h", vcpupin=pins, memory_kib=1024),
+                                      labels={"workload": GUESTS[i % 4]})
+    return _Search(ClusterState({"h": HostState("h", TOPO)}, guests), learned(sibling_rounds=20, seed=seed),
+                   RebalanceSettings(), 0.0, {}, None)
+
+
+def test_single_moves_scored_in_one_pass_equal_each_piece_scored_alone():
+    for seed in range(6):
+        search = crowded_search(seed)
+        host = search.hosts["h"]
+        pieces = host.pieces()
+        blind = search._blind(pieces)
+        singles = []
+        for m in range(len(pieces.cpu)):
+            name, vcpu = pieces.guests[pieces.vm[m]], int(pieces.vcpu[m])
+            targets = sorted(host.allowed(name, vcpu) - {host.cpus[pieces.cpu[m]]})
+            if targets:
+                singles.append((m, np.array([host.index[c] for c in targets], dtype=np.int64)))
+        assert len(singles) >= 5
+        blocks, start = [], 0
+        for _, local in singles:
+            blocks.append((start, start + len(local)))
+            start += len(local)
+        moved = np.repeat([m for m, _ in singles], [len(local) for _, local in singles])
+        batched = host.perf_moves_blind_many(pieces, blind, moved, np.concatenate([t for _, t in singles]), blocks)
+        assert blind is not None and batched[2] is not None
+        for (m, local), (begin, end) in zip(singles, blocks):
+            alone = host.perf_moves_blind(pieces, blind, m, local)
+            for got, want in zip(batched, alone):
+                assert want is not None
+                assert np.array_equal(got[begin:end], want), (seed, m)
+
+
+def scattered(keys_b, terms_b, conf_b, keys_a, terms_a, conf_a) -> tuple[float, float]:
+    """The plain computation: both layouts' terms scattered into zeros, pair by pair."""
+    union = {k: i for i, k in enumerate(dict.fromkeys([*keys_b, *keys_a]))}
+    n = len(union)
+    delta, trust = np.zeros((n, n)), np.ones((n, n))
+    for keys, terms, conf, sign in ((keys_b, terms_b, conf_b, -1.0), (keys_a, terms_a, conf_a, 1.0)):
+        at = np.ix_([union[k] for k in keys], [union[k] for k in keys])
+        delta[at] += sign * terms
+        trust[at] = np.minimum(trust[at], np.where(terms != 0, conf, 1.0))
+    change = np.abs(delta)
+    return float(change.sum()), float((change * trust).sum())
+
+
+def test_pair_changes_gathered_equal_them_scattered():
+    rng = np.random.default_rng(3)
+    before = [("g", i, i) for i in range(12)]
+    for after in (before + [("f", i, i) for i in range(30)],  # a pool: the pinned pieces among the new ones
+                  before[:11] + [("g", 11, 99)],  # a single move
+                  list(reversed(before))):  # the same pieces in another order
+        after = list(after)
+        random.Random(len(after)).shuffle(after)
+        terms_b = rng.random((12, 12)) * (rng.random((12, 12)) > 0.4)
+        terms_a = rng.random((len(after), len(after))) * (rng.random((len(after), len(after))) > 0.4)
+        conf_b, conf_a = rng.random(terms_b.shape), rng.random(terms_a.shape)
+        change, trust = _pair_changes(before, terms_b, conf_b, after, terms_a, conf_a)
+        assert change is not None and trust is not None
+        total = float(change.sum())
+        assert (total, float(np.multiply(change, trust).sum())) == scattered(before, terms_b, conf_b, after,
+                                                                              terms_a, conf_a)
+
+
+def test_spread_heap_picks_what_a_scan_picks_as_loads_grow():
+    rng = random.Random(5)
+    cpus = list(range(16))
+    core_of = {c: c % 8 for c in cpus}
+    for _ in range(20):
+        cpu_load = {c: rng.choice([0.0, 0.5, 1.0, 1.0 / 3]) for c in cpus}
+        core_load: dict[int, float] = {}
+        for c, load in cpu_load.items():
+            core_load[core_of[c]] = core_load.get(core_of[c], 0.0) + load
+        least = _LeastLoaded(cpu_load, core_load, core_of)
+        for _ in range(30):
+            allowed = tuple(cpus) if rng.random() < 0.5 else tuple(c for c in cpus if c < 8)
+            want = min(allowed, key=lambda c: (cpu_load[c], core_load[core_of[c]], c))
+            assert least.pick(allowed) == want
+            cpu_load[want] += 1.0
+            core_load[core_of[want]] += 1.0
