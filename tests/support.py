@@ -9,6 +9,8 @@ import signal
 import subprocess
 import sys
 import tempfile
+import time
+from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,40 +34,154 @@ def require(condition: bool, reason: str) -> None:
     pytest.skip(reason)
 
 
+STALL_ALLOWANCE = 4
+"""A command the machine keeps waiting (for a CPU, or in uninterruptible sleep: disk, page
+cache) gets up to this many times its timeout in wall time before it counts as hung."""
+
+POLL_S = 0.5
+
+
 def run_reporting_hangs(cmd: Sequence[str], *, timeout: float, env: Mapping[str, str] | None = None,
                         cwd: str | Path | None = None) -> subprocess.CompletedProcess[str]:
     """`subprocess.run(cmd, capture_output=True, text=True)`, except that a Python command still
-    running after `timeout` is made to print every thread's stack (faulthandler, on SIGABRT)
-    before the test fails: a hang then says where it hung instead of only that it did. The
-    kernel's view of the command and its children (state, wait channel and kernel stack of every
-    thread) is read first: a process blocked where no signal handler runs (an uninterruptible
-    wait, a stopped or frozen task) prints no Python stack, and this says where it waits."""
+    running after `timeout` of its OWN time is made to print every thread's stack (faulthandler,
+    on SIGABRT) before the test fails: a hang then says where it hung instead of only that it did.
+
+    Its own time is wall time less what the machine withheld (`OwnClock`): a command starved of
+    CPU by a busy machine is not the product hanging, so the timeout measures what the product
+    controls; `STALL_ALLOWANCE` times the timeout in wall time still ends any run. The report
+    starts with that accounting and the machine's pressure, then the kernel's view of the command
+    and its children (state, wait channel and kernel stack of every thread; a process blocked
+    where no signal handler runs prints no Python stack, and this says where it waits), then its
+    stacks read from outside (py-spy) and from inside (faulthandler)."""
     environment = dict(os.environ if env is None else env, PYTHONFAULTHANDLER="1")
     hung = False
-    kernel_view = ""
+    report = ""
     caller_mask = signal.pthread_sigmask(signal.SIG_BLOCK, [])
     with subprocess.Popen(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                           env=environment, cwd=cwd) as process:
-        try:
-            out, err = process.communicate(timeout=timeout)
-        except subprocess.TimeoutExpired:
+        clock = OwnClock(process.pid)
+        while True:
+            try:
+                out, err = process.communicate(timeout=POLL_S)  # retrying loses no output
+                break
+            except subprocess.TimeoutExpired:
+                clock.sample()
+                if clock.own_s() < timeout and clock.wall_s() < timeout * STALL_ALLOWANCE:
+                    continue
             hung = True
+            report = clock.summary(timeout) + "\n" + machine_pressure()
             tree = process_tree(process.pid)
-            kernel_view = "\n".join(describe_process(pid) for pid in tree)
-            kernel_view += "\n" + python_stacks(process.pid)
+            report += "\n--- the kernel's view of it then:\n" + "\n".join(describe_process(pid) for pid in tree)
+            report += "\n" + python_stacks(process.pid)
             # a child starts with its parent's mask: one inherited with SIGABRT blocked prints no stack
-            kernel_view += f"\n--- signals this test's thread blocked when it started the command: {sorted(caller_mask)}"
+            report += f"\n--- signals this test's thread blocked when it started the command: {sorted(caller_mask)}"
             process.send_signal(signal.SIGABRT)  # only the command: a child may be holding guests paused
             try:
                 out, err = process.communicate(timeout=30)
             except subprocess.TimeoutExpired:
                 process.kill()
                 out, err = process.communicate()
+            break
     if hung:
-        pytest.fail(f"{' '.join(cmd)} was still running after {timeout:g} s; the kernel's view of it then:\n"
-                    f"{kernel_view}\n--- its threads' stacks (SIGABRT):\n"
-                    f"{err[-12000:]}\n--- its stdout:\n{out[-2000:]}", pytrace=False)
+        stacks = "\n".join(line for line in err.splitlines() if not line.startswith("Extension modules:"))
+        pytest.fail(f"{' '.join(cmd)} was still running after {timeout:g} s of its own time: {report}\n--- its threads' stacks (SIGABRT):\n"
+                    f"{stacks[-12000:]}\n--- its stdout:\n{out[-2000:]}", pytrace=False)
     return subprocess.CompletedProcess(list(cmd), process.returncode, out, err)
+
+
+class OwnClock:
+    """A process's own time: wall time since it started less the longest time any of its threads
+    was kept waiting by the machine, i.e. runnable without a CPU (the kernel's run delay, exact)
+    or in uninterruptible sleep (sampled at each `sample()`). A deadlocked or spinning process
+    still runs out of own time; a starved one does not."""
+
+    def __init__(self, pid: int) -> None:
+        self.pid = pid
+        self.started = time.monotonic()
+        self.last = self.started
+        self.run_delay: dict[int, float] = {}
+        self.uninterruptible: dict[int, float] = {}
+        self.cpu: dict[int, float] = {}
+        self.states: Counter[str] = Counter()
+
+    def sample(self) -> None:
+        now = time.monotonic()
+        for tid, (state, cpu_s, delay_s) in task_clocks(self.pid).items():
+            self.run_delay[tid] = delay_s
+            self.cpu[tid] = cpu_s
+            if state == "D":
+                self.uninterruptible[tid] = self.uninterruptible.get(tid, 0.0) + (now - self.last)
+            if tid == self.pid:
+                self.states[state] += 1
+        self.last = now
+
+    def wall_s(self) -> float:
+        return self.last - self.started
+
+    def withheld_s(self) -> float:
+        tids = set(self.run_delay) | set(self.uninterruptible)
+        return max((self.run_delay.get(t, 0.0) + self.uninterruptible.get(t, 0.0) for t in tids), default=0.0)
+
+    def own_s(self) -> float:
+        return self.wall_s() - self.withheld_s()
+
+    def summary(self, timeout: float) -> str:
+        main_delay = self.run_delay.get(self.pid, 0.0)
+        main_d = self.uninterruptible.get(self.pid, 0.0)
+        states = ", ".join(f"{state} {n}" for state, n in self.states.most_common())
+        return (f"{self.own_s():.1f} s of its own time (timeout {timeout:g} s) in {self.wall_s():.1f} s wall; "
+                f"the machine withheld {self.withheld_s():.1f} s (main thread: {main_delay:.1f} s runnable "
+                f"without a CPU, ~{main_d:.1f} s in uninterruptible sleep); CPU used "
+                f"{sum(self.cpu.values()):.1f} s; main thread's state at {sum(self.states.values())} samples: {states}")
+
+
+def task_clocks(pid: int) -> dict[int, tuple[str, float, float]]:
+    """tid -> (state, CPU seconds, seconds runnable without a CPU) of each thread of `pid`."""
+    clocks = {}
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return clocks
+    for task in tasks:
+        fields = _stat_fields(task / "stat")
+        schedstat = _read(task / "schedstat").split()
+        if not fields or len(schedstat) < 2:
+            continue
+        clocks[int(task.name)] = (fields[0], int(schedstat[0]) / 1e9, int(schedstat[1]) / 1e9)
+    return clocks
+
+
+def machine_pressure(sample_s: float = 0.5, top: int = 5) -> str:
+    """The machine in a few lines: load, pressure stall information (share of time some task
+    waited for CPU, I/O or memory), available memory, and the processes using the most CPU."""
+    lines = [f"--- machine: load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}"]
+    for resource in ("cpu", "io", "memory"):
+        pressure = _read(Path(f"/proc/pressure/{resource}")).splitlines()
+        if pressure:
+            lines.append(f"  {resource} pressure: {' | '.join(pressure)}")
+    meminfo = dict(line.split(":", 1) for line in _read(Path("/proc/meminfo")).splitlines() if ":" in line)
+    lines.append("  " + ", ".join(f"{key} {meminfo.get(key, '?').strip()}"
+                                  for key in ("MemAvailable", "Cached", "Dirty", "Writeback")))
+    before = _cpu_by_process()
+    time.sleep(sample_s)
+    after = _cpu_by_process()
+    busiest = sorted(((after[pid][0] - before[pid][0], pid) for pid in after if pid in before), reverse=True)
+    for used, pid in busiest[:top]:
+        lines.append(f"  {used / sample_s:5.0%} cpu pid {pid} {after[pid][1][:120]}")
+    return "\n".join(lines)
+
+
+def _cpu_by_process() -> dict[int, tuple[float, str]]:
+    found = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            fields = _stat_fields(entry / "stat")
+            if len(fields) > 14:
+                found[int(entry.name)] = ((int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK"),
+                                          _read(entry / "cmdline").replace("\0", " ").strip()
+                                          or f"[{_read(entry / 'comm').strip()}]")
+    return found
 
 
 def process_tree(pid: int) -> list[int]:
@@ -118,7 +234,7 @@ def describe_process(pid: int) -> str:
     for thread in thread_states(pid):
         task = Path(f"/proc/{pid}/task/{thread.tid}")
         lines.append(f"  thread {thread.tid} ({thread.name}) state {thread.state} wchan {thread.wchan} "
-                     f"cpu {_cpu_seconds(task):.1f} s {_signal_masks(task)}")
+                     f"cpu {_cpu_seconds(task):.1f} s {_scheduling(task)} {_signal_masks(task)}")
         lines.extend(f"    {frame}" for frame in _read(Path(f"/proc/{pid}/task/{thread.tid}/stack")).splitlines()[:20])
     return "\n".join(lines)
 
@@ -145,6 +261,17 @@ def _cpu_seconds(task: Path) -> float:
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
     except (IndexError, ValueError):
         return 0.0
+
+
+def _scheduling(task: Path) -> str:
+    """Nice, scheduling policy and allowed CPUs: a thread kept off the CPUs by its own settings
+    looks starved, not hung."""
+    fields = _stat_fields(task / "stat")
+    allowed = [line.split(":", 1)[1].strip() for line in _read(task / "status").splitlines()
+               if line.startswith("Cpus_allowed_list")]
+    nice = fields[16] if len(fields) > 16 else "?"
+    policy = fields[38] if len(fields) > 38 else "?"
+    return f"nice {nice} policy {policy} cpus {allowed[0] if allowed else '?'}"
 
 
 def _signal_masks(task: Path) -> str:

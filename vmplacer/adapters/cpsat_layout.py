@@ -17,7 +17,6 @@ import math
 import time
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from vmplacer.core.layout_problem import FEASIBLE, OPTIMAL, UNKNOWN, LayoutProblem, LayoutSolution
 from vmplacer.core.layout_sharing import sharing_groups, solve_time_shared, without_sharing
@@ -45,6 +44,10 @@ class CpSatLayoutSolver:
 
     def _solve(self, problem: LayoutProblem, time_limit_s: float) -> LayoutSolution | None:
         """A problem without time sharing; None when it has no layout, UNKNOWN when none was found in time."""
+        # Imported here, not with the module: ortools (with the pandas it pulls in) is most of a
+        # command's start-up, and only a layout search needs it (not `apply`, `plans`, `serve`).
+        from ortools.sat.python import cp_model
+
         began = time.perf_counter()
         model = cp_model.CpModel()
         n_items, n_slots, n_guests = problem.n_items, problem.n_slots, len(problem.guests)
