@@ -38,7 +38,7 @@ from pathlib import Path
 import libvirt
 import pytest
 
-from tests.support import VMPLACER, clean_env, run_vmplacer
+from tests.support import STALL_ALLOWANCE, VMPLACER, clean_env, run_vmplacer
 from vmplacer.testbed import daemons
 from vmplacer.testbed.guests import ProgressSample, rate, read_progress, wait_for_progress
 
@@ -425,6 +425,6 @@ def test_drift_is_skipped_and_concurrent_runs_never_both_act(testbed, host1_conn
     for thread in threads:
         thread.start()
     for thread in threads:
-        thread.join(240)
+        thread.join(240 * STALL_ALLOWANCE + 60)  # each run is bounded by run_reporting_hangs
     statuses = sorted(r[1].get("status", f"rc={r[0]} {r[2][-300:]}") for r in results)
     assert statuses == ["applied", "busy"], statuses
