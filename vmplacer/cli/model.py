@@ -41,7 +41,7 @@ def run_show(args: argparse.Namespace, ctx: CliContext) -> int:
         if not d["guests"]:
             print("no samples learned yet: predictions are the linear (time-sharing only) predictor")
             return
-        print_table(None, ("guest", "sensitivity (mean loss suffered)", "interference (mean loss caused)"),
+        print_table(None, ("model key", "sensitivity (mean loss suffered)", "interference (mean loss caused)"),
                     [(g["guest"], f"{g['sensitivity']:.3f}", f"{g['interference']:.3f}") for g in d["guests"]])
 
     emit(args, data, table)
