@@ -174,3 +174,21 @@ def test_planner_admission_and_learning_take_one_identity(labels, spec):
     else:
         assert (profile_from_labels("g", labels).key, profile_from_labels("g", labels).workload_class) == \
             (identity.key, identity.workload_class)
+
+
+@pytest.mark.parametrize("bad", [
+    {"load": "lots"}, {"priority": "5000"}, {"perf_floor": "2"}, {"dirty_mib_s": "-1"}, {"rebalance": "maybe"},
+])
+def test_any_bad_label_makes_planner_and_learner_fall_back_to_the_record_alike(bad):
+    """One bad label and the rebalancer describes the guest from its record alone (its domain's
+    `workload` label ignored with the rest); learning must key it the same way."""
+    labels = {**WEB, **bad}
+    with pytest.raises(RebalanceInputError, match=f"guest web-1: label '{next(iter(bad))}'"):
+        describe_guest(pinned("web-1", 0), labels=labels)
+    record = {**WEB_2_SPEC, "name": "web-1", "labels": {"workload": "web-record"}}
+    fallback = describe_guest(pinned("web-1", 0), spec=GuestSpec.from_mapping(record))
+    learned = GuestIdentities(lambda: {"web-1": labels}, lambda name: record)(["web-1"])["web-1"]
+    assert learned == ModelIdentity(fallback.key, fallback.workload_class) == ModelIdentity("web-record", "unknown")
+    # without a record both fall back to the name
+    assert GuestIdentities(lambda: {"web-1": labels}, lambda name: None)(["web-1"])["web-1"] == \
+        ModelIdentity(describe_guest(pinned("web-1", 0)).key, "unknown") == ModelIdentity("web-1", "unknown")

@@ -15,7 +15,8 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
 from vmplacer.core.guest import GuestSpec, GuestSpecError
-from vmplacer.core.model_identity import ModelIdentity, ModelIdentityError, model_identity
+from vmplacer.core.model_identity import ModelIdentity, model_identity
+from vmplacer.core.policies.rebalance_state import RebalanceInputError, read_guest_labels
 from vmplacer.ports import DomainInfo, HypervisorError
 
 log = logging.getLogger(__name__)
@@ -72,9 +73,9 @@ class GuestIdentities:
         if labels is None and spec is None:
             return None
         try:
-            return model_identity(name, labels, spec)
-        except ModelIdentityError as exc:
-            # The rebalancer then describes the guest from its spec alone; so does learning.
+            return read_guest_labels(name, labels, spec).identity
+        except RebalanceInputError as exc:
+            # Any bad label: the rebalancer then describes the guest from its spec alone; so does learning.
             log.warning("learning: %s; keyed by its stored spec", exc)
             return model_identity(name, spec=spec)
 

@@ -15,7 +15,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 
 from vmplacer.core.guest import GuestSpec
-from vmplacer.core.model_identity import LABEL_CLASS, LABEL_WORKLOAD, ModelIdentityError, model_identity  # noqa: F401
+from vmplacer.core.model_identity import (  # noqa: F401
+    LABEL_CLASS,
+    LABEL_WORKLOAD,
+    ModelIdentity,
+    ModelIdentityError,
+    model_identity,
+)
 from vmplacer.core.placement import Placement
 from vmplacer.core.policies.admit import AllocationOptions
 from vmplacer.core.topology import HostTopology
@@ -244,6 +250,39 @@ def _number(labels: Mapping[str, str], key: str, name: str, low: float, high: fl
     return value
 
 
+@dataclass(frozen=True)
+class GuestLabels:
+    """A guest's rebalancing labels, read and checked (its domain's over its spec's)."""
+
+    identity: ModelIdentity
+    load: float | None
+    priority: float
+    floor: float | None
+    dirty_mib_s: float | None
+    rebalance: str
+
+
+def read_guest_labels(name: str, labels: Mapping[str, str] | None = None,
+                      spec: GuestSpec | None = None) -> GuestLabels:
+    """Every label the rebalancer reads, checked at once. One bad value refuses them all
+    (RebalanceInputError naming guest, label and rule): the rebalancer then describes the
+    guest from its spec alone, and learning keys it the same way, so both agree on its key."""
+    try:
+        identity = model_identity(name, labels, spec)
+    except ModelIdentityError as exc:
+        raise RebalanceInputError(str(exc)) from None
+    merged = dict(spec.labels if spec else {}) | dict(labels or {})
+    load = _number(merged, LABEL_LOAD, name, 0.0, 1.0)
+    priority = _number(merged, LABEL_PRIORITY, name, -1000, 1000) or 0.0
+    floor = _number(merged, LABEL_FLOOR, name, 0.0, 1.0)
+    dirty = _number(merged, LABEL_DIRTY, name, 0.0, 1e6)
+    rebalance = merged.get(LABEL_REBALANCE, "on")
+    if rebalance not in ("on", "off", "no-migrate"):
+        raise RebalanceInputError(f"guest {name}: label {LABEL_REBALANCE!r} must be on, off or no-migrate, "
+                                  f"got {rebalance!r}")
+    return GuestLabels(identity, load, priority, floor, dirty, rebalance)
+
+
 def describe_guest(
     placement: Placement,
     *,
@@ -265,24 +304,15 @@ def describe_guest(
     """
     settings = settings or RebalanceSettings()
     name = placement.guest
-    try:
-        identity = model_identity(name, labels, spec)
-    except ModelIdentityError as exc:
-        raise RebalanceInputError(str(exc)) from None
-    labels = dict(spec.labels if spec else {}) | dict(labels or {})
+    read = read_guest_labels(name, labels, spec)
+    identity, floor, dirty, rebalance = read.identity, read.floor, read.dirty_mib_s, read.rebalance
     workload_class = identity.workload_class
     if load is None:
-        load = _number(labels, LABEL_LOAD, name, 0.0, 1.0)
+        load = read.load
     load = 1.0 if load is None else min(1.0, max(float(load), 0.01))
-    priority = _number(labels, LABEL_PRIORITY, name, -1000, 1000) or 0.0
-    floor = _number(labels, LABEL_FLOOR, name, 0.0, 1.0)
-    dirty = _number(labels, LABEL_DIRTY, name, 0.0, 1e6)
+    priority = read.priority
     latency_critical = workload_class == "latency-critical"
     weight = (settings.latency_critical_weight if latency_critical else 1.0) * max(0.1, 1.0 + priority / 100.0)
-    rebalance = labels.get(LABEL_REBALANCE, "on")
-    if rebalance not in ("on", "off", "no-migrate"):
-        raise RebalanceInputError(f"guest {name}: label {LABEL_REBALANCE!r} must be on, off or no-migrate, "
-                                  f"got {rebalance!r}")
 
     thread_policy = "prefer"
     single = all(len(p) == 1 for p in placement.vcpupin.values())
