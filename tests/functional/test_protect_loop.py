@@ -210,7 +210,7 @@ def test_metrics_show_each_protected_guest_from_the_recorded_rounds(db, tmp_path
     from prometheus_client import CollectorRegistry, generate_latest
 
     from vmplacer.adapters.protect_history import ProtectHistory
-    from vmplacer.api.metrics import _DatabaseGauges, protect_metrics
+    from vmplacer.api.metrics import DatabaseGauges, protect_metrics
 
     sim = cluster(("batch", {MIN_SHARE_LABEL: "0.2"}))
     history = ProtectHistory(tmp_path)
@@ -220,7 +220,7 @@ def test_metrics_show_each_protected_guest_from_the_recorded_rounds(db, tmp_path
     assert last is not None and last["guests"] == reports[-1].to_dict()["guests"]
     assert len(history.read("h1")) == 8
     registry = CollectorRegistry()
-    registry.register(_DatabaseGauges([protect_metrics(lambda: [last], lambda: last["at"] + 1.0)]))
+    registry.register(DatabaseGauges([protect_metrics(lambda: [last], lambda: last["at"] + 1.0)]))
     text = generate_latest(registry).decode()
     stats = reports[-1].guests["web"]
     assert f'vmplacer_protect_floor{{guest="web",host="h1"}} 0.8' in text
@@ -230,7 +230,7 @@ def test_metrics_show_each_protected_guest_from_the_recorded_rounds(db, tmp_path
     assert f'vmplacer_protect_ratio{{guest="web",host="h1"}} {stats["ratio"]}' in text
     assert 'vmplacer_protect_last_round_age_seconds{host="h1"} 1.0' in text
     stale = CollectorRegistry()
-    stale.register(_DatabaseGauges([protect_metrics(lambda: [last], lambda: last["at"] + 3600.0)]))
+    stale.register(DatabaseGauges([protect_metrics(lambda: [last], lambda: last["at"] + 3600.0)]))
     assert 'guest="web"' not in generate_latest(stale).decode()  # a loop long gone shows nothing
 
 

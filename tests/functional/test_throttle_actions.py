@@ -186,11 +186,11 @@ def test_reconcile_reports_throttles_gone_changed_and_not_ours(sim, db):
 def test_metrics_show_each_throttle_and_whom_it_protects(sim, db):
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from vmplacer.api.metrics import _DatabaseGauges, throttle_gauges
+    from vmplacer.api.metrics import DatabaseGauges, throttle_gauges
 
     apply(sim, db, action("throttle", UNLIMITED, throttled_to(0.25)))
     registry = CollectorRegistry()
-    registry.register(_DatabaseGauges([throttle_gauges(SqlThrottleLedger(db).current)]))
+    registry.register(DatabaseGauges([throttle_gauges(SqlThrottleLedger(db).current)]))
     text = generate_latest(registry).decode()
     assert 'vmplacer_throttle_share{guest="batch",host="h1",protects="web"} 0.25' in text
     assert 'vmplacer_throttle_age_seconds{guest="batch",host="h1",protects="web"}' in text

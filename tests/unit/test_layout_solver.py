@@ -17,7 +17,7 @@ from vmplacer.core.policies.rebalance import (
     ClusterState,
     HostState,
     RebalanceSettings,
-    _Search,
+    RebalanceSearch,
     describe_guest,
     plan_rebalance,
 )
@@ -55,8 +55,8 @@ def random_state(seed: int, nodes: int, vms: int, hosts: int = 1, labels=None) -
     return ClusterState({n: HostState(n, t) for n, t in topologies.items()}, guests)
 
 
-def search_of(state: ClusterState, seed: int, **settings) -> _Search:
-    return _Search(state, model(seed), RebalanceSettings(**settings), None, {}, None)
+def search_of(state: ClusterState, seed: int, **settings) -> RebalanceSearch:
+    return RebalanceSearch(state, model(seed), RebalanceSettings(**settings), None, {}, None)
 
 
 @pytest.mark.parametrize("seed", range(4))

@@ -28,7 +28,7 @@ from vmplacer.core.interference import (
 )
 from vmplacer.core.layout_problem import brute_force
 from vmplacer.core.placement import Placement
-from vmplacer.core.policies.rebalance import ClusterState, HostState, RebalanceSettings, _Search, describe_guest
+from vmplacer.core.policies.rebalance import ClusterState, HostState, RebalanceSettings, RebalanceSearch, describe_guest
 from vmplacer.core.policies.rebalance_exact import build_problem, kept_speed, solve_hosts
 from vmplacer.core.topology import DistanceClass, uniform_topology
 
@@ -147,7 +147,7 @@ def test_a_stored_model_keeps_its_form_and_an_old_one_reads_as_additive():
     assert InterferenceModel.from_dict(data).config.form == ADDITIVE
 
 
-def random_search(seed: int, vms: int, form: str) -> _Search:
+def random_search(seed: int, vms: int, form: str) -> RebalanceSearch:
     rng = random.Random(seed)
     topo = uniform_topology(nodes=1, cores_per_node=2, threads_per_core=2, name="h0")
     guests = {}
@@ -157,7 +157,7 @@ def random_search(seed: int, vms: int, form: str) -> _Search:
         guests[f"g{v}"] = describe_guest(placement, labels={"workload": rng.choice(KEYS)})
     model = InterferenceModel(ModelConfig(form=form, pair_shrinkage=0.0)).fit(
         multiplicative_truth(random.Random(seed), 30))
-    return _Search(ClusterState({"h0": HostState("h0", topo)}, guests), model, RebalanceSettings(), None, {}, None)
+    return RebalanceSearch(ClusterState({"h0": HostState("h0", topo)}, guests), model, RebalanceSettings(), None, {}, None)
 
 
 @pytest.mark.parametrize("seed", range(3))

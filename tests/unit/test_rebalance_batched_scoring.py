@@ -10,8 +10,8 @@ import numpy as np
 
 from vmplacer.core.placement import Placement
 from vmplacer.core.policies.rebalance import ClusterState, HostState, RebalanceSettings, describe_guest
-from vmplacer.core.policies.rebalance_pessimistic import _LeastLoaded
-from vmplacer.core.policies.rebalance_search import _pair_changes, _Search
+from vmplacer.core.policies.rebalance_pessimistic import LeastLoadedPicker
+from vmplacer.core.policies.rebalance_search import _pair_changes, RebalanceSearch
 from vmplacer.core.topology import uniform_topology
 
 from tests.unit.test_rebalance_pessimism import GUESTS, learned
@@ -19,7 +19,7 @@ from tests.unit.test_rebalance_pessimism import GUESTS, learned
 TOPO = uniform_topology(nodes=2, cores_per_node=4, threads_per_core=2, name="h")
 
 
-def crowded_search(seed: int) -> _Search:
+def crowded_search(seed: int) -> RebalanceSearch:
     """The model's four workloads, twice each, on random pCPUs (some shared); one guest of two vCPUs."""
     rng = random.Random(seed)
     guests = {}
@@ -28,7 +28,7 @@ def crowded_search(seed: int) -> _Search:
         pins = {v: frozenset({rng.randrange(len(TOPO.cpus))}) for v in range(2 if i == 3 else 1)}
         guests[name] = describe_guest(Placement(guest=name, host="h", vcpupin=pins, memory_kib=1024),
                                       labels={"workload": GUESTS[i % 4]})
-    return _Search(ClusterState({"h": HostState("h", TOPO)}, guests), learned(sibling_rounds=20, seed=seed),
+    return RebalanceSearch(ClusterState({"h": HostState("h", TOPO)}, guests), learned(sibling_rounds=20, seed=seed),
                    RebalanceSettings(), 0.0, {}, None)
 
 
@@ -99,7 +99,7 @@ def test_spread_heap_picks_what_a_scan_picks_as_loads_grow():
         core_load: dict[int, float] = {}
         for c, load in cpu_load.items():
             core_load[core_of[c]] = core_load.get(core_of[c], 0.0) + load
-        least = _LeastLoaded(cpu_load, core_load, core_of)
+        least = LeastLoadedPicker(cpu_load, core_load, core_of)
         for _ in range(30):
             allowed = tuple(cpus) if rng.random() < 0.5 else tuple(c for c in cpus if c < 8)
             want = min(allowed, key=lambda c: (cpu_load[c], core_load[core_of[c]], c))

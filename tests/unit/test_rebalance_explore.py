@@ -9,7 +9,7 @@ from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
 from vmplacer.core.policies.rebalance import RebalanceSettings
 from vmplacer.core.policies.rebalance_explore import offer_optimistic_layouts
 from vmplacer.core.policies.rebalance_layout import BetaTable
-from vmplacer.core.policies.rebalance_search import _Search
+from vmplacer.core.policies.rebalance_search import RebalanceSearch
 from vmplacer.core.topology import DistanceClass
 
 from tests.unit.test_rebalance_pessimism import GUESTS, TOPO, learned, spread_state
@@ -17,8 +17,8 @@ from tests.unit.test_rebalance_pessimism import GUESTS, TOPO, learned, spread_st
 CORE, LLC = DistanceClass.SAME_CORE.rank, DistanceClass.SAME_LLC.rank
 
 
-def search(sibling_rounds: int, **settings) -> _Search:
-    return _Search(spread_state(), learned(sibling_rounds=sibling_rounds), RebalanceSettings(**settings), 0.0, {},
+def search(sibling_rounds: int, **settings) -> RebalanceSearch:
+    return RebalanceSearch(spread_state(), learned(sibling_rounds=sibling_rounds), RebalanceSettings(**settings), 0.0, {},
                    None, CpSatLayoutSolver())
 
 
@@ -68,7 +68,7 @@ def test_no_exploration_when_switched_off_capped_already_measured_or_another_tri
     assert busy.trials["h"]["what"] == "spread"
 
 
-def _offered(s: _Search) -> bool:
+def _offered(s: RebalanceSearch) -> bool:
     offer_optimistic_layouts(s)
     return "h" in s.trials
 

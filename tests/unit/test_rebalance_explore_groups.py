@@ -12,7 +12,7 @@ from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
 from vmplacer.core.interference import Exposure, InterferenceModel, Observation
 from vmplacer.core.policies.rebalance import RebalanceSettings, plan_rebalance
 from vmplacer.core.policies.rebalance_explore import offer_optimistic_groups
-from vmplacer.core.policies.rebalance_search import _Search
+from vmplacer.core.policies.rebalance_search import RebalanceSearch
 from vmplacer.core.topology import DistanceClass, uniform_topology
 
 from tests.unit.test_rebalance_policy import cluster, pinned
@@ -73,11 +73,11 @@ def test_small_hosts_try_together_the_layout_the_prior_fears_across_them():
     assert (offered["from_key"], offered["to_key"]) == (trial["from_key"], trial["to_key"])
 
 
-def search(**settings) -> _Search:
-    return _Search(two_hosts(), pairs_model(), RebalanceSettings(**settings), 0.0, {}, None, CpSatLayoutSolver())
+def search(**settings) -> RebalanceSearch:
+    return RebalanceSearch(two_hosts(), pairs_model(), RebalanceSettings(**settings), 0.0, {}, None, CpSatLayoutSolver())
 
 
-def offered(s: _Search) -> bool:
+def offered(s: RebalanceSearch) -> bool:
     offer_optimistic_groups(s)
     return bool(s.group_trials)
 

@@ -11,7 +11,7 @@ from vmplacer.core.interference import Exposure, InterferenceModel, Observation
 from vmplacer.core.placement import Placement
 from vmplacer.core.policies.rebalance import ClusterState, HostState, RebalanceSettings, describe_guest, plan_rebalance
 from vmplacer.core.policies.rebalance_pessimistic import doubt, spread_layout
-from vmplacer.core.policies.rebalance_search import _Change, _Move, _Search
+from vmplacer.core.policies.rebalance_search import GuestChange, CandidateMove, RebalanceSearch
 from vmplacer.core.topology import DistanceClass, uniform_topology
 from vmplacer.core.trial import Backoff
 
@@ -101,12 +101,12 @@ def test_the_same_gain_backed_by_data_is_kept():
 def test_doubt_counts_only_pairs_whose_distance_changes():
     """Swapping two guests' cores keeps every pair at LLC distance: the same coefficients, no
     doubt. Moving one onto another's sibling puts a pair at a distance seen once."""
-    search = _Search(spread_state(), learned(sibling_rounds=1), settings(), None, {}, None)
-    swap = _Move("swap", [_Change("a", "h", {0: frozenset({1})}), _Change("b", "h", {0: frozenset({0})})], 0.0, 0.0)
-    pair = _Move("move", [_Change("b", "h", {0: frozenset({4})})], 0.0, 0.0)
+    search = RebalanceSearch(spread_state(), learned(sibling_rounds=1), settings(), None, {}, None)
+    swap = CandidateMove("swap", [GuestChange("a", "h", {0: frozenset({1})}), GuestChange("b", "h", {0: frozenset({0})})], 0.0, 0.0)
+    pair = CandidateMove("move", [GuestChange("b", "h", {0: frozenset({4})})], 0.0, 0.0)
     assert doubt(search, swap) == 0.0
     assert doubt(search, pair) > 0.1
-    assert doubt(search, pair) > doubt(_Search(spread_state(), learned(sibling_rounds=40), settings(),
+    assert doubt(search, pair) > doubt(RebalanceSearch(spread_state(), learned(sibling_rounds=40), settings(),
                                                None, {}, None), pair)
     assert spread_layout(search, search.hosts["h"]) == {n: {0: frozenset({c})} for c, n in enumerate(GUESTS)}
 
@@ -259,8 +259,8 @@ def test_when_the_planned_layout_measured_worse_the_exact_layout_is_tried_from_w
     climbed = {n: {0: frozenset({cpu})} for n, cpu in zip(GUESTS, (0, 1, 2, 3))}
     exact = {n: {0: frozenset({cpu})} for n, cpu in zip(GUESTS, (0, 2, 1, 3))}
 
-    def after_revert(solved, measured) -> _Search:
-        search = _Search(state, sibling_averse(), settings(), None, {}, None)
+    def after_revert(solved, measured) -> RebalanceSearch:
+        search = RebalanceSearch(state, sibling_averse(), settings(), None, {}, None)
         search._take(search.new_move("climb", [(n, "h", pins) for n, pins in climbed.items()]))
         search.layout_guests["h"] = list(GUESTS)
         search.exact_layouts["h"] = solved

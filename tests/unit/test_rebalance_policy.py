@@ -16,7 +16,7 @@ from vmplacer.core.policies.rebalance import (
     HostState,
     RebalanceInputError,
     RebalanceSettings,
-    _Search,
+    RebalanceSearch,
     describe_guest,
     evaluate_cluster,
     exhaustive_best,
@@ -313,7 +313,7 @@ def test_evaluator_matches_the_model_and_batched_moves_match_full_evaluation():
     placements.append(Placement(guest="f", host="h1", vcpupin={0: frozenset({0, 1, 2})}, memory_kib=1024))
     labels = {p.guest: {"workload": rng.choice(workloads), "load": str(rng.uniform(0.3, 1.0))} for p in placements}
     state = cluster({"h1": topo}, placements, labels)
-    search = _Search(state, model, RebalanceSettings(), None, {}, None)
+    search = RebalanceSearch(state, model, RebalanceSettings(), None, {}, None)
     host = search.hosts["h1"]
     pieces = host.pieces()
     ours = host.perf(pieces, pieces.cpu)[0][0]

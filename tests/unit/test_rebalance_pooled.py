@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vmplacer.core.guest import GuestSpec
 from vmplacer.core.placement import Placement
-from vmplacer.core.policies.rebalance import RebalanceSettings, _Search, plan_rebalance
+from vmplacer.core.policies.rebalance import RebalanceSettings, RebalanceSearch, plan_rebalance
 from vmplacer.core.policies.rebalance_exact import _items_of, build_problem
 from vmplacer.core.policies.rebalance_state import FLOATING, PINNED
 from vmplacer.core.topology import uniform_topology
@@ -48,7 +48,7 @@ def test_a_guest_whose_flavor_asks_for_shared_vcpus_keeps_floating_even_if_named
     topo, _ = crowded_pool()
     spec = GuestSpec.from_mapping({"name": "a", "vcpus": 1, "memory_mib": 512, "cpu_policy": "shared"})
     state = cluster({"h1": topo}, [floating(n, "h1", {0, 1}) for n in "abc"], specs={"a": spec})
-    search = _Search(state, LINEAR, RebalanceSettings(), 0.0, {}, None, None)
+    search = RebalanceSearch(state, LINEAR, RebalanceSettings(), 0.0, {}, None, None)
     search.pooled = {"a", "b", "c"}
     assert not search.may_pin("a")
     assert search.may_pin("b") and search.may_pin("c")
@@ -60,7 +60,7 @@ def test_the_exact_solver_places_guests_the_climb_pooled():
     for good, and overcommitted hosts never got an exact layout)."""
     topo = uniform_topology(nodes=1, cores_per_node=2, name="h1")
     state = cluster({"h1": topo}, [pinned(n, "h1", [0]) for n in "abc"])
-    search = _Search(state, LINEAR, RebalanceSettings(), 0.0, {}, None, None)
+    search = RebalanceSearch(state, LINEAR, RebalanceSettings(), 0.0, {}, None, None)
     search.run()
     host = search.hosts["h1"]
     assert {search.guests[n].mode for n in "abc"} == {FLOATING}, "the climb did not pool: the test lost its point"
@@ -71,7 +71,7 @@ def test_the_exact_solver_places_guests_the_climb_pooled():
 
 def test_a_pooled_guest_pinned_by_a_move_counts_as_pinned_again():
     _, state = crowded_pool()
-    search = _Search(state, LINEAR, RebalanceSettings(), 0.0, {}, None, None)
+    search = RebalanceSearch(state, LINEAR, RebalanceSettings(), 0.0, {}, None, None)
     search.pooled = {"a", "b", "c"}
     search.run()
     assert {search.guests[n].mode for n in "abc"} == {PINNED}

@@ -9,7 +9,7 @@ import pytest
 
 from vmplacer.core.policies.rebalance import RebalanceInputError, RebalanceSettings, plan_rebalance
 from vmplacer.core.policies.rebalance_pessimistic import compare_layout
-from vmplacer.core.policies.rebalance_search import _Search
+from vmplacer.core.policies.rebalance_search import RebalanceSearch
 from vmplacer.core.policies.rebalance_steps import offer_likeliest_steps, pinned_layout, ranked_steps, single_steps
 from vmplacer.core.trial import layout_key
 
@@ -56,12 +56,12 @@ def test_steps_are_ranked_by_how_likely_they_measure_better_not_by_how_much_they
     assert ranked[0][1] < max(gain for _, gain, _ in ranked), "the likeliest step is not the most hopeful here"
 
 
-def offered(s: _Search) -> dict | None:
+def offered(s: RebalanceSearch) -> dict | None:
     offer_likeliest_steps(s)
     return s.trials.get("h")
 
 
-def spent(sibling_rounds: int = 40, **overrides) -> _Search:
+def spent(sibling_rounds: int = 40, **overrides) -> RebalanceSearch:
     """A host that tried `trial_max` layouts and kept none."""
     s = search(sibling_rounds=sibling_rounds, **overrides)
     s.tried = {"h": s.settings.trial_max}

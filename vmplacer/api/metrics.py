@@ -27,7 +27,7 @@ LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 FREEZE_BUCKETS = (0.001, 0.002, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0, 2.0)
 
 
-class _DatabaseGauges(Collector):
+class DatabaseGauges(Collector):
     """Gauges computed from the database on each scrape; a failing query drops only its family."""
 
     def __init__(self, sources: Iterable[Callable[[], Iterable[GaugeMetricFamily]]]):
@@ -74,7 +74,7 @@ class ApiMetrics:
                                         ("host", "kind", "verdict", "close_call"), registry=r)
 
     def add_database_gauges(self, *sources: Callable[[], Iterable[GaugeMetricFamily]]) -> None:
-        self.registry.register(_DatabaseGauges(sources))
+        self.registry.register(DatabaseGauges(sources))
 
     def render(self) -> bytes:
         return generate_latest(self.registry)

@@ -61,7 +61,7 @@ from vmplacer.core.plan import Plan
 from vmplacer.core.policies.rebalance_actions import _build_actions, plan_from_search
 from vmplacer.core.policies.rebalance_layout import BetaTable, _locality_nodes
 from vmplacer.core.policies.rebalance_layout import utility  # noqa: F401  (still importable from here)
-from vmplacer.core.policies.rebalance_search import _Search
+from vmplacer.core.policies.rebalance_search import RebalanceSearch
 from vmplacer.core.policies.rebalance_state import (
     EXCLUSIVE,
     FIXED,
@@ -140,7 +140,7 @@ def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSett
     at = 0.0 if now is None else now
     times = times or NO_STAGE_TIMES
     with times.stage("setup"):
-        search = _Search(state, model, settings, now, last_moved or {}, scope, solver,
+        search = RebalanceSearch(state, model, settings, now, last_moved or {}, scope, solver,
                          held={host: b.why(at) for host, b in (held or {}).items()})
     search.times = times
     search.measured_better = set(measured or ())
@@ -193,7 +193,7 @@ def declined_text(declined: Mapping[str, object]) -> str:
 def evaluate_cluster(state: ClusterState, model: InterferenceModel,
                      settings: RebalanceSettings | None = None) -> tuple[float, dict[str, float]]:
     """(objective, each guest's predicted performance) of the state as it is."""
-    search = _Search(state, model, settings or RebalanceSettings(), None, {}, None)
+    search = RebalanceSearch(state, model, settings or RebalanceSettings(), None, {}, None)
     return search.total_objective(), search.perf_by_guest()
 
 
@@ -206,7 +206,7 @@ def exhaustive_best(state: ClusterState, model: InterferenceModel, settings: Reb
     Raises RebalanceInputError when the host has more layouts than `exhaustive_limit`.
     """
     settings = settings or RebalanceSettings()
-    search = _Search(state, model, settings, None, {}, None)
+    search = RebalanceSearch(state, model, settings, None, {}, None)
     name = host or next(iter(sorted(search.hosts)))
     target = search.hosts[name]
     slots = [(n, v) for n, g in target.guests.items() if g.mode in (PINNED, EXCLUSIVE)

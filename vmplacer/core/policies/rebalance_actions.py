@@ -20,7 +20,7 @@ from vmplacer.core.interference import InterferenceModel
 from vmplacer.core.placement import Placement
 from vmplacer.core.plan import Action, Plan, initial_state
 from vmplacer.core.policies.rebalance_layout import _Host, _host_confidences
-from vmplacer.core.policies.rebalance_search import _EPS, _relocated_cells, _Search
+from vmplacer.core.policies.rebalance_search import _EPS, _relocated_cells, RebalanceSearch
 from vmplacer.core.policies.rebalance_state import EXCLUSIVE, FLOATING
 from vmplacer.core.trial import hosts_key, layout_key
 
@@ -38,7 +38,7 @@ def _new_emulator(old: Placement, new_pins: Mapping[int, frozenset[int]], mode: 
     return emulator
 
 
-def _with_pins(search: _Search, name: str, host: _Host, pins: Mapping[int, frozenset[int]],
+def _with_pins(search: RebalanceSearch, name: str, host: _Host, pins: Mapping[int, frozenset[int]],
                base: Placement) -> Placement:
     guest = search.guests[name]
     emulator = _new_emulator(base, pins, guest.mode, host.owned_by_others(name))
@@ -51,7 +51,7 @@ def _with_pins(search: _Search, name: str, host: _Host, pins: Mapping[int, froze
     return placement
 
 
-def _build_actions(search: _Search, model: InterferenceModel) -> tuple[list[Action], dict[str, dict[str, float]]]:
+def _build_actions(search: RebalanceSearch, model: InterferenceModel) -> tuple[list[Action], dict[str, dict[str, float]]]:
     settings = search.settings
     end_perf = search.perf_by_guest()
     gains: dict[str, float] = {}
@@ -191,7 +191,7 @@ def _build_actions(search: _Search, model: InterferenceModel) -> tuple[list[Acti
     return _with_baselines(search, actions, baselines), predicted
 
 
-def _with_baselines(search: _Search, actions: list[Action], hosts: list[str]) -> list[Action]:
+def _with_baselines(search: RebalanceSearch, actions: list[Action], hosts: list[str]) -> list[Action]:
     """First, a probe of each host with a trial as it is: a trial compares two measurements, and
     the one before the moves should be as long as the one after (it pools with the run's profile).
     It runs before them (actions run in order) without holding them: with no profiler they still run."""
@@ -215,7 +215,7 @@ def _shifted(action: Action, shift: int) -> Action:
     return moved
 
 
-def _layout_guests(search: _Search, host: _Host) -> list[str]:
+def _layout_guests(search: RebalanceSearch, host: _Host) -> list[str]:
     """The guests whose layout a trial names: the blind spread's (movable, pinned one vCPU to one
     pCPU), else every guest so pinned."""
     if host.name in search.layout_guests:
@@ -223,7 +223,7 @@ def _layout_guests(search: _Search, host: _Host) -> list[str]:
     return sorted(g for g in host.guests if host.pins[g] and all(len(p) == 1 for p in host.pins[g].values()))
 
 
-def _confirm_tolerance(search: _Search, hosts: list[str]) -> float:
+def _confirm_tolerance(search: RebalanceSearch, hosts: list[str]) -> float:
     """How much worse a confirm trial of `hosts` may measure and still be kept: `trial_tolerance`,
     but where the model's last planned layout of one of them measured worse (refuted), the next
     must measure better by `trial_refuted_bar` (a negative tolerance). There the model was wrong
@@ -244,7 +244,7 @@ def _confirm_rule(tolerance: float) -> str:
     return f"undo these moves if it measures worse by more than {tolerance:g} per guest"
 
 
-def _trial_probe(search: _Search, host_name: str, index: int, deps: tuple[int, ...], kind: str,
+def _trial_probe(search: RebalanceSearch, host_name: str, index: int, deps: tuple[int, ...], kind: str,
                  reason: str = "", from_key: str = "", to_key: str = "") -> Action:
     """A probe that measures the host after `deps` and keeps or undoes them (core/trial.py)."""
     settings = search.settings
@@ -277,7 +277,7 @@ def _migration_groups(actions: list[Action]) -> list[list[str]]:
     return sorted(sorted(group) for group in unique.values())
 
 
-def _migration_trial_probe(search: _Search, group: list[str], index: int, deps: tuple[int, ...]) -> Action:
+def _migration_trial_probe(search: RebalanceSearch, group: list[str], index: int, deps: tuple[int, ...]) -> Action:
     """A confirm probe after migrations: it measures every host in `group` and judges them as one
     (the guests that moved count with their measurements on both hosts); undone, the moves are
     reverted, the migrations by migrating back."""
@@ -291,7 +291,7 @@ def _migration_trial_probe(search: _Search, group: list[str], index: int, deps: 
     return _joint_probe(search, group, index, deps, "confirm", from_key, to_key, text, tolerance)
 
 
-def _joint_probe(search: _Search, group: list[str], index: int, deps: tuple[int, ...], kind: str,
+def _joint_probe(search: RebalanceSearch, group: list[str], index: int, deps: tuple[int, ...], kind: str,
                  from_key: str, to_key: str, text: str, tolerance: float | None = None) -> Action:
     """A trial probe of every host in `group`, judged as one, on the first host's name."""
     settings = search.settings
@@ -327,7 +327,7 @@ class _ActionIndex:
         self.seen = len(actions)
 
 
-def _add_trial(search: _Search, host_name: str, actions: list[Action], index: _ActionIndex) -> None:
+def _add_trial(search: RebalanceSearch, host_name: str, actions: list[Action], index: _ActionIndex) -> None:
     """Repins from the plan's layout of the host to its trial layout, then an explore probe.
     `index` is up to date with `actions`."""
     trial = search.trials[host_name]
@@ -355,7 +355,7 @@ def _add_trial(search: _Search, host_name: str, actions: list[Action], index: _A
                                 trial["from_key"], trial["to_key"]))
 
 
-def _add_group_trial(search: _Search, trial: dict, actions: list[Action]) -> None:
+def _add_group_trial(search: RebalanceSearch, trial: dict, actions: list[Action]) -> None:
     """Migrations (each with its repin on arrival) and repins to a joint layout of small hosts,
     then an explore probe that measures every host of the group and judges them as one."""
     group = trial["hosts"]
@@ -389,7 +389,7 @@ def _add_group_trial(search: _Search, trial: dict, actions: list[Action]) -> Non
     actions.append(_joint_probe(search, group, len(actions), deps, "explore", trial["from_key"], trial["to_key"], text))
 
 
-def _narrow_floating(search: _Search, actions: list[Action]) -> list[Action]:
+def _narrow_floating(search: RebalanceSearch, actions: list[Action]) -> list[Action]:
     """Floating guests leave pCPUs that exclusive guests now own (refresh_shared_pins)."""
     result = list(actions)
     touched_hosts = {a.target_host or a.host for a in actions
@@ -412,7 +412,7 @@ def _narrow_floating(search: _Search, actions: list[Action]) -> list[Action]:
     return result
 
 
-def _current_for_refresh(search: _Search, name: str) -> Placement:
+def _current_for_refresh(search: RebalanceSearch, name: str) -> Placement:
     guest = search.guests[name]
     host = search.hosts[search.host_of[name]]
     placement = search._current_placement(name)
@@ -438,7 +438,7 @@ def _exclusive_dependencies(actions: list[Action]) -> list[Action]:
     return result
 
 
-def _confidences(search: _Search, model: InterferenceModel) -> dict[str, float]:
+def _confidences(search: RebalanceSearch, model: InterferenceModel) -> dict[str, float]:
     """The model's confidence in each guest's prediction in the final layout."""
     result: dict[str, float] = {}
     for host in search.hosts.values():
@@ -446,7 +446,7 @@ def _confidences(search: _Search, model: InterferenceModel) -> dict[str, float]:
     return result
 
 
-def plan_from_search(search: _Search, actions: list[Action], predicted: dict[str, dict[str, float]], *,
+def plan_from_search(search: RebalanceSearch, actions: list[Action], predicted: dict[str, dict[str, float]], *,
                      before: float, after: float, summary: str, notes: dict[str, Any],
                      now: float | None) -> Plan:
     """The Plan of a finished search: its actions, the objective before and after, and why."""

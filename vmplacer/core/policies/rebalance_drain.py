@@ -25,7 +25,7 @@ from vmplacer.core.interference import InterferenceModel
 from vmplacer.core.text import plural
 from vmplacer.core.plan import Plan
 from vmplacer.core.policies.rebalance_actions import _build_actions, plan_from_search
-from vmplacer.core.policies.rebalance_search import _Move, _Search
+from vmplacer.core.policies.rebalance_search import CandidateMove, RebalanceSearch
 from vmplacer.core.policies.rebalance_state import (
     LABEL_REBALANCE,
     ClusterState,
@@ -51,7 +51,7 @@ def plan_drain(
     destinations = sorted(n for n, h in state.hosts.items() if n != host and h.accepts_migrations)
     hosts = dict(state.hosts)
     hosts[host] = replace(hosts[host], accepts_migrations=False)
-    search = _Search(ClusterState(hosts, state.guests), model, settings, None, {}, None)
+    search = RebalanceSearch(ClusterState(hosts, state.guests), model, settings, None, {}, None)
     search.ruled.add(host)  # the host must be emptied, whatever a measurement says: no trial brings a guest back
     before = search.total_objective()
     source = search.hosts[host]
@@ -71,7 +71,7 @@ def plan_drain(
             stuck.append(f"{guest.name}: no other host accepts migrations")
             continue
         rejected_before = len(search.rejected)
-        best: _Move | None = None
+        best: CandidateMove | None = None
         for name in destinations:
             move = search._migration(guest, source, search.hosts[name])
             if move is not None and (best is None or move.gain > best.gain):

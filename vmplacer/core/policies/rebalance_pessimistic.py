@@ -57,7 +57,7 @@ def spread_layout(search, host: _Host) -> dict[str, dict[int, frozenset[int]]] |
     for cpu, load in cpu_load.items():
         core_load[core_of[cpu]] = core_load.get(core_of[cpu], 0.0) + load
     layout: dict[str, dict[int, frozenset[int]]] = {}
-    least = _LeastLoaded(cpu_load, core_load, core_of)
+    least = LeastLoadedPicker(cpu_load, core_load, core_of)
     for name in movable:
         nodes = _locality_nodes(host, host.guests[name], host.pins[name])
         allowed = tuple(sorted(c for c in host.usable if not nodes or host.node_of[c] in nodes))
@@ -73,7 +73,7 @@ def spread_layout(search, host: _Host) -> dict[str, dict[int, frozenset[int]]] |
     return layout
 
 
-class _LeastLoaded:
+class LeastLoadedPicker:
     """min(allowed, key=(its load, its core's load, pCPU)) over and over while the loads only grow:
     a heap per set of allowed pCPUs whose entries may lag behind (a lagging entry is never above
     its pCPU's key, so the top, once up to date, is the least of them all; pCPUs are distinct, so

@@ -51,7 +51,7 @@ _EPS = 1e-9
 
 # --------------------------------------------------------------------------- moves
 @dataclass
-class _Change:
+class GuestChange:
     """One guest's new whereabouts in a move."""
 
     guest: str
@@ -62,9 +62,9 @@ class _Change:
 
 
 @dataclass
-class _Move:
+class CandidateMove:
     kind: str  # move | swap | pool | unpool | relocate | migrate
-    changes: list[_Change]
+    changes: list[GuestChange]
     gain: float  # objective gain, cost included
     linear_gain: float  # the part time sharing alone explains
     cost: dict[str, float] = field(default_factory=dict)
@@ -87,7 +87,7 @@ class _Move:
 
 
 # --------------------------------------------------------------------------- the search
-class _Search:
+class RebalanceSearch:
     def __init__(self, state: ClusterState, model: InterferenceModel, settings: RebalanceSettings,
                  now: float | None, last_moved: Mapping[str, float], scope: Iterable[str] | None,
                  solver: LayoutSolver | None = None, optimism: float = 0.0, held: Mapping[str, str] | None = None):
@@ -146,7 +146,7 @@ class _Search:
             elif guest.protected:
                 self.floors[guest.name] = self.start_perf.get(guest.name, 0.0)
         self.perf_now = dict(self.start_perf)
-        self.moves: list[_Move] = []
+        self.moves: list[CandidateMove] = []
         self.touched: set[str] = set()
         self.migrated: dict[str, str] = {}  # guest -> original host
         self.memory_moved: set[str] = set()
@@ -231,7 +231,7 @@ class _Search:
                      or self.original[name].mode == PINNED))
 
     # ----- candidate moves on one host -----------------------------------------------------------
-    def best_local(self, host: _Host) -> _Move | None:
+    def best_local(self, host: _Host) -> CandidateMove | None:
         if not any(self.movable(n) for n in host.guests):
             return None
         pieces = host.pieces()
@@ -239,7 +239,7 @@ class _Search:
         base_obj = float(self.objective_of(pieces, base)[0])
         base_lin = float(self.objective_of(pieces, base_linear)[0])
         current = base[0]
-        moves: list[_Move] = []
+        moves: list[CandidateMove] = []
         order = self._ranked_pieces(host, pieces, current)
         moves.extend(self._best_singles(host, pieces, order[: self.settings.move_candidates], base_obj, base_lin))
         swappable = self._swappable(pieces)
@@ -309,7 +309,7 @@ class _Search:
         return pieces.blind_base
 
     def _best_singles(self, host: _Host, pieces: _Pieces, ms: list[int], base_obj: float,
-                      base_lin: float) -> list[_Move]:
+                      base_lin: float) -> list[CandidateMove]:
         """Each piece of `ms` in turn: its best move to another allowed pCPU by predicted gain, and
         by quick sure gain (one move when they agree). All pieces' candidates are scored in one
         pass (`perf_moves_blind_many`: each piece's numbers as if scored alone)."""
@@ -345,9 +345,9 @@ class _Search:
 
     @staticmethod
     def _single_moves(host: _Host, name: str, vcpu: int, here: int, targets: list[int], gain: np.ndarray,
-                      lin: np.ndarray, quick: np.ndarray, ok: np.ndarray) -> list[_Move]:
+                      lin: np.ndarray, quick: np.ndarray, ok: np.ndarray) -> list[CandidateMove]:
         """One vCPU's best move by predicted gain and by quick sure gain (per target pCPU)."""
-        moves: list[_Move] = []
+        moves: list[CandidateMove] = []
         for score in (gain, quick):
             score = np.where(ok, score, -np.inf)
             best = int(np.argmax(score))
@@ -355,7 +355,7 @@ class _Search:
                 continue
             pins = dict(host.pins[name])
             pins[vcpu] = frozenset({targets[best]})
-            moves.append(_Move("move", [_Change(name, host.name, pins)], float(gain[best]), float(lin[best]),
+            moves.append(CandidateMove("move", [GuestChange(name, host.name, pins)], float(gain[best]), float(lin[best]),
                                reason=f"vCPU {vcpu} of {name}: pCPU {here} → {targets[best]}",
                                quick_sure=float(quick[best])))
         return moves
@@ -366,7 +366,7 @@ class _Search:
         return pieces.single & pinned[pieces.vm]
 
     def _best_swap(self, host: _Host, pieces: _Pieces, m: int, base_obj: float, base_lin: float,
-                   swappable: np.ndarray | None = None) -> list[_Move]:
+                   swappable: np.ndarray | None = None) -> list[CandidateMove]:
         name_m = pieces.guests[pieces.vm[m]]
         if swappable is None:
             swappable = self._swappable(pieces)
@@ -387,7 +387,7 @@ class _Search:
         # Under the topology prior every guest is alike, so a swap changes nothing there
         # (bar unequal loads): its zero-confidence value is time sharing and the guessed part.
         quick = lin + self.settings.guess_weight * np.maximum(gain - lin, 0.0) + np.minimum(gain - lin, 0.0)
-        moves: list[_Move] = []
+        moves: list[CandidateMove] = []
         for score in (gain, quick):
             order = np.argsort(-np.where(ok, score, -np.inf), kind="stable")
             for index in order[:4]:
@@ -403,8 +403,8 @@ class _Search:
                 if not self._valid_swap(host, name_m, pins_m, name_n, pins_n):
                     continue
                 if not any(mv.changes[1].guest == name_n and mv.changes[0].pins == pins_m for mv in moves):
-                    moves.append(_Move(
-                        "swap", [_Change(name_m, host.name, pins_m), _Change(name_n, host.name, pins_n)],
+                    moves.append(CandidateMove(
+                        "swap", [GuestChange(name_m, host.name, pins_m), GuestChange(name_n, host.name, pins_n)],
                         float(gain[index]), float(lin[index]), quick_sure=float(quick[index]),
                         reason=f"swap pCPUs of {name_m} vCPU {int(pieces.vcpu[m])} ({cpu_m}) and "
                                f"{name_n} vCPU {int(pieces.vcpu[n])} ({cpu_n})"))
@@ -422,7 +422,7 @@ class _Search:
             host.set_pins(a, old_a)
             host.set_pins(b, old_b, pieces=evaluated)
 
-    def _pool_moves(self, host: _Host, base_obj: float, base_lin: float) -> list[_Move]:
+    def _pool_moves(self, host: _Host, base_obj: float, base_lin: float) -> list[CandidateMove]:
         """Oversubscribed shareable vCPUs float over their node's pool; floating ones pin back 1:1."""
         moves = []
         nodes = sorted(host.node_cpus)
@@ -459,16 +459,16 @@ class _Search:
         return moves
 
     def _evaluate_layout(self, host: _Host, layout: dict, members: list[str], kind: str, base_obj: float,
-                         base_lin: float, reason: str) -> _Move | None:
+                         base_lin: float, reason: str) -> CandidateMove | None:
         pieces = host.pieces(layout)
         perf, lin = host.perf(pieces, pieces.cpu)
         if not self.floors_ok(pieces, perf)[0]:
             return None
         gain = float(self.objective_of(pieces, perf)[0]) - base_obj
         lin_gain = float(self.objective_of(pieces, lin)[0]) - base_lin
-        return _Move(kind, [_Change(n, host.name, dict(layout[n])) for n in members], gain, lin_gain, reason=reason)
+        return CandidateMove(kind, [GuestChange(n, host.name, dict(layout[n])) for n in members], gain, lin_gain, reason=reason)
 
-    def _relocations(self, host: _Host, base_obj: float, base_lin: float) -> list[_Move]:
+    def _relocations(self, host: _Host, base_obj: float, base_lin: float) -> list[CandidateMove]:
         """A guest whose vCPUs and memory live on one node moves, whole, to another node."""
         if len(host.node_cpus) < 2:
             return []
@@ -500,7 +500,7 @@ class _Search:
         return moves
 
     def _place_on(self, host: _Host, name: str, *, node: int | None, base_obj: float,
-                  base_lin: float, guest: GuestState | None = None) -> _Move | None:
+                  base_lin: float, guest: GuestState | None = None) -> CandidateMove | None:
         """Greedy: the guest's vCPUs, one after another, each on the pCPU that gains most.
 
         `host` may not hold the guest yet (a migration's destination): it is
@@ -540,7 +540,7 @@ class _Search:
                 return None
             gain = float(self.objective_of(pieces, perf)[0]) - base_obj
             lin = float(self.objective_of(pieces, linear)[0]) - base_lin
-            return _Move("move", [_Change(name, host.name, pins)], gain, lin)
+            return CandidateMove("move", [GuestChange(name, host.name, pins)], gain, lin)
         finally:
             if visiting:
                 host.remove(name)
@@ -548,7 +548,7 @@ class _Search:
                 host.set_pins(name, old_pins)
 
     # ----- migrations ------------------------------------------------------------------------------------
-    def best_migration(self) -> _Move | None:
+    def best_migration(self) -> CandidateMove | None:
         settings = self.settings
         if not settings.allow_migration or len(self.hosts) < 2:
             return None
@@ -558,7 +558,7 @@ class _Search:
              if g.movable and g.migratable and g.name not in self.migrated and g.name in perf),
             key=lambda g: (-g.weight * (1.0 - perf[g.name]), g.name),
         )[: settings.migration_candidates]
-        best: _Move | None = None
+        best: CandidateMove | None = None
         spare = {name: _spare(h) for name, h in self.hosts.items()}
         for guest in candidates:
             if guest.weight * (1.0 - perf[guest.name]) <= settings.min_migration_gain / 2:
@@ -588,7 +588,7 @@ class _Search:
         finally:
             destination.remove(visitor.name)
 
-    def _migration(self, guest: GuestState, source: _Host, destination: _Host) -> _Move | None:
+    def _migration(self, guest: GuestState, source: _Host, destination: _Host) -> CandidateMove | None:
         name = guest.name
         src_before = self.host_objective(source)
         src_lin_before = self._linear_objective(source)
@@ -656,8 +656,8 @@ class _Search:
         raw = (src_after - src_before) + (dst_after - dst_before)
         lin = (src_lin_after - src_lin_before) + (dst_lin_after - dst_lin_before)
         paid = guest.weight * cost.lost_perf_s / settings.horizon_s
-        change = _Change(name, destination.name, pins, memory_nodes=memory_nodes, placement=placement)
-        return _Move("migrate", [change], raw - paid, lin - paid, cost={**cost.to_dict(), "paid": paid},
+        change = GuestChange(name, destination.name, pins, memory_nodes=memory_nodes, placement=placement)
+        return CandidateMove("migrate", [change], raw - paid, lin - paid, cost={**cost.to_dict(), "paid": paid},
                      reason=f"{name}: {source.name} → {destination.name}, predicted +{raw:.3f} "
                             f"(cost {paid:.4f} over {settings.horizon_s:g} s)")
 
@@ -779,7 +779,7 @@ class _Search:
         self._placements[name] = (guest, host.name, pins, memory, placement)
         return placement
 
-    def apply(self, move: _Move) -> None:
+    def apply(self, move: CandidateMove) -> None:
         for change in move.changes:
             name = change.guest
             old_host = self.hosts[self.host_of[name]]
@@ -814,11 +814,11 @@ class _Search:
         self.moves.append(move)
 
     @staticmethod
-    def new_move(kind: str, changes: Iterable[tuple[str, str, dict[int, frozenset[int]]]]) -> _Move:
+    def new_move(kind: str, changes: Iterable[tuple[str, str, dict[int, frozenset[int]]]]) -> CandidateMove:
         """A move of (guest, host, pins) changes, its gains still to be computed."""
-        return _Move(kind, [_Change(g, h, dict(p)) for g, h, p in changes], 0.0, 0.0)
+        return CandidateMove(kind, [GuestChange(g, h, dict(p)) for g, h, p in changes], 0.0, 0.0)
 
-    def actions_if(self, move: _Move) -> int:
+    def actions_if(self, move: CandidateMove) -> int:
         touched = self.touched | {c.guest for c in move.changes}
         migrated = set(self.migrated) | {c.guest for c in move.changes if c.host != self.host_of[c.guest]}
         memory = self.memory_moved | ({c.guest for c in move.changes} if move.kind == "relocate" else set())
@@ -852,9 +852,9 @@ class _Search:
 
     def _climb(self) -> None:
         settings = self.settings
-        cache: dict[str, _Move | None] = {}
+        cache: dict[str, CandidateMove | None] = {}
         dirty = set(self.hosts)
-        migration: _Move | None = None
+        migration: CandidateMove | None = None
         migration_dirty = True
         for _ in range(settings.max_rounds):
             for name in dirty:
@@ -886,7 +886,7 @@ class _Search:
             dirty |= self._take(chosen)
             migration_dirty = True
 
-    def _take(self, move: _Move) -> set[str]:
+    def _take(self, move: CandidateMove) -> set[str]:
         """Apply a move to the what-if state; the hosts it changed."""
         hosts = {self.host_of[c.guest] for c in move.changes} | {c.host for c in move.changes}
         self.apply(move)
@@ -896,7 +896,7 @@ class _Search:
             self.perf_now.update(self.host_perf(self.hosts[name]))
         return hosts
 
-    def held_back(self, move: _Move) -> bool:
+    def held_back(self, move: CandidateMove) -> bool:
         """A move the model's data drive (its interference change reaches `min_gain`) on a host in
         back-off: not planned; the host's layout may only be tried (kept if measured better)."""
         if not self.held:
@@ -904,7 +904,7 @@ class _Search:
         hosts = {self.host_of[c.guest] for c in move.changes} | {c.host for c in move.changes}
         return bool(hosts & set(self.held)) and abs(move.gain - move.linear_gain) >= self.min_gain_on(hosts)
 
-    def _threshold(self, move: _Move) -> float:
+    def _threshold(self, move: CandidateMove) -> float:
         """The gain a move must clear: `min_migration_gain` when a guest changes host, else the
         hysteresis of the hosts it touches (`min_gain`, lower on hosts of few guests)."""
         if any(c.host != self.host_of[c.guest] for c in move.changes):
@@ -916,7 +916,7 @@ class _Search:
         weight = sum(self.guests[g].weight for h in set(hosts) for g in self.hosts[h].guests)
         return self.settings.min_gain_for(weight)
 
-    def _decline(self, move: _Move, threshold: float, by: str | None = None) -> None:
+    def _decline(self, move: CandidateMove, threshold: float, by: str | None = None) -> None:
         """Remember a gain left on the table and what declined it (the plan says so)."""
         self._judge(move)
         paid = move.cost.get("paid", 0.0)
@@ -998,7 +998,7 @@ class _Search:
         return changed
 
     def _relayout_move(self, problem: LayoutProblem, solution: LayoutSolution, group: list[str],
-                       report: dict) -> _Move | None:
+                       report: dict) -> CandidateMove | None:
         """The solver's layout as one move, judged by the search's own arithmetic."""
         wanted = layout_changes(self, problem, solution)
         if not wanted:
@@ -1015,8 +1015,8 @@ class _Search:
                 own = float(problem.move_cost[g]) if problem.move_cost is not None else 0.0
                 paid += own
                 lost += own * self.settings.horizon_s / max(self.guests[name].weight, 1e-9)
-            changes.append(_Change(name, host, pins, memory_nodes=memory_nodes))
-        move = _Move("relayout", changes, 0.0, 0.0)
+            changes.append(GuestChange(name, host, pins, memory_nodes=memory_nodes))
+        move = CandidateMove("relayout", changes, 0.0, 0.0)
         before = sum(self.host_objective(self.hosts[h]) for h in group)
         before_lin = sum(self._linear_objective(self.hosts[h]) for h in group)
         undo = self._try(move)
@@ -1041,14 +1041,14 @@ class _Search:
                        f"{plural(len(changes), 'guest')} move, predicted {move.gain:+.3f}")
         return move
 
-    def _judge(self, move: _Move) -> float:
+    def _judge(self, move: CandidateMove) -> float:
         if not move.judged:
             self._assess(move)
             move.guess_weight = self.settings.guess_weight
             move.judged = True
         return move.sure_gain
 
-    def _assess(self, move: _Move) -> None:
+    def _assess(self, move: CandidateMove) -> None:
         """How much of the move's predicted interference change rests on data (confidence),
         and how much the topology alone predicts (prior gain).
 
@@ -1091,7 +1091,7 @@ class _Search:
         perf, linear = host.perf(pieces, pieces.cpu)
         return {name: float(perf[0][i] - linear[0][i]) for i, name in enumerate(pieces.guests)}
 
-    def _try(self, move: _Move):
+    def _try(self, move: CandidateMove):
         """Put the move's layout on the what-if hosts; returns the function that takes it back."""
         undo = []
         for change in move.changes:
@@ -1105,7 +1105,7 @@ class _Search:
                 target.add(replace(guest, host=change.host, placement=replace(guest.placement, host=change.host)),
                            change.pins)
                 undo.append(lambda s=source, t=target, g=guest, n=name, p=old_pins: (t.remove(n), s.add(g, p)))
-            else:
+            elif change.pins != old_pins:  # a guest the move leaves where it is needs no undo
                 before = source._pieces  # the host's evaluation as it is, valid again once taken back
                 source.set_pins(name, change.pins)
                 undo.append(lambda s=source, n=name, p=old_pins, b=before: s.set_pins(n, p, pieces=b))
