@@ -15,7 +15,7 @@ from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
 from vmplacer.adapters.request_file import parse_request_text
 from vmplacer.lab.simulator import SimCluster
 from vmplacer.app.placement_service import PlacementService
-from vmplacer.app.rebalance import Rebalancer
+from vmplacer.app.rebalance import RebalancePorts, Rebalancer
 from vmplacer.app.fleet_planner import FleetHost
 from vmplacer.cli.fleet_plan import plan_on
 from vmplacer.core.guest import GuestSpec
@@ -91,8 +91,10 @@ def test_rebalancer_never_migrates_onto_a_host_whose_memory_is_reserved(sqlite_u
 
     def observed_destinations(allocation) -> set[str]:
         sim = cluster()
-        rebalancer = Rebalancer(dict(sim.hosts), plans=SqlPlanStore(sessions), leases=SqlLeaseStore(sessions),
-                                clock=sim.clock, allocation=allocation)
+        rebalancer = Rebalancer(
+            RebalancePorts(hosts=dict(sim.hosts), plans=SqlPlanStore(sessions), leases=SqlLeaseStore(sessions),
+                           clock=sim.clock, allocation=allocation),
+        )
         plan = rebalancer.make_plan(["h1", "h2"])
         return {a.target_host for a in plan.actions if a.kind == "migrate"}
 

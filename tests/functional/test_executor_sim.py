@@ -11,7 +11,7 @@ from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore
 from vmplacer.lab.simulator import SimCluster
 from vmplacer.app.executor import Executor, ExecutorError, ExecutorSettings
-from vmplacer.app.rebalance import Rebalancer, RebalanceError, RunOptions
+from vmplacer.app.rebalance import RebalanceError, RebalancePorts, Rebalancer, RunOptions
 from vmplacer.core.placement import Placement
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
 from vmplacer.core.topology import uniform_topology
@@ -25,14 +25,14 @@ def sim():
     return cluster
 
 
-def rebalancer(sim, db, holder="run-a", **kwargs) -> Rebalancer:
-    settings = kwargs.pop("settings", RebalanceSettings())
+def rebalancer(sim, db, holder="run-a", settings=None, executor_settings=None) -> Rebalancer:
     return Rebalancer(
-        dict(sim.hosts), plans=SqlPlanStore(db), leases=SqlLeaseStore(db), clock=sim.clock,
-        wall=lambda: 1_700_000_000.0 + sim.clock.now(), holder=holder, settings=settings,
-        placements=SqlPlacementUpdates(db, {"h1": "sim://h1", "h2": "sim://h2"}),
-        audit=SqlPlacementStore(db), specs=lambda name: (SqlPlacementStore(db).get(name) or {}).get("spec"),
-        **kwargs,
+        RebalancePorts(hosts=dict(sim.hosts), plans=SqlPlanStore(db), leases=SqlLeaseStore(db), clock=sim.clock,
+                       wall=lambda: 1_700_000_000.0 + sim.clock.now(),
+                       placements=SqlPlacementUpdates(db, {"h1": "sim://h1", "h2": "sim://h2"}),
+                       audit=SqlPlacementStore(db),
+                       specs=lambda name: (SqlPlacementStore(db).get(name) or {}).get("spec")),
+        holder=holder, settings=settings, executor_settings=executor_settings,
     )
 
 

@@ -27,7 +27,7 @@ from vmplacer.api.protecting import PROTECT_JOB, protect_handler
 from vmplacer.api.services import ApiOptions
 from vmplacer.app.jobs import JobRunner
 from vmplacer.app.protect import Measurement, ProtectLoop
-from vmplacer.app.rebalance import Rebalancer
+from vmplacer.app.rebalance import RebalancePorts, Rebalancer
 from vmplacer.core.protect import LoopSettings
 from vmplacer.core.protection import MIN_SHARE_LABEL, PROTECT_LABEL
 from vmplacer.core.topology import uniform_topology
@@ -108,8 +108,11 @@ def test_the_runner_runs_the_loop_until_deleted_and_the_stop_releases_its_thrott
 
     def build(_container, host_name, *, scope, samples, t_m_s, holder):
         plans = SqlPlanStore(sessions)
-        rebalancer = Rebalancer(dict(sim.hosts), plans=plans, leases=leases, clock=clock, holder=holder,
-                                audit=SqlPlacementStore(sessions), throttles=SqlThrottleLedger(sessions))
+        rebalancer = Rebalancer(
+            RebalancePorts(hosts=dict(sim.hosts), plans=plans, leases=leases, clock=clock,
+                           audit=SqlPlacementStore(sessions), throttles=SqlThrottleLedger(sessions)),
+            holder=holder,
+        )
         sim_host = sim.hosts[host_name]
         return ProtectLoop(sim_host, measure=lambda names, n: Measurement({g: sim_host.true_performance(g)
                                                                              for g in names}),

@@ -12,7 +12,7 @@ from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
 from vmplacer.adapters.db.throttles import SqlThrottleLedger
 from vmplacer.lab.simulator import SimCluster
 from vmplacer.app.protect import Measurement, ProtectLoop
-from vmplacer.app.rebalance import Rebalancer
+from vmplacer.app.rebalance import RebalancePorts, Rebalancer
 from vmplacer.core.protect import LoopSettings
 from vmplacer.core.protection import MIN_SHARE_LABEL, PROTECT_LABEL
 from vmplacer.core.topology import uniform_topology
@@ -30,8 +30,11 @@ def cluster(*neighbours: tuple[str, dict[str, str]]) -> SimCluster:
 def loop(sim, db, **kwargs) -> ProtectLoop:
     host = sim.hosts["h1"]
     plans = SqlPlanStore(db)
-    rebalancer = Rebalancer(dict(sim.hosts), plans=plans, leases=SqlLeaseStore(db), clock=sim.clock,
-                            holder="protect", audit=SqlPlacementStore(db), throttles=SqlThrottleLedger(db))
+    rebalancer = Rebalancer(
+        RebalancePorts(hosts=dict(sim.hosts), plans=plans, leases=SqlLeaseStore(db), clock=sim.clock,
+                       audit=SqlPlacementStore(db), throttles=SqlThrottleLedger(db)),
+        holder="protect",
+    )
 
     def measure(names: list[str], samples: int) -> Measurement:
         # The simulator's noise-free performance stands in for Freeze'nSense here; the real
@@ -132,8 +135,11 @@ def paced_loop(sim, db, *, t_m_s=0.05, **kwargs) -> ProtectLoop:
 
     host = sim.hosts["h1"]
     plans = SqlPlanStore(db)
-    rebalancer = Rebalancer(dict(sim.hosts), plans=plans, leases=SqlLeaseStore(db), clock=sim.clock,
-                            holder="protect", audit=SqlPlacementStore(db), throttles=SqlThrottleLedger(db))
+    rebalancer = Rebalancer(
+        RebalancePorts(hosts=dict(sim.hosts), plans=plans, leases=SqlLeaseStore(db), clock=sim.clock,
+                       audit=SqlPlacementStore(db), throttles=SqlThrottleLedger(db)),
+        holder="protect",
+    )
 
     def measure(names: list[str], samples: int) -> Measurement:
         ratios = {n: host.true_performance(n) for n in names}

@@ -13,7 +13,7 @@ from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.models import HostLeaseRow
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
 from vmplacer.lab.simulator import SimCluster
-from vmplacer.app.rebalance import Rebalancer, RunOptions
+from vmplacer.app.rebalance import RebalancePorts, Rebalancer, RunOptions
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
 from vmplacer.core.topology import uniform_topology
 
@@ -95,9 +95,11 @@ def test_two_concurrent_runs_never_both_act(engine):
 
     def make(holder: str, profile=None, wait_s: float = 0.0) -> tuple[Rebalancer, RunOptions]:
         sessions = make_session_factory(engine)
-        run = Rebalancer({"h1": Locked(host)}, plans=SqlPlanStore(sessions), leases=SqlLeaseStore(sessions),
-                         clock=RealClock(), holder=holder, profile=profile,
-                         settings=RebalanceSettings(allow_migration=False))
+        run = Rebalancer(
+            RebalancePorts(hosts={"h1": Locked(host)}, plans=SqlPlanStore(sessions),
+                           leases=SqlLeaseStore(sessions), clock=RealClock(), profile=profile),
+            holder=holder, settings=RebalanceSettings(allow_migration=False),
+        )
         return run, RunOptions(hosts=("h1",), profile_seconds=1.0 if profile else 0.0, wait_s=wait_s)
 
     first, first_options = make("first", slow_profile)
@@ -131,8 +133,10 @@ def test_apply_keeps_a_lease_its_caller_held_and_releases_one_it_took(engine):
     sim = SimCluster(seed=1, noise=0.0)
     sim.add_host("h1", uniform_topology(nodes=1, cores_per_node=2, name="h1"))
     sim.hosts["h1"].define_domain("a", workload="spin", vcpupin=[0], memory_kib=256 * 1024)
-    run = Rebalancer(dict(sim.hosts), plans=plans, leases=leases, clock=RealClock(), holder="job",
-                     settings=RebalanceSettings(trials=False))
+    run = Rebalancer(
+        RebalancePorts(hosts=dict(sim.hosts), plans=plans, leases=leases, clock=RealClock()),
+        holder="job", settings=RebalanceSettings(trials=False),
+    )
 
     def plan_to(cpu: int) -> int:
         before = Placement("a", "h1", {0: frozenset({1 - cpu})}, memory_kib=256 * 1024)

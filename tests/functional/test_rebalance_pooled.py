@@ -10,7 +10,7 @@ import pytest
 from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore
 from vmplacer.lab.simulator import SimCluster
-from vmplacer.app.rebalance import Rebalancer
+from vmplacer.app.rebalance import RebalancePorts, Rebalancer
 from vmplacer.core.placement import Placement
 from vmplacer.core.plan import Action, Plan
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
@@ -28,10 +28,12 @@ def sim():
 
 
 def rebalancer(sim, db) -> Rebalancer:
-    return Rebalancer(dict(sim.hosts), plans=SqlPlanStore(db), leases=SqlLeaseStore(db), clock=sim.clock,
-                      wall=time.time, holder="run",
-                      settings=RebalanceSettings(cooldown_s=0.0, trials=False),
-                      placements=SqlPlacementUpdates(db, {"h1": "sim://h1"}), audit=SqlPlacementStore(db))
+    return Rebalancer(
+        RebalancePorts(hosts=dict(sim.hosts), plans=SqlPlanStore(db), leases=SqlLeaseStore(db), clock=sim.clock,
+                       wall=time.time, placements=SqlPlacementUpdates(db, {"h1": "sim://h1"}),
+                       audit=SqlPlacementStore(db)),
+        holder="run", settings=RebalanceSettings(cooldown_s=0.0, trials=False),
+    )
 
 
 def at(guest: str, cpus: set[int]) -> Placement:

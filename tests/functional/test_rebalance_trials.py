@@ -17,7 +17,7 @@ from vmplacer.lab.simulator import SimCluster
 from vmplacer.api.metrics import ApiMetrics, trial_outcome_gauges
 from vmplacer.app.actions.probe import OnVerdict
 from vmplacer.app.jobs import JobContext
-from vmplacer.app.rebalance import Rebalancer
+from vmplacer.app.rebalance import RebalancePorts, Rebalancer
 from vmplacer.core.placement import Placement
 from vmplacer.core.plan import Action, Plan
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
@@ -52,10 +52,11 @@ class ScriptedProbe:
 def rebalancer(sim, db, probe, epoch: float = 1_700_000_000.0, holder: str = "run",
                on_trial: OnVerdict | None = None, settings: RebalanceSettings | None = None,
                **extra) -> Rebalancer:
-    return Rebalancer(dict(sim.hosts), plans=SqlPlanStore(db), leases=SqlLeaseStore(db), clock=sim.clock,
-                      wall=lambda: epoch + sim.clock.now(), holder=holder, settings=settings or RebalanceSettings(),
-                      placements=SqlPlacementUpdates(db, {"h1": "sim://h1"}), audit=SqlPlacementStore(db),
-                      probe=probe, on_trial=on_trial, **extra)
+    ports = RebalancePorts(hosts=dict(sim.hosts), plans=SqlPlanStore(db), leases=SqlLeaseStore(db), clock=sim.clock,
+                           wall=lambda: epoch + sim.clock.now(),
+                           placements=SqlPlacementUpdates(db, {"h1": "sim://h1"}),
+                           audit=SqlPlacementStore(db), probe=probe, on_trial=on_trial, **extra)
+    return Rebalancer(ports, holder=holder, settings=settings or RebalanceSettings())
 
 
 def pin(guest: str, cpu: int) -> Placement:

@@ -11,7 +11,7 @@ from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
 from vmplacer.adapters.db.throttles import SqlThrottleLedger
 from vmplacer.lab.simulator import SimCluster
 from vmplacer.app.executor import Executor
-from vmplacer.app.rebalance import Rebalancer
+from vmplacer.app.rebalance import RebalancePorts, Rebalancer
 from vmplacer.core.bandwidth import CpuBandwidth, throttled_to
 from vmplacer.core.plan import Action, Plan, PlanError
 from vmplacer.core.topology import uniform_topology
@@ -38,8 +38,11 @@ def action(kind: str, before: CpuBandwidth, after: CpuBandwidth, guest: str = "b
 def apply(sim, db, *actions: Action) -> Plan:
     plans = SqlPlanStore(db)
     plan = plans.save(Plan(actions=tuple(actions), hosts=("h1",)), created_by="test")
-    run = Rebalancer(dict(sim.hosts), plans=plans, leases=SqlLeaseStore(db), clock=sim.clock, holder="protect",
-                     audit=SqlPlacementStore(db), throttles=SqlThrottleLedger(db))
+    run = Rebalancer(
+        RebalancePorts(hosts=dict(sim.hosts), plans=plans, leases=SqlLeaseStore(db), clock=sim.clock,
+                       audit=SqlPlacementStore(db), throttles=SqlThrottleLedger(db)),
+        holder="protect",
+    )
     return run.apply(plan.id)
 
 
@@ -102,9 +105,11 @@ def test_rollback_restores_bandwidth_and_the_ledger(sim, db):
     plan = plans.save(Plan(actions=(action("throttle", UNLIMITED, throttled_to(0.5)),
                                     action("throttle", UNLIMITED, throttled_to(0.5), guest="ghost", index=1)),
                            hosts=("h1",)), created_by="test")
-    run = Rebalancer(dict(sim.hosts), plans=plans, leases=SqlLeaseStore(db), clock=sim.clock, holder="protect",
-                     audit=SqlPlacementStore(db), throttles=SqlThrottleLedger(db),
-                     executor_settings=ExecutorSettings(on_failure="rollback"))
+    run = Rebalancer(
+        RebalancePorts(hosts=dict(sim.hosts), plans=plans, leases=SqlLeaseStore(db), clock=sim.clock,
+                       audit=SqlPlacementStore(db), throttles=SqlThrottleLedger(db)),
+        holder="protect", executor_settings=ExecutorSettings(on_failure="rollback"),
+    )
     sim.hosts["h1"].set_cpu_bandwidth = _fail_for("ghost", sim.hosts["h1"].set_cpu_bandwidth)  # type: ignore
     sim.hosts["h1"].define_domain("ghost", workload="spin", vcpupin=[1])
     done = run.apply(plan.id)

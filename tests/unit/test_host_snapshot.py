@@ -14,7 +14,7 @@ from vmplacer.app import fleet_placement, placement_service, rebalance
 from vmplacer.app.fleet_placement import FleetPlacement, observe_host
 from vmplacer.app.host_snapshot import HostSnapshot, take_snapshot
 from vmplacer.app.placement_service import PlacementService
-from vmplacer.app.rebalance import Rebalancer
+from vmplacer.app.rebalance import RebalancePorts, Rebalancer
 from vmplacer.core.guest import GuestSpec
 from vmplacer.core.placement import Placement
 from vmplacer.core.policies.admit import AllocationOptions
@@ -183,7 +183,7 @@ def test_the_rebalancer_observes_each_host_through_one_snapshot(taken: list[Host
     hosts = {name: _CountingHost(name) for name in ("h1", "h2")}
     for host in hosts.values():  # the cheaper read has no domain states: the rebalancer needs them
         host.labelled_placements = _never  # type: ignore[attr-defined]
-    run = Rebalancer(hosts, plans=None, leases=None, clock=None)  # type: ignore[arg-type]
+    run = Rebalancer(RebalancePorts(hosts=hosts, plans=None, leases=None, clock=None))  # type: ignore[arg-type]
     observed = run.observe(["h1", "h2"])
     assert len(taken) == 2 and all(h.reads == {"topology": 1, "domains": 1} for h in hosts.values())
     assert set(observed.state.hosts) == {"h1", "h2"}

@@ -4,7 +4,7 @@ executor stops a running plan between actions there as it does on the database."
 from __future__ import annotations
 
 from vmplacer.lab.simulator import SimCluster
-from vmplacer.app.rebalance import Rebalancer, cancel_plan
+from vmplacer.app.rebalance import RebalancePorts, Rebalancer, cancel_plan
 from vmplacer.lab.rebalance_eval import MemoryLeaseStore, MemoryPlanStore
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
 from vmplacer.core.topology import uniform_topology
@@ -23,8 +23,10 @@ def test_memory_store_cancels_at_once_and_between_actions():
     cluster = _crowded()
     store = MemoryPlanStore(cluster.clock.now)
     assert isinstance(store, PlanStore)
-    run = Rebalancer(dict(cluster.hosts), plans=store, leases=MemoryLeaseStore(), clock=cluster.clock,
-                     settings=RebalanceSettings(allow_migration=False))
+    run = Rebalancer(
+        RebalancePorts(hosts=dict(cluster.hosts), plans=store, leases=MemoryLeaseStore(), clock=cluster.clock),
+        settings=RebalanceSettings(allow_migration=False),
+    )
     plan = run.make_plan(["h1"])
     assert plan.state == "proposed" and len(plan.actions) >= 2
     assert cancel_plan(store, plan.id, by="sim").status == "cancelled"

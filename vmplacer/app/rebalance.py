@@ -262,61 +262,71 @@ class Observation:
     errors: dict[str, str] = field(default_factory=dict)  # host -> why it could not be read
 
 
+@dataclass(frozen=True)
+class RebalancePorts:
+    """What a rebalancer reads and drives, wired by the composition root: the hypervisors, the
+    stores, the clocks, and the steps around planning (model, learning, profiling, probes). A
+    step left None is not available: the run says so instead of doing it."""
+
+    hosts: Mapping[str, Hypervisor]
+    plans: PlanStore
+    leases: LeaseStore
+    clock: Clock
+    wall: Callable[[], float] = time.time
+    placements: PlacementUpdates | None = None
+    audit: Auditor | None = None
+    specs: Callable[[str], Mapping[str, Any] | None] | None = None
+    load_model: Callable[[], InterferenceModel] | None = None
+    load_second_model: Callable[[], InterferenceModel | None] | None = None
+    learn: Callable[[], str] | None = None
+    profile: Callable[[str, float, Sequence[str]], str | Measured] | None = None
+    demand: Callable[[str, list[str]], dict[str, float]] | None = None
+    probe: Callable[[str, float], str | Measured] | None = None
+    allocation: Callable[[str], AllocationOptions] | None = None
+    in_maintenance: Callable[[], Iterable[str]] | None = None
+    solver: LayoutSolver | None = None  # exact layouts of small hosts (None: the local search alone)
+    throttles: ThrottleLedger | None = None  # where throttle/release actions record what they leave in force
+    on_trial: OnVerdict | None = None  # told of each trial verdict while a plan is applied (the API counts them)
+    rounds: RoundStore | None = None  # rounds shared with other instances (None: every run plans all its hosts)
+
+
 class Rebalancer:
     def __init__(
         self,
-        hosts: Mapping[str, Hypervisor],
+        ports: RebalancePorts,
         *,
-        plans: PlanStore,
-        leases: LeaseStore,
-        clock: Clock,
-        wall: Callable[[], float] = time.time,
         holder: str = "rebalance",
         settings: RebalanceSettings | None = None,
         executor_settings: ExecutorSettings | None = None,
-        placements: PlacementUpdates | None = None,
-        audit: Auditor | None = None,
-        specs: Callable[[str], Mapping[str, Any] | None] | None = None,
-        load_model: Callable[[], InterferenceModel] | None = None,
-        load_second_model: Callable[[], InterferenceModel | None] | None = None,
-        learn: Callable[[], str] | None = None,
-        profile: Callable[[str, float, Sequence[str]], str | Measured] | None = None,
-        demand: Callable[[str, list[str]], dict[str, float]] | None = None,
-        probe: Callable[[str, float], str | Measured] | None = None,
         unavailable: Mapping[str, str] | None = None,
-        allocation: Callable[[str], AllocationOptions] | None = None,
-        in_maintenance: Callable[[], Iterable[str]] | None = None,
-        solver: LayoutSolver | None = None,
-        throttles: ThrottleLedger | None = None,
-        on_trial: OnVerdict | None = None,
-        rounds: RoundStore | None = None,
     ):
-        self.hosts = dict(hosts)
-        self.rounds = rounds  # rounds shared with other instances (None: every run plans all its hosts)
+        self.ports = ports
+        self.hosts = dict(ports.hosts)
+        self.rounds = ports.rounds
         # Each host's latest measurement (this run's profile, then its kept trials): what trials compare.
         self.measurements: dict[str, Measured] = {}
-        self.throttles = throttles  # where throttle/release actions record what they leave in force
-        self.solver = solver  # exact layouts of small hosts (None: the local search alone)
-        self.in_maintenance = in_maintenance or (lambda: ())
-        self.allocation = allocation or (lambda _host: AllocationOptions())
-        self.plans = plans
-        self.leases = leases
-        self.clock = clock
-        self.wall = wall
+        self.throttles = ports.throttles
+        self.solver = ports.solver
+        self.in_maintenance = ports.in_maintenance or (lambda: ())
+        self.allocation = ports.allocation or (lambda _host: AllocationOptions())
+        self.plans = ports.plans
+        self.leases = ports.leases
+        self.clock = ports.clock
+        self.wall = ports.wall
         self.holder = holder
         self.settings = settings or RebalanceSettings()
         self.executor_settings = executor_settings or ExecutorSettings()
-        self.placements = placements
-        self.auditor = audit
-        self.specs = specs
-        self.load_model = load_model
-        self.load_second_model = load_second_model
-        self.learn = learn
-        self.profile = profile
-        self.demand = demand
-        self.probe = probe
+        self.placements = ports.placements
+        self.auditor = ports.audit
+        self.specs = ports.specs
+        self.load_model = ports.load_model
+        self.load_second_model = ports.load_second_model
+        self.learn = ports.learn
+        self.profile = ports.profile
+        self.demand = ports.demand
+        self.probe = ports.probe
         self.unavailable = dict(unavailable or {})  # step -> why it is not available
-        self.on_trial = on_trial  # told of each trial verdict while a plan is applied (the API counts them)
+        self.on_trial = ports.on_trial
 
     # ----- observe ------------------------------------------------------------------------------
     def observe(self, host_names: Iterable[str]) -> Observation:

@@ -20,7 +20,7 @@ from vmplacer.adapters.libvirt_rebalance import RebalanceHost
 from vmplacer.app.actions.probe import OnVerdict
 from vmplacer.app.executor import ExecutorSettings
 from vmplacer.app.profiler import measured_of
-from vmplacer.app.rebalance import ROUNDS_PER_PROFILE, Rebalancer
+from vmplacer.app.rebalance import ROUNDS_PER_PROFILE, RebalancePorts, Rebalancer
 from vmplacer.bootstrap.container import Container
 from vmplacer.core.policies.rebalance_state import RebalanceSettings
 from vmplacer.core.text import plural
@@ -107,28 +107,15 @@ def build_rebalancer(
         return hosts[host].vcpu_demand(names, DEMAND_WINDOW_S)
 
     return Rebalancer(
-        hosts,
-        plans=container.plan_store,
-        leases=container.lease_store,
-        clock=SystemClock(),
-        wall=time.time,
-        holder=holder or new_holder(),
-        settings=settings or container.settings.rebalance,
-        executor_settings=executor_settings,
-        placements=container.placement_updates(),
-        audit=store,
-        throttles=container.throttle_ledger,
-        specs=specs,
-        load_model=load_model,
-        load_second_model=container.load_second_model if load_model is not None else None,
-        learn=learn,
-        profile=profile,
-        allocation=container.allocation_options,
-        in_maintenance=lambda: container.maintenance.current().keys(),
-        demand=demand if measure_demand else None,
-        probe=(lambda host, seconds: profile(host, seconds, ("*",))) if profile else None,
-        unavailable=unavailable,
-        solver=CpSatLayoutSolver(),
-        on_trial=on_trial,
-        rounds=SqlRoundStore(container.sessions),
+        RebalancePorts(hosts=hosts, plans=container.plan_store, leases=container.lease_store, clock=SystemClock(),
+                       wall=time.time, placements=container.placement_updates(), audit=store,
+                       throttles=container.throttle_ledger, specs=specs, load_model=load_model,
+                       load_second_model=container.load_second_model if load_model is not None else None,
+                       learn=learn, profile=profile, allocation=container.allocation_options,
+                       in_maintenance=lambda: container.maintenance.current().keys(),
+                       demand=demand if measure_demand else None,
+                       probe=(lambda host, seconds: profile(host, seconds, ("*",))) if profile else None,
+                       solver=CpSatLayoutSolver(), on_trial=on_trial, rounds=SqlRoundStore(container.sessions)),
+        holder=holder or new_holder(), settings=settings or container.settings.rebalance,
+        executor_settings=executor_settings, unavailable=unavailable,
     )

@@ -31,7 +31,7 @@ from typing import Any
 from vmplacer.lab.evaluate import profile_and_measure
 from vmplacer.lab.profiling import ProfileSettings, run_profiler
 from vmplacer.app.executor import ExecutorSettings
-from vmplacer.app.rebalance import ROUNDS_PER_PROFILE, Rebalancer, RunOptions
+from vmplacer.app.rebalance import ROUNDS_PER_PROFILE, RebalancePorts, Rebalancer, RunOptions
 from vmplacer.lab.verdicts import SIMPLE, model_objectives, reach, step_threshold, true_objective, verdict
 from vmplacer.core.interference import InterferenceModel, ModelConfig, Observation, other_form
 from vmplacer.core.layout_problem import LayoutSolver
@@ -370,13 +370,13 @@ class VmplacerLoop:
         clock = self.cluster.clock
         self.plans = MemoryPlanStore(clock.now)
         self.rebalancer = Rebalancer(
-            dict(self.cluster.hosts), plans=self.plans, leases=MemoryLeaseStore(), clock=clock, wall=clock.now,
+            RebalancePorts(hosts=dict(self.cluster.hosts), plans=self.plans, leases=MemoryLeaseStore(),
+                           clock=clock, wall=clock.now,
+                           load_model=lambda: self.model or InterferenceModel(self.model_config),
+                           load_second_model=self._second_model, learn=self._learn, profile=self._profile,
+                           probe=self._probe, solver=self.solver),
             holder="eval", settings=self.settings,
             executor_settings=ExecutorSettings(retries=0, migration_timeout_s=600),
-            load_model=lambda: self.model or InterferenceModel(self.model_config),
-            load_second_model=self._second_model,
-            learn=self._learn, profile=self._profile, probe=self._probe,
-            solver=self.solver,
         )
 
     def _profile(self, host_name: str, seconds: float, scope: Sequence[str], rounds: int | None = None) -> Measured:

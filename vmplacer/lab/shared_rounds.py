@@ -60,7 +60,7 @@ def run_instance(url: str, holder: str, *, hosts: int, guests: int, batch_hosts:
     from vmplacer.adapters.db.engine import make_engine, make_session_factory
     from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
     from vmplacer.adapters.db.rounds import SqlRoundStore
-    from vmplacer.app.rebalance import Rebalancer, RunOptions
+    from vmplacer.app.rebalance import RebalancePorts, Rebalancer, RunOptions
     from vmplacer.core.policies.rebalance_state import RebalanceSettings
 
     cluster = simulated_fleet(hosts, guests, seed=seed)
@@ -73,10 +73,12 @@ def run_instance(url: str, holder: str, *, hosts: int, guests: int, batch_hosts:
         time.sleep(seconds)
         return f"{host}: profiled {seconds:g} s"
 
-    rebalancer = Rebalancer(dict(cluster.hosts), plans=SqlPlanStore(sessions), leases=SqlLeaseStore(sessions),
-                            rounds=SqlRoundStore(sessions), clock=WallClock(), holder=holder,
-                            profile=profile if (profile_s > 0 or hang_in_profile) else None,
-                            settings=RebalanceSettings(allow_migration=False, trials=False, cooldown_s=0.0))
+    rebalancer = Rebalancer(
+        RebalancePorts(hosts=dict(cluster.hosts), plans=SqlPlanStore(sessions), leases=SqlLeaseStore(sessions),
+                       rounds=SqlRoundStore(sessions), clock=WallClock(),
+                       profile=profile if (profile_s > 0 or hang_in_profile) else None),
+        holder=holder, settings=RebalanceSettings(allow_migration=False, trials=False, cooldown_s=0.0),
+    )
     options = RunOptions(share=True, batch_hosts=batch_hosts, lease_ttl_s=lease_ttl_s,
                          profile_seconds=profile_s if not hang_in_profile else 1.0)
     if barrier is not None:
