@@ -23,7 +23,7 @@ from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
 from vmplacer.adapters.db.throttles import SqlThrottleLedger
 from vmplacer.lab.simulator import SimCluster
 from vmplacer.api.app import create_app
-from vmplacer.api.protecting import PROTECT_JOB, protect_handler
+from vmplacer.api.routes.protect import PROTECT_JOB, protect_handler
 from vmplacer.api.services import ApiOptions
 from vmplacer.app.jobs import JobRunner
 from vmplacer.app.protect import Measurement, ProtectLoop

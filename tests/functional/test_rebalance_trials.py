@@ -271,7 +271,7 @@ def test_the_api_apply_job_counts_each_trial_verdict_in_its_metrics(sim, db, mon
     """Plans applied by the API's job count their trials' verdicts in vmplacer_rebalance_trials_total,
     labelled from the verdicts themselves (host, kind, kept/undone/unmeasured, close call)."""
     import vmplacer.bootstrap.rebalance as bootstrap
-    from vmplacer.api.plans_support import APPLY_JOB, apply_handler
+    from vmplacer.api.routes.plans import APPLY_JOB, apply_handler
 
     before = {"a": 0.5, "b": 0.5, "c": 0.5}
     lost = "profiler unavailable: libvirt connection lost"

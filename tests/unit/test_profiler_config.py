@@ -45,7 +45,7 @@ def test_the_api_passes_pair_probes_through_and_names_the_field_it_refuses():
     from types import SimpleNamespace
 
     from vmplacer.api.errors import ApiError
-    from vmplacer.api.profiling import profiler_config as from_request
+    from vmplacer.api.routes.profiles import profiler_config as from_request
 
     settings = SimpleNamespace(profiler=DEFAULTS)
     assert from_request({"pair_probes": 2}, settings).pair_probes == 2

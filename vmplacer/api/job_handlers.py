@@ -1,11 +1,10 @@
-"""The job kinds this instance can run, by name."""
+"""The job kinds this instance can run, by name: each resource's module names its own."""
 
 from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from vmplacer.api.profiling import PROFILE_JOB, profile_handler
-from vmplacer.api.protecting import PROTECT_JOB, protect_handler
+from vmplacer.api.routes import plans, profiles, protect
 from vmplacer.app.jobs import Handler
 
 if TYPE_CHECKING:
@@ -13,8 +12,7 @@ if TYPE_CHECKING:
 
 
 def handlers(services: ApiServices) -> dict[str, Handler]:
-    from vmplacer.api import plans_support
-
-    table: dict[str, Handler] = {PROFILE_JOB: profile_handler(services), PROTECT_JOB: protect_handler(services)}
-    table.update(plans_support.job_handlers(services))
+    table: dict[str, Handler] = {profiles.PROFILE_JOB: profiles.profile_handler(services),
+                                 protect.PROTECT_JOB: protect.protect_handler(services)}
+    table.update(plans.job_handlers(services))
     return table

@@ -122,7 +122,7 @@ class WebViews:
     def plan(self, plan_id: int) -> dict[str, Any] | None:
         """One plan as the API shows it (actions, reasons, predicted gain, outcome), each trial
         probe's outcome named: kept when it succeeded, rolled back when it was undone."""
-        from vmplacer.api.plans_support import plan_view
+        from vmplacer.api.routes.plans import plan_view
 
         plan = self.services.container.plan_store.get(plan_id)
         if plan is None:

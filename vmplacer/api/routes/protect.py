@@ -1,18 +1,32 @@
-"""Protection loops as jobs: start one for a host, read its status, stop it (releasing its throttles)."""
+"""Protection loops as jobs: start one for a host, read its status, stop it (releasing its throttles).
+
+POST /v1/protect queues a `protect` job; the runner that holds the host's
+lease runs the loop (the same loop as `vmplacer protect run --host H`, acting
+under the runner's lease). DELETE /v1/protect/{id} records a stop request in
+the job's row; the loop notices it within a second, releases every throttle
+it holds on the host and finishes the job `succeeded`. A job stopped for any
+other reason (the instance shuts down, the lease is lost) keeps its
+throttles, like a killed `vmplacer protect`: they have reasons in the ledger,
+and the next loop on the host continues from them or releases those whose
+reason is gone.
+"""
 
 from __future__ import annotations
 
-from typing import Any, TYPE_CHECKING
+import time
+from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Path, Request, Response
 
 from vmplacer.api.actors import api_actor, audit
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, NOT_FOUND, ApiError
 from vmplacer.api.placing import Placer
-from vmplacer.api.protecting import PROTECT_JOB, protect_status
 from vmplacer.api.routes.jobs import JOB_ID, accepted, check_can_queue, job_view
 from vmplacer.api.schemas import JobAccepted, ProtectRequest, ProtectView
 from vmplacer.api.strict_json import StrictJsonRoute
+from vmplacer.api.times import api_time
+from vmplacer.app.jobs import Handler, JobContext, JobFailed
+from vmplacer.ports import HypervisorError
 
 if TYPE_CHECKING:
     from vmplacer.api.services import ApiServices
@@ -76,3 +90,88 @@ def stop_protect(request: Request, response: Response,
     location = f"/v1/jobs/{job_id}"  # the protection is gone; the job shows how the stop went
     response.headers["Location"] = location
     return {"job": job_view(job), "location": location}
+
+
+# ----- the resource's work beyond HTTP
+PROTECT_JOB = "protect"
+STOP_POLL_S = 1.0
+
+
+def stop_requested(services: ApiServices, job_id: str) -> dict[str, Any] | None:
+    job = services.jobs.get(job_id)
+    stop = (job.parameters or {}).get("stop") if job is not None else None
+    return stop if isinstance(stop, dict) else None
+
+
+def protect_handler(services: ApiServices, build: Any = None) -> Handler:
+    """`build(container, host, **options)` makes the loop (default: bootstrap.protect's)."""
+
+    def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        host = params["host"]
+        compose = build
+        if compose is None:
+            from vmplacer.bootstrap.protect import build_protect_loop as compose
+        try:
+            loop = compose(services.container, host, scope=tuple(params.get("scope") or ("*",)),
+                           samples=int(params.get("samples") or 5),
+                           t_m_s=None if params.get("t_m_ms") is None else float(params["t_m_ms"]) / 1e3,
+                           holder=services.instance)
+        except HypervisorError as exc:
+            services.metrics.libvirt_error(exc)
+            raise JobFailed(str(exc), code="host-unavailable", details={"host": exc.host or host}) from None
+        asked: dict[str, Any] = {"stop": None, "checked": 0.0}
+
+        def should_stop() -> bool:
+            if ctx.should_stop():
+                return True
+            now = time.monotonic()
+            if now - asked["checked"] >= STOP_POLL_S:
+                asked["checked"] = now
+                asked["stop"] = stop_requested(services, ctx.job.id)
+            return asked["stop"] is not None
+
+        counts = {"rounds": 0}
+
+        def on_round(report: Any) -> None:
+            counts["rounds"] += 1
+            states = ", ".join(f"{v.guest} {v.state}" + ("" if v.ratio is None else f" {v.ratio:.2f}")
+                               for v in report.decision.verdicts) or "no protected guest running"
+            ctx.progress(0.0, f"round {counts['rounds']}: {states}")
+
+        ctx.progress(0.0, f"protecting on host {host}")
+        try:
+            loop.run(stop=should_stop, on_round=on_round, poll_s=0.5)
+        except HypervisorError as exc:
+            services.metrics.libvirt_error(exc)
+            raise JobFailed(str(exc), code="host-unavailable", details={"host": exc.host or host}) from None
+        result: dict[str, Any] = {"host": host, "rounds": counts["rounds"], "released": []}
+        if asked["stop"] is not None and not ctx.should_stop():
+            by = asked["stop"].get("by", "")
+            report = loop.release_all(f"protection job {ctx.job.id} stopped by {by}")
+            result["released"] = [s.guest for s in report.decision.steps]
+            result["release_plan"] = report.plan
+            result["stopped_by"] = by
+            if report.plan is not None and report.plan["state"] != "succeeded":
+                raise JobFailed(f"stopped, but releasing the throttles {report.plan['state']}", code="release-failed",
+                                details=result)
+        return result
+
+    return run
+
+
+def protect_status(services: ApiServices, host: str) -> dict[str, Any]:
+    """What the host's loop last recorded per protected guest, and the throttles in force there."""
+    from vmplacer.adapters.protect_history import ProtectHistory
+
+    record = ProtectHistory.in_data_dir(services.settings.data_dir).latest(host)
+    guests = []
+    if record is not None:
+        for name, stats in sorted((record.get("guests") or {}).items()):
+            guests.append({"guest": name, **{k: stats.get(k) for k in (
+                "ratio", "ratio_raw", "floor", "state", "throttles_applied", "below_floor_s")}})
+    throttles = [{"guest": r.guest, "share": round(r.bandwidth.share, 4), "original_share": round(r.original.share, 4),
+                  "protects": r.protects, "plan_id": r.plan_id, "age_s": round(r.age_s, 1)}
+                 for r in services.container.throttle_ledger.current(host)]
+    return {"last_round_at": None if record is None else api_time(record.get("at")), "guests": guests,
+            "budget": None if record is None else record.get("budget"),
+            "pace": None if record is None else record.get("pace"), "throttles": throttles}
