@@ -47,21 +47,21 @@ from benchmarks import host_facts  # noqa: E402
 from vmplacer.lab.simulator import GroundTruth, SimCluster  # noqa: E402
 from vmplacer.lab.evaluate import ProfileSettings, profile_host  # noqa: E402
 from vmplacer.lab.rebalance_eval import DISTANCE_PRIOR  # noqa: E402
-from vmplacer.core.allocate import NoFit, allocate  # noqa: E402
-from vmplacer.core.class_priors import Identity, ShrunkBetas  # noqa: E402
-from vmplacer.core.guest import GuestSpec  # noqa: E402
-from vmplacer.core.interference import InterferenceModel, ModelConfig  # noqa: E402
-from vmplacer.core.interference_scorer import (  # noqa: E402
+from vmplacer.core.placement.allocate import NoFit, allocate  # noqa: E402
+from vmplacer.core.model.class_priors import Identity, ShrunkBetas  # noqa: E402
+from vmplacer.core.placement.guest import GuestSpec  # noqa: E402
+from vmplacer.core.model.interference import InterferenceModel, ModelConfig  # noqa: E402
+from vmplacer.core.placement.interference_scorer import (  # noqa: E402
     AdmissionSettings,
     GuestProfile,
     admission_scorer,
     predicted_performance,
     profile_of_spec,
 )
-from vmplacer.core.pairs import parse_pairs  # noqa: E402
-from vmplacer.core.placement import Placement  # noqa: E402
-from vmplacer.core.scoring import default_scorer  # noqa: E402
-from vmplacer.core.topology import uniform_topology  # noqa: E402
+from vmplacer.core.model.pairs import parse_pairs  # noqa: E402
+from vmplacer.core.placement.guest_placement import Placement  # noqa: E402
+from vmplacer.core.placement.scoring import default_scorer  # noqa: E402
+from vmplacer.core.topology.host import uniform_topology  # noqa: E402
 
 SHAPE = {"nodes": 1, "cores_per_node": 4, "threads_per_core": 2}
 TRAIN_HOSTS = 20

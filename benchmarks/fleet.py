@@ -64,7 +64,7 @@ KINDS = [
 
 def shapes():  # type: ignore[no-untyped-def]
     """(name, topology) of the five host shapes."""
-    from vmplacer.core.topology import HugepagePool, uniform_topology
+    from vmplacer.core.topology.host import HugepagePool, uniform_topology
 
     def shape(name, nodes, cores, threads, memory_gib, sockets, huge=None):  # type: ignore[no-untyped-def]
         topology = uniform_topology(nodes=nodes, cores_per_node=cores, threads_per_core=threads,
@@ -88,7 +88,7 @@ def shapes():  # type: ignore[no-untyped-def]
 
 def request():  # type: ignore[no-untyped-def]
     """The 100 guests, as specs."""
-    from vmplacer.core.guest import GuestSpec
+    from vmplacer.core.placement.guest import GuestSpec
 
     specs = []
     for index in range(GUESTS):
@@ -105,8 +105,8 @@ def request():  # type: ignore[no-untyped-def]
 def fleet(size: int, seed: int = 7):  # type: ignore[no-untyped-def]
     """`size` FleetHosts: shapes in rotation, 40 % partly full (seeded)."""
     from vmplacer.app.fleet_planner import FleetHost
-    from vmplacer.core.allocate import NoFit, allocate
-    from vmplacer.core.guest import GuestSpec
+    from vmplacer.core.placement.allocate import NoFit, allocate
+    from vmplacer.core.placement.guest import GuestSpec
 
     rng = random.Random(seed)
     kinds = shapes()

@@ -50,7 +50,7 @@ from vmplacer.app.profiler import ProfilerConfig, SensitiveSelector  # noqa: E40
 from vmplacer.bootstrap import Container  # noqa: E402
 from vmplacer.bootstrap.profiler import build_profiler  # noqa: E402
 from vmplacer.config import HostSettings, settings_from_mapping  # noqa: E402
-from vmplacer.core.profile_stats import overhead_formula  # noqa: E402
+from vmplacer.core.model.profile_stats import overhead_formula  # noqa: E402
 from vmplacer.testbed import daemons, guests  # noqa: E402
 from vmplacer.testbed.image import build_image  # noqa: E402
 from vmplacer.testbed.paths import StateDirs  # noqa: E402

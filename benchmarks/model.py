@@ -37,8 +37,8 @@ from vmplacer.lab.evaluate import (  # noqa: E402
     simulated_topology,
     tenants_of,
 )
-from vmplacer.core.interference import InterferenceModel  # noqa: E402
-from vmplacer.core.pairs import parse_pairs  # noqa: E402
+from vmplacer.core.model.interference import InterferenceModel  # noqa: E402
+from vmplacer.core.model.pairs import parse_pairs  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "interference"
 RESULT = ROOT / "benchmarks" / "results" / "model.json"

@@ -38,9 +38,9 @@ from benchmarks import host_facts  # noqa: E402
 
 from vmplacer.lab.simulator import GroundTruth  # noqa: E402
 from vmplacer.lab.optimum import _layouts  # noqa: E402
-from vmplacer.core.interference import distance_matrix  # noqa: E402
-from vmplacer.core.pairs import parse_pairs  # noqa: E402
-from vmplacer.core.topology import uniform_topology  # noqa: E402
+from vmplacer.core.model.interference import distance_matrix  # noqa: E402
+from vmplacer.core.model.pairs import parse_pairs  # noqa: E402
+from vmplacer.core.topology.host import uniform_topology  # noqa: E402
 
 DATA = ROOT / "tests" / "data" / "interference"
 CASES = ROOT / "benchmarks" / "results" / "rebalance.json"

@@ -43,18 +43,18 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import host_facts  # noqa: E402
 
-from vmplacer.core.allocate import NoFit, allocate, place_on_nodes  # noqa: E402
-from vmplacer.core.guest import GuestSpec  # noqa: E402
-from vmplacer.core.occupancy import Occupancy  # noqa: E402
-from vmplacer.core.placement import Placement  # noqa: E402
-from vmplacer.core.policies.admit import (  # noqa: E402
+from vmplacer.core.placement.allocate import NoFit, allocate, place_on_nodes  # noqa: E402
+from vmplacer.core.placement.guest import GuestSpec  # noqa: E402
+from vmplacer.core.placement.occupancy import Occupancy  # noqa: E402
+from vmplacer.core.placement.guest_placement import Placement  # noqa: E402
+from vmplacer.core.placement.admit import (  # noqa: E402
     AllocationOptions,
     admit_cell,
     build_node_views,
     cell_requests,
     page_options,
 )
-from vmplacer.core.topology import HostTopology, uniform_topology  # noqa: E402
+from vmplacer.core.topology.host import HostTopology, uniform_topology  # noqa: E402
 
 SINGLE_TARGET_MS = 50.0
 FILL_TARGET_S = 2.0

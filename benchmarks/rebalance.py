@@ -79,18 +79,18 @@ from vmplacer.lab.optimum import case_optimum  # noqa: E402
 from vmplacer.lab.evaluate import ProfileSettings, profile_host  # noqa: E402
 from vmplacer.lab.rebalance_eval import DISTANCE_PRIOR, Case, HostShape, evaluate_case  # noqa: E402
 from vmplacer.lab.verdicts import REAL_LOSSES, VERDICTS, perfect_model_moves  # noqa: E402
-from vmplacer.core.interference import FORMS, InterferenceModel, ModelConfig  # noqa: E402
-from vmplacer.core.pairs import parse_pairs  # noqa: E402
-from vmplacer.core.placement import Placement  # noqa: E402
-from vmplacer.core.policies.rebalance import plan_rebalance  # noqa: E402
-from vmplacer.core.policies.rebalance_state import (  # noqa: E402
+from vmplacer.core.model.interference import FORMS, InterferenceModel, ModelConfig  # noqa: E402
+from vmplacer.core.model.pairs import parse_pairs  # noqa: E402
+from vmplacer.core.placement.guest_placement import Placement  # noqa: E402
+from vmplacer.core.rebalance.policy import plan_rebalance  # noqa: E402
+from vmplacer.core.rebalance.state import (  # noqa: E402
     ClusterState,
     HostState,
     RebalanceInputError,
     RebalanceSettings,
     describe_guest,
 )
-from vmplacer.core.topology import uniform_topology  # noqa: E402
+from vmplacer.core.topology.host import uniform_topology  # noqa: E402
 
 OPTIMUM_SHARE_TARGET = 0.99
 LOSS_TOLERANCE = 0.005  # below a simple rule by more than this share counts

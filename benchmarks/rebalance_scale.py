@@ -42,7 +42,7 @@ def _rebalance_benchmark():  # type: ignore[no-untyped-def]
 
 def measure(hosts: int, guests: int) -> dict:
     from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
-    from vmplacer.core.policies.rebalance import RebalanceSettings, plan_rebalance
+    from vmplacer.core.rebalance.policy import RebalanceSettings, plan_rebalance
     from vmplacer.core.stage_times import StageTimes
 
     bench = _rebalance_benchmark()

@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import random
 
-from vmplacer.core.interference import Exposure, InterferenceModel, Observation
-from vmplacer.core.topology import DistanceClass
+from vmplacer.core.model.interference import Exposure, InterferenceModel, Observation
+from vmplacer.core.topology.host import DistanceClass
 
 CLASSES = ("noisy", "quiet", "victim")
 LOSS = {  # (background class, foreground class) -> loss at same-llc

@@ -18,8 +18,8 @@ from vmplacer.adapters.domain_xml import (
     parse_placement_and_labels,
     with_pin,
 )
-from vmplacer.core.bandwidth import CpuBandwidth
-from vmplacer.core.topology import HostTopology
+from vmplacer.core.placement.bandwidth import CpuBandwidth
+from vmplacer.core.topology.host import HostTopology
 from vmplacer.ports import DomainGone, DomainInfo, HypervisorError
 
 

@@ -21,11 +21,11 @@ from vmplacer.adapters.source_files import YamlFileError, load_yaml_with_duplica
 from vmplacer.config_keys import (CONFIG_KEYS, DATABASE_SCHEMES, DOMAIN_TYPES, HOST_NAME_PATTERN, LISTEN_PATTERN,
                                   SAMPLER_METRICS, SENSITIVE_PATTERN)
 from vmplacer.config_rebalance import read_rebalance, rebalance_to_mapping
-from vmplacer.core.cpuset import CpusetError, parse_cpuset
+from vmplacer.core.topology.cpuset import CpusetError, parse_cpuset
 from vmplacer.core.durations import duration_seconds
-from vmplacer.core.policies.admit import AllocationOptions
-from vmplacer.core.policies.rebalance_state import RebalanceSettings
-from vmplacer.core.protection import ProtectionDefaults, ProtectionError, check_floor, check_min_share
+from vmplacer.core.placement.admit import AllocationOptions
+from vmplacer.core.rebalance.state import RebalanceSettings
+from vmplacer.core.protect.policy import ProtectionDefaults, ProtectionError, check_floor, check_min_share
 from vmplacer.core.text import control_problem, excerpt
 
 T = TypeVar("T")
@@ -610,7 +610,7 @@ def settings_to_mapping(settings: Settings) -> dict[str, Any]:
     """The effective settings as a config document, every key with its value (defaults filled
     in), in the file's own key names and spellings: `settings_from_mapping` reads it back to the
     same settings. The database URL is as configured: callers showing it hide its password."""
-    from vmplacer.core.cpuset import format_cpuset
+    from vmplacer.core.topology.cpuset import format_cpuset
 
     def cpus(value: frozenset[int]) -> str:
         return format_cpuset(value) if value else ""

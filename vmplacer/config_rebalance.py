@@ -12,7 +12,7 @@ import math
 from dataclasses import replace
 from typing import Any, Literal
 
-from vmplacer.core.policies.rebalance_state import RebalanceInputError, RebalanceSettings
+from vmplacer.core.rebalance.state import RebalanceInputError, RebalanceSettings
 
 Kind = Literal["number", "integer", "flag"]
 

@@ -14,11 +14,11 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from vmplacer.core.bandwidth import CpuBandwidth
-from vmplacer.core.placement import Placement
-from vmplacer.core.plan import Action, CancelRequest, Plan
-from vmplacer.core.trial import TrialOutcome
-from vmplacer.core.topology import HostTopology
+from vmplacer.core.placement.bandwidth import CpuBandwidth
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.plan import Action, CancelRequest, Plan
+from vmplacer.core.rebalance.trial import TrialOutcome
+from vmplacer.core.topology.host import HostTopology
 
 
 class HypervisorError(RuntimeError):

@@ -17,8 +17,8 @@ from tests.admission_model import learned
 from tests.functional.test_api_helpers import make_container, roomy_test_driver
 from vmplacer.adapters.domain_xml import render_domain
 from vmplacer.cli.main import main
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.placement import Placement
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.guest_placement import Placement
 
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")

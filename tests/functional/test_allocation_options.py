@@ -18,10 +18,10 @@ from vmplacer.app.placement_service import PlacementService
 from vmplacer.app.rebalance import RebalancePorts, Rebalancer
 from vmplacer.app.fleet_planner import FleetHost
 from vmplacer.cli.fleet_plan import plan_on
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.nofit import NoFit
-from vmplacer.core.policies.admit import AllocationOptions
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.nofit import NoFit
+from vmplacer.core.placement.admit import AllocationOptions
+from vmplacer.core.topology.host import uniform_topology
 
 XEON_E3 = Path(__file__).resolve().parents[2] / "examples" / "hosts" / "xeon-e3-4c8t.xml"
 

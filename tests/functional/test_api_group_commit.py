@@ -84,7 +84,7 @@ def _live_placement(connection, name: str) -> dict[str, Any]:  # type: ignore[no
     """The vCPU pins, emulator pins and memory nodes the domain libvirt holds says."""
     from lxml import etree
 
-    from vmplacer.core.cpuset import parse_cpuset
+    from vmplacer.core.topology.cpuset import parse_cpuset
 
     root = etree.fromstring(connection.lookupByName(name).XMLDesc(0).encode())
     vcpupin = {pin.get("vcpu"): sorted(parse_cpuset(pin.get("cpuset"))) for pin in root.iter("vcpupin")}

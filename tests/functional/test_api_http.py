@@ -330,8 +330,8 @@ def _store_plan(server: Server, state: str = "proposed") -> int:
 
     from vmplacer.adapters.db.engine import make_engine, make_session_factory
     from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
-    from vmplacer.core.placement import Placement
-    from vmplacer.core.plan import Action, Plan
+    from vmplacer.core.placement.guest_placement import Placement
+    from vmplacer.core.rebalance.plan import Action, Plan
 
     engine = make_engine(yaml.safe_load(server.config.read_text())["database_url"])
     try:

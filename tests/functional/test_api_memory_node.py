@@ -11,7 +11,7 @@ import pytest
 
 from tests.functional.test_api_helpers import admin_client
 from vmplacer.api.schemas import PlacementRequest
-from vmplacer.core.guest import FIELDS, MAX_HOST_NODE
+from vmplacer.core.placement.guest import FIELDS, MAX_HOST_NODE
 
 
 GUEST = {"name": "g1", "vcpus": 1, "memory_mib": 64, "dry_run": True, "host": "t"}

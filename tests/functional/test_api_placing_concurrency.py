@@ -79,7 +79,7 @@ def _live_pins(connection, name: str) -> frozenset[int]:  # type: ignore[no-unty
     """The pCPUs the domain libvirt holds has its vCPUs pinned to (its <vcpupin> elements)."""
     from lxml import etree
 
-    from vmplacer.core.cpuset import parse_cpuset
+    from vmplacer.core.topology.cpuset import parse_cpuset
 
     root = etree.fromstring(connection.lookupByName(name).XMLDesc(0).encode())
     return frozenset().union(*(parse_cpuset(pin.get("cpuset")) for pin in root.iter("vcpupin")))

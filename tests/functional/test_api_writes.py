@@ -213,7 +213,7 @@ def test_a_name_placed_through_another_instance_meanwhile_is_409_exists(database
     instance placed in that second gets past it and is refused by the database's own check,
     with the same answer."""
     from vmplacer.adapters.db.placements import SqlPlacementStore
-    from vmplacer.core.placement import Placement
+    from vmplacer.core.placement.guest_placement import Placement
 
     with roomy_test_driver():
         container = make_container(database_url, tmp_path, [{"name": "t", "uri": "test:///default",

@@ -17,9 +17,9 @@ from vmplacer.lab.evaluate import (
     random_placement,
     simulated_topology,
 )
-from vmplacer.core.interference import InterferenceModel
-from vmplacer.core.pairs import parse_pairs
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.model.interference import InterferenceModel
+from vmplacer.core.model.pairs import parse_pairs
+from vmplacer.core.topology.host import uniform_topology
 from vmplacer.lab.profiling import run_profiler
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "interference"
@@ -208,7 +208,7 @@ def test_a_case_is_also_measured_against_the_optimum_of_vmplacers_own_objective(
     maximizes that in truth, and whether the step there clears the threshold a perfect model needs."""
     from vmplacer.lab.optimum import case_optimum
     from vmplacer.lab.rebalance_eval import Case, evaluate_case
-    from vmplacer.core.policies.rebalance_state import RebalanceSettings
+    from vmplacer.core.rebalance.state import RebalanceSettings
 
     def simulator(truth, seed, noise):
         return SimCluster(truth, seed=seed, noise=noise)

@@ -12,9 +12,9 @@ from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPl
 from vmplacer.lab.simulator import SimCluster
 from vmplacer.app.executor import Executor, ExecutorError, ExecutorSettings
 from vmplacer.app.rebalance import RebalanceError, RebalancePorts, Rebalancer, RunOptions
-from vmplacer.core.placement import Placement
-from vmplacer.core.policies.rebalance_state import RebalanceSettings
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.state import RebalanceSettings
+from vmplacer.core.topology.host import uniform_topology
 
 
 @pytest.fixture
@@ -255,7 +255,7 @@ class MemoryHost:
         return [self.domain("g")]
 
     def topology(self):
-        from vmplacer.core.topology import uniform_topology
+        from vmplacer.core.topology.host import uniform_topology
 
         return uniform_topology(nodes=2, cores_per_node=2, threads_per_core=1, memory_mib_per_node=4096, name="m1")
 
@@ -269,7 +269,7 @@ class MemoryHost:
 
 
 def test_memory_nodes_move_live_or_fail_cleanly_and_probes_run(sim):
-    from vmplacer.core.plan import Action, Plan
+    from vmplacer.core.rebalance.plan import Action, Plan
 
     host = MemoryHost()
     before = host.placement
@@ -321,7 +321,7 @@ class Owning:
 
 
 def test_a_plan_that_leaves_a_guest_on_another_s_exclusive_pcpu_is_reported_and_audited(sim, db):
-    from vmplacer.core.plan import Action, Plan
+    from vmplacer.core.rebalance.plan import Action, Plan
 
     sim.hosts["h1"].define_domain("own", workload="spin", vcpupin=[0])
     sim.hosts["h1"].define_domain("f", workload="spin", vcpupin={0: [1, 2]})

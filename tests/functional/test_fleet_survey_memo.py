@@ -11,8 +11,8 @@ from tests.unit.test_fleet_survey import NoRecords, _fleet
 from vmplacer.api.hostcache import HostSnapshots, SnapshotStore
 from vmplacer.app.fleet_placement import FleetPlacement, SurveyMemo
 from vmplacer.app.placement_service import PlacementService
-from vmplacer.core.allocate import allocate
-from vmplacer.core.guest import GuestSpec
+from vmplacer.core.placement.allocate import allocate
+from vmplacer.core.placement.guest import GuestSpec
 from vmplacer.ports import DomainInfo
 
 

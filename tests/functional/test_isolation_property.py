@@ -25,13 +25,13 @@ from vmplacer.lab.simulator import VirtualClock
 from vmplacer.app.executor import Executor
 from vmplacer.app.placement_service import PlacementService
 from vmplacer.app.reconcile import Reconciler
-from vmplacer.core.allocate import NoFit
-from vmplacer.core.bandwidth import CpuBandwidth, throttled_to
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.isolation import isolation_violations
-from vmplacer.core.placement import Placement, placement_from_dict
-from vmplacer.core.plan import Action, Plan
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.placement.allocate import NoFit
+from vmplacer.core.placement.bandwidth import CpuBandwidth, throttled_to
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.isolation import isolation_violations
+from vmplacer.core.placement.guest_placement import Placement, placement_from_dict
+from vmplacer.core.rebalance.plan import Action, Plan
+from vmplacer.core.topology.host import uniform_topology
 
 HOSTS = ("h1", "h2")
 

@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlPlanStore
-from vmplacer.core.placement import Placement
-from vmplacer.core.plan import Action, Plan
-from vmplacer.core.trial import Measured
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.plan import Action, Plan
+from vmplacer.core.rebalance.trial import Measured
 from tests.functional.test_executor_sim import rebalancer, sim  # noqa: F401 - fixtures
 
 

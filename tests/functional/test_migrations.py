@@ -74,9 +74,9 @@ def test_a_251_byte_guest_name_is_stored_by_every_store(postgres_url):
     from vmplacer.adapters.db.plans import SqlPlanStore
     from vmplacer.adapters.db.profiles import SqlProfileStore
     from vmplacer.adapters.db.throttles import SqlThrottleLedger
-    from vmplacer.core.bandwidth import CpuBandwidth, throttled_to
-    from vmplacer.core.placement import Placement
-    from vmplacer.core.plan import Action, Plan
+    from vmplacer.core.placement.bandwidth import CpuBandwidth, throttled_to
+    from vmplacer.core.placement.guest_placement import Placement
+    from vmplacer.core.rebalance.plan import Action, Plan
     from vmplacer.ports import ProfileSample
 
     name = "é" * 125 + "x"  # 251 bytes of UTF-8, 126 characters

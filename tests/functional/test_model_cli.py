@@ -14,10 +14,10 @@ from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.models_repo import SqlModelRepository
 from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.profiles import SqlProfileStore
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.placement import Placement
-from vmplacer.core.policies.rebalance_state import describe_guest
-from vmplacer.core.topology import DistanceClass
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.state import describe_guest
+from vmplacer.core.topology.host import DistanceClass
 from vmplacer.ports import Neighbour, ProfileSample
 
 

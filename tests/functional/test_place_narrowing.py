@@ -13,8 +13,8 @@ from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.models import AuditRow
 from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.app.placement_service import PlacementService
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.placement import Placement
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.ports import DomainGone, DomainInfo
 
 XEON_E3 = Path(__file__).resolve().parents[2] / "examples" / "hosts" / "xeon-e3-4c8t.xml"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vmplacer.adapters.db.placements import SqlPlacementStore
-from vmplacer.core.placement import Placement
+from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.ports import ClaimConflict
 
 

@@ -14,9 +14,9 @@ from vmplacer.adapters.domain_xml import parse_placement
 from vmplacer.adapters.request_file import load_request_file
 from vmplacer.app.fleet_planner import FleetHost
 from vmplacer.cli.fleet_plan import plan_on
-from vmplacer.core.occupancy import exclusive_of
-from vmplacer.core.placement import Placement
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.placement.occupancy import exclusive_of
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.topology.host import uniform_topology
 
 ROOT = Path(__file__).resolve().parents[2]
 XEON = ROOT / "examples" / "hosts" / "xeon-2s-56c-smt2.xml"

@@ -18,9 +18,9 @@ from vmplacer.adapters.db.models import AuditRow, HostLeaseRow, utcnow
 from vmplacer.adapters.db.plans import STOPPED_BEFORE, SqlLeaseStore, SqlPlanStore
 from vmplacer.app.rebalance import PlanStateError, RunOptions, cancel_plan
 from vmplacer.lab.rebalance_eval import MemoryPlanStore
-from vmplacer.core.placement import Placement
-from vmplacer.core.plan import Action, Plan
-from vmplacer.core.policies.rebalance_state import RebalanceSettings
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.plan import Action, Plan
+from vmplacer.core.rebalance.state import RebalanceSettings
 from vmplacer.ports import PlanStore
 
 DEAD = "rebalance@gone:4242:deadbeef"  # the holder of a process that was killed

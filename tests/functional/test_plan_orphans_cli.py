@@ -15,8 +15,8 @@ from vmplacer.adapters.db import migrate
 from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.models import HostLeaseRow, utcnow
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
-from vmplacer.core.placement import Placement
-from vmplacer.core.plan import Action, Plan
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.plan import Action, Plan
 
 DEAD = "rebalance@gone:4242:deadbeef"
 

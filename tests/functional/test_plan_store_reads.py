@@ -10,8 +10,8 @@ from sqlalchemy import event
 
 from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.plans import SqlPlanStore
-from vmplacer.core.placement import Placement
-from vmplacer.core.plan import Action, Plan
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.plan import Action, Plan
 
 INDEX = "ix_plan_actions_state_kind_finished_at"
 

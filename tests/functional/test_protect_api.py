@@ -28,9 +28,9 @@ from vmplacer.api.services import ApiOptions
 from vmplacer.app.jobs import JobRunner
 from vmplacer.app.protect import Measurement, ProtectLoop
 from vmplacer.app.rebalance import RebalancePorts, Rebalancer
-from vmplacer.core.protect import LoopSettings
-from vmplacer.core.protection import MIN_SHARE_LABEL, PROTECT_LABEL
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.protect.decisions import LoopSettings
+from vmplacer.core.protect.policy import MIN_SHARE_LABEL, PROTECT_LABEL
+from vmplacer.core.topology.host import uniform_topology
 
 
 @pytest.fixture

@@ -53,7 +53,7 @@ def test_status_lists_the_ledger(tmp_path):
     from vmplacer.adapters.db import migrate
     from vmplacer.adapters.db.engine import make_engine, make_session_factory
     from vmplacer.adapters.db.throttles import SqlThrottleLedger
-    from vmplacer.core.bandwidth import CpuBandwidth, throttled_to
+    from vmplacer.core.placement.bandwidth import CpuBandwidth, throttled_to
 
     url = f"sqlite:///{tmp_path / 'vmplacer.db'}"
     migrate.upgrade(url)

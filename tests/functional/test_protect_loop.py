@@ -13,9 +13,9 @@ from vmplacer.adapters.db.throttles import SqlThrottleLedger
 from vmplacer.lab.simulator import SimCluster
 from vmplacer.app.protect import Measurement, ProtectLoop
 from vmplacer.app.rebalance import RebalancePorts, Rebalancer
-from vmplacer.core.protect import LoopSettings
-from vmplacer.core.protection import MIN_SHARE_LABEL, PROTECT_LABEL
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.protect.decisions import LoopSettings
+from vmplacer.core.protect.policy import MIN_SHARE_LABEL, PROTECT_LABEL
+from vmplacer.core.topology.host import uniform_topology
 
 
 def cluster(*neighbours: tuple[str, dict[str, str]]) -> SimCluster:
@@ -76,7 +76,7 @@ def test_an_unlabelled_neighbour_is_never_throttled_and_the_floor_is_reported_wi
     proposals: list[str] = []
 
     def propose(host_name: str):
-        from vmplacer.core.plan import Plan
+        from vmplacer.core.rebalance.plan import Plan
 
         proposals.append(host_name)
         return SqlPlanStore(db).save(Plan(actions=(), hosts=(host_name,), state="empty", summary="nothing"))
@@ -131,7 +131,7 @@ def test_a_loop_killed_mid_throttle_leaves_no_throttle_without_a_reason(db, land
 
 def paced_loop(sim, db, *, t_m_s=0.05, **kwargs) -> ProtectLoop:
     """A loop whose measurement freezes neighbours `t_m_s` per sample on the virtual clock."""
-    from vmplacer.core.protect_cadence import CadenceSettings
+    from vmplacer.core.protect.cadence import CadenceSettings
 
     host = sim.hosts["h1"]
     plans = SqlPlanStore(db)
@@ -176,7 +176,7 @@ def test_the_freeze_budget_bounds_frozen_time_while_the_floor_still_holds(db):
 
 
 def test_an_idle_protected_guest_gets_its_antagonist_released_within_30_s_and_rethrottled_when_busy(db):
-    from vmplacer.core.protect_cadence import CadenceSettings
+    from vmplacer.core.protect.cadence import CadenceSettings
 
     sim = cluster(("batch", {MIN_SHARE_LABEL: "0.2"}))
     host = sim.hosts["h1"]

@@ -44,8 +44,8 @@ def _store(config: Path, state: str = "proposed", actions: int = 1) -> int:
     from vmplacer.adapters.db import migrate
     from vmplacer.adapters.db.engine import make_engine, make_session_factory
     from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
-    from vmplacer.core.placement import Placement
-    from vmplacer.core.plan import Action, Plan
+    from vmplacer.core.placement.guest_placement import Placement
+    from vmplacer.core.rebalance.plan import Action, Plan
 
     url = config.read_text().splitlines()[0].split(": ", 1)[1]
     migrate.upgrade(url)

@@ -14,8 +14,8 @@ from vmplacer.adapters.db.models import HostLeaseRow
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
 from vmplacer.lab.simulator import SimCluster
 from vmplacer.app.rebalance import RebalancePorts, Rebalancer, RunOptions
-from vmplacer.core.policies.rebalance_state import RebalanceSettings
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.rebalance.state import RebalanceSettings
+from vmplacer.core.topology.host import uniform_topology
 
 
 @pytest.fixture
@@ -125,8 +125,8 @@ def test_two_concurrent_runs_never_both_act(engine):
 def test_apply_keeps_a_lease_its_caller_held_and_releases_one_it_took(engine):
     """A caller holding the hosts' lease between plans (the protect job) keeps it through apply:
     releasing it would let another run take the hosts until the caller took it back."""
-    from vmplacer.core.placement import Placement
-    from vmplacer.core.plan import Action, Plan
+    from vmplacer.core.placement.guest_placement import Placement
+    from vmplacer.core.rebalance.plan import Action, Plan
 
     sessions = make_session_factory(engine)
     leases, plans = SqlLeaseStore(sessions), SqlPlanStore(sessions)

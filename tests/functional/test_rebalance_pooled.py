@@ -11,10 +11,10 @@ from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore
 from vmplacer.lab.simulator import SimCluster
 from vmplacer.app.rebalance import RebalancePorts, Rebalancer
-from vmplacer.core.placement import Placement
-from vmplacer.core.plan import Action, Plan
-from vmplacer.core.policies.rebalance_state import RebalanceSettings
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.plan import Action, Plan
+from vmplacer.core.rebalance.state import RebalanceSettings
+from vmplacer.core.topology.host import uniform_topology
 
 
 @pytest.fixture

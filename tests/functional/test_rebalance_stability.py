@@ -9,9 +9,9 @@ from pathlib import Path
 from vmplacer.lab.simulator import SimCluster
 from vmplacer.app.rebalance import RunOptions
 from vmplacer.lab.rebalance_eval import DISTANCE_PRIOR, Case, HostShape, VmplacerLoop, build, starting_point
-from vmplacer.core.interference import ModelConfig
-from vmplacer.core.pairs import parse_pairs
-from vmplacer.core.policies.rebalance_state import RebalanceSettings
+from vmplacer.core.model.interference import ModelConfig
+from vmplacer.core.model.pairs import parse_pairs
+from vmplacer.core.rebalance.state import RebalanceSettings
 
 MATRIX = Path(__file__).resolve().parents[1] / "data" / "interference" / "amdfx8120_sibling_pairs.csv"
 TIMER_S = 300.0

@@ -18,11 +18,11 @@ from vmplacer.api.metrics import ApiMetrics, trial_outcome_gauges
 from vmplacer.app.actions.probe import OnVerdict
 from vmplacer.app.jobs import JobContext
 from vmplacer.app.rebalance import RebalancePorts, Rebalancer
-from vmplacer.core.placement import Placement
-from vmplacer.core.plan import Action, Plan
-from vmplacer.core.policies.rebalance_state import RebalanceSettings
-from vmplacer.core.topology import uniform_topology
-from vmplacer.core.trial import Measured, Verdict
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.plan import Action, Plan
+from vmplacer.core.rebalance.state import RebalanceSettings
+from vmplacer.core.topology.host import uniform_topology
+from vmplacer.core.rebalance.trial import Measured, Verdict
 from vmplacer.ports import JobRecord
 
 WEIGHTS = {"a": 1.0, "b": 1.0, "c": 1.0}
@@ -233,7 +233,7 @@ def test_a_host_whose_planned_layout_measured_worse_asks_the_models_other_form(s
     """With the second opinion on (the default), the second form is loaded only once a host is
     refuted (its last confirm trial undone); one that cannot be loaded is a note, and the plan is
     made without it."""
-    from vmplacer.core.interference import InterferenceModel, ModelConfig, other_form
+    from vmplacer.core.model.interference import InterferenceModel, ModelConfig, other_form
 
     asked: list[str] = []
 

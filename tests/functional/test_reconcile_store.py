@@ -19,7 +19,7 @@ from vmplacer.adapters.db.models import AuditRow, CpuClaimRow, PlacementRow, utc
 from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore
 from vmplacer.app.reconcile import Reconciler, ReconcileError
-from vmplacer.core.placement import Placement
+from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.ports import DomainInfo, HypervisorError
 
 URI = "qemu:///system"
@@ -47,7 +47,7 @@ class FakeHost:
         self.down = down
 
     def topology(self):  # type: ignore[no-untyped-def]
-        from vmplacer.core.topology import uniform_topology
+        from vmplacer.core.topology.host import uniform_topology
 
         return uniform_topology(nodes=2, cores_per_node=8, threads_per_core=2, memory_mib_per_node=65536,
                                 name=self.name)

@@ -12,7 +12,7 @@ from sqlalchemy import text
 from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.placements import SqlPlacementStore, placements_on_host
 from vmplacer.adapters.db.plans import SqlPlacementUpdates
-from vmplacer.core.placement import Placement
+from vmplacer.core.placement.guest_placement import Placement
 
 
 def _pinned(guest: str, cpus: set[int], host: str = "h1") -> Placement:

@@ -35,8 +35,8 @@ from vmplacer.adapters.db.plans import SqlPlanStore
 from vmplacer.adapters.db.profiles import SqlProfileStore
 from vmplacer.adapters.db.repositories import record_audit
 from vmplacer.adapters.db.retention import KINDS, Pruner, RetentionAges
-from vmplacer.core.placement import Placement
-from vmplacer.core.plan import PLAN_FINAL_STATES, PLAN_STATES, Action, Plan
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.plan import PLAN_FINAL_STATES, PLAN_STATES, Action, Plan
 from vmplacer.ports import ProfileSample
 
 ROOT = Path(__file__).resolve().parents[2]

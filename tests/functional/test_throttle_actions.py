@@ -12,9 +12,9 @@ from vmplacer.adapters.db.throttles import SqlThrottleLedger
 from vmplacer.lab.simulator import SimCluster
 from vmplacer.app.executor import Executor
 from vmplacer.app.rebalance import RebalancePorts, Rebalancer
-from vmplacer.core.bandwidth import CpuBandwidth, throttled_to
-from vmplacer.core.plan import Action, Plan, PlanError
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.placement.bandwidth import CpuBandwidth, throttled_to
+from vmplacer.core.rebalance.plan import Action, Plan, PlanError
+from vmplacer.core.topology.host import uniform_topology
 from vmplacer.ports import HypervisorError
 
 UNLIMITED = CpuBandwidth()

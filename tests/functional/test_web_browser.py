@@ -20,7 +20,7 @@ from tests.functional.web_support import (DEDICATED, HOSTILE, SHARED, Known, big
                                           store_profiles)
 from tests.support import require
 from vmplacer.config import EXAMPLE_CAPABILITIES, EXAMPLE_HOST_NAME
-from vmplacer.core.placement import Placement
+from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.web.security import CSP
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
@@ -299,7 +299,7 @@ def _guest_url(site: Site, guest: str) -> str:
 def test_the_guest_page_shows_the_right_pins(site, browser):
     from selenium.webdriver.common.by import By
 
-    from vmplacer.core.cpuset import format_cpuset
+    from vmplacer.core.topology.cpuset import format_cpuset
 
     browser.get_log("browser")
     _sign_in(browser, site, site.read)
@@ -337,7 +337,7 @@ def test_the_guest_page_shows_the_right_pins(site, browser):
 def test_the_model_page_draws_heat_map_cells_with_their_counts(site, browser):
     from selenium.webdriver.common.by import By
 
-    from vmplacer.core.topology import NEIGHBOUR_CLASSES
+    from vmplacer.core.topology.host import NEIGHBOUR_CLASSES
 
     browser.get_log("browser")
     _sign_in(browser, site, site.read)

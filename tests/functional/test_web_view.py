@@ -17,7 +17,7 @@ from vmplacer.adapters.db.api import SqlTokenStore
 from vmplacer.api.app import create_app
 from vmplacer.api.services import ApiOptions
 from vmplacer.config import EXAMPLE_HOST_NAME
-from vmplacer.core.topology import DistanceClass
+from vmplacer.core.topology.host import DistanceClass
 from vmplacer.web.security import CSP
 
 with warnings.catch_warnings():
@@ -317,7 +317,7 @@ def test_the_guest_page_shows_its_placement_history_neighbours_and_plans(web):
     tags = elements(page.text)
     vcpus = [a["data-vcpu"] for t, a in tags if t == "tr" and "data-vcpu" in a]
     assert vcpus == sorted(record["placement"]["vcpupin"], key=int)
-    from vmplacer.core.cpuset import format_cpuset
+    from vmplacer.core.topology.cpuset import format_cpuset
 
     assert page.text.count(f'<td class="mono">{format_cpuset(frozenset(known.floating))}</td>') == len(vcpus)
     runs = [a["data-run"] for t, a in tags if t == "tr" and "data-run" in a]
@@ -393,7 +393,7 @@ def test_guest_and_model_pages_need_a_sign_in(web):
 
 # ----- the model page ----------------------------------------------------------------------------
 def test_the_model_page_draws_one_heat_map_per_distance_class_with_counts(web):
-    from vmplacer.core.topology import NEIGHBOUR_CLASSES
+    from vmplacer.core.topology.host import NEIGHBOUR_CLASSES
 
     client, _, read, _ = web
     sign_in(client, read)

@@ -14,7 +14,7 @@ from tests.functional.test_api_helpers import make_container
 from tests.support import run_vmplacer
 from vmplacer.adapters.capabilities import read_capabilities_file
 from vmplacer.adapters.domain_xml_policy import DomainXmlPolicyError
-from vmplacer.core.guest import GuestSpec
+from vmplacer.core.placement.guest import GuestSpec
 
 ROOT = Path(__file__).resolve().parents[2]
 XEON_E3 = ROOT / "examples" / "hosts" / "xeon-e3-4c8t.xml"

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.unit import sysfs_fixtures
-from vmplacer.core.placement import Placement
+from vmplacer.core.placement.guest_placement import Placement
 
 HOSTILE = "<img src=x onerror=alert(1)>"
 DEDICATED, SHARED = "db-1", "web-1"
@@ -81,10 +81,10 @@ def record_guests(container: Any, host: str) -> Known:
 def store_plan(container: Any, host: str) -> int:
     """A proposed plan that repins the shared guest and probes it (a trial kept), its reason
     hostile markup; returns its id."""
-    from vmplacer.core.plan import Action, Plan
+    from vmplacer.core.rebalance.plan import Action, Plan
 
     record = container.placement_store.get(SHARED)
-    from vmplacer.core.placement import placement_from_dict
+    from vmplacer.core.placement.guest_placement import placement_from_dict
 
     before = placement_from_dict(record["placement"])
     after = Placement(**{**before.__dict__, "vcpupin": {v: frozenset({min(c)}) for v, c in before.vcpupin.items()}})
@@ -101,9 +101,9 @@ def store_profiles(container: Any, host: str, runs: int = 2) -> list[int]:
     shared guest next to the dedicated one, each neighbour at its real distance on the host;
     then `vmplacer model learn`'s learning over them. Returns the run ids."""
     from vmplacer.app.learn import learn_both_forms
-    from vmplacer.core.model_view import nearest_distance, tenant_of
-    from vmplacer.core.placement import placement_from_dict
-    from vmplacer.core.profile_stats import Distribution, degradation
+    from vmplacer.core.model.view import nearest_distance, tenant_of
+    from vmplacer.core.placement.guest_placement import placement_from_dict
+    from vmplacer.core.model.profile_stats import Distribution, degradation
     from vmplacer.ports import Neighbour, ProfileSample
 
     topology = container.hypervisor(host).topology()

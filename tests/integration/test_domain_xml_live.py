@@ -10,8 +10,8 @@ from __future__ import annotations
 import pytest
 
 from vmplacer.adapters.domain_xml import parse_placement, render_domain
-from vmplacer.core.allocate import allocate
-from vmplacer.core.guest import GuestSpec
+from vmplacer.core.placement.allocate import allocate
+from vmplacer.core.placement.guest import GuestSpec
 
 pytestmark = pytest.mark.integration
 

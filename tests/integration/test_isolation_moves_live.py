@@ -23,11 +23,11 @@ from vmplacer.adapters.libvirt_host import LibvirtHost
 from vmplacer.app.executor import Executor
 from vmplacer.app.placement_service import PlacementService
 from vmplacer.config import HostSettings
-from vmplacer.core.cpuset import parse_cpuset
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.isolation import isolation_violations
-from vmplacer.core.placement import placement_from_dict
-from vmplacer.core.plan import Action, Plan
+from vmplacer.core.topology.cpuset import parse_cpuset
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.isolation import isolation_violations
+from vmplacer.core.placement.guest_placement import placement_from_dict
+from vmplacer.core.rebalance.plan import Action, Plan
 from vmplacer.ports import SystemClock
 
 pytestmark = pytest.mark.integration

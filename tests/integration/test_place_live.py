@@ -13,7 +13,7 @@ import libvirt
 import pytest
 
 from tests.support import VMPLACER, clean_env, run_vmplacer
-from vmplacer.core.cpuset import parse_cpuset
+from vmplacer.core.topology.cpuset import parse_cpuset
 
 pytestmark = pytest.mark.integration
 

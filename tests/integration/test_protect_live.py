@@ -191,7 +191,7 @@ def test_an_idle_protected_guest_gets_its_antagonist_released_within_30_s(testbe
     set for it earlier (as a loop before a restart left it) is released within 30 s, judged from the
     guest's own CPU time — no freezing needed, and no ζ/ζb (an idle guest gives none)."""
     from vmplacer.adapters.db.throttles import SqlThrottleLedger
-    from vmplacer.core.bandwidth import throttled_to
+    from vmplacer.core.placement.bandwidth import throttled_to
 
     victim = make_guest("prot-idle", workload="idle", pin=1, emulator_pin=0)
     batch = make_guest("prot-idle-batch", workload="spin", pin=1, emulator_pin=0)

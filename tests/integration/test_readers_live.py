@@ -7,7 +7,7 @@ import pytest
 from tests.support import require
 from vmplacer.adapters.capabilities import read_capabilities_live
 from vmplacer.adapters.sysfs import read_sysfs
-from vmplacer.core.topology import HostTopology
+from vmplacer.core.topology.host import HostTopology
 
 pytestmark = pytest.mark.integration
 

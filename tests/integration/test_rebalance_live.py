@@ -124,7 +124,7 @@ def remember(config: Path, names: list[str]) -> None:
     from vmplacer.adapters.db.placements import SqlPlacementStore
     from vmplacer.bootstrap import Container
     from vmplacer.config import load_settings
-    from vmplacer.core.placement import Placement
+    from vmplacer.core.placement.guest_placement import Placement
 
     container = Container(load_settings(config))
     try:

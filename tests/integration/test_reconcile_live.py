@@ -133,7 +133,7 @@ def _iothread_pins(uri: str, name: str) -> dict[int, frozenset[int]]:
     """IOThread -> pCPUs as `virsh iothreadinfo` prints them (an independent client)."""
     import subprocess
 
-    from vmplacer.core.cpuset import parse_cpuset
+    from vmplacer.core.topology.cpuset import parse_cpuset
 
     out = subprocess.run(["virsh", "-c", uri, "iothreadinfo", name], capture_output=True, text=True,
                          check=True).stdout

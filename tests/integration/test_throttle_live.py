@@ -14,7 +14,7 @@ import pytest
 
 from vmplacer.adapters.libvirt_host import LibvirtHost
 from vmplacer.config import HostSettings
-from vmplacer.core.bandwidth import CpuBandwidth, throttled_to
+from vmplacer.core.placement.bandwidth import CpuBandwidth, throttled_to
 from vmplacer.testbed.guests import rate, wait_for_progress
 
 pytestmark = pytest.mark.integration

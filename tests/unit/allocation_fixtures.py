@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import replace
 
-from vmplacer.core.allocate import AllocationOptions, owners_disjoint, refresh_shared_pins
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.occupancy import SMALL_PAGE_KIB, HostUsage, exclusive_of, split_vcpus
-from vmplacer.core.placement import Placement
-from vmplacer.core.topology import Cpu, HostTopology, HugepagePool, Node, uniform_topology
+from vmplacer.core.placement.allocate import AllocationOptions, owners_disjoint, refresh_shared_pins
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.occupancy import SMALL_PAGE_KIB, HostUsage, exclusive_of, split_vcpus
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.topology.host import Cpu, HostTopology, HugepagePool, Node, uniform_topology
 
 GIB_KIB = 1024 * 1024
 

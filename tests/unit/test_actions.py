@@ -9,10 +9,10 @@ import pytest
 
 from vmplacer.lab.simulator import SimCluster
 from vmplacer.app.actions import Check, action_kinds
-from vmplacer.core.bandwidth import CpuBandwidth, throttled_to
-from vmplacer.core.placement import Placement
-from vmplacer.core.plan import ACTION_KINDS, Action
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.placement.bandwidth import CpuBandwidth, throttled_to
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.plan import ACTION_KINDS, Action
+from vmplacer.core.topology.host import uniform_topology
 
 
 @pytest.fixture

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from tests.admission_model import learned
 from vmplacer.app.admission import ModelAdmission, profiles_of
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.interference import InterferenceModel
-from vmplacer.core.interference_scorer import AdmissionSettings, GuestProfile, interference_part
-from vmplacer.core.scoring import default_scorer
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.model.interference import InterferenceModel
+from vmplacer.core.placement.interference_scorer import AdmissionSettings, GuestProfile, interference_part
+from vmplacer.core.placement.scoring import default_scorer
 from vmplacer.ports import DomainInfo
 
 SPEC = GuestSpec.from_mapping({"name": "new", "vcpus": 1, "memory_mib": 64, "cpu_policy": "dedicated"})

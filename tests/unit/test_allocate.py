@@ -14,11 +14,11 @@ from tests.unit.allocation_fixtures import (
     single_socket_smt,
     sixteen_nodes,
 )
-from vmplacer.core.allocate import AllocationOptions, NoFit, allocate, place_on_nodes, refresh_shared_pins
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.occupancy import exclusive_of, split_vcpus
-from vmplacer.core.placement import Placement
-from vmplacer.core.topology import HostTopology
+from vmplacer.core.placement.allocate import AllocationOptions, NoFit, allocate, place_on_nodes, refresh_shared_pins
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.occupancy import exclusive_of, split_vcpus
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.topology.host import HostTopology
 
 
 def guest(name="g", vcpus=2, memory_mib=1024, **fields) -> GuestSpec:

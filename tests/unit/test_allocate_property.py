@@ -12,10 +12,10 @@ import random
 import pytest
 
 from tests.unit.allocation_fixtures import TOPOLOGIES, check_invariants
-from vmplacer.core.allocate import NoFit, allocate
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.placement import Placement
-from vmplacer.core.policies.admit import AllocationOptions, minimum_cells
+from vmplacer.core.placement.allocate import NoFit, allocate
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.placement.admit import AllocationOptions, minimum_cells
 
 SEEDS = (1, 2, 3)
 GUESTS_PER_RUN = 150

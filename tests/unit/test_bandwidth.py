@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from vmplacer.core.bandwidth import BandwidthError, CpuBandwidth, throttled_to
+from vmplacer.core.placement.bandwidth import BandwidthError, CpuBandwidth, throttled_to
 
 
 def test_unlimited_is_share_one_and_not_limited():

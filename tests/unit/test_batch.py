@@ -6,10 +6,10 @@ from __future__ import annotations
 import itertools
 
 from vmplacer.app.fleet_planner import FleetHost, FleetPlanner
-from vmplacer.core.batch import Fitted, Refused, hardest_first, place_batch
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.placement import Placement
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.placement.batch import Fitted, Refused, hardest_first, place_batch
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.topology.host import uniform_topology
 
 
 def _spec(name: str, vcpus: int, **extra) -> GuestSpec:  # type: ignore[no-untyped-def]

@@ -82,8 +82,8 @@ def test_the_summary_counts_only_the_steps_a_perfect_model_would_take_as_the_mod
 
 def test_trial_counts_are_summed_over_the_cases_and_close_calls_counted(bench):
     from vmplacer.lab.rebalance_eval import _trial_summary
-    from vmplacer.core.plan import Action, Plan
-    from vmplacer.core.trial import CLOSE_CALL_NOTE
+    from vmplacer.core.rebalance.plan import Action, Plan
+    from vmplacer.core.rebalance.trial import CLOSE_CALL_NOTE
 
     def probe(index: int, kind: str, state: str, message: str) -> Action:
         return Action(index, "probe", "h", parameters={"trial": {"kind": kind}}, state=state, message=message)

@@ -16,7 +16,7 @@ from vmplacer.adapters.capabilities import (
     read_capabilities_file,
     read_capabilities_live,
 )
-from vmplacer.core.topology import DistanceClass
+from vmplacer.core.topology.host import DistanceClass
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "hosts"

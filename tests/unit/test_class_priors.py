@@ -6,9 +6,9 @@ import numpy as np
 import pytest
 
 from tests.admission_model import LOSS, SCALE, guests, learned
-from vmplacer.core.class_priors import Identity, ShrinkageSettings, ShrunkBetas
-from vmplacer.core.interference import InterferenceModel
-from vmplacer.core.topology import DistanceClass
+from vmplacer.core.model.class_priors import Identity, ShrinkageSettings, ShrunkBetas
+from vmplacer.core.model.interference import InterferenceModel
+from vmplacer.core.topology.host import DistanceClass
 
 LLC = DistanceClass.SAME_LLC.rank
 

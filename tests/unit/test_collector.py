@@ -54,11 +54,11 @@ def test_overlapping_holds_in_threads_end_with_the_collector_as_it_was() -> None
 
 
 def test_a_plan_leaves_the_collector_as_it_was() -> None:
-    from vmplacer.core.policies.rebalance import plan_rebalance
-    from vmplacer.core.interference import InterferenceModel
-    from vmplacer.core.placement import Placement
-    from vmplacer.core.policies.rebalance_state import ClusterState, HostState, describe_guest
-    from vmplacer.core.topology import uniform_topology
+    from vmplacer.core.rebalance.policy import plan_rebalance
+    from vmplacer.core.model.interference import InterferenceModel
+    from vmplacer.core.placement.guest_placement import Placement
+    from vmplacer.core.rebalance.state import ClusterState, HostState, describe_guest
+    from vmplacer.core.topology.host import uniform_topology
 
     host = HostState("h", uniform_topology(nodes=1, cores_per_node=2, threads_per_core=1, name="h"))
     guests = {f"g{i}": describe_guest(Placement(guest=f"g{i}", host="h", vcpupin={0: frozenset({0})},

@@ -10,7 +10,7 @@ import pytest
 
 from vmplacer.config import ConfigError, settings_from_mapping
 from vmplacer.config_rebalance import REBALANCE_KEYS
-from vmplacer.core.policies.rebalance_state import RebalanceSettings
+from vmplacer.core.rebalance.state import RebalanceSettings
 
 
 def test_every_setting_has_exactly_one_key():

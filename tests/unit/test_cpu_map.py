@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from vmplacer.core.cpu_map import cpu_layout, cpu_uses, node_free
-from vmplacer.core.placement import Placement
-from vmplacer.core.policies.admit import AllocationOptions
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.topology.cpu_map import cpu_layout, cpu_uses, node_free
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.placement.admit import AllocationOptions
+from vmplacer.core.topology.host import uniform_topology
 
 TOPOLOGY = uniform_topology(nodes=2, cores_per_node=4, threads_per_core=2).with_reserved({0, 8})
 DB = Placement(guest="db", host="h", vcpupin={0: frozenset({1}), 1: frozenset({9})}, emulatorpin=frozenset({2}),

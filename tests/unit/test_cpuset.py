@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from vmplacer.core.cpuset import CpusetError, format_cpuset, parse_cpumask, parse_cpuset
+from vmplacer.core.topology.cpuset import CpusetError, format_cpuset, parse_cpumask, parse_cpuset
 
 
 @pytest.mark.parametrize(

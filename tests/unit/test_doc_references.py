@@ -8,7 +8,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 TOP = ("docs", "examples", "systemd", "scripts", "benchmarks", "templates", "migrations", "vmplacer", "tests")
-# A word ending in a file extension: `docs/rebalance.md`, `research/method.md`, `vmplacer/core/scoring.py`.
+# A word ending in a file extension: `docs/rebalance.md`, `research/method.md`, `vmplacer/core/placement/scoring.py`.
 REFERENCE = re.compile(r"(?<![\w/.*<{-])((?:[\w.-]+/)*[\w-]+(?:\.\w+)+)")
 EXTENSIONS = {"md", "py", "sh", "yaml", "xml", "service", "timer", "json", "j2", "ini", "cfg", "txt"}
 PLACEHOLDER = re.compile(r"NAME|FILE|[A-Z]{3,}\.|example\.com|/path/to|site-packages")

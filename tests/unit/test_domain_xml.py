@@ -24,9 +24,9 @@ from vmplacer.adapters.domain_xml import (
     render_domain,
 )
 from vmplacer.adapters.domain_xml_fields import FIELDS, NAMESPACE
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.placement import GuestCell, Placement
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.guest_placement import GuestCell, Placement
+from vmplacer.core.topology.host import uniform_topology
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "xml"
 GIB = 1024 * 1024
@@ -338,7 +338,7 @@ def test_what_a_guest_owns_is_rewritten_in_its_metadata_document_or_element_alon
         metadata_with_exclusive_cpus,
         parse_placement,
     )
-    from vmplacer.core.allocate import allocate
+    from vmplacer.core.placement.allocate import allocate
 
     topology = uniform_topology(nodes=1, cores_per_node=4, name="h")
     spec = GuestSpec.from_mapping({"name": "own", "vcpus": 2, "memory_mib": 64, "cpu_policy": "dedicated"})

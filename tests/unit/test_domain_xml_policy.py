@@ -17,8 +17,8 @@ from vmplacer.adapters.domain_xml_policy import (
     emulators_in,
     pool_path,
 )
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.placement import GuestCell, Placement
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.guest_placement import GuestCell, Placement
 
 EMULATOR = "/usr/bin/qemu-system-x86_64"
 POOL = "/var/lib/libvirt/images"

@@ -1,4 +1,4 @@
-"""The fleet index (core/fleet_index.py) never drops a host that can take a guest, and the batch
+"""The fleet index (core/placement/fleet_index.py) never drops a host that can take a guest, and the batch
 planner that uses it finds a host for a guest whenever allocating on every host would."""
 
 from __future__ import annotations
@@ -11,13 +11,13 @@ from hypothesis import strategies as st
 
 from tests.unit.allocation_fixtures import TOPOLOGIES
 from vmplacer.app.fleet_planner import FleetHost, FleetPlanner, host_classes
-from vmplacer.core.allocate import NoFit, allocate
-from vmplacer.core.fleet_index import Demand, may_fit, rank, room_of, shortlist
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.occupancy import Occupancy
-from vmplacer.core.policies.admit import AllocationOptions, node_views, page_options
-from vmplacer.core.scoring import node_utilisation
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.placement.allocate import NoFit, allocate
+from vmplacer.core.placement.fleet_index import Demand, may_fit, rank, room_of, shortlist
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.occupancy import Occupancy
+from vmplacer.core.placement.admit import AllocationOptions, node_views, page_options
+from vmplacer.core.placement.scoring import node_utilisation
+from vmplacer.core.topology.host import uniform_topology
 
 GUESTS = st.fixed_dictionaries({
     "vcpus": st.integers(1, 12),

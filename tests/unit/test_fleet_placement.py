@@ -7,10 +7,10 @@ import pytest
 
 from vmplacer.app.fleet_placement import FleetPlacement, NothingFits
 from vmplacer.app.placement_service import PlacementService
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.nofit import NoFit
-from vmplacer.core.placement import Placement
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.nofit import NoFit
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.topology.host import uniform_topology
 from vmplacer.ports import DomainGone, DomainInfo, HypervisorError
 
 

@@ -8,10 +8,10 @@ from dataclasses import replace
 
 from vmplacer.app.fleet_placement import FleetPlacement, NothingFits
 from vmplacer.app.placement_service import PlacementService
-from vmplacer.core.allocate import allocate
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.placement import Placement
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.placement.allocate import allocate
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.topology.host import uniform_topology
 from vmplacer.ports import DomainInfo
 
 SMALL = uniform_topology(nodes=1, cores_per_node=4, threads_per_core=2, memory_mib_per_node=8192)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vmplacer.core.guest import GuestSpec, GuestSpecError, parse_page_size
+from vmplacer.core.placement.guest import GuestSpec, GuestSpecError, parse_page_size
 
 
 def spec(**fields) -> GuestSpec:

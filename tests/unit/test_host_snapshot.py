@@ -15,10 +15,10 @@ from vmplacer.app.fleet_placement import FleetPlacement, observe_host
 from vmplacer.app.host_snapshot import HostSnapshot, take_snapshot
 from vmplacer.app.placement_service import PlacementService
 from vmplacer.app.rebalance import RebalancePorts, Rebalancer
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.placement import Placement
-from vmplacer.core.policies.admit import AllocationOptions
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.placement.admit import AllocationOptions
+from vmplacer.core.topology.host import uniform_topology
 from vmplacer.ports import DomainGone, DomainInfo
 
 

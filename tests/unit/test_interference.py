@@ -8,7 +8,7 @@ import random
 import numpy as np
 import pytest
 
-from vmplacer.core.interference import (
+from vmplacer.core.model.interference import (
     Exposure,
     InterferenceModel,
     ModelConfig,
@@ -16,8 +16,8 @@ from vmplacer.core.interference import (
     Tenant,
     interference_terms,
 )
-from vmplacer.core.placement import Placement
-from vmplacer.core.topology import DistanceClass, uniform_topology
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.topology.host import DistanceClass, uniform_topology
 
 LLC = DistanceClass.SAME_LLC
 REMOTE = DistanceClass.REMOTE_NODE

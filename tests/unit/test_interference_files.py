@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from vmplacer.core.counter_profiles import ProfileFileError, parse_profiles
-from vmplacer.core.pairs import PairFileError, parse_pairs
-from vmplacer.core.topology import DistanceClass
+from vmplacer.core.model.counter_profiles import ProfileFileError, parse_profiles
+from vmplacer.core.model.pairs import PairFileError, parse_pairs
+from vmplacer.core.topology.host import DistanceClass
 
 DATA = Path(__file__).resolve().parents[1] / "data"
 MATRICES = sorted((DATA / "interference").glob("*_pairs.csv"))

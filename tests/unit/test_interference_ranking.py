@@ -7,10 +7,10 @@ import math
 import numpy as np
 import pytest
 
-from vmplacer.core.counter_profiles import Profiles
-from vmplacer.core.pairs import PairTable
-from vmplacer.core.ranking import rank_workloads
-from vmplacer.core.stats import pearson, ranks, ridge_toward, rrmse, spearman
+from vmplacer.core.model.counter_profiles import Profiles
+from vmplacer.core.model.pairs import PairTable
+from vmplacer.core.model.ranking import rank_workloads
+from vmplacer.core.model.stats import pearson, ranks, ridge_toward, rrmse, spearman
 
 
 def test_rrmse_is_seed_eq_3_6():

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from tests.admission_model import learned
-from vmplacer.core.allocate import NoFit, allocate
-from vmplacer.core.class_priors import ShrinkageSettings, ShrunkBetas
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.interference import InterferenceModel, Tenant
-from vmplacer.core.interference_scorer import (
+from vmplacer.core.placement.allocate import NoFit, allocate
+from vmplacer.core.model.class_priors import ShrinkageSettings, ShrunkBetas
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.model.interference import InterferenceModel, Tenant
+from vmplacer.core.placement.interference_scorer import (
     AdmissionSettings,
     GuestProfile,
     InterferenceScorer,
@@ -23,9 +23,9 @@ from vmplacer.core.interference_scorer import (
     profile_from_labels,
     profile_of_spec,
 )
-from vmplacer.core.placement import Placement
-from vmplacer.core.scoring import default_scorer
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.placement.scoring import default_scorer
+from vmplacer.core.topology.host import uniform_topology
 
 HOST = uniform_topology(nodes=1, cores_per_node=4, threads_per_core=2, name="h")  # siblings n and n+4
 
@@ -193,7 +193,7 @@ def test_settings_refuse_bad_values(field, value):
 def test_extra_candidates_keep_every_placement_rule():
     """With data the engine builds candidates from other starting cores; each placed guest still
     owns whole cores under isolate, sibling pairs under require, and nobody's pCPUs overlap."""
-    from vmplacer.core.allocate import owners_disjoint, refresh_shared_pins
+    from vmplacer.core.placement.allocate import owners_disjoint, refresh_shared_pins
 
     topology = uniform_topology(nodes=2, cores_per_node=4, threads_per_core=2, name="h2")
     betas = ShrunkBetas(learned())

@@ -1,4 +1,4 @@
-"""The isolation invariant (core/isolation.py): exclusive pCPUs stay exclusive, and the
+"""The isolation invariant (core/placement/isolation.py): exclusive pCPUs stay exclusive, and the
 narrowing that placing does (refresh_shared_pins) always restores it."""
 
 from __future__ import annotations
@@ -9,12 +9,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.allocation_fixtures import TOPOLOGIES
-from vmplacer.core.allocate import NoFit, allocate, refresh_shared_pins
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.isolation import isolation_violations
-from vmplacer.core.placement import Placement
+from vmplacer.core.placement.allocate import NoFit, allocate, refresh_shared_pins
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.isolation import isolation_violations
+from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.reconcile import isolation_findings
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.topology.host import uniform_topology
 
 
 def guest(name: str, vcpus: int, **fields: object) -> GuestSpec:

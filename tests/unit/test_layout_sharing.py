@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
-from vmplacer.core import layout_sharing as sharing
-from vmplacer.core.interference import Exposure, InterferenceModel, Observation
-from vmplacer.core.layout_problem import OPTIMAL, brute_force
-from vmplacer.core.layout_sharing import fused, interchangeable, sharing_groups, solve_time_shared, without_sharing
-from vmplacer.core.placement import Placement
-from vmplacer.core.policies.rebalance import (
+from vmplacer.core.rebalance import layout_sharing as sharing
+from vmplacer.core.model.interference import Exposure, InterferenceModel, Observation
+from vmplacer.core.rebalance.layout_problem import OPTIMAL, brute_force
+from vmplacer.core.rebalance.layout_sharing import fused, interchangeable, sharing_groups, solve_time_shared, without_sharing
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.policy import (
     ClusterState,
     HostState,
     RebalanceSettings,
@@ -24,8 +24,8 @@ from vmplacer.core.policies.rebalance import (
     describe_guest,
     plan_rebalance,
 )
-from vmplacer.core.policies.rebalance_exact import SHARE_GROUP, build_problem
-from vmplacer.core.topology import DistanceClass, uniform_topology
+from vmplacer.core.rebalance.exact import SHARE_GROUP, build_problem
+from vmplacer.core.topology.host import DistanceClass, uniform_topology
 
 SOLVER = CpSatLayoutSolver()
 

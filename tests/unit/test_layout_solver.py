@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.interference import Exposure, InterferenceModel, Observation
-from vmplacer.core.layout_problem import OPTIMAL, brute_force
-from vmplacer.core.placement import Placement
-from vmplacer.core.policies.rebalance import (
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.model.interference import Exposure, InterferenceModel, Observation
+from vmplacer.core.rebalance.layout_problem import OPTIMAL, brute_force
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.policy import (
     ClusterState,
     HostState,
     RebalanceSettings,
@@ -21,8 +21,8 @@ from vmplacer.core.policies.rebalance import (
     describe_guest,
     plan_rebalance,
 )
-from vmplacer.core.policies.rebalance_exact import NotExact, build_problem
-from vmplacer.core.topology import DistanceClass, uniform_topology
+from vmplacer.core.rebalance.exact import NotExact, build_problem
+from vmplacer.core.topology.host import DistanceClass, uniform_topology
 
 SOLVER = CpSatLayoutSolver()
 KEYS = ("a", "b", "c")

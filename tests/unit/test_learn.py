@@ -7,7 +7,7 @@ from collections import Counter
 import pytest
 
 from vmplacer.app.learn import observations_from_samples
-from vmplacer.core.topology import DistanceClass
+from vmplacer.core.topology.host import DistanceClass
 
 
 def sample(guest, kind, value, at, neighbours=(), metric="cpu"):

@@ -12,13 +12,13 @@ import pytest
 
 from vmplacer.app.learn import DEFAULT_MODEL, learn_from_runs, observations_from_samples
 from vmplacer.app.learn_identities import GuestIdentities
-from vmplacer.core.guest import MAX_LABEL_VALUE, GuestSpec
-from vmplacer.core.interference import InterferenceModel, Tenant
-from vmplacer.core.interference_scorer import profile_from_labels, profile_of_spec
-from vmplacer.core.model_identity import ModelIdentity, model_identity
-from vmplacer.core.placement import Placement
-from vmplacer.core.policies.rebalance_state import RebalanceInputError, describe_guest
-from vmplacer.core.topology import DistanceClass, uniform_topology
+from vmplacer.core.placement.guest import MAX_LABEL_VALUE, GuestSpec
+from vmplacer.core.model.interference import InterferenceModel, Tenant
+from vmplacer.core.placement.interference_scorer import profile_from_labels, profile_of_spec
+from vmplacer.core.model.identity import ModelIdentity, model_identity
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.state import RebalanceInputError, describe_guest
+from vmplacer.core.topology.host import DistanceClass, uniform_topology
 
 LLC = DistanceClass.SAME_LLC
 WEB = {"workload": "web", "workload_class": "batch"}
@@ -93,7 +93,7 @@ def test_replicas_sharing_a_workload_label_teach_the_key_the_planner_looks_up():
         beta = model.beta(noisy.key, web.key, LLC, background_class=noisy.workload_class,
                           foreground_class=web.workload_class)
         assert beta != prior and beta == pytest.approx(LOSS, abs=0.02)
-    # what the planner predicts for the GuestStates (rebalance_layout builds these tenants)
+    # what the planner predicts for the GuestStates (rebalance/layout builds these tenants)
     topology = uniform_topology(nodes=1, cores_per_node=4)
     tenants = [Tenant(g.name, g.placement.vcpupin, key=g.key, workload_class=g.workload_class)
                for g in (web_1, noisy)]

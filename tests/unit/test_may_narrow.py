@@ -9,10 +9,10 @@ from dataclasses import replace
 import pytest
 
 from tests.unit.allocation_fixtures import TOPOLOGIES
-from vmplacer.core.allocate import NoFit, allocate, may_narrow, refresh_shared_pins
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.isolation import isolation_violations
-from vmplacer.core.placement import Placement
+from vmplacer.core.placement.allocate import NoFit, allocate, may_narrow, refresh_shared_pins
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.isolation import isolation_violations
+from vmplacer.core.placement.guest_placement import Placement
 
 
 def guest(name: str, vcpus: int, **fields: object) -> GuestSpec:

@@ -13,12 +13,12 @@ import pytest
 
 from vmplacer.adapters.capabilities import parse_capabilities
 from vmplacer.adapters.domain_xml import parse_placement, render_domain
-from vmplacer.core.allocate import NoFit, allocate, place_on_nodes
-from vmplacer.core.assemble import CacheFacts, CpuFacts, assemble_topology
-from vmplacer.core.guest import MAX_HOST_NODE, GuestSpec, GuestSpecError
-from vmplacer.core.occupancy import HostUsage, memory_by_node
-from vmplacer.core.placement import Placement, placement_from_dict
-from vmplacer.core.topology import HostTopology, HugepagePool, Node
+from vmplacer.core.placement.allocate import NoFit, allocate, place_on_nodes
+from vmplacer.core.topology.assemble import CacheFacts, CpuFacts, assemble_topology
+from vmplacer.core.placement.guest import MAX_HOST_NODE, GuestSpec, GuestSpecError
+from vmplacer.core.placement.occupancy import HostUsage, memory_by_node
+from vmplacer.core.placement.guest_placement import Placement, placement_from_dict
+from vmplacer.core.topology.host import HostTopology, HugepagePool, Node
 
 CAPS = Path(__file__).resolve().parents[1] / "data" / "capabilities" / "arm-gpu-memory.xml"
 GIB_KIB = 1024 * 1024

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
-from vmplacer.core.interference import (
+from vmplacer.core.model.interference import (
     ADDITIVE,
     MULTIPLICATIVE,
     RATIO_FLOOR,
@@ -26,11 +26,11 @@ from vmplacer.core.interference import (
     observed_target,
     remaining,
 )
-from vmplacer.core.layout_problem import brute_force
-from vmplacer.core.placement import Placement
-from vmplacer.core.policies.rebalance import ClusterState, HostState, RebalanceSettings, RebalanceSearch, describe_guest
-from vmplacer.core.policies.rebalance_exact import build_problem, kept_speed, solve_hosts
-from vmplacer.core.topology import DistanceClass, uniform_topology
+from vmplacer.core.rebalance.layout_problem import brute_force
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.policy import ClusterState, HostState, RebalanceSettings, RebalanceSearch, describe_guest
+from vmplacer.core.rebalance.exact import build_problem, kept_speed, solve_hosts
+from vmplacer.core.topology.host import DistanceClass, uniform_topology
 
 LLC = DistanceClass.SAME_LLC
 CORE = DistanceClass.SAME_CORE

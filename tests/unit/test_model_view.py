@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from vmplacer.core.interference import Exposure, InterferenceModel, Observation, Tenant
-from vmplacer.core.model_view import coefficient_tables, heat_level, nearest_distance, neighbour_losses
-from vmplacer.core.topology import NEIGHBOUR_CLASSES, DistanceClass, uniform_topology
+from vmplacer.core.model.interference import Exposure, InterferenceModel, Observation, Tenant
+from vmplacer.core.model.view import coefficient_tables, heat_level, nearest_distance, neighbour_losses
+from vmplacer.core.topology.host import NEIGHBOUR_CLASSES, DistanceClass, uniform_topology
 
 LLC = DistanceClass.SAME_LLC
 

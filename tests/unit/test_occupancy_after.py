@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from vmplacer.core.occupancy import HostUsage, Occupancy, occupancy_after
-from vmplacer.core.placement import Placement
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.placement.occupancy import HostUsage, Occupancy, occupancy_after
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.topology.host import uniform_topology
 
 
 def _usage_fields(usage: HostUsage) -> dict:

@@ -10,13 +10,13 @@ import pytest
 from tests.unit import sysfs_fixtures
 from vmplacer.adapters.capabilities import parse_capabilities
 from vmplacer.adapters.sysfs import read_sysfs
-from vmplacer.core.allocate import NoFit, allocate
-from vmplacer.core.assemble import CacheFacts, CpuFacts, assemble_topology
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.occupancy import memory_by_node
-from vmplacer.core.placement import GuestCell, Placement
-from vmplacer.core.scoring import LocalityScorer
-from vmplacer.core.topology import HostTopology, Node
+from vmplacer.core.placement.allocate import NoFit, allocate
+from vmplacer.core.topology.assemble import CacheFacts, CpuFacts, assemble_topology
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.occupancy import memory_by_node
+from vmplacer.core.placement.guest_placement import GuestCell, Placement
+from vmplacer.core.placement.scoring import LocalityScorer
+from vmplacer.core.topology.host import HostTopology, Node
 
 CAPS_DIR = Path(__file__).resolve().parents[1] / "data" / "capabilities"
 GIB_KIB = 1024 * 1024

@@ -7,9 +7,9 @@ from dataclasses import replace
 
 import pytest
 
-from vmplacer.core.migration_cost import migration_cost
-from vmplacer.core.placement import Placement
-from vmplacer.core.plan import (
+from vmplacer.core.rebalance.migration_cost import migration_cost
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.plan import (
     PLAN_CANCELLABLE_STATES,
     PLAN_FINAL_STATES,
     PLAN_STATES,

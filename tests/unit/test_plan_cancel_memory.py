@@ -6,8 +6,8 @@ from __future__ import annotations
 from vmplacer.lab.simulator import SimCluster
 from vmplacer.app.rebalance import RebalancePorts, Rebalancer, cancel_plan
 from vmplacer.lab.rebalance_eval import MemoryLeaseStore, MemoryPlanStore
-from vmplacer.core.policies.rebalance_state import RebalanceSettings
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.rebalance.state import RebalanceSettings
+from vmplacer.core.topology.host import uniform_topology
 from vmplacer.ports import PlanStore
 
 

@@ -23,8 +23,8 @@ from vmplacer.app.profiler import (
     SensitiveSelector,
     neighbour_distance,
 )
-from vmplacer.core.profile_stats import overhead_formula
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.model.profile_stats import overhead_formula
+from vmplacer.core.topology.host import uniform_topology
 from vmplacer.ports import DomainFacts, DomainGone, DomainStatus, HypervisorError, Sample
 
 

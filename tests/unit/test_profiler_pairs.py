@@ -13,8 +13,8 @@ import pytest
 from tests.unit.test_profiler import FakeDomain, FakeHost, VirtualClock, make_profiler
 from vmplacer.app.learn import observations_from_samples
 from vmplacer.app.profiler import ProfilerConfig, SensitiveSelector
-from vmplacer.core.profile_stats import overhead_formula
-from vmplacer.core.topology import DistanceClass, uniform_topology
+from vmplacer.core.model.profile_stats import overhead_formula
+from vmplacer.core.topology.host import DistanceClass, uniform_topology
 
 TOPOLOGY = uniform_topology(nodes=1, cores_per_node=4, threads_per_core=2)  # siblings n, n+4
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from vmplacer.core.profile_stats import (
+from vmplacer.core.model.profile_stats import (
     Distribution,
     degradation,
     measured_share,
@@ -87,7 +87,7 @@ def _row(kind, value, at, neighbours=()):
 
 
 def test_neighbour_losses_take_the_partner_that_ran_alone_and_the_costliest_first():
-    from vmplacer.core.profile_stats import neighbour_losses
+    from vmplacer.core.model.profile_stats import neighbour_losses
 
     frozen = [("b", "same-core", True), ("c", "same-llc", True), ("dns", "same-node", False)]
     rows = [_row("zeta_b", 1.0, 10.0, frozen), _row("zeta_b", 2.0, 100.0, frozen)]

@@ -6,8 +6,8 @@ import random
 
 import pytest
 
-from vmplacer.core.protect import IdleSettings, cpu_busy, idle_now
-from vmplacer.core.protect_cadence import CadenceSettings, FreezeBudget, RatioSmoother, next_pace
+from vmplacer.core.protect.decisions import IdleSettings, cpu_busy, idle_now
+from vmplacer.core.protect.cadence import CadenceSettings, FreezeBudget, RatioSmoother, next_pace
 
 
 def test_the_budget_never_lets_a_sliding_window_exceed_its_share():
@@ -87,7 +87,7 @@ def test_idleness_has_hysteresis_and_needs_a_long_enough_span():
 
 
 def test_a_loop_that_is_not_acting_spreads_its_measurements_over_part_of_the_budget():
-    from vmplacer.core.protect_cadence import steady_spacing_s
+    from vmplacer.core.protect.cadence import steady_spacing_s
 
     settings = CadenceSettings(budget=0.02, steady_share=0.5)
     # 0.18 s of freezing per measurement at 1 % of wall time: one every 18 s

@@ -5,12 +5,12 @@ from __future__ import annotations
 
 import pytest
 
-from vmplacer.core.bandwidth import CpuBandwidth, throttled_to
-from vmplacer.core.interference import InterferenceModel
-from vmplacer.core.plan import Plan
-from vmplacer.core.protect import GuestView, LoopSettings, Throttle, attribute, decide, plan_of
-from vmplacer.core.protection import Protection
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.placement.bandwidth import CpuBandwidth, throttled_to
+from vmplacer.core.model.interference import InterferenceModel
+from vmplacer.core.rebalance.plan import Plan
+from vmplacer.core.protect.decisions import GuestView, LoopSettings, Throttle, attribute, decide, plan_of
+from vmplacer.core.protect.policy import Protection
+from vmplacer.core.topology.host import uniform_topology
 
 TOPOLOGY = uniform_topology(nodes=1, cores_per_node=4, name="h1")
 PROTECTED = Protection(floor=0.8, source="labels")
@@ -118,7 +118,7 @@ def test_decision_becomes_a_plan_of_throttle_actions_that_round_trips():
 
 
 def test_a_release_the_model_says_would_break_the_floor_waits():
-    from vmplacer.core.protect import release_costs
+    from vmplacer.core.protect.decisions import release_costs
 
     ledger = [Throttle("batch", throttled_to(0.2), CpuBandwidth(), "web")]
     guests = [view("web", PROTECTED, ratio=0.9), view("batch", BATCH, share=0.2)]

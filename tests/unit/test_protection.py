@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from vmplacer.core.guest import GuestSpec, GuestSpecError
-from vmplacer.core.protection import (
+from vmplacer.core.placement.guest import GuestSpec, GuestSpecError
+from vmplacer.core.protect.policy import (
     MIN_SHARE_LABEL,
     PROTECT_LABEL,
     Protection,

@@ -8,11 +8,11 @@ import random
 
 import numpy as np
 
-from vmplacer.core.placement import Placement
-from vmplacer.core.policies.rebalance import ClusterState, HostState, RebalanceSettings, describe_guest
-from vmplacer.core.policies.rebalance_pessimistic import LeastLoadedPicker
-from vmplacer.core.policies.rebalance_search import _pair_changes, RebalanceSearch
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.policy import ClusterState, HostState, RebalanceSettings, describe_guest
+from vmplacer.core.rebalance.pessimistic import LeastLoadedPicker
+from vmplacer.core.rebalance.search import _pair_changes, RebalanceSearch
+from vmplacer.core.topology.host import uniform_topology
 
 from tests.unit.test_rebalance_pessimism import GUESTS, learned
 

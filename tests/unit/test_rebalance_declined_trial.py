@@ -3,8 +3,8 @@ it becomes the host's trial, kept only if Freeze'nSense measures it better."""
 
 from __future__ import annotations
 
-from vmplacer.core.layout_problem import LayoutProblem, LayoutSolution
-from vmplacer.core.policies.rebalance import RebalanceSettings, plan_rebalance
+from vmplacer.core.rebalance.layout_problem import LayoutProblem, LayoutSolution
+from vmplacer.core.rebalance.policy import RebalanceSettings, plan_rebalance
 
 from tests.unit.test_rebalance_pessimism import learned, spread_state
 

@@ -6,10 +6,10 @@ from dataclasses import replace
 
 import pytest
 
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.policies.rebalance import ClusterState, RebalanceInputError, describe_guest
-from vmplacer.core.policies.rebalance_drain import plan_drain
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.rebalance.policy import ClusterState, RebalanceInputError, describe_guest
+from vmplacer.core.rebalance.drain import plan_drain
+from vmplacer.core.topology.host import uniform_topology
 from tests.unit.test_rebalance_policy import LINEAR, cluster, final_pins, pinned
 
 
@@ -101,7 +101,7 @@ def test_a_scope_drains_part_of_the_host():
 
 def test_anti_affinity_is_per_node_on_the_destination():
     """A peer on node 0 of the only destination leaves node 1 to the guest that refuses it."""
-    from vmplacer.core.policies.rebalance import HostState
+    from vmplacer.core.rebalance.policy import HostState
 
     topologies = {"h1": uniform_topology(nodes=1, cores_per_node=2, name="h1"),
                   "h2": uniform_topology(nodes=2, cores_per_node=2, name="h2")}
@@ -123,7 +123,7 @@ def test_anti_affinity_is_per_node_on_the_destination():
 
 
 def test_a_drain_is_never_put_to_a_measurement_that_could_bring_a_guest_back():
-    from vmplacer.core.topology import DistanceClass
+    from vmplacer.core.topology.host import DistanceClass
     from tests.unit.test_rebalance_policy import learned_model
 
     model = learned_model({("noisy", "victim", DistanceClass.SAME_LLC): 0.3}, ["noisy", "victim"])

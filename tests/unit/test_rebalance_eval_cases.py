@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 
 from vmplacer.lab.rebalance_eval import Case, HostShape, starting_point
-from vmplacer.core.pairs import parse_pairs
+from vmplacer.core.model.pairs import parse_pairs
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "interference"
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import numpy as np
 
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
-from vmplacer.core.policies.rebalance import RebalanceSettings
-from vmplacer.core.policies.rebalance_explore import offer_optimistic_layouts
-from vmplacer.core.policies.rebalance_layout import BetaTable
-from vmplacer.core.policies.rebalance_search import RebalanceSearch
-from vmplacer.core.topology import DistanceClass
+from vmplacer.core.rebalance.policy import RebalanceSettings
+from vmplacer.core.rebalance.explore import offer_optimistic_layouts
+from vmplacer.core.rebalance.layout import BetaTable
+from vmplacer.core.rebalance.search import RebalanceSearch
+from vmplacer.core.topology.host import DistanceClass
 
 from tests.unit.test_rebalance_pessimism import GUESTS, TOPO, learned, spread_state
 

@@ -9,11 +9,11 @@ import random
 from dataclasses import replace
 
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
-from vmplacer.core.interference import Exposure, InterferenceModel, Observation
-from vmplacer.core.policies.rebalance import RebalanceSettings, plan_rebalance
-from vmplacer.core.policies.rebalance_explore import offer_optimistic_groups
-from vmplacer.core.policies.rebalance_search import RebalanceSearch
-from vmplacer.core.topology import DistanceClass, uniform_topology
+from vmplacer.core.model.interference import Exposure, InterferenceModel, Observation
+from vmplacer.core.rebalance.policy import RebalanceSettings, plan_rebalance
+from vmplacer.core.rebalance.explore import offer_optimistic_groups
+from vmplacer.core.rebalance.search import RebalanceSearch
+from vmplacer.core.topology.host import DistanceClass, uniform_topology
 
 from tests.unit.test_rebalance_policy import cluster, pinned
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from vmplacer.core.interference import Exposure, InterferenceModel, ModelConfig, Observation
-from vmplacer.core.placement import Placement
-from vmplacer.core.policies.rebalance import (
+from vmplacer.core.model.interference import Exposure, InterferenceModel, ModelConfig, Observation
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.policy import (
     ClusterState,
     HostState,
     RebalanceSettings,
@@ -15,7 +15,7 @@ from vmplacer.core.policies.rebalance import (
     describe_guest,
     plan_rebalance,
 )
-from vmplacer.core.topology import DistanceClass, uniform_topology
+from vmplacer.core.topology.host import DistanceClass, uniform_topology
 
 LLC, CORE = DistanceClass.SAME_LLC, DistanceClass.SAME_CORE
 

@@ -7,13 +7,13 @@ from __future__ import annotations
 import random
 
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
-from vmplacer.core.interference import Exposure, InterferenceModel, Observation
-from vmplacer.core.placement import Placement
-from vmplacer.core.policies.rebalance import ClusterState, HostState, RebalanceSettings, describe_guest, plan_rebalance
-from vmplacer.core.policies.rebalance_pessimistic import doubt, spread_layout
-from vmplacer.core.policies.rebalance_search import GuestChange, CandidateMove, RebalanceSearch
-from vmplacer.core.topology import DistanceClass, uniform_topology
-from vmplacer.core.trial import Backoff
+from vmplacer.core.model.interference import Exposure, InterferenceModel, Observation
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.policy import ClusterState, HostState, RebalanceSettings, describe_guest, plan_rebalance
+from vmplacer.core.rebalance.pessimistic import doubt, spread_layout
+from vmplacer.core.rebalance.search import GuestChange, CandidateMove, RebalanceSearch
+from vmplacer.core.topology.host import DistanceClass, uniform_topology
+from vmplacer.core.rebalance.trial import Backoff
 
 LLC, CORE = DistanceClass.SAME_LLC, DistanceClass.SAME_CORE
 GUESTS = ("a", "b", "c", "d")
@@ -249,8 +249,8 @@ def test_when_the_planned_layout_measured_worse_the_exact_layout_is_tried_from_w
     """The climb's layout was measured worse than the packed start and the host stays; the exact
     solver's layout is another one, which the model rates far above the start: it becomes the
     host's trial. Not when it is the layout measured worse, nor once it was measured itself."""
-    from vmplacer.core.policies.rebalance_pessimistic import _keep_what_measured_better
-    from vmplacer.core.trial import layout_key
+    from vmplacer.core.rebalance.pessimistic import _keep_what_measured_better
+    from vmplacer.core.rebalance.trial import layout_key
 
     packed = {n: describe_guest(Placement(guest=n, host="h", vcpupin={0: frozenset({cpu})}, memory_kib=1024))
               for n, cpu in zip(GUESTS, (0, 4, 1, 5))}

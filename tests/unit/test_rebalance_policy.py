@@ -8,10 +8,10 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.interference import Exposure, InterferenceModel, Observation, Tenant
-from vmplacer.core.placement import Placement
-from vmplacer.core.policies.rebalance import (
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.model.interference import Exposure, InterferenceModel, Observation, Tenant
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.policy import (
     ClusterState,
     HostState,
     RebalanceInputError,
@@ -22,7 +22,7 @@ from vmplacer.core.policies.rebalance import (
     exhaustive_best,
     plan_rebalance,
 )
-from vmplacer.core.topology import DistanceClass, uniform_topology
+from vmplacer.core.topology.host import DistanceClass, uniform_topology
 
 LINEAR = InterferenceModel()  # no data: time sharing only
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.placement import Placement
-from vmplacer.core.policies.rebalance import RebalanceSettings, RebalanceSearch, plan_rebalance
-from vmplacer.core.policies.rebalance_exact import _items_of, build_problem
-from vmplacer.core.policies.rebalance_state import FLOATING, PINNED
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.policy import RebalanceSettings, RebalanceSearch, plan_rebalance
+from vmplacer.core.rebalance.exact import _items_of, build_problem
+from vmplacer.core.rebalance.state import FLOATING, PINNED
+from vmplacer.core.topology.host import uniform_topology
 
 from tests.unit.test_rebalance_policy import LINEAR, cluster, final_pins, pinned
 

@@ -5,8 +5,8 @@ tolerance turns into a bar above zero, on that host only."""
 from __future__ import annotations
 
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
-from vmplacer.core.policies.rebalance import plan_rebalance
-from vmplacer.core.trial import Measured, close_call, judge
+from vmplacer.core.rebalance.policy import plan_rebalance
+from vmplacer.core.rebalance.trial import Measured, close_call, judge
 
 from tests.unit.test_rebalance_pessimism import learned, settings, spread_state
 

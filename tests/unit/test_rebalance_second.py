@@ -5,9 +5,9 @@ the host's trial; a host never refuted is planned as before."""
 from __future__ import annotations
 
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
-from vmplacer.core.interference import ADDITIVE, MULTIPLICATIVE, ModelConfig, other_form
-from vmplacer.core.placement import Placement
-from vmplacer.core.policies.rebalance import ClusterState, HostState, describe_guest, plan_rebalance
+from vmplacer.core.model.interference import ADDITIVE, MULTIPLICATIVE, ModelConfig, other_form
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.policy import ClusterState, HostState, describe_guest, plan_rebalance
 
 from tests.unit.test_rebalance_pessimism import GUESTS, TOPO, learned, sibling_averse, spread_state
 from tests.unit.test_rebalance_pessimism import settings as plain_settings
@@ -119,7 +119,7 @@ def test_on_by_default_and_from_the_command_line_off():
     import argparse
 
     from vmplacer.cli.rebalance import _settings
-    from vmplacer.core.policies.rebalance_state import RebalanceSettings
+    from vmplacer.core.rebalance.state import RebalanceSettings
 
     state = placed((0, 4, 1, 2))
     model = learned(sibling_rounds=40)

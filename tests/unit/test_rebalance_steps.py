@@ -7,11 +7,11 @@ from dataclasses import replace
 
 import pytest
 
-from vmplacer.core.policies.rebalance import RebalanceInputError, RebalanceSettings, plan_rebalance
-from vmplacer.core.policies.rebalance_pessimistic import compare_layout
-from vmplacer.core.policies.rebalance_search import RebalanceSearch
-from vmplacer.core.policies.rebalance_steps import offer_likeliest_steps, pinned_layout, ranked_steps, single_steps
-from vmplacer.core.trial import layout_key
+from vmplacer.core.rebalance.policy import RebalanceInputError, RebalanceSettings, plan_rebalance
+from vmplacer.core.rebalance.pessimistic import compare_layout
+from vmplacer.core.rebalance.search import RebalanceSearch
+from vmplacer.core.rebalance.steps import offer_likeliest_steps, pinned_layout, ranked_steps, single_steps
+from vmplacer.core.rebalance.trial import layout_key
 
 from tests.unit.test_rebalance_explore import search
 from tests.unit.test_rebalance_pessimism import learned, settings, spread_state

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from vmplacer.lab.verdicts import Reach, perfect_model_moves, reach, step_threshold, verdict
-from vmplacer.core.plan import Plan
+from vmplacer.core.rebalance.plan import Plan
 
 MEANS = {"none": 0.7, "seed_policy": 0.80, "blind_spread": 0.90, "vmplacer": 0.85, "optimum": 0.95}
 

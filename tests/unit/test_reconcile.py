@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from vmplacer.core.placement import Placement
+from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.reconcile import (
     DEFAULT_PLANNED_GRACE_S,
     DEFAULT_SETTLE_S,

@@ -15,8 +15,8 @@ from vmplacer.lab.simulator import (
     SimSampler,
     VirtualClock,
 )
-from vmplacer.core.pairs import parse_pairs
-from vmplacer.core.topology import DistanceClass, uniform_topology
+from vmplacer.core.model.pairs import parse_pairs
+from vmplacer.core.topology.host import DistanceClass, uniform_topology
 from vmplacer.ports import Clock, DomainGone, FreezableHost, Hypervisor, HypervisorError, Sampler
 
 PAIRS = """# test matrix: % loss of the column workload caused by the row workload

@@ -8,8 +8,8 @@ import pytest
 
 from vmplacer.lab.simulator import GroundTruth, SimCluster
 from vmplacer.lab.optimum import _layouts, best_layout, count_layouts
-from vmplacer.core.pairs import parse_pairs
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.model.pairs import parse_pairs
+from vmplacer.core.topology.host import uniform_topology
 
 PAIRS = """background,A,B,C
 A,30,5,12

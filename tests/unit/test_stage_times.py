@@ -38,10 +38,10 @@ def test_without_a_clock_nothing_is_measured():
 
 
 def test_timing_a_plan_names_its_stages_and_changes_nothing_it_decides():
-    from vmplacer.core.placement import Placement
-    from vmplacer.core.policies.rebalance import ClusterState, HostState, describe_guest, plan_rebalance
-    from vmplacer.core.interference import InterferenceModel
-    from vmplacer.core.topology import uniform_topology
+    from vmplacer.core.placement.guest_placement import Placement
+    from vmplacer.core.rebalance.policy import ClusterState, HostState, describe_guest, plan_rebalance
+    from vmplacer.core.model.interference import InterferenceModel
+    from vmplacer.core.topology.host import uniform_topology
 
     topologies = {h: uniform_topology(nodes=1, cores_per_node=4, name=h) for h in ("h1", "h2")}
     placements = [Placement(guest=f"{h}-{i}", host=h, vcpupin={0: frozenset({0})}, memory_kib=512 * 1024)

@@ -36,6 +36,6 @@ def test_no_test_imports_a_private_class_of_the_product():
 
 def test_the_check_sees_a_private_class_import(tmp_path: Path):
     sample = tmp_path / "test_sample.py"
-    sample.write_text("from vmplacer.core.allocate import _Search, allocate\nfrom vmplacer.cli.rebalance import _settings\n")
+    sample.write_text("from vmplacer.core.placement.allocate import _Search, allocate\nfrom vmplacer.cli.rebalance import _settings\n")
     # a private class is refused; a public name and a private function are not this rule's
-    assert _private_class_imports(sample, tmp_path) == ["test_sample.py:1: vmplacer.core.allocate._Search"]
+    assert _private_class_imports(sample, tmp_path) == ["test_sample.py:1: vmplacer.core.placement.allocate._Search"]

@@ -22,8 +22,8 @@ from tests.support import require
 from tests.unit import sysfs_fixtures
 from vmplacer.adapters.capabilities import CapabilitiesError, parse_capabilities, read_capabilities_file
 from vmplacer.adapters.sysfs import SysfsError, read_sysfs
-from vmplacer.core.assemble import CpuFacts, assemble_topology
-from vmplacer.core.topology import HostTopology, Node
+from vmplacer.core.topology.assemble import CpuFacts, assemble_topology
+from vmplacer.core.topology.host import HostTopology, Node
 
 fixtures = sysfs_fixtures.load()
 MACHINES = fixtures.machines()

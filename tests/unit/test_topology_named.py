@@ -14,8 +14,8 @@ import pytest
 from tests.unit import sysfs_fixtures
 from vmplacer.adapters.capabilities import read_capabilities_file
 from vmplacer.adapters.sysfs import read_sysfs
-from vmplacer.core.assemble import CacheFacts, CpuFacts, TopologyError, assemble_topology
-from vmplacer.core.topology import DistanceClass, HostTopology, Node
+from vmplacer.core.topology.assemble import CacheFacts, CpuFacts, TopologyError, assemble_topology
+from vmplacer.core.topology.host import DistanceClass, HostTopology, Node
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples" / "hosts"

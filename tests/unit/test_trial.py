@@ -1,10 +1,10 @@
-"""Measured trials (core/trial.py): the verdict from two measurements, and what is remembered."""
+"""Measured trials (core/rebalance/trial.py): the verdict from two measurements, and what is remembered."""
 
 from __future__ import annotations
 
 import pytest
 
-from vmplacer.core.trial import (
+from vmplacer.core.rebalance.trial import (
     Measured,
     TrialError,
     TrialOutcome,
@@ -130,7 +130,7 @@ def test_a_finished_trial_probe_is_remembered_with_its_outcome():
 
 
 def test_two_measurements_of_one_layout_pool_by_their_samples():
-    from vmplacer.core.trial import pooled
+    from vmplacer.core.rebalance.trial import pooled
 
     profile = Measured("h", {"a": 0.9, "b": 0.5}, {"a": 1, "b": 1})
     probe = Measured("h", {"a": 0.7, "c": 0.4}, {"a": 3, "c": 3})
@@ -209,7 +209,7 @@ def test_hosts_measured_together_count_the_guest_that_moved_on_both_sides():
 
 
 def test_a_joint_trial_names_every_host_it_measured():
-    from vmplacer.core.trial import trial_outcome
+    from vmplacer.core.rebalance.trial import trial_outcome
 
     trial = {"kind": "explore", "hosts": ["h1", "h2"], "from_key": "f", "to_key": "t"}
     joint = trial_outcome("probe", "rolled_back", {"trial": trial}, "h1", 5.0)

@@ -35,9 +35,9 @@ from typing import TYPE_CHECKING
 from lxml import etree
 
 from vmplacer.adapters.xml_errors import xml_problem
-from vmplacer.core.assemble import CacheFacts, CpuFacts, TopologyError, assemble_topology
-from vmplacer.core.cpuset import CpusetError, parse_cpuset
-from vmplacer.core.topology import HostTopology, HugepagePool, Node
+from vmplacer.core.topology.assemble import CacheFacts, CpuFacts, TopologyError, assemble_topology
+from vmplacer.core.topology.cpuset import CpusetError, parse_cpuset
+from vmplacer.core.topology.host import HostTopology, HugepagePool, Node
 
 if TYPE_CHECKING:
     import libvirt

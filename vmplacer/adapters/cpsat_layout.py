@@ -8,7 +8,7 @@ an integer-scaled affine expression; the concave utility is the minimum of its
 tangents (exact at the tangent points, above it in between — so the solver's
 bound stays a bound). One worker and a deterministic time limit: the same
 problem gives the same answer on any machine load. A problem that allows a
-time-shared pCPU is solved as several plain ones (core.layout_sharing).
+time-shared pCPU is solved as several plain ones (core.rebalance.layout_sharing).
 """
 
 from __future__ import annotations
@@ -18,8 +18,8 @@ import time
 
 import numpy as np
 
-from vmplacer.core.layout_problem import FEASIBLE, OPTIMAL, UNKNOWN, LayoutProblem, LayoutSolution
-from vmplacer.core.layout_sharing import sharing_groups, solve_time_shared, without_sharing
+from vmplacer.core.rebalance.layout_problem import FEASIBLE, OPTIMAL, UNKNOWN, LayoutProblem, LayoutSolution
+from vmplacer.core.rebalance.layout_sharing import sharing_groups, solve_time_shared, without_sharing
 
 SCALE = 100_000  # performance units per 1.0 (one guest at full speed)
 SLOPE = 1_000  # resolution of the tangents' slopes
@@ -36,7 +36,7 @@ class CpSatLayoutSolver:
         self.seed = seed
 
     def solve(self, problem: LayoutProblem, *, time_limit_s: float) -> LayoutSolution | None:
-        """The best layout; with a time-shared slot allowed, as the best of plain problems (core.layout_sharing)."""
+        """The best layout; with a time-shared slot allowed, as the best of plain problems (core.rebalance.layout_sharing)."""
         if problem.max_shared and sharing_groups(problem):
             return solve_time_shared(problem, self._solve, time_limit_s)
         found = self._solve(without_sharing(problem), time_limit_s)

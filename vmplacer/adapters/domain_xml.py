@@ -23,10 +23,10 @@ from lxml import etree
 
 from vmplacer.adapters.domain_xml_fields import NAMESPACE, FieldError, read_fields
 from vmplacer.adapters.xml_errors import xml_problem
-from vmplacer.core.cpuset import format_cpuset
-from vmplacer.core.guest import NAME_RE, GuestSpec, page_size_text
-from vmplacer.core.placement import GuestCell, Placement
-from vmplacer.core.topology import HostTopology
+from vmplacer.core.topology.cpuset import format_cpuset
+from vmplacer.core.placement.guest import NAME_RE, GuestSpec, page_size_text
+from vmplacer.core.placement.guest_placement import GuestCell, Placement
+from vmplacer.core.topology.host import HostTopology
 from vmplacer.resources import resource_dir
 
 DEFAULT_SCHEMA = Path("/usr/share/libvirt/schemas/domain.rng")
@@ -267,7 +267,7 @@ def iothread_ids(root: etree._Element) -> list[int]:
 
 
 def _pin_iothreads(root: etree._Element, emulator: frozenset[int]) -> None:
-    """Every IOThread runs where the guest's emulator threads run (core/isolation.py: off the
+    """Every IOThread runs where the guest's emulator threads run (core/placement/isolation.py: off the
     pCPUs other guests own): a caller's own iothread pins are replaced, as its vCPU pins are."""
     cputune = root.find("cputune")
     ids = iothread_ids(root)

@@ -13,7 +13,7 @@ from typing import Any
 
 from lxml import etree
 
-from vmplacer.core.cpuset import CpusetError, parse_cpuset
+from vmplacer.core.topology.cpuset import CpusetError, parse_cpuset
 
 NAMESPACE = "https://vmplacer.dev/xmlns/placement/1"
 NS = {"vmplacer": NAMESPACE}

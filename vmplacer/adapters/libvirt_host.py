@@ -18,9 +18,9 @@ from vmplacer.adapters.libvirt_domain_events import DomainEvents
 from vmplacer.adapters.libvirt_errors import operation_failed, refused_definition, refused_start
 from vmplacer.adapters.libvirt_open import OpenTimedOut, open_within
 from vmplacer.adapters.shared_read import SharedRead
-from vmplacer.core.placement import Placement
-from vmplacer.core.bandwidth import UNLIMITED, BandwidthError, CpuBandwidth
-from vmplacer.core.topology import HostTopology
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.placement.bandwidth import UNLIMITED, BandwidthError, CpuBandwidth
+from vmplacer.core.topology.host import HostTopology
 from vmplacer.ports import DomainGone, DomainInfo, Hypervisor, HypervisorError
 
 T = TypeVar("T")

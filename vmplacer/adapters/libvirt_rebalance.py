@@ -19,7 +19,7 @@ from typing import Any
 import libvirt
 
 from vmplacer.adapters.libvirt_host import LibvirtHost
-from vmplacer.core.cpuset import format_cpuset
+from vmplacer.core.topology.cpuset import format_cpuset
 from vmplacer.ports import Hypervisor, HypervisorError
 
 MIN_DEMAND = 0.02

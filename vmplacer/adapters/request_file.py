@@ -21,7 +21,7 @@ from typing import Any
 
 from vmplacer.adapters.domain_xml import DomainXmlError, parse_domain
 from vmplacer.adapters.source_files import UniqueKeyLoader, YamlFileError, load_yaml
-from vmplacer.core.guest import GuestSpec, GuestSpecError
+from vmplacer.core.placement.guest import GuestSpec, GuestSpecError
 
 TOP_LEVEL_KEYS = ("guests",)
 MAX_FILE_BYTES = 4 * 1024 * 1024

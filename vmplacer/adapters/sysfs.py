@@ -37,8 +37,8 @@ from pathlib import Path
 
 from vmplacer.adapters.sysfs_files import SysfsError, SysfsFiles
 from vmplacer.adapters.sysfs_nodes import read_nodes
-from vmplacer.core.assemble import CacheFacts, CpuFacts, TopologyError, assemble_topology
-from vmplacer.core.topology import HostTopology
+from vmplacer.core.topology.assemble import CacheFacts, CpuFacts, TopologyError, assemble_topology
+from vmplacer.core.topology.host import HostTopology
 
 __all__ = ["SysfsError", "read_sysfs"]
 

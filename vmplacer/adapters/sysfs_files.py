@@ -16,7 +16,7 @@ import string
 from collections.abc import Sequence
 from pathlib import Path
 
-from vmplacer.core.cpuset import CpusetError, parse_cpumask, parse_cpuset
+from vmplacer.core.topology.cpuset import CpusetError, parse_cpumask, parse_cpuset
 
 _BLANK = string.whitespace + "\x00"
 

@@ -19,7 +19,7 @@ import re
 from pathlib import Path
 
 from vmplacer.adapters.sysfs_files import SysfsError, SysfsFiles
-from vmplacer.core.topology import HugepagePool, Node
+from vmplacer.core.topology.host import HugepagePool, Node
 
 _NODE_DIR = re.compile(r"^node(\d+)$")
 _HUGEPAGE_DIR = re.compile(r"^hugepages-(\d+)kB$")

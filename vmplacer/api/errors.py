@@ -26,8 +26,8 @@ from vmplacer.adapters.domain_xml import DomainXmlError
 from vmplacer.adapters.libvirt_errors import EXISTS, DomainRefused
 from vmplacer.api.limits import BodyTooLarge, too_large_body
 from vmplacer.config import ConfigError
-from vmplacer.core.guest import GuestSpecError
-from vmplacer.core.nofit import NoFit
+from vmplacer.core.placement.guest import GuestSpecError
+from vmplacer.core.placement.nofit import NoFit
 from vmplacer.ports import ClaimConflict, HypervisorError
 
 log = logging.getLogger(__name__)

@@ -37,8 +37,8 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from vmplacer.core.placement import Placement
-from vmplacer.core.topology import HostTopology
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.topology.host import HostTopology
 from vmplacer.ports import DomainInfo
 
 TOPOLOGY_TTL_S = 60.0

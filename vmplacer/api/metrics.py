@@ -19,7 +19,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
-from vmplacer.core.trial import CLOSE_CALLS, RULINGS, TRIAL_KINDS, Verdict
+from vmplacer.core.rebalance.trial import CLOSE_CALLS, RULINGS, TRIAL_KINDS, Verdict
 
 log = logging.getLogger(__name__)
 

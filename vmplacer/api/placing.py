@@ -24,8 +24,8 @@ from vmplacer.adapters.libvirt_errors import INVALID, DomainRefused
 from vmplacer.api.errors import ApiError, field_problems
 from vmplacer.app.fleet_placement import FleetPlacement, NothingFits
 from vmplacer.app.placement_service import PlaceResult
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.nofit import NoFit
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.nofit import NoFit
 from vmplacer.ports import HypervisorError
 
 if TYPE_CHECKING:

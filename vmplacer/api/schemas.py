@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 from vmplacer.api.fields import DomainName, Glob, Reason, SelectorText, SpecText, SpecValue
 from vmplacer.api.times import ISO_HELP
 
-from vmplacer.core.guest import (
+from vmplacer.core.placement.guest import (
     CPU_POLICIES,
     EMULATOR_POLICIES,
     MAX_HOST_NODE,
@@ -26,8 +26,8 @@ from vmplacer.core.guest import (
     THREAD_POLICIES,
     WORKLOAD_CLASSES,
 )
-from vmplacer.core.placement import MEM_MODES
-from vmplacer.core.plan import PLAN_STATES
+from vmplacer.core.placement.guest_placement import MEM_MODES
+from vmplacer.core.rebalance.plan import PLAN_STATES
 
 GUEST_NAME = r"^[A-Za-z0-9_.+][A-Za-z0-9_.+-]{0,63}$"
 HOST_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"

@@ -16,16 +16,16 @@ import threading
 import time
 from collections.abc import Callable, Iterable, Mapping
 
-from vmplacer.core.class_priors import ShrunkBetas
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.interference import InterferenceModel
-from vmplacer.core.interference_scorer import (
+from vmplacer.core.model.class_priors import ShrunkBetas
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.model.interference import InterferenceModel
+from vmplacer.core.placement.interference_scorer import (
     AdmissionSettings,
     GuestProfile,
     admission_scorer,
     profile_from_labels,
 )
-from vmplacer.core.scoring import Scorer
+from vmplacer.core.placement.scoring import Scorer
 from vmplacer.ports import DomainInfo
 
 log = logging.getLogger(__name__)

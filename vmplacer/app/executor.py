@@ -41,10 +41,10 @@ from typing import Any
 
 from vmplacer.app.actions import ActionFailed, ActionKind, Check, action_kinds
 from vmplacer.app.actions.probe import OnVerdict
-from vmplacer.core.bandwidth import CpuBandwidth
-from vmplacer.core.placement import Placement
-from vmplacer.core.plan import Action, CancelRequest, Plan, PlanError
-from vmplacer.core.trial import Measured
+from vmplacer.core.placement.bandwidth import CpuBandwidth
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.plan import Action, CancelRequest, Plan, PlanError
+from vmplacer.core.rebalance.trial import Measured
 from vmplacer.ports import (
     ClaimConflict,
     Clock,
@@ -169,7 +169,7 @@ class Executor:
         """The isolation invariant on every host the plan changed, read back from libvirt once the
         plan is over (between actions it may hold: a floater narrows after the guest that takes
         its pCPUs), for the plan's guests as users or owners; each violation audited."""
-        from vmplacer.core.isolation import isolation_violations
+        from vmplacer.core.placement.isolation import isolation_violations
 
         changed = [a for a in plan.actions if a.state == "succeeded" and a.kind in ("repin", "migrate", "set_memory_nodes")]
         guests = {a.guest for a in changed}

@@ -18,11 +18,11 @@ from typing import Any
 from vmplacer.app.host_snapshot import HostSnapshot, RecordedPlacements, take_snapshot
 from vmplacer.app.placement_service import PlaceResult, PlacementService, PlacingHost
 from vmplacer.app.fleet_planner import FleetHost, exists_reason
-from vmplacer.core.fleet_index import DEFAULT_HOSTS_TO_SCORE, Demand, HostRoom, shortlist
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.topology import HostTopology
-from vmplacer.core.nofit import NoFit
-from vmplacer.core.policies.admit import AllocationOptions, page_options
+from vmplacer.core.placement.fleet_index import DEFAULT_HOSTS_TO_SCORE, Demand, HostRoom, shortlist
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.topology.host import HostTopology
+from vmplacer.core.placement.nofit import NoFit
+from vmplacer.core.placement.admit import AllocationOptions, page_options
 from vmplacer.ports import ClaimConflict, DomainGone, HypervisorError
 
 
@@ -136,7 +136,7 @@ class FleetPlacement:
         that refused (NoFit) or could not be read, and a report entry per host dry-run.
 
         With more hosts than `hosts_to_score`, only the hosts whose free room may take the guest
-        are dry-run, the most promising of them (core/fleet_index.py); when none of those takes
+        are dry-run, the most promising of them (core/placement/fleet_index.py); when none of those takes
         it, every host is (so whether it fits somewhere is never bounded)."""
         if not 0 < self._hosts_to_score < len(hosts):
             return self._dry_runs(spec, hosts, base_xml, report_errors, {})

@@ -3,7 +3,7 @@ each other host was refused.
 
 The guests are placed hardest first on in-memory views of the candidate hosts (each
 on the host where it scores best), with a bounded search for a better order when a
-guest is left out (core/batch.py). Nothing here reads a host or a database: callers
+guest is left out (core/placement/batch.py). Nothing here reads a host or a database: callers
 build the views (app/fleet_placement.observe_host from a host snapshot for live hosts, a capabilities
 file for an offline one), so an offline plan stays light.
 """
@@ -15,15 +15,15 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vmplacer.core.allocate import allocate
-from vmplacer.core.batch import DEFAULT_BUDGET_S, DEFAULT_MAX_PASSES, BatchResult, Fitted, Refused, place_batch
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.fleet_index import DEFAULT_HOSTS_TO_SCORE, Demand, HostRoom, host_room, shortlist
-from vmplacer.core.nofit import NoFit, NoFitReason
-from vmplacer.core.occupancy import Occupancy, occupancy_after
-from vmplacer.core.placement import Placement
-from vmplacer.core.policies.admit import AllocationOptions, page_options
-from vmplacer.core.topology import HostTopology
+from vmplacer.core.placement.allocate import allocate
+from vmplacer.core.placement.batch import DEFAULT_BUDGET_S, DEFAULT_MAX_PASSES, BatchResult, Fitted, Refused, place_batch
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.fleet_index import DEFAULT_HOSTS_TO_SCORE, Demand, HostRoom, host_room, shortlist
+from vmplacer.core.placement.nofit import NoFit, NoFitReason
+from vmplacer.core.placement.occupancy import Occupancy, occupancy_after
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.placement.admit import AllocationOptions, page_options
+from vmplacer.core.topology.host import HostTopology
 
 
 # ----- why a host was refused -------------------------------------------------------------------------
@@ -128,7 +128,7 @@ class FleetPlanner:
                  clock: Callable[[], float] = time.process_time, hosts_to_score: int = DEFAULT_HOSTS_TO_SCORE):
         """The batch search stops after `budget_s` of CPU time (`clock`) or `max_passes`. With more
         than `hosts_to_score` hosts, each guest is allocated on that many of the hosts whose free
-        room may take it, the most promising first (core/fleet_index.py; 0: on every host)."""
+        room may take it, the most promising first (core/placement/fleet_index.py; 0: on every host)."""
         self.budget_s = budget_s
         self.max_passes = max_passes
         self.clock = clock
@@ -168,7 +168,7 @@ class FleetPlanner:
         for other in earlier:  # the batch's guests placed here before it (their placements are cached)
             anti[specs[other].name] = specs[other].anti_affinity
             if host.admission is not None:
-                from vmplacer.core.interference_scorer import profile_of_spec
+                from vmplacer.core.placement.interference_scorer import profile_of_spec
 
                 profiles[specs[other].name] = profile_of_spec(specs[other])
         scorer = host.admission.scorer(spec, profiles) if host.admission is not None else None

@@ -20,9 +20,9 @@ from dataclasses import dataclass, field, replace
 from typing import Protocol
 
 from vmplacer.app.admission import profiles_of
-from vmplacer.core.interference_scorer import GuestProfile, profile_from_labels
-from vmplacer.core.placement import Placement
-from vmplacer.core.topology import HostTopology
+from vmplacer.core.placement.interference_scorer import GuestProfile, profile_from_labels
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.topology.host import HostTopology
 from vmplacer.ports import DomainInfo
 
 

@@ -14,11 +14,11 @@ neighbours running during ζp that were frozen during ζb.
 
 The same samples also teach the model in its other form (`SECOND_FORM`, stored
 beside the default): the rebalancer asks it for a second opinion on hosts where
-the default model's planned layouts measured worse (core/policies/rebalance_second).
+the default model's planned layouts measured worse (core/rebalance/second).
 
 Samples name guests; the model is keyed by workload. Each sampled guest (and each
 neighbour) is learned under the key and class the planner looks it up by
-(core/model_identity.py): replicas sharing a `workload` label teach one key. The
+(core/model/identity.py): replicas sharing a `workload` label teach one key. The
 caller says who is who (`identify`, app/learn_identities.py); a guest it does not
 know (gone since it was sampled) is learned under its name, class unknown.
 """
@@ -30,7 +30,7 @@ from collections.abc import Callable, Collection, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from vmplacer.core.interference import (
+from vmplacer.core.model.interference import (
     UNKNOWN_CLASS,
     Exposure,
     InterferenceModel,
@@ -38,8 +38,8 @@ from vmplacer.core.interference import (
     Observation,
     other_form,
 )
-from vmplacer.core.model_identity import ModelIdentity
-from vmplacer.core.topology import DistanceClass
+from vmplacer.core.model.identity import ModelIdentity
+from vmplacer.core.topology.host import DistanceClass
 
 SAME_CPU = DistanceClass.SAME_CPU.value
 DEFAULT_MODEL = "default"

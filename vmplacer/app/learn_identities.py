@@ -3,7 +3,7 @@
 The rebalancer describes a running guest from its domain's labels and its stored
 placement spec (app/rebalance.py `_describe` → `describe_guest`); learning must key
 the same guest the same way, or what it learns of labelled replicas is stored under
-keys the planner never looks up. Both go through `core.model_identity.model_identity`.
+keys the planner never looks up. Both go through `core.model.identity.model_identity`.
 A guest neither listed by a host nor on record (gone since it was sampled) is left
 out: the learner keys it by its name, as it always has.
 """
@@ -14,9 +14,9 @@ import logging
 from collections.abc import Callable, Collection, Iterable, Mapping
 from typing import Any, Protocol
 
-from vmplacer.core.guest import GuestSpec, GuestSpecError
-from vmplacer.core.model_identity import ModelIdentity, model_identity
-from vmplacer.core.policies.rebalance_state import RebalanceInputError, read_guest_labels
+from vmplacer.core.placement.guest import GuestSpec, GuestSpecError
+from vmplacer.core.model.identity import ModelIdentity, model_identity
+from vmplacer.core.rebalance.state import RebalanceInputError, read_guest_labels
 from vmplacer.ports import DomainInfo, HypervisorError
 
 log = logging.getLogger(__name__)

@@ -10,8 +10,8 @@ import threading
 from dataclasses import dataclass, field
 from typing import Any
 
-from vmplacer.core.isolation import IsolationViolation
-from vmplacer.core.placement import Placement
+from vmplacer.core.placement.isolation import IsolationViolation
+from vmplacer.core.placement.guest_placement import Placement
 
 
 @dataclass

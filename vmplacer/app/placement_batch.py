@@ -27,14 +27,14 @@ from typing import Any, Protocol
 
 from vmplacer.app.host_snapshot import HostSnapshot, joined_refusals, take_snapshot
 from vmplacer.app.place_result import PlaceResult, host_lock
-from vmplacer.core.allocate import may_narrow
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.interference_scorer import profile_from_labels
-from vmplacer.core.nofit import NoFit, NoFitReason
-from vmplacer.core.occupancy import exclusive_of
-from vmplacer.core.isolation import IsolationViolation
-from vmplacer.core.placement import Placement
-from vmplacer.core.topology import HostTopology
+from vmplacer.core.placement.allocate import may_narrow
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.interference_scorer import profile_from_labels
+from vmplacer.core.placement.nofit import NoFit, NoFitReason
+from vmplacer.core.placement.occupancy import exclusive_of
+from vmplacer.core.placement.isolation import IsolationViolation
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.topology.host import HostTopology
 from vmplacer.ports import ClaimConflict, HypervisorError, PlacementStore
 
 PlacingHost = Any  # app/placement_service.py's PlacingHost

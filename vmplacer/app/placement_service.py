@@ -20,16 +20,16 @@ from vmplacer.app.group_commit import GroupCommit
 from vmplacer.app.host_snapshot import HostSnapshot, take_snapshot
 from vmplacer.app.place_result import PlaceResult, host_lock
 from vmplacer.app.placement_batch import Ask, already_placed, batch_capable, place_batch
-from vmplacer.core.allocate import allocate, may_narrow, refresh_shared_pins
-from vmplacer.core.fleet_index import HostRoom, host_room
-from vmplacer.core.guest import GuestSpec
-from vmplacer.core.interference_scorer import GuestProfile
-from vmplacer.core.isolation import IsolationViolation, isolation_violations
-from vmplacer.core.occupancy import Occupancy, occupancy_after
-from vmplacer.core.placement import Placement
-from vmplacer.core.policies.admit import AllocationOptions
-from vmplacer.core.scoring import Scorer
-from vmplacer.core.topology import HostTopology
+from vmplacer.core.placement.allocate import allocate, may_narrow, refresh_shared_pins
+from vmplacer.core.placement.fleet_index import HostRoom, host_room
+from vmplacer.core.placement.guest import GuestSpec
+from vmplacer.core.placement.interference_scorer import GuestProfile
+from vmplacer.core.placement.isolation import IsolationViolation, isolation_violations
+from vmplacer.core.placement.occupancy import Occupancy, occupancy_after
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.placement.admit import AllocationOptions
+from vmplacer.core.placement.scoring import Scorer
+from vmplacer.core.topology.host import HostTopology
 from vmplacer.ports import ClaimConflict, DomainGone, DomainInfo, HypervisorError, PlacementStore
 
 MAX_CLAIM_ATTEMPTS = 8
@@ -219,7 +219,7 @@ class PlacementService:
             return shape
 
     def room(self, host: PlacingHost) -> tuple[HostSnapshot, HostRoom]:
-        """The host as a dry run reads it now, and its free room (core/fleet_index.py). A host
+        """The host as a dry run reads it now, and its free room (core/placement/fleet_index.py). A host
         read from a cache (api/hostcache.py) whose topology, domains and records are the very
         objects of the last call is answered from that call: host choice among a thousand hosts
         looks at each one's cache, not at each one's guests."""

@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vmplacer.app.freeze import FreezeAborted, Freezer, FreezeReport, ReplayReport
-from vmplacer.core.profile_stats import Distribution, degradation, measured_share, overhead_formula
-from vmplacer.core.topology import DistanceClass, HostTopology
-from vmplacer.core.trial import Measured
+from vmplacer.core.model.profile_stats import Distribution, degradation, measured_share, overhead_formula
+from vmplacer.core.topology.host import DistanceClass, HostTopology
+from vmplacer.core.rebalance.trial import Measured
 from vmplacer.ports import (
     WORKLOAD_CLASS_LABEL,
     Clock,
@@ -285,7 +285,7 @@ class ProfileResult:
 
 def measured_of(host: str, vms: Mapping[str, VmProfile], message: str) -> Measured:
     """Each profiled guest's measured share of its isolated performance (`measured_share`: what a
-    measured trial compares, core/trial.py), backed by its fewer kind of samples."""
+    measured trial compares, core/rebalance/trial.py), backed by its fewer kind of samples."""
     performance: dict[str, float] = {}
     samples: dict[str, int] = {}
     for name, vm in sorted(vms.items()):

@@ -3,8 +3,8 @@
 A round reads the host's guests (policy from their labels, CPU bandwidth,
 pinning), measures the protected ones with short Freeze'nSense rounds
 (`measure`: ζ/ζb per guest), asks the interference model who costs each
-protected guest what (`core.protect.attribute`), decides throttle/release
-steps (`core.protect.decide`) and applies them as a stored plan through the
+protected guest what (`core.protect.decisions.attribute`), decides throttle/release
+steps (`core.protect.decisions.decide`) and applies them as a stored plan through the
 rebalancer's executor (`apply`: lease, precheck, execute, verify, revert,
 audit, throttle ledger). When throttling cannot hold a floor it says so and,
 with `propose`, stores a rebalance plan (repin/migrate) for review instead of
@@ -14,7 +14,7 @@ Throttles persist in libvirt beyond this process by design; the ledger keeps
 their reasons, and the first round after a start releases those whose
 reason is gone (the protected guest stopped, left, or lost its label).
 
-Cadence and cost (core.protect_cadence): decisions use a smoothed ζ/ζb; the
+Cadence and cost (core.protect.cadence): decisions use a smoothed ζ/ζb; the
 next round comes sooner while acting or near a floor and later while every
 floor holds with margin; a measurement that would take the neighbours'
 frozen time over the budget is skipped (the round still watches stops and
@@ -29,10 +29,10 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vmplacer.core.bandwidth import CpuBandwidth
-from vmplacer.core.interference import InterferenceModel
-from vmplacer.core.plan import Plan
-from vmplacer.core.protect import (
+from vmplacer.core.placement.bandwidth import CpuBandwidth
+from vmplacer.core.model.interference import InterferenceModel
+from vmplacer.core.rebalance.plan import Plan
+from vmplacer.core.protect.decisions import (
     Decision,
     GuestView,
     Step,
@@ -46,7 +46,7 @@ from vmplacer.core.protect import (
     plan_of,
     release_costs,
 )
-from vmplacer.core.protect_cadence import (
+from vmplacer.core.protect.cadence import (
     CadenceSettings,
     FreezeBudget,
     Pace,
@@ -55,8 +55,8 @@ from vmplacer.core.protect_cadence import (
     next_pace,
     steady_spacing_s,
 )
-from vmplacer.core.protection import ProtectionDefaults, protection_of
-from vmplacer.core.topology import HostTopology
+from vmplacer.core.protect.policy import ProtectionDefaults, protection_of
+from vmplacer.core.topology.host import HostTopology
 from vmplacer.ports import (
     WORKLOAD_CLASS_LABEL,
     Clock,

@@ -36,23 +36,23 @@ from typing import Any
 from vmplacer.app.actions.probe import OnVerdict, trial_hosts
 from vmplacer.app.executor import Auditor, Executor, ExecutorError, ExecutorSettings
 from vmplacer.app.host_snapshot import take_snapshot
-from vmplacer.core.guest import GuestSpec, GuestSpecError
-from vmplacer.core.interference import InterferenceModel
-from vmplacer.core.layout_problem import LayoutSolver
-from vmplacer.core.plan import (
+from vmplacer.core.placement.guest import GuestSpec, GuestSpecError
+from vmplacer.core.model.interference import InterferenceModel
+from vmplacer.core.rebalance.layout_problem import LayoutSolver
+from vmplacer.core.rebalance.plan import (
     PLAN_APPLIABLE_STATES,
     PLAN_CANCELLABLE_STATES,
     CancelRequest,
     Plan,
     not_appliable,
 )
-from vmplacer.core.policies.admit import AllocationOptions
-from vmplacer.core.policies.rebalance import plan_rebalance
-from vmplacer.core.policies.rebalance_drain import plan_drain
+from vmplacer.core.placement.admit import AllocationOptions
+from vmplacer.core.rebalance.policy import plan_rebalance
+from vmplacer.core.rebalance.drain import plan_drain
 from vmplacer.core.stage_times import StageTimes
 from vmplacer.core.text import plural
-from vmplacer.core.trial import Backoff, Measured, backoffs, refuted_hosts
-from vmplacer.core.policies.rebalance_state import (
+from vmplacer.core.rebalance.trial import Backoff, Measured, backoffs, refuted_hosts
+from vmplacer.core.rebalance.state import (
     ClusterState,
     GuestState,
     HostState,
@@ -389,7 +389,7 @@ class Rebalancer:
     # ----- plan -----------------------------------------------------------------------------------------
     def second_model(self, notes: list[str]) -> InterferenceModel | None:
         """The model in its other form, for hosts where the model's plans measured worse
-        (core/policies/rebalance_second); None when there is none."""
+        (core/rebalance/second); None when there is none."""
         if self.load_second_model is None:
             return None
         try:
@@ -484,7 +484,7 @@ class Rebalancer:
 
     def refuted_hosts(self, settings: RebalanceSettings) -> set[str]:
         """Hosts whose last planned layout measured worse: the model's second form is asked
-        there (core/policies/rebalance_second)."""
+        there (core/rebalance/second)."""
         return self._trial_memory(settings).refuted
 
     def _trial_memory(self, settings: RebalanceSettings) -> TrialMemory:

@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from vmplacer.core.protect import Throttle, ThrottleFinding, throttle_findings
+from vmplacer.core.protect.decisions import Throttle, ThrottleFinding, throttle_findings
 from vmplacer.core.reconcile import (
     DEFAULT_PLANNED_GRACE_S,
     DEFAULT_SETTLE_S,
@@ -41,7 +41,7 @@ from vmplacer.core.reconcile import (
     moved,
     reconcile_host,
 )
-from vmplacer.core.isolation import isolation_violations
+from vmplacer.core.placement.isolation import isolation_violations
 from vmplacer.ports import (
     ClaimConflict,
     DomainInfo,

@@ -31,8 +31,8 @@ if TYPE_CHECKING:
     from vmplacer.app.admission import ModelAdmission
     from vmplacer.app.placement_service import PlacementService
     from vmplacer.app.reconcile import Reconciler
-    from vmplacer.core.interference import InterferenceModel
-    from vmplacer.core.policies.admit import AllocationOptions
+    from vmplacer.core.model.interference import InterferenceModel
+    from vmplacer.core.placement.admit import AllocationOptions
 
 # A server's engine pool: kept open, and opened for bursts (each request thread holds at most
 # one connection at a time). Several instances on one server: mind PostgreSQL's max_connections.
@@ -120,7 +120,7 @@ class Container:
         """The scorer source of every placement path: the stored interference model (read
         lazily, reloaded every `placement.model_refresh`), weighted as configured."""
         from vmplacer.app.admission import ModelAdmission
-        from vmplacer.core.interference_scorer import AdmissionSettings
+        from vmplacer.core.placement.interference_scorer import AdmissionSettings
 
         placement = self.settings.placement
         return ModelAdmission(self._stored_model_if_any, AdmissionSettings(placement.interference_weight,
@@ -130,7 +130,7 @@ class Container:
     def _stored_model_if_any(self) -> InterferenceModel:
         """The learned model; an empty one when the database has none yet — without creating
         a database a dry run (`plan`) would otherwise leave behind."""
-        from vmplacer.core.interference import InterferenceModel
+        from vmplacer.core.model.interference import InterferenceModel
 
         if not self.database_has("interference_models"):
             return InterferenceModel()
@@ -291,7 +291,7 @@ class Container:
     def allocation_options(self, host_name: str) -> AllocationOptions:
         """The configured allocation knobs of a host (defaults for hosts not in the config)."""
         from vmplacer.config import ConfigError
-        from vmplacer.core.policies.admit import AllocationOptions
+        from vmplacer.core.placement.admit import AllocationOptions
 
         try:
             return self.settings.host(host_name).allocation

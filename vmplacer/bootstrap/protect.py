@@ -16,9 +16,9 @@ from vmplacer.bootstrap.profiler import build_profiler
 from vmplacer.bootstrap.profiler_config import profiler_config
 from vmplacer.bootstrap.rebalance import build_rebalancer
 from vmplacer.config import ProtectSettings
-from vmplacer.core.profile_stats import measured_share
-from vmplacer.core.protect import LoopSettings
-from vmplacer.core.protect_cadence import CadenceSettings
+from vmplacer.core.model.profile_stats import measured_share
+from vmplacer.core.protect.decisions import LoopSettings
+from vmplacer.core.protect.cadence import CadenceSettings
 from vmplacer.ports import DomainFacts
 
 

@@ -22,9 +22,9 @@ from vmplacer.app.executor import ExecutorSettings
 from vmplacer.app.profiler import measured_of
 from vmplacer.app.rebalance import ROUNDS_PER_PROFILE, RebalancePorts, Rebalancer
 from vmplacer.bootstrap.container import Container
-from vmplacer.core.policies.rebalance_state import RebalanceSettings
+from vmplacer.core.rebalance.state import RebalanceSettings
 from vmplacer.core.text import plural
-from vmplacer.core.trial import Measured
+from vmplacer.core.rebalance.trial import Measured
 from vmplacer.ports import SystemClock
 
 log = logging.getLogger(__name__)

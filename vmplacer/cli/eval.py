@@ -13,9 +13,9 @@ import argparse
 from pathlib import Path
 
 from vmplacer.cli.common import CliContext, UsageError, add_format_argument, emit, print_table
-from vmplacer.core.pairs import PairFileError, PairTable, parse_distance, parse_pairs
-from vmplacer.core.counter_profiles import Profiles, parse_profiles
-from vmplacer.core.ranking import rank_workloads
+from vmplacer.core.model.pairs import PairFileError, PairTable, parse_distance, parse_pairs
+from vmplacer.core.model.counter_profiles import Profiles, parse_profiles
+from vmplacer.core.model.ranking import rank_workloads
 from vmplacer.core.text import plural
 
 
@@ -211,7 +211,7 @@ def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
     from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
     from vmplacer.lab.simulator import GroundTruth, SimCluster  # this command's only hosts
     from vmplacer.lab.optimum import case_optimum
-    from vmplacer.core.policies.rebalance_state import RebalanceSettings
+    from vmplacer.core.rebalance.state import RebalanceSettings
 
     table = load_pairs(args.pairs)
     row = evaluate_case(table, Case(args.start, args.hosts, args.vms, shape, args.seed, args.mix),

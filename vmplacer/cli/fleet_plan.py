@@ -87,7 +87,7 @@ def plan_on(views: list[Any], requests: list, candidates: Candidates | None = No
 
 def _contract(plan: Any, candidates: Candidates, requests: list, vet: Any, *, why: bool) -> dict[str, Any]:
     from vmplacer.adapters.domain_xml import render_domain
-    from vmplacer.core.allocate import refresh_shared_pins
+    from vmplacer.core.placement.allocate import refresh_shared_pins
 
     names = [h.name for h in plan.hosts]
     data: dict[str, Any] = {

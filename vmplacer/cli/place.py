@@ -181,7 +181,7 @@ def _follow_narrowing(entries: Any, narrowed: list[dict[str, Any]]) -> None:
 
 def _already_placed(request: Any, host: str) -> dict[str, Any]:
     """A guest vmplacer placed before, on whichever host: the same answer the placement service gives."""
-    from vmplacer.core.nofit import NoFit, NoFitReason
+    from vmplacer.core.placement.nofit import NoFit, NoFitReason
 
     spec = request.spec
     exc = NoFit(spec.name, host, [NoFitReason("name", "fleet", "a guest name not yet placed",
@@ -193,7 +193,7 @@ def _already_placed(request: Any, host: str) -> dict[str, Any]:
 def _nothing_fits(request: Any, exc: Any) -> dict[str, Any]:
     """A guest no candidate host took: one host's answer as it is; several, each named."""
     from vmplacer.app.fleet_planner import no_fit_refusal
-    from vmplacer.core.nofit import NoFit
+    from vmplacer.core.placement.nofit import NoFit
 
     spec = request.spec
     no_fits = [(h, e) for h, e in exc.failures if isinstance(e, NoFit)]
@@ -231,7 +231,7 @@ def _hold_to_policy(container: Any, host_name: str, request_file: str, requests:
 
 
 def _pins(entry: dict[str, Any]) -> str:
-    from vmplacer.core.placement import placement_from_dict
+    from vmplacer.core.placement.guest_placement import placement_from_dict
 
     return placement_from_dict(entry).describe_pinning()
 

@@ -58,7 +58,7 @@ from vmplacer.cli.common import (
     refuse_options,
 )
 from vmplacer.cli.fleet_hosts import add_host_arguments
-from vmplacer.core.cpuset import format_cpuset
+from vmplacer.core.topology.cpuset import format_cpuset
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:

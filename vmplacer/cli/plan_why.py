@@ -16,9 +16,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from vmplacer.core.cpuset import format_cpuset
-from vmplacer.core.interference_scorer import interference_part
-from vmplacer.core.placement import Placement
+from vmplacer.core.topology.cpuset import format_cpuset
+from vmplacer.core.placement.interference_scorer import interference_part
+from vmplacer.core.placement.guest_placement import Placement
 
 MAX_JOINED_SHOWN = 3
 

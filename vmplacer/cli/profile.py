@@ -310,7 +310,7 @@ def _print_result(data: dict[str, Any]) -> None:
 
 def show_data(store: Any, vms: list[str], run_id: int | None) -> dict[str, Any]:
     """Distributions of the stored samples of `vms` in one run (newest holding them all by default)."""
-    from vmplacer.core.profile_stats import stored_summary
+    from vmplacer.core.model.profile_stats import stored_summary
 
     run_row = store.run(run_id) if run_id is not None else store.latest_run_with(vms)
     if run_row is None:

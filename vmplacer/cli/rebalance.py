@@ -126,7 +126,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def _plan_states() -> tuple[str, ...]:
-    from vmplacer.core.plan import PLAN_STATES
+    from vmplacer.core.rebalance.plan import PLAN_STATES
 
     return PLAN_STATES
 
@@ -177,7 +177,7 @@ def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
 # ----- building ---------------------------------------------------------------------------------------
 def _settings(args: argparse.Namespace, base: Any) -> Any:
     """The config file's `rebalance:` settings (`base`), with this run's flags on top."""
-    from vmplacer.core.policies.rebalance_state import RebalanceInputError
+    from vmplacer.core.rebalance.state import RebalanceInputError
 
     values: dict[str, Any] = {}
     if getattr(args, "max_actions", None) is not None:
@@ -514,7 +514,7 @@ def _where(action: dict[str, Any]) -> str:
 
 
 def _change(action: dict[str, Any]) -> str:
-    from vmplacer.core.placement import placement_from_dict
+    from vmplacer.core.placement.guest_placement import placement_from_dict
 
     if action["kind"] == "probe":
         trial = action["parameters"].get("trial")
@@ -524,7 +524,7 @@ def _change(action: dict[str, Any]) -> str:
             judged += f" of {' + '.join(str(h) for h in hosts)} together"
         return f"Freeze'nSense {action['parameters'].get('seconds', '')} s{judged}"
     if action["kind"] in ("throttle", "release"):
-        from vmplacer.core.bandwidth import CpuBandwidth
+        from vmplacer.core.placement.bandwidth import CpuBandwidth
 
         parameters = action["parameters"]
         shares = [CpuBandwidth.from_dict(parameters[k]).share for k in ("bandwidth_before", "bandwidth_after")]

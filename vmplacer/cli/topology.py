@@ -28,9 +28,9 @@ from vmplacer.cli.common import (
     emit,
     resolve_host,
 )
-from vmplacer.core.cpuset import format_cpuset
+from vmplacer.core.topology.cpuset import format_cpuset
 from vmplacer.core.text import plural
-from vmplacer.core.topology import Core, HostTopology
+from vmplacer.core.topology.host import Core, HostTopology
 
 if TYPE_CHECKING:
     from rich.tree import Tree

@@ -23,11 +23,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
-from vmplacer.core.cpuset import format_cpuset
-from vmplacer.core.isolation import isolation_violations
-from vmplacer.core.occupancy import exclusive_of
-from vmplacer.core.placement import Placement
-from vmplacer.core.topology import HostTopology
+from vmplacer.core.topology.cpuset import format_cpuset
+from vmplacer.core.placement.isolation import isolation_violations
+from vmplacer.core.placement.occupancy import exclusive_of
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.topology.host import HostTopology
 
 RECORD_STATES = ("planned", "defined", "running")
 # libvirt states in which the domain's QEMU process exists (and holds its pCPUs and memory).
@@ -170,7 +170,7 @@ def reconcile_host(
 
 def isolation_findings(host: str, topology: HostTopology, records: Iterable[RecordView], live: Iterable[LiveView],
                        *, emulator_cpus: frozenset[int] = frozenset()) -> list[Finding]:
-    """The isolation invariant (core/isolation.py) on the host as it runs: each domain's live
+    """The isolation invariant (core/placement/isolation.py) on the host as it runs: each domain's live
     pins, and the records of reservations not yet defined (pass only the records that stay:
     not those reconciling releases). Reported, never repaired here: who is in the wrong (the
     hand-pinned domain, or the owner's record) is the operator's call."""

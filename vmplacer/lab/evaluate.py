@@ -19,11 +19,11 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Protocol
 
-from vmplacer.core.interference import InterferenceModel, ModelConfig, Observation
-from vmplacer.core.pairs import PairTable
-from vmplacer.core.stats import rrmse
-from vmplacer.core.topology import HostTopology, uniform_topology
-from vmplacer.core.trial import Measured
+from vmplacer.core.model.interference import InterferenceModel, ModelConfig, Observation
+from vmplacer.core.model.pairs import PairTable
+from vmplacer.core.model.stats import rrmse
+from vmplacer.core.topology.host import HostTopology, uniform_topology
+from vmplacer.core.rebalance.trial import Measured
 from vmplacer.lab.profiling import (
     ProfiledHost,
     ProfileSettings,
@@ -71,7 +71,7 @@ def profile_and_measure(host: ProfiledHost, sampler: Sampler, clock: Clock,
                         key_by_name: bool = False) -> tuple[list[Observation], Measured]:
     """`profile_host`, plus each guest's measured share of its isolated performance read from the
     same run as the rebalancer reads it (app/profiler.py `measured_of`): what a measured trial
-    compares (core/trial.py)."""
+    compares (core/rebalance/trial.py)."""
     profiled = run_profiler(host, sampler, clock, settings)
     observations = observations_of(host, profiled, settings, key_by_name=key_by_name)
     return observations, measured(host, profiled, f"{len(observations)} observations")

@@ -24,9 +24,9 @@ from dataclasses import dataclass
 import numpy as np
 
 from vmplacer.lab.simulator import GroundTruth
-from vmplacer.core.interference import distance_matrix
-from vmplacer.core.layout_problem import utility
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.model.interference import distance_matrix
+from vmplacer.core.rebalance.layout_problem import utility
+from vmplacer.core.topology.host import uniform_topology
 
 DEFAULT_LIMIT = 1_000_000  # layouts; above it the optimum is not computed (memory, time)
 

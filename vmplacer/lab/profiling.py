@@ -22,10 +22,10 @@ from typing import Protocol
 
 from vmplacer.app.freeze import Freezer
 from vmplacer.app.profiler import ProfileResult, Profiler, ProfilerConfig, measured_of
-from vmplacer.core.interference import Exposure, Observation, Tenant, interference_terms
-from vmplacer.core.model_identity import model_identity
-from vmplacer.core.topology import HostTopology
-from vmplacer.core.trial import Measured
+from vmplacer.core.model.interference import Exposure, Observation, Tenant, interference_terms
+from vmplacer.core.model.identity import model_identity
+from vmplacer.core.topology.host import HostTopology
+from vmplacer.core.rebalance.trial import Measured
 from vmplacer.ports import Clock, DomainInfo, FreezableHost, FreezeEntry, ProfileSample, Sampler
 
 log = logging.getLogger(__name__)

@@ -33,14 +33,14 @@ from vmplacer.lab.profiling import ProfileSettings, run_profiler
 from vmplacer.app.executor import ExecutorSettings
 from vmplacer.app.rebalance import ROUNDS_PER_PROFILE, RebalancePorts, Rebalancer, RunOptions
 from vmplacer.lab.verdicts import SIMPLE, model_objectives, reach, step_threshold, true_objective, verdict
-from vmplacer.core.interference import InterferenceModel, ModelConfig, Observation, other_form
-from vmplacer.core.layout_problem import LayoutSolver
-from vmplacer.core.pairs import PairTable
-from vmplacer.core.profile_stats import degradation
-from vmplacer.core.plan import Action, CancelRequest, Plan, PlanError
-from vmplacer.core.policies.rebalance_state import RebalanceSettings
-from vmplacer.core.topology import HostTopology, uniform_topology
-from vmplacer.core.trial import CLOSE_CALL_NOTE, Measured, TrialOutcome, trial_outcome, verdict_label
+from vmplacer.core.model.interference import InterferenceModel, ModelConfig, Observation, other_form
+from vmplacer.core.rebalance.layout_problem import LayoutSolver
+from vmplacer.core.model.pairs import PairTable
+from vmplacer.core.model.profile_stats import degradation
+from vmplacer.core.rebalance.plan import Action, CancelRequest, Plan, PlanError
+from vmplacer.core.rebalance.state import RebalanceSettings
+from vmplacer.core.topology.host import HostTopology, uniform_topology
+from vmplacer.core.rebalance.trial import CLOSE_CALL_NOTE, Measured, TrialOutcome, trial_outcome, verdict_label
 
 STARTS = ("siblings", "random")
 

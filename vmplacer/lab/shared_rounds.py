@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from vmplacer.lab.simulator import SimCluster
-from vmplacer.core.topology import uniform_topology
+from vmplacer.core.topology.host import uniform_topology
 
 
 class WallClock:
@@ -61,7 +61,7 @@ def run_instance(url: str, holder: str, *, hosts: int, guests: int, batch_hosts:
     from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
     from vmplacer.adapters.db.rounds import SqlRoundStore
     from vmplacer.app.rebalance import RebalancePorts, Rebalancer, RunOptions
-    from vmplacer.core.policies.rebalance_state import RebalanceSettings
+    from vmplacer.core.rebalance.state import RebalanceSettings
 
     cluster = simulated_fleet(hosts, guests, seed=seed)
     engine = make_engine(url)

@@ -28,11 +28,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from vmplacer.core.bandwidth import CpuBandwidth
-from vmplacer.core.interference import distance_matrix
-from vmplacer.core.pairs import PairTable
-from vmplacer.core.placement import Placement
-from vmplacer.core.topology import NEIGHBOUR_CLASSES, DistanceClass, HostTopology
+from vmplacer.core.placement.bandwidth import CpuBandwidth
+from vmplacer.core.model.interference import distance_matrix
+from vmplacer.core.model.pairs import PairTable
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.topology.host import NEIGHBOUR_CLASSES, DistanceClass, HostTopology
 from vmplacer.ports import (
     DomainFacts,
     DomainGone,

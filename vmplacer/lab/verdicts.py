@@ -28,11 +28,11 @@ from typing import Any
 
 import numpy as np
 
-from vmplacer.core.interference import InterferenceModel
-from vmplacer.core.layout_problem import utility
-from vmplacer.core.plan import Plan
-from vmplacer.core.policies.rebalance import evaluate_cluster
-from vmplacer.core.policies.rebalance_state import ClusterState, HostState, RebalanceSettings, describe_guest
+from vmplacer.core.model.interference import InterferenceModel
+from vmplacer.core.rebalance.layout_problem import utility
+from vmplacer.core.rebalance.plan import Plan
+from vmplacer.core.rebalance.policy import evaluate_cluster
+from vmplacer.core.rebalance.state import ClusterState, HostState, RebalanceSettings, describe_guest
 from vmplacer.core.text import plural
 
 SIMPLE = ("seed_policy", "blind_spread")

@@ -13,9 +13,9 @@ from dataclasses import replace
 from typing import Any, TYPE_CHECKING
 
 from vmplacer.api.hostcache import TimedValue
-from vmplacer.core.cpu_map import CpuUse, cpu_layout, cpu_uses, node_free
-from vmplacer.core.cpuset import format_cpuset
-from vmplacer.core.placement import Placement, placement_from_dict
+from vmplacer.core.topology.cpu_map import CpuUse, cpu_layout, cpu_uses, node_free
+from vmplacer.core.topology.cpuset import format_cpuset
+from vmplacer.core.placement.guest_placement import Placement, placement_from_dict
 from vmplacer.ports import HypervisorError
 
 if TYPE_CHECKING:
@@ -170,7 +170,7 @@ class WebViews:
         """One recorded guest of `host`: its placement, its ζ/ζb history, the loss the model
         predicts from each neighbour, and the plans that touched it; None when `host` records no
         such guest. Raises HypervisorError when the host's topology cannot be read."""
-        from vmplacer.core.model_view import neighbour_losses, tenant_of
+        from vmplacer.core.model.view import neighbour_losses, tenant_of
 
         container = self.services.container
         record = container.placement_store.get(name)
@@ -216,7 +216,7 @@ class WebViews:
         return self._model.get()
 
     def model_tables(self) -> dict[str, Any]:
-        from vmplacer.core.model_view import coefficient_tables
+        from vmplacer.core.model.view import coefficient_tables
 
         info = self.services.container.model_repository.info() or {"name": "default", "observations": 0,
                                                                   "last_run_id": None, "updated_at": None}

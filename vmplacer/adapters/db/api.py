@@ -385,7 +385,7 @@ def queue_plan_apply(sessions: sessionmaker[Session], plan_id: int, hosts: list[
     the job, the others ApplyRefused. The plan row is written first, which locks it (the
     row on PostgreSQL, the database on SQLite) until the job row is committed."""
     from vmplacer.adapters.db.models import PlanRow
-    from vmplacer.core.plan import not_appliable
+    from vmplacer.core.rebalance.plan import not_appliable
 
     with sessions() as session:
         touched = session.execute(update(PlanRow).where(PlanRow.id == plan_id).values(updated_at=utcnow())).rowcount

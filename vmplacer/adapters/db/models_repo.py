@@ -5,7 +5,7 @@ from __future__ import annotations
 from sqlalchemy import select
 
 from vmplacer.adapters.db.models import InterferenceModelRow
-from vmplacer.core.interference import InterferenceModel
+from vmplacer.core.model.interference import InterferenceModel
 
 
 class SqlModelRepository:

@@ -16,8 +16,8 @@ from sqlalchemy.orm import Session
 
 from vmplacer.adapters.db.models import CpuClaimRow, HostRow, PlacementRow, utcnow
 from vmplacer.adapters.db.repositories import ensure_host
-from vmplacer.core.occupancy import exclusive_of
-from vmplacer.core.placement import Placement, placement_from_dict
+from vmplacer.core.placement.occupancy import exclusive_of
+from vmplacer.core.placement.guest_placement import Placement, placement_from_dict
 from vmplacer.ports import RecordedPlacement
 
 ACTIVE_STATES = ("planned", "defined", "running")

@@ -42,10 +42,10 @@ from vmplacer.adapters.db.models import (
     utcnow,
 )
 from vmplacer.adapters.db.repositories import ensure_host
-from vmplacer.core.occupancy import exclusive_of
-from vmplacer.core.placement import Placement, placement_from_dict
-from vmplacer.core.plan import Action, CancelRequest, Plan, PlanError
-from vmplacer.core.trial import TrialOutcome, trial_outcome, verdict_label
+from vmplacer.core.placement.occupancy import exclusive_of
+from vmplacer.core.placement.guest_placement import Placement, placement_from_dict
+from vmplacer.core.rebalance.plan import Action, CancelRequest, Plan, PlanError
+from vmplacer.core.rebalance.trial import TrialOutcome, trial_outcome, verdict_label
 from vmplacer.ports import ClaimConflict
 
 MOVING_KINDS = ("repin", "set_memory_nodes", "migrate")
@@ -231,7 +231,7 @@ class SqlPlanStore:
         with self.sessions.begin() as session:
             # The write comes first: it takes the row (PostgreSQL) or the database (SQLite) before
             # anything is read, so a second closer waits here and then finds the plan failed.
-            # running → failed is a move the plan lifecycle allows (core.plan).
+            # running → failed is a move the plan lifecycle allows (core.rebalance.plan).
             result = session.execute(update(PlanRow)
                                      .where(PlanRow.id == plan_id, PlanRow.state == "running", ~live_lease)
                                      .values(state="failed", message=message, updated_at=now))

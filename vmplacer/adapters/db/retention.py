@@ -54,7 +54,7 @@ from vmplacer.adapters.db.models import (
     ProfileSampleRow,
     utcnow,
 )
-from vmplacer.core.plan import PLAN_FINAL_STATES
+from vmplacer.core.rebalance.plan import PLAN_FINAL_STATES
 
 DEFAULT_BATCH = 1000
 JOB_FINAL_STATES = ("succeeded", "failed")

@@ -8,7 +8,7 @@ from sqlalchemy import delete, select, update
 from sqlalchemy.orm import Session, sessionmaker
 
 from vmplacer.adapters.db.models import ThrottleRow, utcnow
-from vmplacer.core.bandwidth import CpuBandwidth
+from vmplacer.core.placement.bandwidth import CpuBandwidth
 from vmplacer.ports import ThrottleLedger, ThrottleRecord
 
 

@@ -22,7 +22,7 @@ from vmplacer.api.schemas import (
 )
 from vmplacer.api.strict_json import StrictJsonRoute
 from vmplacer.api.xml_policy import admit_base_xml, policy_refusal
-from vmplacer.core.guest import GuestSpec
+from vmplacer.core.placement.guest import GuestSpec
 
 router = APIRouter(prefix="/v1/placements", tags=["placements"], route_class=StrictJsonRoute)
 

@@ -63,7 +63,7 @@ def list_plans(request: Request, limit: int = Query(default=20, ge=1, le=500),
                                                      "(repeatable; default: every state)"),
                include_empty: bool = Query(default=True, description="false: leave out `empty` plans (runs "
                                            "that found nothing to do)")) -> dict[str, Any]:
-    from vmplacer.core.plan import PLAN_STATES
+    from vmplacer.core.rebalance.plan import PLAN_STATES
 
     states = list(state) if state else list(PLAN_STATES)
     if not include_empty:

@@ -173,7 +173,7 @@ def stored_profile(services: ApiServices, guest: str, run_id: int | None, host: 
     """ζ, ζb and degradation distributions of one VM from the stored samples of one run
     (the newest run holding samples of it, unless `run_id` says which)."""
     from vmplacer.bootstrap.profiler import profile_store
-    from vmplacer.core.profile_stats import stored_summary
+    from vmplacer.core.model.profile_stats import stored_summary
 
     store = profile_store(services.container)
     run = store.run(run_id) if run_id is not None else store.latest_run_with([guest], host)

@@ -19,7 +19,7 @@ from vmplacer.app.actions.memory import SetMemoryNodes
 from vmplacer.app.actions.migrate import Migrate
 from vmplacer.app.actions.pinning import Repin
 from vmplacer.app.actions.probe import OnVerdict, Probe
-from vmplacer.core.trial import Measured
+from vmplacer.core.rebalance.trial import Measured
 from vmplacer.ports import Hypervisor
 
 __all__ = ["ActionFailed", "ActionKind", "Check", "action_kinds"]

@@ -13,8 +13,8 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
-from vmplacer.core.placement import Placement
-from vmplacer.core.plan import Action, Plan
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.plan import Action, Plan
 from vmplacer.ports import DomainGone, DomainInfo, Hypervisor, HypervisorError
 
 

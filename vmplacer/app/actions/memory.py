@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from vmplacer.app.actions.base import ActionKind, Check, running_placement
-from vmplacer.core.cpuset import format_cpuset
-from vmplacer.core.plan import Action, Plan
+from vmplacer.core.topology.cpuset import format_cpuset
+from vmplacer.core.rebalance.plan import Action, Plan
 
 
 class SetMemoryNodes(ActionKind):

@@ -8,9 +8,9 @@ from collections.abc import Mapping
 from dataclasses import replace
 
 from vmplacer.app.actions.base import ActionFailed, ActionKind, Check, find, pins_equal, pins_text
-from vmplacer.core.cpuset import format_cpuset
-from vmplacer.core.placement import Placement
-from vmplacer.core.plan import Action, Plan
+from vmplacer.core.topology.cpuset import format_cpuset
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.plan import Action, Plan
 from vmplacer.ports import Hypervisor, HypervisorError
 
 

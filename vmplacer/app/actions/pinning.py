@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 from vmplacer.app.actions.base import ActionKind, Check, pins_equal, pins_text, running_placement
-from vmplacer.core.cpuset import format_cpuset
-from vmplacer.core.placement import Placement
-from vmplacer.core.plan import Action, Plan
+from vmplacer.core.topology.cpuset import format_cpuset
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.plan import Action, Plan
 from vmplacer.ports import Hypervisor
 
 

@@ -1,6 +1,6 @@
 """Probe: a short profiling run on a host; it changes nothing, so there is nothing to undo.
 
-A probe with a `trial` parameter also judges the moves it follows (core/trial.py):
+A probe with a `trial` parameter also judges the moves it follows (core/rebalance/trial.py):
 it compares what it measured with the host's measurement before those moves (the
 run's profile, or the previous trial's probe) and, when the verdict is to go back,
 `rejected` says why, and the executor undoes the moves the probe depends on. A trial
@@ -17,9 +17,9 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import replace
 
 from vmplacer.app.actions.base import ActionKind, Check
-from vmplacer.core.placement import Placement
-from vmplacer.core.plan import Action, Plan
-from vmplacer.core.trial import CLOSE_CALL_NOTE, Measured, TrialError, Verdict, close_call, combined, judge, pooled
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.plan import Action, Plan
+from vmplacer.core.rebalance.trial import CLOSE_CALL_NOTE, Measured, TrialError, Verdict, close_call, combined, judge, pooled
 from vmplacer.ports import Hypervisor
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,1 @@
+"""core/model: the interference model: measurements, fitting, identities, what it predicts."""

@@ -1,0 +1,1 @@
+"""core/rebalance: rebalancing: the what-if layouts, the search and its stages, plans and trials."""

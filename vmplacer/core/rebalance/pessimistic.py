@@ -1,0 +1,353 @@
+"""The model's layout against the blind spread, judged pessimistically.
+
+The search maximizes the model's prediction, and a maximum of a noisy estimate
+leans toward the layouts the model overrates: those whose predicted gain rests
+on coefficients it learned from few observations, or guessed. After the
+search, each host's final layout F competes with the interference-blind spread
+S of the same guests (each pinned vCPU on the least crowded pCPU, then core —
+the rule that needs no model). F stays when its predicted advantage over S holds
+at the lower confidence bound: the advantage minus `pessimism` standard
+deviations of what the coefficients of the pairs whose distance differs between
+F and S may be wrong by (`_Host.pair_spread`: few observations, or none at that
+distance), or when the two are predicted equal (fewer moves). Otherwise the
+host ends spread, provided the spread itself clears the plan's usual bar
+against the start (a sure gain of `min_gain`); a host that starts spread (an
+earlier run spread it) stays so unless the model's layout holds at the same
+bound; a host whose start the model rates above the spread keeps the search's
+moves. A layout backed by data keeps its gain; one whose predicted advantage
+rests on few or unobserved pairs does not beat the spread.
+
+The layout not chosen is not forgotten: it becomes the host's measured trial
+(core/rebalance/trial.py), tried after the plan's moves and kept only if Freeze'nSense
+measures it better; what earlier trials measured decides before the model does.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+from dataclasses import replace
+
+import numpy as np
+
+from vmplacer.core.rebalance.layout import _Host, _locality_nodes
+from vmplacer.core.rebalance.state import PINNED
+from vmplacer.core.rebalance.trial import layout_key
+
+
+def spread_layout(search, host: _Host) -> dict[str, dict[int, frozenset[int]]] | None:
+    """The blind spread of the host's movable vCPUs pinned one to a pCPU at the start (guest-name
+    order; the search may have pooled them since): each on
+    the pCPU with the fewest vCPUs, then the emptiest core; others count as load. None when
+    nothing may move or the result breaks a rule."""
+    movable = [n for n in sorted(host.guests) if search.original[n].mode == PINNED and search.movable(n)
+               and n not in search.migrated
+               and all(len(p) == 1 for p in search.original[n].placement.vcpupin.values())]
+    if not movable:
+        return None
+    cpu_load: dict[int, float] = {c: 0.0 for c in host.cpus}
+    for name, pins in host.pins.items():
+        if name in movable:
+            continue
+        for cpus in pins.values():
+            for c in cpus:
+                cpu_load[c] = cpu_load.get(c, 0.0) + 1.0 / len(cpus)
+    core_of = {c: host.topology.cpus[c].core for c in host.cpus}
+    core_load: dict[int, float] = {}
+    for cpu, load in cpu_load.items():
+        core_load[core_of[cpu]] = core_load.get(core_of[cpu], 0.0) + load
+    layout: dict[str, dict[int, frozenset[int]]] = {}
+    least = LeastLoadedPicker(cpu_load, core_load, core_of)
+    for name in movable:
+        nodes = _locality_nodes(host, host.guests[name], host.pins[name])
+        allowed = tuple(sorted(c for c in host.usable if not nodes or host.node_of[c] in nodes))
+        if not allowed:
+            return None
+        pins: dict[int, frozenset[int]] = {}
+        for vcpu in sorted(host.pins[name]):
+            cpu = least.pick(allowed)
+            pins[vcpu] = frozenset({cpu})
+            cpu_load[cpu] += 1.0
+            core_load[core_of[cpu]] += 1.0
+        layout[name] = pins
+    return layout
+
+
+class LeastLoadedPicker:
+    """min(allowed, key=(its load, its core's load, pCPU)) over and over while the loads only grow:
+    a heap per set of allowed pCPUs whose entries may lag behind (a lagging entry is never above
+    its pCPU's key, so the top, once up to date, is the least of them all; pCPUs are distinct, so
+    there are no ties). Every vCPU of every guest asks: a scan each time is what made the spread
+    cost as much as the search's moves."""
+
+    def __init__(self, cpu_load: dict[int, float], core_load: dict[int, float], core_of: dict[int, int]):
+        self.cpu_load, self.core_load, self.core_of = cpu_load, core_load, core_of
+        self.heaps: dict[tuple[int, ...], list[tuple[float, float, int]]] = {}
+
+    def _key(self, cpu: int) -> tuple[float, float, int]:
+        return self.cpu_load[cpu], self.core_load[self.core_of[cpu]], cpu
+
+    def pick(self, allowed: tuple[int, ...]) -> int:
+        heap = self.heaps.get(allowed)
+        if heap is None:
+            heap = [self._key(c) for c in allowed]
+            heapq.heapify(heap)
+            self.heaps[allowed] = heap
+        while True:
+            key = self._key(heap[0][2])
+            if key == heap[0]:
+                return key[2]
+            heapq.heapreplace(heap, key)
+
+
+def doubt(search, move) -> float:
+    """Standard deviation of the move's predicted interference change: every pair term that
+    changes (who hurts whom, at which distance, with what share of time) counts the variance
+    of its coefficient before and after."""
+    hosts = sorted({search.host_of[c.guest] for c in move.changes} | {c.host for c in move.changes})
+    before = [search.hosts[h].pair_spread(search.hosts[h].pieces()) for h in hosts]
+    undo = search._try(move)
+    try:
+        after = [search.hosts[h].pair_spread(search.hosts[h].pieces()) for h in hosts]
+    finally:
+        undo()
+    variance = 0.0
+    for (keys_b, terms_b, var_b), (keys_a, terms_a, var_a) in zip(before, after):
+        # a piece is (guest, vCPU) wherever it runs: a pair at the same distance before and after
+        # has the same coefficient, and its change is known exactly
+        union = {k: i for i, k in enumerate(dict.fromkeys([k[:2] for k in keys_b + keys_a]))}
+        n = len(union)
+        if n == 0:
+            continue
+        delta = np.zeros((n, n))
+        spread = np.zeros((n, n))
+        for keys, terms, var, sign in ((keys_b, terms_b, var_b, -1.0), (keys_a, terms_a, var_a, 1.0)):
+            if not keys:
+                continue
+            at = np.array([union[k[:2]] for k in keys])
+            delta[np.ix_(at, at)] += sign * terms
+            spread[np.ix_(at, at)] += var
+        variance += float(spread[np.abs(delta) > 1e-12].sum())
+    return math.sqrt(variance)
+
+
+def choose_pessimistically(search) -> bool:
+    """Each host ends at the model's layout, or at the blind spread when the model's advantage
+    over it fails at its lower confidence bound (module docstring); True when a host was spread.
+    A measurement that already compared the two (a trial of an earlier run) decides instead of
+    the model. The layout not chosen becomes the host's trial (`search.trials`): tried after the
+    plan's moves and kept only when Freeze'nSense measures it better. Reports go to
+    `search.pessimistic`."""
+    settings = search.settings
+    if search.betas.empty:
+        return False
+    moved_hosts = {search.host_of[g] for g in search.migrated} | set(search.migrated.values())
+    changed = False
+    for name in sorted(search.hosts):
+        host = search.hosts[name]
+        if name in moved_hosts:
+            continue
+        layout = spread_layout(search, host)
+        if layout is None:
+            continue
+        model_layout = {g: dict(host.pins[g]) for g in layout}
+        search.layout_guests[name] = sorted(layout)
+        start = {g: dict(search.original[g].placement.vcpupin) for g in layout}
+        keys = {"model": layout_key(name, model_layout), "spread": layout_key(name, layout),
+                "start": layout_key(name, start)}
+        report: dict = {"host": name}
+        spread = compare_layout(search, host, layout, "spread")
+        if spread is None:  # the search ended spread (or the spread breaks a rule)
+            continue
+        target, (advantage, sigma, move) = "spread", spread
+        # when what sets the two apart is time sharing alone (arithmetic, not a guess), the model
+        # knows which is better, and a measurement would only add its noise: no trial
+        trial = settings.trials and abs(move.gain - move.linear_gain) >= search.min_gain_on([name])
+        sure = _sure_from_start(search, host, layout)
+        report["spread"] = {"advantage": round(advantage, 4), "sd": round(sigma, 4),
+                            "sure_gain_from_start": round(sure, 4)}
+        if (keys["spread"], keys["model"]) in search.measured_better:
+            report["measured"] = "the spread measured better than the model's layout"
+            bound = -math.inf
+        elif (keys["model"], keys["spread"]) in search.measured_better:
+            report["measured"] = "the model's layout measured better than the spread"
+            bound = math.inf
+        elif settings.pessimism <= 0:
+            bound = math.inf
+        else:
+            if sure < search.min_gain_on([name]):
+                if start != layout:  # the start is better than the spread: the model's moves from it stand
+                    report["kept"] = "model (the spread does not clear the minimum gain from the start)"
+                    search.pessimistic.append(report)
+                    if trial:
+                        offer_trial(search, name, keys, "model", layout, "spread", "blind spread")
+                    continue
+                # the host is spread already (an earlier run spread it): leaving it must pass the same bound
+                found = compare_layout(search, host, start, "stay")
+                if found is None:
+                    continue
+                target, (advantage, sigma, move) = "start", found
+                report["start"] = {"advantage": round(advantage, 4), "sd": round(sigma, 4)}
+            bound = advantage - settings.pessimism * sigma
+            report["lower_bound"] = round(bound, 4)
+        search.pessimistic.append(report)
+        if bound >= 0 or (advantage <= 1e-9 and "measured" not in report):  # surely better, or no worse
+            report["kept"] = "model"
+            if trial and model_layout != layout:
+                offer_trial(search, name, keys, "model", layout, "spread", "blind spread")
+            continue
+        if search.actions_if(move) > settings.max_actions:
+            report["kept"] = "model (action budget)"
+            continue
+        what = "blind spread" if target == "spread" else "starting layout"
+        if "measured" in report:
+            move.reason = f"{what} of {name}: {report['measured']} in an earlier trial"
+        else:
+            move.reason = (f"{what} of {name}: the model's layout predicted {advantage:+.3f} better, "
+                           f"but not at its lower bound ({bound:+.3f}, sd {sigma:.3f})")
+        search._take(move)
+        _restore_modes(search, host, layout)
+        report["kept"] = target
+        search.ruled.add(name)
+        changed = True
+        if trial and advantage > 1e-9:
+            offer_trial(search, name, keys, "spread" if target == "spread" else "start", model_layout,
+                         "model", "model's layout")
+    return _keep_what_measured_better(search) or changed
+
+
+def offer_declined_layouts(search) -> None:
+    """An exact layout the model rates worth its threshold but whose sure gain is not, or whose
+    host is in back-off (a host the pessimistic check left alone, no migration), becomes the
+    host's trial when it has none: the measurement decides what the model's data could not. A
+    layout measured either way lately is not tried again (`offer_trial`)."""
+    if not search.settings.trials:
+        return
+    moved_hosts = {search.host_of[g] for g in search.migrated} | set(search.migrated.values())
+    for name, layout in sorted(search.declined_layouts.items()):
+        if name in search.trials or name in moved_hosts or name in search.ruled:
+            continue
+        host = search.hosts[name]
+        if any(g not in host.guests for g in layout):
+            continue
+        here = {g: dict(host.pins[g]) for g in layout}
+        if here == layout:
+            continue
+        label = ("exact layout of a host in back-off (its planned layouts measured worse lately)"
+                 if name in search.held else "exact layout whose predicted gain the model's confidence declined")
+        offer_trial(search, name, {"here": layout_key(name, here)}, "here", layout, "exact", label)
+
+
+def _keep_what_measured_better(search) -> bool:
+    """A host whose plan leads to a layout an earlier trial measured worse than where it is now
+    stays where it is (the planned moves were undone then, and the model has not learned why)."""
+    changed = False
+    for name, guests in sorted(search.layout_guests.items()):
+        host = search.hosts[name]
+        start = {g: dict(search.original[g].placement.vcpupin) for g in guests}
+        here = layout_key(name, start)
+        there = layout_key(name, {g: dict(host.pins[g]) for g in guests})
+        if here == there or (here, there) not in search.measured_better:
+            continue
+        found = compare_layout(search, host, start, "stay")
+        if found is None:
+            continue
+        _, _, move = found
+        move.reason = f"{name} stays as it is: the planned layout measured worse than this one in an earlier trial"
+        search._take(move)
+        _restore_modes(search, host, guests)
+        search.trials.pop(name, None)
+        search.ruled.add(name)
+        search.pessimistic.append({"host": name, "kept": "start (measured better than the planned layout)"})
+        _offer_exact_from_start(search, name, start, here, there)
+        changed = True
+    return changed
+
+
+def _offer_exact_from_start(search, name: str, start: dict[str, dict[int, frozenset[int]]],
+                            here: str, there: str) -> None:
+    """The exact solver started from the climb's layout and was judged against it; once that
+    layout is known to measure worse and the host stays, the solver's own layout is judged from
+    where the host stays: worth `min_gain` by the model, it becomes the host's trial (measured,
+    kept only if better), unless it is the layout measured worse or was measured already."""
+    solved = search.exact_layouts.get(name)
+    host = search.hosts[name]
+    if not search.settings.trials or solved is None or any(g not in start for g in solved):
+        return
+    layout = {g: dict(solved.get(g, pins)) for g, pins in start.items()}  # keyed as `here` and `there`
+    if layout_key(name, layout) == there:
+        return
+    found = compare_layout(search, host, layout, "relayout")
+    if found is None or -found[0] < search.min_gain_on([name]):
+        return
+    offer_trial(search, name, {"here": here}, "here", layout, "exact",
+                f"exact layout (predicted {-found[0]:+.3f} from where {name} stays)")
+
+
+def _restore_modes(search, host: _Host, guests) -> None:
+    """Guests the search pooled are pinned again, as they started."""
+    for guest in guests:
+        if search.guests[guest].mode != search.original[guest].mode:
+            search.guests[guest] = replace(search.guests[guest], mode=search.original[guest].mode)
+            host.guests[guest] = search.guests[guest]
+
+
+def offer_trial(search, host: str, keys: dict[str, str], at: str, layout: dict[str, dict[int, frozenset[int]]],
+                 what: str, label: str, budget: int | None = None) -> None:
+    """Note the layout to try after the plan's moves, unless a measurement already compared it with
+    the one the host ends at (either way round) or the host tried `budget` layouts lately (default
+    `trial_max`)."""
+    if search.tried.get(host, 0) >= (search.settings.trial_max if budget is None else budget):
+        return  # enough tried on this host lately: the model learns from what was measured
+    here, there = keys[at], layout_key(host, layout)
+    if here == there or (here, there) in search.measured_better or (there, here) in search.measured_better:
+        return
+    if what == "spread" and any(loser == there for _, loser in search.measured_better):
+        return  # the spread measured worse than the model's layout lately: the model's later layouts keep it
+    search.trials[host] = {"layout": {g: dict(p) for g, p in layout.items()}, "what": what, "label": label,
+                           "from_key": here, "to_key": there}
+
+
+def compare_layout(search, host: _Host, layout: dict[str, dict[int, frozenset[int]]],
+                   kind: str) -> tuple[float, float, object] | None:
+    """(the model's advantage of the host as it is over `layout`, its standard deviation, the move
+    to `layout`); None when `layout` is where the host is or breaks a rule."""
+    current = {g: dict(host.pins[g]) for g in layout}
+    changes = [(g, host.name, pins) for g, pins in layout.items() if current[g] != pins]
+    if not changes:
+        return None
+    move = search.new_move(kind, changes)
+    before, before_lin = search.host_objective(host), search._linear_objective(host)
+    undo = search._try(move)
+    try:
+        after, after_lin = search.host_objective(host), search._linear_objective(host)
+        broken = search.violations(host, list(layout)) or not search._floors_hold(host)
+    finally:
+        undo()
+    if broken:
+        return None
+    move.gain, move.linear_gain = after - before, after_lin - before_lin
+    return before - after, doubt(search, move), move
+
+
+def _sure_from_start(search, host: _Host, layout: dict[str, dict[int, frozenset[int]]]) -> float:
+    """The sure gain of going from the guests' starting pins straight to `layout`."""
+    current = {g: dict(host.pins[g]) for g in host.guests}
+    start = {g: dict(search.original[g].placement.vcpupin) for g in layout}
+    for g, pins in start.items():
+        host.set_pins(g, pins)
+    try:
+        move = search.new_move("spread", [(g, host.name, pins) for g, pins in layout.items() if start[g] != pins])
+        if not move.changes:
+            return 0.0
+        before, before_lin = search.host_objective(host), search._linear_objective(host)
+        undo = search._try(move)
+        try:
+            after, after_lin = search.host_objective(host), search._linear_objective(host)
+        finally:
+            undo()
+        move.gain, move.linear_gain = after - before, after_lin - before_lin
+        return search._judge(move)
+    finally:
+        for g, pins in current.items():
+            host.set_pins(g, pins)

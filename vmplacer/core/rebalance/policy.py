@@ -1,0 +1,240 @@
+"""The rebalance policy: moves that raise predicted weighted performance, as a Plan.
+
+Pure: it gets the cluster state, the interference model and the settings,
+searches on a what-if copy and returns a `Plan` (nothing is touched).
+
+Objective. Each running guest v gets a predicted performance p_v — the share
+of its full-speed throughput (every vCPU at its load) it gets in the layout,
+from the interference model: time sharing of pCPUs, and pairwise losses by
+distance class (with no learned data the model is the linear predictor and
+only time sharing counts). The objective is
+
+    J = Σ_v w_v · (p_v − φ · max(0, 1 − p_v)²)
+
+w_v weighs latency-critical guests and the `priority` label; φ (`fairness`)
+is small: among layouts of equal total it prefers the one where the worst-off
+guest does better (three busy vCPUs on two pCPUs: all three floating over both
+beat two sharing one pCPU while the third has the other). Protected guests
+(latency-critical, priority > 0, or a `perf_floor` label) are never pushed
+below their floor: the label's value, else their predicted performance before
+the run.
+
+Moves, evaluated with the model on a what-if layout (local search, steepest
+ascent, one move per round):
+
+* move one pinned vCPU to another pCPU of its host;
+* swap the pCPUs of two pinned vCPUs of different guests;
+* pool: the shareable pinned vCPUs of an oversubscribed node float over the
+  node's shared pool (the placement engine's rule for shared vCPUs);
+* relocate a guest, vCPUs and memory, to another NUMA node of its host;
+* migrate a guest to another host (pinned there greedily, or by the placement
+  engine for guests vmplacer placed).
+
+Every move keeps the placement engine's rules (exclusive pCPUs stay
+exclusive, isolate guests keep whole cores, memory fits its nodes,
+anti-affinity holds, reserved pCPUs stay unused). A move is taken only if it
+raises J by `min_gain` (hysteresis), or by `min_gain_share` of the full speed
+of the guests on the hosts it touches when that is less (a host of four guests
+would otherwise leave 1.25 % of their mean on the table); a migration or a memory move must also
+pay for itself: its cost (`migration_cost`: downtime and slowdown while
+copying, in VM-seconds at full speed) divided by `horizon_s` is subtracted,
+and the rest must clear `min_migration_gain`. Guests moved within
+`cooldown_s` stay put; at most `max_actions` actions are planned.
+
+The parts: `rebalance/state` (what the policy is given), `rebalance/layout`
+(a host's what-if layout and its predicted performance), `rebalance/search`
+(the moves and the local search), `rebalance/actions` (the plan's actions
+from the moves found). This module holds the entry points.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Iterable, Mapping
+
+from vmplacer.core.collector import collection_held
+from vmplacer.core.model.interference import InterferenceModel
+from vmplacer.core.text import plural
+from vmplacer.core.rebalance.layout_problem import LayoutSolver
+from vmplacer.core.rebalance.plan import Plan
+from vmplacer.core.rebalance.actions import _build_actions, plan_from_search
+from vmplacer.core.rebalance.layout import BetaTable, _locality_nodes
+from vmplacer.core.rebalance.layout import utility  # noqa: F401  (still importable from here)
+from vmplacer.core.rebalance.search import RebalanceSearch
+from vmplacer.core.rebalance.state import (
+    EXCLUSIVE,
+    FIXED,
+    PINNED,
+    ClusterState,
+    GuestState,
+    HostState,
+    RebalanceInputError,
+    RebalanceSettings,
+    describe_guest,
+)
+from vmplacer.core.stage_times import NO_STAGE_TIMES, StageTimes
+from vmplacer.core.rebalance.trial import Backoff
+
+__all__ = [
+    "ClusterState", "GuestState", "HostState", "RebalanceSettings", "RebalanceInputError", "describe_guest",
+    "plan_rebalance", "evaluate_cluster", "exhaustive_best", "BetaTable", "declined_text",
+]
+
+
+# --------------------------------------------------------------------------- public entry points
+def plan_rebalance(
+    state: ClusterState,
+    model: InterferenceModel,
+    settings: RebalanceSettings | None = None,
+    *,
+    now: float | None = None,
+    last_moved: Mapping[str, float] | None = None,
+    scope: Iterable[str] | None = None,
+    hosts: Iterable[str] | None = None,
+    solver: LayoutSolver | None = None,
+    measured: Iterable[tuple[str, str]] | None = None,
+    tried: Mapping[str, int] | None = None,
+    explore_kept: Mapping[str, int] | None = None,
+    pooled: Iterable[str] | None = None,
+    held: Mapping[str, Backoff] | None = None,
+    refuted: Iterable[str] | None = None,
+    second: InterferenceModel | None = None,
+    times: StageTimes | None = None,
+) -> Plan:
+    """Search moves on a what-if copy of `state`; the resulting Plan (state "proposed", or
+    "empty" — final — when no move is worth making).
+
+    `now` and `last_moved` (guest -> epoch seconds of its last move) drive the
+    cool-down; `scope` limits which guests may move (the others still count
+    as load); `hosts` limits the hosts the plan may touch; `solver` (optional) lays out
+    small hosts exactly after the local search (`exact_max_cpus`); `measured` holds (winner,
+    loser) layout keys that earlier trials compared by measurement (core/rebalance/trial.py), `tried` how
+    many layouts each host tried lately (at most `trial_max` per `trial_memory_s`), `explore_kept` how
+    many of them were kept (rebalance/steps); `pooled` names
+    floating guests an earlier plan floated, which the search may pin again; `held` names hosts
+    in back-off (core/trial.backoffs): their data-driven moves are not planned, only tried;
+    `refuted` names hosts whose planned layouts measured worse lately, where `second` (the
+    model in its other form) gives a second opinion (rebalance/second). `times` (optional)
+    collects the seconds each stage took, on the caller's clock.
+    """
+    with collection_held():  # a fleet's what-if state is millions of objects kept to the end
+        return _plan(state, model, settings or RebalanceSettings(), now=now, last_moved=last_moved, scope=scope,
+                     hosts=hosts, solver=solver, measured=measured, tried=tried, explore_kept=explore_kept,
+                     pooled=pooled, held=held, refuted=refuted, second=second, times=times)
+
+
+def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSettings, *, now: float | None,
+          last_moved: Mapping[str, float] | None, scope: Iterable[str] | None, hosts: Iterable[str] | None,
+          solver: LayoutSolver | None, measured: Iterable[tuple[str, str]] | None, tried: Mapping[str, int] | None,
+          explore_kept: Mapping[str, int] | None, pooled: Iterable[str] | None, held: Mapping[str, Backoff] | None,
+          refuted: Iterable[str] | None, second: InterferenceModel | None, times: StageTimes | None) -> Plan:
+    """`plan_rebalance`'s work, its arguments as given."""
+    if hosts is not None:
+        allowed = set(hosts)
+        unknown = sorted(allowed - set(state.hosts))
+        if unknown:
+            raise RebalanceInputError(f"hosts {unknown} are not in the cluster state")
+        state = ClusterState({n: h for n, h in state.hosts.items() if n in allowed},
+                             {n: g for n, g in state.guests.items() if g.host in allowed})
+    at = 0.0 if now is None else now
+    times = times or NO_STAGE_TIMES
+    with times.stage("setup"):
+        search = RebalanceSearch(state, model, settings, now, last_moved or {}, scope, solver,
+                         held={host: b.why(at) for host, b in (held or {}).items()})
+    search.times = times
+    search.measured_better = set(measured or ())
+    search.tried = dict(tried or {})
+    search.explore_kept = dict(explore_kept or {})
+    search.pooled = set(pooled or ())
+    search.refuted = set(refuted or ())
+    search.second = second
+    with times.stage("setup"):
+        before = search.total_objective()
+    search.run()
+    with times.stage("actions"):
+        after = search.total_objective()
+        actions, predicted = _build_actions(search, model)
+    fixed = sorted(f"{g.name} ({g.why_fixed})" for g in search.guests.values() if g.mode == FIXED and g.why_fixed)
+    moved = sum(1 for a in actions if a.kind != "probe")
+    summary = (f"{plural(moved, 'action')}; predicted objective {before:.3f} → {after:.3f}" if moved
+               else f"no move clears the minimum gain of {settings.min_gain:g}{_per_guest(settings)}: nothing to do")
+    if search.declined:
+        summary += "; declined: " + declined_text(search.declined[-1])
+    notes = {"fixed": fixed, "held": sorted(search.held.values()), "rejected": search.rejected[:20],
+             "declined": search.declined[-5:],
+             "exact": search.exact, "pessimistic": search.pessimistic,
+             "refuted": sorted(search.refuted), "second_opinion": search.second_opinions,
+             "trials": [{"host": h, "what": t["what"], "from_key": t["from_key"], "to_key": t["to_key"]}
+                        for h, t in sorted({**search.trials, **search.group_trials}.items())]}
+    return plan_from_search(search, actions, predicted, before=before, after=after, summary=summary, notes=notes,
+                            now=now)
+
+
+def _per_guest(settings: RebalanceSettings) -> str:
+    return f" (or {settings.min_gain_share:g} per guest on hosts of few guests)" if settings.min_gain_share > 0 else ""
+
+
+def declined_text(declined: Mapping[str, object]) -> str:
+    """One declined gain in words: what, how much, and what declined it."""
+    by = declined["declined_by"]
+    why = {
+        "min_gain": f"below the minimum gain {declined['threshold']:g}",
+        "min_migration_gain": f"below the minimum migration gain {declined['threshold']:g}",
+        "confidence": (f"only +{declined['sure_gain']:.3f} of it is sure at confidence {declined['confidence']:.2f}, "
+                       f"below {declined['threshold']:g}"),
+        "migration_cost": f"the migration costs {declined['cost']:.3f}, leaving less than {declined['threshold']:g}",
+        "max_actions": "the action budget is spent",
+        "backoff": "its host's recent planned layouts measured worse (back-off): only tried, kept if measured better",
+    }.get(str(by), str(by))
+    return f"{declined['move']} (predicted +{float(declined['predicted_gain']):.3f}): {why}"
+
+
+def evaluate_cluster(state: ClusterState, model: InterferenceModel,
+                     settings: RebalanceSettings | None = None) -> tuple[float, dict[str, float]]:
+    """(objective, each guest's predicted performance) of the state as it is."""
+    search = RebalanceSearch(state, model, settings or RebalanceSettings(), None, {}, None)
+    return search.total_objective(), search.perf_by_guest()
+
+
+def exhaustive_best(state: ClusterState, model: InterferenceModel, settings: RebalanceSettings | None = None,
+                    host: str | None = None) -> tuple[float, dict[str, dict[int, frozenset[int]]]]:
+    """The best layout of one host's movable pinned vCPUs by enumeration (tiny hosts, for checking).
+
+    Every movable guest keeps its host; each of its single-pinned vCPUs may go
+    to any pCPU its rules allow. Returns (objective of that host, guest -> pins).
+    Raises RebalanceInputError when the host has more layouts than `exhaustive_limit`.
+    """
+    settings = settings or RebalanceSettings()
+    search = RebalanceSearch(state, model, settings, None, {}, None)
+    name = host or next(iter(sorted(search.hosts)))
+    target = search.hosts[name]
+    slots = [(n, v) for n, g in target.guests.items() if g.mode in (PINNED, EXCLUSIVE)
+             for v, pins in sorted(target.pins[n].items()) if len(pins) == 1]
+    options = []
+    for guest, vcpu in slots:
+        nodes = _locality_nodes(target, target.guests[guest], target.pins[guest])
+        cpus = set(target.usable)
+        if nodes:
+            cpus &= set().union(*(target.node_cpus[n] for n in nodes))
+        options.append(sorted(cpus))
+    count = math.prod(len(o) for o in options) if options else 1
+    if count > settings.exhaustive_limit:
+        raise RebalanceInputError(f"host {name}: {count} layouts exceed the exhaustive limit "
+                                  f"{settings.exhaustive_limit}")
+    base_pins = {n: dict(p) for n, p in target.pins.items()}
+    best_value, best_layout = -math.inf, base_pins
+    for choice in itertools.product(*options):
+        layout = {n: dict(p) for n, p in base_pins.items()}
+        for (guest, vcpu), cpu in zip(slots, choice):
+            layout[guest][vcpu] = frozenset({cpu})
+        for guest, pins in layout.items():
+            target.set_pins(guest, pins)
+        if search.violations(target, [g for g, _ in slots]):
+            continue
+        value = search.host_objective(target)
+        if value > best_value + 1e-12:
+            best_value, best_layout = value, layout
+    for guest, pins in base_pins.items():
+        target.set_pins(guest, pins)
+    return best_value, best_layout
