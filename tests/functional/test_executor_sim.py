@@ -25,13 +25,13 @@ def sim():
     return cluster
 
 
-def rebalancer(sim, db, holder="run-a", settings=None, executor_settings=None) -> Rebalancer:
+def rebalancer(sim, db, holder="run-a", settings=None, executor_settings=None, **ports) -> Rebalancer:
     return Rebalancer(
         RebalancePorts(hosts=dict(sim.hosts), plans=SqlPlanStore(db), leases=SqlLeaseStore(db), clock=sim.clock,
                        wall=lambda: 1_700_000_000.0 + sim.clock.now(),
                        placements=SqlPlacementUpdates(db, {"h1": "sim://h1", "h2": "sim://h2"}),
                        audit=SqlPlacementStore(db),
-                       specs=lambda name: (SqlPlacementStore(db).get(name) or {}).get("spec")),
+                       specs=lambda name: (SqlPlacementStore(db).get(name) or {}).get("spec"), **ports),
         holder=holder, settings=settings, executor_settings=executor_settings,
     )
 
