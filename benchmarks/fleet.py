@@ -104,7 +104,7 @@ def request():  # type: ignore[no-untyped-def]
 
 def fleet(size: int, seed: int = 7):  # type: ignore[no-untyped-def]
     """`size` FleetHosts: shapes in rotation, 40 % partly full (seeded)."""
-    from vmplacer.app.fleet_planner import FleetHost
+    from vmplacer.app.place.fleet_planner import FleetHost
     from vmplacer.core.placement.allocate import NoFit, allocate
     from vmplacer.core.placement.guest import GuestSpec
 
@@ -132,7 +132,7 @@ def fleet(size: int, seed: int = 7):  # type: ignore[no-untyped-def]
 
 def measure(size: int, mode: str) -> dict:
     """One plan in this process: times, peak RSS, guests placed, total score."""
-    from vmplacer.app.fleet_planner import FleetPlanner
+    from vmplacer.app.place.fleet_planner import FleetPlanner
 
     hosts = fleet(size)
     specs = request()

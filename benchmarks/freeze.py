@@ -45,8 +45,8 @@ from vmplacer.adapters.db.profiles import SqlFreezeJournal  # noqa: E402
 from vmplacer.adapters.libvirt_freeze import LibvirtFreezableHost  # noqa: E402
 from vmplacer.adapters.libvirt_host import LibvirtHost  # noqa: E402
 from vmplacer.adapters.process_identity import current_owner  # noqa: E402
-from vmplacer.app.freeze import Freezer  # noqa: E402
-from vmplacer.app.profiler import ProfilerConfig, SensitiveSelector  # noqa: E402
+from vmplacer.app.observe.freeze import Freezer  # noqa: E402
+from vmplacer.app.observe.profiler import ProfilerConfig, SensitiveSelector  # noqa: E402
 from vmplacer.bootstrap import Container  # noqa: E402
 from vmplacer.bootstrap.profiler import build_profiler  # noqa: E402
 from vmplacer.config import HostSettings, settings_from_mapping  # noqa: E402

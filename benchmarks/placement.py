@@ -219,7 +219,7 @@ def fill_case(seed: int = 100) -> dict:
 
 def fleet_batch_case(seed: int = 14) -> dict:
     """100 mixed guests, one request, 10 hosts: file order against batch placement."""
-    from vmplacer.app.fleet_planner import FleetHost, FleetPlanner
+    from vmplacer.app.place.fleet_planner import FleetHost, FleetPlanner
 
     hosts = [FleetHost(f"h{i}", replace(host(2, 8, 2, 1, 64), name=f"h{i}")) for i in range(10)]  # 32 pCPUs each
     rng = random.Random(seed)

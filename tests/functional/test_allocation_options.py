@@ -14,9 +14,9 @@ from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
 from vmplacer.adapters.request_file import parse_request_text
 from vmplacer.lab.simulator import SimCluster
-from vmplacer.app.placement_service import PlacementService
-from vmplacer.app.rebalance import RebalancePorts, Rebalancer
-from vmplacer.app.fleet_planner import FleetHost
+from vmplacer.app.place.placement_service import PlacementService
+from vmplacer.app.rebalance.rebalancer import RebalancePorts, Rebalancer
+from vmplacer.app.place.fleet_planner import FleetHost
 from vmplacer.cli.fleet_plan import plan_on
 from vmplacer.core.placement.guest import GuestSpec
 from vmplacer.core.placement.nofit import NoFit

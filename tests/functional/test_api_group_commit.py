@@ -28,7 +28,7 @@ with warnings.catch_warnings():
 from vmplacer.adapters.db.api import SqlTokenStore
 from vmplacer.api.app import create_app
 from vmplacer.api.services import ApiOptions
-from vmplacer.app.placement_service import host_lock
+from vmplacer.app.place.placement_service import host_lock
 
 ROOT = Path(__file__).resolve().parents[2]
 CAPS = ROOT / "examples" / "hosts" / "xeon-2s-56c-smt2.xml"

@@ -155,7 +155,7 @@ def test_ranges_and_topologies():
 def test_the_evaluation_loop_profiles_with_productions_budget():
     """A profile step and a trial's probe of the evaluated loop are ROUNDS_PER_PROFILE rounds, each
     with the configured default of pair probes: vmplacer is judged on the samples it takes."""
-    from vmplacer.app.rebalance import ROUNDS_PER_PROFILE
+    from vmplacer.app.rebalance.rebalancer import ROUNDS_PER_PROFILE
     from vmplacer.lab.rebalance_eval import VmplacerLoop
     from vmplacer.config import ProfilerSettings
 

@@ -10,8 +10,8 @@ import pytest
 from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore
 from vmplacer.lab.simulator import SimCluster
-from vmplacer.app.executor import Executor, ExecutorError, ExecutorSettings
-from vmplacer.app.rebalance import RebalanceError, RebalancePorts, Rebalancer, RunOptions
+from vmplacer.app.apply.executor import Executor, ExecutorError, ExecutorSettings
+from vmplacer.app.rebalance.rebalancer import RebalanceError, RebalancePorts, Rebalancer, RunOptions
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.rebalance.state import RebalanceSettings
 from vmplacer.core.topology.host import uniform_topology

@@ -9,8 +9,8 @@ from dataclasses import replace
 
 from tests.unit.test_fleet_survey import NoRecords, _fleet
 from vmplacer.api.hostcache import HostSnapshots, SnapshotStore
-from vmplacer.app.fleet_placement import FleetPlacement, SurveyMemo
-from vmplacer.app.placement_service import PlacementService
+from vmplacer.app.place.fleet_placement import FleetPlacement, SurveyMemo
+from vmplacer.app.place.placement_service import PlacementService
 from vmplacer.core.placement.allocate import allocate
 from vmplacer.core.placement.guest import GuestSpec
 from vmplacer.ports import DomainInfo

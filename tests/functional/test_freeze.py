@@ -16,7 +16,7 @@ from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.models import FreezeJournalRow
 from vmplacer.adapters.db.profiles import SqlFreezeJournal
 from vmplacer.adapters.process_identity import current_owner, owner_alive
-from vmplacer.app.freeze import FreezeAborted, Freezer, replay_journal
+from vmplacer.app.observe.freeze import FreezeAborted, Freezer, replay_journal
 from vmplacer.ports import DomainGone, HypervisorError
 
 
@@ -156,7 +156,7 @@ def test_a_suspend_the_daemon_never_answers_aborts_the_freeze_instead_of_holding
     not hold the caller (and the frozen neighbours) with it. The freeze aborts once the
     grace past max_freeze is over, while that suspend is still hanging; when it finally
     lands, the thread that issued it resumes it."""
-    monkeypatch.setattr("vmplacer.app.freeze.SUSPEND_ANSWER_GRACE_S", 0.2)
+    monkeypatch.setattr("vmplacer.app.observe.freeze.SUSPEND_ANSWER_GRACE_S", 0.2)
     host = three_guests()
     answer = threading.Event()
     host.on_suspend = lambda name: answer.wait() if name == "n2" else None

@@ -15,7 +15,7 @@ from vmplacer.adapters.db.freeze_rescues import RESCUE_ACTION, rescue_summary, w
 from vmplacer.adapters.db.models import AuditRow
 from vmplacer.adapters.db.profiles import SqlFreezeJournal
 from vmplacer.adapters.process_identity import current_owner, owner_alive
-from vmplacer.app.freeze import HANDOFF_S, FreezeAborted, Freezer, replay_journal
+from vmplacer.app.observe.freeze import HANDOFF_S, FreezeAborted, Freezer, replay_journal
 
 
 class RecordingGuard:

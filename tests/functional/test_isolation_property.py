@@ -22,9 +22,9 @@ from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates
 from vmplacer.adapters.db.throttles import SqlThrottleLedger
 from vmplacer.adapters.domain_xml import render_domain
 from vmplacer.lab.simulator import VirtualClock
-from vmplacer.app.executor import Executor
-from vmplacer.app.placement_service import PlacementService
-from vmplacer.app.reconcile import Reconciler
+from vmplacer.app.apply.executor import Executor
+from vmplacer.app.place.placement_service import PlacementService
+from vmplacer.app.observe.reconcile import Reconciler
 from vmplacer.core.placement.allocate import NoFit
 from vmplacer.core.placement.bandwidth import CpuBandwidth, throttled_to
 from vmplacer.core.placement.guest import GuestSpec

@@ -7,7 +7,7 @@ import pytest
 
 from vmplacer.adapters.db.models_repo import SqlModelRepository
 from vmplacer.adapters.db.profiles import SqlProfileStore
-from vmplacer.app.learn import SECOND_FORM, learn_both_forms, learn_from_runs
+from vmplacer.app.learn.online import SECOND_FORM, learn_both_forms, learn_from_runs
 from vmplacer.core.model.interference import ADDITIVE, MULTIPLICATIVE, Tenant
 from vmplacer.core.topology.host import uniform_topology
 from vmplacer.ports import Neighbour, ProfileSample

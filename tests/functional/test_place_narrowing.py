@@ -12,7 +12,7 @@ from vmplacer.adapters.capabilities import read_capabilities_file
 from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.models import AuditRow
 from vmplacer.adapters.db.placements import SqlPlacementStore
-from vmplacer.app.placement_service import PlacementService
+from vmplacer.app.place.placement_service import PlacementService
 from vmplacer.core.placement.guest import GuestSpec
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.ports import DomainGone, DomainInfo

@@ -8,7 +8,7 @@ import pytest
 
 from tests.functional.test_executor_sim import crowd, pins, rebalancer, sim  # noqa: F401 - fixtures
 from vmplacer.adapters.db.plans import SqlPlanStore
-from vmplacer.app.rebalance import PlanNotFound, PlanStateError, RunOptions, cancel_plan
+from vmplacer.app.rebalance.rebalancer import PlanNotFound, PlanStateError, RunOptions, cancel_plan
 from vmplacer.core.rebalance.plan import PLAN_FINAL_STATES
 from vmplacer.core.rebalance.state import RebalanceSettings
 

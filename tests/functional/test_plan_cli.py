@@ -12,7 +12,7 @@ import pytest
 from tests.support import require, run_vmplacer
 from vmplacer.adapters.domain_xml import parse_placement
 from vmplacer.adapters.request_file import load_request_file
-from vmplacer.app.fleet_planner import FleetHost
+from vmplacer.app.place.fleet_planner import FleetHost
 from vmplacer.cli.fleet_plan import plan_on
 from vmplacer.core.placement.occupancy import exclusive_of
 from vmplacer.core.placement.guest_placement import Placement

@@ -16,7 +16,7 @@ from sqlalchemy import select, update
 from tests.functional.test_executor_sim import crowd, pins, rebalancer, sim  # noqa: F401 - fixtures
 from vmplacer.adapters.db.models import AuditRow, HostLeaseRow, utcnow
 from vmplacer.adapters.db.plans import STOPPED_BEFORE, SqlLeaseStore, SqlPlanStore
-from vmplacer.app.rebalance import PlanStateError, RunOptions, cancel_plan
+from vmplacer.app.rebalance.rebalancer import PlanStateError, RunOptions, cancel_plan
 from vmplacer.lab.rebalance_eval import MemoryPlanStore
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.rebalance.plan import Action, Plan

@@ -26,8 +26,8 @@ from vmplacer.api.app import create_app
 from vmplacer.api.routes.protect import PROTECT_JOB, protect_handler
 from vmplacer.api.services import ApiOptions
 from vmplacer.app.jobs import JobRunner
-from vmplacer.app.protect import Measurement, ProtectLoop
-from vmplacer.app.rebalance import RebalancePorts, Rebalancer
+from vmplacer.app.protect.loop import Measurement, ProtectLoop
+from vmplacer.app.rebalance.rebalancer import RebalancePorts, Rebalancer
 from vmplacer.core.protect.decisions import LoopSettings
 from vmplacer.core.protect.policy import MIN_SHARE_LABEL, PROTECT_LABEL
 from vmplacer.core.topology.host import uniform_topology

@@ -11,8 +11,8 @@ from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
 from vmplacer.adapters.db.throttles import SqlThrottleLedger
 from vmplacer.lab.simulator import SimCluster
-from vmplacer.app.protect import Measurement, ProtectLoop
-from vmplacer.app.rebalance import RebalancePorts, Rebalancer
+from vmplacer.app.protect.loop import Measurement, ProtectLoop
+from vmplacer.app.rebalance.rebalancer import RebalancePorts, Rebalancer
 from vmplacer.core.protect.decisions import LoopSettings
 from vmplacer.core.protect.policy import MIN_SHARE_LABEL, PROTECT_LABEL
 from vmplacer.core.topology.host import uniform_topology

@@ -13,7 +13,7 @@ from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.models import HostLeaseRow
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
 from vmplacer.lab.simulator import SimCluster
-from vmplacer.app.rebalance import RebalancePorts, Rebalancer, RunOptions
+from vmplacer.app.rebalance.rebalancer import RebalancePorts, Rebalancer, RunOptions
 from vmplacer.core.rebalance.state import RebalanceSettings
 from vmplacer.core.topology.host import uniform_topology
 

@@ -10,7 +10,7 @@ import pytest
 from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore
 from vmplacer.lab.simulator import SimCluster
-from vmplacer.app.rebalance import RebalancePorts, Rebalancer
+from vmplacer.app.rebalance.rebalancer import RebalancePorts, Rebalancer
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.rebalance.plan import Action, Plan
 from vmplacer.core.rebalance.state import RebalanceSettings

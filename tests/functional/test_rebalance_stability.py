@@ -7,7 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from vmplacer.lab.simulator import SimCluster
-from vmplacer.app.rebalance import RunOptions
+from vmplacer.app.rebalance.rebalancer import RunOptions
 from vmplacer.lab.rebalance_eval import DISTANCE_PRIOR, Case, HostShape, VmplacerLoop, build, starting_point
 from vmplacer.core.model.interference import ModelConfig
 from vmplacer.core.model.pairs import parse_pairs

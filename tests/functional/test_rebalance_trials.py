@@ -15,9 +15,9 @@ from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore
 from vmplacer.lab.simulator import SimCluster
 from vmplacer.api.metrics import ApiMetrics, trial_outcome_gauges
-from vmplacer.app.actions.probe import OnVerdict
+from vmplacer.app.apply.actions.probe import OnVerdict
 from vmplacer.app.jobs import JobContext
-from vmplacer.app.rebalance import RebalancePorts, Rebalancer
+from vmplacer.app.rebalance.rebalancer import RebalancePorts, Rebalancer
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.rebalance.plan import Action, Plan
 from vmplacer.core.rebalance.state import RebalanceSettings

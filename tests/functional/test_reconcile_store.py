@@ -18,7 +18,7 @@ from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.models import AuditRow, CpuClaimRow, PlacementRow, utcnow
 from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore
-from vmplacer.app.reconcile import Reconciler, ReconcileError
+from vmplacer.app.observe.reconcile import Reconciler, ReconcileError
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.ports import DomainInfo, HypervisorError
 

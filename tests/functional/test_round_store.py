@@ -8,7 +8,7 @@ import time
 
 from vmplacer.adapters.db.plans import SqlLeaseStore
 from vmplacer.adapters.db.rounds import SqlRoundStore
-from vmplacer.app.rebalance import round_key
+from vmplacer.app.rebalance.rebalancer import round_key
 from vmplacer.lab.shared_rounds import run_instance
 
 HOSTS = ["h000", "h001", "h002", "h003"]

@@ -10,8 +10,8 @@ from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
 from vmplacer.adapters.db.throttles import SqlThrottleLedger
 from vmplacer.lab.simulator import SimCluster
-from vmplacer.app.executor import Executor
-from vmplacer.app.rebalance import RebalancePorts, Rebalancer
+from vmplacer.app.apply.executor import Executor
+from vmplacer.app.rebalance.rebalancer import RebalancePorts, Rebalancer
 from vmplacer.core.placement.bandwidth import CpuBandwidth, throttled_to
 from vmplacer.core.rebalance.plan import Action, Plan, PlanError
 from vmplacer.core.topology.host import uniform_topology
@@ -99,7 +99,7 @@ def test_a_failed_verify_reverts_to_the_previous_bandwidth(sim, db):
 
 
 def test_rollback_restores_bandwidth_and_the_ledger(sim, db):
-    from vmplacer.app.executor import ExecutorSettings
+    from vmplacer.app.apply.executor import ExecutorSettings
 
     plans = SqlPlanStore(db)
     plan = plans.save(Plan(actions=(action("throttle", UNLIMITED, throttled_to(0.5)),
@@ -169,7 +169,7 @@ def test_libvirt_test_driver_refuses_bandwidth_with_a_clear_error():
 
 
 def test_reconcile_reports_throttles_gone_changed_and_not_ours(sim, db):
-    from vmplacer.app.reconcile import Reconciler
+    from vmplacer.app.observe.reconcile import Reconciler
 
     host = sim.hosts["h1"]
     host.define_domain("other", workload="spin", vcpupin=[1])

@@ -22,7 +22,7 @@ def main(argv: list[str]) -> None:
     config_path, names_arg, t_m, max_freeze = argv[0], argv[1], float(argv[2]), float(argv[3])
     names = tuple(names_arg.split(","))
 
-    from vmplacer.app.profiler import ProfilerConfig, SensitiveSelector
+    from vmplacer.app.observe.profiler import ProfilerConfig, SensitiveSelector
     from vmplacer.bootstrap import Container
     from vmplacer.bootstrap.profiler import build_profiler
     from vmplacer.config import load_settings

@@ -20,8 +20,8 @@ from vmplacer.adapters.db.plans import SqlPlacementUpdates
 from vmplacer.adapters.domain_xml import render_domain
 from vmplacer.adapters.domain_xml_fields import NAMESPACE
 from vmplacer.adapters.libvirt_host import LibvirtHost
-from vmplacer.app.executor import Executor
-from vmplacer.app.placement_service import PlacementService
+from vmplacer.app.apply.executor import Executor
+from vmplacer.app.place.placement_service import PlacementService
 from vmplacer.config import HostSettings
 from vmplacer.core.topology.cpuset import parse_cpuset
 from vmplacer.core.placement.guest import GuestSpec

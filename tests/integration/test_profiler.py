@@ -21,7 +21,7 @@ import pytest
 from vmplacer.adapters.libvirt_freeze import LibvirtFreezableHost
 from vmplacer.adapters.samplers import _local_pmu, choose_metric, detect_perf_counters
 from vmplacer.adapters.samplers.cpu import CpuShareSampler
-from vmplacer.app.profiler import ProfilerConfig, SensitiveSelector
+from vmplacer.app.observe.profiler import ProfilerConfig, SensitiveSelector
 from vmplacer.bootstrap import Container
 from vmplacer.bootstrap.profiler import build_profiler
 from vmplacer.config import settings_from_mapping
@@ -498,7 +498,7 @@ def test_a_pair_probe_freezes_all_but_the_pair_and_isolates_one_neighbour(testbe
     """a and b time-share pCPU 1, c runs on pCPU 0. A probe of (a, c) freezes b: a then runs
     alone on its pCPU, so its ζp/ζb recovers the half its ζ/ζb loses to b; the probe's
     sample names c as the only neighbour it ran with. (a, b) is never probed (one pCPU)."""
-    from vmplacer.app.learn import observations_from_samples
+    from vmplacer.app.learn.online import observations_from_samples
 
     a, b, c = boot(make_guest, ("a", {"pin": "1", "emulator_pin": "0", "report_ms": 50}),
                    ("b", {"pin": "1", "emulator_pin": "0", "report_ms": 50}),

@@ -40,7 +40,7 @@ def main(argv: list[str]) -> None:
     if kill_phase == "replay-only":
         return
 
-    from vmplacer.app.profiler import ProfilerConfig, SensitiveSelector
+    from vmplacer.app.observe.profiler import ProfilerConfig, SensitiveSelector
     from vmplacer.bootstrap.profiler import build_profiler
 
     seen = {"n": 0}

@@ -8,7 +8,7 @@ from dataclasses import replace
 import pytest
 
 from vmplacer.lab.simulator import SimCluster
-from vmplacer.app.actions import Check, action_kinds
+from vmplacer.app.apply.actions import Check, action_kinds
 from vmplacer.core.placement.bandwidth import CpuBandwidth, throttled_to
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.rebalance.plan import ACTION_KINDS, Action

@@ -4,7 +4,7 @@ topology alone (with the reason) when the model cannot be read."""
 from __future__ import annotations
 
 from tests.admission_model import learned
-from vmplacer.app.admission import ModelAdmission, profiles_of
+from vmplacer.app.place.admission import ModelAdmission, profiles_of
 from vmplacer.core.placement.guest import GuestSpec
 from vmplacer.core.model.interference import InterferenceModel
 from vmplacer.core.placement.interference_scorer import AdmissionSettings, GuestProfile, interference_part

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import itertools
 
-from vmplacer.app.fleet_planner import FleetHost, FleetPlanner
+from vmplacer.app.place.fleet_planner import FleetHost, FleetPlanner
 from vmplacer.core.placement.batch import Fitted, Refused, hardest_first, place_batch
 from vmplacer.core.placement.guest import GuestSpec
 from vmplacer.core.placement.guest_placement import Placement

@@ -78,7 +78,8 @@ def test_plan_from_a_file_renders_but_opens_no_database_or_host():
     assert {"jinja2", "yaml", "lxml"} <= libraries
     assert not libraries & NEVER
     # the application's batch planner works on views alone: nothing else of the layers above core
-    assert {m for m in ours if m.startswith(PROJECT_LAYERS)} == {"vmplacer.app", "vmplacer.app.fleet_planner"}
+    assert {m for m in ours if m.startswith(PROJECT_LAYERS)} == {"vmplacer.app", "vmplacer.app.place",
+                                                                 "vmplacer.app.place.fleet_planner"}
 
 
 # ----- the dispatcher's table -------------------------------------------------------------------

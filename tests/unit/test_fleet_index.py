@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.unit.allocation_fixtures import TOPOLOGIES
-from vmplacer.app.fleet_planner import FleetHost, FleetPlanner, host_classes
+from vmplacer.app.place.fleet_planner import FleetHost, FleetPlanner, host_classes
 from vmplacer.core.placement.allocate import NoFit, allocate
 from vmplacer.core.placement.fleet_index import Demand, may_fit, rank, room_of, shortlist
 from vmplacer.core.placement.guest import GuestSpec

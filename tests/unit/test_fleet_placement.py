@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from vmplacer.app.fleet_placement import FleetPlacement, NothingFits
-from vmplacer.app.placement_service import PlacementService
+from vmplacer.app.place.fleet_placement import FleetPlacement, NothingFits
+from vmplacer.app.place.placement_service import PlacementService
 from vmplacer.core.placement.guest import GuestSpec
 from vmplacer.core.placement.nofit import NoFit
 from vmplacer.core.placement.guest_placement import Placement

@@ -8,7 +8,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from vmplacer.app.group_commit import GroupCommit
+from vmplacer.app.place.group_commit import GroupCommit
 
 WAIT_S = 30.0  # only how long a thread that never arrives is waited for before failing
 

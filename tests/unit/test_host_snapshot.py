@@ -10,11 +10,12 @@ from typing import Any
 import pytest
 
 from vmplacer.api.hostcache import HostSnapshots, SnapshotStore
-from vmplacer.app import fleet_placement, placement_service, rebalance
-from vmplacer.app.fleet_placement import FleetPlacement, observe_host
-from vmplacer.app.host_snapshot import HostSnapshot, take_snapshot
-from vmplacer.app.placement_service import PlacementService
-from vmplacer.app.rebalance import RebalancePorts, Rebalancer
+from vmplacer.app.place import fleet_placement, placement_service
+from vmplacer.app.rebalance import rebalancer as rebalance
+from vmplacer.app.place.fleet_placement import FleetPlacement, observe_host
+from vmplacer.app.observe.host_snapshot import HostSnapshot, take_snapshot
+from vmplacer.app.place.placement_service import PlacementService
+from vmplacer.app.rebalance.rebalancer import RebalancePorts, Rebalancer
 from vmplacer.core.placement.guest import GuestSpec
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.placement.admit import AllocationOptions
@@ -210,7 +211,7 @@ def test_the_api_cache_serves_repeated_snapshots_from_one_read(taken: list[HostS
 def test_a_snapshot_binds_the_refusals_domains_declare_and_those_on_record_together():
     """A domain's declared anti-affinity counts with no record of it (a restored database, a
     second deployment); with a record too, both rules bind, each peer once."""
-    from vmplacer.app.host_snapshot import joined_refusals
+    from vmplacer.app.observe.host_snapshot import joined_refusals
 
     host = _CountingHost()
     pinned = host._domains[0]

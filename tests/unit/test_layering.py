@@ -170,11 +170,11 @@ def test_vmplacer_eval_imports_the_lab_only_inside_its_handlers():
 
 
 def test_the_lab_rule_has_teeth():
-    graph = {"vmplacer.app.rebalance": {"vmplacer.lab.simulator"},
+    graph = {"vmplacer.app.rebalance.rebalancer": {"vmplacer.lab.simulator"},
              "vmplacer.cli.eval": {"vmplacer.lab.evaluate"},
              "vmplacer.lab.evaluate": {"vmplacer.core.model.pairs", "vmplacer.lab.simulator", "vmplacer.bootstrap"},
-             "vmplacer.lab.simulator": {"vmplacer.ports", "vmplacer.adapters.cpsat_layout", "vmplacer.app.executor"}}
-    assert _lab_problems(graph) == ["vmplacer.app.rebalance imports vmplacer.lab.simulator",
+             "vmplacer.lab.simulator": {"vmplacer.ports", "vmplacer.adapters.cpsat_layout", "vmplacer.app.apply.executor"}}
+    assert _lab_problems(graph) == ["vmplacer.app.rebalance.rebalancer imports vmplacer.lab.simulator",
                                     "vmplacer.lab.evaluate imports vmplacer.bootstrap"]
 
 

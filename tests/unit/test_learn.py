@@ -6,7 +6,7 @@ from collections import Counter
 
 import pytest
 
-from vmplacer.app.learn import observations_from_samples
+from vmplacer.app.learn.online import observations_from_samples
 from vmplacer.core.topology.host import DistanceClass
 
 

@@ -10,8 +10,8 @@ import re
 
 import pytest
 
-from vmplacer.app.learn import DEFAULT_MODEL, learn_from_runs, observations_from_samples
-from vmplacer.app.learn_identities import GuestIdentities
+from vmplacer.app.learn.online import DEFAULT_MODEL, learn_from_runs, observations_from_samples
+from vmplacer.app.learn.identities import GuestIdentities
 from vmplacer.core.placement.guest import MAX_LABEL_VALUE, GuestSpec
 from vmplacer.core.model.interference import InterferenceModel, Tenant
 from vmplacer.core.placement.interference_scorer import profile_from_labels, profile_of_spec

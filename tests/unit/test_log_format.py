@@ -18,7 +18,7 @@ FORGED = 'web"1\n2026-01-01T00:00:00.000Z INFO vmplacer: forged \x1b[31m'
 
 
 def record(message: str, *args: object, **extra: object) -> logging.LogRecord:
-    entry = logging.LogRecord("vmplacer.app.protect", logging.WARNING, __file__, 1, message, args, None)
+    entry = logging.LogRecord("vmplacer.app.protect.loop", logging.WARNING, __file__, 1, message, args, None)
     entry.__dict__.update(extra)
     return entry
 
@@ -28,7 +28,7 @@ def test_json_is_one_object_per_line_with_time_level_logger_message_and_extras()
     assert "\n" not in line
     entry = json.loads(line)
     assert ISO_MS.match(entry["time"]), entry["time"]
-    assert (entry["level"], entry["logger"]) == ("warning", "vmplacer.app.protect")
+    assert (entry["level"], entry["logger"]) == ("warning", "vmplacer.app.protect.loop")
     assert entry["message"] == f"throttled {FORGED}" and entry["vm"] == FORGED and entry["share"] == 0.25
 
 

@@ -4,7 +4,7 @@ executor stops a running plan between actions there as it does on the database."
 from __future__ import annotations
 
 from vmplacer.lab.simulator import SimCluster
-from vmplacer.app.rebalance import RebalancePorts, Rebalancer, cancel_plan
+from vmplacer.app.rebalance.rebalancer import RebalancePorts, Rebalancer, cancel_plan
 from vmplacer.lab.rebalance_eval import MemoryLeaseStore, MemoryPlanStore
 from vmplacer.core.rebalance.state import RebalanceSettings
 from vmplacer.core.topology.host import uniform_topology

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import pytest
 
-from vmplacer.app.freeze import Freezer
-from vmplacer.app.profiler import (
+from vmplacer.app.observe.freeze import Freezer
+from vmplacer.app.observe.profiler import (
     Profiler,
     ProfilerConfig,
     ProfilerError,

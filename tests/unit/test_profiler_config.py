@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from vmplacer.app.profiler import SensitiveSelector
+from vmplacer.app.observe.profiler import SensitiveSelector
 from vmplacer.bootstrap.profiler_config import SensitiveSpecError, profiler_config
 from vmplacer.config import ProfilerSettings
 

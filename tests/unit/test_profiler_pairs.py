@@ -11,8 +11,8 @@ from collections import Counter
 import pytest
 
 from tests.unit.test_profiler import FakeDomain, FakeHost, VirtualClock, make_profiler
-from vmplacer.app.learn import observations_from_samples
-from vmplacer.app.profiler import ProfilerConfig, SensitiveSelector
+from vmplacer.app.learn.online import observations_from_samples
+from vmplacer.app.observe.profiler import ProfilerConfig, SensitiveSelector
 from vmplacer.core.model.profile_stats import overhead_formula
 from vmplacer.core.topology.host import DistanceClass, uniform_topology
 

@@ -18,7 +18,7 @@ from vmplacer.api.auth import require_principal
 if TYPE_CHECKING:
     from vmplacer.ports import PlacementStore
     from vmplacer.api.services import ApiServices
-    from vmplacer.app.placement_service import PlacementService
+    from vmplacer.app.place.placement_service import PlacementService
 
 
 @dataclass(frozen=True)

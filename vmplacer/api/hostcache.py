@@ -1,6 +1,6 @@
 """Short-lived snapshots of each host for dry runs.
 
-A dry-run placement takes the host's snapshot (app/host_snapshot.py: its
+A dry-run placement takes the host's snapshot (app/observe/host_snapshot.py: its
 topology, its domains with their pinning, parsed from XML, and the placements
 recorded in the database) through the same `take_snapshot` as every other
 path, from a `CachedHost` view and a `SnapshotStore`: this module caches the
@@ -15,7 +15,7 @@ is due, one request refreshes it while the others go on with the previous
 one (never older than twice its TTL), so a refresh never stalls a burst. In
 `vmplacer serve` a background thread (`keep_fresh`) does the refreshing for the
 whole fleet, and `changes` counts the refreshes that read something new: host
-choice among a thousand hosts then ranks a remembered fleet (app/fleet_placement.py,
+choice among a thousand hosts then ranks a remembered fleet (app/place/fleet_placement.py,
 `SurveyMemo`) instead of reading a few dozen domain lists per request.
 
 Only dry runs read snapshots. Placements that change a host read everything

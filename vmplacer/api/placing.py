@@ -1,6 +1,6 @@
 """Placement requests: pick the host, plan or place, and say why when nothing fits.
 
-Host choice is the application's (app/fleet_placement.py); this module maps its
+Host choice is the application's (app/place/fleet_placement.py); this module maps its
 answers and errors to HTTP.
 
 - dry run: every candidate host is planned on its snapshot (see hostcache), the
@@ -22,8 +22,8 @@ from typing import Any, TYPE_CHECKING
 from vmplacer.adapters.domain_xml import DomainXmlError, parse_domain
 from vmplacer.adapters.libvirt_errors import INVALID, DomainRefused
 from vmplacer.api.errors import ApiError, field_problems
-from vmplacer.app.fleet_placement import FleetPlacement, NothingFits
-from vmplacer.app.placement_service import PlaceResult
+from vmplacer.app.place.fleet_placement import FleetPlacement, NothingFits
+from vmplacer.app.place.placement_service import PlaceResult
 from vmplacer.core.placement.guest import GuestSpec
 from vmplacer.core.placement.nofit import NoFit
 from vmplacer.ports import HypervisorError

@@ -29,7 +29,7 @@ from vmplacer.api.metrics import (
     protect_metrics,
     throttle_gauges,
 )
-from vmplacer.app.fleet_placement import SurveyMemo
+from vmplacer.app.place.fleet_placement import SurveyMemo
 from vmplacer.app.jobs import DEFAULT_LEASE_TTL_S, JobRunner
 from vmplacer.bootstrap import Container
 from vmplacer.ports import LeaseStore

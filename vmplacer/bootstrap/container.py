@@ -28,9 +28,9 @@ if TYPE_CHECKING:
     from vmplacer.adapters.db.throttles import SqlThrottleLedger
     from vmplacer.adapters.domain_xml_policy import DomainXmlPolicy
     from vmplacer.adapters.libvirt_host import LibvirtHost
-    from vmplacer.app.admission import ModelAdmission
-    from vmplacer.app.placement_service import PlacementService
-    from vmplacer.app.reconcile import Reconciler
+    from vmplacer.app.place.admission import ModelAdmission
+    from vmplacer.app.place.placement_service import PlacementService
+    from vmplacer.app.observe.reconcile import Reconciler
     from vmplacer.core.model.interference import InterferenceModel
     from vmplacer.core.placement.admit import AllocationOptions
 
@@ -110,7 +110,7 @@ class Container:
     def placement_service(self, store: Any = None, admit_host: Any = None) -> PlacementService:
         """Placements through `store` (default: the database; a dry run passes host snapshots);
         `admit_host(host)` raises when a host takes no new guest (the API's maintenance check)."""
-        from vmplacer.app.placement_service import PlacementService
+        from vmplacer.app.place.placement_service import PlacementService
 
         return PlacementService(store or self.placement_store, self.render, self.allocation_options,
                                 self.admission, admit_host=admit_host)
@@ -119,7 +119,7 @@ class Container:
     def admission(self) -> ModelAdmission:
         """The scorer source of every placement path: the stored interference model (read
         lazily, reloaded every `placement.model_refresh`), weighted as configured."""
-        from vmplacer.app.admission import ModelAdmission
+        from vmplacer.app.place.admission import ModelAdmission
         from vmplacer.core.placement.interference_scorer import AdmissionSettings
 
         placement = self.settings.placement
@@ -168,7 +168,7 @@ class Container:
         """Placement records against libvirt on every configured host, acting under `holder`
         in the host leases (the CLI and the API build it the same way); `store`: a placement
         store auditing as someone else than vmplacer (the API's caller)."""
-        from vmplacer.app.reconcile import Reconciler
+        from vmplacer.app.observe.reconcile import Reconciler
 
         leases = self.lease_store
         hosts = {h.name: self.hypervisor(h.name) for h in self.settings.hosts}
@@ -316,7 +316,7 @@ class Container:
 
     def load_second_model(self) -> InterferenceModel | None:
         """The learned model in its other form (app/learn.SECOND_FORM); None until it has samples."""
-        from vmplacer.app.learn import SECOND_FORM
+        from vmplacer.app.learn.online import SECOND_FORM
 
         model = self.model_repository.load(SECOND_FORM)[0]
         return model if model.observations else None

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Any, TYPE_CHECKING
 
 from vmplacer.adapters.libvirt_errors import DomainRefused
-from vmplacer.app.fleet_placement import FleetPlacement
-from vmplacer.app.placement_service import PlacementService
+from vmplacer.app.place.fleet_placement import FleetPlacement
+from vmplacer.app.place.placement_service import PlacementService
 
 if TYPE_CHECKING:
     from vmplacer.api.services import ApiServices

@@ -10,7 +10,7 @@ import logging
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from vmplacer.app.learn_identities import GuestIdentities, ListedHost, domain_labels
+from vmplacer.app.learn.identities import GuestIdentities, ListedHost, domain_labels
 from vmplacer.bootstrap.container import Container
 
 log = logging.getLogger(__name__)

@@ -19,13 +19,13 @@ from vmplacer.adapters.db.profiles import SqlFreezeJournal, SqlProfileStore
 from vmplacer.adapters.freeze_guardian import FreezeGuardian, shared_guardian
 from vmplacer.adapters.libvirt_freeze import LibvirtFreezableHost, labels_from_xml
 from vmplacer.adapters.process_identity import current_owner, owner_alive
-from vmplacer.app.freeze import Freezer, ReplayReport, replay_journal
+from vmplacer.app.observe.freeze import Freezer, ReplayReport, replay_journal
 from vmplacer.bootstrap.container import Container
 from vmplacer.ports import HypervisorError
 
 if TYPE_CHECKING:
     from vmplacer.adapters.samplers import ProbeSource
-    from vmplacer.app.profiler import Profiler, ProfilerConfig, Progress
+    from vmplacer.app.observe.profiler import Profiler, ProfilerConfig, Progress
 
 log = logging.getLogger(__name__)
 
@@ -105,7 +105,7 @@ def build_profiler(
 ) -> tuple[Profiler, Freezer]:
     """A ready profiler for one host; close the returned Freezer when done."""
     from vmplacer.adapters.samplers import make_sampler, runs_here
-    from vmplacer.app.profiler import Profiler
+    from vmplacer.app.observe.profiler import Profiler
 
     hypervisor = container.hypervisor(host_name)
     needs_labels = bool(config.sensitive.labels or config.sensitive.workload_class)

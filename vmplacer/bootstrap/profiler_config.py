@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from vmplacer.app.profiler import ProfilerConfig, SensitiveSelector
+from vmplacer.app.observe.profiler import ProfilerConfig, SensitiveSelector
 from vmplacer.config import ProfilerSettings
 
 

@@ -9,8 +9,8 @@ from collections.abc import Sequence
 
 from vmplacer.adapters.libvirt_freeze import labels_from_xml
 from vmplacer.adapters.protect_history import ProtectHistory
-from vmplacer.app.profiler import SensitiveSelector
-from vmplacer.app.protect import Measurement, ProtectLoop
+from vmplacer.app.observe.profiler import SensitiveSelector
+from vmplacer.app.protect.loop import Measurement, ProtectLoop
 from vmplacer.bootstrap.container import Container
 from vmplacer.bootstrap.profiler import build_profiler
 from vmplacer.bootstrap.profiler_config import profiler_config

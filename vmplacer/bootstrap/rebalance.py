@@ -17,10 +17,10 @@ from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
 from vmplacer.adapters.db.plans import new_holder
 from vmplacer.adapters.db.rounds import SqlRoundStore
 from vmplacer.adapters.libvirt_rebalance import RebalanceHost
-from vmplacer.app.actions.probe import OnVerdict
-from vmplacer.app.executor import ExecutorSettings
-from vmplacer.app.profiler import measured_of
-from vmplacer.app.rebalance import ROUNDS_PER_PROFILE, RebalancePorts, Rebalancer
+from vmplacer.app.apply.actions.probe import OnVerdict
+from vmplacer.app.apply.executor import ExecutorSettings
+from vmplacer.app.observe.profiler import measured_of
+from vmplacer.app.rebalance.rebalancer import ROUNDS_PER_PROFILE, RebalancePorts, Rebalancer
 from vmplacer.bootstrap.container import Container
 from vmplacer.core.rebalance.state import RebalanceSettings
 from vmplacer.core.text import plural
@@ -37,7 +37,7 @@ def _learning(container: Container, hosts: dict[str, RebalanceHost],
     """(load the stored model, learn the profile runs not learned yet, reasons for what is missing).
     Sampled guests are keyed as the planner keys them: from their labels on `hosts` and their records."""
     try:
-        from vmplacer.app.learn import learn_both_forms
+        from vmplacer.app.learn.online import learn_both_forms
         from vmplacer.bootstrap.learning import guest_identities
     except ImportError as exc:
         why = f"model learning cannot be loaded ({exc})"

@@ -40,7 +40,7 @@ def add_host_arguments(parser: argparse.ArgumentParser, *, caps: bool, verb: str
 
 def fleet_planner(args: argparse.Namespace) -> Any:
     """The batch planner with the operator's --hosts-to-score (plan and place decide alike)."""
-    from vmplacer.app.fleet_planner import FleetPlanner
+    from vmplacer.app.place.fleet_planner import FleetPlanner
 
     chosen = getattr(args, "hosts_to_score", None)
     return FleetPlanner() if chosen is None else FleetPlanner(hosts_to_score=chosen)
@@ -69,7 +69,7 @@ def configured_candidates(args: argparse.Namespace, ctx: CliContext, *, maintena
     "fleet" only when there are several candidates, "ignore" never. A host in maintenance is
     refused like a host that has no room: listed in `closed`, and when it was the only one (or
     every one), `names` is empty and each guest of the request is refused (exit 3)."""
-    from vmplacer.app.fleet_planner import Refusal
+    from vmplacer.app.place.fleet_planner import Refusal
 
     if args.all:
         names = resolve_hosts(ctx, None)
@@ -96,9 +96,9 @@ def observe(ctx: CliContext, candidates: Candidates, *, recorded: bool = False) 
     record carry). A host that cannot be read is refused, unless it was the only one (then it
     is an operational error)."""
     from vmplacer.adapters.domain_xml import DomainXmlError
-    from vmplacer.app.fleet_placement import observe_host
-    from vmplacer.app.fleet_planner import Refusal
-    from vmplacer.app.host_snapshot import joined_refusals
+    from vmplacer.app.place.fleet_placement import observe_host
+    from vmplacer.app.place.fleet_planner import Refusal
+    from vmplacer.app.observe.host_snapshot import joined_refusals
     from vmplacer.ports import HypervisorError
 
     views = []
@@ -130,7 +130,7 @@ def observe(ctx: CliContext, candidates: Candidates, *, recorded: bool = False) 
 def caps_candidates(entries: list[str], domain_type: str | None) -> tuple[Candidates, list[Any]]:
     """Capabilities files as idle hosts: named from the file, or NAME=FILE."""
     from vmplacer.adapters.capabilities import CapabilitiesError, read_capabilities_file
-    from vmplacer.app.fleet_planner import FleetHost
+    from vmplacer.app.place.fleet_planner import FleetHost
 
     hosts: list[FleetHost] = []
     candidates = Candidates([], configured=False)

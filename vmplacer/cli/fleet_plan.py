@@ -25,7 +25,7 @@ def xml_vet(candidates: Candidates, requests: list) -> Any:
     that refuses it is refused for that guest (kind xml-policy or invalid-xml)."""
     from vmplacer.adapters.domain_xml import DomainXmlError, render_domain
     from vmplacer.adapters.domain_xml_policy import DomainXmlPolicy, DomainXmlPolicyError
-    from vmplacer.app.fleet_planner import Refusal
+    from vmplacer.app.place.fleet_planner import Refusal
 
     base = {r.spec.name: r.base_xml for r in requests}
     checked: dict[tuple[str, str], Refusal | None] = {}  # the base XML, once per guest and host
@@ -73,7 +73,7 @@ def plan_on(views: list[Any], requests: list, candidates: Candidates | None = No
             why: bool = False, planner: Any = None) -> dict[str, Any]:
     """The plan's JSON contract for `requests` on the planning views `views` (`planner`: a
     FleetPlanner; default the product's)."""
-    from vmplacer.app.fleet_planner import FleetPlanner
+    from vmplacer.app.place.fleet_planner import FleetPlanner
 
     candidates = candidates or Candidates([v.name for v in views], configured=False)
     specs = [r.spec for r in requests]

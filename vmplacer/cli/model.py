@@ -49,7 +49,7 @@ def run_show(args: argparse.Namespace, ctx: CliContext) -> int:
 
 
 def run_learn(args: argparse.Namespace, ctx: CliContext) -> int:
-    from vmplacer.app.learn import learn_both_forms
+    from vmplacer.app.learn.online import learn_both_forms
     from vmplacer.bootstrap.learning import guest_identities
 
     container = ctx.container

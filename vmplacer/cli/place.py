@@ -4,7 +4,7 @@ recording their placement.
 Unlike `vmplacer plan` this changes the hosts. The candidates are the first
 configured host (default), those named with `--host` (repeatable) or every
 configured host not in maintenance (`--all`). The request is planned as a batch
-(hardest first, app/fleet_planner.py), then each guest is placed on its planned
+(hardest first, app/place/fleet_planner.py), then each guest is placed on its planned
 host, or the next one that takes it, through the placement service (claim,
 define, undo on failure), never over a domain of the same name. Placements on one
 host are serialized, and exclusive pCPUs are claimed in the database before
@@ -115,7 +115,7 @@ def _place_all(args: argparse.Namespace, ctx: CliContext, candidates: Any,
     on its planned host first."""
     from vmplacer.adapters.domain_xml import DomainXmlError
     from vmplacer.adapters.domain_xml_policy import DomainXmlPolicyError
-    from vmplacer.app.fleet_placement import NothingFits
+    from vmplacer.app.place.fleet_placement import NothingFits
     from vmplacer.bootstrap.fleet import cli_fleet_placement
     from vmplacer.cli.fleet_hosts import fleet_planner, observe
     from vmplacer.ports import ClaimConflict, HypervisorError
@@ -192,7 +192,7 @@ def _already_placed(request: Any, host: str) -> dict[str, Any]:
 
 def _nothing_fits(request: Any, exc: Any) -> dict[str, Any]:
     """A guest no candidate host took: one host's answer as it is; several, each named."""
-    from vmplacer.app.fleet_planner import no_fit_refusal
+    from vmplacer.app.place.fleet_planner import no_fit_refusal
     from vmplacer.core.placement.nofit import NoFit
 
     spec = request.spec

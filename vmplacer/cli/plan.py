@@ -3,7 +3,7 @@
 The candidate hosts are the first configured one (default), those named with
 `--host` (repeatable), every configured host not in maintenance (`--all`: the
 operator's dry run for the fleet), or capabilities files (`--caps`, repeatable).
-The guests are placed as a batch (app/fleet_placement.py): hardest first, each
+The guests are placed as a batch (app/place/fleet_placement.py): hardest first, each
 on the host where it scores best, with a bounded search for a better order when
 one is left out; each sees the host's existing domains and the guests placed
 before it. Prints a placement table (the host per guest; each guest's domain XML

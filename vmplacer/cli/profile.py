@@ -211,7 +211,7 @@ def run_profile(args: argparse.Namespace, ctx: CliContext) -> int:
         refuse_options(args, ("probe_kind",), "only with --probe (it says how probe values are read)")
     host_name = resolve_host(ctx, args.host)
 
-    from vmplacer.app.profiler import ProfilerError
+    from vmplacer.app.observe.profiler import ProfilerError
     from vmplacer.bootstrap.profiler import build_profiler
     from vmplacer.ports import HypervisorError
 

@@ -66,7 +66,7 @@ DEFAULT_PROFILE_SECONDS = 5.0
 REBALANCE_PLAN_OPTIONS = ("drain", "reason", "max_actions", "scope", "min_gain", "cooldown", "backoff", "no_migrate",
                           "no_trials", "no_explore", "second_opinion")
 PLACEMENT_PLAN_OPTIONS = ("why", "ignore_maintenance", "domain_type", "hosts_to_score")
-# What tunes a rebalance but not a drain (vmplacer.app.rebalance: make_plan, _profile_step).
+# What tunes a rebalance but not a drain (vmplacer.app.rebalance.rebalancer: make_plan, _profile_step).
 NOT_FOR_DRAIN = ("max_actions", "cooldown", "backoff", "second_opinion")
 
 
@@ -212,7 +212,7 @@ def _settings(args: argparse.Namespace, base: Any) -> Any:
 
 
 def _executor_settings(args: argparse.Namespace) -> Any:
-    from vmplacer.app.executor import ExecutorSettings
+    from vmplacer.app.apply.executor import ExecutorSettings
 
     return ExecutorSettings(migration_bandwidth_mib_s=args.bandwidth, migration_timeout_s=args.migration_timeout,
                             on_failure=args.on_failure)
@@ -246,7 +246,7 @@ def _hosts(args: argparse.Namespace, ctx: CliContext) -> tuple[str, ...] | None:
 def _guarded(fn):  # noqa: ANN001, ANN202 - wraps the handlers' calls into the world
     from sqlalchemy.exc import SQLAlchemyError
 
-    from vmplacer.app.rebalance import RebalanceError
+    from vmplacer.app.rebalance.rebalancer import RebalanceError
     from vmplacer.ports import HypervisorError
 
     try:
@@ -329,7 +329,7 @@ def _enter_maintenance(ctx: CliContext, host: str, reason: str | None) -> None:
 
 
 def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
-    from vmplacer.app.rebalance import RunOptions
+    from vmplacer.app.rebalance.rebalancer import RunOptions
 
     drain = _drain_host(args, ctx)
     if args.dry_run:
@@ -452,7 +452,7 @@ def run_plans(args: argparse.Namespace, ctx: CliContext) -> int:
 
 
 def _cancel(args: argparse.Namespace, store: Any, container: Any, plan_id: int) -> int:
-    from vmplacer.app.rebalance import cancel_plan
+    from vmplacer.app.rebalance.rebalancer import cancel_plan
 
     outcome = _guarded(lambda: cancel_plan(store, plan_id, by=operator_name(), reason=args.reason or "",
                                            audit=container.placement_store))

@@ -70,7 +70,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
     from sqlalchemy.exc import SQLAlchemyError
 
-    from vmplacer.app.reconcile import ReconcileError
+    from vmplacer.app.observe.reconcile import ReconcileError
 
     grace, settle = args.reservation_grace, args.settle
     hosts = resolve_hosts(ctx, args.host)

@@ -3,7 +3,7 @@
 A record outlives its domain when an operator undefines or migrates it by hand
 (`virsh undefine`, `virsh migrate`); its exclusive pCPU claims then block
 capacity for good. This module decides, record by record, what is true and
-what to do about it; `app/reconcile.py` reads both sides and applies the
+what to do about it; `app/observe/reconcile.py` reads both sides and applies the
 decisions. Pure: the caller supplies every age, so a decision can be replayed.
 
 Two windows keep it from tearing down work in progress:

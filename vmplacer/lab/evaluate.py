@@ -1,7 +1,7 @@
 """Evaluate the interference model the way the seed validated it (§3.5), on simulated hosts.
 
 Training: random placements are profiled by the shipped Freeze'nSense profiler
-(app/profiler.py, run in simulated time by lab/profiling.py) — per round, for
+(app/observe/profiler.py, run in simulated time by lab/profiling.py) — per round, for
 each VM in turn the others are suspended and ζb is sampled, then ζ of every VM
 at a random moment of the sleep — and the model is fitted from those
 observations. Testing: other random placements, never profiled,
@@ -70,7 +70,7 @@ def profile_and_measure(host: ProfiledHost, sampler: Sampler, clock: Clock,
                         settings: ProfileSettings = ProfileSettings(), *,
                         key_by_name: bool = False) -> tuple[list[Observation], Measured]:
     """`profile_host`, plus each guest's measured share of its isolated performance read from the
-    same run as the rebalancer reads it (app/profiler.py `measured_of`): what a measured trial
+    same run as the rebalancer reads it (app/observe/profiler.py `measured_of`): what a measured trial
     compares (core/rebalance/trial.py)."""
     profiled = run_profiler(host, sampler, clock, settings)
     observations = observations_of(host, profiled, settings, key_by_name=key_by_name)

@@ -1,4 +1,4 @@
-"""The shipped Freeze'nSense profiler (app/profiler.py) on a simulated host, and its samples read
+"""The shipped Freeze'nSense profiler (app/observe/profiler.py) on a simulated host, and its samples read
 the way the lab needs them.
 
 The simulated host is the `FreezableHost`, its sampler the `Sampler` and the cluster's virtual
@@ -20,8 +20,8 @@ import logging
 from dataclasses import dataclass, replace
 from typing import Protocol
 
-from vmplacer.app.freeze import Freezer
-from vmplacer.app.profiler import ProfileResult, Profiler, ProfilerConfig, measured_of
+from vmplacer.app.observe.freeze import Freezer
+from vmplacer.app.observe.profiler import ProfileResult, Profiler, ProfilerConfig, measured_of
 from vmplacer.core.model.interference import Exposure, Observation, Tenant, interference_terms
 from vmplacer.core.model.identity import model_identity
 from vmplacer.core.topology.host import HostTopology
@@ -153,7 +153,7 @@ def observations_of(host: ProfiledHost, profiled: Profiled, settings: ProfileSet
                     key_by_name: bool = False) -> list[Observation]:
     """The run's samples as model observations of the host's layout (unchanged while profiled).
 
-    Each ζb with the guest's ζ nearest in time (as the product's learner pairs them, app/learn.py)
+    Each ζb with the guest's ζ nearest in time (as the product's learner pairs them, app/learn/online.py)
     is one observation of every neighbour at once; each ζp with the guest's nearest ζb is one of
     the single neighbour that ran beside it. Unlike the product's learner, exposures are keyed and
     weighted as the evaluation predicts tenants (`interference_terms`: workload keys, time shares),

@@ -30,8 +30,8 @@ from typing import Any
 
 from vmplacer.lab.evaluate import profile_and_measure
 from vmplacer.lab.profiling import ProfileSettings, run_profiler
-from vmplacer.app.executor import ExecutorSettings
-from vmplacer.app.rebalance import ROUNDS_PER_PROFILE, RebalancePorts, Rebalancer, RunOptions
+from vmplacer.app.apply.executor import ExecutorSettings
+from vmplacer.app.rebalance.rebalancer import ROUNDS_PER_PROFILE, RebalancePorts, Rebalancer, RunOptions
 from vmplacer.lab.verdicts import SIMPLE, model_objectives, reach, step_threshold, true_objective, verdict
 from vmplacer.core.model.interference import InterferenceModel, ModelConfig, Observation, other_form
 from vmplacer.core.rebalance.layout_problem import LayoutSolver

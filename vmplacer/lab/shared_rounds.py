@@ -60,7 +60,7 @@ def run_instance(url: str, holder: str, *, hosts: int, guests: int, batch_hosts:
     from vmplacer.adapters.db.engine import make_engine, make_session_factory
     from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
     from vmplacer.adapters.db.rounds import SqlRoundStore
-    from vmplacer.app.rebalance import RebalancePorts, Rebalancer, RunOptions
+    from vmplacer.app.rebalance.rebalancer import RebalancePorts, Rebalancer, RunOptions
     from vmplacer.core.rebalance.state import RebalanceSettings
 
     cluster = simulated_fleet(hosts, guests, seed=seed)

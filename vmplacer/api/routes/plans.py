@@ -36,7 +36,7 @@ from vmplacer.app.jobs import Handler, JobContext, JobFailed
 if TYPE_CHECKING:
     from vmplacer.ports import PlanStore
     from vmplacer.api.services import ApiServices
-    from vmplacer.app.rebalance import Rebalancer
+    from vmplacer.app.rebalance.rebalancer import Rebalancer
 
 router = APIRouter(prefix="/v1/plans", tags=["plans"], route_class=StrictJsonRoute)
 
@@ -100,8 +100,8 @@ def apply_plan(request: Request, response: Response, plan_id: int = Path(ge=1, l
              responses={**COMMON_RESPONSES, **NOT_FOUND, **CONFLICT})
 def cancel_plan(request: Request, body: PlanCancelRequest | None = None,
                 plan_id: int = Path(ge=1, le=2**31 - 1)) -> dict[str, Any]:
-    from vmplacer.app.rebalance import PlanNotFound, PlanStateError, RebalanceError
-    from vmplacer.app.rebalance import cancel_plan as cancel
+    from vmplacer.app.rebalance.rebalancer import PlanNotFound, PlanStateError, RebalanceError
+    from vmplacer.app.rebalance.rebalancer import cancel_plan as cancel
 
     services = request.app.state.services
     actor = api_actor(request)
@@ -143,7 +143,7 @@ def make_plan(services: ApiServices, hosts: list[str] | None, max_actions: int |
               created_by: str, drain: str | None = None) -> dict[str, Any]:
     """A stored rebalance plan, or with `drain` the migrations that empty that host (which
     must be in maintenance already: a dry run changes nothing, maintenance included)."""
-    from vmplacer.app.rebalance import RebalanceError
+    from vmplacer.app.rebalance.rebalancer import RebalanceError
 
     names = list(dict.fromkeys(hosts)) if hosts else services.host_names  # each host once
     unknown = sorted(set(names) - set(services.host_names))
@@ -205,7 +205,7 @@ def start_apply(services: ApiServices, plan_id: int, created_by: str, token_id: 
 
 def apply_handler(services: ApiServices) -> Handler:
     def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-        from vmplacer.app.rebalance import RebalanceError
+        from vmplacer.app.rebalance.rebalancer import RebalanceError
 
         plan_id = int(params["plan_id"])
         ctx.progress(0.0, f"applying plan {plan_id}")
@@ -233,7 +233,7 @@ def apply_handler(services: ApiServices) -> Handler:
 
 def job_handlers(services: ApiServices) -> dict[str, Handler]:
     try:
-        import vmplacer.app.rebalance  # noqa: F401
+        import vmplacer.app.rebalance.rebalancer  # noqa: F401
     except ImportError:
         return {}
     return {APPLY_JOB: apply_handler(services)}

@@ -26,7 +26,7 @@ from vmplacer.ports import DomainGone, HypervisorError
 
 if TYPE_CHECKING:
     from vmplacer.api.services import ApiServices
-    from vmplacer.app.profiler import ProfilerConfig
+    from vmplacer.app.observe.profiler import ProfilerConfig
 
 router = APIRouter(prefix="/v1/profiles", tags=["profiles"], route_class=StrictJsonRoute)
 
@@ -139,7 +139,7 @@ class _Progress:
 
 def profile_handler(services: ApiServices):
     def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
-        from vmplacer.app.profiler import ProfilerError
+        from vmplacer.app.observe.profiler import ProfilerError
         from vmplacer.bootstrap.profiler import build_profiler
 
         host = params["host"]

@@ -28,7 +28,7 @@ router = APIRouter(prefix="/v1/reconcile", tags=["reconcile"], route_class=Stric
              summary="release records of domains undefined or moved outside vmplacer, follow libvirt's states",
              responses=COMMON_RESPONSES)
 def reconcile(request: Request, body: ReconcileRequest) -> dict[str, Any]:
-    from vmplacer.app.reconcile import ReconcileError
+    from vmplacer.app.observe.reconcile import ReconcileError
 
     services = request.app.state.services
     actor = api_actor(request)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vmplacer.app.actions.base import ActionKind, Check, pins_equal, pins_text, running_placement
+from vmplacer.app.apply.actions.base import ActionKind, Check, pins_equal, pins_text, running_placement
 from vmplacer.core.topology.cpuset import format_cpuset
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.rebalance.plan import Action, Plan

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import replace
 
-from vmplacer.app.actions.base import ActionFailed, ActionKind, Check, find, pins_equal, pins_text
+from vmplacer.app.apply.actions.base import ActionFailed, ActionKind, Check, find, pins_equal, pins_text
 from vmplacer.core.topology.cpuset import format_cpuset
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.rebalance.plan import Action, Plan

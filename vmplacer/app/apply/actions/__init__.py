@@ -13,12 +13,12 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, MutableMapping
 
-from vmplacer.app.actions.bandwidth import Release, Throttle
-from vmplacer.app.actions.base import ActionFailed, ActionKind, Check
-from vmplacer.app.actions.memory import SetMemoryNodes
-from vmplacer.app.actions.migrate import Migrate
-from vmplacer.app.actions.pinning import Repin
-from vmplacer.app.actions.probe import OnVerdict, Probe
+from vmplacer.app.apply.actions.bandwidth import Release, Throttle
+from vmplacer.app.apply.actions.base import ActionFailed, ActionKind, Check
+from vmplacer.app.apply.actions.memory import SetMemoryNodes
+from vmplacer.app.apply.actions.migrate import Migrate
+from vmplacer.app.apply.actions.pinning import Repin
+from vmplacer.app.apply.actions.probe import OnVerdict, Probe
 from vmplacer.core.rebalance.trial import Measured
 from vmplacer.ports import Hypervisor
 

@@ -19,7 +19,7 @@ the default model's planned layouts measured worse (core/rebalance/second).
 Samples name guests; the model is keyed by workload. Each sampled guest (and each
 neighbour) is learned under the key and class the planner looks it up by
 (core/model/identity.py): replicas sharing a `workload` label teach one key. The
-caller says who is who (`identify`, app/learn_identities.py); a guest it does not
+caller says who is who (`identify`, app/learn/identities.py); a guest it does not
 know (gone since it was sampled) is learned under its name, class unknown.
 """
 

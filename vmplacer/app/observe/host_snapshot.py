@@ -19,7 +19,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Protocol
 
-from vmplacer.app.admission import profiles_of
+from vmplacer.app.place.admission import profiles_of
 from vmplacer.core.placement.interference_scorer import GuestProfile, profile_from_labels
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.topology.host import HostTopology

@@ -1,4 +1,4 @@
-"""Placements that arrived together on one host, placed as one batch (see app/group_commit.py).
+"""Placements that arrived together on one host, placed as one batch (see app/place/group_commit.py).
 
 A batch does what its placements one after the other would do, with the shared work done
 once: one check of the names in the store, one read of the host (libvirt's domains, then
@@ -25,8 +25,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from vmplacer.app.host_snapshot import HostSnapshot, joined_refusals, take_snapshot
-from vmplacer.app.place_result import PlaceResult, host_lock
+from vmplacer.app.observe.host_snapshot import HostSnapshot, joined_refusals, take_snapshot
+from vmplacer.app.place.place_result import PlaceResult, host_lock
 from vmplacer.core.placement.allocate import may_narrow
 from vmplacer.core.placement.guest import GuestSpec
 from vmplacer.core.placement.interference_scorer import profile_from_labels
@@ -37,11 +37,11 @@ from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.topology.host import HostTopology
 from vmplacer.ports import ClaimConflict, HypervisorError, PlacementStore
 
-PlacingHost = Any  # app/placement_service.py's PlacingHost
+PlacingHost = Any  # app/place/placement_service.py's PlacingHost
 
 
 class PlacementService(Protocol):
-    """What a batch uses of the placement service (app/placement_service.py)."""
+    """What a batch uses of the placement service (app/place/placement_service.py)."""
 
     def admit_host(self, host: str) -> None: ...
     def with_recorded(self, host: PlacingHost, snapshot: HostSnapshot) -> HostSnapshot: ...

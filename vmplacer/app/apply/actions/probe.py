@@ -16,7 +16,7 @@ import logging
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import replace
 
-from vmplacer.app.actions.base import ActionKind, Check
+from vmplacer.app.apply.actions.base import ActionKind, Check
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.rebalance.plan import Action, Plan
 from vmplacer.core.rebalance.trial import CLOSE_CALL_NOTE, Measured, TrialError, Verdict, close_call, combined, judge, pooled

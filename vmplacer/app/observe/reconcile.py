@@ -333,7 +333,7 @@ class Reconciler:
 
     def _restore(self, finding: Finding, record: RecordedPlacement) -> str:
         """Pin the domain back as recorded and read it back; "" when libvirt now agrees."""
-        from vmplacer.app.actions.pinning import apply_pins
+        from vmplacer.app.apply.actions.pinning import apply_pins
 
         host = self.hosts[finding.host]
         wanted = record.placement

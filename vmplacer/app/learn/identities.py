@@ -1,7 +1,7 @@
 """Who a sampled guest is to the interference model, read as the rebalancer reads it.
 
 The rebalancer describes a running guest from its domain's labels and its stored
-placement spec (app/rebalance.py `_describe` → `describe_guest`); learning must key
+placement spec (app/rebalance/rebalancer.py `_describe` → `describe_guest`); learning must key
 the same guest the same way, or what it learns of labelled replicas is stored under
 keys the planner never looks up. Both go through `core.model.identity.model_identity`.
 A guest neither listed by a host nor on record (gone since it was sampled) is left
@@ -43,7 +43,7 @@ def domain_labels(hosts: Iterable[ListedHost]) -> dict[str, dict[str, str]]:
 
 
 class GuestIdentities:
-    """`identify` for app/learn.py: the model identity of each named guest vmplacer knows.
+    """`identify` for app/learn/online.py: the model identity of each named guest vmplacer knows.
 
     `labels` is called once, on first use (listing hosts is the costly part); `specs` gives
     a guest's stored spec mapping, or None. Each guest is looked up once: both model forms

@@ -1,7 +1,7 @@
 """The executor: the only code that changes a host on a plan's behalf.
 
 It sequences, journals, audits and reverts; what each action kind does lives
-in that kind's class (`vmplacer/app/actions/`). Each action goes through one
+in that kind's class (`vmplacer/app/apply/actions/`). Each action goes through one
 contract:
 
 * precheck — is the world still what the planner saw? A guest whose pinning,
@@ -39,8 +39,8 @@ from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
-from vmplacer.app.actions import ActionFailed, ActionKind, Check, action_kinds
-from vmplacer.app.actions.probe import OnVerdict
+from vmplacer.app.apply.actions import ActionFailed, ActionKind, Check, action_kinds
+from vmplacer.app.apply.actions.probe import OnVerdict
 from vmplacer.core.placement.bandwidth import CpuBandwidth
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.rebalance.plan import Action, CancelRequest, Plan, PlanError

@@ -41,7 +41,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vmplacer.app.freeze import FreezeAborted, Freezer, FreezeReport, ReplayReport
+from vmplacer.app.observe.freeze import FreezeAborted, Freezer, FreezeReport, ReplayReport
 from vmplacer.core.model.profile_stats import Distribution, degradation, measured_share, overhead_formula
 from vmplacer.core.topology.host import DistanceClass, HostTopology
 from vmplacer.core.rebalance.trial import Measured

@@ -1,6 +1,6 @@
 """What a placement answers, and the per-host lock every placement on a host takes.
 
-Apart from the placement service so that its batch half (app/placement_batch.py) uses
+Apart from the placement service so that its batch half (app/place/placement_batch.py) uses
 them without importing the service.
 """
 

@@ -33,9 +33,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from vmplacer.app.actions.probe import OnVerdict, trial_hosts
-from vmplacer.app.executor import Auditor, Executor, ExecutorError, ExecutorSettings
-from vmplacer.app.host_snapshot import take_snapshot
+from vmplacer.app.apply.actions.probe import OnVerdict, trial_hosts
+from vmplacer.app.apply.executor import Auditor, Executor, ExecutorError, ExecutorSettings
+from vmplacer.app.observe.host_snapshot import take_snapshot
 from vmplacer.core.placement.guest import GuestSpec, GuestSpecError
 from vmplacer.core.model.interference import InterferenceModel
 from vmplacer.core.rebalance.layout_problem import LayoutSolver
@@ -331,7 +331,7 @@ class Rebalancer:
     # ----- observe ------------------------------------------------------------------------------
     def observe(self, host_names: Iterable[str]) -> Observation:
         """Hosts, their running guests and the rules each guest moves by: each host's snapshot
-        (app/host_snapshot.py), with a description of each running guest on top."""
+        (app/observe/host_snapshot.py), with a description of each running guest on top."""
         hosts: dict[str, HostState] = {}
         guests: dict[str, GuestState] = {}
         notes: list[str] = []

@@ -16,10 +16,10 @@ from collections.abc import Callable
 from dataclasses import replace
 from typing import Any, Protocol
 
-from vmplacer.app.group_commit import GroupCommit
-from vmplacer.app.host_snapshot import HostSnapshot, take_snapshot
-from vmplacer.app.place_result import PlaceResult, host_lock
-from vmplacer.app.placement_batch import Ask, already_placed, batch_capable, place_batch
+from vmplacer.app.place.group_commit import GroupCommit
+from vmplacer.app.observe.host_snapshot import HostSnapshot, take_snapshot
+from vmplacer.app.place.place_result import PlaceResult, host_lock
+from vmplacer.app.place.placement_batch import Ask, already_placed, batch_capable, place_batch
 from vmplacer.core.placement.allocate import allocate, may_narrow, refresh_shared_pins
 from vmplacer.core.placement.fleet_index import HostRoom, host_room
 from vmplacer.core.placement.guest import GuestSpec
@@ -58,7 +58,7 @@ Renderer = Callable[[GuestSpec, Placement, str | None], str]
 
 
 class Admission(Protocol):
-    """Where the engine's scorer for a new guest comes from (app/admission.py: the model)."""
+    """Where the engine's scorer for a new guest comes from (app/place/admission.py: the model)."""
 
     def scorer(self, spec: GuestSpec, neighbours: dict[str, GuestProfile]) -> Scorer: ...
 
@@ -93,7 +93,7 @@ class PlacementService:
         `admission` the scorer for each new guest (None: the topology scorers alone).
         `occupancies` holds each host's last occupancy, whose usage the next placement extends
         instead of rebuilding it over every guest (shared by the services `acting_through` makes);
-        `groups` batches the placements that arrive together on a host (app/group_commit.py:
+        `groups` batches the placements that arrive together on a host (app/place/group_commit.py:
         shared likewise, so requests acting as different callers share a batch); `admit_host(host)`
         raises when the host takes no new guest now (maintenance): each batch asks it once."""
         self._store = store
@@ -259,7 +259,7 @@ class PlacementService:
         """Claim, render, define (and start); on any failure after the claim, undo it all.
 
         Placements on the same host that arrive together are placed as one batch: one read
-        of the host, one transaction for their claims (app/placement_batch.py); a store
+        of the host, one transaction for their claims (app/place/placement_batch.py); a store
         without batch writes places each one alone (`place_alone`)."""
         if not batch_capable(self._store):
             return self.place_alone(host, spec, base_xml, start=start, actor_detail=actor_detail)

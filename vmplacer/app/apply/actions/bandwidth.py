@@ -3,7 +3,7 @@ Their before/after are bandwidths, not placements; their outcomes go to the thro
 
 from __future__ import annotations
 
-from vmplacer.app.actions.base import ActionKind, Check, find
+from vmplacer.app.apply.actions.base import ActionKind, Check, find
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.rebalance.plan import Action, Plan
 from vmplacer.ports import BandwidthControl

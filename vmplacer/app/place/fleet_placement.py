@@ -5,7 +5,7 @@ requests, and each guest `vmplacer place` places): it plans the guest on each ca
 the placement's score (best first; ties keep the configured order) and places
 best-first through `PlacementService` (claim, define, undo), never over a domain
 of the same name. A request of many guests is planned as a batch by
-app/fleet_planner.py, on views of the hosts' snapshots (`observe_host`, app/host_snapshot.py).
+app/place/fleet_planner.py, on views of the hosts' snapshots (`observe_host`, app/observe/host_snapshot.py).
 """
 
 from __future__ import annotations
@@ -15,9 +15,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from vmplacer.app.host_snapshot import HostSnapshot, RecordedPlacements, take_snapshot
-from vmplacer.app.placement_service import PlaceResult, PlacementService, PlacingHost
-from vmplacer.app.fleet_planner import FleetHost, exists_reason
+from vmplacer.app.observe.host_snapshot import HostSnapshot, RecordedPlacements, take_snapshot
+from vmplacer.app.place.placement_service import PlaceResult, PlacementService, PlacingHost
+from vmplacer.app.place.fleet_planner import FleetHost, exists_reason
 from vmplacer.core.placement.fleet_index import DEFAULT_HOSTS_TO_SCORE, Demand, HostRoom, shortlist
 from vmplacer.core.placement.guest import GuestSpec
 from vmplacer.core.topology.host import HostTopology

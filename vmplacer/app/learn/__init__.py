@@ -1,0 +1,1 @@
+"""app/learn: learning the interference model from Freeze'nSense samples."""

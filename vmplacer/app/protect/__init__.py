@@ -1,0 +1,1 @@
+"""app/protect: the protection loop on one host."""
