@@ -35,6 +35,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -43,6 +44,9 @@ from vmplacer.core.rebalance.layout_problem import LayoutProblem, LayoutSolution
 from vmplacer.core.rebalance.migration_cost import migration_cost
 from vmplacer.core.rebalance.layout import _Host, _locality_nodes
 from vmplacer.core.rebalance.state import EXCLUSIVE, PINNED, GuestState
+
+if TYPE_CHECKING:
+    from vmplacer.core.rebalance.search import RebalanceSearch
 
 RELINEARIZE = 3  # multiplicative form: re-expansions around the solver's own layout, one host at a time
 _RANKS = 6  # same-cpu … remote-node (DistanceClass.rank); rank 5 holds every pCPU pair of one host
@@ -53,7 +57,7 @@ class NotExact(Exception):
     """The hosts cannot be put as a LayoutProblem (the reason says why)."""
 
 
-def _items_of(search, host: _Host) -> list[str]:
+def _items_of(search: RebalanceSearch, host: _Host) -> list[str]:
     """Guests whose every vCPU the solver may place: movable and pinned 1:1, or floating where
     the search may pin them again (`may_pin`: the solver's layout pins them 1:1)."""
     result = []
@@ -66,7 +70,7 @@ def _items_of(search, host: _Host) -> list[str]:
     return result
 
 
-def _may_migrate(search, guest: GuestState) -> bool:
+def _may_migrate(search: RebalanceSearch, guest: GuestState) -> bool:
     return (search.settings.allow_migration and guest.migratable and guest.spec is None and guest.mode == PINNED
             and not guest.placement.memory_nodes and not guest.placement.cells and guest.name not in search.migrated)
 
@@ -86,7 +90,8 @@ def _partition(dist: np.ndarray, rank: int) -> np.ndarray | None:
     return group
 
 
-def build_problem(search, host_names: Sequence[str], kept: dict[str, float] | None = None) -> LayoutProblem:
+def build_problem(search: RebalanceSearch, host_names: Sequence[str],
+                  kept: dict[str, float] | None = None) -> LayoutProblem:
     """The what-if layout of `host_names` as a LayoutProblem (raises NotExact); in the
     multiplicative form expanded around the speed each guest keeps (`kept`: guest → exp(−Σ β·g),
     default as the hosts are)."""
@@ -351,7 +356,7 @@ def _expand(kept: dict[str, float], item_guests: list[int], guests: list[str], b
         effect[:, :, 1] *= m[item_guest[pairs[:, 1]]][:, None]
 
 
-def kept_speed(search, host_names: Sequence[str]) -> dict[str, float]:
+def kept_speed(search: RebalanceSearch, host_names: Sequence[str]) -> dict[str, float]:
     """Per guest on the hosts: the fraction of its time-shared speed its neighbours leave it."""
     result = {}
     for name in host_names:
@@ -365,7 +370,8 @@ def kept_speed(search, host_names: Sequence[str]) -> dict[str, float]:
     return result
 
 
-def layout_changes(search, problem: LayoutProblem, solution: LayoutSolution) -> dict[str, tuple[str, dict]]:
+def layout_changes(search: RebalanceSearch, problem: LayoutProblem,
+                   solution: LayoutSolution) -> dict[str, tuple[str, dict]]:
     """guest -> (host, pins) for every guest the solution puts somewhere else."""
     wanted: dict[str, tuple[str, dict[int, frozenset[int]]]] = {}
     for (name, vcpu), slot in zip(problem.items, solution.assignment):
@@ -379,8 +385,8 @@ def layout_changes(search, problem: LayoutProblem, solution: LayoutSolution) -> 
     return result
 
 
-def solve_hosts(search, solver: LayoutSolver, host_names: Sequence[str],
-                time_limit_s: float) -> tuple[LayoutProblem, LayoutSolution | None]:
+def solve_hosts(search: RebalanceSearch, solver: LayoutSolver, host_names: Sequence[str],
+                                 time_limit_s: float) -> tuple[LayoutProblem, LayoutSolution | None]:
     problem = build_problem(search, host_names)
     if problem.hint is not None and problem.violations(problem.hint):
         problem = replace(problem, hint=None)
@@ -426,8 +432,8 @@ def solve_hosts(search, solver: LayoutSolver, host_names: Sequence[str],
     return replace(chosen, hint=start_hint), replace(solution, **spent_as)
 
 
-def _rated(search, host_names: Sequence[str], problem: LayoutProblem,
-           solution: LayoutSolution) -> tuple[float, dict[str, float]]:
+def _rated(search: RebalanceSearch, host_names: Sequence[str], problem: LayoutProblem,
+                            solution: LayoutSolution) -> tuple[float, dict[str, float]]:
     """The solution's layout by the search's own arithmetic: the hosts' objective, and the speed
     each guest keeps there (for the next expansion)."""
     wanted = layout_changes(search, problem, solution)
@@ -446,8 +452,8 @@ def solved_layout(problem: LayoutProblem, solution: LayoutSolution) -> dict[str,
     return layout
 
 
-def exact_layout_of(search, solver: LayoutSolver, name: str, time_s: float
-                    ) -> dict[str, dict[int, frozenset[int]]] | None:
+def exact_layout_of(search: RebalanceSearch, solver: LayoutSolver, name: str, time_s: float
+                                     ) -> dict[str, dict[int, frozenset[int]]] | None:
     """Host `name`'s exact layout by the coefficients of `search` (a what-if search: optimistic,
     or the model's other form); None when the host is not solved exactly or the solver found no
     layout in `time_s`."""

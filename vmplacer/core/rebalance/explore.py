@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 from vmplacer.core.rebalance.exact import NotExact, exact_layout_of, layout_changes, solve_hosts
 from vmplacer.core.rebalance.pessimistic import offer_trial
@@ -33,8 +34,11 @@ from vmplacer.core.rebalance.state import ClusterState
 from vmplacer.core.text import plural
 from vmplacer.core.rebalance.trial import hosts_key, layout_key
 
+if TYPE_CHECKING:
+    from vmplacer.core.rebalance.search import RebalanceSearch
 
-def explorable_hosts(search) -> Iterator[str]:
+
+def explorable_hosts(search: RebalanceSearch) -> Iterator[str]:
     """Hosts an explore trial may be offered to: small enough to solve exactly, with guests and none
     of them guaranteed (a guaranteed guest is not put through a layout chosen for what is not
     known), not ruled, not moved or grouped by this plan, and without a trial of their own yet."""
@@ -50,7 +54,7 @@ def explorable_hosts(search) -> Iterator[str]:
         yield name
 
 
-def offer_optimistic_layouts(search) -> None:
+def offer_optimistic_layouts(search: RebalanceSearch) -> None:
     """Offer each small host without a trial its optimistic exact layout as the trial."""
     settings = search.settings
     if (not settings.trials or settings.exploration <= 0 or search.solver is None or search.betas.empty):
@@ -70,7 +74,7 @@ def offer_optimistic_layouts(search) -> None:
                      "layout the model would choose were its doubtful pairs harmless")
 
 
-def offer_optimistic_groups(search) -> None:
+def offer_optimistic_groups(search: RebalanceSearch) -> None:
     """Offer each group of small hosts solved together, that the plan leaves alone, its optimistic
     joint layout as their trial when it moves a guest to another host."""
     settings = search.settings
@@ -102,7 +106,7 @@ def offer_optimistic_groups(search) -> None:
         _offer_group_trial(search, group, {c.guest: (c.host, dict(c.pins)) for c in move.changes}, move.gain)
 
 
-def _offer_group_trial(search, group: list[str], changes: dict, gain: float) -> None:
+def _offer_group_trial(search: RebalanceSearch, group: list[str], changes: dict, gain: float) -> None:
     """Note the joint layout to try, unless a measurement already compared it with where the hosts are."""
     here = {g: (h, dict(search.hosts[h].pins[g])) for h in group for g in search.hosts[h].guests}
     there = {**here, **changes}
@@ -118,7 +122,7 @@ def _offer_group_trial(search, group: list[str], changes: dict, gain: float) -> 
                   f"to another host; optimistic {gain:+.3f})")}
 
 
-def _optimist(search, host_names: list[str]):
+def _optimist(search: RebalanceSearch, host_names: list[str]):
     """A what-if search of `host_names` as the plan leaves them, under optimistic coefficients
     (each β lowered by `exploration` standard deviations), pinning what the plan may pin."""
     guests = [g for h in host_names for g in search.hosts[h].guests]
@@ -131,13 +135,13 @@ def _optimist(search, host_names: list[str]):
     return optimist
 
 
-def _at_plan_end(search, name: str, guest):
+def _at_plan_end(search: RebalanceSearch, name: str, guest):
     """The guest as the plan leaves it (its pins on the what-if host; movable as before)."""
     placement = search._current_placement(name)
     return replace(guest, placement=placement, host=placement.host)
 
 
-def what_if_gain(search, name: str, layout) -> float:
+def what_if_gain(search: RebalanceSearch, name: str, layout) -> float:
     """How much better `layout` is than host `name` as it is, by the coefficients of `search` (a
     what-if search: the optimistic one here, the second form's in rebalance/second); -inf when it
     breaks a rule."""

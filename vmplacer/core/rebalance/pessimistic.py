@@ -27,6 +27,7 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import replace
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -34,8 +35,11 @@ from vmplacer.core.rebalance.layout import _Host, _locality_nodes
 from vmplacer.core.rebalance.state import PINNED
 from vmplacer.core.rebalance.trial import layout_key
 
+if TYPE_CHECKING:
+    from vmplacer.core.rebalance.search import CandidateMove, RebalanceSearch
 
-def spread_layout(search, host: _Host) -> dict[str, dict[int, frozenset[int]]] | None:
+
+def spread_layout(search: RebalanceSearch, host: _Host) -> dict[str, dict[int, frozenset[int]]] | None:
     """The blind spread of the host's movable vCPUs pinned one to a pCPU at the start (guest-name
     order; the search may have pooled them since): each on
     the pCPU with the fewest vCPUs, then the emptiest core; others count as load. None when
@@ -100,7 +104,7 @@ class LeastLoadedPicker:
             heapq.heapreplace(heap, key)
 
 
-def doubt(search, move) -> float:
+def doubt(search: RebalanceSearch, move: CandidateMove) -> float:
     """Standard deviation of the move's predicted interference change: every pair term that
     changes (who hurts whom, at which distance, with what share of time) counts the variance
     of its coefficient before and after."""
@@ -131,7 +135,7 @@ def doubt(search, move) -> float:
     return math.sqrt(variance)
 
 
-def choose_pessimistically(search) -> bool:
+def choose_pessimistically(search: RebalanceSearch) -> bool:
     """Each host ends at the model's layout, or at the blind spread when the model's advantage
     over it fails at its lower confidence bound (module docstring); True when a host was spread.
     A measurement that already compared the two (a trial of an earlier run) decides instead of
@@ -216,7 +220,7 @@ def choose_pessimistically(search) -> bool:
     return _keep_what_measured_better(search) or changed
 
 
-def offer_declined_layouts(search) -> None:
+def offer_declined_layouts(search: RebalanceSearch) -> None:
     """An exact layout the model rates worth its threshold but whose sure gain is not, or whose
     host is in back-off (a host the pessimistic check left alone, no migration), becomes the
     host's trial when it has none: the measurement decides what the model's data could not. A
@@ -238,7 +242,7 @@ def offer_declined_layouts(search) -> None:
         offer_trial(search, name, {"here": layout_key(name, here)}, "here", layout, "exact", label)
 
 
-def _keep_what_measured_better(search) -> bool:
+def _keep_what_measured_better(search: RebalanceSearch) -> bool:
     """A host whose plan leads to a layout an earlier trial measured worse than where it is now
     stays where it is (the planned moves were undone then, and the model has not learned why)."""
     changed = False
@@ -264,8 +268,8 @@ def _keep_what_measured_better(search) -> bool:
     return changed
 
 
-def _offer_exact_from_start(search, name: str, start: dict[str, dict[int, frozenset[int]]],
-                            here: str, there: str) -> None:
+def _offer_exact_from_start(search: RebalanceSearch, name: str, start: dict[str, dict[int, frozenset[int]]],
+                                             here: str, there: str) -> None:
     """The exact solver started from the climb's layout and was judged against it; once that
     layout is known to measure worse and the host stays, the solver's own layout is judged from
     where the host stays: worth `min_gain` by the model, it becomes the host's trial (measured,
@@ -284,7 +288,7 @@ def _offer_exact_from_start(search, name: str, start: dict[str, dict[int, frozen
                 f"exact layout (predicted {-found[0]:+.3f} from where {name} stays)")
 
 
-def _restore_modes(search, host: _Host, guests) -> None:
+def _restore_modes(search: RebalanceSearch, host: _Host, guests) -> None:
     """Guests the search pooled are pinned again, as they started."""
     for guest in guests:
         if search.guests[guest].mode != search.original[guest].mode:
@@ -292,8 +296,9 @@ def _restore_modes(search, host: _Host, guests) -> None:
             host.guests[guest] = search.guests[guest]
 
 
-def offer_trial(search, host: str, keys: dict[str, str], at: str, layout: dict[str, dict[int, frozenset[int]]],
-                 what: str, label: str, budget: int | None = None) -> None:
+def offer_trial(search: RebalanceSearch, host: str, keys: dict[str, str], at: str,
+                layout: dict[str, dict[int, frozenset[int]]], what: str, label: str,
+                budget: int | None = None) -> None:
     """Note the layout to try after the plan's moves, unless a measurement already compared it with
     the one the host ends at (either way round) or the host tried `budget` layouts lately (default
     `trial_max`)."""
@@ -308,8 +313,8 @@ def offer_trial(search, host: str, keys: dict[str, str], at: str, layout: dict[s
                            "from_key": here, "to_key": there}
 
 
-def compare_layout(search, host: _Host, layout: dict[str, dict[int, frozenset[int]]],
-                   kind: str) -> tuple[float, float, object] | None:
+def compare_layout(search: RebalanceSearch, host: _Host, layout: dict[str, dict[int, frozenset[int]]],
+                                    kind: str) -> tuple[float, float, object] | None:
     """(the model's advantage of the host as it is over `layout`, its standard deviation, the move
     to `layout`); None when `layout` is where the host is or breaks a rule."""
     current = {g: dict(host.pins[g]) for g in layout}
@@ -330,7 +335,7 @@ def compare_layout(search, host: _Host, layout: dict[str, dict[int, frozenset[in
     return before - after, doubt(search, move), move
 
 
-def _sure_from_start(search, host: _Host, layout: dict[str, dict[int, frozenset[int]]]) -> float:
+def _sure_from_start(search: RebalanceSearch, host: _Host, layout: dict[str, dict[int, frozenset[int]]]) -> float:
     """The sure gain of going from the guests' starting pins straight to `layout`."""
     current = {g: dict(host.pins[g]) for g in host.guests}
     start = {g: dict(search.original[g].placement.vcpupin) for g in layout}

@@ -24,14 +24,19 @@ no second model, are planned as before.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from vmplacer.core.rebalance.exact import exact_layout_of
 from vmplacer.core.rebalance.explore import what_if_gain
 from vmplacer.core.rebalance.pessimistic import _restore_modes, compare_layout, offer_trial
 from vmplacer.core.rebalance.state import ClusterState
 from vmplacer.core.rebalance.trial import layout_key
 
+if TYPE_CHECKING:
+    from vmplacer.core.rebalance.search import RebalanceSearch
 
-def consult_second_opinion(search) -> None:
+
+def consult_second_opinion(search: RebalanceSearch) -> None:
     """For each refuted small host, the second form's exact layout from where the host started
     becomes its trial, once: unless it was measured either way lately, the budget is spent, the
     second form rates it less than `min_gain` above the start, or the second form rates the
@@ -77,7 +82,7 @@ def consult_second_opinion(search) -> None:
                     "measured worse lately)")
 
 
-def _second_search(search, name: str):
+def _second_search(search: RebalanceSearch, name: str):
     """A what-if search of host `name` as it started, under the second model."""
     guests = list(search.hosts[name].guests)
     state = ClusterState({name: search.hosts[name].state}, {g: search.original[g] for g in guests})
@@ -87,7 +92,7 @@ def _second_search(search, name: str):
     return other
 
 
-def _return_to_start(search, name: str, guests: list[str], start, form: str) -> bool:
+def _return_to_start(search: RebalanceSearch, name: str, guests: list[str], start, form: str) -> bool:
     """The host goes back where it started (the plan's moves on it are dropped); False when
     that breaks a rule."""
     host = search.hosts[name]

@@ -23,16 +23,20 @@ trials; a host that found a better layout by exploring does not get these.
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 from vmplacer.core.rebalance.explore import explorable_hosts
 from vmplacer.core.rebalance.pessimistic import compare_layout, offer_trial
 from vmplacer.core.rebalance.state import EXCLUSIVE, PINNED
 from vmplacer.core.rebalance.trial import layout_key
 
+if TYPE_CHECKING:
+    from vmplacer.core.rebalance.search import RebalanceSearch
+
 Layout = dict[str, dict[int, frozenset[int]]]
 
 
-def offer_likeliest_steps(search) -> None:
+def offer_likeliest_steps(search: RebalanceSearch) -> None:
     """Offer each small host whose exploration found nothing its likeliest single step as the trial."""
     settings = search.settings
     if not settings.trials or settings.exploration <= 0 or settings.step_trials <= 0:
@@ -55,14 +59,14 @@ def offer_likeliest_steps(search) -> None:
             break
 
 
-def pinned_layout(search, host) -> Layout:
+def pinned_layout(search: RebalanceSearch, host) -> Layout:
     """The host's movable guests pinned one pCPU per vCPU, as they are: what a step may change."""
     return {g: dict(host.pins[g]) for g in sorted(host.guests)
             if search.movable(g) and search.guests[g].mode in (PINNED, EXCLUSIVE)
             and all(len(p) == 1 for p in host.pins[g].values())}
 
 
-def ranked_steps(search, host, here: Layout) -> list[tuple[float, float, Layout]]:
+def ranked_steps(search: RebalanceSearch, host, here: Layout) -> list[tuple[float, float, Layout]]:
     """(standard deviations the predicted gain is above zero, predicted gain, layout) of every single
     step the optimist would take, likeliest first; steps that break a rule are left out."""
     bar = search.min_gain_on([host.name])
