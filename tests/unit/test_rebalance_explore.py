@@ -44,7 +44,7 @@ def test_a_pairing_never_observed_is_tried_when_nothing_else_is():
     would ever pair guests on a core. The optimistic layout does, and becomes the host's trial."""
     s = search(sibling_rounds=0)
     offer_optimistic_layouts(s)
-    trial = s.trials["h"]
+    trial = s.draft.trials["h"]
     assert trial["what"] == "optimistic"
     cores = cores_of(trial["layout"])
     assert len(set(cores.values())) < len(cores), f"no pair on one core's siblings: {cores}"
@@ -58,19 +58,19 @@ def test_no_exploration_when_switched_off_capped_already_measured_or_another_tri
     assert not _offered(capped)
     first = search(sibling_rounds=0)
     offer_optimistic_layouts(first)
-    here, there = first.trials["h"]["from_key"], first.trials["h"]["to_key"]
+    here, there = first.draft.trials["h"]["from_key"], first.draft.trials["h"]["to_key"]
     measured = search(sibling_rounds=0)
     measured.measured_better = {(here, there)}
     assert not _offered(measured)
     busy = search(sibling_rounds=0)
-    busy.trials["h"] = {"layout": {}, "what": "spread", "label": "blind spread", "from_key": "x", "to_key": "y"}
+    busy.draft.trials["h"] = {"layout": {}, "what": "spread", "label": "blind spread", "from_key": "x", "to_key": "y"}
     offer_optimistic_layouts(busy)
-    assert busy.trials["h"]["what"] == "spread"
+    assert busy.draft.trials["h"]["what"] == "spread"
 
 
 def _offered(s: RebalanceSearch) -> bool:
     offer_optimistic_layouts(s)
-    return "h" in s.trials
+    return "h" in s.draft.trials
 
 
 def test_a_host_with_a_protected_guest_is_not_explored():

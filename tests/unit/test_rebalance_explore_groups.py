@@ -79,7 +79,7 @@ def search(**settings) -> RebalanceSearch:
 
 def offered(s: RebalanceSearch) -> bool:
     offer_optimistic_groups(s)
-    return bool(s.group_trials)
+    return bool(s.draft.group_trials)
 
 
 def test_no_joint_trial_when_switched_off_capped_measured_protected_or_the_plan_moves_there():
@@ -93,7 +93,7 @@ def test_no_joint_trial_when_switched_off_capped_measured_protected_or_the_plan_
         assert not offered(capped), f"{host} has tried enough lately"
     first = search()
     offer_optimistic_groups(first)
-    (trial,) = first.group_trials.values()
+    (trial,) = first.draft.group_trials.values()
     for measured in ({(trial["from_key"], trial["to_key"])}, {(trial["to_key"], trial["from_key"])}):
         again = search()
         again.measured_better = measured
@@ -105,7 +105,7 @@ def test_no_joint_trial_when_switched_off_capped_measured_protected_or_the_plan_
     busy.touched.add("a")  # the plan moves a guest of h1: its moves are confirmed, not mixed with a trial
     assert not offered(busy)
     own = search()
-    own.trials["h2"] = {"layout": {}, "what": "spread", "label": "blind spread", "from_key": "x", "to_key": "y"}
+    own.draft.trials["h2"] = {"layout": {}, "what": "spread", "label": "blind spread", "from_key": "x", "to_key": "y"}
     assert not offered(own)
 
 

@@ -262,17 +262,17 @@ def test_when_the_planned_layout_measured_worse_the_exact_layout_is_tried_from_w
     def after_revert(solved, measured) -> RebalanceSearch:
         search = RebalanceSearch(state, sibling_averse(), settings(), None, {}, None)
         search._take(search.new_move("climb", [(n, "h", pins) for n, pins in climbed.items()]))
-        search.layout_guests["h"] = list(GUESTS)
-        search.exact_layouts["h"] = solved
+        search.draft.layout_guests["h"] = list(GUESTS)
+        search.draft.exact_layouts["h"] = solved
         search.measured_better = {(layout_key("h", start), layout_key("h", climbed))} | measured
         assert _keep_what_measured_better(search)
         assert {n: dict(search.hosts["h"].pins[n]) for n in GUESTS} == start  # the host stays
         return search
 
     search = after_revert(exact, set())
-    trial = search.trials["h"]
+    trial = search.draft.trials["h"]
     assert trial["what"] == "exact" and trial["layout"] == exact
     assert trial["from_key"] == layout_key("h", start) and trial["to_key"] == layout_key("h", exact)
     assert "from where h stays" in trial["label"]
-    assert "h" not in after_revert(climbed, set()).trials  # the solver's layout is the one measured worse
-    assert "h" not in after_revert(exact, {(layout_key("h", start), layout_key("h", exact))}).trials
+    assert "h" not in after_revert(climbed, set()).draft.trials  # the solver's layout is the one measured worse
+    assert "h" not in after_revert(exact, {(layout_key("h", start), layout_key("h", exact))}).draft.trials

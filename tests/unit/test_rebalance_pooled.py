@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from vmplacer.core.placement.guest import GuestSpec
 from vmplacer.core.placement.guest_placement import Placement
-from vmplacer.core.rebalance.policy import RebalanceSettings, RebalanceSearch, plan_rebalance
+from vmplacer.core.rebalance.policy import PIPELINE, RebalanceSettings, RebalanceSearch, plan_rebalance
 from vmplacer.core.rebalance.exact import _items_of, build_problem
 from vmplacer.core.rebalance.state import FLOATING, PINNED
 from vmplacer.core.topology.host import uniform_topology
@@ -61,7 +61,7 @@ def test_the_exact_solver_places_guests_the_climb_pooled():
     topo = uniform_topology(nodes=1, cores_per_node=2, name="h1")
     state = cluster({"h1": topo}, [pinned(n, "h1", [0]) for n in "abc"])
     search = RebalanceSearch(state, LINEAR, RebalanceSettings(), 0.0, {}, None, None)
-    search.run()
+    search.run(PIPELINE)
     host = search.hosts["h1"]
     assert {search.guests[n].mode for n in "abc"} == {FLOATING}, "the climb did not pool: the test lost its point"
     assert sorted(_items_of(search, host)) == ["a", "b", "c"]
@@ -73,5 +73,5 @@ def test_a_pooled_guest_pinned_by_a_move_counts_as_pinned_again():
     _, state = crowded_pool()
     search = RebalanceSearch(state, LINEAR, RebalanceSettings(), 0.0, {}, None, None)
     search.pooled = {"a", "b", "c"}
-    search.run()
+    search.run(PIPELINE)
     assert {search.guests[n].mode for n in "abc"} == {PINNED}

@@ -58,7 +58,7 @@ def test_steps_are_ranked_by_how_likely_they_measure_better_not_by_how_much_they
 
 def offered(s: RebalanceSearch) -> dict | None:
     offer_likeliest_steps(s)
-    return s.trials.get("h")
+    return s.draft.trials.get("h")
 
 
 def spent(sibling_rounds: int = 40, **overrides) -> RebalanceSearch:
@@ -96,9 +96,9 @@ def test_no_step_while_exploration_has_budget_found_something_or_the_steps_are_s
     protected.guests["a"] = replace(protected.guests["a"], protected=True)
     assert offered(protected) is None
     busy = spent()
-    busy.trials["h"] = {"layout": {}, "what": "spread", "label": "blind spread", "from_key": "x", "to_key": "y"}
+    busy.draft.trials["h"] = {"layout": {}, "what": "spread", "label": "blind spread", "from_key": "x", "to_key": "y"}
     offer_likeliest_steps(busy)
-    assert busy.trials["h"]["what"] == "spread", "another trial is due: it keeps its turn"
+    assert busy.draft.trials["h"]["what"] == "spread", "another trial is due: it keeps its turn"
 
 
 def test_a_step_measured_lately_is_not_tried_again_the_next_likeliest_is():

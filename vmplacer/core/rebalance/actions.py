@@ -144,12 +144,12 @@ def _build_actions(search: RebalanceSearch, model: InterferenceModel) -> tuple[l
     migrated_hosts = {a.host for a in actions if a.kind == "migrate"} | {a.target_host for a in actions
                                                                            if a.kind == "migrate"}
     low = bool(actions) and min(a.confidence for a in actions) < settings.probe_below_confidence
-    hosts = sorted({a.target_host or a.host for a in actions} | (set(search.trials) if settings.trials else set()))
+    hosts = sorted({a.target_host or a.host for a in actions} | (set(search.draft.trials) if settings.trials else set()))
     baselines: list[str] = []
     # migrations that rest on the model's data are measured too: their hosts together, so the
     # guests that moved count on both sides, and undone (migrated back) if they measured worse
     measured_groups = [group for group in _migration_groups(actions)
-                       if settings.trials and not search.betas.empty and not set(group) & search.ruled]
+                       if settings.trials and not search.betas.empty and not set(group) & search.draft.ruled]
     for group in measured_groups:
         deps = tuple(a.index for a in actions if a.host in group or a.target_host in group)
         actions.append(_migration_trial_probe(search, group, len(actions), deps))
@@ -163,10 +163,10 @@ def _build_actions(search: RebalanceSearch, model: InterferenceModel) -> tuple[l
         deps = tuple(index.on_host.get(host, ()))
         # moves that rest on the model's data are measured (time sharing alone is arithmetic; the
         # blind spread, or staying, is the rule the trial is measured against, not a guess)
-        rests_on_data = not search.betas.empty and host not in search.ruled
-        if settings.trials and host not in migrated_hosts and (host in search.trials or (deps and (low or rests_on_data))):
-            confirm = bool(deps) and host not in search.ruled
-            if confirm or (host in search.trials and not deps):
+        rests_on_data = not search.betas.empty and host not in search.draft.ruled
+        if settings.trials and host not in migrated_hosts and (host in search.draft.trials or (deps and (low or rests_on_data))):
+            confirm = bool(deps) and host not in search.draft.ruled
+            if confirm or (host in search.draft.trials and not deps):
                 baselines.append(host)  # the layout the next probe is compared with is the host as it is
             if confirm:
                 actions.append(_trial_probe(search, host, len(actions), deps, "confirm"))
@@ -175,7 +175,7 @@ def _build_actions(search: RebalanceSearch, model: InterferenceModel) -> tuple[l
                                       reason="measure the host after these moves with Freeze'nSense, to compare "
                                              "the trial with",
                                       parameters={"seconds": settings.trial_seconds}))
-            if host in search.trials:
+            if host in search.draft.trials:
                 index.catch_up(actions)
                 _add_trial(search, host, actions, index)
         elif deps and low:
@@ -184,8 +184,8 @@ def _build_actions(search: RebalanceSearch, model: InterferenceModel) -> tuple[l
                                          "in these moves is low",
                                   depends_on=deps, parameters={"seconds": settings.probe_seconds}))
     if settings.trials:
-        for label in sorted(search.group_trials):
-            trial = search.group_trials[label]
+        for label in sorted(search.draft.group_trials):
+            trial = search.draft.group_trials[label]
             baselines.extend(h for h in trial["hosts"] if h not in baselines)
             _add_group_trial(search, trial, actions)
     return _with_baselines(search, actions, baselines), predicted
@@ -218,8 +218,8 @@ def _shifted(action: Action, shift: int) -> Action:
 def _layout_guests(search: RebalanceSearch, host: _Host) -> list[str]:
     """The guests whose layout a trial names: the blind spread's (movable, pinned one vCPU to one
     pCPU), else every guest so pinned."""
-    if host.name in search.layout_guests:
-        return search.layout_guests[host.name]
+    if host.name in search.draft.layout_guests:
+        return search.draft.layout_guests[host.name]
     return sorted(g for g in host.guests if host.pins[g] and all(len(p) == 1 for p in host.pins[g].values()))
 
 
@@ -330,7 +330,7 @@ class _ActionIndex:
 def _add_trial(search: RebalanceSearch, host_name: str, actions: list[Action], index: _ActionIndex) -> None:
     """Repins from the plan's layout of the host to its trial layout, then an explore probe.
     `index` is up to date with `actions`."""
-    trial = search.trials[host_name]
+    trial = search.draft.trials[host_name]
     host = search.hosts[host_name]
     last = index.last_after
     previous_probe = index.last_probe.get(host_name)

@@ -52,7 +52,7 @@ def plan_drain(
     hosts = dict(state.hosts)
     hosts[host] = replace(hosts[host], accepts_migrations=False)
     search = RebalanceSearch(ClusterState(hosts, state.guests), model, settings, None, {}, None)
-    search.ruled.add(host)  # the host must be emptied, whatever a measurement says: no trial brings a guest back
+    search.draft.ruled.add(host)  # the host must be emptied, whatever a measurement says: no trial brings a guest back
     before = search.total_objective()
     source = search.hosts[host]
     stuck: list[str] = []
@@ -70,14 +70,14 @@ def plan_drain(
         if not destinations:
             stuck.append(f"{guest.name}: no other host accepts migrations")
             continue
-        rejected_before = len(search.rejected)
+        rejected_before = len(search.draft.rejected)
         best: CandidateMove | None = None
         for name in destinations:
             move = search._migration(guest, source, search.hosts[name])
             if move is not None and (best is None or move.gain > best.gain):
                 best = move
         if best is None:
-            why = "; ".join(search.rejected[rejected_before:]) or (
+            why = "; ".join(search.draft.rejected[rejected_before:]) or (
                 "no destination has room for it under its placement rules, anti-affinity "
                 "and the floors of protected guests there")
             stuck.append(f"{guest.name}: fits on no other host ({why})")
@@ -89,6 +89,6 @@ def plan_drain(
     moved = sum(1 for a in actions if a.kind == "migrate")
     summary = f"drain {host}: {plural(moved, 'migration')}"
     summary += f"; {plural(len(stuck), 'guest')} stay: " + "; ".join(stuck) if stuck else "; the host will be empty"
-    notes = {"drain": host, "stuck": stuck, "fixed": [], "rejected": search.rejected[:20]}
+    notes = {"drain": host, "stuck": stuck, "fixed": [], "rejected": search.draft.rejected[:20]}
     return plan_from_search(search, actions, predicted, before=before, after=after, summary=summary, notes=notes,
                             now=now)

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from dataclasses import replace
 from typing import TYPE_CHECKING
 
+from vmplacer.core.rebalance.draft import RunHistory
 from vmplacer.core.rebalance.exact import NotExact, exact_layout_of, layout_changes, solve_hosts
 from vmplacer.core.rebalance.pessimistic import offer_trial
 from vmplacer.core.rebalance.state import ClusterState
@@ -44,10 +45,10 @@ def explorable_hosts(search: RebalanceSearch) -> Iterator[str]:
     known), not ruled, not moved or grouped by this plan, and without a trial of their own yet."""
     settings = search.settings
     moved_hosts = {search.host_of[g] for g in search.migrated} | set(search.migrated.values())
-    grouped = {h for trial in search.group_trials.values() for h in trial["hosts"]}
+    grouped = {h for trial in search.draft.group_trials.values() for h in trial["hosts"]}
     for name in sorted(search.hosts):
         host = search.hosts[name]
-        if (name in search.trials or name in moved_hosts or name in grouped or name in search.ruled or not host.guests
+        if (name in search.draft.trials or name in moved_hosts or name in grouped or name in search.draft.ruled or not host.guests
                 or not 0 < len(host.usable) <= settings.exact_max_cpus
                 or any(search.guests[g].protected for g in host.guests)):
             continue
@@ -84,7 +85,7 @@ def offer_optimistic_groups(search: RebalanceSearch) -> None:
     touched_hosts = {search.host_of[g] for g in search.touched} | {
         search.original[g].placement.host for g in search.touched}
     for group in search._exact_groups():
-        if (len(group) < 2 or any(h in search.trials or h in touched_hosts or h in search.ruled for h in group)
+        if (len(group) < 2 or any(h in search.draft.trials or h in touched_hosts or h in search.draft.ruled for h in group)
                 or any(search.tried.get(h, 0) >= settings.trial_max for h in group)):
             continue
         guests = [g for h in group for g in search.hosts[h].guests]
@@ -114,7 +115,7 @@ def _offer_group_trial(search: RebalanceSearch, group: list[str], changes: dict,
     if from_key == to_key or (from_key, to_key) in search.measured_better or (to_key, from_key) in search.measured_better:
         return
     label = "+".join(group)
-    search.group_trials[label] = {
+    search.draft.group_trials[label] = {
         "hosts": list(group), "changes": changes, "what": "optimistic", "from_key": from_key, "to_key": to_key,
         "label": (f"joint layout of {', '.join(group)} the model would choose were its doubtful pairs harmless "
                   f"({plural(len(changes), 'guest')} move, "
@@ -129,8 +130,8 @@ def _optimist(search: RebalanceSearch, host_names: list[str]):
     state = ClusterState({h: search.hosts[h].state for h in host_names},
                          {g: _at_plan_end(search, g, search.guests[g]) for g in guests})
     optimist = type(search)(state, search.model, search.settings, None, {}, None, search.solver,
-                            optimism=search.settings.exploration)
-    optimist.pooled = {g for g in guests if search.may_pin(g)}
+                            optimism=search.settings.exploration,
+                            history=RunHistory.of(pooled=[g for g in guests if search.may_pin(g)]))
     optimist.refused_by = search.refused_by
     return optimist
 

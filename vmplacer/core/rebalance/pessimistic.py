@@ -139,9 +139,9 @@ def choose_pessimistically(search: RebalanceSearch) -> bool:
     """Each host ends at the model's layout, or at the blind spread when the model's advantage
     over it fails at its lower confidence bound (module docstring); True when a host was spread.
     A measurement that already compared the two (a trial of an earlier run) decides instead of
-    the model. The layout not chosen becomes the host's trial (`search.trials`): tried after the
+    the model. The layout not chosen becomes the host's trial (`search.draft.trials`): tried after the
     plan's moves and kept only when Freeze'nSense measures it better. Reports go to
-    `search.pessimistic`."""
+    `search.draft.pessimistic`."""
     settings = search.settings
     if search.betas.empty:
         return False
@@ -155,7 +155,7 @@ def choose_pessimistically(search: RebalanceSearch) -> bool:
         if layout is None:
             continue
         model_layout = {g: dict(host.pins[g]) for g in layout}
-        search.layout_guests[name] = sorted(layout)
+        search.draft.layout_guests[name] = sorted(layout)
         start = {g: dict(search.original[g].placement.vcpupin) for g in layout}
         keys = {"model": layout_key(name, model_layout), "spread": layout_key(name, layout),
                 "start": layout_key(name, start)}
@@ -182,7 +182,7 @@ def choose_pessimistically(search: RebalanceSearch) -> bool:
             if sure < search.min_gain_on([name]):
                 if start != layout:  # the start is better than the spread: the model's moves from it stand
                     report["kept"] = "model (the spread does not clear the minimum gain from the start)"
-                    search.pessimistic.append(report)
+                    search.draft.pessimistic.append(report)
                     if trial:
                         offer_trial(search, name, keys, "model", layout, "spread", "blind spread")
                     continue
@@ -194,7 +194,7 @@ def choose_pessimistically(search: RebalanceSearch) -> bool:
                 report["start"] = {"advantage": round(advantage, 4), "sd": round(sigma, 4)}
             bound = advantage - settings.pessimism * sigma
             report["lower_bound"] = round(bound, 4)
-        search.pessimistic.append(report)
+        search.draft.pessimistic.append(report)
         if bound >= 0 or (advantage <= 1e-9 and "measured" not in report):  # surely better, or no worse
             report["kept"] = "model"
             if trial and model_layout != layout:
@@ -212,7 +212,7 @@ def choose_pessimistically(search: RebalanceSearch) -> bool:
         search._take(move)
         _restore_modes(search, host, layout)
         report["kept"] = target
-        search.ruled.add(name)
+        search.draft.ruled.add(name)
         changed = True
         if trial and advantage > 1e-9:
             offer_trial(search, name, keys, "spread" if target == "spread" else "start", model_layout,
@@ -228,8 +228,8 @@ def offer_declined_layouts(search: RebalanceSearch) -> None:
     if not search.settings.trials:
         return
     moved_hosts = {search.host_of[g] for g in search.migrated} | set(search.migrated.values())
-    for name, layout in sorted(search.declined_layouts.items()):
-        if name in search.trials or name in moved_hosts or name in search.ruled:
+    for name, layout in sorted(search.draft.declined_layouts.items()):
+        if name in search.draft.trials or name in moved_hosts or name in search.draft.ruled:
             continue
         host = search.hosts[name]
         if any(g not in host.guests for g in layout):
@@ -246,7 +246,7 @@ def _keep_what_measured_better(search: RebalanceSearch) -> bool:
     """A host whose plan leads to a layout an earlier trial measured worse than where it is now
     stays where it is (the planned moves were undone then, and the model has not learned why)."""
     changed = False
-    for name, guests in sorted(search.layout_guests.items()):
+    for name, guests in sorted(search.draft.layout_guests.items()):
         host = search.hosts[name]
         start = {g: dict(search.original[g].placement.vcpupin) for g in guests}
         here = layout_key(name, start)
@@ -260,9 +260,9 @@ def _keep_what_measured_better(search: RebalanceSearch) -> bool:
         move.reason = f"{name} stays as it is: the planned layout measured worse than this one in an earlier trial"
         search._take(move)
         _restore_modes(search, host, guests)
-        search.trials.pop(name, None)
-        search.ruled.add(name)
-        search.pessimistic.append({"host": name, "kept": "start (measured better than the planned layout)"})
+        search.draft.trials.pop(name, None)
+        search.draft.ruled.add(name)
+        search.draft.pessimistic.append({"host": name, "kept": "start (measured better than the planned layout)"})
         _offer_exact_from_start(search, name, start, here, there)
         changed = True
     return changed
@@ -274,7 +274,7 @@ def _offer_exact_from_start(search: RebalanceSearch, name: str, start: dict[str,
     layout is known to measure worse and the host stays, the solver's own layout is judged from
     where the host stays: worth `min_gain` by the model, it becomes the host's trial (measured,
     kept only if better), unless it is the layout measured worse or was measured already."""
-    solved = search.exact_layouts.get(name)
+    solved = search.draft.exact_layouts.get(name)
     host = search.hosts[name]
     if not search.settings.trials or solved is None or any(g not in start for g in solved):
         return
@@ -309,7 +309,7 @@ def offer_trial(search: RebalanceSearch, host: str, keys: dict[str, str], at: st
         return
     if what == "spread" and any(loser == there for _, loser in search.measured_better):
         return  # the spread measured worse than the model's layout lately: the model's later layouts keep it
-    search.trials[host] = {"layout": {g: dict(p) for g, p in layout.items()}, "what": what, "label": label,
+    search.draft.trials[host] = {"layout": {g: dict(p) for g, p in layout.items()}, "what": what, "label": label,
                            "from_key": here, "to_key": there}
 
 

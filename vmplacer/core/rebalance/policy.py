@@ -58,6 +58,11 @@ from vmplacer.core.model.interference import InterferenceModel
 from vmplacer.core.text import plural
 from vmplacer.core.rebalance.layout_problem import LayoutSolver
 from vmplacer.core.rebalance.plan import Plan
+from vmplacer.core.rebalance.draft import NamedStage, RunHistory, Stage
+from vmplacer.core.rebalance.explore import offer_optimistic_groups, offer_optimistic_layouts
+from vmplacer.core.rebalance.pessimistic import choose_pessimistically, offer_declined_layouts
+from vmplacer.core.rebalance.second import consult_second_opinion
+from vmplacer.core.rebalance.steps import offer_likeliest_steps
 from vmplacer.core.rebalance.actions import _build_actions, plan_from_search
 from vmplacer.core.rebalance.layout import BetaTable, _locality_nodes
 from vmplacer.core.rebalance.layout import utility  # noqa: F401  (still importable from here)
@@ -78,8 +83,24 @@ from vmplacer.core.rebalance.trial import Backoff
 
 __all__ = [
     "ClusterState", "GuestState", "HostState", "RebalanceSettings", "RebalanceInputError", "describe_guest",
-    "plan_rebalance", "evaluate_cluster", "exhaustive_best", "BetaTable", "declined_text",
+    "plan_rebalance", "evaluate_cluster", "exhaustive_best", "BetaTable", "declined_text", "PIPELINE",
 ]
+
+
+# --------------------------------------------------------------------------- the stages, in order
+# Each refines the draft the one before left (core/rebalance/draft.py); the stage timer reports
+# them by these names (a name listed twice adds up).
+PIPELINE: tuple[Stage, ...] = (
+    NamedStage("climb", RebalanceSearch.climb),  # local search: moves, swaps, pools, relocations, migrations
+    NamedStage("exact", RebalanceSearch.polish),  # small hosts: the exact solver's layout (rebalance/exact)
+    NamedStage("climb", RebalanceSearch.climb_after_polish),  # climb on from the solver's layouts
+    NamedStage("pessimistic", choose_pessimistically),  # each host against the blind spread, at the lower bound
+    NamedStage("second_opinion", consult_second_opinion),  # refuted hosts: the model's other form (rebalance/second)
+    NamedStage("declined_layouts", offer_declined_layouts),  # exact layouts not sure enough: tried instead
+    NamedStage("optimistic_groups", offer_optimistic_groups),  # small hosts together, optimistic β (explore)
+    NamedStage("optimistic_layouts", offer_optimistic_layouts),  # each host alone, optimistic β (explore)
+    NamedStage("likeliest_steps", offer_likeliest_steps),  # explored hosts' likeliest single step (steps)
+)
 
 
 # --------------------------------------------------------------------------- public entry points
@@ -139,19 +160,15 @@ def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSett
                              {n: g for n, g in state.guests.items() if g.host in allowed})
     at = 0.0 if now is None else now
     times = times or NO_STAGE_TIMES
+    history = RunHistory.of(measured=measured, tried=tried, explore_kept=explore_kept, pooled=pooled,
+                            refuted=refuted, held={host: b.why(at) for host, b in (held or {}).items()},
+                            second=second)
     with times.stage("setup"):
-        search = RebalanceSearch(state, model, settings, now, last_moved or {}, scope, solver,
-                         held={host: b.why(at) for host, b in (held or {}).items()})
+        search = RebalanceSearch(state, model, settings, now, last_moved or {}, scope, solver, history=history)
     search.times = times
-    search.measured_better = set(measured or ())
-    search.tried = dict(tried or {})
-    search.explore_kept = dict(explore_kept or {})
-    search.pooled = set(pooled or ())
-    search.refuted = set(refuted or ())
-    search.second = second
     with times.stage("setup"):
         before = search.total_objective()
-    search.run()
+    search.run(PIPELINE)
     with times.stage("actions"):
         after = search.total_objective()
         actions, predicted = _build_actions(search, model)
@@ -159,14 +176,14 @@ def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSett
     moved = sum(1 for a in actions if a.kind != "probe")
     summary = (f"{plural(moved, 'action')}; predicted objective {before:.3f} → {after:.3f}" if moved
                else f"no move clears the minimum gain of {settings.min_gain:g}{_per_guest(settings)}: nothing to do")
-    if search.declined:
-        summary += "; declined: " + declined_text(search.declined[-1])
-    notes = {"fixed": fixed, "held": sorted(search.held.values()), "rejected": search.rejected[:20],
-             "declined": search.declined[-5:],
-             "exact": search.exact, "pessimistic": search.pessimistic,
-             "refuted": sorted(search.refuted), "second_opinion": search.second_opinions,
+    if search.draft.declined:
+        summary += "; declined: " + declined_text(search.draft.declined[-1])
+    notes = {"fixed": fixed, "held": sorted(search.held.values()), "rejected": search.draft.rejected[:20],
+             "declined": search.draft.declined[-5:],
+             "exact": search.draft.exact, "pessimistic": search.draft.pessimistic,
+             "refuted": sorted(search.refuted), "second_opinion": search.draft.second_opinions,
              "trials": [{"host": h, "what": t["what"], "from_key": t["from_key"], "to_key": t["to_key"]}
-                        for h, t in sorted({**search.trials, **search.group_trials}.items())]}
+                        for h, t in sorted({**search.draft.trials, **search.draft.group_trials}.items())]}
     return plan_from_search(search, actions, predicted, before=before, after=after, summary=summary, notes=notes,
                             now=now)
 

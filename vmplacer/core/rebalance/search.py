@@ -23,11 +23,8 @@ from vmplacer.core.placement.occupancy import HostUsage, memory_by_node
 from vmplacer.core.placement.guest_placement import GuestCell, Placement
 from vmplacer.core.stage_times import NO_STAGE_TIMES, StageTimes
 from vmplacer.core.text import plural
+from vmplacer.core.rebalance.draft import NO_HISTORY, Draft, RunHistory, Stage
 from vmplacer.core.rebalance.exact import NotExact, layout_changes, solve_hosts, solved_layout
-from vmplacer.core.rebalance.explore import offer_optimistic_groups, offer_optimistic_layouts
-from vmplacer.core.rebalance.pessimistic import choose_pessimistically, offer_declined_layouts
-from vmplacer.core.rebalance.steps import offer_likeliest_steps
-from vmplacer.core.rebalance.second import consult_second_opinion
 from vmplacer.core.rebalance.layout import (
     BetaTable,
     _Host,
@@ -90,26 +87,18 @@ class CandidateMove:
 class RebalanceSearch:
     def __init__(self, state: ClusterState, model: InterferenceModel, settings: RebalanceSettings,
                  now: float | None, last_moved: Mapping[str, float], scope: Iterable[str] | None,
-                 solver: LayoutSolver | None = None, optimism: float = 0.0, held: Mapping[str, str] | None = None):
+                 solver: LayoutSolver | None = None, optimism: float = 0.0, history: RunHistory = NO_HISTORY):
         self.state = state
         self.solver = solver
         self.times: StageTimes = NO_STAGE_TIMES  # where the planning time goes (set by plan_rebalance)
-        self.exact: list[dict] = []  # what the exact solver found, per host group
-        self.declined: list[dict] = []  # gains the search saw and did not take, and why
-        self.pessimistic: list[dict] = []  # each host's layout against the blind spread, at the lower bound
-        self.measured_better: set[tuple[str, str]] = set()  # (winner, loser) layout keys measured in trials
-        self.trials: dict[str, dict] = {}  # host -> the layout to try after the plan's moves (measured trial)
-        self.group_trials: dict[str, dict] = {}  # "h1+h2" -> a layout of small hosts to try, migrations included
-        self.layout_guests: dict[str, list[str]] = {}  # host -> the guests its layout keys name
-        self.declined_layouts: dict[str, dict[str, dict[int, frozenset[int]]]] = {}  # host -> exact layout
-        self.exact_layouts: dict[str, dict[str, dict[int, frozenset[int]]]] = {}  # host -> solver's layout
-        self.tried: dict[str, int] = {}  # host -> layouts it tried within the trial memory
-        self.explore_kept: dict[str, int] = {}  # host -> explore trials kept within the trial memory
-        self.refuted: set[str] = set()  # hosts whose planned layouts measured worse within the trial memory
-        self.second: InterferenceModel | None = None  # the model in its other form (rebalance/second)
-        self.second_opinions: list[dict] = []  # refuted hosts whose trial the second form chose
-        self.ruled: set[str] = set()  # hosts the plan takes to the blind spread or keeps where they are, by rule
-        self.held: dict[str, str] = dict(held or {})  # host -> why its data-driven moves are only tried (back-off)
+        self.draft = Draft()  # what the stages decide (core/rebalance/draft.py)
+        self.history = history
+        self.measured_better: set[tuple[str, str]] = set(history.measured_better)  # (winner, loser) layout keys
+        self.tried: dict[str, int] = dict(history.tried)  # host -> layouts it tried within the trial memory
+        self.explore_kept: dict[str, int] = dict(history.explore_kept)  # host -> explore trials kept lately
+        self.refuted: set[str] = set(history.refuted)  # hosts whose planned layouts measured worse lately
+        self.second: InterferenceModel | None = history.second  # the model in its other form (rebalance/second)
+        self.held: dict[str, str] = dict(history.held)  # host -> why its data-driven moves are only tried (back-off)
         self.model = model
         self.settings = settings
         self.betas = BetaTable(model, optimism)
@@ -150,8 +139,7 @@ class RebalanceSearch:
         self.touched: set[str] = set()
         self.migrated: dict[str, str] = {}  # guest -> original host
         self.memory_moved: set[str] = set()
-        self.rejected: list[str] = []
-        self.pooled: set[str] = set()  # floating guests an earlier plan of vmplacer's pooled
+        self.pooled: set[str] = set(history.pooled)  # floating guests an earlier plan of vmplacer's pooled
 
     # ----- evaluation helpers -------------------------------------------------------------------------
     @property
@@ -651,7 +639,7 @@ class RebalanceSearch:
             copy_slowdown=settings.copy_slowdown,
         )
         if not cost.converges:
-            self.rejected.append(f"migrate {name} to {destination.name}: {cost.reason}")
+            self.draft.rejected.append(f"migrate {name} to {destination.name}: {cost.reason}")
             return None
         raw = (src_after - src_before) + (dst_after - dst_before)
         lin = (src_lin_after - src_lin_before) + (dst_lin_after - dst_lin_before)
@@ -824,31 +812,28 @@ class RebalanceSearch:
         memory = self.memory_moved | ({c.guest for c in move.changes} if move.kind == "relocate" else set())
         return len(touched) + len(migrated) + len(memory)
 
-    def run(self) -> None:
-        """Climb (single moves, swaps, pools, relocations, migrations); then, where hosts are
-        small, an exact solver's layout from where the climb stopped; then climb again; then
-        each host's layout against the blind spread, judged at the lower confidence bound."""
-        times = self.times
-        with times.stage("climb"):
-            self._climb()
+    def run(self, stages: Iterable[Stage]) -> None:
+        """Each stage in turn refines the draft, timed under its name (core/rebalance/policy.py
+        `PIPELINE` lists them in order)."""
+        for stage in stages:
+            with self.times.stage(stage.name):
+                stage.refine(self)
+
+    def climb(self) -> None:
+        """Stage: steepest ascent — single moves, swaps, pools, relocations, migrations — until no
+        move clears its threshold or the action budget is spent."""
+        self._climb()
+
+    def polish(self) -> None:
+        """Stage: where hosts are small, an exact solver's layout from where the climb stopped
+        (no solver: nothing)."""
         if self.solver is not None:
-            with times.stage("exact"):
-                polished = self._polish()
-            if polished:
-                with times.stage("climb"):
-                    self._climb()
-        with times.stage("pessimistic"):
-            choose_pessimistically(self)
-        with times.stage("second_opinion"):
-            consult_second_opinion(self)
-        with times.stage("declined_layouts"):
-            offer_declined_layouts(self)
-        with times.stage("optimistic_groups"):
-            offer_optimistic_groups(self)
-        with times.stage("optimistic_layouts"):
-            offer_optimistic_layouts(self)
-        with times.stage("likeliest_steps"):
-            offer_likeliest_steps(self)
+            self._polish()
+
+    def climb_after_polish(self) -> None:
+        """Stage: climb again from the solver's layouts, when the solver moved anything."""
+        if any(report.get("taken") for report in self.draft.exact):
+            self._climb()
 
     def _climb(self) -> None:
         settings = self.settings
@@ -875,7 +860,7 @@ class RebalanceSearch:
                     break
             if chosen is None:
                 if options:
-                    self.rejected.append(f"action budget of {settings.max_actions} reached")
+                    self.draft.rejected.append(f"action budget of {settings.max_actions} reached")
                     self._decline(options[0], self._threshold(options[0]), "max_actions")
                 else:
                     best = max((m for m in [*cache.values(), migration] if m is not None and m.gain > _EPS),
@@ -930,7 +915,7 @@ class RebalanceSearch:
             else:
                 by = "min_migration_gain" if threshold == self.settings.min_migration_gain and any(
                     c.host != self.host_of[c.guest] for c in move.changes) else "min_gain"
-        self.declined.append({
+        self.draft.declined.append({
             "kind": move.kind, "move": move.reason, "guests": sorted({c.guest for c in move.changes}),
             "predicted_gain": round(move.gain, 4), "sure_gain": round(move.sure_gain, 4),
             "confidence": round(move.confidence, 3), "cost": round(paid, 4), "threshold": threshold,
@@ -958,7 +943,7 @@ class RebalanceSearch:
         changed = False
         for group in self._exact_groups():
             report: dict = {"hosts": group}
-            self.exact.append(report)
+            self.draft.exact.append(report)
             if budget <= 0:
                 report.update(status="skipped", why=f"solver budget of {settings.exact_budget_s:g} deterministic s spent")
                 continue
@@ -976,7 +961,7 @@ class RebalanceSearch:
             if problem.hint is not None:
                 report["before"] = round(problem.objective(problem.hint), 6)
             if len(group) == 1:
-                self.exact_layouts[group[0]] = solved_layout(problem, solution)
+                self.draft.exact_layouts[group[0]] = solved_layout(problem, solution)
             move = self._relayout_move(problem, solution, group, report)
             if move is None:
                 continue
@@ -986,7 +971,7 @@ class RebalanceSearch:
                 report["taken"] = False
                 if move.gain >= threshold and len(group) == 1 and not move.cost:
                     # worth it by the model, not sure enough by its data: worth measuring (a trial)
-                    self.declined_layouts[group[0]] = solved_layout(problem, solution)
+                    self.draft.declined_layouts[group[0]] = solved_layout(problem, solution)
                 continue
             if self.actions_if(move) > settings.max_actions:
                 self._decline(move, threshold, "max_actions")

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from vmplacer.core.rebalance.draft import RunHistory
 from vmplacer.core.rebalance.exact import exact_layout_of
 from vmplacer.core.rebalance.explore import what_if_gain
 from vmplacer.core.rebalance.pessimistic import _restore_modes, compare_layout, offer_trial
@@ -49,7 +50,7 @@ def consult_second_opinion(search: RebalanceSearch) -> None:
     moved_hosts = {search.host_of[g] for g in search.migrated} | set(search.migrated.values())
     for name in sorted(search.refuted):
         host = search.hosts.get(name)
-        if (host is None or not host.guests or name in moved_hosts or name in search.ruled
+        if (host is None or not host.guests or name in moved_hosts or name in search.draft.ruled
                 or not 0 < len(host.usable) <= settings.exact_max_cpus
                 or search.tried.get(name, 0) >= settings.trial_max
                 or any(search.guests[g].protected for g in host.guests)):
@@ -74,9 +75,9 @@ def consult_second_opinion(search: RebalanceSearch) -> None:
         stays = planned != start
         if stays and not _return_to_start(search, name, guests, start, other.betas.form):
             continue
-        search.second_opinions.append({"host": name, "form": other.betas.form, "stays": stays,
+        search.draft.second_opinions.append({"host": name, "form": other.betas.form, "stays": stays,
                                        "predicted_gain": round(what_if_gain(other, name, layout), 4)})
-        search.trials.pop(name, None)
+        search.draft.trials.pop(name, None)
         offer_trial(search, name, {"here": here}, "here", layout, "second",
                     f"layout the model's {other.betas.form} form would choose (its planned layouts "
                     "measured worse lately)")
@@ -86,8 +87,8 @@ def _second_search(search: RebalanceSearch, name: str):
     """A what-if search of host `name` as it started, under the second model."""
     guests = list(search.hosts[name].guests)
     state = ClusterState({name: search.hosts[name].state}, {g: search.original[g] for g in guests})
-    other = type(search)(state, search.second, search.settings, None, {}, None, search.solver)
-    other.pooled = {g for g in guests if search.may_pin(g)}
+    other = type(search)(state, search.second, search.settings, None, {}, None, search.solver,
+                         history=RunHistory.of(pooled=[g for g in guests if search.may_pin(g)]))
     other.refused_by = search.refused_by
     return other
 
