@@ -148,7 +148,8 @@ def model_config(form: str | None = None) -> ModelConfig:
 
 def run_cases(seeds: int, shapes=SHAPES, names: set[str] | None = None,
               overrides: dict[str, float] | None = None, runs: int = RUNS,
-              checkpoints: tuple[int, ...] = (CHECKPOINT,), form: str | None = None) -> list[dict]:
+              checkpoints: tuple[int, ...] = (CHECKPOINT,), form: str | None = None,
+              first_seed: int = 0) -> list[dict]:
     rows = []
     config = model_config(form)
     solver = CpSatLayoutSolver()
@@ -158,7 +159,7 @@ def run_cases(seeds: int, shapes=SHAPES, names: set[str] | None = None,
         table = parse_pairs(path.read_text(), path.name)
         for label, hosts, vms, shape, mix in shapes:
             for start in ("siblings", "random"):
-                for seed in range(seeds):
+                for seed in range(first_seed, first_seed + seeds):
                     began = time.perf_counter()
                     settings = RebalanceSettings(**{"max_actions": vms, **(overrides or {})})
                     row = evaluate_case(table, Case(start, hosts, vms, shape, seed, mix), matrix=path.name,
