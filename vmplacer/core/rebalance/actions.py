@@ -19,7 +19,7 @@ from vmplacer.core.placement.allocate import refresh_shared_pins
 from vmplacer.core.model.interference import InterferenceModel
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.rebalance.plan import Action, Plan, initial_state
-from vmplacer.core.rebalance.layout import _Host, _host_confidences
+from vmplacer.core.rebalance.layout import HostLayout, _host_confidences
 from vmplacer.core.rebalance.search import _EPS, _relocated_cells, RebalanceSearch
 from vmplacer.core.rebalance.state import EXCLUSIVE, FLOATING
 from vmplacer.core.rebalance.trial import hosts_key, layout_key
@@ -38,7 +38,7 @@ def _new_emulator(old: Placement, new_pins: Mapping[int, frozenset[int]], mode: 
     return emulator
 
 
-def _with_pins(search: RebalanceSearch, name: str, host: _Host, pins: Mapping[int, frozenset[int]],
+def _with_pins(search: RebalanceSearch, name: str, host: HostLayout, pins: Mapping[int, frozenset[int]],
                base: Placement) -> Placement:
     guest = search.guests[name]
     emulator = _new_emulator(base, pins, guest.mode, host.owned_by_others(name))
@@ -215,7 +215,7 @@ def _shifted(action: Action, shift: int) -> Action:
     return moved
 
 
-def _layout_guests(search: RebalanceSearch, host: _Host) -> list[str]:
+def _layout_guests(search: RebalanceSearch, host: HostLayout) -> list[str]:
     """The guests whose layout a trial names: the blind spread's (movable, pinned one vCPU to one
     pCPU), else every guest so pinned."""
     if host.name in search.draft.layout_guests:

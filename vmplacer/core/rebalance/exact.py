@@ -42,7 +42,7 @@ import numpy as np
 from vmplacer.core.model.interference import MULTIPLICATIVE
 from vmplacer.core.rebalance.layout_problem import LayoutProblem, LayoutSolution, LayoutSolver
 from vmplacer.core.rebalance.migration_cost import migration_cost
-from vmplacer.core.rebalance.layout import _Host, _locality_nodes
+from vmplacer.core.rebalance.layout import HostLayout, _locality_nodes
 from vmplacer.core.rebalance.state import EXCLUSIVE, PINNED, GuestState
 
 if TYPE_CHECKING:
@@ -57,7 +57,7 @@ class NotExact(Exception):
     """The hosts cannot be put as a LayoutProblem (the reason says why)."""
 
 
-def _items_of(search: RebalanceSearch, host: _Host) -> list[str]:
+def _items_of(search: RebalanceSearch, host: HostLayout) -> list[str]:
     """Guests whose every vCPU the solver may place: movable and pinned 1:1, or floating where
     the search may pin them again (`may_pin`: the solver's layout pins them 1:1)."""
     result = []

@@ -22,7 +22,7 @@ from vmplacer.core.rebalance.state import EXCLUSIVE, FIXED, GuestState, HostStat
 
 
 # --------------------------------------------------------------------------- β table
-_KEEPING_HOSTS = 8  # hosts at a time that keep their recent layouts' evaluations (`_Host.pieces`)
+_KEEPING_HOSTS = 8  # hosts at a time that keep their recent layouts' evaluations (`HostLayout.pieces`)
 class BetaTable:
     """Interference coefficients β_c(u → v) between the guests' model identities, cached.
 
@@ -36,7 +36,7 @@ class BetaTable:
 
         self.model = model
         # > 0: each β lowered by this many of its standard deviations (what the model may be
-        # wrong by, as `_Host.pair_spread` counts it), never below min(β, 0): the layout the model
+        # wrong by, as `HostLayout.pair_spread` counts it), never below min(β, 0): the layout the model
         # would pick were its doubtful pairs harmless, for exploration by trial
         self.optimism = optimism
         self.form = model.config.form  # how a guest's neighbours' losses combine (`remaining`)
@@ -130,8 +130,8 @@ PairTerms = tuple[list[tuple[str, int, int]], np.ndarray, np.ndarray]
 _FEW_MOVED = 2  # candidates moving at most this many pieces get their interference matrix by update
 _RECENT_LAYOUTS = 4  # evaluated layouts kept per host: a fleet's worth stays well under its memory bound
 @dataclass
-class _Pieces:
-    """A host layout flattened: one piece per (vCPU, pCPU it may run on)."""
+class LayoutPieces:
+    """A host layout flattened for scoring: one piece per (vCPU, pCPU it may run on)."""
 
     guests: list[str]
     vm: np.ndarray  # piece -> guest index
@@ -147,19 +147,19 @@ class _Pieces:
     matrix: np.ndarray | None = None  # interference between pieces, computed on first use
     current: tuple[np.ndarray, np.ndarray] | None = None  # `perf` of the layout itself, cached
     identities: tuple[tuple[str, str], ...] = ()  # model identity of each key index
-    blind: _Pieces | None = None  # the same layout under the topology prior (every guest alike), cached
-    terms: PairTerms | None = None  # `_Host.pair_terms` of the layout, cached
-    spread: PairTerms | None = None  # `_Host.pair_spread` of the layout, cached
+    blind: LayoutPieces | None = None  # the same layout under the topology prior (every guest alike), cached
+    terms: PairTerms | None = None  # `HostLayout.pair_terms` of the layout, cached
+    spread: PairTerms | None = None  # `HostLayout.pair_spread` of the layout, cached
     load: np.ndarray | None = None  # demand on each pCPU as the layout stands, cached by `perf_moves`
     blind_base: float | None = None  # objective minus time sharing under the topology prior, cached
     reach: np.ndarray | None = None  # [pCPU, piece]: distance of each local pCPU to each piece's, cached
-    piece_keys: list[tuple[str, int, int]] | None = None  # `_Host.pair_terms` keys, cached
-    # (guest, vCPU) -> its piece, for vCPUs pinned to one pCPU (`_Host.set_pins` derives layouts by it)
+    piece_keys: list[tuple[str, int, int]] | None = None  # `HostLayout.pair_terms` keys, cached
+    # (guest, vCPU) -> its piece, for vCPUs pinned to one pCPU (`HostLayout.set_pins` derives layouts by it)
     slots: dict[tuple[str, int], int] | None = None
     # the layout this one was derived from (its matrix made) and the pieces that moved: the
     # interference matrix (and the blind view's) is that one's with the moved rows and columns
     # looked up again
-    parent: tuple[_Pieces, np.ndarray] | None = None
+    parent: tuple[LayoutPieces, np.ndarray] | None = None
 
     def slot_of(self) -> dict[tuple[str, int], int]:
         """(guest, vCPU) -> piece, for the vCPUs pinned to exactly one pCPU (made on first use)."""
@@ -169,8 +169,10 @@ class _Pieces:
         return self.slots
 
 
-class _Host:
-    """Static facts of one host (pCPU indexes, distances, usable pCPUs) and its what-if layout."""
+class HostLayout:
+    """One host's what-if layout and the static facts it is scored with (pCPU indexes,
+    distances, usable pCPUs): what every stage of the policy moves guests on and predicts
+    performance from, without touching the host."""
 
     def __init__(self, state: HostState, betas: BetaTable):
         topo = state.topology
@@ -191,14 +193,14 @@ class _Host:
         self.reserved_kib = state.options.reserved_memory_mib_per_node * 1024
         self.guests: dict[str, GuestState] = {}
         self.pins: dict[str, dict[int, frozenset[int]]] = {}
-        self._pieces: _Pieces | None = None
+        self._pieces: LayoutPieces | None = None
         # since `_pieces` was dropped by `set_pins`: the evaluation it dropped and the one-pCPU
         # vCPUs that moved since, (guest, vCPU) -> local pCPU index; None when the pins changed
         # otherwise (a layout is then flattened anew)
-        self._derive: tuple[_Pieces, dict[tuple[str, int], int]] | None = None
+        self._derive: tuple[LayoutPieces, dict[tuple[str, int], int]] | None = None
         # evaluations of the layouts the guests here had lately, by their pins: the search tries a
         # move and takes it back, or sets pins aside and restores them, many times over one layout
-        self._recent: dict[tuple[tuple[str, tuple[tuple[int, frozenset[int]], ...]], ...], _Pieces] = {}
+        self._recent: dict[tuple[tuple[str, tuple[tuple[int, frozenset[int]], ...]], ...], LayoutPieces] = {}
         self._peers: dict[str, frozenset[str]] | None = None  # anti-affinity peers present, per guest
         # (the guests as they were, the ones among them that own pCPUs): the rules ask who owns
         # pCPUs for every candidate pCPU of every vCPU, and the guests rarely change
@@ -221,7 +223,7 @@ class _Host:
         self._recent.clear()
         self._peers = None
 
-    def set_pins(self, name: str, pins: Mapping[int, frozenset[int]], *, pieces: _Pieces | None = None) -> None:
+    def set_pins(self, name: str, pins: Mapping[int, frozenset[int]], *, pieces: LayoutPieces | None = None) -> None:
         """`pieces`: the evaluation of the layout these pins restore (taking a tried move back),
         kept instead of computed again. Else, when only vCPUs pinned to one pCPU move to another
         one, the next evaluation is derived from the last (the same arrays, but their pCPUs)."""
@@ -329,7 +331,7 @@ class _Host:
 
     # ----- evaluation -------------------------------------------------------------------------
     def pieces(self, layout: Mapping[str, Mapping[int, frozenset[int]]] | None = None,
-               guests: Mapping[str, GuestState] | None = None) -> _Pieces:
+               guests: Mapping[str, GuestState] | None = None) -> LayoutPieces:
         if layout is None and self._pieces is not None:
             return self._pieces
         signature = None
@@ -366,7 +368,7 @@ class _Host:
         onehot = np.zeros((len(vm), len(names)))
         if len(vm):
             onehot[np.arange(len(vm)), vm_a] = 1.0
-        result = _Pieces(
+        result = LayoutPieces(
             guests=names, vm=vm_a, vcpu=np.asarray(vcpu, dtype=np.int64),
             cpu=np.asarray(cpu, dtype=np.int64), demand=np.asarray(demand, dtype=float),
             key=np.asarray(key, dtype=np.int64), table=self.betas.tensor(list(identities)),
@@ -382,7 +384,7 @@ class _Host:
                 self._keep(signature, result)
         return result
 
-    def _keep(self, signature: tuple, result: _Pieces) -> _Pieces:
+    def _keep(self, signature: tuple, result: LayoutPieces) -> LayoutPieces:
         """`result` is the evaluation of the layout as it is, and one of its recent ones."""
         self._pieces = result
         if len(self._recent) >= _RECENT_LAYOUTS:
@@ -391,7 +393,7 @@ class _Host:
         self.betas.keeping(self)
         return result
 
-    def perf(self, pieces: _Pieces, cpu: np.ndarray,
+    def perf(self, pieces: LayoutPieces, cpu: np.ndarray,
              moved: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Per candidate (rows of `cpu`, C×P): each guest's predicted performance (C×V), and the
         same from time sharing alone (the linear predictor). `moved` (optional, C×2): the two
@@ -421,7 +423,7 @@ class _Host:
             pieces.current = result
         return result
 
-    def _interfered(self, pieces: _Pieces, cpu: np.ndarray, granted: np.ndarray,
+    def _interfered(self, pieces: LayoutPieces, cpu: np.ndarray, granted: np.ndarray,
                     pairs: np.ndarray | None = None) -> np.ndarray:
         assert pieces.table is not None
         if pairs is not None:
@@ -439,7 +441,7 @@ class _Host:
         loss = np.einsum("cxy,cy->cx", matrix, granted)
         return self._per_guest(pieces, granted * remaining(loss, self.betas.form))
 
-    def _matrices_moved(self, pieces: _Pieces, cpu: np.ndarray, moved: np.ndarray) -> np.ndarray:
+    def _matrices_moved(self, pieces: LayoutPieces, cpu: np.ndarray, moved: np.ndarray) -> np.ndarray:
         """[c, x, y]: the interference matrix of each candidate that moves at most `_FEW_MOVED`
         pieces (a swap moves two; `moved`, C×_FEW_MOVED: those pieces): the layout's own matrix
         with only the moved pieces' rows and columns looked up again — the same entries a full
@@ -461,7 +463,7 @@ class _Host:
                                           flat[dist * (k * k) + pieces.key[j][:, None] * k + pieces.key[None, :]], 0.0)
         return result
 
-    def perf_moves(self, pieces: _Pieces, m: int, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def perf_moves(self, pieces: LayoutPieces, m: int, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`perf` for candidates that each move piece `m` to one of `targets` (local pCPU indexes).
 
         Only row and column m of the interference matrix change, so the loss is
@@ -473,7 +475,7 @@ class _Host:
             return linear, linear
         return self._moved_interfered(pieces, m, targets, granted), linear
 
-    def perf_moves_blind(self, pieces: _Pieces, blind: _Pieces | None, m: int,
+    def perf_moves_blind(self, pieces: LayoutPieces, blind: LayoutPieces | None, m: int,
                          targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """`perf_moves` of the layout and the performance part of `perf_moves` of its `blind` view
         (the same pieces under another table): both share the time shares, computed once."""
@@ -487,7 +489,7 @@ class _Host:
         blind_perf = linear if blind.table is None else self._moved_interfered(blind, m, targets, granted, dist, valid)
         return perf, linear, blind_perf
 
-    def perf_moves_blind_many(self, pieces: _Pieces, blind: _Pieces | None, moved: np.ndarray,
+    def perf_moves_blind_many(self, pieces: LayoutPieces, blind: LayoutPieces | None, moved: np.ndarray,
                               targets: np.ndarray,
                               blocks: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         """`perf_moves_blind` for the candidates of several pieces at once: row r moves piece
@@ -510,7 +512,7 @@ class _Host:
                                                                                     valid, blocks)
         return perf, linear, blind_perf
 
-    def _moved_shares_many(self, pieces: _Pieces, moved: np.ndarray, targets: np.ndarray,
+    def _moved_shares_many(self, pieces: LayoutPieces, moved: np.ndarray, targets: np.ndarray,
                            blocks: list[tuple[int, int]]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """`_moved_shares`, row r moving piece `moved[r]` (no target is the piece's own pCPU)."""
         count = len(targets)
@@ -527,7 +529,7 @@ class _Host:
         granted = pieces.demand[None, :] * np.minimum(1.0, 1.0 / np.maximum(load[rows[:, None], cpu], 1e-12))
         return cpu, granted, self._per_guest_blocks(pieces, granted, blocks)
 
-    def _moved_interfered_many(self, pieces: _Pieces, moved: np.ndarray, granted: np.ndarray, dist: np.ndarray,
+    def _moved_interfered_many(self, pieces: LayoutPieces, moved: np.ndarray, granted: np.ndarray, dist: np.ndarray,
                                valid: np.ndarray, blocks: list[tuple[int, int]]) -> np.ndarray:
         """`_moved_interfered`, row r moving piece `moved[r]`."""
         assert pieces.table is not None
@@ -549,11 +551,11 @@ class _Host:
         return self._per_guest_blocks(pieces, granted * remaining(loss, self.betas.form), blocks)
 
     @staticmethod
-    def _per_guest_blocks(pieces: _Pieces, got: np.ndarray, blocks: list[tuple[int, int]]) -> np.ndarray:
+    def _per_guest_blocks(pieces: LayoutPieces, got: np.ndarray, blocks: list[tuple[int, int]]) -> np.ndarray:
         """`_per_guest` of each block of rows (its product on the block's own shape)."""
         return np.maximum(_blocks_product(got, pieces.onehot, blocks), 0.0) / pieces.ideal[None, :]
 
-    def _moved_shares(self, pieces: _Pieces, m: int,
+    def _moved_shares(self, pieces: LayoutPieces, m: int,
                       targets: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(candidate pCPUs, granted time shares, linear performance) of moving piece `m` to each
         of `targets`."""
@@ -570,16 +572,16 @@ class _Host:
         granted = pieces.demand[None, :] * np.minimum(1.0, 1.0 / np.maximum(load[rows[:, None], cpu], 1e-12))
         return cpu, granted, self._per_guest(pieces, granted)
 
-    def _moved_reach(self, pieces: _Pieces, m: int, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    def _moved_reach(self, pieces: LayoutPieces, m: int, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """[c, x]: the distance of x's pCPU to m's new pCPU in each candidate, and whether x and m
         interfere there (other guests, other pCPUs). The pCPUs' distances to every piece are
-        looked up once per layout (`_Pieces.reach`): each candidate takes its target's row."""
+        looked up once per layout (`LayoutPieces.reach`): each candidate takes its target's row."""
         if pieces.reach is None:
             pieces.reach = self.dist[:, pieces.cpu]
         dist = pieces.reach.take(targets, axis=0)
         return dist, (pieces.vm[None, :] != pieces.vm[m]) & (dist != 0)
 
-    def _moved_interfered(self, pieces: _Pieces, m: int, targets: np.ndarray, granted: np.ndarray,
+    def _moved_interfered(self, pieces: LayoutPieces, m: int, targets: np.ndarray, granted: np.ndarray,
                           dist: np.ndarray | None = None, valid: np.ndarray | None = None) -> np.ndarray:
         """Performance with interference of the candidates of `_moved_shares` (`dist`, `valid`:
         `_moved_reach`, which a layout and its blind view share)."""
@@ -600,7 +602,7 @@ class _Host:
         loss[:, m] = (suffered * granted).sum(axis=1)
         return self._per_guest(pieces, granted * remaining(loss, self.betas.form))
 
-    def pair_terms(self, pieces: _Pieces) -> PairTerms:
+    def pair_terms(self, pieces: LayoutPieces) -> PairTerms:
         """Each piece's identity (guest, vCPU, pCPU); per pair [x, y] the weighted performance y's
         interference takes from x, and the model's confidence in that coefficient (cached on the
         layout: every move judged from it asks again; read only)."""
@@ -608,7 +610,7 @@ class _Host:
             pieces.terms = _read_only(self._pair_terms(pieces))
         return pieces.terms
 
-    def _pair_terms(self, pieces: _Pieces) -> PairTerms:
+    def _pair_terms(self, pieces: LayoutPieces) -> PairTerms:
         if pieces.piece_keys is None:
             guests, cpus = pieces.guests, self.cpus
             pieces.piece_keys = [(guests[g], v, cpus[c]) for g, v, c in
@@ -626,13 +628,13 @@ class _Host:
             return keys, terms, _rows_updated(self, pieces, conf_table, parent[0].terms[2], parent[1], masked=False)
         return keys, terms, _pair_lookup(self, pieces, conf_table, masked=False)
 
-    def pair_spread(self, pieces: _Pieces) -> PairTerms:
+    def pair_spread(self, pieces: LayoutPieces) -> PairTerms:
         """`_pair_spread`, cached on the layout (read only)."""
         if pieces.spread is None:
             pieces.spread = _read_only(self._pair_spread(pieces))
         return pieces.spread
 
-    def _pair_spread(self, pieces: _Pieces) -> PairTerms:
+    def _pair_spread(self, pieces: LayoutPieces) -> PairTerms:
         """As `pair_terms`, with each term's variance instead of its confidence: what the model
         may be wrong by. A coefficient learned from n observations of noise σ is off by about
         σ/√(n + k) (k: `confidence_evidence`, the shrinkage's weight; confidence is n/(n + k), so
@@ -653,14 +655,14 @@ class _Host:
         variance = (reach * model.noise_sd) ** 2 * doubt / k + (doubt * reach * largest) ** 2
         return keys, terms, variance
 
-    def _pair_scale(self, pieces: _Pieces) -> tuple[np.ndarray, np.ndarray]:
+    def _pair_scale(self, pieces: LayoutPieces) -> tuple[np.ndarray, np.ndarray]:
         """Each piece's granted time share, and what one unit of β·g from a neighbour costs it in
         the objective (its weight over its ideal, its share, and the speed it keeps)."""
         load = np.bincount(pieces.cpu, weights=pieces.demand, minlength=len(self.cpus))
         granted = pieces.demand * np.minimum(1.0, 1.0 / np.maximum(load[pieces.cpu], 1e-12))
         return granted, (pieces.weight / pieces.ideal)[pieces.vm] * granted * self._kept(pieces, granted)
 
-    def _kept(self, pieces: _Pieces, granted: np.ndarray) -> np.ndarray:
+    def _kept(self, pieces: LayoutPieces, granted: np.ndarray) -> np.ndarray:
         """Per piece: what one more unit of Σ β·g costs it, relative to the additive form — 1
         there; in the multiplicative form the speed it still has (each pair's term is then its
         first-order share of the loss, as the layout stands)."""
@@ -669,7 +671,7 @@ class _Host:
         return remaining(_interference_matrix(self, pieces) @ granted, self.betas.form)
 
     @staticmethod
-    def _per_guest(pieces: _Pieces, got: np.ndarray) -> np.ndarray:
+    def _per_guest(pieces: LayoutPieces, got: np.ndarray) -> np.ndarray:
         return np.maximum(got @ pieces.onehot, 0.0) / pieces.ideal[None, :]
 
 
@@ -689,7 +691,7 @@ def _read_only(found: PairTerms) -> PairTerms:
     return found
 
 
-def _derived(base: _Pieces, moved: Mapping[tuple[str, int], int]) -> _Pieces:
+def _derived(base: LayoutPieces, moved: Mapping[tuple[str, int], int]) -> LayoutPieces:
     """`base` with the one-pCPU vCPUs in `moved` on their new pCPUs: the same pieces in the same
     order (one per such vCPU before and after), so every array but the pCPUs is base's own (read
     only), and nothing computed from the pCPUs is kept."""
@@ -713,7 +715,7 @@ def _derived(base: _Pieces, moved: Mapping[tuple[str, int], int]) -> _Pieces:
 _FEW_ROWS = 8  # a derived layout moving at most this many pieces gets its matrix by update
 
 
-def _interference_matrix(host: _Host, pieces: _Pieces) -> np.ndarray:
+def _interference_matrix(host: HostLayout, pieces: LayoutPieces) -> np.ndarray:
     """[x, y]: β(y → x) at their pCPUs' distance, 0 for pieces of one guest or one pCPU (cached)."""
     parent = pieces.parent
     if pieces.matrix is None and parent is not None and parent[0].matrix is not None and len(parent[1]) <= _FEW_ROWS:
@@ -728,7 +730,7 @@ def _interference_matrix(host: _Host, pieces: _Pieces) -> np.ndarray:
 _STRUCTURED = 128  # layouts of more pieces than this (floating vCPUs) look pairs up per (pCPU, identity)
 
 
-def _pair_lookup(host: _Host, pieces: _Pieces, table: np.ndarray, masked: bool) -> np.ndarray:
+def _pair_lookup(host: HostLayout, pieces: LayoutPieces, table: np.ndarray, masked: bool) -> np.ndarray:
     """[x, y]: `table`[distance of x's and y's pCPUs, y's identity, x's identity]; `masked`: 0 for
     pieces of one guest or one pCPU. A pool's floating vCPUs make hundreds of pieces that share a
     few (pCPU, identity) pairs: those are looked up once and spread, the same entries."""
@@ -757,7 +759,7 @@ def _pair_lookup(host: _Host, pieces: _Pieces, table: np.ndarray, masked: bool) 
     return result
 
 
-def _rows_updated(host: _Host, pieces: _Pieces, table: np.ndarray, matrix: np.ndarray, moved: np.ndarray,
+def _rows_updated(host: HostLayout, pieces: LayoutPieces, table: np.ndarray, matrix: np.ndarray, moved: np.ndarray,
                   masked: bool) -> np.ndarray:
     """`_pair_lookup` of a layout that differs from the one of `matrix` in the pCPUs of the `moved`
     pieces only: the other entries are the same look-ups, so they are copied."""
@@ -776,7 +778,7 @@ def _rows_updated(host: _Host, pieces: _Pieces, table: np.ndarray, matrix: np.nd
     return result
 
 
-def _locality_nodes(host: _Host, guest: GuestState, pins: Mapping[int, frozenset[int]]) -> set[int]:
+def _locality_nodes(host: HostLayout, guest: GuestState, pins: Mapping[int, frozenset[int]]) -> set[int]:
     """Nodes a guest's vCPUs must stay in: where its memory is, when it says where (NUMA locality)."""
     placement = guest.placement
     if placement.cells:
@@ -787,7 +789,7 @@ def _locality_nodes(host: _Host, guest: GuestState, pins: Mapping[int, frozenset
 
 
 # --------------------------------------------------------------------------- confidence
-def _host_confidences(host: _Host, model: InterferenceModel, betas: BetaTable) -> dict[str, float]:
+def _host_confidences(host: HostLayout, model: InterferenceModel, betas: BetaTable) -> dict[str, float]:
     """Per guest on `host`: how much of its predicted interference rests on observed data.
 
     With no data at all every β is 0 and predictions are time sharing only;

@@ -8,7 +8,7 @@ S of the same guests (each pinned vCPU on the least crowded pCPU, then core —
 the rule that needs no model). F stays when its predicted advantage over S holds
 at the lower confidence bound: the advantage minus `pessimism` standard
 deviations of what the coefficients of the pairs whose distance differs between
-F and S may be wrong by (`_Host.pair_spread`: few observations, or none at that
+F and S may be wrong by (`HostLayout.pair_spread`: few observations, or none at that
 distance), or when the two are predicted equal (fewer moves). Otherwise the
 host ends spread, provided the spread itself clears the plan's usual bar
 against the start (a sure gain of `min_gain`); a host that starts spread (an
@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from vmplacer.core.rebalance.layout import _Host, _locality_nodes
+from vmplacer.core.rebalance.layout import HostLayout, _locality_nodes
 from vmplacer.core.rebalance.state import PINNED
 from vmplacer.core.rebalance.trial import layout_key
 
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
     from vmplacer.core.rebalance.search import CandidateMove, RebalanceSearch
 
 
-def spread_layout(search: RebalanceSearch, host: _Host) -> dict[str, dict[int, frozenset[int]]] | None:
+def spread_layout(search: RebalanceSearch, host: HostLayout) -> dict[str, dict[int, frozenset[int]]] | None:
     """The blind spread of the host's movable vCPUs pinned one to a pCPU at the start (guest-name
     order; the search may have pooled them since): each on
     the pCPU with the fewest vCPUs, then the emptiest core; others count as load. None when
@@ -288,7 +288,7 @@ def _offer_exact_from_start(search: RebalanceSearch, name: str, start: dict[str,
                 f"exact layout (predicted {-found[0]:+.3f} from where {name} stays)")
 
 
-def _restore_modes(search: RebalanceSearch, host: _Host, guests) -> None:
+def _restore_modes(search: RebalanceSearch, host: HostLayout, guests) -> None:
     """Guests the search pooled are pinned again, as they started."""
     for guest in guests:
         if search.guests[guest].mode != search.original[guest].mode:
@@ -313,7 +313,7 @@ def offer_trial(search: RebalanceSearch, host: str, keys: dict[str, str], at: st
                            "from_key": here, "to_key": there}
 
 
-def compare_layout(search: RebalanceSearch, host: _Host, layout: dict[str, dict[int, frozenset[int]]],
+def compare_layout(search: RebalanceSearch, host: HostLayout, layout: dict[str, dict[int, frozenset[int]]],
                                     kind: str) -> tuple[float, float, object] | None:
     """(the model's advantage of the host as it is over `layout`, its standard deviation, the move
     to `layout`); None when `layout` is where the host is or breaks a rule."""
@@ -335,7 +335,7 @@ def compare_layout(search: RebalanceSearch, host: _Host, layout: dict[str, dict[
     return before - after, doubt(search, move), move
 
 
-def _sure_from_start(search: RebalanceSearch, host: _Host, layout: dict[str, dict[int, frozenset[int]]]) -> float:
+def _sure_from_start(search: RebalanceSearch, host: HostLayout, layout: dict[str, dict[int, frozenset[int]]]) -> float:
     """The sure gain of going from the guests' starting pins straight to `layout`."""
     current = {g: dict(host.pins[g]) for g in host.guests}
     start = {g: dict(search.original[g].placement.vcpupin) for g in layout}

@@ -27,10 +27,10 @@ from vmplacer.core.rebalance.draft import NO_HISTORY, Draft, RunHistory, Stage
 from vmplacer.core.rebalance.exact import NotExact, layout_changes, solve_hosts, solved_layout
 from vmplacer.core.rebalance.layout import (
     BetaTable,
-    _Host,
+    HostLayout,
     _host_confidences,
     _locality_nodes,
-    _Pieces,
+    LayoutPieces,
     utility,
 )
 from vmplacer.core.rebalance.state import (
@@ -102,7 +102,7 @@ class RebalanceSearch:
         self.model = model
         self.settings = settings
         self.betas = BetaTable(model, optimism)
-        self.hosts = {name: _Host(host, self.betas) for name, host in state.hosts.items()}
+        self.hosts = {name: HostLayout(host, self.betas) for name, host in state.hosts.items()}
         self.guests: dict[str, GuestState] = {}
         scope_set = set(scope) if scope is not None else None
         for guest in state.guests.values():
@@ -154,7 +154,7 @@ class RebalanceSearch:
         """`confidence` of one guest: only its host's is computed (a plan needs the moved guests')."""
         return self.host_confidences(self.hosts[self.host_of[name]]).get(name, default)
 
-    def host_confidences(self, host: _Host) -> dict[str, float]:
+    def host_confidences(self, host: HostLayout) -> dict[str, float]:
         """`_host_confidences` of the host as it is, kept while its guests and pins are the same:
         the plan asks again for every host at the end, and most hosts are as they were."""
         state = (tuple(host.guests.values()),
@@ -173,7 +173,7 @@ class RebalanceSearch:
         return result
 
     @staticmethod
-    def host_perf(host: _Host) -> dict[str, float]:
+    def host_perf(host: HostLayout) -> dict[str, float]:
         """Each guest's predicted performance on `host` as it is laid out now."""
         if not host.guests:
             return {}
@@ -181,10 +181,10 @@ class RebalanceSearch:
         values = host.perf(pieces, pieces.cpu)[0][0]
         return {name: float(values[i]) for i, name in enumerate(pieces.guests)}
 
-    def objective_of(self, pieces: _Pieces, perf: np.ndarray) -> np.ndarray:
+    def objective_of(self, pieces: LayoutPieces, perf: np.ndarray) -> np.ndarray:
         return (utility(perf, self.settings.fairness) * pieces.weight[None, :]).sum(axis=1)
 
-    def host_objective(self, host: _Host) -> float:
+    def host_objective(self, host: HostLayout) -> float:
         if not host.guests:
             return 0.0
         pieces = host.pieces()
@@ -193,7 +193,7 @@ class RebalanceSearch:
     def total_objective(self) -> float:
         return sum(self.host_objective(h) for h in self.hosts.values())
 
-    def floors_ok(self, pieces: _Pieces, perf: np.ndarray) -> np.ndarray:
+    def floors_ok(self, pieces: LayoutPieces, perf: np.ndarray) -> np.ndarray:
         """Per candidate: no protected guest pushed below min(its floor, where it is now)."""
         ok = np.ones(perf.shape[0], dtype=bool)
         if not self.floors:
@@ -219,7 +219,7 @@ class RebalanceSearch:
                      or self.original[name].mode == PINNED))
 
     # ----- candidate moves on one host -----------------------------------------------------------
-    def best_local(self, host: _Host) -> CandidateMove | None:
+    def best_local(self, host: HostLayout) -> CandidateMove | None:
         if not any(self.movable(n) for n in host.guests):
             return None
         pieces = host.pieces()
@@ -243,7 +243,7 @@ class RebalanceSearch:
         by_sure = max(moves, key=lambda mv: mv.quick_sure)
         return max({id(by_gain): by_gain, id(by_sure): by_sure}.values(), key=lambda mv: (self._judge(mv), mv.gain))
 
-    def _ranked_pieces(self, host: _Host, pieces: _Pieces, current: np.ndarray) -> list[int]:
+    def _ranked_pieces(self, host: HostLayout, pieces: LayoutPieces, current: np.ndarray) -> list[int]:
         """Movable single-pinned pieces, the most promising first: their guest's weighted
         shortfall plus how crowded their pCPU is (crowding hurts every guest there)."""
         if not len(pieces.cpu):
@@ -260,7 +260,7 @@ class RebalanceSearch:
         result.sort(key=lambda item: (-item[0], item[1]))
         return [p for _, p in result]
 
-    def _blind(self, pieces: _Pieces) -> _Pieces | None:
+    def _blind(self, pieces: LayoutPieces) -> LayoutPieces | None:
         """The same layout seen through the topology prior (every guest alike), cached."""
         if self.betas.prior is None:
             return None
@@ -273,7 +273,7 @@ class RebalanceSearch:
                                    load=None, blind_base=None, slots=None, parent=parent, piece_keys=None)
         return pieces.blind
 
-    def _quick_sure(self, pieces: _Pieces, gain: np.ndarray, lin: np.ndarray, blind: _Pieces | None,
+    def _quick_sure(self, pieces: LayoutPieces, gain: np.ndarray, lin: np.ndarray, blind: LayoutPieces | None,
                     blind_perf: np.ndarray | None, linear_obj: np.ndarray, blind_base: float) -> np.ndarray:
         """Per candidate: the sure gain if the model's own data counted for nothing — time
         sharing plus what both the model and the topology prior predict. The blind view's time
@@ -285,7 +285,7 @@ class RebalanceSearch:
         interference = gain - lin
         return lin + np.maximum(self.settings.guess_weight * interference, np.minimum(interference, prior))
 
-    def _blind_base(self, host: _Host, pieces: _Pieces) -> float:
+    def _blind_base(self, host: HostLayout, pieces: LayoutPieces) -> float:
         """The layout's objective under the topology prior minus time sharing alone (cached: every
         single move judged from the layout subtracts it)."""
         if pieces.blind_base is None:
@@ -296,7 +296,7 @@ class RebalanceSearch:
             pieces.blind_base = float(self.objective_of(blind, perf)[0] - self.objective_of(blind, linear)[0])
         return pieces.blind_base
 
-    def _best_singles(self, host: _Host, pieces: _Pieces, ms: list[int], base_obj: float,
+    def _best_singles(self, host: HostLayout, pieces: LayoutPieces, ms: list[int], base_obj: float,
                       base_lin: float) -> list[CandidateMove]:
         """Each piece of `ms` in turn: its best move to another allowed pCPU by predicted gain, and
         by quick sure gain (one move when they agree). All pieces' candidates are scored in one
@@ -332,7 +332,7 @@ class RebalanceSearch:
         return moves
 
     @staticmethod
-    def _single_moves(host: _Host, name: str, vcpu: int, here: int, targets: list[int], gain: np.ndarray,
+    def _single_moves(host: HostLayout, name: str, vcpu: int, here: int, targets: list[int], gain: np.ndarray,
                       lin: np.ndarray, quick: np.ndarray, ok: np.ndarray) -> list[CandidateMove]:
         """One vCPU's best move by predicted gain and by quick sure gain (per target pCPU)."""
         moves: list[CandidateMove] = []
@@ -348,12 +348,12 @@ class RebalanceSearch:
                                quick_sure=float(quick[best])))
         return moves
 
-    def _swappable(self, pieces: _Pieces) -> np.ndarray:
+    def _swappable(self, pieces: LayoutPieces) -> np.ndarray:
         """Per piece: a vCPU pinned to one pCPU, of a pinned or exclusive guest (a swap partner)."""
         pinned = np.array([self.guests[name].mode in (PINNED, EXCLUSIVE) for name in pieces.guests], dtype=bool)
         return pieces.single & pinned[pieces.vm]
 
-    def _best_swap(self, host: _Host, pieces: _Pieces, m: int, base_obj: float, base_lin: float,
+    def _best_swap(self, host: HostLayout, pieces: LayoutPieces, m: int, base_obj: float, base_lin: float,
                    swappable: np.ndarray | None = None) -> list[CandidateMove]:
         name_m = pieces.guests[pieces.vm[m]]
         if swappable is None:
@@ -399,7 +399,7 @@ class RebalanceSearch:
                 break
         return moves
 
-    def _valid_swap(self, host: _Host, a: str, pins_a: dict, b: str, pins_b: dict) -> bool:
+    def _valid_swap(self, host: HostLayout, a: str, pins_a: dict, b: str, pins_b: dict) -> bool:
         old_a, old_b = host.pins[a], host.pins[b]
         evaluated = host._pieces  # the layout's evaluation, valid again once the pins are back
         host.set_pins(a, pins_a)
@@ -410,7 +410,7 @@ class RebalanceSearch:
             host.set_pins(a, old_a)
             host.set_pins(b, old_b, pieces=evaluated)
 
-    def _pool_moves(self, host: _Host, base_obj: float, base_lin: float) -> list[CandidateMove]:
+    def _pool_moves(self, host: HostLayout, base_obj: float, base_lin: float) -> list[CandidateMove]:
         """Oversubscribed shareable vCPUs float over their node's pool; floating ones pin back 1:1."""
         moves = []
         nodes = sorted(host.node_cpus)
@@ -446,7 +446,7 @@ class RebalanceSearch:
                         moves.append(move)
         return moves
 
-    def _evaluate_layout(self, host: _Host, layout: dict, members: list[str], kind: str, base_obj: float,
+    def _evaluate_layout(self, host: HostLayout, layout: dict, members: list[str], kind: str, base_obj: float,
                          base_lin: float, reason: str) -> CandidateMove | None:
         pieces = host.pieces(layout)
         perf, lin = host.perf(pieces, pieces.cpu)
@@ -456,7 +456,7 @@ class RebalanceSearch:
         lin_gain = float(self.objective_of(pieces, lin)[0]) - base_lin
         return CandidateMove(kind, [GuestChange(n, host.name, dict(layout[n])) for n in members], gain, lin_gain, reason=reason)
 
-    def _relocations(self, host: _Host, base_obj: float, base_lin: float) -> list[CandidateMove]:
+    def _relocations(self, host: HostLayout, base_obj: float, base_lin: float) -> list[CandidateMove]:
         """A guest whose vCPUs and memory live on one node moves, whole, to another node."""
         if len(host.node_cpus) < 2:
             return []
@@ -487,7 +487,7 @@ class RebalanceSearch:
                     moves.append(move)
         return moves
 
-    def _place_on(self, host: _Host, name: str, *, node: int | None, base_obj: float,
+    def _place_on(self, host: HostLayout, name: str, *, node: int | None, base_obj: float,
                   base_lin: float, guest: GuestState | None = None) -> CandidateMove | None:
         """Greedy: the guest's vCPUs, one after another, each on the pCPU that gains most.
 
@@ -562,7 +562,7 @@ class RebalanceSearch:
                     best = move
         return best
 
-    def _visit(self, destination: _Host, visitor: GuestState,
+    def _visit(self, destination: HostLayout, visitor: GuestState,
                pins: Mapping[int, frozenset[int]]) -> tuple[float, float] | None:
         """The destination's objective and linear objective with `visitor` pinned there as `pins`,
         or None when a guest's floor would break; the destination is left as it was."""
@@ -576,7 +576,7 @@ class RebalanceSearch:
         finally:
             destination.remove(visitor.name)
 
-    def _migration(self, guest: GuestState, source: _Host, destination: _Host) -> CandidateMove | None:
+    def _migration(self, guest: GuestState, source: HostLayout, destination: HostLayout) -> CandidateMove | None:
         name = guest.name
         src_before = self.host_objective(source)
         src_lin_before = self._linear_objective(source)
@@ -649,19 +649,19 @@ class RebalanceSearch:
                      reason=f"{name}: {source.name} → {destination.name}, predicted +{raw:.3f} "
                             f"(cost {paid:.4f} over {settings.horizon_s:g} s)")
 
-    def _linear_objective(self, host: _Host) -> float:
+    def _linear_objective(self, host: HostLayout) -> float:
         if not host.guests:
             return 0.0
         pieces = host.pieces()
         return float(self.objective_of(pieces, host.perf(pieces, pieces.cpu)[1])[0])
 
-    def _floors_hold(self, host: _Host) -> bool:
+    def _floors_hold(self, host: HostLayout) -> bool:
         if not host.guests:
             return True
         pieces = host.pieces()
         return bool(self.floors_ok(pieces, host.perf(pieces, pieces.cpu)[0])[0])
 
-    def _engine_placement(self, destination: _Host, guest: GuestState) -> Placement | None:
+    def _engine_placement(self, destination: HostLayout, guest: GuestState) -> Placement | None:
         """Where the placement engine would put a guest vmplacer placed (all its rules apply)."""
         assert guest.spec is not None
         others = [self._current_placement(n) for n in destination.guests]
@@ -672,7 +672,7 @@ class RebalanceSearch:
         except NoFit:
             return None
 
-    def _destination_memory_nodes(self, destination: _Host, guest: GuestState, pins: Mapping[int, frozenset[int]],
+    def _destination_memory_nodes(self, destination: HostLayout, guest: GuestState, pins: Mapping[int, frozenset[int]],
                                   placement: Placement | None) -> frozenset[int] | None:
         """Memory nodes on the destination: the engine's, else the nodes of the new pCPUs (when the
         guest pinned its memory), else unchanged; None when the memory does not fit."""
@@ -694,14 +694,14 @@ class RebalanceSearch:
                 return None
         return nodes
 
-    def _memory_fits(self, host: _Host, name: str, nodes: frozenset[int]) -> bool:
+    def _memory_fits(self, host: HostLayout, name: str, nodes: frozenset[int]) -> bool:
         others = [self._current_placement(n) for n in host.guests if n != name]
         usage = HostUsage.build(host.topology, others)
         need = self._current_placement(name).memory_kib
         free = sum(usage.small_free_kib(n, host.reserved_kib) for n in nodes if n in host.topology.nodes)
         return free >= need
 
-    def _anti_affinity_ok(self, host: _Host, guest: GuestState, nodes: frozenset[int] | None) -> bool:
+    def _anti_affinity_ok(self, host: HostLayout, guest: GuestState, nodes: frozenset[int] | None) -> bool:
         peers = set(guest.anti_affinity) | self.refused_by.get(guest.name, set())
         present = peers & set(host.guests)
         if not present:
@@ -715,7 +715,7 @@ class RebalanceSearch:
         return True
 
     # ----- rules ------------------------------------------------------------------------------------------
-    def violations(self, host: _Host, names: Iterable[str]) -> list[str]:
+    def violations(self, host: HostLayout, names: Iterable[str]) -> list[str]:
         """Rules of the placement engine the layout breaks for `names` (empty: none)."""
         problems = []
         for name in names:
@@ -1062,13 +1062,13 @@ class RebalanceSearch:
             weighted += float(np.multiply(change, trust, out=trust).sum())
         move.confidence = weighted / total if total > _EPS else 1.0
 
-    def _prior_interference(self, host: _Host) -> float:
+    def _prior_interference(self, host: HostLayout) -> float:
         """The host's objective under the topology prior, minus time sharing alone."""
         if not host.guests or self.betas.prior is None:
             return 0.0
         return self._blind_base(host, host.pieces())
 
-    def _interference_part(self, host: _Host) -> dict[str, float]:
+    def _interference_part(self, host: HostLayout) -> dict[str, float]:
         """Per guest: predicted performance minus what time sharing alone predicts."""
         if not host.guests:
             return {}
@@ -1148,7 +1148,7 @@ def _pair_changes(keys_b: list, terms_b: np.ndarray, conf_b: np.ndarray, keys_a:
     return np.abs(delta, out=delta), trust
 
 
-def _least_loaded(host: _Host, cpus: set[int], leaving: set[str]) -> list[int]:
+def _least_loaded(host: HostLayout, cpus: set[int], leaving: set[str]) -> list[int]:
     """`cpus` by how much of them the guests not in `leaving` ask for, then by their core's load."""
     load: dict[int, float] = {}
     for name, pins in host.pins.items():
@@ -1164,7 +1164,7 @@ def _least_loaded(host: _Host, cpus: set[int], leaving: set[str]) -> list[int]:
     return sorted(cpus, key=lambda c: (load.get(c, 0.0), core_load.get(core_of[c], 0.0), c))
 
 
-def _spare(host: _Host) -> float:
+def _spare(host: HostLayout) -> float:
     demand = sum(g.load * len(host.pins[n]) for n, g in host.guests.items())
     return len(host.usable) - demand
 
