@@ -37,7 +37,7 @@ sys.path.insert(0, str(ROOT))
 from benchmarks import host_facts  # noqa: E402
 
 from vmplacer.lab.simulator import GroundTruth  # noqa: E402
-from vmplacer.lab.optimum import _layouts  # noqa: E402
+from vmplacer.lab.optimum import every_layout  # noqa: E402
 from vmplacer.core.model.interference import distance_matrix  # noqa: E402
 from vmplacer.core.model.pairs import parse_pairs  # noqa: E402
 from vmplacer.core.topology.host import uniform_topology  # noqa: E402
@@ -51,7 +51,7 @@ LINEARIZATIONS = 4
 
 def form_shares(truth: GroundTruth, workloads: list[str], nodes: int, cores: int, threads: int) -> dict:
     """Per form: the truth's share of the optimum at that form's best layout."""
-    groups = _layouts(len(workloads), 1, nodes, cores, threads)
+    groups = every_layout(len(workloads), 1, nodes, cores, threads)
     topology = uniform_topology(nodes=nodes, cores_per_node=cores, threads_per_core=threads)
     n_cores = nodes * cores
     cpu_of = np.array([[[t * n_cores + n * cores + c for t in range(threads)] for c in range(cores)]

@@ -19,7 +19,7 @@ import libvirt
 import pytest
 
 from vmplacer.adapters.libvirt_freeze import LibvirtFreezableHost
-from vmplacer.adapters.samplers import _local_pmu, choose_metric, detect_perf_counters
+from vmplacer.adapters.samplers import local_pmu, choose_metric, detect_perf_counters
 from vmplacer.adapters.samplers.cpu import CpuShareSampler
 from vmplacer.app.observe.profiler import ProfilerConfig, SensitiveSelector
 from vmplacer.bootstrap import Container
@@ -315,7 +315,7 @@ def test_counters_are_detected_missing_on_this_host_and_auto_picks_cpu(testbed, 
     guest = make_guest("probe", pin="1", emulator_pin="0", workload="idle")
     wait_for_progress(guest.console, timeout_s=90)
     support = detect_perf_counters(host1_conn, testbed.host1_uri)
-    kernel_pmu = _local_pmu()  # independent evidence: does the kernel register a hardware PMU?
+    kernel_pmu = local_pmu()  # independent evidence: does the kernel register a hardware PMU?
     assert support.available == kernel_pmu.available, (support, kernel_pmu)
     metric, why = choose_metric("auto", lambda: support)
     assert metric == ("ipc" if kernel_pmu.available else "cpu"), why

@@ -81,7 +81,7 @@ def test_the_summary_counts_only_the_steps_a_perfect_model_would_take_as_the_mod
 
 
 def test_trial_counts_are_summed_over_the_cases_and_close_calls_counted(bench):
-    from vmplacer.lab.rebalance_eval import _trial_summary
+    from vmplacer.lab.rebalance_eval import trial_summary
     from vmplacer.core.rebalance.plan import Action, Plan
     from vmplacer.core.rebalance.trial import CLOSE_CALL_NOTE
 
@@ -91,7 +91,7 @@ def test_trial_counts_are_summed_over_the_cases_and_close_calls_counted(bench):
     plan = Plan(actions=(probe(0, "confirm", "succeeded", "measured …: kept"),
                          probe(1, "explore", "rolled_back", f"measured …: undone (explore); {CLOSE_CALL_NOTE}"),
                          probe(2, "confirm", "rolled_back", f"measured …: undone; {CLOSE_CALL_NOTE}")), hosts=("h",))
-    counts = _trial_summary([plan])
+    counts = trial_summary([plan])
     assert counts == {"explored": 1, "kept": 0, "undone": 1, "confirmed": 1, "moves_undone": 1, "rechecked": 2}
     rows = [{"trials": counts}, {"trials": {**counts, "rechecked": 0}}, {"trials": None}]
     assert bench.trial_totals(rows) == {"confirmed": 2, "explored": 2, "kept": 0, "moves_undone": 2, "rechecked": 2,

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from vmplacer.cli.rebalance import _change
+from vmplacer.cli.rebalance import action_change_text
 
 
 def probe(trial: dict) -> dict:
@@ -10,10 +10,10 @@ def probe(trial: dict) -> dict:
 
 
 def test_a_migration_trial_names_the_hosts_it_judges_together():
-    assert _change(probe({"kind": "confirm", "hosts": ["h1", "h2"]})) == (
+    assert action_change_text(probe({"kind": "confirm", "hosts": ["h1", "h2"]})) == (
         "Freeze'nSense 3.0 s, confirm trial of h1 + h2 together")
 
 
 def test_a_one_host_trial_names_only_its_kind():
-    assert _change(probe({"kind": "explore"})) == "Freeze'nSense 3.0 s, explore trial"
-    assert _change(probe({"kind": "confirm", "hosts": ["h1"]})) == "Freeze'nSense 3.0 s, confirm trial"
+    assert action_change_text(probe({"kind": "explore"})) == "Freeze'nSense 3.0 s, explore trial"
+    assert action_change_text(probe({"kind": "confirm", "hosts": ["h1"]})) == "Freeze'nSense 3.0 s, confirm trial"

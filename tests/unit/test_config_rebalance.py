@@ -60,10 +60,10 @@ def test_every_problem_is_named_at_once():
 
 
 def test_a_flag_overrides_the_file_for_one_run():
-    from vmplacer.cli.rebalance import _settings
+    from vmplacer.cli.rebalance import settings_with_flags
 
     from_file = settings_from_mapping({"rebalance": {"hysteresis": {"min_gain": 0.02},
                                                      "search": {"max_actions": 4}}}, "t", environ={}).rebalance
-    run = _settings(argparse.Namespace(max_actions=2, min_gain=None), from_file)
+    run = settings_with_flags(argparse.Namespace(max_actions=2, min_gain=None), from_file)
     assert (run.max_actions, run.min_gain) == (2, 0.02)
-    assert _settings(argparse.Namespace(), from_file) == from_file
+    assert settings_with_flags(argparse.Namespace(), from_file) == from_file

@@ -11,7 +11,7 @@ import numpy as np
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.rebalance.policy import ClusterState, HostState, RebalanceSettings, describe_guest
 from vmplacer.core.rebalance.pessimistic import LeastLoadedPicker
-from vmplacer.core.rebalance.search import _pair_changes, RebalanceSearch
+from vmplacer.core.rebalance.search import pair_changes, RebalanceSearch
 from vmplacer.core.topology.host import uniform_topology
 
 from tests.unit.test_rebalance_pessimism import GUESTS, learned
@@ -83,7 +83,7 @@ def test_pair_changes_gathered_equal_them_scattered():
         terms_b = rng.random((12, 12)) * (rng.random((12, 12)) > 0.4)
         terms_a = rng.random((len(after), len(after))) * (rng.random((len(after), len(after))) > 0.4)
         conf_b, conf_a = rng.random(terms_b.shape), rng.random(terms_a.shape)
-        change, trust = _pair_changes(before, terms_b, conf_b, after, terms_a, conf_a)
+        change, trust = pair_changes(before, terms_b, conf_b, after, terms_a, conf_a)
         assert change is not None and trust is not None
         total = float(change.sum())
         assert (total, float(np.multiply(change, trust).sum())) == scattered(before, terms_b, conf_b, after,

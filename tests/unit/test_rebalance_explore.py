@@ -84,9 +84,9 @@ def test_a_host_with_a_protected_guest_is_not_explored():
 def test_operators_turn_exploration_off_without_losing_trials():
     import argparse
 
-    from vmplacer.cli.rebalance import _settings
+    from vmplacer.cli.rebalance import settings_with_flags
 
-    off = _settings(argparse.Namespace(no_explore=True), RebalanceSettings())
+    off = settings_with_flags(argparse.Namespace(no_explore=True), RebalanceSettings())
     assert off.exploration == 0.0 and off.trials
-    assert _settings(argparse.Namespace(), RebalanceSettings()).exploration > 0
+    assert settings_with_flags(argparse.Namespace(), RebalanceSettings()).exploration > 0
     assert not _offered(search(sibling_rounds=0, exploration=off.exploration))

@@ -249,7 +249,7 @@ def test_when_the_planned_layout_measured_worse_the_exact_layout_is_tried_from_w
     """The climb's layout was measured worse than the packed start and the host stays; the exact
     solver's layout is another one, which the model rates far above the start: it becomes the
     host's trial. Not when it is the layout measured worse, nor once it was measured itself."""
-    from vmplacer.core.rebalance.pessimistic import _keep_what_measured_better
+    from vmplacer.core.rebalance.pessimistic import keep_what_measured_better
     from vmplacer.core.rebalance.trial import layout_key
 
     packed = {n: describe_guest(Placement(guest=n, host="h", vcpupin={0: frozenset({cpu})}, memory_kib=1024))
@@ -265,7 +265,7 @@ def test_when_the_planned_layout_measured_worse_the_exact_layout_is_tried_from_w
         search.draft.layout_guests["h"] = list(GUESTS)
         search.draft.exact_layouts["h"] = solved
         search.measured_better = {(layout_key("h", start), layout_key("h", climbed))} | measured
-        assert _keep_what_measured_better(search)
+        assert keep_what_measured_better(search)
         assert {n: dict(search.hosts["h"].pins[n]) for n in GUESTS} == start  # the host stays
         return search
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 from vmplacer.core.placement.guest import GuestSpec
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.rebalance.policy import PIPELINE, RebalanceSettings, RebalanceSearch, plan_rebalance
-from vmplacer.core.rebalance.exact import _items_of, build_problem
+from vmplacer.core.rebalance.exact import solver_items, build_problem
 from vmplacer.core.rebalance.state import FLOATING, PINNED
 from vmplacer.core.topology.host import uniform_topology
 
@@ -64,7 +64,7 @@ def test_the_exact_solver_places_guests_the_climb_pooled():
     search.run(PIPELINE)
     host = search.hosts["h1"]
     assert {search.guests[n].mode for n in "abc"} == {FLOATING}, "the climb did not pool: the test lost its point"
-    assert sorted(_items_of(search, host)) == ["a", "b", "c"]
+    assert sorted(solver_items(search, host)) == ["a", "b", "c"]
     problem = build_problem(search, ["h1"])
     assert problem.n_items == 3 and problem.hint is None  # floating vCPUs have no pCPU to start from
 

@@ -118,7 +118,7 @@ def test_the_second_forms_exact_layout_becomes_the_refuted_hosts_trial_within_th
 def test_on_by_default_and_from_the_command_line_off():
     import argparse
 
-    from vmplacer.cli.rebalance import _settings
+    from vmplacer.cli.rebalance import settings_with_flags
     from vmplacer.core.rebalance.state import RebalanceSettings
 
     state = placed((0, 4, 1, 2))
@@ -129,9 +129,9 @@ def test_on_by_default_and_from_the_command_line_off():
     assert planned_repins(off) == planned_repins(plan_rebalance(state, model, plain_settings(), now=0.0,
                                                                 solver=SOLVER))
     assert not off.settings["notes"]["second_opinion"]
-    assert not _settings(argparse.Namespace(second_opinion=False), RebalanceSettings()).second_opinion
-    assert _settings(argparse.Namespace(second_opinion=None), RebalanceSettings()).second_opinion
-    assert _settings(argparse.Namespace(), RebalanceSettings()).second_opinion
+    assert not settings_with_flags(argparse.Namespace(second_opinion=False), RebalanceSettings()).second_opinion
+    assert settings_with_flags(argparse.Namespace(second_opinion=None), RebalanceSettings()).second_opinion
+    assert settings_with_flags(argparse.Namespace(), RebalanceSettings()).second_opinion
 
 
 def test_a_protected_guest_keeps_its_host_out_of_the_second_opinion():

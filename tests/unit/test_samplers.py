@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vmplacer.adapters.samplers import CounterSupport, _local_pmu, choose_metric
+from vmplacer.adapters.samplers import CounterSupport, local_pmu, choose_metric
 from vmplacer.adapters.samplers.cpu import COARSE_MIN_WINDOW_S, CpuShareSampler
 from vmplacer.adapters.samplers.ipc import MAX_IPC, PerfIpcSampler
 from vmplacer.adapters.samplers.probe import (
@@ -318,9 +318,9 @@ def test_local_pmu_detection_reads_the_event_source_devices(tmp_path):
     devices = tmp_path / "sys" / "bus" / "event_source" / "devices"
     for name in ("software", "tracepoint", "breakpoint"):
         (devices / name).mkdir(parents=True)
-    assert not _local_pmu(tmp_path).available
+    assert not local_pmu(tmp_path).available
     (devices / "cpu").mkdir()
-    assert _local_pmu(tmp_path).available
+    assert local_pmu(tmp_path).available
 
 
 # ----- domain facts from the XML metadata ------------------------------------------------------------

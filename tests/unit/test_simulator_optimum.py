@@ -7,7 +7,7 @@ import itertools
 import pytest
 
 from vmplacer.lab.simulator import GroundTruth, SimCluster
-from vmplacer.lab.optimum import _layouts, best_layout, count_layouts
+from vmplacer.lab.optimum import every_layout, best_layout, count_layouts
 from vmplacer.core.model.pairs import parse_pairs
 from vmplacer.core.topology.host import uniform_topology
 
@@ -22,7 +22,7 @@ C,15,1,25
     (3, 1, 1, 2, 2), (4, 1, 2, 2, 2), (4, 2, 1, 2, 2), (5, 1, 1, 4, 2), (8, 1, 2, 4, 2),
 ])
 def test_the_count_of_distinct_layouts_matches_the_enumeration(vms, hosts, nodes, cores, threads):
-    assert len(_layouts(vms, hosts, nodes, cores, threads)) == count_layouts(vms, hosts, nodes, cores, threads)
+    assert len(every_layout(vms, hosts, nodes, cores, threads)) == count_layouts(vms, hosts, nodes, cores, threads)
 
 
 def _brute_force(table, workloads, hosts, nodes, score):

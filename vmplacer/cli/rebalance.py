@@ -175,7 +175,7 @@ def add_executor_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # ----- building ---------------------------------------------------------------------------------------
-def _settings(args: argparse.Namespace, base: Any) -> Any:
+def settings_with_flags(args: argparse.Namespace, base: Any) -> Any:
     """The config file's `rebalance:` settings (`base`), with this run's flags on top."""
     from vmplacer.core.rebalance.state import RebalanceInputError
 
@@ -230,7 +230,7 @@ def _rebalancer(ctx: CliContext, args: argparse.Namespace, *, executor: bool) ->
         raise DatabaseError(exc) from None
     return build_rebalancer(
         container,
-        settings=_settings(args, container.settings.rebalance),
+        settings=settings_with_flags(args, container.settings.rebalance),
         executor_settings=_executor_settings(args) if executor else None,
     )
 
@@ -485,7 +485,7 @@ def _render_report(data: dict[str, Any]) -> None:
         f"plan {plan['id']} ({plan['state']}): {plan['summary']}",
         ("#", "action", "guest", "host", "change", "gain", "conf.", "after", "state", "reason / outcome"),
         [(a["index"], a["kind"] + (" (tried)" if a["parameters"].get("tried") else ""), a["guest"] or "", _where(a),
-          _change(a), f"{a['predicted_gain']:+.3f}",
+          action_change_text(a), f"{a['predicted_gain']:+.3f}",
           f"{a['confidence']:.2f}", ",".join(map(str, a["depends_on"])), a["state"],
           a["message"] or a["reason"]) for a in plan["actions"]],
     )
@@ -513,7 +513,7 @@ def _where(action: dict[str, Any]) -> str:
     return f"{action['host']} → {action['target_host']}" if action["target_host"] else action["host"]
 
 
-def _change(action: dict[str, Any]) -> str:
+def action_change_text(action: dict[str, Any]) -> str:
     from vmplacer.core.placement.guest_placement import placement_from_dict
 
     if action["kind"] == "probe":

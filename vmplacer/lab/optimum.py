@@ -40,7 +40,7 @@ class Optimum:
     objective: float = 0.0  # what "best" maximized, per VM (the mean when fairness is 0)
 
 
-def _layouts(vms: int, hosts: int, nodes: int, cores: int, threads: int) -> np.ndarray:
+def every_layout(vms: int, hosts: int, nodes: int, cores: int, threads: int) -> np.ndarray:
     """Every nested partition, as [layout, vm] → (host, node, core, thread) group indexes."""
     result: list[tuple[int, ...]] = []
     # shape: host -> node -> core -> number of its pCPUs opened so far
@@ -126,7 +126,7 @@ def best_layout(truth: GroundTruth, workloads: Sequence[str], *, hosts: int, nod
     total = count_layouts(vms, hosts, nodes, cores, threads)
     if total > limit:
         return None
-    groups = _layouts(vms, hosts, nodes, cores, threads)
+    groups = every_layout(vms, hosts, nodes, cores, threads)
     topology = uniform_topology(nodes=nodes, cores_per_node=cores, threads_per_core=threads)
     n_cores = nodes * cores
     # pCPU id of (node, core within node, thread), in uniform_topology's numbering

@@ -529,7 +529,7 @@ def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix:
     objectives = model_objectives(clusters, loop.model, settings)
     row["model_objective"] = objectives
     row["exact"] = _exact_summary(plans)
-    row["trials"] = _trial_summary(plans)
+    row["trials"] = trial_summary(plans)
     hosts = {p: _hosts_of(c) for p, c in clusters.items()}
     reaches = ({p: reach(per_vm, hosts, p, interchangeable=True, fairness=settings.fairness)
                 for p in SIMPLE if per_vm.get(p) is not None}
@@ -602,7 +602,7 @@ def _exact_summary(plans: Sequence[Plan]) -> dict[str, int]:
             "taken": sum(1 for r in reports if r.get("taken"))}
 
 
-def _trial_summary(plans: Sequence[Plan]) -> dict[str, int]:
+def trial_summary(plans: Sequence[Plan]) -> dict[str, int]:
     """Measured trials in vmplacer's plans: layouts tried and kept, tried and undone, planned
     moves undone because they measured worse, and close calls probed a second time."""
     probes = [a for p in plans for a in p.actions if a.kind == "probe" and a.parameters.get("trial")]

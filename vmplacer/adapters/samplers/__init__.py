@@ -48,7 +48,7 @@ class CounterSupport:
     reason: str
 
 
-def _local_pmu(sysfs_root: Path = Path("/")) -> CounterSupport:
+def local_pmu(sysfs_root: Path = Path("/")) -> CounterSupport:
     devices = sysfs_root / "sys" / "bus" / "event_source" / "devices"
     found = [name for name in _PMU_DEVICES if (devices / name).exists()]
     if found:
@@ -122,7 +122,7 @@ def detect_perf_counters(conn: libvirt.virConnect, uri: str = "") -> CounterSupp
             return CounterSupport(True, f"perf.instructions and perf.cpu_cycles readable on {dom.name()}")
         return CounterSupport(False, f"{reason} on {dom.name()}")
     if uri and runs_here(uri):  # the same machine, so the same PMU
-        return _local_pmu()
+        return local_pmu()
     return CounterSupport(False, "no running domain to test perf events on")
 
 

@@ -57,7 +57,7 @@ class NotExact(Exception):
     """The hosts cannot be put as a LayoutProblem (the reason says why)."""
 
 
-def _items_of(search: RebalanceSearch, host: HostLayout) -> list[str]:
+def solver_items(search: RebalanceSearch, host: HostLayout) -> list[str]:
     """Guests whose every vCPU the solver may place: movable and pinned 1:1, or floating where
     the search may pin them again (`may_pin`: the solver's layout pins them 1:1)."""
     result = []
@@ -129,7 +129,7 @@ def build_problem(search: RebalanceSearch, host_names: Sequence[str],
     item_guests: list[str] = []
     fixed_guests: list[str] = []
     for host in hosts:
-        movable = _items_of(search, host)
+        movable = solver_items(search, host)
         item_guests.extend(movable)
         fixed_guests.extend(n for n in host.guests if n not in movable)
     if not item_guests:

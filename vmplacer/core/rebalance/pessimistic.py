@@ -217,7 +217,7 @@ def choose_pessimistically(search: RebalanceSearch) -> bool:
         if trial and advantage > 1e-9:
             offer_trial(search, name, keys, "spread" if target == "spread" else "start", model_layout,
                          "model", "model's layout")
-    return _keep_what_measured_better(search) or changed
+    return keep_what_measured_better(search) or changed
 
 
 def offer_declined_layouts(search: RebalanceSearch) -> None:
@@ -242,7 +242,7 @@ def offer_declined_layouts(search: RebalanceSearch) -> None:
         offer_trial(search, name, {"here": layout_key(name, here)}, "here", layout, "exact", label)
 
 
-def _keep_what_measured_better(search: RebalanceSearch) -> bool:
+def keep_what_measured_better(search: RebalanceSearch) -> bool:
     """A host whose plan leads to a layout an earlier trial measured worse than where it is now
     stays where it is (the planned moves were undone then, and the model has not learned why)."""
     changed = False

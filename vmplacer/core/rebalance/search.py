@@ -1055,7 +1055,7 @@ class RebalanceSearch:
         move.prior_gain = prior_after - prior_before
         total = weighted = 0.0
         for (keys_b, terms_b, conf_b), (keys_a, terms_a, conf_a) in zip(before, after):
-            change, trust = _pair_changes(keys_b, terms_b, conf_b, keys_a, terms_a, conf_a)
+            change, trust = pair_changes(keys_b, terms_b, conf_b, keys_a, terms_a, conf_a)
             if change is None:
                 continue
             total += float(change.sum())
@@ -1101,7 +1101,7 @@ class RebalanceSearch:
         return take_back
 
 
-def _pair_changes(keys_b: list, terms_b: np.ndarray, conf_b: np.ndarray, keys_a: list, terms_a: np.ndarray,
+def pair_changes(keys_b: list, terms_b: np.ndarray, conf_b: np.ndarray, keys_a: list, terms_a: np.ndarray,
                   conf_a: np.ndarray) -> tuple[np.ndarray, np.ndarray] | tuple[None, None]:
     """[x, y] over the pieces of both layouts (before's first, in order, then after's new ones):
     how much each pair's term changes, |after − before|, and the least confidence behind it
