@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from vmplacer.core.rebalance.draft import RunHistory
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
 from vmplacer.core.rebalance.policy import RebalanceSettings
 from vmplacer.core.rebalance.explore import offer_optimistic_layouts
@@ -54,13 +55,13 @@ def test_no_exploration_when_switched_off_capped_already_measured_or_another_tri
     assert not _offered(search(sibling_rounds=0, exploration=0.0))
     assert not _offered(search(sibling_rounds=0, trials=False))
     capped = search(sibling_rounds=0)
-    capped.tried = {"h": capped.settings.trial_max}
+    capped.history = RunHistory.of(tried={"h": capped.settings.trial_max})
     assert not _offered(capped)
     first = search(sibling_rounds=0)
     offer_optimistic_layouts(first)
     here, there = first.draft.trials["h"]["from_key"], first.draft.trials["h"]["to_key"]
     measured = search(sibling_rounds=0)
-    measured.measured_better = {(here, there)}
+    measured.history = RunHistory.of(measured={(here, there)})
     assert not _offered(measured)
     busy = search(sibling_rounds=0)
     busy.draft.trials["h"] = {"layout": {}, "what": "spread", "label": "blind spread", "from_key": "x", "to_key": "y"}

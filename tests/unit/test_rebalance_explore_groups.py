@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 from dataclasses import replace
 
+from vmplacer.core.rebalance.draft import RunHistory
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
 from vmplacer.core.model.interference import Exposure, InterferenceModel, Observation
 from vmplacer.core.rebalance.policy import RebalanceSettings, plan_rebalance
@@ -89,14 +90,14 @@ def test_no_joint_trial_when_switched_off_capped_measured_protected_or_the_plan_
     assert not offered(search(allow_migration=False))
     for host in ("h1", "h2"):
         capped = search()
-        capped.tried = {host: capped.settings.trial_max}
+        capped.history = RunHistory.of(tried={host: capped.settings.trial_max})
         assert not offered(capped), f"{host} has tried enough lately"
     first = search()
     offer_optimistic_groups(first)
     (trial,) = first.draft.group_trials.values()
     for measured in ({(trial["from_key"], trial["to_key"])}, {(trial["to_key"], trial["from_key"])}):
         again = search()
-        again.measured_better = measured
+        again.history = RunHistory.of(measured=measured)
         assert not offered(again), "a joint layout measured either way lately is not tried again"
     protected = search()
     protected.guests["c"] = replace(protected.guests["c"], protected=True)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import random
 
+from vmplacer.core.rebalance.draft import RunHistory
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
 from vmplacer.core.model.interference import Exposure, InterferenceModel, Observation
 from vmplacer.core.placement.guest_placement import Placement
@@ -264,7 +265,7 @@ def test_when_the_planned_layout_measured_worse_the_exact_layout_is_tried_from_w
         search._take(search.new_move("climb", [(n, "h", pins) for n, pins in climbed.items()]))
         search.draft.layout_guests["h"] = list(GUESTS)
         search.draft.exact_layouts["h"] = solved
-        search.measured_better = {(layout_key("h", start), layout_key("h", climbed))} | measured
+        search.history = RunHistory.of(measured={(layout_key("h", start), layout_key("h", climbed))} | measured)
         assert keep_what_measured_better(search)
         assert {n: dict(search.hosts["h"].pins[n]) for n in GUESTS} == start  # the host stays
         return search

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from vmplacer.core.rebalance.draft import RunHistory
 from vmplacer.core.placement.guest import GuestSpec
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.rebalance.policy import PIPELINE, RebalanceSettings, RebalanceSearch, plan_rebalance
@@ -48,8 +49,8 @@ def test_a_guest_whose_flavor_asks_for_shared_vcpus_keeps_floating_even_if_named
     topo, _ = crowded_pool()
     spec = GuestSpec.from_mapping({"name": "a", "vcpus": 1, "memory_mib": 512, "cpu_policy": "shared"})
     state = cluster({"h1": topo}, [floating(n, "h1", {0, 1}) for n in "abc"], specs={"a": spec})
-    search = RebalanceSearch(state, LINEAR, RebalanceSettings(), 0.0, {}, None, None)
-    search.pooled = {"a", "b", "c"}
+    search = RebalanceSearch(state, LINEAR, RebalanceSettings(), 0.0, {}, None, None,
+                             history=RunHistory.of(pooled={"a", "b", "c"}))
     assert not search.may_pin("a")
     assert search.may_pin("b") and search.may_pin("c")
 
@@ -71,7 +72,7 @@ def test_the_exact_solver_places_guests_the_climb_pooled():
 
 def test_a_pooled_guest_pinned_by_a_move_counts_as_pinned_again():
     _, state = crowded_pool()
-    search = RebalanceSearch(state, LINEAR, RebalanceSettings(), 0.0, {}, None, None)
-    search.pooled = {"a", "b", "c"}
+    search = RebalanceSearch(state, LINEAR, RebalanceSettings(), 0.0, {}, None, None,
+                             history=RunHistory.of(pooled={"a", "b", "c"}))
     search.run(PIPELINE)
     assert {search.guests[n].mode for n in "abc"} == {PINNED}

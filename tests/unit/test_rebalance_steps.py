@@ -7,6 +7,7 @@ from dataclasses import replace
 
 import pytest
 
+from vmplacer.core.rebalance.draft import RunHistory
 from vmplacer.core.rebalance.policy import RebalanceInputError, RebalanceSettings, plan_rebalance
 from vmplacer.core.rebalance.pessimistic import compare_layout
 from vmplacer.core.rebalance.search import RebalanceSearch
@@ -64,7 +65,7 @@ def offered(s: RebalanceSearch) -> dict | None:
 def spent(sibling_rounds: int = 40, **overrides) -> RebalanceSearch:
     """A host that tried `trial_max` layouts and kept none."""
     s = search(sibling_rounds=sibling_rounds, **overrides)
-    s.tried = {"h": s.settings.trial_max}
+    s.history = RunHistory.of(tried={"h": s.settings.trial_max})
     return s
 
 
@@ -84,10 +85,10 @@ def test_no_step_while_exploration_has_budget_found_something_or_the_steps_are_s
     fresh = search(sibling_rounds=40)
     assert offered(fresh) is None, "exploration still has its own trials to spend"
     found = spent()
-    found.explore_kept = {"h": 1}
+    found.history = replace(found.history, explore_kept={"h": 1})
     assert offered(found) is None, "a kept trial: the exploration was not fruitless"
     done = spent()
-    done.tried = {"h": done.settings.trial_max + done.settings.step_trials}
+    done.history = RunHistory.of(tried={"h": done.settings.trial_max + done.settings.step_trials})
     assert offered(done) is None
     assert offered(spent(step_trials=0)) is None
     assert offered(spent(exploration=0.0)) is None
@@ -105,7 +106,7 @@ def test_a_step_measured_lately_is_not_tried_again_the_next_likeliest_is():
     first = spent()
     trial = offered(first)
     measured = spent()
-    measured.measured_better = {(trial["from_key"], trial["to_key"])}
+    measured.history = replace(measured.history, measured_better=frozenset({(trial["from_key"], trial["to_key"])}))
     second = offered(measured)
     assert second is not None and second["to_key"] != trial["to_key"]
     host = measured.hosts["h"]

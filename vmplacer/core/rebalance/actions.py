@@ -231,7 +231,7 @@ def _confirm_tolerance(search: RebalanceSearch, hosts: list[str]) -> float:
     guest, a plan truly 0.005 worse measures level often enough that, re-planned every run, one
     is kept within a few runs."""
     settings = search.settings
-    if settings.trial_refuted_bar > 0 and search.refuted.intersection(hosts):
+    if settings.trial_refuted_bar > 0 and search.history.refuted.intersection(hosts):
         return -settings.trial_refuted_bar
     return settings.trial_tolerance
 

@@ -61,7 +61,7 @@ def offer_optimistic_layouts(search: RebalanceSearch) -> None:
     if (not settings.trials or settings.exploration <= 0 or search.solver is None or search.betas.empty):
         return
     for name in explorable_hosts(search):
-        if search.tried.get(name, 0) >= settings.trial_max:
+        if search.history.tried.get(name, 0) >= settings.trial_max:
             continue
         host = search.hosts[name]
         optimist = _optimist(search, [name])
@@ -86,7 +86,7 @@ def offer_optimistic_groups(search: RebalanceSearch) -> None:
         search.original[g].placement.host for g in search.touched}
     for group in search._exact_groups():
         if (len(group) < 2 or any(h in search.draft.trials or h in touched_hosts or h in search.draft.ruled for h in group)
-                or any(search.tried.get(h, 0) >= settings.trial_max for h in group)):
+                or any(search.history.tried.get(h, 0) >= settings.trial_max for h in group)):
             continue
         guests = [g for h in group for g in search.hosts[h].guests]
         if not guests or any(search.guests[g].protected for g in guests):
@@ -112,7 +112,7 @@ def _offer_group_trial(search: RebalanceSearch, group: list[str], changes: dict,
     here = {g: (h, dict(search.hosts[h].pins[g])) for h in group for g in search.hosts[h].guests}
     there = {**here, **changes}
     from_key, to_key = hosts_key(group, here), hosts_key(group, there)
-    if from_key == to_key or (from_key, to_key) in search.measured_better or (to_key, from_key) in search.measured_better:
+    if from_key == to_key or (from_key, to_key) in search.history.measured_better or (to_key, from_key) in search.history.measured_better:
         return
     label = "+".join(group)
     search.draft.group_trials[label] = {

@@ -170,10 +170,10 @@ def choose_pessimistically(search: RebalanceSearch) -> bool:
         sure = _sure_from_start(search, host, layout)
         report["spread"] = {"advantage": round(advantage, 4), "sd": round(sigma, 4),
                             "sure_gain_from_start": round(sure, 4)}
-        if (keys["spread"], keys["model"]) in search.measured_better:
+        if (keys["spread"], keys["model"]) in search.history.measured_better:
             report["measured"] = "the spread measured better than the model's layout"
             bound = -math.inf
-        elif (keys["model"], keys["spread"]) in search.measured_better:
+        elif (keys["model"], keys["spread"]) in search.history.measured_better:
             report["measured"] = "the model's layout measured better than the spread"
             bound = math.inf
         elif settings.pessimism <= 0:
@@ -238,7 +238,7 @@ def offer_declined_layouts(search: RebalanceSearch) -> None:
         if here == layout:
             continue
         label = ("exact layout of a host in back-off (its planned layouts measured worse lately)"
-                 if name in search.held else "exact layout whose predicted gain the model's confidence declined")
+                 if name in search.history.held else "exact layout whose predicted gain the model's confidence declined")
         offer_trial(search, name, {"here": layout_key(name, here)}, "here", layout, "exact", label)
 
 
@@ -251,7 +251,7 @@ def keep_what_measured_better(search: RebalanceSearch) -> bool:
         start = {g: dict(search.original[g].placement.vcpupin) for g in guests}
         here = layout_key(name, start)
         there = layout_key(name, {g: dict(host.pins[g]) for g in guests})
-        if here == there or (here, there) not in search.measured_better:
+        if here == there or (here, there) not in search.history.measured_better:
             continue
         found = compare_layout(search, host, start, "stay")
         if found is None:
@@ -302,12 +302,12 @@ def offer_trial(search: RebalanceSearch, host: str, keys: dict[str, str], at: st
     """Note the layout to try after the plan's moves, unless a measurement already compared it with
     the one the host ends at (either way round) or the host tried `budget` layouts lately (default
     `trial_max`)."""
-    if search.tried.get(host, 0) >= (search.settings.trial_max if budget is None else budget):
+    if search.history.tried.get(host, 0) >= (search.settings.trial_max if budget is None else budget):
         return  # enough tried on this host lately: the model learns from what was measured
     here, there = keys[at], layout_key(host, layout)
-    if here == there or (here, there) in search.measured_better or (there, here) in search.measured_better:
+    if here == there or (here, there) in search.history.measured_better or (there, here) in search.history.measured_better:
         return
-    if what == "spread" and any(loser == there for _, loser in search.measured_better):
+    if what == "spread" and any(loser == there for _, loser in search.history.measured_better):
         return  # the spread measured worse than the model's layout lately: the model's later layouts keep it
     search.draft.trials[host] = {"layout": {g: dict(p) for g, p in layout.items()}, "what": what, "label": label,
                            "from_key": here, "to_key": there}

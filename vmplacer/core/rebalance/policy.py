@@ -178,10 +178,10 @@ def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSett
                else f"no move clears the minimum gain of {settings.min_gain:g}{_per_guest(settings)}: nothing to do")
     if search.draft.declined:
         summary += "; declined: " + declined_text(search.draft.declined[-1])
-    notes = {"fixed": fixed, "held": sorted(search.held.values()), "rejected": search.draft.rejected[:20],
+    notes = {"fixed": fixed, "held": sorted(search.history.held.values()), "rejected": search.draft.rejected[:20],
              "declined": search.draft.declined[-5:],
              "exact": search.draft.exact, "pessimistic": search.draft.pessimistic,
-             "refuted": sorted(search.refuted), "second_opinion": search.draft.second_opinions,
+             "refuted": sorted(search.history.refuted), "second_opinion": search.draft.second_opinions,
              "trials": [{"host": h, "what": t["what"], "from_key": t["from_key"], "to_key": t["to_key"]}
                         for h, t in sorted({**search.draft.trials, **search.draft.group_trials}.items())]}
     return plan_from_search(search, actions, predicted, before=before, after=after, summary=summary, notes=notes,

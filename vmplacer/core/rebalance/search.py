@@ -92,13 +92,7 @@ class RebalanceSearch:
         self.solver = solver
         self.times: StageTimes = NO_STAGE_TIMES  # where the planning time goes (set by plan_rebalance)
         self.draft = Draft()  # what the stages decide (core/rebalance/draft.py)
-        self.history = history
-        self.measured_better: set[tuple[str, str]] = set(history.measured_better)  # (winner, loser) layout keys
-        self.tried: dict[str, int] = dict(history.tried)  # host -> layouts it tried within the trial memory
-        self.explore_kept: dict[str, int] = dict(history.explore_kept)  # host -> explore trials kept lately
-        self.refuted: set[str] = set(history.refuted)  # hosts whose planned layouts measured worse lately
-        self.second: InterferenceModel | None = history.second  # the model in its other form (rebalance/second)
-        self.held: dict[str, str] = dict(history.held)  # host -> why its data-driven moves are only tried (back-off)
+        self.history = history  # what earlier runs measured and did; read-only (core/rebalance/draft.py)
         self.model = model
         self.settings = settings
         self.betas = BetaTable(model, optimism)
@@ -139,7 +133,6 @@ class RebalanceSearch:
         self.touched: set[str] = set()
         self.migrated: dict[str, str] = {}  # guest -> original host
         self.memory_moved: set[str] = set()
-        self.pooled: set[str] = set(history.pooled)  # floating guests an earlier plan of vmplacer's pooled
 
     # ----- evaluation helpers -------------------------------------------------------------------------
     @property
@@ -215,7 +208,7 @@ class RebalanceSearch:
         pinning floating guests. A guest whose flavor asks for shared vCPUs keeps floating."""
         guest = self.guests[name]
         return (guest.mode == FLOATING and guest.spec is None and guest.movable
-                and (self.settings.pin_floating_guests or name in self.pooled
+                and (self.settings.pin_floating_guests or name in self.history.pooled
                      or self.original[name].mode == PINNED))
 
     # ----- candidate moves on one host -----------------------------------------------------------
@@ -884,10 +877,10 @@ class RebalanceSearch:
     def held_back(self, move: CandidateMove) -> bool:
         """A move the model's data drive (its interference change reaches `min_gain`) on a host in
         back-off: not planned; the host's layout may only be tried (kept if measured better)."""
-        if not self.held:
+        if not self.history.held:
             return False
         hosts = {self.host_of[c.guest] for c in move.changes} | {c.host for c in move.changes}
-        return bool(hosts & set(self.held)) and abs(move.gain - move.linear_gain) >= self.min_gain_on(hosts)
+        return bool(hosts & set(self.history.held)) and abs(move.gain - move.linear_gain) >= self.min_gain_on(hosts)
 
     def _threshold(self, move: CandidateMove) -> float:
         """The gain a move must clear: `min_migration_gain` when a guest changes host, else the

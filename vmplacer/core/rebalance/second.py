@@ -5,11 +5,11 @@ samples differently where neighbours pile up: the additive sum passes 1 on a
 crowded host and stops telling its layouts apart, the multiplicative rate
 overstates what time-sharing neighbours take. Each is right on hosts where the
 other is wrong, and a host where one form is wrong says so: its planned layouts
-measure worse and their confirm trials are undone (`search.refuted`, from the
+measure worse and their confirm trials are undone (`search.history.refuted`, from the
 trials' memory). Such a host climbs each run to another layout the same form
 overrates.
 
-On such a host the model fitted in the other form (`search.second`, on the same
+On such a host the model fitted in the other form (`search.history.second`, on the same
 samples) is asked, once per layout: its exact layout of the host, from where the
 host started, becomes the host's trial (kept only when Freeze'nSense measures it
 better, remembered either way, within `trial_max`) when it predicts it better
@@ -44,15 +44,15 @@ def consult_second_opinion(search: RebalanceSearch) -> None:
     plan's own layout for the host at least as high as the start (the plan stands then, and its
     confirm trial judges it). A host the plan moved returns to its start for the trial."""
     settings = search.settings
-    if (not settings.second_opinion or search.second is None or search.solver is None or not settings.trials
-            or not search.refuted):
+    if (not settings.second_opinion or search.history.second is None or search.solver is None or not settings.trials
+            or not search.history.refuted):
         return
     moved_hosts = {search.host_of[g] for g in search.migrated} | set(search.migrated.values())
-    for name in sorted(search.refuted):
+    for name in sorted(search.history.refuted):
         host = search.hosts.get(name)
         if (host is None or not host.guests or name in moved_hosts or name in search.draft.ruled
                 or not 0 < len(host.usable) <= settings.exact_max_cpus
-                or search.tried.get(name, 0) >= settings.trial_max
+                or search.history.tried.get(name, 0) >= settings.trial_max
                 or any(search.guests[g].protected for g in host.guests)):
             continue
         guests = sorted(host.guests)
@@ -66,7 +66,7 @@ def consult_second_opinion(search: RebalanceSearch) -> None:
         layout = {g: dict(pins) for g, pins in solved.items()}
         layout = {g: layout.get(g, start[g]) for g in guests}
         here, there = layout_key(name, start), layout_key(name, layout)
-        if (layout == start or (here, there) in search.measured_better or (there, here) in search.measured_better
+        if (layout == start or (here, there) in search.history.measured_better or (there, here) in search.history.measured_better
                 or what_if_gain(other, name, layout) < search.min_gain_on([name])):
             continue
         planned = {g: dict(host.pins[g]) for g in guests}
@@ -87,7 +87,7 @@ def _second_search(search: RebalanceSearch, name: str):
     """A what-if search of host `name` as it started, under the second model."""
     guests = list(search.hosts[name].guests)
     state = ClusterState({name: search.hosts[name].state}, {g: search.original[g] for g in guests})
-    other = type(search)(state, search.second, search.settings, None, {}, None, search.solver,
+    other = type(search)(state, search.history.second, search.settings, None, {}, None, search.solver,
                          history=RunHistory.of(pooled=[g for g in guests if search.may_pin(g)]))
     other.refused_by = search.refused_by
     return other

@@ -42,16 +42,16 @@ def offer_likeliest_steps(search: RebalanceSearch) -> None:
     if not settings.trials or settings.exploration <= 0 or settings.step_trials <= 0:
         return
     for name in explorable_hosts(search):
-        tried = search.tried.get(name, 0)
+        tried = search.history.tried.get(name, 0)
         spent = settings.trial_max <= tried < settings.trial_max + settings.step_trials
-        if not spent or search.explore_kept.get(name, 0):
+        if not spent or search.history.explore_kept.get(name, 0):
             continue  # only where exploration's own budget is spent and found nothing
         host = search.hosts[name]
         here = pinned_layout(search, host)
         here_key = layout_key(name, here)
         for z, gain, layout in ranked_steps(search, host, here):
             there_key = layout_key(name, layout)
-            if (here_key, there_key) in search.measured_better or (there_key, here_key) in search.measured_better:
+            if (here_key, there_key) in search.history.measured_better or (there_key, here_key) in search.history.measured_better:
                 continue
             offer_trial(search, name, {"here": here_key}, "here", layout, "step",
                         f"single step likeliest to measure better (predicted {gain:+.3f}, {z:+.2f} sd)",
