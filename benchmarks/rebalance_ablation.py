@@ -52,8 +52,7 @@ VARIANTS: tuple[tuple[str, str, dict[str, float | bool]], ...] = (
     ("no exact solver", "stage exact (exact.max_cpus 0)", {"exact_max_cpus": 0}),
     ("no pessimistic check", "stage pessimistic check (pessimistic.pessimism 0)", {"pessimism": 0.0}),
     ("no second opinion", "stage second opinion (trials.second_opinion false)", {"second_opinion": False}),
-    ("no exploration", "stages explore, optimistic groups and steps (trials.exploration 0)", {"exploration": 0.0}),
-    ("no step trials", "stage likeliest steps (trials.step_trials 0)", {"step_trials": 0}),
+    ("no exploration", "stages explore and optimistic groups (trials.exploration 0)", {"exploration": 0.0}),
     ("no trials", "every trial stage (trials.enabled false)", {"trials": False}),
     ("no recheck", "knob trials.recheck (0)", {"trial_recheck": 0.0}),
     ("no refuted bar", "knob trials.refuted_bar (0)", {"trial_refuted_bar": 0.0}),
@@ -135,9 +134,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--variant: unknown {', '.join(unknown)} (known: {', '.join(sorted(known))})")
     began = time.perf_counter()
     load_before = os.getloadavg()
+    parts: dict[str, dict] = {}
+    loads: list[dict] = []
     if args.parts_from:
-        parts = {}
-        loads = []
         for path in args.parts_from:
             part_file = json.loads(Path(path).read_text())
             parts.update(part_file["variants"])
@@ -146,8 +145,6 @@ def main(argv: list[str] | None = None) -> int:
         for part in parts.values():  # summaries from the rows, so a merge sees every current measure
             part["summary"] = {s: split_summary(r) for s, r in part["rows"].items()}
     else:
-        parts = {}
-        loads = []
         for label, _, overrides in VARIANTS:
             if args.variant and label not in args.variant:
                 continue

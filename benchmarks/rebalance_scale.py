@@ -10,7 +10,7 @@ runs it. Each size is planned once in a fresh process (its peak RSS is its own) 
 product's defaults; the planner's own stage timer (core/stage_times.py, the numbers
 `vmplacer rebalance` logs) says where the time goes: setup (what-if state), climb (local
 moves and migrations), exact, pessimistic, second_opinion, declined_layouts,
-optimistic_groups, optimistic_layouts, likeliest_steps, actions (building the plan).
+optimistic_groups, optimistic_layouts, actions (building the plan).
 With `--baseline` (another checkout of vmplacer, e.g. the previous commit in a git worktree),
 each size is planned by that checkout first, then by this one, in the same run (same load), and
 its numbers are kept under "baseline".

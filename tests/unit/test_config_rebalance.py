@@ -9,7 +9,7 @@ from dataclasses import fields
 import pytest
 
 from vmplacer.config import ConfigError, settings_from_mapping
-from vmplacer.config_rebalance import REBALANCE_KEYS
+from vmplacer.config_rebalance import REBALANCE_KEYS, RETIRED_KEYS
 from vmplacer.core.rebalance.state import RebalanceSettings
 
 
@@ -57,6 +57,17 @@ def test_every_problem_is_named_at_once():
     for key, rule in expected.items():
         assert any(f"vmplacer.yaml: key '{key}': {rule}" in p for p in problems), (key, problems)
     assert len(problems) == len(expected)
+
+
+def test_a_retired_key_is_refused_with_why_it_went():
+    """A file that still sets a removed setting is told so, not silently run without it."""
+    with pytest.raises(ConfigError) as excinfo:
+        settings_from_mapping({"rebalance": {"trials": {"step_trials": 2, "max": 3}}}, "vmplacer.yaml", environ={})
+    (problem,) = excinfo.value.problems
+    assert "key 'rebalance.trials.step_trials': removed:" in problem and "delete the key" in problem
+    for key in RETIRED_KEYS:  # gone from the table the file and its schema are made of
+        stage, name = key.split(".")
+        assert name not in REBALANCE_KEYS.get(stage, {})
 
 
 def test_a_flag_overrides_the_file_for_one_run():

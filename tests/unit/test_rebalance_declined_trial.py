@@ -67,9 +67,8 @@ def test_a_declined_layout_measured_either_way_is_not_tried_again():
                                solver=FixedSolver(PAIRS_ON_SIBLINGS), measured=measured)
         assert explore_probe(again) is None
     capped = plan_rebalance(spread_state(), learned(sibling_rounds=1), SETTINGS, now=0.0,
-                            solver=FixedSolver(PAIRS_ON_SIBLINGS), tried={"h": SETTINGS.trial_max},
-                            explore_kept={"h": 1})
-    assert explore_probe(capped) is None, "the host's budget is spent (no second look: it kept a trial)"
+                            solver=FixedSolver(PAIRS_ON_SIBLINGS), tried={"h": SETTINGS.trial_max})
+    assert explore_probe(capped) is None, "the host's budget is spent"
     off = plan_rebalance(spread_state(), learned(sibling_rounds=1), RebalanceSettings(min_gain=0.45, min_gain_share=0.0, trials=False),
                          now=0.0, solver=FixedSolver(PAIRS_ON_SIBLINGS))
     assert off.actions == ()

@@ -141,11 +141,10 @@ def test_a_host_tries_at_most_trial_max_layouts_within_the_memory():
     model = learned(sibling_rounds=1)
     state = spread_state()
     assert _trial(plan_rebalance(state, model, settings(trial_max=3), now=0.0, tried={"h": 2})) is not None
-    capped = plan_rebalance(state, model, settings(trial_max=3), now=0.0, tried={"h": 3}, explore_kept={"h": 1})
+    capped = plan_rebalance(state, model, settings(trial_max=3), now=0.0, tried={"h": 3})
     assert _trial(capped) is None and not capped.actions
-    # (a host whose three trials were all undone may get a second look: tests/unit/test_rebalance_steps.py)
-    no_steps = plan_rebalance(state, model, settings(trial_max=3, step_trials=0), now=0.0, tried={"h": 3})
-    assert _trial(no_steps) is None and not no_steps.actions
+    spent = plan_rebalance(state, model, settings(trial_max=3), now=0.0, tried={"h": 3})
+    assert _trial(spent) is None and not spent.actions, "three trials undone: nothing more is tried"
     assert not plan_rebalance(state, model, settings(trials=False), now=0.0).actions
 
 
@@ -169,9 +168,9 @@ def test_a_host_in_back_off_gets_no_data_driven_move_only_a_trial():
     repins = [a for a in solved.actions if a.kind == "repin"]
     assert repins and all(a.parameters.get("tried") == "exact" for a in repins), solved.summary
     assert solved.actions[-1].parameters["trial"]["kind"] == "explore"
-    # ... within the host's trial budget (its second look's single steps included)
+    # ... within the host's trial budget
     capped = plan_rebalance(state, model, settings(), now=0.0, held=held, solver=CpSatLayoutSolver(),
-                            tried={"h": settings().trial_max + settings().step_trials})
+                            tried={"h": settings().trial_max})
     assert not [a for a in capped.actions if a.kind == "repin"], capped.summary
     # another host's back-off changes nothing here
     other = plan_rebalance(state, model, settings(), now=0.0, held={"g": Backoff("g", 3, 1800.0)})

@@ -20,7 +20,7 @@ from tests.unit.test_rebalance_pessimism import learned, spread_state
 def test_the_stages_run_in_the_listed_order():
     assert [stage.name for stage in PIPELINE] == [
         "climb", "exact", "climb", "pessimistic", "second_opinion", "declined_layouts",
-        "optimistic_groups", "optimistic_layouts", "likeliest_steps"]
+        "optimistic_groups", "optimistic_layouts"]
 
 
 def test_each_stage_refines_the_search_in_turn_and_is_timed_under_its_name():
@@ -43,14 +43,14 @@ def test_the_draft_is_typed_and_starts_empty():
 
 
 def test_the_run_history_is_read_not_changed():
-    history = RunHistory.of(measured=[("a", "b")], tried={"h": 1}, explore_kept={"h": 0}, pooled=["x"],
+    history = RunHistory.of(measured=[("a", "b")], tried={"h": 1}, pooled=["x"],
                             refuted=["h"], held={"h": "backed off"})
     with pytest.raises(dataclasses.FrozenInstanceError):
         history.tried = {}  # type: ignore[misc]
     search = RebalanceSearch(spread_state(), learned(sibling_rounds=5), RebalanceSettings(), 0.0, {}, None,
                              CpSatLayoutSolver(), history=history)
     search.run(PIPELINE)
-    assert history == RunHistory.of(measured=[("a", "b")], tried={"h": 1}, explore_kept={"h": 0}, pooled=["x"],
+    assert history == RunHistory.of(measured=[("a", "b")], tried={"h": 1}, pooled=["x"],
                                     refuted=["h"], held={"h": "backed off"})
     assert search.history is history
 

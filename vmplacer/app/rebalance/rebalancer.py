@@ -125,14 +125,12 @@ class CancelOutcome:
 @dataclass(frozen=True)
 class TrialMemory:
     """What the trials of the last `trial_memory_s` tell the policy: (winner, loser) layout keys
-    compared by measurement (`better`), how many layouts each host tried (`tried`) and how many
-    of those were kept (`explore_kept`), the hosts in back-off because their planned layouts kept
+    compared by measurement (`better`), how many layouts each host tried (`tried`), the hosts in back-off because their planned layouts kept
     measuring worse (core/trial.backoffs), and the hosts whose last planned layout measured worse
     (core/trial.refuted_hosts)."""
 
     better: set[tuple[str, str]]
     tried: dict[str, int]
-    explore_kept: dict[str, int]
     held: dict[str, Backoff]
     refuted: set[str]
 
@@ -445,7 +443,6 @@ class Rebalancer:
             times = StageTimes(time.perf_counter)
             plan = plan_rebalance(observed.state, model, settings, now=now, last_moved=last_moved,
                                   scope=movable, solver=self.solver, measured=memory.better, tried=memory.tried,
-                                  explore_kept=memory.explore_kept,
                                   pooled=self.pooled_by_plans(observed.state), held=memory.held,
                                   refuted=memory.refuted, second=second, times=times)
             log.info("rebalance planned over %d hosts in %.2f s (%s)", len(observed.state.hosts),
@@ -490,10 +487,9 @@ class Rebalancer:
     def _trial_memory(self, settings: RebalanceSettings) -> TrialMemory:
         """What the trials of the last `trial_memory_s` tell the policy (TrialMemory)."""
         if not settings.trials:
-            return TrialMemory(set(), {}, {}, {}, set())
+            return TrialMemory(set(), {}, {}, set())
         better: set[tuple[str, str]] = set()
         tried: dict[str, int] = {}
-        kept: dict[str, int] = {}
         now = self.wall()
         outcomes = self.plans.trial_outcomes(now - settings.trial_memory_s)
         for outcome in outcomes:
@@ -501,10 +497,9 @@ class Rebalancer:
                 better.add((outcome.to_key, outcome.from_key) if outcome.kept else (outcome.from_key, outcome.to_key))
                 for host in outcome.budget_hosts:
                     tried[host] = tried.get(host, 0) + 1
-                    kept[host] = kept.get(host, 0) + int(outcome.kept)
             elif not outcome.kept:
                 better.add((outcome.from_key, outcome.to_key))
-        return TrialMemory(better, tried, kept, backoffs(outcomes, now, settings.backoff_s, settings.trial_memory_s),
+        return TrialMemory(better, tried, backoffs(outcomes, now, settings.backoff_s, settings.trial_memory_s),
                            refuted_hosts(outcomes))
 
     def _check_hosts(self, host_names: Sequence[str]) -> None:

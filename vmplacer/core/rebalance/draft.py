@@ -44,15 +44,13 @@ class RunHistory:
     """What earlier runs measured and did, as the stages weigh it (read, never changed).
 
     `measured_better`: (winner, loser) layout keys trials compared by measurement
-    (core/rebalance/trial.py); `tried` / `explore_kept`: layouts each host tried / kept within
-    the trial memory; `pooled`: floating guests an earlier plan floated (the search may pin them
-    again); `refuted`: hosts whose planned layouts measured worse lately; `held`: host -> why
+    (core/rebalance/trial.py); `tried`: layouts each host tried within the trial memory;
+    `pooled`: floating guests an earlier plan floated (the search may pin them again); `refuted`: hosts whose planned layouts measured worse lately; `held`: host -> why
     its data-driven moves are only tried (back-off); `second`: the model in its other form,
     for a second opinion on refuted hosts (core/rebalance/second.py)."""
 
     measured_better: frozenset[tuple[str, str]] = frozenset()
     tried: Mapping[str, int] = field(default_factory=dict)
-    explore_kept: Mapping[str, int] = field(default_factory=dict)
     pooled: frozenset[str] = frozenset()
     refuted: frozenset[str] = frozenset()
     held: Mapping[str, str] = field(default_factory=dict)
@@ -60,11 +58,10 @@ class RunHistory:
 
     @classmethod
     def of(cls, *, measured: Iterable[tuple[str, str]] | None = None, tried: Mapping[str, int] | None = None,
-           explore_kept: Mapping[str, int] | None = None, pooled: Iterable[str] | None = None,
-           refuted: Iterable[str] | None = None, held: Mapping[str, str] | None = None,
+           pooled: Iterable[str] | None = None, refuted: Iterable[str] | None = None, held: Mapping[str, str] | None = None,
            second: InterferenceModel | None = None) -> RunHistory:
         """A history from optional parts (None: nothing of that kind happened)."""
-        return cls(frozenset(measured or ()), dict(tried or {}), dict(explore_kept or {}), frozenset(pooled or ()),
+        return cls(frozenset(measured or ()), dict(tried or {}), frozenset(pooled or ()),
                    frozenset(refuted or ()), dict(held or {}), second)
 
 

@@ -62,7 +62,6 @@ from vmplacer.core.rebalance.draft import NamedStage, RunHistory, Stage
 from vmplacer.core.rebalance.explore import offer_optimistic_groups, offer_optimistic_layouts
 from vmplacer.core.rebalance.pessimistic import choose_pessimistically, offer_declined_layouts
 from vmplacer.core.rebalance.second import consult_second_opinion
-from vmplacer.core.rebalance.steps import offer_likeliest_steps
 from vmplacer.core.rebalance.actions import _build_actions, plan_from_search
 from vmplacer.core.rebalance.layout import BetaTable, _locality_nodes
 from vmplacer.core.rebalance.layout import utility  # noqa: F401  (still importable from here)
@@ -99,7 +98,6 @@ PIPELINE: tuple[Stage, ...] = (
     NamedStage("declined_layouts", offer_declined_layouts),  # exact layouts not sure enough: tried instead
     NamedStage("optimistic_groups", offer_optimistic_groups),  # small hosts together, optimistic β (explore)
     NamedStage("optimistic_layouts", offer_optimistic_layouts),  # each host alone, optimistic β (explore)
-    NamedStage("likeliest_steps", offer_likeliest_steps),  # explored hosts' likeliest single step (steps)
 )
 
 
@@ -116,7 +114,6 @@ def plan_rebalance(
     solver: LayoutSolver | None = None,
     measured: Iterable[tuple[str, str]] | None = None,
     tried: Mapping[str, int] | None = None,
-    explore_kept: Mapping[str, int] | None = None,
     pooled: Iterable[str] | None = None,
     held: Mapping[str, Backoff] | None = None,
     refuted: Iterable[str] | None = None,
@@ -131,8 +128,7 @@ def plan_rebalance(
     as load); `hosts` limits the hosts the plan may touch; `solver` (optional) lays out
     small hosts exactly after the local search (`exact_max_cpus`); `measured` holds (winner,
     loser) layout keys that earlier trials compared by measurement (core/rebalance/trial.py), `tried` how
-    many layouts each host tried lately (at most `trial_max` per `trial_memory_s`), `explore_kept` how
-    many of them were kept (rebalance/steps); `pooled` names
+    many layouts each host tried lately (at most `trial_max` per `trial_memory_s`); `pooled` names
     floating guests an earlier plan floated, which the search may pin again; `held` names hosts
     in back-off (core/trial.backoffs): their data-driven moves are not planned, only tried;
     `refuted` names hosts whose planned layouts measured worse lately, where `second` (the
@@ -141,14 +137,14 @@ def plan_rebalance(
     """
     with collection_held():  # a fleet's what-if state is millions of objects kept to the end
         return _plan(state, model, settings or RebalanceSettings(), now=now, last_moved=last_moved, scope=scope,
-                     hosts=hosts, solver=solver, measured=measured, tried=tried, explore_kept=explore_kept,
+                     hosts=hosts, solver=solver, measured=measured, tried=tried,
                      pooled=pooled, held=held, refuted=refuted, second=second, times=times)
 
 
 def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSettings, *, now: float | None,
           last_moved: Mapping[str, float] | None, scope: Iterable[str] | None, hosts: Iterable[str] | None,
           solver: LayoutSolver | None, measured: Iterable[tuple[str, str]] | None, tried: Mapping[str, int] | None,
-          explore_kept: Mapping[str, int] | None, pooled: Iterable[str] | None, held: Mapping[str, Backoff] | None,
+          pooled: Iterable[str] | None, held: Mapping[str, Backoff] | None,
           refuted: Iterable[str] | None, second: InterferenceModel | None, times: StageTimes | None) -> Plan:
     """`plan_rebalance`'s work, its arguments as given."""
     if hosts is not None:
@@ -160,7 +156,7 @@ def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSett
                              {n: g for n, g in state.guests.items() if g.host in allowed})
     at = 0.0 if now is None else now
     times = times or NO_STAGE_TIMES
-    history = RunHistory.of(measured=measured, tried=tried, explore_kept=explore_kept, pooled=pooled,
+    history = RunHistory.of(measured=measured, tried=tried, pooled=pooled,
                             refuted=refuted, held={host: b.why(at) for host, b in (held or {}).items()},
                             second=second)
     with times.stage("setup"):

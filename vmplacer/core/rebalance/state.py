@@ -101,9 +101,6 @@ class RebalanceSettings:
     trial_refuted_bar: float = 0.001
     trial_memory_s: float = 86400.0  # a measured comparison of two layouts is trusted (not tried again) this long
     trial_max: int = 3  # layouts a host may try within trial_memory_s
-    # a host whose explore trials all measured worse tries up to this many more: single steps, the likeliest
-    # to measure better first (core/rebalance/steps; 0: off)
-    step_trials: int = 2
     # after k planned layouts of a host in a row measured worse, it waits backoff_s·(2^(k-1)−1) (0: off, the
     # default: trials, their memory and close calls already stop the churn it was made for, and it held back gains)
     backoff_s: float = 0.0
@@ -137,8 +134,7 @@ class RebalanceSettings:
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be a number > 0, got {value!r}")
         for name in ("max_actions", "move_candidates", "swap_candidates", "migration_candidates",
-                     "destination_candidates", "max_rounds", "exhaustive_limit", "exact_max_cpus", "trial_max",
-                     "step_trials"):
+                     "destination_candidates", "max_rounds", "exhaustive_limit", "exact_max_cpus", "trial_max"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 0):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be an integer >= 0, got {value!r}")
