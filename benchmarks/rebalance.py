@@ -40,10 +40,6 @@ The model's other form: `--model-form multiplicative` (rows, planning run and th
 record which; parts of different forms are not merged) `--out
 benchmarks/results/rebalance_multiplicative.json`, against this file as `--baseline-from`.
 
-The second opinion without the refuted host's confirm bar (docs/research/rebalance-diagnoses.md diagnosis 26,
-measured before the bar and the second opinion were defaults): `--setting trial_refuted_bar=0
---out benchmarks/results/rebalance_second_opinion.json`, against this file as `--baseline-from`.
-
 Experiments: `--setting NAME=VALUE` (a RebalanceSettings field); the rows and the merged file
 record the overrides under `settings` (empty: the product's defaults), and parts run with
 different ones are not merged.

@@ -51,7 +51,6 @@ VARIANTS: tuple[tuple[str, str, dict[str, float | bool]], ...] = (
     ("defaults", "nothing: the product as shipped", {}),
     ("no exact solver", "stage exact (exact.max_cpus 0)", {"exact_max_cpus": 0}),
     ("no pessimistic check", "stage pessimistic check (pessimistic.pessimism 0)", {"pessimism": 0.0}),
-    ("no second opinion", "stage second opinion (trials.second_opinion false)", {"second_opinion": False}),
     ("no exploration", "stages explore and optimistic groups (trials.exploration 0)", {"exploration": 0.0}),
     ("no trials", "every trial stage (trials.enabled false)", {"trials": False}),
     ("no recheck", "knob trials.recheck (0)", {"trial_recheck": 0.0}),

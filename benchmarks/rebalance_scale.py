@@ -9,7 +9,7 @@ their workloads drawn from the trained model's keys; CP-SAT on small hosts as th
 runs it. Each size is planned once in a fresh process (its peak RSS is its own) with the
 product's defaults; the planner's own stage timer (core/stage_times.py, the numbers
 `vmplacer rebalance` logs) says where the time goes: setup (what-if state), climb (local
-moves and migrations), exact, pessimistic, second_opinion, declined_layouts,
+moves and migrations), exact, pessimistic, declined_layouts,
 optimistic_groups, optimistic_layouts, actions (building the plan).
 With `--baseline` (another checkout of vmplacer, e.g. the previous commit in a git worktree),
 each size is planned by that checkout first, then by this one, in the same run (same load), and

@@ -72,7 +72,6 @@ REBALANCE_KEYS: dict[str, dict[str, tuple[str, Kind]]] = {
         "memory_s": ("trial_memory_s", "number"),
         "max": ("trial_max", "integer"),
         "exploration": ("exploration", "number"),
-        "second_opinion": ("second_opinion", "flag"),
     },
     "rounds": {
         "batch_hosts": ("round_batch_hosts", "integer"),
@@ -85,6 +84,9 @@ REBALANCE_KEYS: dict[str, dict[str, tuple[str, Kind]]] = {
 RETIRED_KEYS: dict[str, str] = {
     "trials.step_trials": "removed: the single-step trials changed no result on the rebalance benchmark "
                           "(docs/rebalance.md, Ablation); delete the key",
+    "trials.second_opinion": "removed: the second opinion (the model's other form on refuted hosts) changed "
+                             "no result by 0.1 point on the rebalance benchmark (docs/rebalance.md, Ablation); "
+                             "delete the key",
 }
 
 FIELD_KEYS: dict[str, str] = {name: f"rebalance.{stage}.{key}"

@@ -52,7 +52,7 @@ def cli(tmp_path, monkeypatch, capsys):
     (("plan", "--request", MIXED, "--scope", "web*"), f"--scope: {REBALANCING}"),
     (("plan", "--request", MIXED, "--no-trials"), f"--no-trials: {REBALANCING}"),
     (("plan", "--request", MIXED, "--no-explore"), f"--no-explore: {REBALANCING}"),
-    (("plan", "--request", MIXED, "--no-second-opinion"), f"--no-second-opinion: {REBALANCING}"),
+    (("rebalance", "--no-second-opinion"), "unrecognized arguments: --no-second-opinion"),  # a removed option
     (("plan", "--request", MIXED, "--reason", "x"), f"--reason: {REBALANCING}"),
     (("plan", "--caps", XEON, "--request", MIXED, "--ignore-maintenance"),
      "--ignore-maintenance: applies to configured hosts, not to --caps files"),
@@ -65,7 +65,6 @@ def cli(tmp_path, monkeypatch, capsys):
     (("plan", "--rebalance", "--drain", "example", "--max-actions", "2"), f"--max-actions: {DRAIN}"),
     (("rebalance", "--drain", "example", "--cooldown", "1m"), f"--cooldown: {DRAIN}"),
     (("rebalance", "--drain", "example", "--backoff", "1m"), f"--backoff: {DRAIN}"),
-    (("rebalance", "--drain", "example", "--no-second-opinion"), f"--no-second-opinion: {DRAIN}"),
     (("rebalance", "--drain", "example", "--profile-seconds", "10s"), f"--profile-seconds: {DRAIN}"),
     (("rebalance", "--reason", "x"), "--reason: only with --drain HOST"),
     # a dry run carries nothing out

@@ -7,8 +7,8 @@ import pytest
 
 from vmplacer.adapters.db.models_repo import SqlModelRepository
 from vmplacer.adapters.db.profiles import SqlProfileStore
-from vmplacer.app.learn.online import SECOND_FORM, learn_both_forms, learn_from_runs
-from vmplacer.core.model.interference import ADDITIVE, MULTIPLICATIVE, Tenant
+from vmplacer.app.learn.online import learn_from_runs
+from vmplacer.core.model.interference import Tenant
 from vmplacer.core.topology.host import uniform_topology
 from vmplacer.ports import Neighbour, ProfileSample
 
@@ -60,24 +60,3 @@ def test_empty_store_is_the_linear_predictor(stores):
     topology = uniform_topology(nodes=1, cores_per_node=2)
     shared = model.predict(topology, [Tenant("a", [0]), Tenant("b", [0])])
     assert shared["a"].perf == pytest.approx(0.5)  # time sharing only
-
-
-def test_the_samples_also_teach_the_model_in_its_other_form(stores):
-    """The second form learns the same runs, in the multiplicative form, and catches up on runs
-    learned before it existed; both predict the measured loss of a lone neighbour."""
-    profiles, models = stores
-    first = _run(profiles, loss_of_a=0.2)
-    learn_from_runs([first], profiles, models)  # learned before the second form was kept
-    second = _run(profiles, loss_of_a=0.2)
-    report = learn_both_forms([first, second], profiles, models)
-    assert report.runs == [second] and report.observations == 40
-
-    default, _ = models.load()
-    other, last = models.load(SECOND_FORM)
-    assert default.config.form == ADDITIVE and other.config.form == MULTIPLICATIVE
-    assert last == second and other.observations == default.observations == 80
-    topology = uniform_topology(nodes=1, cores_per_node=2)
-    for model in (default, other):
-        assert model.predict(topology, [Tenant("a", [0]), Tenant("b", [1])])["a"].perf == pytest.approx(0.8, abs=0.03)
-    assert learn_both_forms([first, second], profiles, models).observations == 0
-    assert models.load(SECOND_FORM)[0].observations == 80

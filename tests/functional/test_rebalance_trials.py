@@ -229,44 +229,6 @@ def test_a_host_whose_planned_layouts_keep_measuring_worse_backs_off_for_a_while
     assert run.make_plan(["h1"]).settings["notes"]["held"] == []  # the back-off is over
 
 
-def test_a_host_whose_planned_layout_measured_worse_asks_the_models_other_form(sim, db):
-    """With the second opinion on (the default), the second form is loaded only once a host is
-    refuted (its last confirm trial undone); one that cannot be loaded is a note, and the plan is
-    made without it."""
-    from vmplacer.core.model.interference import InterferenceModel, ModelConfig, other_form
-
-    asked: list[str] = []
-
-    def second() -> InterferenceModel:
-        asked.append("second")
-        return InterferenceModel(other_form(ModelConfig()))
-
-    worse = [{"a": 0.6, "b": 0.6, "c": 0.6}, {"a": 0.5, "b": 0.5, "c": 0.5}]  # before, after: undone
-    run = rebalancer(sim, db, ScriptedProbe(*worse), epoch=time.time(), load_second_model=second,
-                     settings=RebalanceSettings(second_opinion=True))
-    run.make_plan(["h1"])
-    assert asked == [] and run.refuted_hosts(RebalanceSettings()) == set()
-    assert [a.state for a in run.apply(confirm_plan(db, "x", "t").id).actions] == ["rolled_back", "rolled_back"]
-    assert run.refuted_hosts(RebalanceSettings()) == {"h1"}
-    assert run.refuted_hosts(RebalanceSettings(trials=False)) == set()
-    run.make_plan(["h1"])
-    assert asked == ["second"]
-    run.settings = RebalanceSettings(second_opinion=False)  # off: not even loaded
-    run.make_plan(["h1"])
-    assert asked == ["second"]
-    run.settings = RebalanceSettings()  # on: the default
-    run.make_plan(["h1"])
-    assert asked == ["second", "second"]
-
-    def broken() -> InterferenceModel:
-        raise ValueError("stored state unreadable")
-
-    notes: list[str] = []
-    run.load_second_model = broken
-    assert run.make_plan(["h1"], notes=notes).state in ("proposed", "empty")
-    assert any("second form could not be loaded (stored state unreadable)" in n for n in notes), notes
-
-
 def test_the_api_apply_job_counts_each_trial_verdict_in_its_metrics(sim, db, monkeypatch):
     """Plans applied by the API's job count their trials' verdicts in vmplacer_rebalance_trials_total,
     labelled from the verdicts themselves (host, kind, kept/undone/unmeasured, close call)."""

@@ -100,7 +100,7 @@ def store_profiles(container: Any, host: str, runs: int = 2) -> list[int]:
     dedicated guest measured next to the shared and the hostile guest (frozen for ζb), the
     shared guest next to the dedicated one, each neighbour at its real distance on the host;
     then `vmplacer model learn`'s learning over them. Returns the run ids."""
-    from vmplacer.app.learn.online import learn_both_forms
+    from vmplacer.app.learn.online import learn_from_runs
     from vmplacer.core.model.view import nearest_distance, tenant_of
     from vmplacer.core.placement.guest_placement import placement_from_dict
     from vmplacer.core.model.profile_stats import Distribution, degradation
@@ -134,5 +134,5 @@ def store_profiles(container: Any, host: str, runs: int = 2) -> list[int]:
                    "degradation": degradation(z, zb).to_dict()} for g, (z, zb) in values.items()}
         store.finish_run(run_id, {"host": host, "metric": "ipc", "run_id": run_id, "vms": vms})
         ids.append(run_id)
-    learn_both_forms(store.finished_run_ids(), store, container.model_repository)
+    learn_from_runs(store.finished_run_ids(), store, container.model_repository)
     return ids

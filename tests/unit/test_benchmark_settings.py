@@ -23,8 +23,8 @@ def test_settings_are_typed_as_the_product_types_them(bench):
     assert bench.setting_overrides(["min_migration_gain=0.05", "trial_max=2"]) == {
         "min_migration_gain": 0.05, "trial_max": 2}
     assert isinstance(bench.setting_overrides(["trial_max=2"])["trial_max"], int)
-    assert bench.setting_overrides(["second_opinion=1"]) == {"second_opinion": True}
-    assert bench.setting_overrides(["second_opinion=0"]) == {"second_opinion": False}
+    assert bench.setting_overrides(["trials=1"]) == {"trials": True}
+    assert bench.setting_overrides(["trials=0"]) == {"trials": False}
     assert bench.setting_overrides([]) == {}
 
 

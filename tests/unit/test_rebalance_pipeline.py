@@ -19,7 +19,7 @@ from tests.unit.test_rebalance_pessimism import learned, spread_state
 
 def test_the_stages_run_in_the_listed_order():
     assert [stage.name for stage in PIPELINE] == [
-        "climb", "exact", "climb", "pessimistic", "second_opinion", "declined_layouts",
+        "climb", "exact", "climb", "pessimistic", "declined_layouts",
         "optimistic_groups", "optimistic_layouts"]
 
 

@@ -314,13 +314,6 @@ class Container:
         """The learned interference model (the linear predictor until samples exist)."""
         return self.model_repository.load()[0]
 
-    def load_second_model(self) -> InterferenceModel | None:
-        """The learned model in its other form (app/learn.SECOND_FORM); None until it has samples."""
-        from vmplacer.app.learn.online import SECOND_FORM
-
-        model = self.model_repository.load(SECOND_FORM)[0]
-        return model if model.observations else None
-
     def default_host_name(self) -> str:
         if not self.settings.hosts:
             raise ConfigError("no hosts configured")

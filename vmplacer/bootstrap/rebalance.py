@@ -37,7 +37,7 @@ def _learning(container: Container, hosts: dict[str, RebalanceHost],
     """(load the stored model, learn the profile runs not learned yet, reasons for what is missing).
     Sampled guests are keyed as the planner keys them: from their labels on `hosts` and their records."""
     try:
-        from vmplacer.app.learn.online import learn_both_forms
+        from vmplacer.app.learn.online import learn_from_runs
         from vmplacer.bootstrap.learning import guest_identities
     except ImportError as exc:
         why = f"model learning cannot be loaded ({exc})"
@@ -45,7 +45,7 @@ def _learning(container: Container, hosts: dict[str, RebalanceHost],
 
     def learn() -> str:
         store = container.profile_store
-        report = learn_both_forms(store.finished_run_ids(), store, container.model_repository,
+        report = learn_from_runs(store.finished_run_ids(), store, container.model_repository,
                                   identify=guest_identities(container, lambda: hosts.values()))
         skipped = ", ".join(f"{k} {v}" for k, v in sorted(report.skipped.items()) if k != "already-learned-run")
         return (f"{report.observations} new observations from runs {report.runs or 'none'}; the model holds "
@@ -110,7 +110,6 @@ def build_rebalancer(
         RebalancePorts(hosts=hosts, plans=container.plan_store, leases=container.lease_store, clock=SystemClock(),
                        wall=time.time, placements=container.placement_updates(), audit=store,
                        throttles=container.throttle_ledger, specs=specs, load_model=load_model,
-                       load_second_model=container.load_second_model if load_model is not None else None,
                        learn=learn, profile=profile, allocation=container.allocation_options,
                        in_maintenance=lambda: container.maintenance.current().keys(),
                        demand=demand if measure_demand else None,

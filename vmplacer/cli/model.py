@@ -49,7 +49,7 @@ def run_show(args: argparse.Namespace, ctx: CliContext) -> int:
 
 
 def run_learn(args: argparse.Namespace, ctx: CliContext) -> int:
-    from vmplacer.app.learn.online import learn_both_forms
+    from vmplacer.app.learn.online import learn_from_runs
     from vmplacer.bootstrap.learning import guest_identities
 
     container = ctx.container
@@ -63,7 +63,7 @@ def run_learn(args: argparse.Namespace, ctx: CliContext) -> int:
             raise UsageError(f"--run: no finished profile run {', '.join(map(str, missing))}")
         runs = sorted(set(args.run))
     # sampled guests learned under the key and class the rebalancer plans them by (their labels)
-    report = learn_both_forms(runs, store, container.model_repository, identify=guest_identities(container))
+    report = learn_from_runs(runs, store, container.model_repository, identify=guest_identities(container))
     emit(args, report.to_dict(), lambda d: print(
         f"learned {d['observations']} observations from runs {d['runs'] or 'none'}; "
         f"model holds {d['total_observations']}; skipped {d['skipped'] or 'nothing'}"))

@@ -64,10 +64,10 @@ from vmplacer.cli.verbs import no_more_words, split_verb, words_anywhere
 DEFAULT_PROFILE_SECONDS = 5.0
 # Options of a rebalancing plan that a placement plan (`plan --request`) never reads, and back.
 REBALANCE_PLAN_OPTIONS = ("drain", "reason", "max_actions", "scope", "min_gain", "cooldown", "backoff", "no_migrate",
-                          "no_trials", "no_explore", "second_opinion")
+                          "no_trials", "no_explore")
 PLACEMENT_PLAN_OPTIONS = ("why", "ignore_maintenance", "domain_type", "hosts_to_score")
 # What tunes a rebalance but not a drain (vmplacer.app.rebalance.rebalancer: make_plan, _profile_step).
-NOT_FOR_DRAIN = ("max_actions", "cooldown", "backoff", "second_opinion")
+NOT_FOR_DRAIN = ("max_actions", "cooldown", "backoff")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -151,9 +151,6 @@ def add_policy_arguments(parser: argparse.ArgumentParser, *, host_group: bool = 
     parser.add_argument("--no-explore", action="store_true",
                         help="keep measured trials, but do not try layouts only to learn what the model "
                              "has not seen (exploration)")
-    parser.add_argument("--second-opinion", action=argparse.BooleanOptionalAction, default=None,
-                        help="where a host's last planned layout measured worse, try the layout the model's "
-                             "other form would choose (default: on; docs/rebalance.md)")
     parser.add_argument("--drain", metavar="HOST",
                         help="maintenance: live-migrate every guest off HOST (it is put in maintenance first, "
                              "unless this is a dry run) instead of rebalancing")
@@ -194,8 +191,6 @@ def settings_with_flags(args: argparse.Namespace, base: Any) -> Any:
         values["trials"] = False
     if getattr(args, "no_explore", False):
         values["exploration"] = 0.0
-    if getattr(args, "second_opinion", None) is not None:
-        values["second_opinion"] = bool(args.second_opinion)
     if getattr(args, "bandwidth", None):
         values["migration_bandwidth_mib_s"] = float(args.bandwidth)
     if getattr(args, "batch_hosts", None) is not None:

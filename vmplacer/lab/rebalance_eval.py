@@ -33,7 +33,7 @@ from vmplacer.lab.profiling import ProfileSettings, run_profiler
 from vmplacer.app.apply.executor import ExecutorSettings
 from vmplacer.app.rebalance.rebalancer import ROUNDS_PER_PROFILE, RebalancePorts, Rebalancer, RunOptions
 from vmplacer.lab.verdicts import SIMPLE, model_objectives, reach, step_threshold, true_objective, verdict
-from vmplacer.core.model.interference import InterferenceModel, ModelConfig, Observation, other_form
+from vmplacer.core.model.interference import InterferenceModel, ModelConfig, Observation
 from vmplacer.core.rebalance.layout_problem import LayoutSolver
 from vmplacer.core.model.pairs import PairTable
 from vmplacer.core.model.profile_stats import degradation
@@ -364,7 +364,6 @@ class VmplacerLoop:
     observations: list[Observation] = field(default_factory=list)
     model: InterferenceModel | None = None
     solver: LayoutSolver | None = None
-    _second: tuple[int, InterferenceModel] | None = field(default=None, init=False, repr=False)
 
     def __post_init__(self) -> None:
         clock = self.cluster.clock
@@ -373,7 +372,7 @@ class VmplacerLoop:
             RebalancePorts(hosts=dict(self.cluster.hosts), plans=self.plans, leases=MemoryLeaseStore(),
                            clock=clock, wall=clock.now,
                            load_model=lambda: self.model or InterferenceModel(self.model_config),
-                           load_second_model=self._second_model, learn=self._learn, profile=self._profile,
+                           learn=self._learn, profile=self._profile,
                            probe=self._probe, solver=self.solver),
             holder="eval", settings=self.settings,
             executor_settings=ExecutorSettings(retries=0, migration_timeout_s=600),
@@ -388,15 +387,6 @@ class VmplacerLoop:
 
     def _probe(self, host_name: str, seconds: float) -> Measured:
         return self._profile(host_name, seconds, (), self.probe_rounds)
-
-    def _second_model(self) -> InterferenceModel | None:
-        """The model in its other form, fitted on the same observations (once per learn)."""
-        if self.model is None:
-            return None
-        if self._second is None or self._second[0] != len(self.observations):
-            second = InterferenceModel(other_form(self.model.config)).fit(self.observations)
-            self._second = (len(self.observations), second)
-        return self._second[1]
 
     def _learn(self) -> str:
         self.model = InterferenceModel(self.model_config).fit(self.observations)

@@ -12,10 +12,6 @@ A pair sample (ζp: everything frozen but the guest and one neighbour) next to
 the guest's nearest ζb is an equation in that one neighbour's β alone: the
 neighbours running during ζp that were frozen during ζb.
 
-The same samples also teach the model in its other form (`SECOND_FORM`, stored
-beside the default): the rebalancer asks it for a second opinion on hosts where
-the default model's planned layouts measured worse (core/rebalance/second).
-
 Samples name guests; the model is keyed by workload. Each sampled guest (and each
 neighbour) is learned under the key and class the planner looks it up by
 (core/model/identity.py): replicas sharing a `workload` label teach one key. The
@@ -36,14 +32,12 @@ from vmplacer.core.model.interference import (
     InterferenceModel,
     ModelConfig,
     Observation,
-    other_form,
 )
 from vmplacer.core.model.identity import ModelIdentity
 from vmplacer.core.topology.host import DistanceClass
 
 SAME_CPU = DistanceClass.SAME_CPU.value
 DEFAULT_MODEL = "default"
-SECOND_FORM = "second-form"  # the default model's samples, read in the other form
 
 
 class ModelRepository(Protocol):
@@ -214,20 +208,3 @@ def learn_from_runs(
     report.total_observations = model.observations
     return report
 
-
-def learn_both_forms(
-    runs: Iterable[int],
-    source: SampleSource,
-    repository: ModelRepository,
-    workload_classes: Mapping[str, str] | None = None,
-    identify: Identify | None = None,
-) -> LearnReport:
-    """Learn `runs` into the default model, then into its second form (which catches up on
-    every run it has not learned, so it fills in from the stored samples on its first learn).
-    The default model's report is returned: it is the one that plans."""
-    runs = sorted(set(runs))
-    report = learn_from_runs(runs, source, repository, workload_classes, identify=identify)
-    default, _ = repository.load(DEFAULT_MODEL)
-    learn_from_runs(runs, source, repository, workload_classes, name=SECOND_FORM, config=other_form(default.config),
-                    identify=identify)
-    return report

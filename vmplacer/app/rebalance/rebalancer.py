@@ -275,7 +275,6 @@ class RebalancePorts:
     audit: Auditor | None = None
     specs: Callable[[str], Mapping[str, Any] | None] | None = None
     load_model: Callable[[], InterferenceModel] | None = None
-    load_second_model: Callable[[], InterferenceModel | None] | None = None
     learn: Callable[[], str] | None = None
     profile: Callable[[str, float, Sequence[str]], str | Measured] | None = None
     demand: Callable[[str, list[str]], dict[str, float]] | None = None
@@ -318,7 +317,6 @@ class Rebalancer:
         self.auditor = ports.audit
         self.specs = ports.specs
         self.load_model = ports.load_model
-        self.load_second_model = ports.load_second_model
         self.learn = ports.learn
         self.profile = ports.profile
         self.demand = ports.demand
@@ -385,17 +383,6 @@ class Rebalancer:
             return describe_guest(placement, spec=spec, load=load, settings=self.settings).fixed(str(exc))
 
     # ----- plan -----------------------------------------------------------------------------------------
-    def second_model(self, notes: list[str]) -> InterferenceModel | None:
-        """The model in its other form, for hosts where the model's plans measured worse
-        (core/rebalance/second); None when there is none."""
-        if self.load_second_model is None:
-            return None
-        try:
-            return self.load_second_model()
-        except Exception as exc:  # noqa: BLE001 - a second opinion must not stop rebalancing
-            notes.append(f"the model's second form could not be loaded ({exc}); no second opinion")
-            return None
-
     def model(self, notes: list[str]) -> InterferenceModel:
         if self.load_model is None:
             why = self.unavailable.get("model", "no learned model is available")
@@ -439,12 +426,11 @@ class Rebalancer:
             now = self.wall()  # only moves within the cool-down hold a guest back
             last_moved = self.plans.last_moved(list(observed.state.guests), since=now - settings.cooldown_s)
             memory = self._trial_memory(settings)
-            second = self.second_model(notes) if memory.refuted and settings.second_opinion else None
             times = StageTimes(time.perf_counter)
             plan = plan_rebalance(observed.state, model, settings, now=now, last_moved=last_moved,
                                   scope=movable, solver=self.solver, measured=memory.better, tried=memory.tried,
                                   pooled=self.pooled_by_plans(observed.state), held=memory.held,
-                                  refuted=memory.refuted, second=second, times=times)
+                                  refuted=memory.refuted, times=times)
             log.info("rebalance planned over %d hosts in %.2f s (%s)", len(observed.state.hosts),
                      sum(times.seconds.values()),
                      ", ".join(f"{stage} {seconds:.2f} s" for stage, seconds in times.rounded(2).items()))

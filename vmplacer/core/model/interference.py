@@ -53,7 +53,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields
 
 import numpy as np
 
@@ -244,11 +244,6 @@ class ModelConfig:
         if unknown:
             raise ValueError(f"model config: unknown field(s) {', '.join(sorted(unknown))}")
         return cls(**dict(data))
-
-
-def other_form(config: ModelConfig) -> ModelConfig:
-    """The same configuration in the other form (a second opinion where one form was refuted)."""
-    return replace(config, form=ADDITIVE if config.form == MULTIPLICATIVE else MULTIPLICATIVE)
 
 
 def remaining(loss: np.ndarray, form: str) -> np.ndarray:

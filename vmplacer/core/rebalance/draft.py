@@ -14,8 +14,6 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
-from vmplacer.core.model.interference import InterferenceModel
-
 if TYPE_CHECKING:
     from vmplacer.core.rebalance.search import RebalanceSearch
 
@@ -35,7 +33,6 @@ class Draft:
     layout_guests: dict[str, list[str]] = field(default_factory=dict)  # host -> the guests its layout keys name
     declined_layouts: dict[str, Layout] = field(default_factory=dict)  # host -> exact layout declined
     exact_layouts: dict[str, Layout] = field(default_factory=dict)  # host -> the solver's layout
-    second_opinions: list[dict] = field(default_factory=list)  # refuted hosts whose trial the second form chose
     ruled: set[str] = field(default_factory=set)  # hosts taken to the blind spread or kept as they are, by rule
 
 
@@ -46,23 +43,20 @@ class RunHistory:
     `measured_better`: (winner, loser) layout keys trials compared by measurement
     (core/rebalance/trial.py); `tried`: layouts each host tried within the trial memory;
     `pooled`: floating guests an earlier plan floated (the search may pin them again); `refuted`: hosts whose planned layouts measured worse lately; `held`: host -> why
-    its data-driven moves are only tried (back-off); `second`: the model in its other form,
-    for a second opinion on refuted hosts (core/rebalance/second.py)."""
+    its data-driven moves are only tried (back-off)."""
 
     measured_better: frozenset[tuple[str, str]] = frozenset()
     tried: Mapping[str, int] = field(default_factory=dict)
     pooled: frozenset[str] = frozenset()
     refuted: frozenset[str] = frozenset()
     held: Mapping[str, str] = field(default_factory=dict)
-    second: InterferenceModel | None = None
 
     @classmethod
     def of(cls, *, measured: Iterable[tuple[str, str]] | None = None, tried: Mapping[str, int] | None = None,
-           pooled: Iterable[str] | None = None, refuted: Iterable[str] | None = None, held: Mapping[str, str] | None = None,
-           second: InterferenceModel | None = None) -> RunHistory:
+           pooled: Iterable[str] | None = None, refuted: Iterable[str] | None = None, held: Mapping[str, str] | None = None) -> RunHistory:
         """A history from optional parts (None: nothing of that kind happened)."""
         return cls(frozenset(measured or ()), dict(tried or {}), frozenset(pooled or ()),
-                   frozenset(refuted or ()), dict(held or {}), second)
+                   frozenset(refuted or ()), dict(held or {}))
 
 
 NO_HISTORY = RunHistory()

@@ -144,7 +144,7 @@ def _at_plan_end(search: RebalanceSearch, name: str, guest):
 
 def what_if_gain(search: RebalanceSearch, name: str, layout) -> float:
     """How much better `layout` is than host `name` as it is, by the coefficients of `search` (a
-    what-if search: the optimistic one here, the second form's in rebalance/second); -inf when it
+    what-if search: the optimistic one here); -inf when it
     breaks a rule."""
     host = search.hosts[name]
     move = search.new_move("relayout", [(g, name, pins) for g, pins in layout.items()])

@@ -61,7 +61,6 @@ from vmplacer.core.rebalance.plan import Plan
 from vmplacer.core.rebalance.draft import NamedStage, RunHistory, Stage
 from vmplacer.core.rebalance.explore import offer_optimistic_groups, offer_optimistic_layouts
 from vmplacer.core.rebalance.pessimistic import choose_pessimistically, offer_declined_layouts
-from vmplacer.core.rebalance.second import consult_second_opinion
 from vmplacer.core.rebalance.actions import _build_actions, plan_from_search
 from vmplacer.core.rebalance.layout import BetaTable, _locality_nodes
 from vmplacer.core.rebalance.layout import utility  # noqa: F401  (still importable from here)
@@ -94,7 +93,6 @@ PIPELINE: tuple[Stage, ...] = (
     NamedStage("exact", RebalanceSearch.polish),  # small hosts: the exact solver's layout (rebalance/exact)
     NamedStage("climb", RebalanceSearch.climb_after_polish),  # climb on from the solver's layouts
     NamedStage("pessimistic", choose_pessimistically),  # each host against the blind spread, at the lower bound
-    NamedStage("second_opinion", consult_second_opinion),  # refuted hosts: the model's other form (rebalance/second)
     NamedStage("declined_layouts", offer_declined_layouts),  # exact layouts not sure enough: tried instead
     NamedStage("optimistic_groups", offer_optimistic_groups),  # small hosts together, optimistic β (explore)
     NamedStage("optimistic_layouts", offer_optimistic_layouts),  # each host alone, optimistic β (explore)
@@ -117,7 +115,6 @@ def plan_rebalance(
     pooled: Iterable[str] | None = None,
     held: Mapping[str, Backoff] | None = None,
     refuted: Iterable[str] | None = None,
-    second: InterferenceModel | None = None,
     times: StageTimes | None = None,
 ) -> Plan:
     """Search moves on a what-if copy of `state`; the resulting Plan (state "proposed", or
@@ -131,21 +128,21 @@ def plan_rebalance(
     many layouts each host tried lately (at most `trial_max` per `trial_memory_s`); `pooled` names
     floating guests an earlier plan floated, which the search may pin again; `held` names hosts
     in back-off (core/trial.backoffs): their data-driven moves are not planned, only tried;
-    `refuted` names hosts whose planned layouts measured worse lately, where `second` (the
-    model in its other form) gives a second opinion (rebalance/second). `times` (optional)
+    `refuted` names hosts whose planned layouts measured worse lately (a layout planned there must
+    measure better by `trial_refuted_bar` to stay). `times` (optional)
     collects the seconds each stage took, on the caller's clock.
     """
     with collection_held():  # a fleet's what-if state is millions of objects kept to the end
         return _plan(state, model, settings or RebalanceSettings(), now=now, last_moved=last_moved, scope=scope,
                      hosts=hosts, solver=solver, measured=measured, tried=tried,
-                     pooled=pooled, held=held, refuted=refuted, second=second, times=times)
+                     pooled=pooled, held=held, refuted=refuted, times=times)
 
 
 def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSettings, *, now: float | None,
           last_moved: Mapping[str, float] | None, scope: Iterable[str] | None, hosts: Iterable[str] | None,
           solver: LayoutSolver | None, measured: Iterable[tuple[str, str]] | None, tried: Mapping[str, int] | None,
           pooled: Iterable[str] | None, held: Mapping[str, Backoff] | None,
-          refuted: Iterable[str] | None, second: InterferenceModel | None, times: StageTimes | None) -> Plan:
+          refuted: Iterable[str] | None, times: StageTimes | None) -> Plan:
     """`plan_rebalance`'s work, its arguments as given."""
     if hosts is not None:
         allowed = set(hosts)
@@ -157,8 +154,7 @@ def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSett
     at = 0.0 if now is None else now
     times = times or NO_STAGE_TIMES
     history = RunHistory.of(measured=measured, tried=tried, pooled=pooled,
-                            refuted=refuted, held={host: b.why(at) for host, b in (held or {}).items()},
-                            second=second)
+                            refuted=refuted, held={host: b.why(at) for host, b in (held or {}).items()})
     with times.stage("setup"):
         search = RebalanceSearch(state, model, settings, now, last_moved or {}, scope, solver, history=history)
     search.times = times
@@ -177,7 +173,7 @@ def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSett
     notes = {"fixed": fixed, "held": sorted(search.history.held.values()), "rejected": search.draft.rejected[:20],
              "declined": search.draft.declined[-5:],
              "exact": search.draft.exact, "pessimistic": search.draft.pessimistic,
-             "refuted": sorted(search.history.refuted), "second_opinion": search.draft.second_opinions,
+             "refuted": sorted(search.history.refuted),
              "trials": [{"host": h, "what": t["what"], "from_key": t["from_key"], "to_key": t["to_key"]}
                         for h, t in sorted({**search.draft.trials, **search.draft.group_trials}.items())]}
     return plan_from_search(search, actions, predicted, before=before, after=after, summary=summary, notes=notes,

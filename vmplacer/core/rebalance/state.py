@@ -86,9 +86,8 @@ class RebalanceSettings:
     exact_budget_s: float = 3.0  # solver budget per plan, all hosts together (deterministic s: load-independent)
     trials: bool = True  # measure each host after its moves (Freeze'nSense) and undo what measures worse
     trial_seconds: float = 3.0  # profiling time of a trial's measurement
-    # a tried layout stays only if measured better by this much per guest (0.003 rather than 0.005: the
-    # second opinion's layout on the benchmark measures +0.004: diagnosis 27 in
-    # docs/research/rebalance-diagnoses.md)
+    # a tried layout stays only if measured better by this much per guest (0.003 rather than 0.005:
+    # diagnosis 27 in docs/research/rebalance-diagnoses.md)
     trial_min_gain: float = 0.003
     trial_tolerance: float = 0.0  # planned moves are undone only if measured worse by more than this per guest
     # a trial measured within this of its bar (per guest) is measured once more and judged on both
@@ -105,10 +104,6 @@ class RebalanceSettings:
     # default: trials, their memory and close calls already stop the churn it was made for, and it held back gains)
     backoff_s: float = 0.0
     exploration: float = 1.5  # a host with no other trial tries its exact layout with each β this many sd lower (0: off)
-    # where a host's last planned layout measured worse, try the layout the model's other form would choose
-    # (core/rebalance/second; with trial_refuted_bar: diagnoses 26-27 in
-    # docs/research/rebalance-diagnoses.md)
-    second_opinion: bool = True
     # Several instances sharing a round (`vmplacer rebalance --all` on each): hosts claimed and
     # planned together (moves stay within a batch), and how long a finished round rests before
     # the same hosts are rebalanced again (0: a later run starts a new round at once).
