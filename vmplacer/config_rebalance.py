@@ -82,10 +82,10 @@ REBALANCE_KEYS: dict[str, dict[str, tuple[str, Kind]]] = {
 # keys the file no longer takes -> why (a file that still sets one is refused, the reason named,
 # rather than the value silently ignored: the operator set it to get a behaviour that is gone)
 RETIRED_KEYS: dict[str, str] = {
-    "trials.step_trials": "removed: the single-step trials changed no result on the rebalance benchmark "
-                          "(docs/rebalance.md, Ablation); delete the key",
-    "trials.second_opinion": "removed: the second opinion (the model's other form on refuted hosts) changed "
-                             "no result by 0.1 point on the rebalance benchmark (docs/rebalance.md, Ablation); "
+    "trials.step_trials": "removed: the single-step trials changed the rebalance benchmark's results by less "
+                          "than 0.1 point (docs/rebalance.md, Ablation); delete the key",
+    "trials.second_opinion": "removed: the second opinion (the model's other form on refuted hosts) changed the "
+                             "rebalance benchmark's results by less than 0.1 point (docs/rebalance.md, Ablation); "
                              "delete the key",
 }
 
