@@ -465,11 +465,6 @@ class Rebalancer:
         their layout is only tried, not planned (core/trial.backoffs)."""
         return self._trial_memory(settings).held
 
-    def refuted_hosts(self, settings: RebalanceSettings) -> set[str]:
-        """Hosts whose last planned layout measured worse: the model's second form is asked
-        there (core/rebalance/second)."""
-        return self._trial_memory(settings).refuted
-
     def _trial_memory(self, settings: RebalanceSettings) -> TrialMemory:
         """What the trials of the last `trial_memory_s` tell the policy (TrialMemory)."""
         if not settings.trials:
