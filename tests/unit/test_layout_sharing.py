@@ -20,11 +20,12 @@ from vmplacer.core.rebalance.policy import (
     ClusterState,
     HostState,
     RebalanceSettings,
-    RebalanceSearch,
     describe_guest,
     plan_rebalance,
 )
 from vmplacer.core.rebalance.exact import SHARE_GROUP, build_problem
+from vmplacer.core.rebalance.search import start_search
+from vmplacer.core.rebalance.whatif import host_objective
 from vmplacer.core.topology.host import DistanceClass, uniform_topology
 
 SOLVER = CpSatLayoutSolver()
@@ -65,8 +66,8 @@ def test_two_heavy_guests_time_share_a_pcpu_and_leave_its_sibling_idle():
     each 80 %; time-sharing one pCPU costs each half, so the optimum shares and idles the sibling."""
     state = state_of(["a", "a", "a"], cores=2, pins=[0, 2, 1])  # g0, g1 on siblings 0/2, g2 alone
     learned = sibling_model({("a", "a"): 0.8})
-    search = RebalanceSearch(state, learned, RebalanceSettings(), None, {}, None)
-    problem = build_problem(search, ["h0"])
+    draft, inputs = start_search(state, learned, RebalanceSettings(), None, {}, None)
+    problem = build_problem(draft, inputs, ["h0"])
     assert problem.max_shared == 1
     best = brute_force(problem)
     found = SOLVER.solve(problem, time_limit_s=5.0)
@@ -95,8 +96,8 @@ def test_cp_sat_with_time_sharing_finds_the_brute_force_optimum(seed):
     SHARE_GROUP on one pCPU included) against the solver."""
     rng = random.Random(seed)
     state = state_of([rng.choice("abc") for _ in range(5 + seed % 2)], cores=2, seed=seed)
-    search = RebalanceSearch(state, random_model(seed), RebalanceSettings(), None, {}, None)
-    problem = build_problem(search, ["h0"])
+    draft, inputs = start_search(state, random_model(seed), RebalanceSettings(), None, {}, None)
+    problem = build_problem(draft, inputs, ["h0"])
     assert problem.max_shared == 1 and problem.share_group == SHARE_GROUP
     best = brute_force(problem)
     found = SOLVER.solve(problem, time_limit_s=5.0)
@@ -112,9 +113,9 @@ def test_time_shared_layouts_score_as_the_search_does(seed):
     what-if's, for layouts with two or three guests on one pCPU."""
     rng = random.Random(seed)
     state = state_of([rng.choice("abc") for _ in range(6)], cores=2, seed=seed)
-    search = RebalanceSearch(state, random_model(seed), RebalanceSettings(), None, {}, None)
-    problem = build_problem(search, ["h0"])
-    host = search.hosts["h0"]
+    draft, inputs = start_search(state, random_model(seed), RebalanceSettings(), None, {}, None)
+    problem = build_problem(draft, inputs, ["h0"])
+    host = draft.hosts["h0"]
     checked = 0
     while checked < 8:
         slots = [rng.randrange(problem.n_slots) for _ in range(problem.n_items)]
@@ -122,14 +123,14 @@ def test_time_shared_layouts_score_as_the_search_does(seed):
             continue
         for (name, vcpu), slot in zip(problem.items, slots):
             host.set_pins(name, {vcpu: frozenset({problem.slots[slot][1]})})
-        assert problem.objective(slots) == pytest.approx(search.host_objective(host), abs=1e-9)
+        assert problem.objective(slots) == pytest.approx(host_objective(inputs, host), abs=1e-9)
         checked += 1
 
 
 def test_a_fused_group_scores_as_the_problem_with_the_group_on_one_pcpu():
     rng = random.Random(4)
     state = state_of([rng.choice("abc") for _ in range(6)], cores=2, seed=4)
-    problem = build_problem(RebalanceSearch(state, random_model(4), RebalanceSettings(), None, {}, None), ["h0"])
+    problem = build_problem(*start_search(state, random_model(4), RebalanceSettings(), None, {}, None), ["h0"])
     for group in sharing_groups(problem):
         sub = fused(problem, group)
         for _ in range(20):
@@ -148,7 +149,7 @@ def test_a_fused_group_scores_as_the_problem_with_the_group_on_one_pcpu():
 def test_identical_guests_make_one_kind_of_group():
     """Four guests of one workload and two of another: groups are tried once per kind."""
     state = state_of(["a", "a", "a", "a", "b", "b"], cores=2, pins=[0, 1, 2, 3, 0, 1])
-    problem = build_problem(RebalanceSearch(state, random_model(1), RebalanceSettings(), None, {}, None), ["h0"])
+    problem = build_problem(*start_search(state, random_model(1), RebalanceSettings(), None, {}, None), ["h0"])
     label = interchangeable(problem)
     kinds = {problem.items[i][0]: int(label[i]) for i in range(problem.n_items)}
     assert len({kinds["g0"], kinds["g1"], kinds["g2"], kinds["g3"]}) == 1
@@ -165,7 +166,7 @@ def test_identical_guests_make_one_kind_of_group():
 
 def test_no_time_sharing_when_every_guest_can_have_a_core():
     state = state_of(["a", "b", "c"], cores=4, seed=2)
-    problem = build_problem(RebalanceSearch(state, random_model(2), RebalanceSettings(), None, {}, None), ["h0"])
+    problem = build_problem(*start_search(state, random_model(2), RebalanceSettings(), None, {}, None), ["h0"])
     assert problem.max_shared == 0 and sharing_groups(problem) == []
     shared = [0, 0, 1]
     assert problem.violations(shared)  # two on one pCPU is outside this problem's space
@@ -184,7 +185,7 @@ def test_groups_beyond_the_cap_leave_the_answer_feasible_and_bounded(monkeypatch
     leave the others no room are never tried. The answer says "feasible" and its bound still holds."""
     rng = random.Random(5)
     state = state_of([rng.choice("abc") for _ in range(6)], cores=2, seed=5)
-    problem = build_problem(RebalanceSearch(state, random_model(5), RebalanceSettings(), None, {}, None), ["h0"])
+    problem = build_problem(*start_search(state, random_model(5), RebalanceSettings(), None, {}, None), ["h0"])
     best = brute_force(problem)
     assert SOLVER.solve(without_sharing(problem), time_limit_s=5.0) is None  # six guests, four pCPUs
     monkeypatch.setattr(sharing, "MAX_GROUPS", 1)

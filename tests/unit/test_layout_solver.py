@@ -17,11 +17,13 @@ from vmplacer.core.rebalance.policy import (
     ClusterState,
     HostState,
     RebalanceSettings,
-    RebalanceSearch,
     describe_guest,
     plan_rebalance,
 )
 from vmplacer.core.rebalance.exact import NotExact, build_problem
+from vmplacer.core.rebalance.draft import Draft, PlanInputs
+from vmplacer.core.rebalance.search import start_search
+from vmplacer.core.rebalance.whatif import host_objective
 from vmplacer.core.topology.host import DistanceClass, uniform_topology
 
 SOLVER = CpSatLayoutSolver()
@@ -55,14 +57,14 @@ def random_state(seed: int, nodes: int, vms: int, hosts: int = 1, labels=None) -
     return ClusterState({n: HostState(n, t) for n, t in topologies.items()}, guests)
 
 
-def search_of(state: ClusterState, seed: int, **settings) -> RebalanceSearch:
-    return RebalanceSearch(state, model(seed), RebalanceSettings(**settings), None, {}, None)
+def search_of(state: ClusterState, seed: int, **settings) -> tuple[Draft, PlanInputs]:
+    return start_search(state, model(seed), RebalanceSettings(**settings), None, {}, None)
 
 
 @pytest.mark.parametrize("seed", range(4))
 def test_cp_sat_finds_the_brute_force_optimum_of_one_host(seed):
-    search = search_of(random_state(seed, nodes=1 + seed % 2, vms=3 + seed % 2), seed)
-    problem = build_problem(search, ["h0"])
+    draft, inputs = search_of(random_state(seed, nodes=1 + seed % 2, vms=3 + seed % 2), seed)
+    problem = build_problem(draft, inputs, ["h0"])
     best = brute_force(problem)
     found = SOLVER.solve(problem, time_limit_s=5.0)
     assert found is not None and found.status == OPTIMAL
@@ -73,21 +75,21 @@ def test_cp_sat_finds_the_brute_force_optimum_of_one_host(seed):
 
 @pytest.mark.parametrize("seed", range(3))
 def test_the_problem_scores_layouts_as_the_search_does(seed):
-    search = search_of(random_state(seed, nodes=2, vms=4), seed)
-    problem = build_problem(search, ["h0"])
-    host = search.hosts["h0"]
+    draft, inputs = search_of(random_state(seed, nodes=2, vms=4), seed)
+    problem = build_problem(draft, inputs, ["h0"])
+    host = draft.hosts["h0"]
     rng = random.Random(seed)
     for _ in range(5):
         slots = rng.sample(range(problem.n_slots), problem.n_items)  # no time sharing: the solver's space
         for (name, vcpu), slot in zip(problem.items, slots):
             host.set_pins(name, {vcpu: frozenset({problem.slots[slot][1]})})
-        assert problem.objective(slots) == pytest.approx(search.host_objective(host), abs=1e-9)
+        assert problem.objective(slots) == pytest.approx(host_objective(inputs, host), abs=1e-9)
 
 
 def test_two_small_hosts_are_solved_together_with_migration_costs():
     state = random_state(3, nodes=1, vms=4, hosts=2)
-    search = search_of(state, 3)
-    problem = build_problem(search, ["h0", "h1"])
+    draft, inputs = search_of(state, 3)
+    problem = build_problem(draft, inputs, ["h0", "h1"])
     assert problem.move_cost is not None and (problem.move_cost > 0).any()
     best = brute_force(problem)
     found = SOLVER.solve(problem, time_limit_s=5.0)
@@ -120,8 +122,8 @@ def test_floors_exclusive_and_isolate_guests_and_anti_affinity_hold():
     guests["y"] = describe_guest(guests["y"].placement, labels={"workload": "b"},
                                  spec=None)
     state = ClusterState({"h0": HostState("h0", topo)}, guests)
-    search = search_of(state, 1)
-    problem = build_problem(search, ["h0"])
+    draft, inputs = search_of(state, 1)
+    problem = build_problem(draft, inputs, ["h0"])
     best = brute_force(problem)
     found = SOLVER.solve(problem, time_limit_s=5.0)
     assert found.objective == pytest.approx(best.objective, abs=1e-6)
@@ -137,9 +139,9 @@ def test_a_host_without_time_sharing_room_is_left_to_the_local_search():
     topo = uniform_topology(nodes=1, cores_per_node=1, threads_per_core=2, name="h0")
     guests = {f"g{i}": describe_guest(Placement(guest=f"g{i}", host="h0", vcpupin={0: frozenset({0})},
                                                 memory_kib=1024)) for i in range(6)}
-    search = search_of(ClusterState({"h0": HostState("h0", topo)}, guests), 0)
+    draft, inputs = search_of(ClusterState({"h0": HostState("h0", topo)}, guests), 0)
     with pytest.raises(NotExact, match="at most one time-shared pCPU"):
-        build_problem(search, ["h0"])
+        build_problem(draft, inputs, ["h0"])
     plan = plan_rebalance(ClusterState({"h0": HostState("h0", topo)}, guests), model(0), solver=SOLVER, now=0.0)
     assert plan.actions  # the local search still spreads them
     assert plan.settings["notes"]["exact"][0]["status"] == "not solved"

@@ -28,8 +28,11 @@ from vmplacer.core.model.interference import (
 )
 from vmplacer.core.rebalance.layout_problem import brute_force
 from vmplacer.core.placement.guest_placement import Placement
-from vmplacer.core.rebalance.policy import ClusterState, HostState, RebalanceSettings, RebalanceSearch, describe_guest
+from vmplacer.core.rebalance.policy import ClusterState, HostState, RebalanceSettings, describe_guest
 from vmplacer.core.rebalance.exact import build_problem, kept_speed, solve_hosts
+from vmplacer.core.rebalance.draft import Draft, PlanInputs
+from vmplacer.core.rebalance.search import start_search
+from vmplacer.core.rebalance.whatif import host_objective
 from vmplacer.core.topology.host import DistanceClass, uniform_topology
 
 LLC = DistanceClass.SAME_LLC
@@ -147,7 +150,7 @@ def test_a_stored_model_keeps_its_form_and_an_old_one_reads_as_additive():
     assert InterferenceModel.from_dict(data).config.form == ADDITIVE
 
 
-def random_search(seed: int, vms: int, form: str) -> RebalanceSearch:
+def random_search(seed: int, vms: int, form: str) -> tuple[Draft, PlanInputs]:
     rng = random.Random(seed)
     topo = uniform_topology(nodes=1, cores_per_node=2, threads_per_core=2, name="h0")
     guests = {}
@@ -157,26 +160,26 @@ def random_search(seed: int, vms: int, form: str) -> RebalanceSearch:
         guests[f"g{v}"] = describe_guest(placement, labels={"workload": rng.choice(KEYS)})
     model = InterferenceModel(ModelConfig(form=form, pair_shrinkage=0.0)).fit(
         multiplicative_truth(random.Random(seed), 30))
-    return RebalanceSearch(ClusterState({"h0": HostState("h0", topo)}, guests), model, RebalanceSettings(), None, {}, None)
+    return start_search(ClusterState({"h0": HostState("h0", topo)}, guests), model, RebalanceSettings(), None, {}, None)
 
 
 @pytest.mark.parametrize("seed", range(3))
 def test_the_expansion_is_exact_at_the_layout_it_expands_around(seed):
-    search = random_search(seed, 4, MULTIPLICATIVE)
-    host = search.hosts["h0"]
+    draft, inputs = random_search(seed, 4, MULTIPLICATIVE)
+    host = draft.hosts["h0"]
     rng = random.Random(seed)
     cpus = sorted(host.topology.cpus)
     for _ in range(4):
         for g, cpu in zip(sorted(host.guests), rng.sample(cpus, 4)):
             host.set_pins(g, {0: frozenset({cpu})})
-        problem = build_problem(search, ["h0"])
+        problem = build_problem(draft, inputs, ["h0"])
         here = [problem.slots.index(("h0", next(iter(host.pins[g][v])))) for g, v in problem.items]
-        assert problem.objective(here) == pytest.approx(search.host_objective(host), abs=1e-9)
+        assert problem.objective(here) == pytest.approx(host_objective(inputs, host), abs=1e-9)
 
 
-def true_best(search, problem) -> float:
+def true_best(draft, inputs, problem) -> float:
     """The search's own (multiplicative) objective, maximized over every layout the problem allows."""
-    host = search.hosts["h0"]
+    host = draft.hosts["h0"]
     start = {g: dict(host.pins[g]) for g, _ in problem.items}
     best = -math.inf
     for choice in itertools.product(*[np.flatnonzero(row) for row in problem.allowed]):
@@ -184,7 +187,7 @@ def true_best(search, problem) -> float:
             continue
         for (g, v), s in zip(problem.items, choice):
             host.set_pins(g, {v: frozenset({problem.slots[s][1]})})
-        best = max(best, search.host_objective(host))
+        best = max(best, host_objective(inputs, host))
     for g, pins in start.items():
         host.set_pins(g, pins)
     return best
@@ -194,22 +197,22 @@ def true_best(search, problem) -> float:
 # full speed reaches; expanded around the layout as it stands, every re-expansion stays short
 @pytest.mark.parametrize(("seed", "vms"), [(0, 4), (1, 4), (2, 4), (3, 3), (4, 5), (5, 5), (8, 5), (25, 5)])
 def test_re_expansion_reaches_the_brute_force_optimum_of_the_true_objective(seed, vms):
-    search = random_search(seed, vms, MULTIPLICATIVE)
-    host = search.hosts["h0"]
-    before = search.host_objective(host)
-    first = build_problem(search, ["h0"])
+    draft, inputs = random_search(seed, vms, MULTIPLICATIVE)
+    host = draft.hosts["h0"]
+    before = host_objective(inputs, host)
+    first = build_problem(draft, inputs, ["h0"])
     once = brute_force(first)  # one expansion, around the layout as it stands
-    problem, found = solve_hosts(search, CpSatLayoutSolver(), ["h0"], time_limit_s=5.0)
+    problem, found = solve_hosts(draft, inputs, CpSatLayoutSolver(), ["h0"], time_limit_s=5.0)
     if problem.hint is not None:  # none when the hosts' layout is outside the problem's space
         assert np.array_equal(problem.hint, first.hint)  # "before" is still the hosts' own layout
-    optimum = true_best(search, problem)
+    optimum = true_best(draft, inputs, problem)
 
     def rated(assignment) -> float:
         for (g, v), s in zip(problem.items, assignment):
             host.set_pins(g, {v: frozenset({problem.slots[s][1]})})
-        return search.host_objective(host)
+        return host_objective(inputs, host)
 
     once_value, found_value = rated(once.assignment), rated(found.assignment)
     assert found_value >= once_value - 1e-9 and found_value >= before - 1e-9
     assert found_value == pytest.approx(optimum, abs=1e-6)
-    assert kept_speed(search, ["h0"]).keys() == set(host.guests)
+    assert kept_speed(draft, inputs, ["h0"]).keys() == set(host.guests)

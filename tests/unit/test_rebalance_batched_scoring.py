@@ -11,7 +11,9 @@ import numpy as np
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.rebalance.policy import ClusterState, HostState, RebalanceSettings, describe_guest
 from vmplacer.core.rebalance.pessimistic import LeastLoadedPicker
-from vmplacer.core.rebalance.search import pair_changes, RebalanceSearch
+from vmplacer.core.rebalance.draft import Draft, PlanInputs
+from vmplacer.core.rebalance.search import start_search
+from vmplacer.core.rebalance.whatif import blind_view, pair_changes
 from vmplacer.core.topology.host import uniform_topology
 
 from tests.unit.test_rebalance_pessimism import GUESTS, learned
@@ -19,7 +21,7 @@ from tests.unit.test_rebalance_pessimism import GUESTS, learned
 TOPO = uniform_topology(nodes=2, cores_per_node=4, threads_per_core=2, name="h")
 
 
-def crowded_search(seed: int) -> RebalanceSearch:
+def crowded_search(seed: int) -> tuple[Draft, PlanInputs]:
     """The model's four workloads, twice each, on random pCPUs (some shared); one guest of two vCPUs."""
     rng = random.Random(seed)
     guests = {}
@@ -28,16 +30,16 @@ def crowded_search(seed: int) -> RebalanceSearch:
         pins = {v: frozenset({rng.randrange(len(TOPO.cpus))}) for v in range(2 if i == 3 else 1)}
         guests[name] = describe_guest(Placement(guest=name, host="h", vcpupin=pins, memory_kib=1024),
                                       labels={"workload": GUESTS[i % 4]})
-    return RebalanceSearch(ClusterState({"h": HostState("h", TOPO)}, guests), learned(sibling_rounds=20, seed=seed),
-                   RebalanceSettings(), 0.0, {}, None)
+    return start_search(ClusterState({"h": HostState("h", TOPO)}, guests), learned(sibling_rounds=20, seed=seed),
+                        RebalanceSettings(), 0.0, {}, None)
 
 
 def test_single_moves_scored_in_one_pass_equal_each_piece_scored_alone():
     for seed in range(6):
-        search = crowded_search(seed)
-        host = search.hosts["h"]
+        draft, inputs = crowded_search(seed)
+        host = draft.hosts["h"]
         pieces = host.pieces()
-        blind = search._blind(pieces)
+        blind = blind_view(inputs, pieces)
         singles = []
         for m in range(len(pieces.cpu)):
             name, vcpu = pieces.guests[pieces.vm[m]], int(pieces.vcpu[m])

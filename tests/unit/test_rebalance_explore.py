@@ -10,7 +10,8 @@ from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
 from vmplacer.core.rebalance.policy import RebalanceSettings
 from vmplacer.core.rebalance.explore import offer_optimistic_layouts
 from vmplacer.core.rebalance.layout import BetaTable
-from vmplacer.core.rebalance.search import RebalanceSearch
+from vmplacer.core.rebalance.draft import Draft, PlanInputs
+from vmplacer.core.rebalance.search import start_search
 from vmplacer.core.topology.host import DistanceClass
 
 from tests.unit.test_rebalance_pessimism import GUESTS, TOPO, learned, spread_state
@@ -18,9 +19,9 @@ from tests.unit.test_rebalance_pessimism import GUESTS, TOPO, learned, spread_st
 CORE, LLC = DistanceClass.SAME_CORE.rank, DistanceClass.SAME_LLC.rank
 
 
-def search(sibling_rounds: int, **settings) -> RebalanceSearch:
-    return RebalanceSearch(spread_state(), learned(sibling_rounds=sibling_rounds), RebalanceSettings(**settings), 0.0, {},
-                   None, CpSatLayoutSolver())
+def search(sibling_rounds: int, history: RunHistory = RunHistory(), **settings) -> tuple[Draft, PlanInputs]:
+    return start_search(spread_state(), learned(sibling_rounds=sibling_rounds), RebalanceSettings(**settings), 0.0, {},
+                        None, CpSatLayoutSolver(), history=history)
 
 
 def cores_of(layout) -> dict[str, int]:
@@ -43,9 +44,9 @@ def test_optimism_lowers_each_coefficient_by_its_doubt_never_below_zero():
 def test_a_pairing_never_observed_is_tried_when_nothing_else_is():
     """No sibling samples at all: the prior says siblings hurt, so neither the plan nor its trials
     would ever pair guests on a core. The optimistic layout does, and becomes the host's trial."""
-    s = search(sibling_rounds=0)
-    offer_optimistic_layouts(s)
-    trial = s.draft.trials["h"]
+    draft, inputs = search(sibling_rounds=0)
+    offer_optimistic_layouts(draft, inputs)
+    trial = draft.trials["h"]
     assert trial["what"] == "optimistic"
     cores = cores_of(trial["layout"])
     assert len(set(cores.values())) < len(cores), f"no pair on one core's siblings: {cores}"
@@ -54,32 +55,29 @@ def test_a_pairing_never_observed_is_tried_when_nothing_else_is():
 def test_no_exploration_when_switched_off_capped_already_measured_or_another_trial_is_due():
     assert not _offered(search(sibling_rounds=0, exploration=0.0))
     assert not _offered(search(sibling_rounds=0, trials=False))
-    capped = search(sibling_rounds=0)
-    capped.history = RunHistory.of(tried={"h": capped.settings.trial_max})
-    assert not _offered(capped)
-    first = search(sibling_rounds=0)
-    offer_optimistic_layouts(first)
-    here, there = first.draft.trials["h"]["from_key"], first.draft.trials["h"]["to_key"]
-    measured = search(sibling_rounds=0)
-    measured.history = RunHistory.of(measured={(here, there)})
-    assert not _offered(measured)
-    busy = search(sibling_rounds=0)
-    busy.draft.trials["h"] = {"layout": {}, "what": "spread", "label": "blind spread", "from_key": "x", "to_key": "y"}
-    offer_optimistic_layouts(busy)
-    assert busy.draft.trials["h"]["what"] == "spread"
+    assert not _offered(search(sibling_rounds=0, history=RunHistory.of(tried={"h": RebalanceSettings().trial_max})))
+    first, inputs = search(sibling_rounds=0)
+    offer_optimistic_layouts(first, inputs)
+    here, there = first.trials["h"]["from_key"], first.trials["h"]["to_key"]
+    assert not _offered(search(sibling_rounds=0, history=RunHistory.of(measured={(here, there)})))
+    busy, inputs = search(sibling_rounds=0)
+    busy.trials["h"] = {"layout": {}, "what": "spread", "label": "blind spread", "from_key": "x", "to_key": "y"}
+    offer_optimistic_layouts(busy, inputs)
+    assert busy.trials["h"]["what"] == "spread"
 
 
-def _offered(s: RebalanceSearch) -> bool:
-    offer_optimistic_layouts(s)
-    return "h" in s.draft.trials
+def _offered(planning: tuple[Draft, PlanInputs]) -> bool:
+    draft, inputs = planning
+    offer_optimistic_layouts(draft, inputs)
+    return "h" in draft.trials
 
 
 def test_a_host_with_a_protected_guest_is_not_explored():
     from dataclasses import replace
 
-    s = search(sibling_rounds=0)
-    s.guests["a"] = replace(s.guests["a"], protected=True)
-    assert not _offered(s)
+    draft, inputs = search(sibling_rounds=0)
+    draft.guests["a"] = replace(draft.guests["a"], protected=True)
+    assert not _offered((draft, inputs))
 
 
 def test_operators_turn_exploration_off_without_losing_trials():

@@ -13,7 +13,8 @@ from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
 from vmplacer.core.model.interference import Exposure, InterferenceModel, Observation
 from vmplacer.core.rebalance.policy import RebalanceSettings, plan_rebalance
 from vmplacer.core.rebalance.explore import offer_optimistic_groups
-from vmplacer.core.rebalance.search import RebalanceSearch
+from vmplacer.core.rebalance.draft import Draft, PlanInputs
+from vmplacer.core.rebalance.search import start_search
 from vmplacer.core.topology.host import DistanceClass, uniform_topology
 
 from tests.unit.test_rebalance_policy import cluster, pinned
@@ -74,13 +75,15 @@ def test_small_hosts_try_together_the_layout_the_prior_fears_across_them():
     assert (offered["from_key"], offered["to_key"]) == (trial["from_key"], trial["to_key"])
 
 
-def search(**settings) -> RebalanceSearch:
-    return RebalanceSearch(two_hosts(), pairs_model(), RebalanceSettings(**settings), 0.0, {}, None, CpSatLayoutSolver())
+def search(history: RunHistory = RunHistory(), **settings) -> tuple[Draft, PlanInputs]:
+    return start_search(two_hosts(), pairs_model(), RebalanceSettings(**settings), 0.0, {}, None, CpSatLayoutSolver(),
+                        history=history)
 
 
-def offered(s: RebalanceSearch) -> bool:
-    offer_optimistic_groups(s)
-    return bool(s.draft.group_trials)
+def offered(planning: tuple[Draft, PlanInputs]) -> bool:
+    draft, inputs = planning
+    offer_optimistic_groups(draft, inputs)
+    return bool(draft.group_trials)
 
 
 def test_no_joint_trial_when_switched_off_capped_measured_protected_or_the_plan_moves_there():
@@ -89,25 +92,23 @@ def test_no_joint_trial_when_switched_off_capped_measured_protected_or_the_plan_
     assert not offered(search(trials=False))
     assert not offered(search(allow_migration=False))
     for host in ("h1", "h2"):
-        capped = search()
-        capped.history = RunHistory.of(tried={host: capped.settings.trial_max})
+        capped = search(RunHistory.of(tried={host: RebalanceSettings().trial_max}))
         assert not offered(capped), f"{host} has tried enough lately"
-    first = search()
-    offer_optimistic_groups(first)
-    (trial,) = first.draft.group_trials.values()
+    first, inputs = search()
+    offer_optimistic_groups(first, inputs)
+    (trial,) = first.group_trials.values()
     for measured in ({(trial["from_key"], trial["to_key"])}, {(trial["to_key"], trial["from_key"])}):
-        again = search()
-        again.history = RunHistory.of(measured=measured)
+        again = search(RunHistory.of(measured=measured))
         assert not offered(again), "a joint layout measured either way lately is not tried again"
-    protected = search()
+    protected, inputs = search()
     protected.guests["c"] = replace(protected.guests["c"], protected=True)
-    assert not offered(protected)
-    busy = search()
+    assert not offered((protected, inputs))
+    busy, inputs = search()
     busy.touched.add("a")  # the plan moves a guest of h1: its moves are confirmed, not mixed with a trial
-    assert not offered(busy)
-    own = search()
-    own.draft.trials["h2"] = {"layout": {}, "what": "spread", "label": "blind spread", "from_key": "x", "to_key": "y"}
-    assert not offered(own)
+    assert not offered((busy, inputs))
+    own, inputs = search()
+    own.trials["h2"] = {"layout": {}, "what": "spread", "label": "blind spread", "from_key": "x", "to_key": "y"}
+    assert not offered((own, inputs))
 
 
 def test_a_host_in_a_joint_trial_gets_no_trial_of_its_own_and_memory_keys_name_the_hosts():

@@ -6,13 +6,14 @@ from __future__ import annotations
 
 import random
 
-from vmplacer.core.rebalance.draft import RunHistory
+from vmplacer.core.rebalance.draft import Draft, RunHistory
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
 from vmplacer.core.model.interference import Exposure, InterferenceModel, Observation
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.rebalance.policy import ClusterState, HostState, RebalanceSettings, describe_guest, plan_rebalance
 from vmplacer.core.rebalance.pessimistic import doubt, spread_layout
-from vmplacer.core.rebalance.search import GuestChange, CandidateMove, RebalanceSearch
+from vmplacer.core.rebalance.search import start_search, take_move
+from vmplacer.core.rebalance.whatif import CandidateMove, GuestChange, new_move
 from vmplacer.core.topology.host import DistanceClass, uniform_topology
 from vmplacer.core.rebalance.trial import Backoff
 
@@ -102,14 +103,13 @@ def test_the_same_gain_backed_by_data_is_kept():
 def test_doubt_counts_only_pairs_whose_distance_changes():
     """Swapping two guests' cores keeps every pair at LLC distance: the same coefficients, no
     doubt. Moving one onto another's sibling puts a pair at a distance seen once."""
-    search = RebalanceSearch(spread_state(), learned(sibling_rounds=1), settings(), None, {}, None)
+    draft, inputs = start_search(spread_state(), learned(sibling_rounds=1), settings())
     swap = CandidateMove("swap", [GuestChange("a", "h", {0: frozenset({1})}), GuestChange("b", "h", {0: frozenset({0})})], 0.0, 0.0)
     pair = CandidateMove("move", [GuestChange("b", "h", {0: frozenset({4})})], 0.0, 0.0)
-    assert doubt(search, swap) == 0.0
-    assert doubt(search, pair) > 0.1
-    assert doubt(search, pair) > doubt(RebalanceSearch(spread_state(), learned(sibling_rounds=40), settings(),
-                                               None, {}, None), pair)
-    assert spread_layout(search, search.hosts["h"]) == {n: {0: frozenset({c})} for c, n in enumerate(GUESTS)}
+    assert doubt(draft, inputs, swap) == 0.0
+    assert doubt(draft, inputs, pair) > 0.1
+    assert doubt(draft, inputs, pair) > doubt(*start_search(spread_state(), learned(sibling_rounds=40), settings()), pair)
+    assert spread_layout(draft, inputs, draft.hosts["h"]) == {n: {0: frozenset({c})} for c, n in enumerate(GUESTS)}
 
 
 def _trial(plan):
@@ -259,20 +259,19 @@ def test_when_the_planned_layout_measured_worse_the_exact_layout_is_tried_from_w
     climbed = {n: {0: frozenset({cpu})} for n, cpu in zip(GUESTS, (0, 1, 2, 3))}
     exact = {n: {0: frozenset({cpu})} for n, cpu in zip(GUESTS, (0, 2, 1, 3))}
 
-    def after_revert(solved, measured) -> RebalanceSearch:
-        search = RebalanceSearch(state, sibling_averse(), settings(), None, {}, None)
-        search._take(search.new_move("climb", [(n, "h", pins) for n, pins in climbed.items()]))
-        search.draft.layout_guests["h"] = list(GUESTS)
-        search.draft.exact_layouts["h"] = solved
-        search.history = RunHistory.of(measured={(layout_key("h", start), layout_key("h", climbed))} | measured)
-        assert keep_what_measured_better(search)
-        assert {n: dict(search.hosts["h"].pins[n]) for n in GUESTS} == start  # the host stays
-        return search
+    def after_revert(solved, measured) -> Draft:
+        history = RunHistory.of(measured={(layout_key("h", start), layout_key("h", climbed))} | measured)
+        draft, inputs = start_search(state, sibling_averse(), settings(), history=history)
+        take_move(draft, inputs, new_move("climb", [(n, "h", pins) for n, pins in climbed.items()]))
+        draft.layout_guests["h"] = list(GUESTS)
+        draft.exact_layouts["h"] = solved
+        assert keep_what_measured_better(draft, inputs)
+        assert {n: dict(draft.hosts["h"].pins[n]) for n in GUESTS} == start  # the host stays
+        return draft
 
-    search = after_revert(exact, set())
-    trial = search.draft.trials["h"]
+    trial = after_revert(exact, set()).trials["h"]
     assert trial["what"] == "exact" and trial["layout"] == exact
     assert trial["from_key"] == layout_key("h", start) and trial["to_key"] == layout_key("h", exact)
     assert "from where h stays" in trial["label"]
-    assert "h" not in after_revert(climbed, set()).draft.trials  # the solver's layout is the one measured worse
-    assert "h" not in after_revert(exact, {(layout_key("h", start), layout_key("h", exact))}).draft.trials
+    assert "h" not in after_revert(climbed, set()).trials  # the solver's layout is the one measured worse
+    assert "h" not in after_revert(exact, {(layout_key("h", start), layout_key("h", exact))}).trials

@@ -16,12 +16,12 @@ from vmplacer.core.rebalance.policy import (
     HostState,
     RebalanceInputError,
     RebalanceSettings,
-    RebalanceSearch,
     describe_guest,
     evaluate_cluster,
     exhaustive_best,
     plan_rebalance,
 )
+from vmplacer.core.rebalance.search import start_search
 from vmplacer.core.topology.host import DistanceClass, uniform_topology
 
 LINEAR = InterferenceModel()  # no data: time sharing only
@@ -313,8 +313,8 @@ def test_evaluator_matches_the_model_and_batched_moves_match_full_evaluation():
     placements.append(Placement(guest="f", host="h1", vcpupin={0: frozenset({0, 1, 2})}, memory_kib=1024))
     labels = {p.guest: {"workload": rng.choice(workloads), "load": str(rng.uniform(0.3, 1.0))} for p in placements}
     state = cluster({"h1": topo}, placements, labels)
-    search = RebalanceSearch(state, model, RebalanceSettings(), None, {}, None)
-    host = search.hosts["h1"]
+    draft, inputs = start_search(state, model, RebalanceSettings(), None, {}, None)
+    host = draft.hosts["h1"]
     pieces = host.pieces()
     ours = host.perf(pieces, pieces.cpu)[0][0]
     tenants = [Tenant(n, dict(host.pins[n]), key=g.key, workload_class=g.workload_class, load=g.load)

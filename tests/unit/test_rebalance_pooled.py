@@ -5,7 +5,9 @@ from __future__ import annotations
 from vmplacer.core.rebalance.draft import RunHistory
 from vmplacer.core.placement.guest import GuestSpec
 from vmplacer.core.placement.guest_placement import Placement
-from vmplacer.core.rebalance.policy import PIPELINE, RebalanceSettings, RebalanceSearch, plan_rebalance
+from vmplacer.core.rebalance.policy import PIPELINE, RebalanceSettings, plan_rebalance
+from vmplacer.core.rebalance.search import run_stages, start_search
+from vmplacer.core.rebalance.whatif import may_pin
 from vmplacer.core.rebalance.exact import solver_items, build_problem
 from vmplacer.core.rebalance.state import FLOATING, PINNED
 from vmplacer.core.topology.host import uniform_topology
@@ -49,10 +51,10 @@ def test_a_guest_whose_flavor_asks_for_shared_vcpus_keeps_floating_even_if_named
     topo, _ = crowded_pool()
     spec = GuestSpec.from_mapping({"name": "a", "vcpus": 1, "memory_mib": 512, "cpu_policy": "shared"})
     state = cluster({"h1": topo}, [floating(n, "h1", {0, 1}) for n in "abc"], specs={"a": spec})
-    search = RebalanceSearch(state, LINEAR, RebalanceSettings(), 0.0, {}, None, None,
+    draft, inputs = start_search(state, LINEAR, RebalanceSettings(), 0.0, {}, None, None,
                              history=RunHistory.of(pooled={"a", "b", "c"}))
-    assert not search.may_pin("a")
-    assert search.may_pin("b") and search.may_pin("c")
+    assert not may_pin(draft, inputs, "a")
+    assert may_pin(draft, inputs, "b") and may_pin(draft, inputs, "c")
 
 
 def test_the_exact_solver_places_guests_the_climb_pooled():
@@ -61,18 +63,18 @@ def test_the_exact_solver_places_guests_the_climb_pooled():
     for good, and overcommitted hosts never got an exact layout)."""
     topo = uniform_topology(nodes=1, cores_per_node=2, name="h1")
     state = cluster({"h1": topo}, [pinned(n, "h1", [0]) for n in "abc"])
-    search = RebalanceSearch(state, LINEAR, RebalanceSettings(), 0.0, {}, None, None)
-    search.run(PIPELINE)
-    host = search.hosts["h1"]
-    assert {search.guests[n].mode for n in "abc"} == {FLOATING}, "the climb did not pool: the test lost its point"
-    assert sorted(solver_items(search, host)) == ["a", "b", "c"]
-    problem = build_problem(search, ["h1"])
+    draft, inputs = start_search(state, LINEAR, RebalanceSettings(), 0.0, {}, None, None)
+    run_stages(draft, inputs, PIPELINE)
+    host = draft.hosts["h1"]
+    assert {draft.guests[n].mode for n in "abc"} == {FLOATING}, "the climb did not pool: the test lost its point"
+    assert sorted(solver_items(draft, inputs, host)) == ["a", "b", "c"]
+    problem = build_problem(draft, inputs, ["h1"])
     assert problem.n_items == 3 and problem.hint is None  # floating vCPUs have no pCPU to start from
 
 
 def test_a_pooled_guest_pinned_by_a_move_counts_as_pinned_again():
     _, state = crowded_pool()
-    search = RebalanceSearch(state, LINEAR, RebalanceSettings(), 0.0, {}, None, None,
+    draft, inputs = start_search(state, LINEAR, RebalanceSettings(), 0.0, {}, None, None,
                              history=RunHistory.of(pooled={"a", "b", "c"}))
-    search.run(PIPELINE)
-    assert {search.guests[n].mode for n in "abc"} == {PINNED}
+    run_stages(draft, inputs, PIPELINE)
+    assert {draft.guests[n].mode for n in "abc"} == {PINNED}

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Mapping
+import functools
 from dataclasses import replace
 from typing import Any
 
@@ -20,7 +21,8 @@ from vmplacer.core.model.interference import InterferenceModel
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.rebalance.plan import Action, Plan, initial_state
 from vmplacer.core.rebalance.layout import HostLayout, _host_confidences
-from vmplacer.core.rebalance.search import _EPS, _relocated_cells, RebalanceSearch
+from vmplacer.core.rebalance.draft import Draft, PlanInputs
+from vmplacer.core.rebalance.whatif import EPS, current_placement, guest_confidence, perf_by_guest, relocated_cells
 from vmplacer.core.rebalance.state import EXCLUSIVE, FLOATING
 from vmplacer.core.rebalance.trial import hosts_key, layout_key
 
@@ -38,9 +40,9 @@ def _new_emulator(old: Placement, new_pins: Mapping[int, frozenset[int]], mode: 
     return emulator
 
 
-def _with_pins(search: RebalanceSearch, name: str, host: HostLayout, pins: Mapping[int, frozenset[int]],
+def _with_pins(draft: Draft, inputs: PlanInputs, name: str, host: HostLayout, pins: Mapping[int, frozenset[int]],
                base: Placement) -> Placement:
-    guest = search.guests[name]
+    guest = draft.guests[name]
     emulator = _new_emulator(base, pins, guest.mode, host.owned_by_others(name))
     placement = replace(base, host=host.name, vcpupin=dict(sorted(pins.items())), emulatorpin=emulator)
     if guest.mode == EXCLUSIVE:
@@ -51,14 +53,14 @@ def _with_pins(search: RebalanceSearch, name: str, host: HostLayout, pins: Mappi
     return placement
 
 
-def _build_actions(search: RebalanceSearch, model: InterferenceModel) -> tuple[list[Action], dict[str, dict[str, float]]]:
-    settings = search.settings
-    end_perf = search.perf_by_guest()
+def _build_actions(draft: Draft, inputs: PlanInputs, model: InterferenceModel) -> tuple[list[Action], dict[str, dict[str, float]]]:
+    settings = inputs.settings
+    end_perf = perf_by_guest(draft)
     gains: dict[str, float] = {}
     linear: dict[str, float] = {}
     reasons: dict[str, list[str]] = {}
     costs: dict[str, dict[str, float]] = {}
-    for move in search.moves:
+    for move in draft.moves:
         share = 1.0 / len(move.changes)
         for change in move.changes:
             gains[change.guest] = gains.get(change.guest, 0.0) + move.gain * share
@@ -66,10 +68,10 @@ def _build_actions(search: RebalanceSearch, model: InterferenceModel) -> tuple[l
             reasons.setdefault(change.guest, []).append(move.reason)
             if move.cost:
                 costs[change.guest] = dict(move.cost)
-    if model is search.model:
-        confidence_of = search.guest_confidence
+    if model is inputs.model:
+        confidence_of = functools.partial(guest_confidence, draft, inputs)
     else:
-        confidence_of = _confidences(search, model).get
+        confidence_of = _confidences(draft, inputs, model).get
 
     actions: list[Action] = []
     def add(**kwargs) -> Action:
@@ -80,30 +82,30 @@ def _build_actions(search: RebalanceSearch, model: InterferenceModel) -> tuple[l
     def action_confidence(name: str) -> float:
         total, lin = gains.get(name, 0.0), linear.get(name, 0.0)
         rest = abs(total - lin)
-        if abs(lin) + rest <= _EPS:
+        if abs(lin) + rest <= EPS:
             return 1.0
         return float(min(1.0, max(0.0, (abs(lin) + confidence_of(name, 0.0) * rest) / (abs(lin) + rest))))
 
     order: dict[str, None] = {}  # the guests moved, in the order of their first move
-    for move in search.moves:
+    for move in draft.moves:
         for change in move.changes:
             order.setdefault(change.guest, None)
-    migrations_first = [n for n in order if n in search.migrated] + [n for n in order if n not in search.migrated]
+    migrations_first = [n for n in order if n in draft.migrated] + [n for n in order if n not in draft.migrated]
     for name in migrations_first:
-        original = search.original[name].placement
-        host = search.hosts[search.host_of[name]]
-        final = _with_pins(search, name, host, host.pins[name], original)
-        if search.memory_nodes.get(name) is not None:
-            final = replace(final, memory_nodes=search.memory_nodes[name],
-                            cells=_relocated_cells(original, search.memory_nodes[name]))
-        engine = next((c.placement for m in search.moves for c in m.changes
+        original = inputs.original[name].placement
+        host = draft.hosts[draft.host_of[name]]
+        final = _with_pins(draft, inputs, name, host, host.pins[name], original)
+        if draft.memory_nodes.get(name) is not None:
+            final = replace(final, memory_nodes=draft.memory_nodes[name],
+                            cells=relocated_cells(original, draft.memory_nodes[name]))
+        engine = next((c.placement for m in draft.moves for c in m.changes
                        if c.guest == name and c.placement is not None), None)
         if engine is not None and final.host == engine.host:
             final = replace(engine, vcpupin=dict(sorted(host.pins[name].items())))
         text = "; ".join(reasons.get(name, []))
         gain = gains.get(name, 0.0)
         conf = action_confidence(name)
-        if name in search.migrated:
+        if name in draft.migrated:
             arrived = replace(original, host=final.host)
             add(kind="migrate", host=original.host, target_host=final.host, guest=name, before=original,
                 after=arrived, reason=text, predicted_gain=gain, cost=costs.get(name, {}), confidence=conf)
@@ -127,7 +129,7 @@ def _build_actions(search: RebalanceSearch, model: InterferenceModel) -> tuple[l
             add(kind="repin", host=original.host, guest=name, before=original, after=pinned, reason=text,
                 predicted_gain=gain, cost=costs.get(name, {}), confidence=conf)
             gain = 0.0
-        if name in search.memory_moved and final.memory_nodes != original.memory_nodes:
+        if name in draft.memory_moved and final.memory_nodes != original.memory_nodes:
             previous = actions[-1].after if actions and actions[-1].guest == name else original
             deps = (len(actions) - 1,) if actions and actions[-1].guest == name else ()
             add(kind="set_memory_nodes", host=original.host, guest=name, before=previous,
@@ -135,24 +137,24 @@ def _build_actions(search: RebalanceSearch, model: InterferenceModel) -> tuple[l
                 reason=f"memory of {name} follows its vCPUs", predicted_gain=gain,
                 cost=costs.get(name, {}), confidence=conf, depends_on=deps)
 
-    actions = _narrow_floating(search, actions)
+    actions = _narrow_floating(draft, inputs, actions)
     actions = _exclusive_dependencies(actions)
-    affected = [n for n in search.guests
-                if n in order or abs(search.start_perf.get(n, 0.0) - end_perf.get(n, 0.0)) > 1e-9]
-    predicted = {name: {"before": search.start_perf.get(name, 0.0), "after": end_perf.get(name, 0.0)}
+    affected = [n for n in draft.guests
+                if n in order or abs(inputs.start_perf.get(n, 0.0) - end_perf.get(n, 0.0)) > 1e-9]
+    predicted = {name: {"before": inputs.start_perf.get(name, 0.0), "after": end_perf.get(name, 0.0)}
                  for name in sorted(affected)}
     migrated_hosts = {a.host for a in actions if a.kind == "migrate"} | {a.target_host for a in actions
                                                                            if a.kind == "migrate"}
     low = bool(actions) and min(a.confidence for a in actions) < settings.probe_below_confidence
-    hosts = sorted({a.target_host or a.host for a in actions} | (set(search.draft.trials) if settings.trials else set()))
+    hosts = sorted({a.target_host or a.host for a in actions} | (set(draft.trials) if settings.trials else set()))
     baselines: list[str] = []
     # migrations that rest on the model's data are measured too: their hosts together, so the
     # guests that moved count on both sides, and undone (migrated back) if they measured worse
     measured_groups = [group for group in _migration_groups(actions)
-                       if settings.trials and not search.betas.empty and not set(group) & search.draft.ruled]
+                       if settings.trials and not inputs.betas.empty and not set(group) & draft.ruled]
     for group in measured_groups:
         deps = tuple(a.index for a in actions if a.host in group or a.target_host in group)
-        actions.append(_migration_trial_probe(search, group, len(actions), deps))
+        actions.append(_migration_trial_probe(draft, inputs, group, len(actions), deps))
         baselines.extend(group)
     jointly_measured = {host for group in measured_groups for host in group}
     index = _ActionIndex()
@@ -163,35 +165,35 @@ def _build_actions(search: RebalanceSearch, model: InterferenceModel) -> tuple[l
         deps = tuple(index.on_host.get(host, ()))
         # moves that rest on the model's data are measured (time sharing alone is arithmetic; the
         # blind spread, or staying, is the rule the trial is measured against, not a guess)
-        rests_on_data = not search.betas.empty and host not in search.draft.ruled
-        if settings.trials and host not in migrated_hosts and (host in search.draft.trials or (deps and (low or rests_on_data))):
-            confirm = bool(deps) and host not in search.draft.ruled
-            if confirm or (host in search.draft.trials and not deps):
+        rests_on_data = not inputs.betas.empty and host not in draft.ruled
+        if settings.trials and host not in migrated_hosts and (host in draft.trials or (deps and (low or rests_on_data))):
+            confirm = bool(deps) and host not in draft.ruled
+            if confirm or (host in draft.trials and not deps):
                 baselines.append(host)  # the layout the next probe is compared with is the host as it is
             if confirm:
-                actions.append(_trial_probe(search, host, len(actions), deps, "confirm"))
+                actions.append(_trial_probe(draft, inputs, host, len(actions), deps, "confirm"))
             elif deps:  # moves by rule (the blind spread): measured, so a trial after them compares with them
                 actions.append(Action(index=len(actions), kind="probe", host=host, depends_on=deps,
                                       reason="measure the host after these moves with Freeze'nSense, to compare "
                                              "the trial with",
                                       parameters={"seconds": settings.trial_seconds}))
-            if host in search.draft.trials:
+            if host in draft.trials:
                 index.catch_up(actions)
-                _add_trial(search, host, actions, index)
+                _add_trial(draft, inputs, host, actions, index)
         elif deps and low:
             actions.append(Action(index=len(actions), kind="probe", host=host,
                                   reason="measure the new layout with Freeze'nSense: the model's confidence "
                                          "in these moves is low",
                                   depends_on=deps, parameters={"seconds": settings.probe_seconds}))
     if settings.trials:
-        for label in sorted(search.draft.group_trials):
-            trial = search.draft.group_trials[label]
+        for label in sorted(draft.group_trials):
+            trial = draft.group_trials[label]
             baselines.extend(h for h in trial["hosts"] if h not in baselines)
-            _add_group_trial(search, trial, actions)
-    return _with_baselines(search, actions, baselines), predicted
+            _add_group_trial(draft, inputs, trial, actions)
+    return _with_baselines(draft, inputs, actions, baselines), predicted
 
 
-def _with_baselines(search: RebalanceSearch, actions: list[Action], hosts: list[str]) -> list[Action]:
+def _with_baselines(draft: Draft, inputs: PlanInputs, actions: list[Action], hosts: list[str]) -> list[Action]:
     """First, a probe of each host with a trial as it is: a trial compares two measurements, and
     the one before the moves should be as long as the one after (it pools with the run's profile).
     It runs before them (actions run in order) without holding them: with no profiler they still run."""
@@ -200,7 +202,7 @@ def _with_baselines(search: RebalanceSearch, actions: list[Action], hosts: list[
     shift = len(hosts)
     first = [Action(index=i, kind="probe", host=host,
                     reason="measure the host as it is with Freeze'nSense, to compare the moves with",
-                    parameters={"seconds": search.settings.trial_seconds, "baseline": True})
+                    parameters={"seconds": inputs.settings.trial_seconds, "baseline": True})
              for i, host in enumerate(hosts)]
     return first + [_shifted(action, shift) for action in actions]
 
@@ -215,23 +217,23 @@ def _shifted(action: Action, shift: int) -> Action:
     return moved
 
 
-def _layout_guests(search: RebalanceSearch, host: HostLayout) -> list[str]:
+def _layout_guests(draft: Draft, inputs: PlanInputs, host: HostLayout) -> list[str]:
     """The guests whose layout a trial names: the blind spread's (movable, pinned one vCPU to one
     pCPU), else every guest so pinned."""
-    if host.name in search.draft.layout_guests:
-        return search.draft.layout_guests[host.name]
+    if host.name in draft.layout_guests:
+        return draft.layout_guests[host.name]
     return sorted(g for g in host.guests if host.pins[g] and all(len(p) == 1 for p in host.pins[g].values()))
 
 
-def _confirm_tolerance(search: RebalanceSearch, hosts: list[str]) -> float:
+def _confirm_tolerance(draft: Draft, inputs: PlanInputs, hosts: list[str]) -> float:
     """How much worse a confirm trial of `hosts` may measure and still be kept: `trial_tolerance`,
     but where the model's last planned layout of one of them measured worse (refuted), the next
     must measure better by `trial_refuted_bar` (a negative tolerance). There the model was wrong
     lately, so "no worse" is no longer evidence enough: with one probe's error about 0.003 per
     guest, a plan truly 0.005 worse measures level often enough that, re-planned every run, one
     is kept within a few runs."""
-    settings = search.settings
-    if settings.trial_refuted_bar > 0 and search.history.refuted.intersection(hosts):
+    settings = inputs.settings
+    if settings.trial_refuted_bar > 0 and inputs.history.refuted.intersection(hosts):
         return -settings.trial_refuted_bar
     return settings.trial_tolerance
 
@@ -244,17 +246,17 @@ def _confirm_rule(tolerance: float) -> str:
     return f"undo these moves if it measures worse by more than {tolerance:g} per guest"
 
 
-def _trial_probe(search: RebalanceSearch, host_name: str, index: int, deps: tuple[int, ...], kind: str,
+def _trial_probe(draft: Draft, inputs: PlanInputs, host_name: str, index: int, deps: tuple[int, ...], kind: str,
                  reason: str = "", from_key: str = "", to_key: str = "") -> Action:
     """A probe that measures the host after `deps` and keeps or undoes them (core/rebalance/trial.py)."""
-    settings = search.settings
-    host = search.hosts[host_name]
-    guests = _layout_guests(search, host)
+    settings = inputs.settings
+    host = draft.hosts[host_name]
+    guests = _layout_guests(draft, inputs, host)
     if not from_key:
-        from_key = layout_key(host_name, {g: search.original[g].placement.vcpupin for g in guests})
+        from_key = layout_key(host_name, {g: inputs.original[g].placement.vcpupin for g in guests})
         to_key = layout_key(host_name, {g: host.pins[g] for g in guests})
-    tolerance = _confirm_tolerance(search, [host_name])
-    trial = {"kind": kind, "weights": {g: search.guests[g].weight for g in sorted(host.guests)},
+    tolerance = _confirm_tolerance(draft, inputs, [host_name])
+    trial = {"kind": kind, "weights": {g: draft.guests[g].weight for g in sorted(host.guests)},
              "fairness": settings.fairness, "min_gain": settings.trial_min_gain,
              "tolerance": tolerance, "recheck": settings.trial_recheck,
              "from_key": from_key, "to_key": to_key}
@@ -277,27 +279,27 @@ def _migration_groups(actions: list[Action]) -> list[list[str]]:
     return sorted(sorted(group) for group in unique.values())
 
 
-def _migration_trial_probe(search: RebalanceSearch, group: list[str], index: int, deps: tuple[int, ...]) -> Action:
+def _migration_trial_probe(draft: Draft, inputs: PlanInputs, group: list[str], index: int, deps: tuple[int, ...]) -> Action:
     """A confirm probe after migrations: it measures every host in `group` and judges them as one
     (the guests that moved count with their measurements on both hosts); undone, the moves are
     reverted, the migrations by migrating back."""
-    guests = [g for h in group for g in search.hosts[h].guests]
-    from_key = hosts_key(group, {g: (search.original[g].placement.host, search.original[g].placement.vcpupin)
+    guests = [g for h in group for g in draft.hosts[h].guests]
+    from_key = hosts_key(group, {g: (inputs.original[g].placement.host, inputs.original[g].placement.vcpupin)
                                  for g in guests})
-    to_key = hosts_key(group, {g: (search.host_of[g], search.hosts[search.host_of[g]].pins[g]) for g in guests})
-    tolerance = _confirm_tolerance(search, group)
+    to_key = hosts_key(group, {g: (draft.host_of[g], draft.hosts[draft.host_of[g]].pins[g]) for g in guests})
+    tolerance = _confirm_tolerance(draft, inputs, group)
     text = (f"measure {', '.join(group)} with Freeze'nSense after these migrations, judged together; "
             f"{_confirm_rule(tolerance)} (migrate back)")
-    return _joint_probe(search, group, index, deps, "confirm", from_key, to_key, text, tolerance)
+    return _joint_probe(draft, inputs, group, index, deps, "confirm", from_key, to_key, text, tolerance)
 
 
-def _joint_probe(search: RebalanceSearch, group: list[str], index: int, deps: tuple[int, ...], kind: str,
+def _joint_probe(draft: Draft, inputs: PlanInputs, group: list[str], index: int, deps: tuple[int, ...], kind: str,
                  from_key: str, to_key: str, text: str, tolerance: float | None = None) -> Action:
     """A trial probe of every host in `group`, judged as one, on the first host's name."""
-    settings = search.settings
+    settings = inputs.settings
     tolerance = settings.trial_tolerance if tolerance is None else tolerance
-    guests = sorted(g for h in group for g in search.hosts[h].guests)
-    trial = {"kind": kind, "hosts": list(group), "weights": {g: search.guests[g].weight for g in guests},
+    guests = sorted(g for h in group for g in draft.hosts[h].guests)
+    trial = {"kind": kind, "hosts": list(group), "weights": {g: draft.guests[g].weight for g in guests},
              "fairness": settings.fairness, "min_gain": settings.trial_min_gain,
              "tolerance": tolerance, "recheck": settings.trial_recheck,
              "from_key": from_key, "to_key": to_key}
@@ -327,19 +329,19 @@ class _ActionIndex:
         self.seen = len(actions)
 
 
-def _add_trial(search: RebalanceSearch, host_name: str, actions: list[Action], index: _ActionIndex) -> None:
+def _add_trial(draft: Draft, inputs: PlanInputs, host_name: str, actions: list[Action], index: _ActionIndex) -> None:
     """Repins from the plan's layout of the host to its trial layout, then an explore probe.
     `index` is up to date with `actions`."""
-    trial = search.draft.trials[host_name]
-    host = search.hosts[host_name]
+    trial = draft.trials[host_name]
+    host = draft.hosts[host_name]
     last = index.last_after
     previous_probe = index.last_probe.get(host_name)
     first = len(actions)
     for name, pins in sorted(trial["layout"].items()):
         if dict(host.pins[name]) == pins:
             continue
-        base = last[name].after if name in last else search.original[name].placement
-        after = _with_pins(search, name, host, pins, base)
+        base = last[name].after if name in last else inputs.original[name].placement
+        after = _with_pins(draft, inputs, name, host, pins, base)
         after = replace(base, vcpupin=after.vcpupin, emulatorpin=after.emulatorpin)
         actions.append(Action(index=len(actions), kind="repin", host=host_name, guest=name, before=base,
                               after=after, reason=f"trial of the {trial['label']} on {host_name}",
@@ -348,25 +350,25 @@ def _add_trial(search: RebalanceSearch, host_name: str, actions: list[Action], i
     deps = tuple(range(first, len(actions)))
     if not deps:
         return
-    settings = search.settings
+    settings = inputs.settings
     reason = (f"measure the {trial['label']} with Freeze'nSense: kept only if it measures better than the "
               f"layout before it by at least {settings.trial_min_gain:g} per guest, else undone")
-    actions.append(_trial_probe(search, host_name, len(actions), deps, "explore", reason,
+    actions.append(_trial_probe(draft, inputs, host_name, len(actions), deps, "explore", reason,
                                 trial["from_key"], trial["to_key"]))
 
 
-def _add_group_trial(search: RebalanceSearch, trial: dict, actions: list[Action]) -> None:
+def _add_group_trial(draft: Draft, inputs: PlanInputs, trial: dict, actions: list[Action]) -> None:
     """Migrations (each with its repin on arrival) and repins to a joint layout of small hosts,
     then an explore probe that measures every host of the group and judges them as one."""
     group = trial["hosts"]
     first = len(actions)
     tag = {"tried": trial["what"]}
     reason = f"trial of the {trial['label']}"
-    moving = sorted(trial["changes"].items(), key=lambda item: (item[1][0] == search.host_of[item[0]], item[0]))
+    moving = sorted(trial["changes"].items(), key=lambda item: (item[1][0] == draft.host_of[item[0]], item[0]))
     for name, (target, pins) in moving:  # migrations first, as in a plan
-        base = search._current_placement(name)
-        host = search.hosts[target]
-        placed = _with_pins(search, name, host, pins, base)
+        base = current_placement(draft, name)
+        host = draft.hosts[target]
+        placed = _with_pins(draft, inputs, name, host, pins, base)
         if target != base.host:
             arrived = replace(base, host=target)
             actions.append(Action(index=len(actions), kind="migrate", host=base.host, target_host=target, guest=name,
@@ -384,40 +386,40 @@ def _add_group_trial(search: RebalanceSearch, trial: dict, actions: list[Action]
     if not deps:
         return
     text = (f"measure {', '.join(group)} with Freeze'nSense: the {trial['label']} is kept only if the hosts together "
-            f"measure better than before by at least {search.settings.trial_min_gain:g} per guest, else undone "
+            f"measure better than before by at least {inputs.settings.trial_min_gain:g} per guest, else undone "
             "(the guests migrate back)")
-    actions.append(_joint_probe(search, group, len(actions), deps, "explore", trial["from_key"], trial["to_key"], text))
+    actions.append(_joint_probe(draft, inputs, group, len(actions), deps, "explore", trial["from_key"], trial["to_key"], text))
 
 
-def _narrow_floating(search: RebalanceSearch, actions: list[Action]) -> list[Action]:
+def _narrow_floating(draft: Draft, inputs: PlanInputs, actions: list[Action]) -> list[Action]:
     """Floating guests leave pCPUs that exclusive guests now own (refresh_shared_pins)."""
     result = list(actions)
     touched_hosts = {a.target_host or a.host for a in actions
                      if a.after is not None and (a.after.exclusive_cpus or a.before.exclusive_cpus)}
     for name in sorted(touched_hosts):
-        host = search.hosts[name]
-        current = [_current_for_refresh(search, n) for n in host.guests]
+        host = draft.hosts[name]
+        current = [_current_for_refresh(draft, inputs, n) for n in host.guests]
         for before, after in zip(current, refresh_shared_pins(host.topology, current)):
-            if before == after or search.guests[before.guest].mode != FLOATING:
+            if before == after or draft.guests[before.guest].mode != FLOATING:
                 continue
             if any(a.guest == before.guest for a in result):
                 continue
             deps = tuple(a.index for a in result if (a.target_host or a.host) == name)
             result.append(Action(index=len(result), kind="repin", host=name, guest=before.guest,
-                                 before=search.original[before.guest].placement,
-                                 after=replace(search.original[before.guest].placement, vcpupin=after.vcpupin,
+                                 before=inputs.original[before.guest].placement,
+                                 after=replace(inputs.original[before.guest].placement, vcpupin=after.vcpupin,
                                                emulatorpin=after.emulatorpin),
                                  reason="its shared pool shrank: pCPUs became exclusive to another guest",
                                  depends_on=deps))
     return result
 
 
-def _current_for_refresh(search: RebalanceSearch, name: str) -> Placement:
-    guest = search.guests[name]
-    host = search.hosts[search.host_of[name]]
-    placement = search._current_placement(name)
+def _current_for_refresh(draft: Draft, inputs: PlanInputs, name: str) -> Placement:
+    guest = draft.guests[name]
+    host = draft.hosts[draft.host_of[name]]
+    placement = current_placement(draft, name)
     if guest.mode == EXCLUSIVE:
-        return _with_pins(search, name, host, host.pins[name], placement)
+        return _with_pins(draft, inputs, name, host, host.pins[name], placement)
     return replace(placement, exclusive_cpus=frozenset(), dedicated=False)
 
 
@@ -438,26 +440,26 @@ def _exclusive_dependencies(actions: list[Action]) -> list[Action]:
     return result
 
 
-def _confidences(search: RebalanceSearch, model: InterferenceModel) -> dict[str, float]:
+def _confidences(draft: Draft, inputs: PlanInputs, model: InterferenceModel) -> dict[str, float]:
     """The model's confidence in each guest's prediction in the final layout."""
     result: dict[str, float] = {}
-    for host in search.hosts.values():
-        result.update(_host_confidences(host, model, search.betas))
+    for host in draft.hosts.values():
+        result.update(_host_confidences(host, model, inputs.betas))
     return result
 
 
-def plan_from_search(search: RebalanceSearch, actions: list[Action], predicted: dict[str, dict[str, float]], *,
+def plan_from_search(draft: Draft, inputs: PlanInputs, actions: list[Action], predicted: dict[str, dict[str, float]], *,
                      before: float, after: float, summary: str, notes: dict[str, Any],
                      now: float | None) -> Plan:
     """The Plan of a finished search: its actions, the objective before and after, and why."""
     return Plan(
         actions=tuple(actions),
-        hosts=tuple(sorted(search.state.hosts)),
+        hosts=tuple(sorted(inputs.state.hosts)),
         state=initial_state(actions),
         objective_before=before,
         objective_after=after,
         predicted=predicted,
         summary=summary,
-        settings={**search.settings.to_dict(), "notes": notes},
+        settings={**inputs.settings.to_dict(), "notes": notes},
         created_at=now,
     )

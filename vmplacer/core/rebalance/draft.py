@@ -1,11 +1,13 @@
 """What a rebalancing plan is made of while its stages refine it, and what they are given.
 
-The stages (core/rebalance/policy.py `PIPELINE`) run in order over one what-if search
-(core/rebalance/search.py): the layouts live there; what the stages decide about them —
-the reports each stage writes, the trials it offers, the gains it declines — is the
-`Draft`, one typed value the plan's actions and notes are built from
-(core/rebalance/actions.py). What earlier runs measured and did, which the stages weigh
-and never change, is the `RunHistory`, given once when the search is built.
+The stages (core/rebalance/policy.py `PIPELINE`) run in order, each a function
+`refine(draft, inputs) -> Draft`. The `Draft` is the plan so far: the what-if host
+layouts (`HostLayout`, one per host) with the moves taken on them, and what the stages
+decided about them — the reports each stage writes, the trials it offers, the gains it
+declines; the plan's actions and notes are built from it (core/rebalance/actions.py).
+`PlanInputs` is what every stage is given and none changes: the cluster state, the
+model and its coefficients, the settings, the solver, and the `RunHistory` (what
+earlier runs measured and did).
 """
 
 from __future__ import annotations
@@ -14,16 +16,35 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Protocol
 
+from vmplacer.core.stage_times import NO_STAGE_TIMES, StageTimes
+
 if TYPE_CHECKING:
-    from vmplacer.core.rebalance.search import RebalanceSearch
+    from vmplacer.core.model.interference import InterferenceModel
+    from vmplacer.core.rebalance.layout import BetaTable, HostLayout
+    from vmplacer.core.rebalance.layout_problem import LayoutSolver
+    from vmplacer.core.rebalance.whatif import CandidateMove
+    from vmplacer.core.rebalance.state import ClusterState, GuestState, RebalanceSettings
 
 Layout = dict[str, dict[int, frozenset[int]]]  # guest -> vCPU -> pCPUs
 
 
 @dataclass
 class Draft:
-    """The plan so far, beside the what-if layouts: every stage's reports and offers."""
+    """The plan so far: the what-if layouts, the moves taken on them, every stage's reports and offers."""
 
+    hosts: dict[str, HostLayout] = field(default_factory=dict)  # host -> its what-if layout
+    guests: dict[str, GuestState] = field(default_factory=dict)  # each guest as the moves so far leave it
+    host_of: dict[str, str] = field(default_factory=dict)  # guest -> the host it is on now
+    memory_nodes: dict[str, frozenset[int]] = field(default_factory=dict)  # guest -> its memory's nodes now
+    perf_now: dict[str, float] = field(default_factory=dict)  # guest -> predicted performance now
+    moves: list[CandidateMove] = field(default_factory=list)  # the moves taken, in order
+    touched: set[str] = field(default_factory=set)  # guests a move changed
+    migrated: dict[str, str] = field(default_factory=dict)  # guest -> the host it started on
+    memory_moved: set[str] = field(default_factory=set)  # guests whose memory moves within their host
+    # guest -> (guest state, host, pins, memory nodes, placement), kept while they are the same
+    placement_cache: dict[str, tuple] = field(default_factory=dict)
+    # host -> (its guests and pins, their confidences), kept while they are the same
+    confidence_cache: dict[str, tuple] = field(default_factory=dict)
     exact: list[dict] = field(default_factory=list)  # what the exact solver found, per host group
     declined: list[dict] = field(default_factory=list)  # gains the search saw and did not take, and why
     rejected: list[str] = field(default_factory=list)  # moves a rule refused, in words
@@ -62,20 +83,39 @@ class RunHistory:
 NO_HISTORY = RunHistory()
 
 
+@dataclass(frozen=True)
+class PlanInputs:
+    """What every stage is given and none changes (core/rebalance/search.py `start_search` builds it)."""
+
+    state: ClusterState
+    model: InterferenceModel
+    settings: RebalanceSettings
+    betas: BetaTable  # the model's coefficients per pair of guest identities (optimistic when exploring)
+    original: Mapping[str, GuestState]  # each guest as the run found it
+    start_perf: Mapping[str, float]  # each guest's predicted performance as the run found it
+    floors: Mapping[str, float]  # protected guest -> the performance no move may push it below
+    refused_by: Mapping[str, frozenset[str]]  # guest -> guests whose anti-affinity names it
+    solver: LayoutSolver | None = None
+    history: RunHistory = NO_HISTORY
+    times: StageTimes = field(default_factory=lambda: NO_STAGE_TIMES)  # where planning time goes (caller's clock)
+
+
 class Stage(Protocol):
-    """One named step of planning: it refines the draft of `search` (its layouts and `draft`)."""
+    """One named step of planning: it refines the draft the stage before left."""
 
     name: str
 
-    def refine(self, search: RebalanceSearch) -> None: ...
+    def refine(self, draft: Draft, inputs: PlanInputs) -> Draft: ...
 
 
 @dataclass(frozen=True)
 class NamedStage:
-    """A stage from a function of the search (the stage modules' entry points)."""
+    """A stage from a function of (draft, inputs) that refines the draft in place (the stage
+    modules' entry points)."""
 
     name: str
-    step: Callable[[RebalanceSearch], object]
+    step: Callable[[Draft, PlanInputs], object]
 
-    def refine(self, search: RebalanceSearch) -> None:
-        self.step(search)
+    def refine(self, draft: Draft, inputs: PlanInputs) -> Draft:
+        self.step(draft, inputs)
+        return draft

@@ -25,7 +25,9 @@ from vmplacer.core.model.interference import InterferenceModel
 from vmplacer.core.text import plural
 from vmplacer.core.rebalance.plan import Plan
 from vmplacer.core.rebalance.actions import _build_actions, plan_from_search
-from vmplacer.core.rebalance.search import CandidateMove, RebalanceSearch
+from vmplacer.core.rebalance.search import apply_move, start_search
+from vmplacer.core.rebalance.migration import migration_move
+from vmplacer.core.rebalance.whatif import CandidateMove, total_objective
 from vmplacer.core.rebalance.state import (
     LABEL_REBALANCE,
     ClusterState,
@@ -51,15 +53,15 @@ def plan_drain(
     destinations = sorted(n for n, h in state.hosts.items() if n != host and h.accepts_migrations)
     hosts = dict(state.hosts)
     hosts[host] = replace(hosts[host], accepts_migrations=False)
-    search = RebalanceSearch(ClusterState(hosts, state.guests), model, settings, None, {}, None)
-    search.draft.ruled.add(host)  # the host must be emptied, whatever a measurement says: no trial brings a guest back
-    before = search.total_objective()
-    source = search.hosts[host]
+    draft, inputs = start_search(ClusterState(hosts, state.guests), model, settings)
+    draft.ruled.add(host)  # the host must be emptied, whatever a measurement says: no trial brings a guest back
+    before = total_objective(draft, inputs)
+    source = draft.hosts[host]
     stuck: list[str] = []
     in_scope = set(scope) if scope is not None else None
     leaving = sorted(state.on_host(host), key=lambda g: (-g.placement.memory_kib, g.name))
     for original in leaving:
-        guest = search.guests[original.name]
+        guest = draft.guests[original.name]
         if in_scope is not None and guest.name not in in_scope:
             stuck.append(f"{guest.name}: outside the scope of this drain")
             continue
@@ -70,25 +72,25 @@ def plan_drain(
         if not destinations:
             stuck.append(f"{guest.name}: no other host accepts migrations")
             continue
-        rejected_before = len(search.draft.rejected)
+        rejected_before = len(draft.rejected)
         best: CandidateMove | None = None
         for name in destinations:
-            move = search._migration(guest, source, search.hosts[name])
+            move = migration_move(draft, inputs, guest, source, draft.hosts[name])
             if move is not None and (best is None or move.gain > best.gain):
                 best = move
         if best is None:
-            why = "; ".join(search.draft.rejected[rejected_before:]) or (
+            why = "; ".join(draft.rejected[rejected_before:]) or (
                 "no destination has room for it under its placement rules, anti-affinity "
                 "and the floors of protected guests there")
             stuck.append(f"{guest.name}: fits on no other host ({why})")
             continue
         best.reason = f"drain {host}: " + best.reason
-        search.apply(best)
-    after = search.total_objective()
-    actions, predicted = _build_actions(search, model)
+        apply_move(draft, inputs, best)
+    after = total_objective(draft, inputs)
+    actions, predicted = _build_actions(draft, inputs, model)
     moved = sum(1 for a in actions if a.kind == "migrate")
     summary = f"drain {host}: {plural(moved, 'migration')}"
     summary += f"; {plural(len(stuck), 'guest')} stay: " + "; ".join(stuck) if stuck else "; the host will be empty"
-    notes = {"drain": host, "stuck": stuck, "fixed": [], "rejected": search.draft.rejected[:20]}
-    return plan_from_search(search, actions, predicted, before=before, after=after, summary=summary, notes=notes,
+    notes = {"drain": host, "stuck": stuck, "fixed": [], "rejected": draft.rejected[:20]}
+    return plan_from_search(draft, inputs, actions, predicted, before=before, after=after, summary=summary, notes=notes,
                             now=now)

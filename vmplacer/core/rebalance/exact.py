@@ -35,18 +35,31 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import replace
-from typing import TYPE_CHECKING
-
 import numpy as np
 
 from vmplacer.core.model.interference import MULTIPLICATIVE
 from vmplacer.core.rebalance.layout_problem import LayoutProblem, LayoutSolution, LayoutSolver
 from vmplacer.core.rebalance.migration_cost import migration_cost
 from vmplacer.core.rebalance.layout import HostLayout, _locality_nodes
+from vmplacer.core.rebalance.draft import Draft, PlanInputs
+from vmplacer.core.rebalance.search import actions_if, climb, decline, held_back, take_move, threshold_of
 from vmplacer.core.rebalance.state import EXCLUSIVE, PINNED, GuestState
-
-if TYPE_CHECKING:
-    from vmplacer.core.rebalance.search import RebalanceSearch
+from vmplacer.core.rebalance.whatif import (
+    EPS,
+    CandidateMove,
+    GuestChange,
+    destination_memory_nodes,
+    floors_hold,
+    host_objective,
+    judge,
+    linear_objective,
+    may_pin,
+    movable,
+    new_move,
+    try_move,
+    violations,
+)
+from vmplacer.core.text import plural
 
 RELINEARIZE = 3  # multiplicative form: re-expansions around the solver's own layout, one host at a time
 _RANKS = 6  # same-cpu … remote-node (DistanceClass.rank); rank 5 holds every pCPU pair of one host
@@ -57,22 +70,22 @@ class NotExact(Exception):
     """The hosts cannot be put as a LayoutProblem (the reason says why)."""
 
 
-def solver_items(search: RebalanceSearch, host: HostLayout) -> list[str]:
+def solver_items(draft: Draft, inputs: PlanInputs, host: HostLayout) -> list[str]:
     """Guests whose every vCPU the solver may place: movable and pinned 1:1, or floating where
     the search may pin them again (`may_pin`: the solver's layout pins them 1:1)."""
     result = []
     for name, guest in host.guests.items():
-        if search.may_pin(name):
+        if may_pin(draft, inputs, name):
             result.append(name)
-        elif (guest.mode in (PINNED, EXCLUSIVE) and search.movable(name)
+        elif (guest.mode in (PINNED, EXCLUSIVE) and movable(draft, name)
               and all(len(p) == 1 for p in host.pins[name].values())):
             result.append(name)
     return result
 
 
-def _may_migrate(search: RebalanceSearch, guest: GuestState) -> bool:
-    return (search.settings.allow_migration and guest.migratable and guest.spec is None and guest.mode == PINNED
-            and not guest.placement.memory_nodes and not guest.placement.cells and guest.name not in search.migrated)
+def _may_migrate(draft: Draft, inputs: PlanInputs, guest: GuestState) -> bool:
+    return (inputs.settings.allow_migration and guest.migratable and guest.spec is None and guest.mode == PINNED
+            and not guest.placement.memory_nodes and not guest.placement.cells and guest.name not in draft.migrated)
 
 
 def _partition(dist: np.ndarray, rank: int) -> np.ndarray | None:
@@ -90,15 +103,15 @@ def _partition(dist: np.ndarray, rank: int) -> np.ndarray | None:
     return group
 
 
-def build_problem(search: RebalanceSearch, host_names: Sequence[str],
+def build_problem(draft: Draft, inputs: PlanInputs, host_names: Sequence[str],
                   kept: dict[str, float] | None = None) -> LayoutProblem:
     """The what-if layout of `host_names` as a LayoutProblem (raises NotExact); in the
     multiplicative form expanded around the speed each guest keeps (`kept`: guest → exp(−Σ β·g),
     default as the hosts are)."""
-    hosts = [search.hosts[n] for n in host_names]
+    hosts = [draft.hosts[n] for n in host_names]
     host_index = {h.name: k for k, h in enumerate(hosts)}
-    betas = search.betas
-    settings = search.settings
+    betas = inputs.betas
+    settings = inputs.settings
 
     # ----- slots and levels
     slots: list[tuple[str, int]] = []
@@ -129,14 +142,14 @@ def build_problem(search: RebalanceSearch, host_names: Sequence[str],
     item_guests: list[str] = []
     fixed_guests: list[str] = []
     for host in hosts:
-        movable = solver_items(search, host)
-        item_guests.extend(movable)
-        fixed_guests.extend(n for n in host.guests if n not in movable)
+        items = solver_items(draft, inputs, host)
+        item_guests.extend(items)
+        fixed_guests.extend(n for n in host.guests if n not in items)
     if not item_guests:
         raise NotExact("no guest the solver may place")
     guests = item_guests + fixed_guests
     g_index = {n: i for i, n in enumerate(guests)}
-    guest_state = {n: search.guests[n] for n in guests}
+    guest_state = {n: draft.guests[n] for n in guests}
     identities = {}
     for n in guests:
         identities.setdefault(betas.identity(guest_state[n]), len(identities))
@@ -196,11 +209,11 @@ def build_problem(search: RebalanceSearch, host_names: Sequence[str],
     # ----- where each item may go
     allowed = np.zeros((n_items, n_slots), dtype=bool)
     move_cost = np.zeros(n_guests)
-    refused = {n: set(guest_state[n].anti_affinity) | search.refused_by.get(n, set()) for n in guests}
+    refused = {n: set(guest_state[n].anti_affinity) | inputs.refused_by.get(n, set()) for n in guests}
     for i, (name, vcpu) in enumerate(items):
         guest = guest_state[name]
         home = origin[name]
-        migrate = _may_migrate(search, guest) and len(hosts) > 1
+        migrate = _may_migrate(draft, inputs, guest) and len(hosts) > 1
         if migrate:
             cost = migration_cost(guest.placement.memory_kib / 1024.0,
                                   guest.dirty_mib_s if guest.dirty_mib_s is not None else settings.default_dirty_mib_s,
@@ -295,19 +308,19 @@ def build_problem(search: RebalanceSearch, host_names: Sequence[str],
 
     item_time = np.array([load[i] / ideal[item_guest[i]] for i in range(n_items)], dtype=float)
     if betas.form == MULTIPLICATIVE and table is not None:
-        kept = kept if kept is not None else kept_speed(search, host_names)
+        kept = kept if kept is not None else kept_speed(draft, inputs, host_names)
         _expand(kept, [g_index[n] for n in item_guests], guests, base, unary, pair_a, item_guest_a, effect_a, item_time)
 
     weight = np.array([guest_state[n].weight for n in guests], dtype=float)
     floor = np.full(n_guests, -np.inf)
-    for n, value in search.floors.items():
+    for n, value in inputs.floors.items():
         if n in g_index:
-            floor[g_index[n]] = min(value, search.start_perf.get(n, value)) - 1e-6
+            floor[g_index[n]] = min(value, inputs.start_perf.get(n, value)) - 1e-6
     exclusive = np.array([guest_state[n].mode == EXCLUSIVE for n, _ in items], dtype=bool)
     isolate = np.array([guest_state[n].mode == EXCLUSIVE and guest_state[n].thread_policy == "isolate"
                         for n, _ in items], dtype=bool)
     cores: dict[tuple[str, int], int] = {}
-    core_group = np.array([cores.setdefault((h, search.hosts[h].topology.cpus[c].core), len(cores))
+    core_group = np.array([cores.setdefault((h, draft.hosts[h].topology.cpus[c].core), len(cores))
                            for h, c in slots], dtype=np.int64)
     node_group = np.array([k * 100_000 + hosts[k].node_of[slots[s][1]] for s, k in enumerate(slot_host)],
                           dtype=np.int64)
@@ -321,7 +334,7 @@ def build_problem(search: RebalanceSearch, host_names: Sequence[str],
     slot_of = {slot: s for s, slot in enumerate(slots)}
     hint = []
     for name, vcpu in items:
-        cpus = search.hosts[host_names[origin[name]]].pins[name][vcpu]
+        cpus = draft.hosts[host_names[origin[name]]].pins[name][vcpu]
         hint.append(slot_of.get((host_names[origin[name]], next(iter(cpus))), -1) if len(cpus) == 1 else -1)
     return LayoutProblem(
         guests=tuple(guests), items=tuple(items), slots=tuple(slots), item_guest=item_guest_a, allowed=allowed,
@@ -356,11 +369,11 @@ def _expand(kept: dict[str, float], item_guests: list[int], guests: list[str], b
         effect[:, :, 1] *= m[item_guest[pairs[:, 1]]][:, None]
 
 
-def kept_speed(search: RebalanceSearch, host_names: Sequence[str]) -> dict[str, float]:
+def kept_speed(draft: Draft, inputs: PlanInputs, host_names: Sequence[str]) -> dict[str, float]:
     """Per guest on the hosts: the fraction of its time-shared speed its neighbours leave it."""
     result = {}
     for name in host_names:
-        host = search.hosts[name]
+        host = draft.hosts[name]
         if not host.guests:
             continue
         pieces = host.pieces()
@@ -370,7 +383,7 @@ def kept_speed(search: RebalanceSearch, host_names: Sequence[str]) -> dict[str, 
     return result
 
 
-def layout_changes(search: RebalanceSearch, problem: LayoutProblem,
+def layout_changes(draft: Draft, inputs: PlanInputs, problem: LayoutProblem,
                    solution: LayoutSolution) -> dict[str, tuple[str, dict]]:
     """guest -> (host, pins) for every guest the solution puts somewhere else."""
     wanted: dict[str, tuple[str, dict[int, frozenset[int]]]] = {}
@@ -380,40 +393,40 @@ def layout_changes(search: RebalanceSearch, problem: LayoutProblem,
         pins[vcpu] = frozenset({cpu})
     result = {}
     for name, (host, pins) in wanted.items():
-        if host != search.host_of[name] or pins != search.hosts[search.host_of[name]].pins[name]:
+        if host != draft.host_of[name] or pins != draft.hosts[draft.host_of[name]].pins[name]:
             result[name] = (host, pins)
     return result
 
 
-def solve_hosts(search: RebalanceSearch, solver: LayoutSolver, host_names: Sequence[str],
-                                 time_limit_s: float) -> tuple[LayoutProblem, LayoutSolution | None]:
-    problem = build_problem(search, host_names)
+def solve_hosts(draft: Draft, inputs: PlanInputs, solver: LayoutSolver, host_names: Sequence[str],
+                time_limit_s: float) -> tuple[LayoutProblem, LayoutSolution | None]:
+    problem = build_problem(draft, inputs, host_names)
     if problem.hint is not None and problem.violations(problem.hint):
         problem = replace(problem, hint=None)
     solution = solver.solve(problem, time_limit_s=time_limit_s)
-    if search.betas.form != MULTIPLICATIVE or solution is None or len(host_names) != 1 or problem.approximate:
+    if inputs.betas.form != MULTIPLICATIVE or solution is None or len(host_names) != 1 or problem.approximate:
         return problem, solution
     start_hint = problem.hint  # the hosts' layout: what the plan reports "before" by
     spent = solution.spent
-    value, kept = _rated(search, host_names, problem, solution)
+    value, kept = _rated(draft, inputs, host_names, problem, solution)
     best = (value, problem, solution)
     chains = [(problem, solution, kept)]
     # A second chain from the tangent at full speed (every guest keeping all of it): the tangent
     # around the hosts' layout undervalues layouts far from it (exp is convex), this one others.
     full = {name: 1.0 for name in kept}
-    first = replace(build_problem(search, host_names, full), hint=problem.hint)
+    first = replace(build_problem(draft, inputs, host_names, full), hint=problem.hint)
     if first.items == problem.items and first.slots == problem.slots and not (
             first.hint is not None and first.violations(first.hint)):
         other = solver.solve(first, time_limit_s=time_limit_s)
         if other is not None:
             spent += other.spent
-            value, other_kept = _rated(search, host_names, first, other)
+            value, other_kept = _rated(draft, inputs, host_names, first, other)
             if value > best[0] + 1e-12:
                 best = (value, first, other)
             chains.append((first, other, other_kept))
     for problem, solution, kept in chains:
         for _ in range(RELINEARIZE):
-            again = replace(build_problem(search, host_names, kept),
+            again = replace(build_problem(draft, inputs, host_names, kept),
                             hint=np.asarray(solution.assignment, dtype=np.int64))
             if again.items != problem.items or again.slots != problem.slots or again.violations(again.hint):
                 break
@@ -424,7 +437,7 @@ def solve_hosts(search: RebalanceSearch, solver: LayoutSolver, host_names: Seque
             if tuple(following.assignment) == tuple(solution.assignment):
                 break
             problem, solution = again, following
-            value, kept = _rated(search, host_names, problem, solution)
+            value, kept = _rated(draft, inputs, host_names, problem, solution)
             if value > best[0] + 1e-12:
                 best = (value, problem, solution)
     _, chosen, solution = best
@@ -432,14 +445,14 @@ def solve_hosts(search: RebalanceSearch, solver: LayoutSolver, host_names: Seque
     return replace(chosen, hint=start_hint), replace(solution, **spent_as)
 
 
-def _rated(search: RebalanceSearch, host_names: Sequence[str], problem: LayoutProblem,
-                            solution: LayoutSolution) -> tuple[float, dict[str, float]]:
+def _rated(draft: Draft, inputs: PlanInputs, host_names: Sequence[str], problem: LayoutProblem,
+           solution: LayoutSolution) -> tuple[float, dict[str, float]]:
     """The solution's layout by the search's own arithmetic: the hosts' objective, and the speed
     each guest keeps there (for the next expansion)."""
-    wanted = layout_changes(search, problem, solution)
-    undo = search._try(search.new_move("relayout", [(g, h, pins) for g, (h, pins) in wanted.items()]))
+    wanted = layout_changes(draft, inputs, problem, solution)
+    undo = try_move(draft, new_move("relayout", [(g, h, pins) for g, (h, pins) in wanted.items()]))
     try:
-        return (sum(search.host_objective(search.hosts[h]) for h in host_names), kept_speed(search, host_names))
+        return (sum(host_objective(inputs, draft.hosts[h]) for h in host_names), kept_speed(draft, inputs, host_names))
     finally:
         undo()
 
@@ -452,13 +465,132 @@ def solved_layout(problem: LayoutProblem, solution: LayoutSolution) -> dict[str,
     return layout
 
 
-def exact_layout_of(search: RebalanceSearch, solver: LayoutSolver, name: str, time_s: float
-                                     ) -> dict[str, dict[int, frozenset[int]]] | None:
+def exact_layout_of(draft: Draft, inputs: PlanInputs, solver: LayoutSolver, name: str, time_s: float
+                    ) -> dict[str, dict[int, frozenset[int]]] | None:
     """Host `name`'s exact layout by the coefficients of `search` (a what-if search: optimistic,
     or the model's other form); None when the host is not solved exactly or the solver found no
     layout in `time_s`."""
     try:
-        problem, solution = solve_hosts(search, solver, [name], time_s)
+        problem, solution = solve_hosts(draft, inputs, solver, [name], time_s)
     except NotExact:
         return None
     return None if solution is None else solved_layout(problem, solution)
+
+
+def polish(draft: Draft, inputs: PlanInputs) -> None:
+    """Stage: where hosts are small, an exact solver's layout from where the climb stopped
+    (no solver: nothing)."""
+    if inputs.solver is not None:
+        polish_hosts(draft, inputs)
+
+
+def climb_after_polish(draft: Draft, inputs: PlanInputs) -> None:
+    """Stage: climb again from the solver's layouts, when the solver moved anything."""
+    if any(report.get("taken") for report in draft.exact):
+        climb(draft, inputs)
+
+
+def exact_groups(draft: Draft, inputs: PlanInputs) -> list[list[str]]:
+    """Hosts the solver takes: every small host alone, or all small hosts together (with
+    migrations) when their pCPUs together stay within `exact_max_cpus`."""
+    limit = inputs.settings.exact_max_cpus
+    small = [n for n in sorted(draft.hosts) if 0 < len(draft.hosts[n].usable) <= limit]
+    busy = [n for n in small if any(movable(draft, g) for g in draft.hosts[n].guests)]
+    if not busy:
+        return []
+    joint = [n for n in small if draft.hosts[n].state.accepts_migrations or n in busy]
+    if (inputs.settings.allow_migration and len(joint) > 1
+            and sum(len(draft.hosts[n].usable) for n in joint) <= limit):
+        return [joint]
+    return [[n] for n in busy]
+
+
+def polish_hosts(draft: Draft, inputs: PlanInputs) -> bool:
+    settings = inputs.settings
+    budget = settings.exact_budget_s
+    changed = False
+    for group in exact_groups(draft, inputs):
+        report: dict = {"hosts": group}
+        draft.exact.append(report)
+        if budget <= 0:
+            report.update(status="skipped", why=f"solver budget of {settings.exact_budget_s:g} deterministic s spent")
+            continue
+        try:
+            problem, solution = solve_hosts(draft, inputs, inputs.solver, group, min(settings.exact_time_s, budget))
+        except NotExact as exc:
+            report.update(status="not solved", why=str(exc))
+            continue
+        report.update(items=problem.n_items, slots=problem.n_slots, approximate=problem.approximate)
+        if solution is None:
+            report.update(status="no solution", why="no layout (at most one time-shared pCPU) keeps every rule")
+            continue
+        budget -= solution.spent
+        report.update(solution.to_dict())
+        if problem.hint is not None:
+            report["before"] = round(problem.objective(problem.hint), 6)
+        if len(group) == 1:
+            draft.exact_layouts[group[0]] = solved_layout(problem, solution)
+        move = relayout_move(draft, inputs, problem, solution, group, report)
+        if move is None:
+            continue
+        threshold = threshold_of(draft, inputs, move)
+        if judge(draft, inputs, move) < threshold or held_back(draft, inputs, move):
+            decline(draft, inputs, move, threshold)
+            report["taken"] = False
+            if move.gain >= threshold and len(group) == 1 and not move.cost:
+                # worth it by the model, not sure enough by its data: worth measuring (a trial)
+                draft.declined_layouts[group[0]] = solved_layout(problem, solution)
+            continue
+        if actions_if(draft, move) > settings.max_actions:
+            decline(draft, inputs, move, threshold, "max_actions")
+            report["taken"] = False
+            continue
+        take_move(draft, inputs, move)
+        report["taken"] = True
+        changed = True
+    return changed
+
+
+def relayout_move(draft: Draft, inputs: PlanInputs, problem: LayoutProblem, solution: LayoutSolution, group: list[str],
+                  report: dict) -> CandidateMove | None:
+    """The solver's layout as one move, judged by the search's own arithmetic."""
+    wanted = layout_changes(draft, inputs, problem, solution)
+    if not wanted:
+        return None
+    changes, paid, lost = [], 0.0, 0.0
+    for name, (host, pins) in sorted(wanted.items()):
+        memory_nodes = None
+        if host != draft.host_of[name]:
+            memory_nodes = destination_memory_nodes(draft, draft.hosts[host], draft.guests[name], pins, None)
+            if memory_nodes is None:
+                report["why"] = f"{name}: its memory does not fit on {host}"
+                return None
+            g = problem.guests.index(name)
+            own = float(problem.move_cost[g]) if problem.move_cost is not None else 0.0
+            paid += own
+            lost += own * inputs.settings.horizon_s / max(draft.guests[name].weight, 1e-9)
+        changes.append(GuestChange(name, host, pins, memory_nodes=memory_nodes))
+    move = CandidateMove("relayout", changes, 0.0, 0.0)
+    before = sum(host_objective(inputs, draft.hosts[h]) for h in group)
+    before_lin = sum(linear_objective(inputs, draft.hosts[h]) for h in group)
+    undo = try_move(draft, move)
+    try:
+        after = sum(host_objective(inputs, draft.hosts[h]) for h in group)
+        after_lin = sum(linear_objective(inputs, draft.hosts[h]) for h in group)
+        broken = [p for h in group for p in violations(draft, draft.hosts[h], [n for n in wanted if n in draft.hosts[h].guests])]
+        floors = all(floors_hold(draft, inputs, draft.hosts[h]) for h in group)
+    finally:
+        undo()
+    if broken or not floors:
+        report["why"] = broken[0] if broken else "a protected guest would fall below its floor"
+        return None
+    move.gain = after - before - paid
+    move.linear_gain = after_lin - before_lin - paid
+    if paid:
+        move.cost = {"lost_perf_s": lost, "paid": paid}
+    report["gain"] = round(move.gain, 6)
+    if move.gain <= EPS:
+        return None
+    move.reason = (f"exact layout of {', '.join(group)} ({solution.status}, {solution.solver}): "
+                   f"{plural(len(changes), 'guest')} move, predicted {move.gain:+.3f}")
+    return move

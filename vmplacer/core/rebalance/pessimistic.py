@@ -27,31 +27,40 @@ from __future__ import annotations
 import heapq
 import math
 from dataclasses import replace
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from vmplacer.core.rebalance.layout import HostLayout, _locality_nodes
 from vmplacer.core.rebalance.state import PINNED
+from vmplacer.core.rebalance.draft import Draft, PlanInputs
+from vmplacer.core.rebalance.search import actions_if, min_gain_on, take_move
 from vmplacer.core.rebalance.trial import layout_key
+from vmplacer.core.rebalance.whatif import (
+    CandidateMove,
+    floors_hold,
+    host_objective,
+    judge,
+    linear_objective,
+    movable,
+    new_move,
+    try_move,
+    violations,
+)
 
-if TYPE_CHECKING:
-    from vmplacer.core.rebalance.search import CandidateMove, RebalanceSearch
 
-
-def spread_layout(search: RebalanceSearch, host: HostLayout) -> dict[str, dict[int, frozenset[int]]] | None:
+def spread_layout(draft: Draft, inputs: PlanInputs, host: HostLayout) -> dict[str, dict[int, frozenset[int]]] | None:
     """The blind spread of the host's movable vCPUs pinned one to a pCPU at the start (guest-name
     order; the search may have pooled them since): each on
     the pCPU with the fewest vCPUs, then the emptiest core; others count as load. None when
     nothing may move or the result breaks a rule."""
-    movable = [n for n in sorted(host.guests) if search.original[n].mode == PINNED and search.movable(n)
-               and n not in search.migrated
-               and all(len(p) == 1 for p in search.original[n].placement.vcpupin.values())]
-    if not movable:
+    moving = [n for n in sorted(host.guests) if inputs.original[n].mode == PINNED and movable(draft, n)
+               and n not in draft.migrated
+               and all(len(p) == 1 for p in inputs.original[n].placement.vcpupin.values())]
+    if not moving:
         return None
     cpu_load: dict[int, float] = {c: 0.0 for c in host.cpus}
     for name, pins in host.pins.items():
-        if name in movable:
+        if name in moving:
             continue
         for cpus in pins.values():
             for c in cpus:
@@ -62,7 +71,7 @@ def spread_layout(search: RebalanceSearch, host: HostLayout) -> dict[str, dict[i
         core_load[core_of[cpu]] = core_load.get(core_of[cpu], 0.0) + load
     layout: dict[str, dict[int, frozenset[int]]] = {}
     least = LeastLoadedPicker(cpu_load, core_load, core_of)
-    for name in movable:
+    for name in moving:
         nodes = _locality_nodes(host, host.guests[name], host.pins[name])
         allowed = tuple(sorted(c for c in host.usable if not nodes or host.node_of[c] in nodes))
         if not allowed:
@@ -104,15 +113,15 @@ class LeastLoadedPicker:
             heapq.heapreplace(heap, key)
 
 
-def doubt(search: RebalanceSearch, move: CandidateMove) -> float:
+def doubt(draft: Draft, inputs: PlanInputs, move: CandidateMove) -> float:
     """Standard deviation of the move's predicted interference change: every pair term that
     changes (who hurts whom, at which distance, with what share of time) counts the variance
     of its coefficient before and after."""
-    hosts = sorted({search.host_of[c.guest] for c in move.changes} | {c.host for c in move.changes})
-    before = [search.hosts[h].pair_spread(search.hosts[h].pieces()) for h in hosts]
-    undo = search._try(move)
+    hosts = sorted({draft.host_of[c.guest] for c in move.changes} | {c.host for c in move.changes})
+    before = [draft.hosts[h].pair_spread(draft.hosts[h].pieces()) for h in hosts]
+    undo = try_move(draft, move)
     try:
-        after = [search.hosts[h].pair_spread(search.hosts[h].pieces()) for h in hosts]
+        after = [draft.hosts[h].pair_spread(draft.hosts[h].pieces()) for h in hosts]
     finally:
         undo()
     variance = 0.0
@@ -135,72 +144,72 @@ def doubt(search: RebalanceSearch, move: CandidateMove) -> float:
     return math.sqrt(variance)
 
 
-def choose_pessimistically(search: RebalanceSearch) -> bool:
+def choose_pessimistically(draft: Draft, inputs: PlanInputs) -> bool:
     """Each host ends at the model's layout, or at the blind spread when the model's advantage
     over it fails at its lower confidence bound (module docstring); True when a host was spread.
     A measurement that already compared the two (a trial of an earlier run) decides instead of
-    the model. The layout not chosen becomes the host's trial (`search.draft.trials`): tried after the
+    the model. The layout not chosen becomes the host's trial (`draft.trials`): tried after the
     plan's moves and kept only when Freeze'nSense measures it better. Reports go to
-    `search.draft.pessimistic`."""
-    settings = search.settings
-    if search.betas.empty:
+    `draft.pessimistic`."""
+    settings = inputs.settings
+    if inputs.betas.empty:
         return False
-    moved_hosts = {search.host_of[g] for g in search.migrated} | set(search.migrated.values())
+    moved_hosts = {draft.host_of[g] for g in draft.migrated} | set(draft.migrated.values())
     changed = False
-    for name in sorted(search.hosts):
-        host = search.hosts[name]
+    for name in sorted(draft.hosts):
+        host = draft.hosts[name]
         if name in moved_hosts:
             continue
-        layout = spread_layout(search, host)
+        layout = spread_layout(draft, inputs, host)
         if layout is None:
             continue
         model_layout = {g: dict(host.pins[g]) for g in layout}
-        search.draft.layout_guests[name] = sorted(layout)
-        start = {g: dict(search.original[g].placement.vcpupin) for g in layout}
+        draft.layout_guests[name] = sorted(layout)
+        start = {g: dict(inputs.original[g].placement.vcpupin) for g in layout}
         keys = {"model": layout_key(name, model_layout), "spread": layout_key(name, layout),
                 "start": layout_key(name, start)}
         report: dict = {"host": name}
-        spread = compare_layout(search, host, layout, "spread")
+        spread = compare_layout(draft, inputs, host, layout, "spread")
         if spread is None:  # the search ended spread (or the spread breaks a rule)
             continue
         target, (advantage, sigma, move) = "spread", spread
         # when what sets the two apart is time sharing alone (arithmetic, not a guess), the model
         # knows which is better, and a measurement would only add its noise: no trial
-        trial = settings.trials and abs(move.gain - move.linear_gain) >= search.min_gain_on([name])
-        sure = _sure_from_start(search, host, layout)
+        trial = settings.trials and abs(move.gain - move.linear_gain) >= min_gain_on(draft, inputs, [name])
+        sure = _sure_from_start(draft, inputs, host, layout)
         report["spread"] = {"advantage": round(advantage, 4), "sd": round(sigma, 4),
                             "sure_gain_from_start": round(sure, 4)}
-        if (keys["spread"], keys["model"]) in search.history.measured_better:
+        if (keys["spread"], keys["model"]) in inputs.history.measured_better:
             report["measured"] = "the spread measured better than the model's layout"
             bound = -math.inf
-        elif (keys["model"], keys["spread"]) in search.history.measured_better:
+        elif (keys["model"], keys["spread"]) in inputs.history.measured_better:
             report["measured"] = "the model's layout measured better than the spread"
             bound = math.inf
         elif settings.pessimism <= 0:
             bound = math.inf
         else:
-            if sure < search.min_gain_on([name]):
+            if sure < min_gain_on(draft, inputs, [name]):
                 if start != layout:  # the start is better than the spread: the model's moves from it stand
                     report["kept"] = "model (the spread does not clear the minimum gain from the start)"
-                    search.draft.pessimistic.append(report)
+                    draft.pessimistic.append(report)
                     if trial:
-                        offer_trial(search, name, keys, "model", layout, "spread", "blind spread")
+                        offer_trial(draft, inputs, name, keys, "model", layout, "spread", "blind spread")
                     continue
                 # the host is spread already (an earlier run spread it): leaving it must pass the same bound
-                found = compare_layout(search, host, start, "stay")
+                found = compare_layout(draft, inputs, host, start, "stay")
                 if found is None:
                     continue
                 target, (advantage, sigma, move) = "start", found
                 report["start"] = {"advantage": round(advantage, 4), "sd": round(sigma, 4)}
             bound = advantage - settings.pessimism * sigma
             report["lower_bound"] = round(bound, 4)
-        search.draft.pessimistic.append(report)
+        draft.pessimistic.append(report)
         if bound >= 0 or (advantage <= 1e-9 and "measured" not in report):  # surely better, or no worse
             report["kept"] = "model"
             if trial and model_layout != layout:
-                offer_trial(search, name, keys, "model", layout, "spread", "blind spread")
+                offer_trial(draft, inputs, name, keys, "model", layout, "spread", "blind spread")
             continue
-        if search.actions_if(move) > settings.max_actions:
+        if actions_if(draft, move) > settings.max_actions:
             report["kept"] = "model (action budget)"
             continue
         what = "blind spread" if target == "spread" else "starting layout"
@@ -209,150 +218,150 @@ def choose_pessimistically(search: RebalanceSearch) -> bool:
         else:
             move.reason = (f"{what} of {name}: the model's layout predicted {advantage:+.3f} better, "
                            f"but not at its lower bound ({bound:+.3f}, sd {sigma:.3f})")
-        search._take(move)
-        _restore_modes(search, host, layout)
+        take_move(draft, inputs, move)
+        _restore_modes(draft, inputs, host, layout)
         report["kept"] = target
-        search.draft.ruled.add(name)
+        draft.ruled.add(name)
         changed = True
         if trial and advantage > 1e-9:
-            offer_trial(search, name, keys, "spread" if target == "spread" else "start", model_layout,
+            offer_trial(draft, inputs, name, keys, "spread" if target == "spread" else "start", model_layout,
                          "model", "model's layout")
-    return keep_what_measured_better(search) or changed
+    return keep_what_measured_better(draft, inputs) or changed
 
 
-def offer_declined_layouts(search: RebalanceSearch) -> None:
+def offer_declined_layouts(draft: Draft, inputs: PlanInputs) -> None:
     """An exact layout the model rates worth its threshold but whose sure gain is not, or whose
     host is in back-off (a host the pessimistic check left alone, no migration), becomes the
     host's trial when it has none: the measurement decides what the model's data could not. A
     layout measured either way lately is not tried again (`offer_trial`)."""
-    if not search.settings.trials:
+    if not inputs.settings.trials:
         return
-    moved_hosts = {search.host_of[g] for g in search.migrated} | set(search.migrated.values())
-    for name, layout in sorted(search.draft.declined_layouts.items()):
-        if name in search.draft.trials or name in moved_hosts or name in search.draft.ruled:
+    moved_hosts = {draft.host_of[g] for g in draft.migrated} | set(draft.migrated.values())
+    for name, layout in sorted(draft.declined_layouts.items()):
+        if name in draft.trials or name in moved_hosts or name in draft.ruled:
             continue
-        host = search.hosts[name]
+        host = draft.hosts[name]
         if any(g not in host.guests for g in layout):
             continue
         here = {g: dict(host.pins[g]) for g in layout}
         if here == layout:
             continue
         label = ("exact layout of a host in back-off (its planned layouts measured worse lately)"
-                 if name in search.history.held else "exact layout whose predicted gain the model's confidence declined")
-        offer_trial(search, name, {"here": layout_key(name, here)}, "here", layout, "exact", label)
+                 if name in inputs.history.held else "exact layout whose predicted gain the model's confidence declined")
+        offer_trial(draft, inputs, name, {"here": layout_key(name, here)}, "here", layout, "exact", label)
 
 
-def keep_what_measured_better(search: RebalanceSearch) -> bool:
+def keep_what_measured_better(draft: Draft, inputs: PlanInputs) -> bool:
     """A host whose plan leads to a layout an earlier trial measured worse than where it is now
     stays where it is (the planned moves were undone then, and the model has not learned why)."""
     changed = False
-    for name, guests in sorted(search.draft.layout_guests.items()):
-        host = search.hosts[name]
-        start = {g: dict(search.original[g].placement.vcpupin) for g in guests}
+    for name, guests in sorted(draft.layout_guests.items()):
+        host = draft.hosts[name]
+        start = {g: dict(inputs.original[g].placement.vcpupin) for g in guests}
         here = layout_key(name, start)
         there = layout_key(name, {g: dict(host.pins[g]) for g in guests})
-        if here == there or (here, there) not in search.history.measured_better:
+        if here == there or (here, there) not in inputs.history.measured_better:
             continue
-        found = compare_layout(search, host, start, "stay")
+        found = compare_layout(draft, inputs, host, start, "stay")
         if found is None:
             continue
         _, _, move = found
         move.reason = f"{name} stays as it is: the planned layout measured worse than this one in an earlier trial"
-        search._take(move)
-        _restore_modes(search, host, guests)
-        search.draft.trials.pop(name, None)
-        search.draft.ruled.add(name)
-        search.draft.pessimistic.append({"host": name, "kept": "start (measured better than the planned layout)"})
-        _offer_exact_from_start(search, name, start, here, there)
+        take_move(draft, inputs, move)
+        _restore_modes(draft, inputs, host, guests)
+        draft.trials.pop(name, None)
+        draft.ruled.add(name)
+        draft.pessimistic.append({"host": name, "kept": "start (measured better than the planned layout)"})
+        _offer_exact_from_start(draft, inputs, name, start, here, there)
         changed = True
     return changed
 
 
-def _offer_exact_from_start(search: RebalanceSearch, name: str, start: dict[str, dict[int, frozenset[int]]],
-                                             here: str, there: str) -> None:
+def _offer_exact_from_start(draft: Draft, inputs: PlanInputs, name: str, start: dict[str, dict[int, frozenset[int]]],
+                            here: str, there: str) -> None:
     """The exact solver started from the climb's layout and was judged against it; once that
     layout is known to measure worse and the host stays, the solver's own layout is judged from
     where the host stays: worth `min_gain` by the model, it becomes the host's trial (measured,
     kept only if better), unless it is the layout measured worse or was measured already."""
-    solved = search.draft.exact_layouts.get(name)
-    host = search.hosts[name]
-    if not search.settings.trials or solved is None or any(g not in start for g in solved):
+    solved = draft.exact_layouts.get(name)
+    host = draft.hosts[name]
+    if not inputs.settings.trials or solved is None or any(g not in start for g in solved):
         return
     layout = {g: dict(solved.get(g, pins)) for g, pins in start.items()}  # keyed as `here` and `there`
     if layout_key(name, layout) == there:
         return
-    found = compare_layout(search, host, layout, "relayout")
-    if found is None or -found[0] < search.min_gain_on([name]):
+    found = compare_layout(draft, inputs, host, layout, "relayout")
+    if found is None or -found[0] < min_gain_on(draft, inputs, [name]):
         return
-    offer_trial(search, name, {"here": here}, "here", layout, "exact",
+    offer_trial(draft, inputs, name, {"here": here}, "here", layout, "exact",
                 f"exact layout (predicted {-found[0]:+.3f} from where {name} stays)")
 
 
-def _restore_modes(search: RebalanceSearch, host: HostLayout, guests) -> None:
+def _restore_modes(draft: Draft, inputs: PlanInputs, host: HostLayout, guests) -> None:
     """Guests the search pooled are pinned again, as they started."""
     for guest in guests:
-        if search.guests[guest].mode != search.original[guest].mode:
-            search.guests[guest] = replace(search.guests[guest], mode=search.original[guest].mode)
-            host.guests[guest] = search.guests[guest]
+        if draft.guests[guest].mode != inputs.original[guest].mode:
+            draft.guests[guest] = replace(draft.guests[guest], mode=inputs.original[guest].mode)
+            host.guests[guest] = draft.guests[guest]
 
 
-def offer_trial(search: RebalanceSearch, host: str, keys: dict[str, str], at: str,
+def offer_trial(draft: Draft, inputs: PlanInputs, host: str, keys: dict[str, str], at: str,
                 layout: dict[str, dict[int, frozenset[int]]], what: str, label: str,
                 budget: int | None = None) -> None:
     """Note the layout to try after the plan's moves, unless a measurement already compared it with
     the one the host ends at (either way round) or the host tried `budget` layouts lately (default
     `trial_max`)."""
-    if search.history.tried.get(host, 0) >= (search.settings.trial_max if budget is None else budget):
+    if inputs.history.tried.get(host, 0) >= (inputs.settings.trial_max if budget is None else budget):
         return  # enough tried on this host lately: the model learns from what was measured
     here, there = keys[at], layout_key(host, layout)
-    if here == there or (here, there) in search.history.measured_better or (there, here) in search.history.measured_better:
+    if here == there or (here, there) in inputs.history.measured_better or (there, here) in inputs.history.measured_better:
         return
-    if what == "spread" and any(loser == there for _, loser in search.history.measured_better):
+    if what == "spread" and any(loser == there for _, loser in inputs.history.measured_better):
         return  # the spread measured worse than the model's layout lately: the model's later layouts keep it
-    search.draft.trials[host] = {"layout": {g: dict(p) for g, p in layout.items()}, "what": what, "label": label,
+    draft.trials[host] = {"layout": {g: dict(p) for g, p in layout.items()}, "what": what, "label": label,
                            "from_key": here, "to_key": there}
 
 
-def compare_layout(search: RebalanceSearch, host: HostLayout, layout: dict[str, dict[int, frozenset[int]]],
-                                    kind: str) -> tuple[float, float, object] | None:
+def compare_layout(draft: Draft, inputs: PlanInputs, host: HostLayout, layout: dict[str, dict[int, frozenset[int]]],
+                   kind: str) -> tuple[float, float, object] | None:
     """(the model's advantage of the host as it is over `layout`, its standard deviation, the move
     to `layout`); None when `layout` is where the host is or breaks a rule."""
     current = {g: dict(host.pins[g]) for g in layout}
     changes = [(g, host.name, pins) for g, pins in layout.items() if current[g] != pins]
     if not changes:
         return None
-    move = search.new_move(kind, changes)
-    before, before_lin = search.host_objective(host), search._linear_objective(host)
-    undo = search._try(move)
+    move = new_move(kind, changes)
+    before, before_lin = host_objective(inputs, host), linear_objective(inputs, host)
+    undo = try_move(draft, move)
     try:
-        after, after_lin = search.host_objective(host), search._linear_objective(host)
-        broken = search.violations(host, list(layout)) or not search._floors_hold(host)
+        after, after_lin = host_objective(inputs, host), linear_objective(inputs, host)
+        broken = violations(draft, host, list(layout)) or not floors_hold(draft, inputs, host)
     finally:
         undo()
     if broken:
         return None
     move.gain, move.linear_gain = after - before, after_lin - before_lin
-    return before - after, doubt(search, move), move
+    return before - after, doubt(draft, inputs, move), move
 
 
-def _sure_from_start(search: RebalanceSearch, host: HostLayout, layout: dict[str, dict[int, frozenset[int]]]) -> float:
+def _sure_from_start(draft: Draft, inputs: PlanInputs, host: HostLayout, layout: dict[str, dict[int, frozenset[int]]]) -> float:
     """The sure gain of going from the guests' starting pins straight to `layout`."""
     current = {g: dict(host.pins[g]) for g in host.guests}
-    start = {g: dict(search.original[g].placement.vcpupin) for g in layout}
+    start = {g: dict(inputs.original[g].placement.vcpupin) for g in layout}
     for g, pins in start.items():
         host.set_pins(g, pins)
     try:
-        move = search.new_move("spread", [(g, host.name, pins) for g, pins in layout.items() if start[g] != pins])
+        move = new_move("spread", [(g, host.name, pins) for g, pins in layout.items() if start[g] != pins])
         if not move.changes:
             return 0.0
-        before, before_lin = search.host_objective(host), search._linear_objective(host)
-        undo = search._try(move)
+        before, before_lin = host_objective(inputs, host), linear_objective(inputs, host)
+        undo = try_move(draft, move)
         try:
-            after, after_lin = search.host_objective(host), search._linear_objective(host)
+            after, after_lin = host_objective(inputs, host), linear_objective(inputs, host)
         finally:
             undo()
         move.gain, move.linear_gain = after - before, after_lin - before_lin
-        return search._judge(move)
+        return judge(draft, inputs, move)
     finally:
         for g, pins in current.items():
             host.set_pins(g, pins)

@@ -41,10 +41,13 @@ copying, in VM-seconds at full speed) divided by `horizon_s` is subtracted,
 and the rest must clear `min_migration_gain`. Guests moved within
 `cooldown_s` stay put; at most `max_actions` actions are planned.
 
-The parts: `rebalance/state` (what the policy is given), `rebalance/layout`
-(a host's what-if layout and its predicted performance), `rebalance/search`
-(the moves and the local search), `rebalance/actions` (the plan's actions
-from the moves found). This module holds the entry points.
+The parts: `rebalance/state` (what the policy is given), `rebalance/draft` (the plan
+so far and what every stage reads), `rebalance/layout` (a host's what-if layout and
+its predicted performance), `rebalance/whatif` (a layout's objective, rules and how
+sure a move's gain is), `rebalance/local_moves` and `rebalance/migration` (the candidate
+moves), `rebalance/search` (the local search), `rebalance/exact`, `pessimistic`,
+`explore` (the later stages), `rebalance/actions` (the plan's actions from the moves
+found). This module holds the entry points and the stages' order.
 """
 
 from __future__ import annotations
@@ -64,7 +67,9 @@ from vmplacer.core.rebalance.pessimistic import choose_pessimistically, offer_de
 from vmplacer.core.rebalance.actions import _build_actions, plan_from_search
 from vmplacer.core.rebalance.layout import BetaTable, _locality_nodes
 from vmplacer.core.rebalance.layout import utility  # noqa: F401  (still importable from here)
-from vmplacer.core.rebalance.search import RebalanceSearch
+from vmplacer.core.rebalance.exact import climb_after_polish, polish
+from vmplacer.core.rebalance.search import climb, run_stages, start_search
+from vmplacer.core.rebalance.whatif import host_objective, perf_by_guest, total_objective, violations
 from vmplacer.core.rebalance.state import (
     EXCLUSIVE,
     FIXED,
@@ -89,9 +94,9 @@ __all__ = [
 # Each refines the draft the one before left (core/rebalance/draft.py); the stage timer reports
 # them by these names (a name listed twice adds up).
 PIPELINE: tuple[Stage, ...] = (
-    NamedStage("climb", RebalanceSearch.climb),  # local search: moves, swaps, pools, relocations, migrations
-    NamedStage("exact", RebalanceSearch.polish),  # small hosts: the exact solver's layout (rebalance/exact)
-    NamedStage("climb", RebalanceSearch.climb_after_polish),  # climb on from the solver's layouts
+    NamedStage("climb", climb),  # local search: moves, swaps, pools, relocations, migrations
+    NamedStage("exact", polish),  # small hosts: the exact solver's layout (rebalance/exact)
+    NamedStage("climb", climb_after_polish),  # climb on from the solver's layouts
     NamedStage("pessimistic", choose_pessimistically),  # each host against the blind spread, at the lower bound
     NamedStage("declined_layouts", offer_declined_layouts),  # exact layouts not sure enough: tried instead
     NamedStage("optimistic_groups", offer_optimistic_groups),  # small hosts together, optimistic β (explore)
@@ -156,27 +161,27 @@ def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSett
     history = RunHistory.of(measured=measured, tried=tried, pooled=pooled,
                             refuted=refuted, held={host: b.why(at) for host, b in (held or {}).items()})
     with times.stage("setup"):
-        search = RebalanceSearch(state, model, settings, now, last_moved or {}, scope, solver, history=history)
-    search.times = times
+        draft, inputs = start_search(state, model, settings, now, last_moved, scope, solver, history=history,
+                                     times=times)
     with times.stage("setup"):
-        before = search.total_objective()
-    search.run(PIPELINE)
+        before = total_objective(draft, inputs)
+    draft = run_stages(draft, inputs, PIPELINE)
     with times.stage("actions"):
-        after = search.total_objective()
-        actions, predicted = _build_actions(search, model)
-    fixed = sorted(f"{g.name} ({g.why_fixed})" for g in search.guests.values() if g.mode == FIXED and g.why_fixed)
+        after = total_objective(draft, inputs)
+        actions, predicted = _build_actions(draft, inputs, model)
+    fixed = sorted(f"{g.name} ({g.why_fixed})" for g in draft.guests.values() if g.mode == FIXED and g.why_fixed)
     moved = sum(1 for a in actions if a.kind != "probe")
     summary = (f"{plural(moved, 'action')}; predicted objective {before:.3f} → {after:.3f}" if moved
                else f"no move clears the minimum gain of {settings.min_gain:g}{_per_guest(settings)}: nothing to do")
-    if search.draft.declined:
-        summary += "; declined: " + declined_text(search.draft.declined[-1])
-    notes = {"fixed": fixed, "held": sorted(search.history.held.values()), "rejected": search.draft.rejected[:20],
-             "declined": search.draft.declined[-5:],
-             "exact": search.draft.exact, "pessimistic": search.draft.pessimistic,
-             "refuted": sorted(search.history.refuted),
+    if draft.declined:
+        summary += "; declined: " + declined_text(draft.declined[-1])
+    notes = {"fixed": fixed, "held": sorted(inputs.history.held.values()), "rejected": draft.rejected[:20],
+             "declined": draft.declined[-5:],
+             "exact": draft.exact, "pessimistic": draft.pessimistic,
+             "refuted": sorted(inputs.history.refuted),
              "trials": [{"host": h, "what": t["what"], "from_key": t["from_key"], "to_key": t["to_key"]}
-                        for h, t in sorted({**search.draft.trials, **search.draft.group_trials}.items())]}
-    return plan_from_search(search, actions, predicted, before=before, after=after, summary=summary, notes=notes,
+                        for h, t in sorted({**draft.trials, **draft.group_trials}.items())]}
+    return plan_from_search(draft, inputs, actions, predicted, before=before, after=after, summary=summary, notes=notes,
                             now=now)
 
 
@@ -202,8 +207,8 @@ def declined_text(declined: Mapping[str, object]) -> str:
 def evaluate_cluster(state: ClusterState, model: InterferenceModel,
                      settings: RebalanceSettings | None = None) -> tuple[float, dict[str, float]]:
     """(objective, each guest's predicted performance) of the state as it is."""
-    search = RebalanceSearch(state, model, settings or RebalanceSettings(), None, {}, None)
-    return search.total_objective(), search.perf_by_guest()
+    draft, inputs = start_search(state, model, settings or RebalanceSettings())
+    return total_objective(draft, inputs), perf_by_guest(draft)
 
 
 def exhaustive_best(state: ClusterState, model: InterferenceModel, settings: RebalanceSettings | None = None,
@@ -215,9 +220,9 @@ def exhaustive_best(state: ClusterState, model: InterferenceModel, settings: Reb
     Raises RebalanceInputError when the host has more layouts than `exhaustive_limit`.
     """
     settings = settings or RebalanceSettings()
-    search = RebalanceSearch(state, model, settings, None, {}, None)
-    name = host or next(iter(sorted(search.hosts)))
-    target = search.hosts[name]
+    draft, inputs = start_search(state, model, settings)
+    name = host or next(iter(sorted(draft.hosts)))
+    target = draft.hosts[name]
     slots = [(n, v) for n, g in target.guests.items() if g.mode in (PINNED, EXCLUSIVE)
              for v, pins in sorted(target.pins[n].items()) if len(pins) == 1]
     options = []
@@ -239,9 +244,9 @@ def exhaustive_best(state: ClusterState, model: InterferenceModel, settings: Reb
             layout[guest][vcpu] = frozenset({cpu})
         for guest, pins in layout.items():
             target.set_pins(guest, pins)
-        if search.violations(target, [g for g, _ in slots]):
+        if violations(draft, target, [g for g, _ in slots]):
             continue
-        value = search.host_objective(target)
+        value = host_objective(inputs, target)
         if value > best_value + 1e-12:
             best_value, best_layout = value, layout
     for guest, pins in base_pins.items():
