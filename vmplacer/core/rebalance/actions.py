@@ -20,7 +20,7 @@ from vmplacer.core.placement.allocate import refresh_shared_pins
 from vmplacer.core.model.interference import InterferenceModel
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.rebalance.plan import Action, Plan, initial_state
-from vmplacer.core.rebalance.layout import HostLayout, _host_confidences
+from vmplacer.core.rebalance.layout import HostLayout, layout_confidences
 from vmplacer.core.rebalance.draft import Draft, PlanInputs
 from vmplacer.core.rebalance.whatif import EPS, current_placement, guest_confidence, perf_by_guest, relocated_cells
 from vmplacer.core.rebalance.state import EXCLUSIVE, FLOATING
@@ -53,7 +53,7 @@ def _with_pins(draft: Draft, inputs: PlanInputs, name: str, host: HostLayout, pi
     return placement
 
 
-def _build_actions(draft: Draft, inputs: PlanInputs, model: InterferenceModel) -> tuple[list[Action], dict[str, dict[str, float]]]:
+def build_actions(draft: Draft, inputs: PlanInputs, model: InterferenceModel) -> tuple[list[Action], dict[str, dict[str, float]]]:
     settings = inputs.settings
     end_perf = perf_by_guest(draft)
     gains: dict[str, float] = {}
@@ -308,7 +308,7 @@ def _joint_probe(draft: Draft, inputs: PlanInputs, group: list[str], index: int,
 
 
 class _ActionIndex:
-    """What the per-host steps of `_build_actions` look up in the actions so far — each guest's
+    """What the per-host steps of `build_actions` look up in the actions so far — each guest's
     latest action with a placement after it, each host's latest probe, the actions on each host —
     kept up to date by reading only the actions appended since the last look (a fleet's plan has
     tens of thousands of actions: a scan per host would make building it quadratic)."""
@@ -444,7 +444,7 @@ def _confidences(draft: Draft, inputs: PlanInputs, model: InterferenceModel) -> 
     """The model's confidence in each guest's prediction in the final layout."""
     result: dict[str, float] = {}
     for host in draft.hosts.values():
-        result.update(_host_confidences(host, model, inputs.betas))
+        result.update(layout_confidences(host, model, inputs.betas))
     return result
 
 

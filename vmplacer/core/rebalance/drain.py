@@ -24,7 +24,7 @@ from dataclasses import replace
 from vmplacer.core.model.interference import InterferenceModel
 from vmplacer.core.text import plural
 from vmplacer.core.rebalance.plan import Plan
-from vmplacer.core.rebalance.actions import _build_actions, plan_from_search
+from vmplacer.core.rebalance.actions import build_actions, plan_from_search
 from vmplacer.core.rebalance.search import apply_move, start_search
 from vmplacer.core.rebalance.migration import migration_move
 from vmplacer.core.rebalance.whatif import CandidateMove, total_objective
@@ -87,7 +87,7 @@ def plan_drain(
         best.reason = f"drain {host}: " + best.reason
         apply_move(draft, inputs, best)
     after = total_objective(draft, inputs)
-    actions, predicted = _build_actions(draft, inputs, model)
+    actions, predicted = build_actions(draft, inputs, model)
     moved = sum(1 for a in actions if a.kind == "migrate")
     summary = f"drain {host}: {plural(moved, 'migration')}"
     summary += f"; {plural(len(stuck), 'guest')} stay: " + "; ".join(stuck) if stuck else "; the host will be empty"

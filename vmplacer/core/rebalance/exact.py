@@ -40,7 +40,7 @@ import numpy as np
 from vmplacer.core.model.interference import MULTIPLICATIVE
 from vmplacer.core.rebalance.layout_problem import LayoutProblem, LayoutSolution, LayoutSolver
 from vmplacer.core.rebalance.migration_cost import migration_cost
-from vmplacer.core.rebalance.layout import HostLayout, _locality_nodes
+from vmplacer.core.rebalance.layout import HostLayout, locality_nodes
 from vmplacer.core.rebalance.draft import Draft, PlanInputs
 from vmplacer.core.rebalance.search import actions_if, climb, decline, held_back, take_move, threshold_of
 from vmplacer.core.rebalance.state import EXCLUSIVE, PINNED, GuestState
@@ -226,7 +226,7 @@ def build_problem(draft: Draft, inputs: PlanInputs, host_names: Sequence[str],
                 continue
             cpus = set(host.usable)
             if k == home:
-                nodes = _locality_nodes(host, guest, host.pins[name])
+                nodes = locality_nodes(host, guest, host.pins[name])
                 if nodes:
                     cpus &= set().union(*(host.node_cpus[n] for n in nodes))
             fixed_here = [n for n in fixed_guests if n in host.guests]

@@ -313,7 +313,7 @@ class HostLayout:
         if node is not None:
             nodes = {node}
         else:
-            nodes = set() if ignore_locality else _locality_nodes(self, guest, self.pins[name])
+            nodes = set() if ignore_locality else locality_nodes(self, guest, self.pins[name])
         if nodes:
             base &= set().union(*(self.node_cpus.get(n, frozenset()) for n in nodes))
         base -= self.owned_by_others(name)
@@ -778,7 +778,7 @@ def _rows_updated(host: HostLayout, pieces: LayoutPieces, table: np.ndarray, mat
     return result
 
 
-def _locality_nodes(host: HostLayout, guest: GuestState, pins: Mapping[int, frozenset[int]]) -> set[int]:
+def locality_nodes(host: HostLayout, guest: GuestState, pins: Mapping[int, frozenset[int]]) -> set[int]:
     """Nodes a guest's vCPUs must stay in: where its memory is, when it says where (NUMA locality)."""
     placement = guest.placement
     if placement.cells:
@@ -789,7 +789,7 @@ def _locality_nodes(host: HostLayout, guest: GuestState, pins: Mapping[int, froz
 
 
 # --------------------------------------------------------------------------- confidence
-def _host_confidences(host: HostLayout, model: InterferenceModel, betas: BetaTable) -> dict[str, float]:
+def layout_confidences(host: HostLayout, model: InterferenceModel, betas: BetaTable) -> dict[str, float]:
     """Per guest on `host`: how much of its predicted interference rests on observed data.
 
     With no data at all every β is 0 and predictions are time sharing only;

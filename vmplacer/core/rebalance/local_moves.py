@@ -14,7 +14,7 @@ from dataclasses import replace
 import numpy as np
 
 from vmplacer.core.rebalance.draft import Draft, PlanInputs
-from vmplacer.core.rebalance.layout import HostLayout, LayoutPieces, _locality_nodes
+from vmplacer.core.rebalance.layout import HostLayout, LayoutPieces, locality_nodes
 from vmplacer.core.rebalance.state import EXCLUSIVE, PINNED, GuestState, RebalanceSettings
 from vmplacer.core.rebalance.whatif import (
     EPS,
@@ -264,7 +264,7 @@ def _relocations(draft: Draft, inputs: PlanInputs, host: HostLayout, base_obj: f
         guest = host.guests[name]
         if guest.mode not in (PINNED, EXCLUSIVE) or len(guest.placement.cells) > 1:
             continue
-        nodes = _locality_nodes(host, guest, host.pins[name])
+        nodes = locality_nodes(host, guest, host.pins[name])
         if len(nodes) != 1:
             continue
         here = next(iter(nodes))

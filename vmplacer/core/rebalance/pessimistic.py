@@ -30,7 +30,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from vmplacer.core.rebalance.layout import HostLayout, _locality_nodes
+from vmplacer.core.rebalance.layout import HostLayout, locality_nodes
 from vmplacer.core.rebalance.state import PINNED
 from vmplacer.core.rebalance.draft import Draft, PlanInputs
 from vmplacer.core.rebalance.search import actions_if, min_gain_on, take_move
@@ -72,7 +72,7 @@ def spread_layout(draft: Draft, inputs: PlanInputs, host: HostLayout) -> dict[st
     layout: dict[str, dict[int, frozenset[int]]] = {}
     least = LeastLoadedPicker(cpu_load, core_load, core_of)
     for name in moving:
-        nodes = _locality_nodes(host, host.guests[name], host.pins[name])
+        nodes = locality_nodes(host, host.guests[name], host.pins[name])
         allowed = tuple(sorted(c for c in host.usable if not nodes or host.node_of[c] in nodes))
         if not allowed:
             return None

@@ -64,8 +64,8 @@ from vmplacer.core.rebalance.plan import Plan
 from vmplacer.core.rebalance.draft import NamedStage, RunHistory, Stage
 from vmplacer.core.rebalance.explore import offer_optimistic_groups, offer_optimistic_layouts
 from vmplacer.core.rebalance.pessimistic import choose_pessimistically, offer_declined_layouts
-from vmplacer.core.rebalance.actions import _build_actions, plan_from_search
-from vmplacer.core.rebalance.layout import BetaTable, _locality_nodes
+from vmplacer.core.rebalance.actions import build_actions, plan_from_search
+from vmplacer.core.rebalance.layout import BetaTable, locality_nodes
 from vmplacer.core.rebalance.layout import utility  # noqa: F401  (still importable from here)
 from vmplacer.core.rebalance.exact import climb_after_polish, polish
 from vmplacer.core.rebalance.search import climb, run_stages, start_search
@@ -168,7 +168,7 @@ def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSett
     draft = run_stages(draft, inputs, PIPELINE)
     with times.stage("actions"):
         after = total_objective(draft, inputs)
-        actions, predicted = _build_actions(draft, inputs, model)
+        actions, predicted = build_actions(draft, inputs, model)
     fixed = sorted(f"{g.name} ({g.why_fixed})" for g in draft.guests.values() if g.mode == FIXED and g.why_fixed)
     moved = sum(1 for a in actions if a.kind != "probe")
     summary = (f"{plural(moved, 'action')}; predicted objective {before:.3f} → {after:.3f}" if moved
@@ -227,7 +227,7 @@ def exhaustive_best(state: ClusterState, model: InterferenceModel, settings: Reb
              for v, pins in sorted(target.pins[n].items()) if len(pins) == 1]
     options = []
     for guest, vcpu in slots:
-        nodes = _locality_nodes(target, target.guests[guest], target.pins[guest])
+        nodes = locality_nodes(target, target.guests[guest], target.pins[guest])
         cpus = set(target.usable)
         if nodes:
             cpus &= set().union(*(target.node_cpus[n] for n in nodes))

@@ -17,7 +17,7 @@ import numpy as np
 from vmplacer.core.placement.guest_placement import GuestCell, Placement
 from vmplacer.core.placement.occupancy import HostUsage, memory_by_node
 from vmplacer.core.rebalance.draft import Draft, PlanInputs
-from vmplacer.core.rebalance.layout import HostLayout, LayoutPieces, _host_confidences, utility
+from vmplacer.core.rebalance.layout import HostLayout, LayoutPieces, layout_confidences, utility
 from vmplacer.core.rebalance.state import EXCLUSIVE, FIXED, FLOATING, PINNED, GuestState
 
 
@@ -71,14 +71,14 @@ def guest_confidence(draft: Draft, inputs: PlanInputs, name: str, default: float
 
 
 def host_confidences(draft: Draft, inputs: PlanInputs, host: HostLayout) -> dict[str, float]:
-    """`_host_confidences` of the host as it is, kept while its guests and pins are the same:
+    """`layout_confidences` of the host as it is, kept while its guests and pins are the same:
     the plan asks again for every host at the end, and most hosts are as they were."""
     state = (tuple(host.guests.values()),
              tuple((name, tuple(sorted(pins.items()))) for name, pins in host.pins.items()))
     kept = draft.confidence_cache.get(host.name)
     if kept is not None and kept[0] == state:
         return kept[1]
-    found = _host_confidences(host, inputs.model, inputs.betas)
+    found = layout_confidences(host, inputs.model, inputs.betas)
     draft.confidence_cache[host.name] = (state, found)
     return found
 
