@@ -86,7 +86,8 @@ def main() -> None:
             print("baseline", json.dumps(baseline_runs[-1]), flush=True)
         runs.append(_measured(Path(__file__), size, args.guests))
         print(json.dumps(runs[-1]), flush=True)
-    machine = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "uname": " ".join(os.uname())}
+    machine = {"cpus": os.cpu_count(), "python": sys.version.split()[0], "uname": " ".join(os.uname()),
+               "openblas_threads": os.environ.get("OPENBLAS_NUM_THREADS", "default (one per CPU)")}
     result: dict = {"machine": machine, "runs": runs}
     if baseline is not None:
         commit = subprocess.run(["git", "-C", str(baseline), "rev-parse", "HEAD"], capture_output=True, text=True)

@@ -190,6 +190,14 @@ def alternate(conn, handles, layouts: dict[str, dict], *, rounds: int = 5,
     return measured
 
 
+def work_per_pcpu_second(rates_and_share: tuple[dict[str, float], float]) -> float:
+    """The guests' work per second of pCPU they got: the same in every layout unless something
+    else on the machine (a neighbour on the other pCPU's caches or core) slows what they do get,
+    which libvirt's CPU accounting does not show."""
+    rates, share = rates_and_share
+    return sum(rates.values()) / share if share > 0 else 0.0
+
+
 def median_ratio(measured: list, handles: list, top: str, bottom: str) -> dict[str, float]:
     """Per guest: the median over rounds of its rate in layout `top` over its rate in `bottom`
     (both from the same round, so outside load is about the same in both)."""
@@ -224,11 +232,14 @@ def test_three_guests_on_one_pcpu_are_spread_and_each_speeds_up(testbed, host1_c
     for handle in handles:
         set_pins(host1_conn, handle.name, spread[handle.name])
     shares = [{label: round(r[label][1], 2) for label in r} for r in measured]
-    quiet = [r for r in measured if r["crowded"][1] >= 0.85 and r["vmplacer"][1] >= 1.7]
+    quiet = [r for r in measured if r["crowded"][1] >= 0.85 and r["vmplacer"][1] >= 1.7
+             and work_per_pcpu_second(r["vmplacer"]) >= 0.85 * work_per_pcpu_second(r["crowded"])]
     gain = median_ratio(quiet, handles, "vmplacer", "crowded") if quiet else {}
+    efficiency = [round(work_per_pcpu_second(r["vmplacer"]) / max(work_per_pcpu_second(r["crowded"]), 1e-9), 2)
+                  for r in measured]
     print(f"\nrebalance took {took:.1f} s; affinity {affinity}; per-guest rate ratio vmplacer/crowded "
           f"{ {n[-2:]: round(r, 2) for n, r in gain.items()} } over {len(quiet)} quiet rounds; "
-          f"pCPU shares per round {shares}")
+          f"pCPU shares per round {shares}; work per pCPU-second vmplacer/crowded {efficiency}")
     record_property("ratios", {n[-2:]: round(r, 2) for n, r in gain.items()})
     record_property("rebalance_s", round(took, 1))
     # Causal, whatever else runs on the machine: pinned crowded, the three guests can never get
@@ -236,9 +247,10 @@ def test_three_guests_on_one_pcpu_are_spread_and_each_speeds_up(testbed, host1_c
     most = max(r["vmplacer"][1] for r in measured)
     assert most > 1.1, f"vmplacer's layout never gave the guests more than one pCPU (shares {shares})"
     # The speed-up itself is judged in the rounds where nothing else took the pCPUs (libvirt's
-    # accounting says so): there, 2x is the best any layout can give (see the module's docstring).
-    # Outside load lowers every layout's rate alike and takes those rounds away; then only the
-    # bound above is checked, and the rounds are printed.
+    # accounting says so) nor slowed the work done on them (the guests' work per pCPU-second in
+    # vmplacer's layout within 15 % of the crowded one's, in the same round): there, 2x is the best
+    # any layout can give (see the module's docstring). Outside load takes those rounds away; then
+    # only the bound above is checked, and the rounds are printed.
     for name, ratio in gain.items():
         assert ratio >= 1.6, f"{name}: progress rate rose only {ratio:.2f}x (shares {shares})"
 

@@ -1,5 +1,5 @@
 """The search's shortcuts give the very floats of the plain computation: a host's single moves
-scored in one pass equal each piece scored alone, the pool's pair changes gathered equal them
+and its swaps scored in one pass equal each piece's scored alone, the pool's pair changes gathered equal them
 scattered, and the spread's heap picks what a scan of every pCPU picks."""
 
 from __future__ import annotations
@@ -108,3 +108,29 @@ def test_spread_heap_picks_what_a_scan_picks_as_loads_grow():
             assert least.pick(allowed) == want
             cpu_load[want] += 1.0
             core_load[core_of[want]] += 1.0
+
+
+def test_swaps_scored_in_one_pass_equal_each_piece_scored_alone():
+    for seed in range(6):
+        draft, _ = crowded_search(seed)
+        host = draft.hosts["h"]
+        pieces = host.pieces()
+        alone, cands, pairs, blocks, start = [], [], [], [], 0
+        for m in range(len(pieces.cpu)):
+            partners = np.flatnonzero(pieces.single & (pieces.cpu != pieces.cpu[m]) & (pieces.vm != pieces.vm[m]))
+            if not len(partners):
+                continue
+            cand = np.repeat(pieces.cpu[None, :], len(partners), axis=0)
+            cand[np.arange(len(partners)), m] = pieces.cpu[partners]
+            cand[np.arange(len(partners)), partners] = pieces.cpu[m]
+            pair = np.stack([np.minimum(partners, m), np.maximum(partners, m)], axis=1)
+            alone.append(host.perf(pieces, cand, pair))
+            cands.append(cand)
+            pairs.append(pair)
+            blocks.append((start, start + len(partners)))
+            start += len(partners)
+        assert len(blocks) >= 5
+        batched = host.perf(pieces, np.concatenate(cands), np.concatenate(pairs), blocks)
+        for (begin, end), want in zip(blocks, alone):
+            for got, expected in zip(batched, want):
+                assert np.array_equal(got[begin:end], expected), seed

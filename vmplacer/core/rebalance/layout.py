@@ -393,11 +393,12 @@ class HostLayout:
         self.betas.keeping(self)
         return result
 
-    def perf(self, pieces: LayoutPieces, cpu: np.ndarray,
-             moved: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
+    def perf(self, pieces: LayoutPieces, cpu: np.ndarray, moved: np.ndarray | None = None,
+             blocks: list[tuple[int, int]] | None = None) -> tuple[np.ndarray, np.ndarray]:
         """Per candidate (rows of `cpu`, C×P): each guest's predicted performance (C×V), and the
         same from time sharing alone (the linear predictor). `moved` (optional, C×2): the two
-        pieces each candidate moves, in increasing order, when the caller knows them (swaps)."""
+        pieces each candidate moves, in increasing order, when the caller knows them (swaps).
+        `blocks` (optional): row ranges scored as if each were its own call (the same floats)."""
         same = cpu is pieces.cpu
         if same and pieces.current is not None:
             return pieces.current
@@ -411,20 +412,20 @@ class HostLayout:
         slots = (cpu + (np.arange(count) * n)[:, None]).ravel()
         load = np.bincount(slots, weights=np.repeat(pieces.demand[None, :], count, axis=0).ravel(), minlength=count * n)
         granted = pieces.demand[None, :] * np.minimum(1.0, 1.0 / np.maximum(load[slots].reshape(count, size), 1e-12))
-        linear = self._per_guest(pieces, granted)
+        linear = self._per_guest(pieces, granted) if blocks is None else self._per_guest_blocks(pieces, granted, blocks)
         if pieces.table is None:
             result = (linear, linear)
         elif same:
             loss = granted @ _interference_matrix(self, pieces).T
             result = (self._per_guest(pieces, granted * remaining(loss, self.betas.form)), linear)
         else:
-            result = (self._interfered(pieces, cpu, granted, moved), linear)
+            result = (self._interfered(pieces, cpu, granted, moved, blocks), linear)
         if same:
             pieces.current = result
         return result
 
     def _interfered(self, pieces: LayoutPieces, cpu: np.ndarray, granted: np.ndarray,
-                    pairs: np.ndarray | None = None) -> np.ndarray:
+                    pairs: np.ndarray | None = None, blocks: list[tuple[int, int]] | None = None) -> np.ndarray:
         assert pieces.table is not None
         if pairs is not None:
             matrix = self._matrices_moved(pieces, cpu, pairs)
@@ -439,7 +440,8 @@ class HostLayout:
             other = (pieces.vm[:, None] != pieces.vm[None, :])[None, :, :] & (dist != 0)
             matrix = np.where(other, beta, 0.0)
         loss = np.einsum("cxy,cy->cx", matrix, granted)
-        return self._per_guest(pieces, granted * remaining(loss, self.betas.form))
+        got = granted * remaining(loss, self.betas.form)
+        return self._per_guest(pieces, got) if blocks is None else self._per_guest_blocks(pieces, got, blocks)
 
     def _matrices_moved(self, pieces: LayoutPieces, cpu: np.ndarray, moved: np.ndarray) -> np.ndarray:
         """[c, x, y]: the interference matrix of each candidate that moves at most `_FEW_MOVED`

@@ -9,7 +9,7 @@ moves are scored in batches (`HostLayout.perf_moves_blind_many`).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import replace
+from dataclasses import dataclass, replace
 
 import numpy as np
 
@@ -32,7 +32,32 @@ from vmplacer.core.rebalance.whatif import (
 )
 
 
-def best_local(draft: Draft, inputs: PlanInputs, host: HostLayout) -> CandidateMove | None:
+@dataclass(frozen=True)
+class LocalOffer:
+    """A host's best local move, still to be picked from its contenders: the best by predicted
+    gain and the best if nothing but time sharing and the topology were sure (one when they
+    agree). Judged properly, the surer of them is the host's move (`move`). Judging tries both
+    on the host, so the climb judges only the offers that could change its choice (`bound`)."""
+
+    contenders: tuple[CandidateMove, ...]
+
+    @property
+    def bound(self) -> float:
+        """The most the host's move can be sure of (`CandidateMove.sure_gain` counts at most all of
+        an interference change that helps, none of one that hurts)."""
+        return max(max(c.gain, c.linear_gain) for c in self.contenders)
+
+    @property
+    def most_gain(self) -> float:
+        return max(c.gain for c in self.contenders)
+
+    def move(self, draft: Draft, inputs: PlanInputs) -> CandidateMove:
+        return max(self.contenders, key=lambda mv: (judge(draft, inputs, mv), mv.gain))
+
+
+def local_offer(draft: Draft, inputs: PlanInputs, host: HostLayout) -> LocalOffer | None:
+    """The host's offer: its candidate moves (single, swap, pool/unpool, relocate) searched, the
+    two contenders kept; None when nothing on it may move or no move keeps the rules."""
     if not any(movable(draft, n) for n in host.guests):
         return None
     pieces = host.pieces()
@@ -43,18 +68,14 @@ def best_local(draft: Draft, inputs: PlanInputs, host: HostLayout) -> CandidateM
     moves: list[CandidateMove] = []
     order = _ranked_pieces(draft, host, pieces, current)
     moves.extend(_best_singles(draft, inputs, host, pieces, order[: inputs.settings.move_candidates], base_obj, base_lin))
-    swappable = _swappable(draft, pieces)
-    for m in order[: inputs.settings.swap_candidates]:
-        moves.extend(_best_swap(draft, inputs, host, pieces, m, base_obj, base_lin, swappable))
+    moves.extend(_best_swaps(draft, inputs, host, pieces, order[: inputs.settings.swap_candidates], base_obj, base_lin))
     moves.extend(_pool_moves(draft, inputs, host, base_obj, base_lin))
     moves.extend(_relocations(draft, inputs, host, base_obj, base_lin))
     if not moves:
         return None
-    # The best by predicted gain and the best if nothing but time sharing and the
-    # topology were sure: judged properly, the surer of them is the host's candidate.
     by_gain = max(moves, key=lambda mv: mv.gain)
     by_sure = max(moves, key=lambda mv: mv.quick_sure)
-    return max({id(by_gain): by_gain, id(by_sure): by_sure}.values(), key=lambda mv: (judge(draft, inputs, mv), mv.gain))
+    return LocalOffer((by_gain,) if by_sure is by_gain else (by_gain, by_sure))
 
 
 def _ranked_pieces(draft: Draft, host: HostLayout, pieces: LayoutPieces, current: np.ndarray) -> list[int]:
@@ -147,28 +168,49 @@ def _swappable(draft: Draft, pieces: LayoutPieces) -> np.ndarray:
     return pieces.single & pinned[pieces.vm]
 
 
-def _best_swap(draft: Draft, inputs: PlanInputs, host: HostLayout, pieces: LayoutPieces, m: int, base_obj: float, base_lin: float,
-               swappable: np.ndarray | None = None) -> list[CandidateMove]:
-    name_m = pieces.guests[pieces.vm[m]]
-    if swappable is None:
-        swappable = _swappable(draft, pieces)
-    # on another pCPU (so not m itself), of another guest
-    partners = np.flatnonzero(swappable & (pieces.cpu != pieces.cpu[m]) & (pieces.vm != pieces.vm[m]))
-    if not len(partners):
+def _best_swaps(draft: Draft, inputs: PlanInputs, host: HostLayout, pieces: LayoutPieces, ms: list[int],
+                base_obj: float, base_lin: float) -> list[CandidateMove]:
+    """Each piece of `ms` in turn: its best swaps with a piece of another guest on another pCPU,
+    by predicted gain and by quick sure gain. All pieces' swaps are scored in one pass (each
+    piece's rows as if scored alone: `HostLayout.perf` blocks)."""
+    swappable = _swappable(draft, pieces)
+    groups = []  # (piece, its partners): on another pCPU (so not m itself), of another guest
+    for m in ms:
+        partners = np.flatnonzero(swappable & (pieces.cpu != pieces.cpu[m]) & (pieces.vm != pieces.vm[m]))
+        if len(partners):
+            groups.append((m, partners))
+    if not groups:
         return []
-    cand = np.repeat(pieces.cpu[None, :], len(partners), axis=0)
-    rows = np.arange(len(partners))
-    cand[rows, m] = pieces.cpu[partners]
-    cand[rows, partners] = pieces.cpu[m]
-    pairs = np.stack([np.minimum(partners, m), np.maximum(partners, m)], axis=1)
-    perf, linear = host.perf(pieces, cand, pairs)
+    blocks, start = [], 0
+    for _, partners in groups:
+        blocks.append((start, start + len(partners)))
+        start += len(partners)
+    cand = np.repeat(pieces.cpu[None, :], start, axis=0)
+    for (m, partners), (begin, end) in zip(groups, blocks):
+        rows = np.arange(begin, end)
+        cand[rows, m] = pieces.cpu[partners]
+        cand[rows, partners] = pieces.cpu[m]
+    pairs = np.concatenate([np.stack([np.minimum(partners, m), np.maximum(partners, m)], axis=1)
+                            for m, partners in groups])
+    perf, linear = host.perf(pieces, cand, pairs, blocks)
     gain = objective_of(inputs, pieces, perf) - base_obj
     lin = objective_of(inputs, pieces, linear) - base_lin
     ok = floors_ok(draft, inputs, pieces, perf)
-    partners = partners.tolist()
     # Under the topology prior every guest is alike, so a swap changes nothing there
     # (bar unequal loads): its zero-confidence value is time sharing and the guessed part.
     quick = lin + inputs.settings.guess_weight * np.maximum(gain - lin, 0.0) + np.minimum(gain - lin, 0.0)
+    moves: list[CandidateMove] = []
+    for (m, partners), (begin, end) in zip(groups, blocks):
+        moves.extend(_swap_moves(draft, host, pieces, m, partners.tolist(), gain[begin:end], lin[begin:end],
+                                 quick[begin:end], ok[begin:end]))
+    return moves
+
+
+def _swap_moves(draft: Draft, host: HostLayout, pieces: LayoutPieces, m: int, partners: list[int],
+                gain: np.ndarray, lin: np.ndarray, quick: np.ndarray, ok: np.ndarray) -> list[CandidateMove]:
+    """Piece m's best swap by predicted gain and by quick sure gain (per partner), among the four
+    best of each that keep the rules."""
+    name_m = pieces.guests[pieces.vm[m]]
     moves: list[CandidateMove] = []
     for score in (gain, quick):
         order = np.argsort(-np.where(ok, score, -np.inf), kind="stable")

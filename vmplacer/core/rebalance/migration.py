@@ -24,7 +24,6 @@ from vmplacer.core.rebalance.whatif import (
     host_objective,
     linear_objective,
     objective_of,
-    perf_by_guest,
 )
 
 
@@ -32,7 +31,7 @@ def best_migration(draft: Draft, inputs: PlanInputs) -> CandidateMove | None:
     settings = inputs.settings
     if not settings.allow_migration or len(draft.hosts) < 2:
         return None
-    perf = perf_by_guest(draft)
+    perf = draft.perf_now  # every guest's, kept up to date by each move taken (search.take_move)
     candidates = sorted(
         (g for g in draft.guests.values()
          if g.movable and g.migratable and g.name not in draft.migrated and g.name in perf),

@@ -17,7 +17,7 @@ from vmplacer.core.model.interference import InterferenceModel
 from vmplacer.core.rebalance.draft import NO_HISTORY, Draft, PlanInputs, RunHistory, Stage
 from vmplacer.core.rebalance.layout import BetaTable, HostLayout
 from vmplacer.core.rebalance.layout_problem import LayoutSolver
-from vmplacer.core.rebalance.local_moves import best_local
+from vmplacer.core.rebalance.local_moves import LocalOffer, local_offer
 from vmplacer.core.rebalance.migration import best_migration
 from vmplacer.core.rebalance.state import FIXED, FLOATING, PINNED, ClusterState, RebalanceSettings
 from vmplacer.core.rebalance.whatif import (
@@ -137,39 +137,82 @@ def climb(draft: Draft, inputs: PlanInputs) -> None:
 
 def climb_until_stuck(draft: Draft, inputs: PlanInputs) -> None:
     settings = inputs.settings
-    cache: dict[str, CandidateMove | None] = {}
+    offers: dict[str, LocalOffer | None] = {}
     dirty = set(draft.hosts)
     migration: CandidateMove | None = None
     migration_dirty = True
     for _ in range(settings.max_rounds):
         for name in dirty:
-            cache[name] = best_local(draft, inputs, draft.hosts[name])
+            offers[name] = local_offer(draft, inputs, draft.hosts[name])
         dirty = set()
         if migration_dirty:
             migration = best_migration(draft, inputs)
             migration_dirty = False
-        options = [m for m in cache.values()
-                   if m is not None and judge(draft, inputs, m) >= threshold_of(draft, inputs, m) and not held_back(draft, inputs, m)]
-        if migration is not None and judge(draft, inputs, migration) >= settings.min_migration_gain:
-            options.append(migration)
-        options.sort(key=lambda m: -m.sure_gain)
-        chosen = None
-        for option in options:
-            if actions_if(draft, option) <= settings.max_actions:
-                chosen = option
-                break
+        chosen, surest = _pick(draft, inputs, offers, migration)
         if chosen is None:
-            if options:
+            if surest is not None:
                 draft.rejected.append(f"action budget of {settings.max_actions} reached")
-                decline(draft, inputs, options[0], threshold_of(draft, inputs, options[0]), "max_actions")
+                decline(draft, inputs, surest, threshold_of(draft, inputs, surest), "max_actions")
             else:
-                best = max((m for m in [*cache.values(), migration] if m is not None and m.gain > EPS),
-                           key=lambda m: m.gain, default=None)
+                best = _largest_gain(draft, inputs, offers, migration)
                 if best is not None:
                     decline(draft, inputs, best, threshold_of(draft, inputs, best))
             return
         dirty |= take_move(draft, inputs, chosen)
         migration_dirty = True
+
+
+_MARGIN = 1e-9  # sure gains and their bounds are sums of the same floats in another order
+
+
+def _pick(draft: Draft, inputs: PlanInputs, offers: Mapping[str, LocalOffer | None],
+          migration: CandidateMove | None) -> tuple[CandidateMove | None, CandidateMove | None]:
+    """(the move to take; when none fits the action budget, the surest move that clears its
+    threshold, or None). The answer of judging every host's move, sorting those that clear their
+    threshold by sure gain (ties: the host listed first, the migration last) and taking the first
+    that fits the budget — judging only the offers whose bound could change it."""
+    settings = inputs.settings
+    fit = best = None  # (sure gain, -position, move): larger is better
+    if migration is not None and judge(draft, inputs, migration) >= settings.min_migration_gain:
+        best = (migration.sure_gain, -len(offers), migration)
+        if actions_if(draft, migration) <= settings.max_actions:
+            fit = best
+    ranked = sorted(((offer.bound, position, offer) for position, offer in enumerate(offers.values())
+                     if offer is not None), key=lambda item: (-item[0], item[1]))
+    for bound, position, offer in ranked:
+        if fit is not None and bound + _MARGIN < fit[0]:
+            break  # no offer from here on can be surer than the move to take
+        may_fit = any(actions_if(draft, c) <= settings.max_actions for c in offer.contenders)
+        may_lead = fit is None and (best is None or bound + _MARGIN >= best[0])
+        if not may_fit and not may_lead:
+            continue
+        move = offer.move(draft, inputs)
+        if judge(draft, inputs, move) < threshold_of(draft, inputs, move) or held_back(draft, inputs, move):
+            continue
+        entry = (move.sure_gain, -position, move)
+        if best is None or entry[:2] > best[:2]:
+            best = entry
+        if actions_if(draft, move) <= settings.max_actions and (fit is None or entry[:2] > fit[:2]):
+            fit = entry
+    if fit is not None:
+        return fit[2], None
+    return None, best[2] if best is not None else None
+
+
+def _largest_gain(draft: Draft, inputs: PlanInputs, offers: Mapping[str, LocalOffer | None],
+                  migration: CandidateMove | None) -> CandidateMove | None:
+    """The largest predicted gain among the hosts' moves and the migration (the first host listed,
+    on a tie), judging only the offers that could hold it: the plan names it as declined."""
+    best = None  # (gain, -position, move)
+    if migration is not None and migration.gain > EPS:
+        best = (migration.gain, -len(offers), migration)
+    for position, offer in enumerate(offers.values()):
+        if offer is None or (best is not None and offer.most_gain < best[0]):
+            continue
+        move = offer.move(draft, inputs)
+        if move.gain > EPS and (best is None or (move.gain, -position) > best[:2]):
+            best = (move.gain, -position, move)
+    return best[2] if best is not None else None
 
 
 def take_move(draft: Draft, inputs: PlanInputs, move: CandidateMove) -> set[str]:
