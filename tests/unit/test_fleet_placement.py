@@ -28,7 +28,8 @@ class _Host:
         return self._topology
 
     def domains(self) -> list[DomainInfo]:
-        return []
+        return [DomainInfo(name=name, uuid=f"uuid-{name}", state="shutoff", pause_reason=None, vcpus=1,
+                           memory_kib=1024, placement=None) for name in self.defined]
 
     def domain_state(self, name: str) -> tuple[str, str | None]:
         if name not in self.defined:

@@ -9,14 +9,19 @@ read of the store, one version query).
 
 Reading all of that costs ~10 ms on a real libvirtd plus a database round
 trip, which would cap dry runs at a few dozen per second, so bursts share a
-snapshot: the topology is kept for TOPOLOGY_TTL_S, the domain list for
-DOMAINS_TTL_S, the recorded placements for RECORDED_TTL_S. When a domain list
+snapshot: the topology is kept for TOPOLOGY_TTL_S, the domains' placements and
+labels for DOMAINS_TTL_S, the recorded placements for RECORDED_TTL_S. When a domain list
 is due, one request refreshes it while the others go on with the previous
 one (never older than twice its TTL), so a refresh never stalls a burst. In
 `vmplacer serve` a background thread (`keep_fresh`) does the refreshing for the
 whole fleet, and `changes` counts the refreshes that read something new: host
 choice among a thousand hosts then ranks a remembered fleet (app/place/fleet_placement.py,
-`SurveyMemo`) instead of reading a few dozen domain lists per request.
+`SurveyMemo`) instead of reading a few dozen domain lists per request. The
+refresher reads what placing reads, the way a real placement reads it
+(`labelled_placements`: one listing per host, and the XML only of domains whose
+libvirt events say they changed), not the full listing with each domain's state
+and sizes (three calls a domain): that one is read only when asked for (the web
+view's guest list), so keeping a fleet fresh costs a call per host.
 
 Only dry runs read snapshots. Placements that change a host read everything
 live and claim their pCPUs in the database (the unique key that makes double
@@ -37,6 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from vmplacer.app.observe.host_snapshot import floating
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.topology.host import HostTopology
 from vmplacer.ports import DomainInfo
@@ -64,6 +70,7 @@ class _Entry:
     lock: threading.Lock = field(default_factory=threading.Lock)
     topology: _Cached = field(default_factory=_Cached)
     domains: _Cached = field(default_factory=_Cached)
+    placements: _Cached = field(default_factory=_Cached)  # labelled placements: what placing reads
     records: _Cached = field(default_factory=_Cached)  # (placements, refusals)
 
 
@@ -83,7 +90,8 @@ class HostSnapshots:
         self._records = records
         self._fleet_records = (TimedValue(every_host_records, recorded_ttl_s, clock, on_change=self._changed)
                                if every_host_records is not None else None)
-        self.ttl = {"topology": topology_ttl_s, "domains": domains_ttl_s, "records": recorded_ttl_s}
+        self.ttl = {"topology": topology_ttl_s, "domains": domains_ttl_s, "placements": domains_ttl_s,
+                    "records": recorded_ttl_s}
         self._clock = clock
         self._entries: dict[str, _Entry] = {}
         self._guard = threading.Lock()
@@ -115,7 +123,8 @@ class HostSnapshots:
     def _get(self, name: str, what: str, load: Callable[[], Any], *, refreshing: bool = False) -> Any:
         entry = self._entry(name)
         cached: _Cached = getattr(entry, what)
-        ttl = self.ttl[what] * (1.0 if refreshing or what == "records" else self._request_ttl_factor)
+        kept_fresh = what in ("topology", "placements")  # what the refresher keeps (keep_fresh)
+        ttl = self.ttl[what] * (self._request_ttl_factor if kept_fresh and not refreshing else 1.0)
         value, at = cached.value, cached.at  # fresh: served without the lock (host choice reads
         if value is not None and self._clock() - at < ttl:  # every host's cache on each request)
             return value
@@ -156,7 +165,7 @@ class HostSnapshots:
                     if stop.is_set():
                         return
                     for what, read in (("topology", lambda n: self._hosts(n).topology()),
-                                       ("domains", lambda n: self._hosts(n).domains())):
+                                       ("placements", lambda n: _labelled_placements(self._hosts(n)))):
                         try:
                             self._get(name, what, lambda: read(name), refreshing=True)
                         except Exception:  # noqa: BLE001 - unreadable now: the requests say so
@@ -170,6 +179,12 @@ class HostSnapshots:
 
     def domains(self, name: str) -> list[DomainInfo]:
         return self._get(name, "domains", lambda: self._hosts(name).domains())
+
+    def labelled_placements(self, name: str) -> dict[str, tuple[Placement, dict[str, str]]]:
+        """Each domain's placement and labels: what placing reads. A host that offers it reads
+        only the domains libvirt's events say changed, so the refresher keeps a fleet's hosts
+        fresh with one listing each, not three calls per domain as `domains` makes."""
+        return self._get(name, "placements", lambda: _labelled_placements(self._hosts(name)))
 
     def records(self, name: str) -> Records:
         if self._fleet_records is not None:
@@ -186,7 +201,7 @@ class HostSnapshots:
         """Forget what a write changes (domains, recorded placements); the topology stays."""
         entry = self._entry(name)
         with entry.lock:
-            for cached in (entry.domains, entry.records):
+            for cached in (entry.domains, entry.placements, entry.records):
                 cached.generation += 1
                 cached.value = None
         if self._fleet_records is not None:
@@ -211,6 +226,18 @@ class CachedHost:
 
     def domains(self) -> list[DomainInfo]:
         return self.snapshots.domains(self.name)
+
+    def labelled_placements(self) -> dict[str, tuple[Placement, dict[str, str]]]:
+        return self.snapshots.labelled_placements(self.name)
+
+
+def _labelled_placements(host: Any) -> dict[str, tuple[Placement, dict[str, str]]]:
+    """`labelled_placements` of a host, or built from its domain listing when it offers none
+    (as `take_snapshot` reads it: a domain without a readable placement floats)."""
+    read = getattr(host, "labelled_placements", None)
+    if read is not None:
+        return read()
+    return {d.name: (floating(d, host.name), dict(d.labels)) for d in host.domains()}
 
 
 class SnapshotStore:

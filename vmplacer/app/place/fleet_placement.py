@@ -17,22 +17,13 @@ from typing import Any
 
 from vmplacer.app.observe.host_snapshot import HostSnapshot, RecordedPlacements, take_snapshot
 from vmplacer.app.place.placement_service import PlaceResult, PlacementService, PlacingHost
-from vmplacer.app.place.fleet_planner import FleetHost, exists_reason
+from vmplacer.app.place.fleet_planner import FleetHost
 from vmplacer.core.placement.fleet_index import DEFAULT_HOSTS_TO_SCORE, Demand, HostRoom, shortlist
 from vmplacer.core.placement.guest import GuestSpec
 from vmplacer.core.topology.host import HostTopology
 from vmplacer.core.placement.nofit import NoFit
 from vmplacer.core.placement.admit import AllocationOptions, page_options
-from vmplacer.ports import ClaimConflict, DomainGone, HypervisorError
-
-
-def refuse_existing_domain(host: PlacingHost, guest: str) -> None:
-    """libvirt's define replaces an existing domain of the same name: never do that."""
-    try:
-        host.domain_state(guest)
-    except DomainGone:
-        return
-    raise NoFit(guest, host.name, [exists_reason(guest, host.name)])
+from vmplacer.ports import ClaimConflict, HypervisorError
 
 
 
@@ -262,8 +253,7 @@ class FleetPlacement:
         for name in order:
             host = self._live(name)
             try:
-                refuse_existing_domain(host, spec.name)
-                if define:
+                if define:  # the service refuses a host with a domain of that name (refuse_listed)
                     result = service.place(host, spec, base_xml, start=start, actor_detail=actor)
                 else:
                     result = service.reserve(host, spec, base_xml, actor_detail=actor)

@@ -26,6 +26,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
 from vmplacer.app.observe.host_snapshot import HostSnapshot, joined_refusals, take_snapshot
+from vmplacer.app.place.fleet_planner import exists_reason
 from vmplacer.app.place.place_result import PlaceResult, host_lock
 from vmplacer.core.placement.allocate import may_narrow
 from vmplacer.core.placement.guest import GuestSpec
@@ -91,6 +92,13 @@ def already_placed(spec: GuestSpec, host: str) -> NoFit:
                                                f"guest {spec.name} is already placed")])
 
 
+def refuse_listed(spec: GuestSpec, host: str, snapshot: HostSnapshot) -> None:
+    """libvirt's define replaces an existing domain of the same name: never do that. The
+    host's listing the placement reads anyway says whether one exists (no lookup of its own)."""
+    if spec.name in snapshot.live:
+        raise NoFit(spec.name, host, [exists_reason(spec.name, host)])
+
+
 def place_batch(service: PlacementService, asks: list[Ask]) -> None:
     """Place `asks` (all on one host, in arrival order), settling each with its result or error."""
     host = asks[0].host
@@ -100,14 +108,19 @@ def place_batch(service: PlacementService, asks: list[Ask]) -> None:
             _one_at_a_time(service, ask)
         return
     service.admit_host(host.name)  # e.g. not in maintenance: refuses the whole batch
-    placed = store.placed_among([ask.spec.name for ask in asks])
+    snapshot = take_snapshot(host)
+    for ask in asks:
+        try:
+            refuse_listed(ask.spec, host.name, snapshot)
+        except NoFit as exc:
+            ask.fail(exc)
+    placed = store.placed_among([ask.spec.name for ask in asks if not ask.settled])
     for ask in asks:
         if ask.spec.name in placed:
             ask.fail(already_placed(ask.spec, host.name))
     pending = [ask for ask in asks if not ask.settled]
     if not pending:
         return
-    snapshot = take_snapshot(host)
     with host_lock(host.name):
         claimed, seen = _allocate_in_order(service, host, snapshot, pending)
         try:

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 from vmplacer.app.place.group_commit import GroupCommit
 from vmplacer.app.observe.host_snapshot import HostSnapshot, take_snapshot
 from vmplacer.app.place.place_result import PlaceResult, host_lock
-from vmplacer.app.place.placement_batch import Ask, already_placed, batch_capable, place_batch
+from vmplacer.app.place.placement_batch import Ask, already_placed, batch_capable, place_batch, refuse_listed
 from vmplacer.core.placement.allocate import allocate, may_narrow, refresh_shared_pins
 from vmplacer.core.placement.fleet_index import HostRoom, host_room
 from vmplacer.core.placement.guest import GuestSpec
@@ -288,9 +288,10 @@ class PlacementService:
         own work (and the claims' unique key keeps that true across instances). Rendering
         and libvirt's define run after it: until they succeed, the committed claim keeps
         the pCPUs from every other placement, and a failure forgets it."""
+        snapshot = take_snapshot(host)
+        refuse_listed(spec, host.name, snapshot)
         if self.is_placed(spec.name):
             raise already_placed(spec, host.name)
-        snapshot = take_snapshot(host)
         with host_lock(host.name):
             placement, claimed_among = self._claim(host, spec, snapshot)
         xml = self._render_claimed(spec, placement, base_xml)
@@ -330,6 +331,7 @@ class PlacementService:
         domain: the caller defines it from the returned XML (an orchestrator that owns
         domain definition). The claimed pCPUs are exclusive from now on."""
         snapshot = take_snapshot(host)
+        refuse_listed(spec, host.name, snapshot)
         with host_lock(host.name):
             placement, claimed_among = self._claim(host, spec, snapshot)
         xml = self._render_claimed(spec, placement, base_xml)
