@@ -141,9 +141,13 @@ def test_a_guest_that_fails_in_a_batch_fails_alone(database_url, tmp_path):
              "base_xml": clash},  # libvirt refuses to define it: its UUID is taken
             {"name": "huge", "vcpus": 32, "memory_mib": 16, "cpu_policy": "dedicated", "host": "t"},  # no room
             {"name": "before", "vcpus": 1, "memory_mib": 16, "host": "t"},  # its name is taken in this batch
+            {"name": "holder", "vcpus": 1, "memory_mib": 16, "host": "t"},  # a domain of that name exists
             {"name": "after", "vcpus": 2, "memory_mib": 16, "cpu_policy": "dedicated", "host": "t"},
         ]
-        first, before, clashed, huge, twice, after = _one_batch(client, groups, bodies)
+        first, before, clashed, huge, twice, holder, after = _one_batch(client, groups, bodies)
+        assert holder.status_code == 409 and holder.json()["error"]["code"] == "no-fit", holder.text
+        assert [r["constraint"] for r in holder.json()["error"]["details"]["reasons"]] == ["name"]
+        assert connection.lookupByName("holder").maxMemory() == 16384  # its definition is untouched
         assert first.status_code == before.status_code == after.status_code == 201
         assert clashed.status_code == 409 and clashed.json()["error"]["code"] == "exists", clashed.text
         assert huge.status_code == 409 and huge.json()["error"]["code"] == "no-fit", huge.text

@@ -5,6 +5,7 @@ from __future__ import annotations
 import threading
 
 from vmplacer.api.hostcache import HostSnapshots, SnapshotStore
+from vmplacer.core.placement.guest_placement import Placement
 
 
 class _Host:
@@ -115,23 +116,33 @@ def test_a_refreshed_value_equal_to_the_cached_one_is_the_same_object():
 
 def test_a_refresher_keeps_every_host_fresh_and_counts_what_changed():
     """With `keep_fresh` running, a host's new domain is read by the refresher (not by a request)
-    and moves `changes`; an unchanged host moves nothing."""
+    and moves `changes`; an unchanged host moves nothing. The refresher reads what placing reads
+    (`labelled_placements`: one listing, the changed domains' XML), never the full listing
+    with each domain's state and sizes (three libvirt calls a domain)."""
     import threading
     import time as wall
 
     listing = {"h1": ["a"], "h2": ["x"]}
     reads = {"h1": 0, "h2": 0}
+    full_listings: list[str] = []
 
     class Host:
+        uri = "test:///default"
+
         def __init__(self, name: str) -> None:
             self.name = name
 
         def topology(self) -> str:
             return f"topology-{self.name}"
 
-        def domains(self) -> list[str]:
+        def labelled_placements(self) -> dict[str, tuple[Placement, dict[str, str]]]:
             reads[self.name] += 1
-            return list(listing[self.name])
+            return {g: (Placement(guest=g, host=self.name, vcpupin={0: frozenset({0})}, memory_kib=1024), {})
+                    for g in listing[self.name]}
+
+        def domains(self) -> list[str]:
+            full_listings.append(self.name)
+            return []
 
     snapshots = HostSnapshots(Host, lambda _name: ([], {}), domains_ttl_s=0.05)
     stop = threading.Event()
@@ -148,10 +159,43 @@ def test_a_refresher_keeps_every_host_fresh_and_counts_what_changed():
             wall.sleep(0.01)
         assert snapshots.changes == settled  # refreshes that read nothing new change nothing
         listing["h2"] = ["x", "y"]
-        while snapshots.domains("h2") != ["x", "y"] and wall.monotonic() < deadline:
+        while set(snapshots.labelled_placements("h2")) != {"x", "y"} and wall.monotonic() < deadline:
             wall.sleep(0.01)
-        assert snapshots.domains("h2") == ["x", "y"] and snapshots.changes > settled
+        assert set(snapshots.view("h2").labelled_placements()) == {"x", "y"} and snapshots.changes > settled
     finally:
         stop.set()
         refresher.join(timeout=30)
     assert not refresher.is_alive()
+    assert full_listings == []
+
+
+def test_a_dry_run_snapshot_is_the_one_a_placement_reads():
+    """Served from the cache, a host's snapshot equals the one a placement takes of the host
+    itself (dry run = real run), and a host without the cheaper read is read from its listing."""
+    from vmplacer.app.observe.host_snapshot import take_snapshot
+    from vmplacer.ports import DomainInfo
+
+    pinned = Placement(guest="a", host="h1", vcpupin={0: frozenset({1})}, memory_kib=2048)
+    domains = [DomainInfo("a", "u-a", "running", None, 1, 2048, pinned, {"workload_class": "noisy"}),
+               DomainInfo("b", "u-b", "shutoff", None, 2, 4096, None, {})]
+
+    class Listed:
+        name, uri = "h1", "test:///default"
+
+        def topology(self) -> str:
+            return "topology"
+
+        def domains(self) -> list[DomainInfo]:
+            return list(domains)
+
+    class Placing(Listed):
+        def labelled_placements(self) -> dict[str, tuple[Placement, dict[str, str]]]:
+            live = take_snapshot(Listed(), listing=True)
+            return {d.name: (live.live[d.name], dict(d.labels)) for d in domains}
+
+    for host in (Listed(), Placing()):
+        cached = take_snapshot(HostSnapshots(lambda _name, h=host: h, lambda _name: ([], {})).view("h1"))
+        direct = take_snapshot(Placing())
+        assert (cached.live, cached.profiles, cached.anti_affinity) == (direct.live, direct.profiles,
+                                                                        direct.anti_affinity)
+        assert cached.live["b"].vcpupin == {0: frozenset(), 1: frozenset()}  # unpinned: floats anywhere
