@@ -345,5 +345,11 @@ class ServerContainer(Container):
         if make_url(url).get_backend_name() == "sqlite" and make_url(url).database in (None, "", ":memory:"):
             return make_engine(url)  # one in-memory database per connection: nothing to pool
         # SQLite too: a fresh connection costs its PRAGMAs, and a pool of 5 + 10 overflow made
-        # most requests open one under concurrent placements
+        # most requests open one under concurrent placements. A file database serves one
+        # server's threads only, so it keeps every connection it may open (an overflow one is
+        # closed when returned, and a burst of reads opened one per request); PostgreSQL keeps
+        # SERVER_POOL_SIZE, as its max_connections is shared by every instance.
+        if make_url(url).get_backend_name() == "sqlite":
+            return make_engine(url, pool_size=SERVER_POOL_SIZE + SERVER_POOL_OVERFLOW, max_overflow=0,
+                               pool_timeout=30)
         return make_engine(url, pool_size=SERVER_POOL_SIZE, max_overflow=SERVER_POOL_OVERFLOW, pool_timeout=30)
