@@ -116,7 +116,7 @@ def test_a_refreshed_value_equal_to_the_cached_one_is_the_same_object():
 
 def test_a_refresher_keeps_every_host_fresh_and_counts_what_changed():
     """With `keep_fresh` running, a host's new domain is read by the refresher (not by a request)
-    and moves `changes`; an unchanged host moves nothing. The refresher reads what placing reads
+    and moves `changes()`; an unchanged host moves nothing. The refresher reads what placing reads
     (`labelled_placements`: one listing, the changed domains' XML), never the full listing
     with each domain's state and sizes (three libvirt calls a domain)."""
     import threading
@@ -153,15 +153,15 @@ def test_a_refresher_keeps_every_host_fresh_and_counts_what_changed():
         while min(reads.values()) < 3 and wall.monotonic() < deadline:
             wall.sleep(0.01)
         assert min(reads.values()) >= 3, reads  # refreshed over and over without a request
-        settled = snapshots.changes
+        settled = snapshots.changes()
         seen = dict(reads)
         while min(reads[h] - seen[h] for h in reads) < 2 and wall.monotonic() < deadline:
             wall.sleep(0.01)
-        assert snapshots.changes == settled  # refreshes that read nothing new change nothing
+        assert snapshots.changes() == settled  # refreshes that read nothing new change nothing
         listing["h2"] = ["x", "y"]
         while set(snapshots.labelled_placements("h2")) != {"x", "y"} and wall.monotonic() < deadline:
             wall.sleep(0.01)
-        assert set(snapshots.view("h2").labelled_placements()) == {"x", "y"} and snapshots.changes > settled
+        assert set(snapshots.view("h2").labelled_placements()) == {"x", "y"} and snapshots.changes() > settled
     finally:
         stop.set()
         refresher.join(timeout=30)

@@ -45,7 +45,7 @@ def remembering(hosts, clock):  # type: ignore[no-untyped-def]
     service._allocate = counted_allocate  # type: ignore[method-assign]
     memo = SurveyMemo()
     fleet = FleetPlacement(service, snapshots.view, hosts.__getitem__, hosts_to_score=4, memo=memo,
-                           changes=lambda: snapshots.changes)
+                           changes=snapshots.changes)
     return fleet, snapshots, counts
 
 

@@ -14,7 +14,7 @@ labels for DOMAINS_TTL_S, the recorded placements for RECORDED_TTL_S. When a dom
 is due, one request refreshes it while the others go on with the previous
 one (never older than twice its TTL), so a refresh never stalls a burst. In
 `vmplacer serve` a background thread (`keep_fresh`) does the refreshing for the
-whole fleet, and `changes` counts the refreshes that read something new: host
+whole fleet, and `changes()` counts the refreshes that read something new: host
 choice among a thousand hosts then ranks a remembered fleet (app/place/fleet_placement.py,
 `SurveyMemo`) instead of reading a few dozen domain lists per request. The
 refresher reads what placing reads, the way a real placement reads it
@@ -107,7 +107,6 @@ class HostSnapshots:
                 entry = self._entries.setdefault(name, _Entry())
         return entry
 
-    @property
     def changes(self) -> int:
         """A number that changes whenever any host's snapshot may have (a refresh that read
         something new, a write's invalidation): equal numbers mean equal snapshots, so whatever

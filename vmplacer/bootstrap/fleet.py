@@ -28,4 +28,4 @@ def api_fleet_placement(services: ApiServices) -> FleetPlacement:
     return FleetPlacement(services.dry_runs, services.snapshots.view, services.container.hypervisor,
                           on_libvirt_error=services.metrics.libvirt_error,
                           invalidate=services.snapshots.invalidate, refusals=(DomainRefused,),
-                          memo=services.survey_memo, changes=lambda: services.snapshots.changes)
+                          memo=services.survey_memo, changes=services.snapshots.changes)

@@ -54,7 +54,6 @@ from vmplacer.core.rebalance.whatif import (
     judge,
     linear_objective,
     may_pin,
-    movable,
     new_move,
     try_move,
     violations,
@@ -77,7 +76,7 @@ def solver_items(draft: Draft, inputs: PlanInputs, host: HostLayout) -> list[str
     for name, guest in host.guests.items():
         if may_pin(draft, inputs, name):
             result.append(name)
-        elif (guest.mode in (PINNED, EXCLUSIVE) and movable(draft, name)
+        elif (guest.mode in (PINNED, EXCLUSIVE) and draft.guests[name].movable
               and all(len(p) == 1 for p in host.pins[name].values())):
             result.append(name)
     return result
@@ -495,7 +494,7 @@ def exact_groups(draft: Draft, inputs: PlanInputs) -> list[list[str]]:
     migrations) when their pCPUs together stay within `exact_max_cpus`."""
     limit = inputs.settings.exact_max_cpus
     small = [n for n in sorted(draft.hosts) if 0 < len(draft.hosts[n].usable) <= limit]
-    busy = [n for n in small if any(movable(draft, g) for g in draft.hosts[n].guests)]
+    busy = [n for n in small if any(draft.guests[g].movable for g in draft.hosts[n].guests)]
     if not busy:
         return []
     joint = [n for n in small if draft.hosts[n].state.accepts_migrations or n in busy]

@@ -26,7 +26,6 @@ from vmplacer.core.rebalance.whatif import (
     judge,
     may_pin,
     memory_fits,
-    movable,
     objective_of,
     violations,
 )
@@ -58,7 +57,7 @@ class LocalOffer:
 def local_offer(draft: Draft, inputs: PlanInputs, host: HostLayout) -> LocalOffer | None:
     """The host's offer: its candidate moves (single, swap, pool/unpool, relocate) searched, the
     two contenders kept; None when nothing on it may move or no move keeps the rules."""
-    if not any(movable(draft, n) for n in host.guests):
+    if not any(draft.guests[n].movable for n in host.guests):
         return None
     pieces = host.pieces()
     base, base_linear = host.perf(pieces, pieces.cpu)

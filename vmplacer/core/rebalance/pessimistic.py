@@ -41,7 +41,6 @@ from vmplacer.core.rebalance.whatif import (
     host_objective,
     judge,
     linear_objective,
-    movable,
     new_move,
     try_move,
     violations,
@@ -53,7 +52,7 @@ def spread_layout(draft: Draft, inputs: PlanInputs, host: HostLayout) -> dict[st
     order; the search may have pooled them since): each on
     the pCPU with the fewest vCPUs, then the emptiest core; others count as load. None when
     nothing may move or the result breaks a rule."""
-    moving = [n for n in sorted(host.guests) if inputs.original[n].mode == PINNED and movable(draft, n)
+    moving = [n for n in sorted(host.guests) if inputs.original[n].mode == PINNED and draft.guests[n].movable
                and n not in draft.migrated
                and all(len(p) == 1 for p in inputs.original[n].placement.vcpupin.values())]
     if not moving:

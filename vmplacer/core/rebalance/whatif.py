@@ -128,10 +128,6 @@ def floors_ok(draft: Draft, inputs: PlanInputs, pieces: LayoutPieces, perf: np.n
     return ok
 
 
-def movable(draft: Draft, name: str) -> bool:
-    return draft.guests[name].movable
-
-
 def may_pin(draft: Draft, inputs: PlanInputs, name: str) -> bool:
     """A floating guest whose vCPUs the search may pin 1:1 again: vmplacer floated it (in this
     search, or an earlier plan's pool that nobody has changed since), or the settings allow
