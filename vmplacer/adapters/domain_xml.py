@@ -100,7 +100,7 @@ def schema_path() -> Path:
 
 def validate_domain(root: etree._Element, guest: str) -> None:
     """Raise DomainXmlError unless `root` is valid against libvirt's domain.rng."""
-    schema = _relaxng(str(schema_path()))
+    schema = _relaxng(os.environ.get("VMPLACER_DOMAIN_SCHEMA") or str(DEFAULT_SCHEMA))  # schema_path(), as text
     if not schema.validate(root):
         errors = "; ".join(f"line {e.line}: {e.message}" for e in schema.error_log) or "unknown error"
         raise DomainXmlError(f"domain XML for guest {guest} does not validate against {schema_path()}: {errors}")
@@ -119,9 +119,10 @@ def _environment(directory: str) -> jinja2.Environment:
 
 
 def _template(name: str, templates_dir: Path | None) -> jinja2.Template:
-    directory = templates_dir or Path(os.environ.get("VMPLACER_TEMPLATES") or TEMPLATES_DIR)
+    # a string, not a Path: this runs twice per rendered domain
+    directory = str(templates_dir) if templates_dir else os.environ.get("VMPLACER_TEMPLATES") or str(TEMPLATES_DIR)
     try:
-        return _environment(str(directory)).get_template(name)
+        return _environment(directory).get_template(name)
     except jinja2.TemplateNotFound:
         raise DomainXmlError(f"template {name} not found in {directory}") from None
 
@@ -278,15 +279,24 @@ def _pin_iothreads(root: etree._Element, emulator: frozenset[int]) -> None:
 
 
 # ----- merging ----------------------------------------------------------------------------------------
+def _insert_ranked(parent: etree._Element, child: etree._Element, ranks: dict[str, int]) -> None:
+    """Insert `child` after the last child that ranks at or before it (unranked children and
+    comments stay where they are; an unranked child goes after every ranked one)."""
+    rank = ranks.get(child.tag, len(ranks))
+    position = 0
+    for index, existing in enumerate(parent):
+        other = ranks.get(existing.tag) if isinstance(existing.tag, str) else None
+        if other is not None and other <= rank:
+            position = index + 1
+    parent.insert(position, child)
+
+
+_CANONICAL_RANK = {tag: rank for rank, tag in enumerate(CANONICAL_ORDER)}
+
+
 def _insert_canonical(root: etree._Element, element: etree._Element) -> None:
     """Insert a new top-level element where libvirt would write it."""
-    rank = CANONICAL_ORDER.index(element.tag) if element.tag in CANONICAL_ORDER else len(CANONICAL_ORDER)
-    position = 0
-    for index, child in enumerate(root):
-        tag = child.tag if isinstance(child.tag, str) else ""
-        if tag in CANONICAL_ORDER and CANONICAL_ORDER.index(tag) <= rank:
-            position = index + 1
-    root.insert(position, element)
+    _insert_ranked(root, element, _CANONICAL_RANK)
 
 
 def _replace_whole(root: etree._Element, new: etree._Element) -> None:
@@ -336,15 +346,11 @@ _CHILD_ORDER = {
 }
 
 
+_CHILD_RANK = {parent: {tag: rank for rank, tag in enumerate(order)} for parent, order in _CHILD_ORDER.items()}
+
+
 def _insert_child(parent: etree._Element, child: etree._Element) -> None:
-    order = _CHILD_ORDER.get(parent.tag, ())
-    rank = order.index(child.tag) if child.tag in order else len(order)
-    position = 0
-    for index, existing in enumerate(parent):
-        tag = existing.tag if isinstance(existing.tag, str) else ""
-        if tag in order and order.index(tag) <= rank:
-            position = index + 1
-    parent.insert(position, child)
+    _insert_ranked(parent, child, _CHILD_RANK.get(parent.tag, {}))
 
 
 def merge_owned(root: etree._Element, owned: etree._Element, guest: str) -> None:
