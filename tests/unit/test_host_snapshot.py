@@ -208,6 +208,33 @@ def test_the_api_cache_serves_repeated_snapshots_from_one_read(taken: list[HostS
     assert host.reads == {"topology": 1, "domains": 2} and store.reads == 2
 
 
+def test_a_remembered_room_follows_the_read_its_snapshot_is_made_of():
+    """A cached host offering the placements' read is read so for dry runs too (as a placement
+    reads it): the room host choice remembers is keyed by that read, never by the full
+    listing (three libvirt calls a domain), so a new domain the refresher found changes it."""
+    host, store = _CountingHost(), _Store()
+    live = {"pinned": (host._domains[0].placement, {"workload_class": "noisy"})}
+    placings: list[int] = []
+
+    def labelled_placements() -> dict[str, tuple[Placement, dict[str, str]]]:
+        placings.append(1)
+        return dict(live)
+
+    host.labelled_placements = labelled_placements  # type: ignore[attr-defined]
+    clock = [0.0]
+    snapshots = HostSnapshots(lambda _name: host, lambda name: (store.occupied(name), {}), clock=lambda: clock[0])
+    dry_runs = PlacementService(SnapshotStore(snapshots), lambda spec, placement, base: "<domain/>")
+    view, room = dry_runs.room(snapshots.view("h1"))
+    assert dry_runs.room(snapshots.view("h1")) == (view, room) and len(placings) == 1
+    assert set(view.live) == {"pinned"} and host.reads["domains"] == 0
+    live["newcomer"] = (Placement(guest="newcomer", host="h1", vcpupin={0: frozenset({5})}, memory_kib=1024,
+                                  dedicated=True, exclusive_cpus=frozenset({5})), {})
+    clock[0] += 10.0  # the host's placements are due again (the refresher's next read)
+    after, smaller = dry_runs.room(snapshots.view("h1"))
+    assert len(placings) == 2 and set(after.live) == {"pinned", "newcomer"} and smaller != room
+    assert host.reads["domains"] == 0
+
+
 def test_a_snapshot_binds_the_refusals_domains_declare_and_those_on_record_together():
     """A domain's declared anti-affinity counts with no record of it (a restored database, a
     second deployment); with a record too, both rules bind, each peer once."""

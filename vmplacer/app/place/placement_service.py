@@ -220,7 +220,7 @@ class PlacementService:
 
     def room(self, host: PlacingHost) -> tuple[HostSnapshot, HostRoom]:
         """The host as a dry run reads it now, and its free room (core/placement/fleet_index.py). A host
-        read from a cache (api/hostcache.py) whose topology, domains and records are the very
+        read from a cache (api/hostcache.py) whose topology, domains read and records are the very
         objects of the last call is answered from that call: host choice among a thousand hosts
         looks at each one's cache, not at each one's guests."""
         sources = self._sources(host)
@@ -238,7 +238,10 @@ class PlacementService:
         cached = getattr(host, "snapshots", None)
         if cached is None:
             return None
-        return (host.topology(), host.domains(), self._store.occupied_and_refusals(host.name))
+        # the very read take_snapshot makes of it: the placements' read where the host offers it
+        listing = getattr(host, "labelled_placements", None)
+        domains = listing() if listing is not None else host.domains()
+        return (host.topology(), domains, self._store.occupied_and_refusals(host.name))
 
     def _room(self, host: PlacingHost) -> tuple[HostSnapshot, HostRoom]:
         view = self._with_recorded(host, take_snapshot(host))
