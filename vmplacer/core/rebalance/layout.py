@@ -128,6 +128,13 @@ class BetaTable:
 # --------------------------------------------------------------------------- one host's layout
 PairTerms = tuple[list[tuple[str, int, int]], np.ndarray, np.ndarray]
 _FEW_MOVED = 2  # candidates moving at most this many pieces get their interference matrix by update
+# Bounds on what scoring candidates holds at once (entries of an array): a host of floating guests
+# has thousands of pieces, and a stacked matrix per candidate would be C×P×P of them
+CANDIDATE_CELLS = 1 << 22  # candidates × pieces scored in one pass (32 MiB per float array)
+STACKED_CELLS = 1 << 22  # candidates × pieces × pieces stacked; above it, the loss is computed without
+# layouts of more pieces than this score one-piece moves from the layout's own loss (O(P) per
+# candidate, `HostLayout._moved_loss`) instead of a product per candidate (O(P²))
+INCREMENTAL_ABOVE = 128
 _RECENT_LAYOUTS = 4  # evaluated layouts kept per host: a fleet's worth stays well under its memory bound
 @dataclass
 class LayoutPieces:
@@ -144,6 +151,12 @@ class LayoutPieces:
     ideal: np.ndarray  # per guest
     weight: np.ndarray
     single: np.ndarray  # piece is a vCPU pinned to exactly one pCPU
+    # floating vCPUs of one guest over the same pCPUs, counted as one piece per pCPU (`MERGE_ABOVE`):
+    # how many vCPUs each piece stands for (None: one each)
+    vcpus_per_piece: np.ndarray | None = None
+    # (loss of each piece as the layout stands, [pCPU, piece]: interference from each pCPU's pieces
+    # at their full demand), cached for `HostLayout._moved_loss`
+    by_cpu: tuple[np.ndarray, np.ndarray] | None = None
     matrix: np.ndarray | None = None  # interference between pieces, computed on first use
     current: tuple[np.ndarray, np.ndarray] | None = None  # `perf` of the layout itself, cached
     identities: tuple[tuple[str, str], ...] = ()  # model identity of each key index
@@ -167,6 +180,28 @@ class LayoutPieces:
             self.slots = {(self.guests[self.vm[p]], int(self.vcpu[p])): p
                           for p in np.flatnonzero(self.single).tolist()}
         return self.slots
+
+
+# layouts of more pieces than this count a floating guest's vCPUs that share their pCPUs as one
+# piece per pCPU: the same predictions (each such vCPU's pieces are alike), a fraction of the pieces
+MERGE_ABOVE = 128
+
+
+def _vcpu_groups(pins: Mapping[int, frozenset[int]], merge: bool) -> list[tuple[int, int, frozenset[int]]]:
+    """(first vCPU, how many vCPUs, their pCPUs) in vCPU order: each vCPU alone, or, with
+    `merge`, the floating vCPUs (more than one pCPU, or none: the host) that share their pCPUs
+    together at the first of them."""
+    if not merge:
+        return [(v, 1, cpus) for v, cpus in sorted(pins.items())]
+    groups: dict[frozenset[int], list[int]] = {}
+    result: list[tuple[int, int, frozenset[int]]] = []
+    for v, cpus in sorted(pins.items()):
+        if len(cpus) == 1:
+            result.append((v, 1, cpus))
+        else:
+            groups.setdefault(cpus, []).append(v)
+    result += [(vcpus[0], len(vcpus), cpus) for cpus, vcpus in groups.items()]
+    return sorted(result)
 
 
 class HostLayout:
@@ -351,12 +386,15 @@ class HostLayout:
         identities: dict[tuple[str, str], int] = {}
         vm, vcpu, cpu, demand, key, single = [], [], [], [], [], []
         everywhere = sorted(self.usable) or self.cpus
+        merge = sum(len(pins) or len(everywhere) for pins_of in layout.values()
+                    for pins in pins_of.values()) > MERGE_ABOVE
+        times: list[int] = []
         for g, name in enumerate(names):
             guest = guests[name]
             ident = identities.setdefault(self.betas.identity(guest), len(identities))
-            for v, pins in sorted(layout[name].items()):
+            for v, count, pins in _vcpu_groups(layout[name], merge):
                 allowed = sorted(pins) if pins else everywhere
-                share = guest.load / len(allowed)
+                share = guest.load / len(allowed) * count
                 for c in allowed:
                     vm.append(g)
                     vcpu.append(v)
@@ -364,6 +402,7 @@ class HostLayout:
                     demand.append(share)
                     key.append(ident)
                     single.append(len(allowed) == 1)
+                    times.append(count)
         vm_a = np.asarray(vm, dtype=np.int64)
         onehot = np.zeros((len(vm), len(names)))
         if len(vm):
@@ -377,6 +416,7 @@ class HostLayout:
             weight=np.array([guests[n].weight for n in names], dtype=float),
             single=np.asarray(single, dtype=bool),
             identities=tuple(identities),
+            vcpus_per_piece=np.asarray(times, dtype=float) if merge and max(times, default=1) > 1 else None,
         )
         if layout is self.pins:
             self._pieces = result
@@ -408,6 +448,14 @@ class HostLayout:
         if size == 0:
             empty = np.zeros((count, len(pieces.guests)))
             return empty, empty
+        if not same and count > 1 and count * size > CANDIDATE_CELLS:
+            return self._perf_in_chunks(pieces, cpu, moved, blocks)
+        return self._perf_rows(pieces, cpu, same, moved, blocks)
+
+    def _perf_rows(self, pieces: LayoutPieces, cpu: np.ndarray, same: bool, moved: np.ndarray | None,
+                   blocks: list[tuple[int, int]] | None) -> tuple[np.ndarray, np.ndarray]:
+        """`perf` of the candidates `cpu` (C×P) in one pass."""
+        count, size = cpu.shape
         n = len(self.cpus)
         slots = (cpu + (np.arange(count) * n)[:, None]).ravel()
         load = np.bincount(slots, weights=np.repeat(pieces.demand[None, :], count, axis=0).ravel(), minlength=count * n)
@@ -427,19 +475,28 @@ class HostLayout:
     def _interfered(self, pieces: LayoutPieces, cpu: np.ndarray, granted: np.ndarray,
                     pairs: np.ndarray | None = None, blocks: list[tuple[int, int]] | None = None) -> np.ndarray:
         assert pieces.table is not None
+        loss: np.ndarray | None = None
         if pairs is not None:
-            matrix = self._matrices_moved(pieces, cpu, pairs)
+            pass
         elif len(cpu) and (moved := cpu != pieces.cpu[None, :]).sum(axis=1).max() <= _FEW_MOVED:
             # each candidate's moved pieces first; a candidate that moves fewer takes unmoved ones
             # too, whose rows and columns come out as they were
-            matrix = self._matrices_moved(pieces, cpu, np.argsort(~moved, axis=1, kind="stable")[:, :_FEW_MOVED])
+            pairs = np.argsort(~moved, axis=1, kind="stable")[:, :_FEW_MOVED]
+        if pairs is not None and len(cpu) * cpu.shape[1] ** 2 > STACKED_CELLS:
+            loss = self._loss_moved(pieces, cpu, granted, pairs)
+        elif pairs is not None:
+            matrix = self._matrices_moved(pieces, cpu, pairs)
+        elif len(cpu) * cpu.shape[1] ** 2 > STACKED_CELLS:
+            loss = np.stack([granted[c] @ _pair_lookup(self, replace(pieces, cpu=cpu[c]), pieces.table, masked=True).T
+                             for c in range(len(cpu))])
         else:
             dist = self.dist[cpu[:, :, None], cpu[:, None, :]]  # [c, x, y]
             k = pieces.table.shape[1]
             beta = pieces.table.reshape(-1)[dist * (k * k) + pieces.key[None, None, :] * k + pieces.key[None, :, None]]
             other = (pieces.vm[:, None] != pieces.vm[None, :])[None, :, :] & (dist != 0)
             matrix = np.where(other, beta, 0.0)
-        loss = np.einsum("cxy,cy->cx", matrix, granted)
+        if loss is None:
+            loss = np.einsum("cxy,cy->cx", matrix, granted)
         got = granted * remaining(loss, self.betas.form)
         return self._per_guest(pieces, got) if blocks is None else self._per_guest_blocks(pieces, got, blocks)
 
@@ -464,6 +521,56 @@ class HostLayout:
             result[rows, :, j] = np.where(other & (dist != 0),
                                           flat[dist * (k * k) + pieces.key[j][:, None] * k + pieces.key[None, :]], 0.0)
         return result
+
+    def _loss_moved(self, pieces: LayoutPieces, cpu: np.ndarray, granted: np.ndarray,
+                    moved: np.ndarray) -> np.ndarray:
+        """[c, x]: what `_matrices_moved` times the granted shares gives, without stacking a
+        matrix per candidate: the layout's matrix times each candidate's shares, its moved
+        pieces' columns corrected and their rows looked up anew — memory C×P, not C×P×P."""
+        assert pieces.table is not None
+        matrix = _interference_matrix(self, pieces)
+        count = len(cpu)
+        rows = np.arange(count)
+        k = pieces.table.shape[1]
+        flat = pieces.table.reshape(-1)
+        loss = granted @ matrix.T
+        seen = np.full(count, -1, dtype=np.int64)
+        for j in moved.T:
+            fresh = j != seen  # a piece named twice in a row is corrected once
+            at = cpu[rows, j][:, None]
+            other = pieces.vm[None, :] != pieces.vm[j][:, None]
+            dist = self.dist[cpu, at]  # [c, x]: x's pCPU to j's
+            column = np.where(other & (dist != 0),
+                              flat[dist * (k * k) + pieces.key[j][:, None] * k + pieces.key[None, :]], 0.0)
+            loss += ((column - matrix[:, j].T) * (granted[rows, j] * fresh)[:, None])
+            seen = j
+        for j in moved.T:
+            at = cpu[rows, j][:, None]
+            other = pieces.vm[None, :] != pieces.vm[j][:, None]
+            dist = self.dist[at, cpu]  # [c, y]: j's pCPU to y's
+            row = np.where(other & (dist != 0),
+                           flat[dist * (k * k) + pieces.key[None, :] * k + pieces.key[j][:, None]], 0.0)
+            loss[rows, j] = (row * granted).sum(axis=1)
+        return loss
+
+    def _perf_in_chunks(self, pieces: LayoutPieces, cpu: np.ndarray, moved: np.ndarray | None,
+                        blocks: list[tuple[int, int]] | None) -> tuple[np.ndarray, np.ndarray]:
+        """`perf` of many candidates, a bounded number of rows at a time (whole blocks together
+        when blocks are given): memory stays near `CANDIDATE_CELLS` per array, whatever the
+        number of candidates."""
+        step = max(1, CANDIDATE_CELLS // cpu.shape[1])
+        spans = blocks or [(start, min(start + step, len(cpu))) for start in range(0, len(cpu), step)]
+        groups: list[list[tuple[int, int]]] = [[]]
+        for span in spans:
+            if groups[-1] and span[1] - groups[-1][0][0] > step:
+                groups.append([])
+            groups[-1].append(span)
+        parts = []
+        for group in groups:
+            begin, end = group[0][0], group[-1][1]
+            parts.append(self._perf_rows(pieces, cpu[begin:end], False, None if moved is None else moved[begin:end],
+                                         None if blocks is None else [(a - begin, b - begin) for a, b in group]))
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
 
     def perf_moves(self, pieces: LayoutPieces, m: int, targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """`perf` for candidates that each move piece `m` to one of `targets` (local pCPU indexes).
@@ -499,7 +606,21 @@ class HostLayout:
         same arithmetic as `perf_moves_blind` of that piece alone — elementwise steps and row
         sums over all rows at once, the matrix products block by block on the very shapes one
         piece alone has — so each block's numbers are the same floats; a host's best single
-        moves cost one pass instead of one per piece."""
+        moves cost one pass instead of one per piece (or a few, whole blocks at a time, when
+        the candidates × pieces would exceed `CANDIDATE_CELLS`)."""
+        step = max(1, CANDIDATE_CELLS // max(len(pieces.cpu), 1))
+        if len(targets) > step and len(blocks) > 1:
+            groups: list[list[tuple[int, int]]] = [[]]
+            for span in blocks:
+                if groups[-1] and span[1] - groups[-1][0][0] > step:
+                    groups.append([])
+                groups[-1].append(span)
+            parts = [self.perf_moves_blind_many(pieces, blind, moved[g[0][0]:g[-1][1]], targets[g[0][0]:g[-1][1]],
+                                                [(a - g[0][0], b - g[0][0]) for a, b in g]) for g in groups]
+            joined = [np.concatenate([part[i] for part in parts]) for i in (0, 1)]
+            blind_parts = [part[2] for part in parts]
+            return (joined[0], joined[1],
+                    None if blind_parts[0] is None else np.concatenate(blind_parts))  # type: ignore[arg-type]
         cpu, granted, linear = self._moved_shares_many(pieces, moved, targets, blocks)
         if pieces.table is None:
             return linear, linear, None if blind is None else linear
@@ -507,10 +628,10 @@ class HostLayout:
             pieces.reach = self.dist[:, pieces.cpu]
         dist = pieces.reach.take(targets, axis=0)
         valid = (pieces.vm[None, :] != pieces.vm[moved][:, None]) & (dist != 0)
-        perf = self._moved_interfered_many(pieces, moved, granted, dist, valid, blocks)
+        perf = self._moved_interfered_many(pieces, moved, targets, granted, dist, valid, blocks)
         if blind is None:
             return perf, linear, None
-        blind_perf = linear if blind.table is None else self._moved_interfered_many(blind, moved, granted, dist,
+        blind_perf = linear if blind.table is None else self._moved_interfered_many(blind, moved, targets, granted, dist,
                                                                                     valid, blocks)
         return perf, linear, blind_perf
 
@@ -531,12 +652,15 @@ class HostLayout:
         granted = pieces.demand[None, :] * np.minimum(1.0, 1.0 / np.maximum(load[rows[:, None], cpu], 1e-12))
         return cpu, granted, self._per_guest_blocks(pieces, granted, blocks)
 
-    def _moved_interfered_many(self, pieces: LayoutPieces, moved: np.ndarray, granted: np.ndarray, dist: np.ndarray,
-                               valid: np.ndarray, blocks: list[tuple[int, int]]) -> np.ndarray:
-        """`_moved_interfered`, row r moving piece `moved[r]`."""
+    def _moved_interfered_many(self, pieces: LayoutPieces, moved: np.ndarray, targets: np.ndarray,
+                               granted: np.ndarray, dist: np.ndarray, valid: np.ndarray,
+                               blocks: list[tuple[int, int]]) -> np.ndarray:
+        """`_moved_interfered`, row r moving piece `moved[r]` to `targets[r]`."""
         assert pieces.table is not None
         matrix = _interference_matrix(self, pieces)
-        loss = _blocks_product(granted, matrix.T, blocks)
+        loss = self._moved_loss(pieces, matrix, moved, targets, granted)
+        if loss is None:
+            loss = _blocks_product(granted, matrix.T, blocks)
         rows = np.arange(len(moved))
         mine = granted[rows, moved]  # each row's granted share of its moved piece
         loss -= mine[:, None] * matrix[:, moved].T  # np.outer's products, row by row
@@ -551,6 +675,38 @@ class HostLayout:
         loss += caused * mine[:, None]
         loss[rows, moved] = (suffered * granted).sum(axis=1)
         return self._per_guest_blocks(pieces, granted * remaining(loss, self.betas.form), blocks)
+
+    def _moved_loss(self, pieces: LayoutPieces, matrix: np.ndarray, moved: np.ndarray, targets: np.ndarray,
+                    granted: np.ndarray) -> np.ndarray | None:
+        """granted @ matrix.T of candidates that each move one piece (row r: `moved[r]` to local
+        pCPU `targets[r]`; `granted[r]`: the shares that gives), from the layout's own loss: only
+        the pieces on the two pCPUs whose load changed get other shares, each pCPU's scaled by
+        one factor, so a row costs O(P) instead of O(P²). None on layouts of at most
+        `INCREMENTAL_ABOVE` pieces: the product is then computed whole, the same floats as ever."""
+        size = len(pieces.cpu)
+        if size <= INCREMENTAL_ABOVE:
+            return None
+        n = len(self.cpus)
+        if pieces.load is None:
+            pieces.load = np.bincount(pieces.cpu, weights=pieces.demand, minlength=n)
+        load = pieces.load
+        if pieces.by_cpu is None:
+            now = pieces.demand * _speed(load[pieces.cpu])
+            order = np.argsort(pieces.cpu, kind="stable")
+            held, starts = np.unique(pieces.cpu[order], return_index=True)
+            by_cpu = np.zeros((n, size))  # [pCPU, x]: rows, so that a candidate's pCPU is one read
+            by_cpu[held] = np.add.reduceat((matrix.T * pieces.demand[:, None])[order], starts, axis=0)
+            pieces.by_cpu = (matrix @ now, by_cpu)
+        base, by_cpu = pieces.by_cpu
+        source = pieces.cpu[moved]
+        demand = pieces.demand[moved]
+        stays = np.where(source == targets, demand, 0.0)
+        left = _speed(load[source] - demand + stays) - _speed(load[source])
+        joined = _speed(load[targets] + demand - stays) - _speed(load[targets])
+        column = matrix[:, moved].T  # [c, x]: β of the moved piece on x, where it was
+        mine = granted[np.arange(len(moved)), moved] - demand * _speed(load[source])
+        return (base[None, :] + left[:, None] * (by_cpu[source] - column * demand[:, None])
+                + joined[:, None] * by_cpu[targets] + column * mine[:, None])
 
     @staticmethod
     def _per_guest_blocks(pieces: LayoutPieces, got: np.ndarray, blocks: list[tuple[int, int]]) -> np.ndarray:
@@ -589,7 +745,9 @@ class HostLayout:
         `_moved_reach`, which a layout and its blind view share)."""
         assert pieces.table is not None
         matrix = _interference_matrix(self, pieces)
-        loss = granted @ matrix.T
+        loss = self._moved_loss(pieces, matrix, np.full(len(granted), m), targets, granted)
+        if loss is None:
+            loss = granted @ matrix.T
         loss -= np.outer(granted[:, m], matrix[:, m])
         if dist is None or valid is None:
             dist, valid = self._moved_reach(pieces, m, targets)
@@ -655,6 +813,10 @@ class HostLayout:
         # a guess may be off by as much as the pair's largest coefficient at any distance
         largest = np.abs(pieces.table).max(axis=0)[pieces.key[None, :], pieces.key[:, None]]
         variance = (reach * model.noise_sd) ** 2 * doubt / k + (doubt * reach * largest) ** 2
+        if pieces.vcpus_per_piece is not None:
+            # a piece standing for m vCPUs holds m equal terms: the sum of their variances is
+            # its own squared term's over m, per side of the pair
+            variance /= np.outer(pieces.vcpus_per_piece, pieces.vcpus_per_piece)
         return keys, terms, variance
 
     def _pair_scale(self, pieces: LayoutPieces) -> tuple[np.ndarray, np.ndarray]:
@@ -686,6 +848,11 @@ def _blocks_product(a: np.ndarray, b: np.ndarray, blocks: list[tuple[int, int]])
     return result
 
 
+def _speed(load: np.ndarray) -> np.ndarray:
+    """The share of its demand a piece gets on a pCPU of this load (time sharing)."""
+    return np.minimum(1.0, 1.0 / np.maximum(load, 1e-12))
+
+
 def _read_only(found: PairTerms) -> PairTerms:
     """Cached pair terms, guarded against a caller changing them in place."""
     for array in found[1:]:
@@ -710,7 +877,7 @@ def _derived(base: LayoutPieces, moved: Mapping[tuple[str, int], int]) -> Layout
     if base.blind is not None:
         base.blind.parent = None
     return replace(base, cpu=cpu, matrix=None, current=None, blind=None, terms=None, spread=None, load=None,
-                   blind_base=None, reach=None, piece_keys=None,
+                   blind_base=None, reach=None, piece_keys=None, by_cpu=None,
                    parent=(base, changed) if base.matrix is not None else None)
 
 

@@ -148,7 +148,8 @@ def blind_view(inputs: PlanInputs, pieces: LayoutPieces) -> LayoutPieces | None:
             parent = (pieces.parent[0].blind, pieces.parent[1])  # its matrix, updated likewise
         pieces.blind = replace(pieces, key=np.zeros_like(pieces.key), table=inputs.betas.prior, matrix=None,
                                current=None, blind=None, terms=None, spread=None,
-                               load=None, blind_base=None, slots=None, parent=parent, piece_keys=None)
+                               load=None, blind_base=None, slots=None, parent=parent, piece_keys=None,
+                               by_cpu=None)
     return pieces.blind
 
 
