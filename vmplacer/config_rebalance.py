@@ -39,6 +39,7 @@ REBALANCE_KEYS: dict[str, dict[str, tuple[str, Kind]]] = {
         "migration_candidates": ("migration_candidates", "integer"),
         "destination_candidates": ("destination_candidates", "integer"),
         "pin_floating_guests": ("pin_floating_guests", "flag"),
+        "memory_budget_mib": ("memory_budget_mib", "integer"),
     },
     "migration": {
         "allow": ("allow_migration", "flag"),

@@ -213,3 +213,98 @@ def test_a_guest_group_is_one_piece_per_pcpu(monkeypatch):
             assert pieces.vcpus_per_piece is not None and set(pieces.vcpus_per_piece.tolist()) == {4.0}
             assert pieces.demand.sum() == pytest.approx(guest.load * 4)
     assert counts == {"plain": 24, "bounded": 6}
+
+
+# --------------------------------------------------------------------------- the model's own sums
+@pytest.mark.parametrize("seed", range(8))
+def test_the_models_prediction_summed_per_pcpu_equals_the_pairwise_sum(seed, monkeypatch):
+    """`InterferenceModel.predict` and admission's scoring on layouts past `DENSE_PIECES` sum
+    neighbours per pCPU and key: the same predictions as the piece × piece sums."""
+    from vmplacer.core.model import interference
+    from vmplacer.core.model.interference import Tenant
+
+    state, fitted = host_state(seed + 300, guests=12), model(seed)
+    topology = state.hosts["h"].topology
+    usable = frozenset(topology.usable_cpus)
+    tenants = [Tenant(g.name, {v: (p or usable) for v, p in g.placement.vcpupin.items()}, key=g.key,
+                      workload_class=g.workload_class, load=g.load) for g in state.guests.values()]
+    layout = interference.TenantLayout.build(topology, tenants)
+    keys = np.array([i % 3 for i in layout.owner], dtype=np.int64)
+    table = np.random.default_rng(seed).uniform(-0.1, 0.4, size=(len(interference.DistanceClass), 3, 3))
+    monkeypatch.setattr(interference, "DENSE_PIECES", 10**9)
+    dense_sum = layout.neighbour_sum(table, keys)
+    dense = fitted.predict(topology, tenants)
+    monkeypatch.setattr(interference, "DENSE_PIECES", 0)
+    assert close(dense_sum, layout.neighbour_sum(table, keys))
+    summed = fitted.predict(topology, tenants)
+    assert dense.keys() == summed.keys()
+    for name in dense:
+        for field in ("perf", "confidence", "share", "throughput"):
+            assert getattr(summed[name], field) == pytest.approx(getattr(dense[name], field), rel=1e-9, abs=1e-12)
+
+
+def test_a_tenants_vcpus_on_one_pcpu_are_one_piece():
+    """Flattening counts a tenant's vCPUs that may run on one pCPU as one piece: a 4-vCPU tenant
+    floating over 12 pCPUs is 12 pieces, with the demand of its four vCPUs."""
+    from vmplacer.core.model.interference import Tenant, TenantLayout
+
+    topology = uniform_topology(nodes=2, cores_per_node=3, threads_per_core=2, name="h")
+    everywhere = frozenset(topology.cpus)
+    layout = TenantLayout.build(topology, [Tenant("f", {v: everywhere for v in range(4)}, load=0.6),
+                                           Tenant("p", {0: frozenset({3})})])
+    assert len(layout.owner) == 13
+    assert layout.demand[layout.owner == 0] == pytest.approx([0.6 * 4 / 12] * 12)
+
+
+# --------------------------------------------------------------------------- the memory budget
+def floating_host(name: str, floating: int) -> tuple[HostState, dict]:
+    topology = uniform_topology(nodes=2, cores_per_node=8, threads_per_core=2, name=name)
+    guests = {}
+    for index in range(6 + floating):
+        guest = f"{name}-g{index}"
+        pins = {0: frozenset({index % 32})} if index < 6 else {v: frozenset() for v in range(2)}
+        guests[guest] = describe_guest(Placement(guest=guest, host=name, vcpupin=pins, memory_kib=1 << 20),
+                                       labels={"workload": KEYS[index % len(KEYS)]})
+    return HostState(name, topology), guests
+
+
+def test_a_host_over_the_memory_budget_is_left_out_named():
+    small, small_guests = floating_host("small", 1)
+    big, big_guests = floating_host("big", 12)
+    state = ClusterState({"small": small, "big": big}, {**small_guests, **big_guests})
+    # big: 6 pinned + 12 floating guests over 32 pCPUs = 390 pieces; 390² · 8 B · 32 ≈ 37 MiB
+    plan = plan_rebalance(state, model(1), RebalanceSettings(memory_budget_mib=20), now=0.0)
+    left_out = plan.settings["notes"]["left_out"]
+    assert [entry["host"] for entry in left_out] == ["big"]
+    assert "390 pieces" in left_out[0]["why"] and "rebalance.search.memory_budget_mib" in left_out[0]["why"]
+    assert "1 host left out, over the memory budget of 20 MiB: big" in plan.summary
+    assert all(action.host == "small" for action in plan.actions)
+    roomy = plan_rebalance(state, model(1), RebalanceSettings(memory_budget_mib=1024), now=0.0)
+    assert roomy.settings["notes"]["left_out"] == []
+    # the big host's 18 guests count in the roomy plan's objective, not in the budgeted one's
+    assert abs(roomy.objective_before - plan.objective_before) > 1.0
+
+
+def test_evaluations_let_go_under_a_small_budget_give_the_same_plan():
+    """Hosts that drop their kept evaluations (the budget's `keep_cells`) compute them again
+    from the same pieces: the plan is the same, float for float."""
+    hosts, guests = {}, {}
+    for index in range(5):
+        host, on_it = floating_host(f"h{index}", index + 1)
+        hosts[host.name] = host
+        guests.update(on_it)
+    state = ClusterState(hosts, guests)
+    plans = []
+    for keep in (None, 1):
+        import vmplacer.core.rebalance.search as search
+
+        original = search.budget_cells
+        if keep is not None:
+            search.budget_cells = lambda settings: keep  # type: ignore[assignment]
+        try:
+            plan = plan_rebalance(state, model(2), RebalanceSettings(), now=0.0)
+        finally:
+            search.budget_cells = original  # type: ignore[assignment]
+        plans.append(([repr(a) for a in plan.actions], plan.objective_before, plan.objective_after, plan.summary))
+    assert plans[0] == plans[1]
+    assert plans[0][0]

@@ -73,6 +73,7 @@ RATIO_FLOOR = 0.01  # ζ/ζb below this is read as this in the multiplicative fo
 _CLASSES: tuple[DistanceClass, ...] = tuple(DistanceClass)  # index == DistanceClass.rank
 _N_CLASSES = len(_CLASSES)
 _SAME_CPU = DistanceClass.SAME_CPU.rank
+DENSE_PIECES = 256  # layouts of more pieces sum neighbours per pCPU (`_Layout.neighbour_sum`), not per pair
 _DEFAULT_REFERENCE = DistanceClass.SAME_LLC
 
 
@@ -539,20 +540,44 @@ def _fit_factors(blocks, key_wclass: np.ndarray, params: _FactorLayout, cfg: Mod
 # --------------------------------------------------------------------------- layout
 @dataclass
 class _Layout:
-    """A placement flattened into (tenant, pCPU, demand) pieces with their time shares."""
+    """A placement flattened into (tenant, pCPU, demand) pieces with their time shares: one
+    piece per tenant and pCPU it may run on (its vCPUs that may run there, together)."""
 
     tenants: list[Tenant]
     owner: np.ndarray  # piece -> tenant index
     demand: np.ndarray
     granted: np.ndarray  # time share the piece gets with everybody running
     alone: np.ndarray  # per tenant: total time it would get alone
-    distance: np.ndarray  # [piece, piece] distance-class index
-    neighbour: np.ndarray  # [piece, piece] True when y can interfere with x
+    cpu: np.ndarray  # piece -> pCPU
+    cpu_slot: np.ndarray  # piece -> index of its pCPU among `cpu_ids`
+    cpu_ids: np.ndarray  # the pCPUs pieces are on, sorted
+    topology: HostTopology
+    _distance: np.ndarray | None = None
+    _cpu_distance: np.ndarray | None = None
+
+    @property
+    def distance(self) -> np.ndarray:
+        """[piece, piece] distance-class index (made on first use: P × P entries)."""
+        if self._distance is None:
+            self._distance = self.cpu_distance()[self.cpu_slot[:, None], self.cpu_slot[None, :]]
+        return self._distance
+
+    @property
+    def neighbour(self) -> np.ndarray:
+        """[piece, piece] True when y can interfere with x (another tenant, another pCPU)."""
+        return (self.owner[:, None] != self.owner[None, :]) & (self.distance != _SAME_CPU)
+
+    def cpu_distance(self) -> np.ndarray:
+        """[pCPU, pCPU] distance-class index between the pCPUs pieces are on."""
+        if self._cpu_distance is None:
+            self._cpu_distance = distance_matrix(self.topology, self.cpu_ids)
+        return self._cpu_distance
 
     @classmethod
     def build(cls, topology: HostTopology, tenants: Iterable[Tenant]) -> _Layout:
         tenants = list(tenants)
         names: set[str] = set()
+        slot: dict[tuple[int, int], int] = {}  # (tenant, pCPU) -> piece
         owner: list[int] = []
         pcpus: list[int] = []
         demand: list[float] = []
@@ -565,9 +590,14 @@ class _Layout:
                     if pcpu not in topology.cpus:
                         raise ValueError(f"tenant {tenant.name!r}: field 'cpus': vCPU {vcpu} pinned to pCPU "
                                          f"{pcpu}, which host {topology.name!r} does not have")
+                    share = tenant.load / len(allowed)
+                    piece = slot.setdefault((index, pcpu), len(owner))
+                    if piece < len(owner):
+                        demand[piece] += share
+                        continue
                     owner.append(index)
                     pcpus.append(pcpu)
-                    demand.append(tenant.load / len(allowed))
+                    demand.append(share)
         own = np.asarray(owner, dtype=np.int64)
         cpu = np.asarray(pcpus, dtype=np.int64)
         dem = np.asarray(demand, dtype=float)
@@ -579,9 +609,38 @@ class _Layout:
         own_load = np.bincount(own_slot, weights=dem, minlength=len(tenants) * cpu_ids.size)
         granted_alone = dem * np.minimum(1.0, 1.0 / np.maximum(own_load[own_slot], 1e-300))
         alone = np.bincount(own, weights=granted_alone, minlength=len(tenants))
-        distance = distance_matrix(topology, cpu)
-        neighbour = (own[:, None] != own[None, :]) & (distance != _SAME_CPU)
-        return cls(tenants, own, dem, granted, alone, distance, neighbour)
+        return cls(tenants, own, dem, granted, alone, cpu, cpu_slot.reshape(-1), cpu_ids, topology)
+
+    def neighbour_sum(self, table: np.ndarray, piece_key: np.ndarray, weight: np.ndarray | None = None) -> np.ndarray:
+        """[x]: Σ_y table[distance(x, y), key of y, key of x] · weight_y over the pieces y that can
+        interfere with x (`weight`: the granted shares unless given). On layouts of more than
+        `DENSE_PIECES` pieces it is summed per pCPU and key — pCPU × pCPU and per-tenant arrays,
+        never piece × piece — the same sums in another order."""
+        weight = self.granted if weight is None else weight
+        size = len(self.owner)
+        if size <= DENSE_PIECES:
+            beta = table[self.distance, piece_key[None, :], piece_key[:, None]]
+            return (beta * np.where(self.neighbour, weight[None, :], 0.0)).sum(axis=1)
+        keys = table.shape[1]
+        distance = self.cpu_distance()
+        on_cpu = np.zeros((len(self.cpu_ids), keys))
+        np.add.at(on_cpu, (self.cpu_slot, piece_key), weight)
+        by_cpu = np.zeros((len(self.cpu_ids), keys))  # [pCPU, key of x]
+        for rank in np.unique(distance).tolist():
+            if rank == _SAME_CPU:
+                continue
+            by_cpu += ((distance == rank).astype(float) @ on_cpu) @ table[rank]
+        total = by_cpu[self.cpu_slot, piece_key]
+        order = np.argsort(self.owner, kind="stable")
+        bounds = np.flatnonzero(np.diff(self.owner[order])) + 1
+        for mine in np.split(order, bounds):  # a tenant's own pieces do not interfere with it
+            if len(mine) < 2:
+                continue
+            between = distance[self.cpu_slot[mine][:, None], self.cpu_slot[mine][None, :]]
+            key = piece_key[mine]
+            own = np.where(between != _SAME_CPU, table[between, key[None, :], key[:, None]], 0.0)
+            total[mine] -= own @ weight[mine]
+        return total
 
 
 TenantLayout = _Layout  # the flattening `predict` uses, shared so other predictors do the same arithmetic
@@ -641,9 +700,10 @@ def interference_terms(
         mine = np.flatnonzero(layout.owner == index)
         alone = layout.alone[index]
         table = np.zeros((len(labels), _N_CLASSES))
-        for x in mine:
-            others = np.flatnonzero(layout.neighbour[x])
-            np.add.at(table, (piece_key[others], layout.distance[x, others]),
+        between = layout.cpu_distance()[layout.cpu_slot[mine][:, None], layout.cpu_slot[None, :]]  # its rows
+        for row, x in enumerate(mine):
+            others = np.flatnonzero((layout.owner != index) & (between[row] != _SAME_CPU))
+            np.add.at(table, (piece_key[others], between[row, others]),
                       layout.granted[x] * layout.granted[others] / alone)
         exposures = tuple(
             Exposure(labels[k][0], _CLASSES[c], float(table[k, c]), labels[k][1])
@@ -941,16 +1001,23 @@ class InterferenceModel:
             tenant_local[i] = local_keys.setdefault((tenant.key, tenant.workload_class), len(local_keys))
         idx, inter, sens, press, susc = self._key_vectors(list(local_keys))
         piece_key = tenant_local[layout.owner]
-        k_x = piece_key[:, None]  # target (row)
-        k_y = piece_key[None, :]  # interferer (column)
-        dist = layout.distance
-        base = inter[k_y] + sens[k_x] + press[k_y] * susc[k_x]
-        beta = sol.scale[dist] * base + sol.residual[dist, idx[k_y], idx[k_x]]
-        weight = np.where(layout.neighbour, layout.granted[None, :], 0.0)
-        loss = (beta * weight).sum(axis=1)
-        conf_pairs = sol.confidence[dist, idx[k_y], idx[k_x]]
-        exposure = weight.sum(axis=1) * layout.granted
-        conf_mass = (conf_pairs * weight).sum(axis=1) * layout.granted
+        if len(layout.owner) <= DENSE_PIECES:
+            k_x = piece_key[:, None]  # target (row)
+            k_y = piece_key[None, :]  # interferer (column)
+            dist = layout.distance
+            base = inter[k_y] + sens[k_x] + press[k_y] * susc[k_x]
+            beta = sol.scale[dist] * base + sol.residual[dist, idx[k_y], idx[k_x]]
+            weight = np.where(layout.neighbour, layout.granted[None, :], 0.0)
+            loss = (beta * weight).sum(axis=1)
+            conf_pairs = sol.confidence[dist, idx[k_y], idx[k_x]]
+            exposure = weight.sum(axis=1) * layout.granted
+            conf_mass = (conf_pairs * weight).sum(axis=1) * layout.granted
+        else:  # the same sums per pCPU and key: [distance, key of y, key of x] tables
+            base = inter[:, None] + sens[None, :] + press[:, None] * susc[None, :]
+            beta_table = sol.scale[:, None, None] * base[None, :, :] + sol.residual[:, idx[:, None], idx[None, :]]
+            loss = layout.neighbour_sum(beta_table, piece_key)
+            exposure = layout.neighbour_sum(np.ones_like(beta_table), piece_key) * layout.granted
+            conf_mass = layout.neighbour_sum(sol.confidence[:, idx[:, None], idx[None, :]], piece_key) * layout.granted
 
         n = len(layout.tenants)
         got = np.bincount(layout.owner, weights=layout.granted * remaining(loss, self.config.form), minlength=n)

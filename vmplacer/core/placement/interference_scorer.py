@@ -201,10 +201,7 @@ def _performance(betas: ShrunkBetas, topology: HostTopology, tenants: list[Tenan
     kind = np.array([identities.setdefault(identity_of(t.name), len(identities)) for t in layout.tenants],
                     dtype=np.int64)
     table = betas.table(tuple(identities))
-    piece = kind[layout.owner]
-    beta = table[layout.distance, piece[None, :], piece[:, None]]  # [x, y]: what y costs x
-    weight = np.where(layout.neighbour, layout.granted[None, :], 0.0)
-    loss = (beta * weight).sum(axis=1)
+    loss = layout.neighbour_sum(table, kind[layout.owner])  # [x]: what every neighbour costs piece x
     got = np.bincount(layout.owner, weights=layout.granted * remaining(loss, betas.form), minlength=len(layout.tenants))
     return {t.name: (max(float(got[i]), 0.0), float(layout.alone[i])) for i, t in enumerate(layout.tenants)}
 

@@ -23,6 +23,7 @@ from vmplacer.core.rebalance.state import EXCLUSIVE, FIXED, GuestState, HostStat
 
 # --------------------------------------------------------------------------- β table
 _KEEPING_HOSTS = 8  # hosts at a time that keep their recent layouts' evaluations (`HostLayout.pieces`)
+KEEP_CELLS = 1 << 24  # pair entries kept evaluations may hold (each several arrays of 8 bytes): 128 MiB an array
 class BetaTable:
     """Interference coefficients β_c(u → v) between the guests' model identities, cached.
 
@@ -31,7 +32,7 @@ class BetaTable:
     the number of distinct identities is bounded by what the model learned.
     """
 
-    def __init__(self, model: InterferenceModel, optimism: float = 0.0):
+    def __init__(self, model: InterferenceModel, optimism: float = 0.0, keep_cells: int | None = None):
         from vmplacer.core.topology.host import DistanceClass
 
         self.model = model
@@ -50,17 +51,23 @@ class BetaTable:
         self.prior = None if self.empty else self._prior()
         # hosts keeping recent layouts' evaluations, the least lately used first: only a few at a
         # time, so a fleet's plan holds a few hosts' worth of them, not every host's
-        self._keepers: dict[object, None] = {}
+        self._keepers: dict[HostLayout, None] = {}
+        # pair entries (piece × piece) the kept evaluations may hold together: past it, the hosts
+        # used least lately drop theirs (computed again, the same floats, when asked again)
+        self.keep_cells = KEEP_CELLS if keep_cells is None else keep_cells
 
-    def keeping(self, host: object) -> None:
-        """`host` keeps evaluations of its recent layouts; the host that kept some the least
-        lately drops its own once more than `_KEEPING_HOSTS` do."""
+    def keeping(self, host: HostLayout) -> None:
+        """`host` keeps evaluations of its recent layouts; the hosts that kept some the least
+        lately drop theirs once more than `_KEEPING_HOSTS` do, or once they hold more than
+        `keep_cells` pair entries together (never the host just used)."""
         self._keepers.pop(host, None)
         self._keepers[host] = None
-        if len(self._keepers) > _KEEPING_HOSTS:
+        cells = sum(keeper.kept_cells() for keeper in self._keepers)
+        while len(self._keepers) > 1 and (len(self._keepers) > _KEEPING_HOSTS or cells > self.keep_cells):
             oldest = next(iter(self._keepers))
             del self._keepers[oldest]
-            oldest._recent.clear()  # type: ignore[attr-defined]
+            cells -= oldest.kept_cells()
+            oldest.let_go()
 
     def _prior(self) -> np.ndarray:
         """[rank, 1, 1]: what any guest costs any other at each distance when nothing is known
@@ -130,12 +137,13 @@ PairTerms = tuple[list[tuple[str, int, int]], np.ndarray, np.ndarray]
 _FEW_MOVED = 2  # candidates moving at most this many pieces get their interference matrix by update
 # Bounds on what scoring candidates holds at once (entries of an array): a host of floating guests
 # has thousands of pieces, and a stacked matrix per candidate would be C×P×P of them
-CANDIDATE_CELLS = 1 << 22  # candidates × pieces scored in one pass (32 MiB per float array)
+CANDIDATE_CELLS = 1 << 20  # candidates × pieces scored in one pass (8 MiB per float array)
 STACKED_CELLS = 1 << 22  # candidates × pieces × pieces stacked; above it, the loss is computed without
 # layouts of more pieces than this score one-piece moves from the layout's own loss (O(P) per
 # candidate, `HostLayout._moved_loss`) instead of a product per candidate (O(P²))
 INCREMENTAL_ABOVE = 128
 _RECENT_LAYOUTS = 4  # evaluated layouts kept per host: a fleet's worth stays well under its memory bound
+RECENT_CELLS = 1 << 22  # … fewer on big layouts: as many as hold this many pair entries (at least one)
 @dataclass
 class LayoutPieces:
     """A host layout flattened for scoring: one piece per (vCPU, pCPU it may run on)."""
@@ -185,6 +193,15 @@ class LayoutPieces:
 # layouts of more pieces than this count a floating guest's vCPUs that share their pCPUs as one
 # piece per pCPU: the same predictions (each such vCPU's pieces are alike), a fraction of the pieces
 MERGE_ABOVE = 128
+
+
+def piece_count(layout: Mapping[str, Mapping[int, frozenset[int]]], usable: int) -> int:
+    """How many pieces `HostLayout.pieces` makes of `layout` on a host of `usable` pCPUs (a vCPU
+    with no pins floats over all of them)."""
+    plain = sum(len(pins) or usable for pins_of in layout.values() for pins in pins_of.values())
+    if plain <= MERGE_ABOVE:
+        return plain
+    return sum(len(pins) or usable for pins_of in layout.values() for _, _, pins in _vcpu_groups(pins_of, True))
 
 
 def _vcpu_groups(pins: Mapping[int, frozenset[int]], merge: bool) -> list[tuple[int, int, frozenset[int]]]:
@@ -387,7 +404,7 @@ class HostLayout:
         vm, vcpu, cpu, demand, key, single = [], [], [], [], [], []
         everywhere = sorted(self.usable) or self.cpus
         merge = sum(len(pins) or len(everywhere) for pins_of in layout.values()
-                    for pins in pins_of.values()) > MERGE_ABOVE
+                    for pins in pins_of.values()) > MERGE_ABOVE  # (`piece_count` counts alike)
         times: list[int] = []
         for g, name in enumerate(names):
             guest = guests[name]
@@ -425,13 +442,30 @@ class HostLayout:
         return result
 
     def _keep(self, signature: tuple, result: LayoutPieces) -> LayoutPieces:
-        """`result` is the evaluation of the layout as it is, and one of its recent ones."""
+        """`result` is the evaluation of the layout as it is, and one of its recent ones (fewer
+        of them on big layouts: each holds several piece × piece arrays)."""
         self._pieces = result
-        if len(self._recent) >= _RECENT_LAYOUTS:
+        kept = max(1, min(_RECENT_LAYOUTS, RECENT_CELLS // max(len(result.cpu) ** 2, 1)))
+        while len(self._recent) >= kept:
             del self._recent[next(iter(self._recent))]
         self._recent[signature] = result
         self.betas.keeping(self)
         return result
+
+    def kept_cells(self) -> int:
+        """Pair entries (piece × piece) of the evaluations this host keeps."""
+        kept = {id(pieces): len(pieces.cpu) ** 2 for pieces in self._recent.values()}
+        if self._pieces is not None:
+            kept[id(self._pieces)] = len(self._pieces.cpu) ** 2
+        return sum(kept.values())
+
+    def let_go(self) -> None:
+        """Drop what was computed of this host's layouts (its recent ones, the matrices of the one
+        as it is): asked again, it is computed again from the same pieces, the same floats."""
+        self._recent.clear()
+        self._derive = None
+        if self._pieces is not None:
+            _unload(self._pieces)
 
     def perf(self, pieces: LayoutPieces, cpu: np.ndarray, moved: np.ndarray | None = None,
              blocks: list[tuple[int, int]] | None = None) -> tuple[np.ndarray, np.ndarray]:
@@ -858,6 +892,15 @@ def _read_only(found: PairTerms) -> PairTerms:
     for array in found[1:]:
         array.flags.writeable = False
     return found
+
+
+def _unload(pieces: LayoutPieces) -> None:
+    """`pieces` without what was computed from it (the pieces themselves stay)."""
+    pieces.matrix = pieces.terms = pieces.spread = pieces.by_cpu = None
+    pieces.reach = pieces.load = None
+    pieces.blind = pieces.parent = None
+    pieces.current = None
+    pieces.blind_base = None
 
 
 def _derived(base: LayoutPieces, moved: Mapping[tuple[str, int], int]) -> LayoutPieces:

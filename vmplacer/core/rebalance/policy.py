@@ -65,6 +65,7 @@ from vmplacer.core.rebalance.draft import NamedStage, RunHistory, Stage
 from vmplacer.core.rebalance.explore import offer_optimistic_groups, offer_optimistic_layouts
 from vmplacer.core.rebalance.pessimistic import choose_pessimistically, offer_declined_layouts
 from vmplacer.core.rebalance.actions import build_actions, plan_from_search
+from vmplacer.core.rebalance.budget import hosts_over_budget
 from vmplacer.core.rebalance.layout import BetaTable, locality_nodes
 from vmplacer.core.rebalance.layout import utility  # noqa: F401  (still importable from here)
 from vmplacer.core.rebalance.exact import climb_after_polish, polish
@@ -156,6 +157,10 @@ def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSett
             raise RebalanceInputError(f"hosts {unknown} are not in the cluster state")
         state = ClusterState({n: h for n, h in state.hosts.items() if n in allowed},
                              {n: g for n, g in state.guests.items() if g.host in allowed})
+    left_out = hosts_over_budget(state, settings)
+    if left_out:
+        state = ClusterState({n: h for n, h in state.hosts.items() if n not in left_out},
+                             {n: g for n, g in state.guests.items() if g.host not in left_out})
     at = 0.0 if now is None else now
     times = times or NO_STAGE_TIMES
     history = RunHistory.of(measured=measured, tried=tried, pooled=pooled,
@@ -175,10 +180,15 @@ def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSett
                else f"no move clears the minimum gain of {settings.min_gain:g}{_per_guest(settings)}: nothing to do")
     if draft.declined:
         summary += "; declined: " + declined_text(draft.declined[-1])
+    if left_out:
+        summary += (f"; {plural(len(left_out), 'host')} left out, over the memory budget of "
+                    f"{settings.memory_budget_mib} MiB: {', '.join(sorted(left_out)[:5])}"
+                    + (" …" if len(left_out) > 5 else ""))
     notes = {"fixed": fixed, "held": sorted(inputs.history.held.values()), "rejected": draft.rejected[:20],
              "declined": draft.declined[-5:],
              "exact": draft.exact, "pessimistic": draft.pessimistic,
              "refuted": sorted(inputs.history.refuted),
+             "left_out": [{"host": host, "why": why} for host, why in sorted(left_out.items())],
              "trials": [{"host": h, "what": t["what"], "from_key": t["from_key"], "to_key": t["to_key"]}
                         for h, t in sorted({**draft.trials, **draft.group_trials}.items())]}
     return plan_from_search(draft, inputs, actions, predicted, before=before, after=after, summary=summary, notes=notes,

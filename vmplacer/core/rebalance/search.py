@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from vmplacer.core.model.interference import InterferenceModel
+from vmplacer.core.rebalance.budget import budget_cells
 from vmplacer.core.rebalance.draft import NO_HISTORY, Draft, PlanInputs, RunHistory, Stage
 from vmplacer.core.rebalance.layout import BetaTable, HostLayout
 from vmplacer.core.rebalance.layout_problem import LayoutSolver
@@ -42,7 +43,7 @@ def start_search(state: ClusterState, model: InterferenceModel, settings: Rebala
     Guests outside `scope`, or moved within the cool-down (`now`, `last_moved`: guest ->
     epoch seconds of its last move), are fixed where they are; `optimism` > 0 lowers each
     coefficient by that many standard deviations (exploration)."""
-    betas = BetaTable(model, optimism)
+    betas = BetaTable(model, optimism, keep_cells=budget_cells(settings))
     draft = Draft(hosts={name: HostLayout(host, betas) for name, host in state.hosts.items()})
     scope_set = set(scope) if scope is not None else None
     last_moved = last_moved or {}

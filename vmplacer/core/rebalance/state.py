@@ -79,6 +79,8 @@ class RebalanceSettings:
     probe_seconds: float = 5.0
     pin_floating_guests: bool = False  # also pin guests vmplacer did not place and that float
     exhaustive_limit: int = 20000  # layouts per host the exhaustive check may enumerate
+    # MiB a plan's what-if layouts may hold: a host that needs more is left out, named (core/rebalance/budget)
+    memory_budget_mib: int = 1024
     pessimism: float = 1.5  # standard deviations a layout's predicted advantage over the blind spread must clear
     guess_weight: float = 0.5  # share of a predicted interference change its data do not identify that counts
     exact_max_cpus: int = 16  # hosts with at most this many usable pCPUs get an exact solver's layout
@@ -129,7 +131,8 @@ class RebalanceSettings:
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value > 0):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be a number > 0, got {value!r}")
         for name in ("max_actions", "move_candidates", "swap_candidates", "migration_candidates",
-                     "destination_candidates", "max_rounds", "exhaustive_limit", "exact_max_cpus", "trial_max"):
+                     "destination_candidates", "max_rounds", "exhaustive_limit", "exact_max_cpus", "trial_max",
+                     "memory_budget_mib"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 0):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be an integer >= 0, got {value!r}")
