@@ -40,6 +40,7 @@ REBALANCE_KEYS: dict[str, dict[str, tuple[str, Kind]]] = {
         "destination_candidates": ("destination_candidates", "integer"),
         "pin_floating_guests": ("pin_floating_guests", "flag"),
         "memory_budget_mib": ("memory_budget_mib", "integer"),
+        "host_budget_s": ("host_budget_s", "number"),
     },
     "migration": {
         "allow": ("allow_migration", "flag"),

@@ -308,3 +308,27 @@ def test_evaluations_let_go_under_a_small_budget_give_the_same_plan():
         plans.append(([repr(a) for a in plan.actions], plan.objective_before, plan.objective_after, plan.summary))
     assert plans[0] == plans[1]
     assert plans[0][0]
+
+
+def test_a_host_past_its_search_budget_keeps_the_moves_found_and_is_named():
+    """The per-host budget counts work, not wall time: the same plan on any machine, and a
+    dry run stops where the real run stops."""
+    host, guests = floating_host("h0", 4)
+    state = ClusterState({"h0": host}, guests)
+    free = plan_rebalance(state, model(0), RebalanceSettings(), now=0.0)
+    assert free.settings["notes"]["cut_short"] == []
+    tight = [plan_rebalance(state, model(0), RebalanceSettings(host_budget_s=1e-9), now=0.0) for _ in range(2)]
+    assert [repr(a) for a in tight[0].actions] == [repr(a) for a in tight[1].actions]
+    cut = tight[0].settings["notes"]["cut_short"]
+    assert [entry["host"] for entry in cut] == ["h0"]
+    assert "rebalance.search.host_budget_s" in cut[0]["why"]
+    assert "search cut short on 1 host" in tight[0].summary
+    # anytime: a bigger budget finds as many moves or more, and some budget stops the search
+    # after moves were found, which stand
+    moved = lambda plan: sum(1 for a in plan.actions if a.kind != "probe")  # noqa: E731
+    counts = []
+    for budget in (1e-4, 1e-3, 3e-3, 1e-2, 3e-2, 1.0):
+        plan = plan_rebalance(state, model(0), RebalanceSettings(host_budget_s=budget), now=0.0)
+        counts.append((moved(plan), bool(plan.settings["notes"]["cut_short"])))
+    assert [n for n, _ in counts] == sorted(n for n, _ in counts)
+    assert any(cut and 0 < n < moved(free) for n, cut in counts), counts

@@ -16,6 +16,10 @@ from vmplacer.core.rebalance.state import ClusterState, RebalanceSettings
 
 PAIR_ARRAYS = 32  # piece × piece float arrays one host's planning holds at its peak (measured)
 _CELL_BYTES = 8
+# piece entries the search scores per second of `host_budget_s` (`HostLayout.work`): 12–16 million measured on the
+# reference machine (docs/rebalance.md, "Big hosts"), so that a budget means the same work on any
+# machine and a dry run stops where the real run stops
+WORK_PER_SECOND = 12_000_000
 
 
 def budget_cells(settings: RebalanceSettings) -> int:
@@ -46,3 +50,9 @@ def hosts_over_budget(state: ClusterState, settings: RebalanceSettings) -> dict[
                               f"budget of {settings.memory_budget_mib} MiB (rebalance.search.memory_budget_mib); "
                               "left as it is")
     return left_out
+
+
+def host_work_limit(settings: RebalanceSettings) -> float:
+    """Piece entries the search may score on one host (`HostLayout.work`) before it stops
+    looking for more moves there: `host_budget_s` in deterministic seconds."""
+    return settings.host_budget_s * WORK_PER_SECOND

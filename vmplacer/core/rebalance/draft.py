@@ -55,6 +55,7 @@ class Draft:
     declined_layouts: dict[str, Layout] = field(default_factory=dict)  # host -> exact layout declined
     exact_layouts: dict[str, Layout] = field(default_factory=dict)  # host -> the solver's layout
     ruled: set[str] = field(default_factory=set)  # hosts taken to the blind spread or kept as they are, by rule
+    cut_short: dict[str, str] = field(default_factory=dict)  # host -> why its search stopped early (budget)
 
 
 @dataclass(frozen=True)

@@ -229,6 +229,9 @@ class HostLayout:
     def __init__(self, state: HostState, betas: BetaTable):
         topo = state.topology
         self.state = state
+        # piece entries scored on this host so far (candidates × pieces, pairs of pieces): what the
+        # search's time on it is made of, counted alike on any machine (`budget.host_work_limit`)
+        self.work = 0
         self.name = state.name
         self.topology = topo
         self.cpus = sorted(c for c in topo.cpus if topo.cpus[c].online)
@@ -490,6 +493,7 @@ class HostLayout:
                    blocks: list[tuple[int, int]] | None) -> tuple[np.ndarray, np.ndarray]:
         """`perf` of the candidates `cpu` (C×P) in one pass."""
         count, size = cpu.shape
+        self.work += count * size
         n = len(self.cpus)
         slots = (cpu + (np.arange(count) * n)[:, None]).ravel()
         load = np.bincount(slots, weights=np.repeat(pieces.demand[None, :], count, axis=0).ravel(), minlength=count * n)
@@ -613,6 +617,7 @@ class HostLayout:
         the current matrix times the new time shares, corrected for m: a
         matrix product instead of a fresh C×P×P gather.
         """
+        self.work += len(targets) * len(pieces.cpu)
         cpu, granted, linear = self._moved_shares(pieces, m, targets)
         if pieces.table is None:
             return linear, linear
@@ -655,6 +660,7 @@ class HostLayout:
             blind_parts = [part[2] for part in parts]
             return (joined[0], joined[1],
                     None if blind_parts[0] is None else np.concatenate(blind_parts))  # type: ignore[arg-type]
+        self.work += len(targets) * len(pieces.cpu)
         cpu, granted, linear = self._moved_shares_many(pieces, moved, targets, blocks)
         if pieces.table is None:
             return linear, linear, None if blind is None else linear
@@ -805,6 +811,7 @@ class HostLayout:
         return pieces.terms
 
     def _pair_terms(self, pieces: LayoutPieces) -> PairTerms:
+        self.work += len(pieces.cpu) ** 2
         if pieces.piece_keys is None:
             guests, cpus = pieces.guests, self.cpus
             pieces.piece_keys = [(guests[g], v, cpus[c]) for g, v, c in
@@ -935,6 +942,7 @@ def _interference_matrix(host: HostLayout, pieces: LayoutPieces) -> np.ndarray:
         pieces.matrix = _rows_updated(host, pieces, pieces.table, parent[0].matrix, parent[1], masked=True)
     if pieces.matrix is None:
         assert pieces.table is not None
+        host.work += len(pieces.cpu) ** 2
         pieces.matrix = _pair_lookup(host, pieces, pieces.table, masked=True)
     return pieces.matrix
 

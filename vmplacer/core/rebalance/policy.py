@@ -180,6 +180,10 @@ def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSett
                else f"no move clears the minimum gain of {settings.min_gain:g}{_per_guest(settings)}: nothing to do")
     if draft.declined:
         summary += "; declined: " + declined_text(draft.declined[-1])
+    if draft.cut_short:
+        summary += (f"; search cut short on {plural(len(draft.cut_short), 'host')} by the time budget of "
+                    f"{settings.host_budget_s:g} s: {', '.join(sorted(draft.cut_short)[:5])}"
+                    + (" …" if len(draft.cut_short) > 5 else ""))
     if left_out:
         summary += (f"; {plural(len(left_out), 'host')} left out, over the memory budget of "
                     f"{settings.memory_budget_mib} MiB: {', '.join(sorted(left_out)[:5])}"
@@ -189,6 +193,7 @@ def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSett
              "exact": draft.exact, "pessimistic": draft.pessimistic,
              "refuted": sorted(inputs.history.refuted),
              "left_out": [{"host": host, "why": why} for host, why in sorted(left_out.items())],
+             "cut_short": [{"host": host, "why": why} for host, why in sorted(draft.cut_short.items())],
              "trials": [{"host": h, "what": t["what"], "from_key": t["from_key"], "to_key": t["to_key"]}
                         for h, t in sorted({**draft.trials, **draft.group_trials}.items())]}
     return plan_from_search(draft, inputs, actions, predicted, before=before, after=after, summary=summary, notes=notes,

@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import replace
 
 from vmplacer.core.model.interference import InterferenceModel
-from vmplacer.core.rebalance.budget import budget_cells
+from vmplacer.core.rebalance.budget import budget_cells, host_work_limit
 from vmplacer.core.rebalance.draft import NO_HISTORY, Draft, PlanInputs, RunHistory, Stage
 from vmplacer.core.rebalance.layout import BetaTable, HostLayout
 from vmplacer.core.rebalance.layout_problem import LayoutSolver
@@ -142,9 +142,17 @@ def climb_until_stuck(draft: Draft, inputs: PlanInputs) -> None:
     dirty = set(draft.hosts)
     migration: CandidateMove | None = None
     migration_dirty = True
+    limit = host_work_limit(settings)
     for _ in range(settings.max_rounds):
         for name in dirty:
-            offers[name] = local_offer(draft, inputs, draft.hosts[name])
+            host = draft.hosts[name]
+            if host.work > limit:  # anytime: the moves taken on it stand, no more are looked for
+                offers[name] = None
+                draft.cut_short.setdefault(name, f"host {name}: search stopped after its budget of "
+                                                 f"{settings.host_budget_s:g} s (rebalance.search.host_budget_s); "
+                                                 "the moves found until then are planned")
+                continue
+            offers[name] = local_offer(draft, inputs, host)
         dirty = set()
         if migration_dirty:
             migration = best_migration(draft, inputs)

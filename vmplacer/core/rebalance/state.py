@@ -81,6 +81,9 @@ class RebalanceSettings:
     exhaustive_limit: int = 20000  # layouts per host the exhaustive check may enumerate
     # MiB a plan's what-if layouts may hold: a host that needs more is left out, named (core/rebalance/budget)
     memory_budget_mib: int = 1024
+    # deterministic seconds of search per host (core/rebalance/budget): past it the host keeps the
+    # moves found so far, and the plan's notes name it
+    host_budget_s: float = 10.0
     pessimism: float = 1.5  # standard deviations a layout's predicted advantage over the blind spread must clear
     guess_weight: float = 0.5  # share of a predicted interference change its data do not identify that counts
     exact_max_cpus: int = 16  # hosts with at most this many usable pCPUs get an exact solver's layout
@@ -122,7 +125,8 @@ class RebalanceSettings:
         for name in ("min_gain", "min_gain_share", "min_migration_gain", "cooldown_s", "horizon_s", "copy_slowdown",
                      "default_dirty_mib_s", "fairness", "probe_seconds", "exact_time_s", "exact_budget_s",
                      "pessimism", "trial_seconds", "trial_min_gain", "trial_tolerance", "trial_recheck",
-                     "trial_refuted_bar", "trial_memory_s", "backoff_s", "exploration", "round_rest_s"):
+                     "trial_refuted_bar", "trial_memory_s", "backoff_s", "exploration", "round_rest_s",
+                     "host_budget_s"):
             value = getattr(self, name)
             if not (isinstance(value, (int, float)) and math.isfinite(value) and value >= 0):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be a number >= 0, got {value!r}")
