@@ -171,6 +171,14 @@ class LibvirtHost(Hypervisor):
         machine: read as idle, its domains then count)."""
         return self._topology_read.get()
 
+    @property
+    def capabilities_source(self) -> str:
+        """Where `topology` reads the host's pCPUs from, as messages name it: the configured
+        capabilities file, or libvirt's capabilities of the host's URI."""
+        if self.settings.capabilities is not None:
+            return f"capabilities file {self.settings.capabilities}"
+        return f"libvirt capabilities of {self.uri}"
+
     def _read_topology(self) -> HostTopology:
         from vmplacer.adapters.capabilities import CapabilitiesError, read_capabilities_file, read_capabilities_live
 

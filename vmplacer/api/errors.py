@@ -7,7 +7,8 @@
 - a guest that does not fit → 409 with every NoFit reason; a lost race → 409;
 - a host that cannot be reached → 503 naming the host; a host refusing an
   operation → 502 naming the host and the domain;
-- the database unreachable → 503.
+- the database unreachable → 503;
+- the process out of memory → 503 `out-of-memory` (planning: naming the hosts and the setting).
 """
 
 from __future__ import annotations
@@ -81,6 +82,8 @@ COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
 NOT_FOUND = {404: _describe(404, "no such object")}
 CONFLICT = {409: _describe(409, "conflicts with the current state (no fit, already exists, busy)")}
 HOST_ERROR = {502: _describe(502, "a host refused the operation (the host and domain are named)")}
+OUT_OF_MEMORY = {503: _describe(503, "the database or a host is unreachable (the host is named), or planning ran "
+                                     "out of memory (`out-of-memory`: the hosts and the setting to lower are named)")}
 
 
 def _validation_field(loc: tuple[Any, ...]) -> str:
@@ -198,6 +201,14 @@ def install_error_handlers(app: FastAPI, on_libvirt_error=None) -> None:  # type
             headers["Allow"] = ", ".join(_allowed_methods(request))
         return error_response(exc.status_code, codes.get(exc.status_code, "http"), str(exc.detail),
                               None, headers or None)
+
+    @app.exception_handler(MemoryError)
+    async def _out_of_memory(request: Request, exc: MemoryError) -> JSONResponse:
+        # never a bare 500: the process lives on, the request's work is dropped (routes that know
+        # what ran out, e.g. planning, answer their own 503 naming the hosts and the setting)
+        log.error("%s %s ran out of memory", request.method, request.url.path)
+        return error_response(503, "out-of-memory", "the server ran out of memory handling this request; "
+                              "nothing it was doing is kept (see the server log)")
 
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:

@@ -363,6 +363,10 @@ class ReconcileView(BaseModel):
 class HostError(BaseModel):
     host: str
     error: str
+    kind: Literal["unreadable", "refused"] = Field(
+        default="unreadable", description="unreadable: libvirt or the host's topology could not be read; refused: "
+                                          "the planner refused the host's guests (one pinned to pCPUs the host's "
+                                          "capabilities do not list: `settings.refused` names them)")
 
 
 class PlanView(BaseModel):
@@ -380,8 +384,8 @@ class PlanView(BaseModel):
         default=None, description="a running plan someone asked to stop: {by, reason, at (ISO 8601 UTC)}; it "
                                   "stops before its next action")
     errors: list[HostError] = Field(default_factory=list,
-                                    description="hosts that could not be read when the plan was made: their "
-                                                "guests were not considered")
+                                    description="hosts left out of the plan when it was made (not read, or refused "
+                                                "by the planner): their guests were not considered")
 
 
 class PlanSummary(BaseModel):

@@ -237,6 +237,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         sys.stderr.write("vmplacer: interrupted\n")
         return 130
+    except MemoryError:  # one line, never a traceback (planning names its hosts and the setting itself)
+        sys.stderr.write(f"vmplacer: failed: {getattr(args, 'command', None) or 'vmplacer'}: out of memory\n")
+        return EXIT_OPERATIONAL
     except Exception as exc:
         problem = database_problem(exc, ctx)
         if problem is None:

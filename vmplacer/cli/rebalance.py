@@ -24,11 +24,16 @@ host in one plan and finds them busy while another run holds any.
 before its next action (what is done stays done). `--drain HOST` puts HOST
 in maintenance (no new guests, no migrations in) and plans the live
 migrations of every guest on it instead of a rebalance; it asks first on a terminal and needs
-`--yes` anywhere else (a plan only: `plan --rebalance --drain HOST`). Exit codes: 0 done
+`--yes` anywhere else (a plan only: `plan --rebalance --drain HOST`). A host the planner
+refuses (a guest pinned to pCPUs its capabilities do not list) is left out of the plan and
+named in a note (the guest, the pCPUs, where the host's pCPUs were read from), as a host that
+cannot be read is. Exit codes: 0 done
 (or nothing to do, or busy, or cancelled on request); 1 an action failed, a
-drain left guests on its host, or a host/database failed; 2 bad input (an
+drain left guests on its host, a host/database failed, or planning ran out of memory (one
+line naming the hosts and the setting to lower, rebalance.search.memory_budget_mib); 2 bad input (an
 unknown plan, or one whose state does not allow the command; an option the chosen mode
-does not read, e.g. --cooldown with --drain or --migration-timeout with --dry-run).
+does not read, e.g. --cooldown with --drain or --migration-timeout with --dry-run; every host
+of a plan, or the host to drain, refused by the planner: nothing is planned).
 
 Durations (--cooldown, --backoff, --wait, --migration-timeout, --profile-seconds) take a unit
 (500us, 10ms, 2.5s, 10m, 1h); a bare number is seconds.

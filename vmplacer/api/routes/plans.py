@@ -13,12 +13,13 @@ and `include_empty=false` narrow it.
 
 from __future__ import annotations
 
+import logging
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
 from vmplacer.api.actors import acting_store, api_actor, audit
-from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, NOT_FOUND, ApiError
+from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, NOT_FOUND, OUT_OF_MEMORY, ApiError
 from vmplacer.api.routes.jobs import accepted
 from vmplacer.api.schemas import (
     JobAccepted,
@@ -38,12 +39,13 @@ if TYPE_CHECKING:
     from vmplacer.api.services import ApiServices
     from vmplacer.app.rebalance.rebalancer import Rebalancer
 
+log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/plans", tags=["plans"], route_class=StrictJsonRoute)
 
 
 @router.post("", status_code=201, response_model=PlanView,
              summary="rebalance dry run: observe the hosts, plan moves, store the plan (nothing changes)",
-             responses={**COMMON_RESPONSES, **CONFLICT})
+             responses={**COMMON_RESPONSES, **CONFLICT, **OUT_OF_MEMORY})
 def create_plan(request: Request, body: PlanRequest, response: Response) -> dict[str, Any]:
     services = request.app.state.services
     actor = api_actor(request)
@@ -143,7 +145,7 @@ def make_plan(services: ApiServices, hosts: list[str] | None, max_actions: int |
               created_by: str, drain: str | None = None) -> dict[str, Any]:
     """A stored rebalance plan, or with `drain` the migrations that empty that host (which
     must be in maintenance already: a dry run changes nothing, maintenance included)."""
-    from vmplacer.app.rebalance.rebalancer import RebalanceError
+    from vmplacer.app.rebalance.rebalancer import PlanInputRefused, PlanningOutOfMemory, RebalanceError
 
     names = list(dict.fromkeys(hosts)) if hosts else services.host_names  # each host once
     unknown = sorted(set(names) - set(services.host_names))
@@ -163,6 +165,11 @@ def make_plan(services: ApiServices, hosts: list[str] | None, max_actions: int |
     try:
         plan = rebalancer.make_plan(names, max_actions=max_actions, scope=scope or ("*",), notes=notes,
                                     drain=drain, need_a_host=True)
+    except PlanInputRefused as exc:
+        raise ApiError(422, "validation", str(exc), refusal_details(exc, drain)) from None
+    except PlanningOutOfMemory as exc:
+        log.error("POST /v1/plans: %s", exc)
+        raise ApiError(503, "out-of-memory", str(exc), {"hosts": exc.hosts, "setting": exc.setting}) from None
     except RebalanceError as exc:
         if exc.bad_input:
             raise ApiError(422, "validation", str(exc), [{"field": "hosts", "reason": str(exc)}]) from None
@@ -172,13 +179,28 @@ def make_plan(services: ApiServices, hosts: list[str] | None, max_actions: int |
     return data
 
 
+def refusal_details(exc: Any, drain: str | None) -> list[dict[str, Any]]:
+    """A 422's details when the planner refused every host of a plan (or the host to drain):
+    per host, the reason, where its pCPUs were read from, and each guest pinned to pCPUs
+    that source does not list; then the hosts that could not be read."""
+    details: list[dict[str, Any]] = [
+        {"field": "drain" if r.host == drain else "hosts", "reason": r.message, "host": r.host,
+         "capabilities": r.capabilities, "guests": [{"guest": g, "pcpus": list(p)} for g, p in r.guests]}
+        for r in exc.refused.values()]
+    details += [{"field": "hosts", "reason": f"not read: {error}", "host": host}
+                for host, error in exc.unreadable.items()]
+    return details
+
+
 def plan_view(plan: Any) -> dict[str, Any]:
-    """A plan as the API shows it: `errors` names each host that could not be read when it
-    was made (its guests were not considered)."""
+    """A plan as the API shows it: `errors` names each host left out when it was made (its
+    guests were not considered): `unreadable` ones, then those the planner `refused`."""
     data = with_api_times(plan.to_dict(), "created_at")
     if data.get("cancel_request"):
         data["cancel_request"] = with_api_times(data["cancel_request"], "at")
-    data["errors"] = [dict(entry) for entry in plan.settings.get("unreadable", ())]
+    data["errors"] = ([{**entry, "kind": "unreadable"} for entry in plan.settings.get("unreadable", ())]
+                      + [{"host": entry["host"], "error": entry["error"], "kind": "refused"}
+                         for entry in plan.settings.get("refused", ())])
     return data
 
 

@@ -50,7 +50,8 @@ from vmplacer.core.placement.admit import AllocationOptions
 from vmplacer.core.rebalance.policy import plan_rebalance
 from vmplacer.core.rebalance.drain import plan_drain
 from vmplacer.core.stage_times import StageTimes
-from vmplacer.core.text import plural
+from vmplacer.core.text import excerpt, plural
+from vmplacer.core.topology.cpuset import format_cpuset
 from vmplacer.core.rebalance.trial import Backoff, Measured, backoffs, refuted_hosts
 from vmplacer.core.rebalance.state import (
     ClusterState,
@@ -94,6 +95,85 @@ class RebalanceError(RuntimeError):
     def __init__(self, message: str, *, bad_input: bool = False):
         super().__init__(message)
         self.bad_input = bad_input
+
+
+# The setting an operator lowers when planning runs out of memory: the config file's key of
+# `RebalanceSettings.memory_budget_mib` (config_rebalance.config_key_of spells it; the app layer
+# imports no config, and tests/functional/test_plan_refusals.py holds the two equal).
+MEMORY_BUDGET_KEY = "rebalance.search.memory_budget_mib"
+NAMED_AT_MOST = 5  # hosts or guests a one-line message names before "and N more"
+
+
+def _named(names: Sequence[str], noun: str = "host") -> str:
+    """'host h1', 'hosts h1, h2', 'hosts h1, ... h5 and 995 more': a bounded list for one line."""
+    shown = ", ".join(names[:NAMED_AT_MOST])
+    more = f" and {len(names) - NAMED_AT_MOST} more" if len(names) > NAMED_AT_MOST else ""
+    return f"{noun if len(names) == 1 else noun + 's'} {shown}{more}"
+
+
+@dataclass(frozen=True)
+class HostRefusal:
+    """A host the planner refused to plan (RebalanceInputError): its guests are left out with it.
+    `guests` are those pinned to pCPUs the host's capabilities do not list, with those pCPUs;
+    `capabilities` says where the host's pCPUs were read from."""
+
+    host: str
+    reason: str  # without the host's name
+    capabilities: str
+    guests: tuple[tuple[str, tuple[int, ...]], ...] = ()
+
+    @property
+    def message(self) -> str:
+        return f"host {self.host}: {self.reason}"
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"host": self.host, "error": self.message, "capabilities": self.capabilities,
+                "guests": [{"guest": guest, "pcpus": list(pcpus)} for guest, pcpus in self.guests]}
+
+
+class PlanInputRefused(RebalanceError):
+    """No host of a plan could be planned because the planner refused what was read of them
+    (a guest pinned to pCPUs its host's capabilities do not list): the caller's or the hosts'
+    input, not a failure of the world. Nothing is stored."""
+
+    def __init__(self, refused: Mapping[str, HostRefusal], unreadable: Mapping[str, str] | None = None,
+                 drain: str | None = None):
+        self.refused = dict(refused)
+        self.unreadable = dict(unreadable or {})
+        reasons = [r.message for r in list(self.refused.values())[:NAMED_AT_MOST]]
+        if len(self.refused) > NAMED_AT_MOST:
+            reasons.append(f"and {len(self.refused) - NAMED_AT_MOST} more hosts refused")
+        if drain is not None:
+            head = f"host {drain} to drain cannot be planned"
+        else:
+            head = "nothing was planned"
+        text = f"{head}: {'; '.join(reasons)}"
+        if self.unreadable:
+            text += f" (not read: {', '.join(sorted(self.unreadable))})"
+        super().__init__(text, bad_input=True)
+
+
+class PlanningOutOfMemory(RebalanceError):
+    """The planner ran out of memory (MemoryError) planning `hosts`: nothing is stored. Not the
+    caller's input: the process's memory and the plan's budget (`setting`) decide it."""
+
+    def __init__(self, hosts: Sequence[str]):
+        self.hosts = list(hosts)
+        self.setting = MEMORY_BUDGET_KEY
+        super().__init__(
+            f"planning ran out of memory for {_named(self.hosts)}; nothing was stored. Lower {self.setting} "
+            "(MiB a plan's layouts may hold: hosts that need more are then left out, named) below what this "
+            "process can use, or plan fewer hosts at once")
+
+
+def capabilities_source(host: Any) -> str:
+    """Where a host's pCPUs are read from, as messages name it: the adapter says (a configured
+    capabilities file, or libvirt's capabilities of its URI); a host that does not, its URI."""
+    source = getattr(host, "capabilities_source", None)
+    if isinstance(source, str) and source:
+        return source
+    uri = getattr(host, "uri", None)
+    return f"libvirt capabilities of {uri}" if isinstance(uri, str) and uri else "the host's capabilities"
 
 
 class PlanNotFound(RebalanceError):
@@ -258,6 +338,7 @@ class Observation:
     notes: list[str]
     unreachable: list[str]
     errors: dict[str, str] = field(default_factory=dict)  # host -> why it could not be read
+    refused: dict[str, HostRefusal] = field(default_factory=dict)  # host -> why the planner refused it
 
 
 @dataclass(frozen=True)
@@ -333,6 +414,7 @@ class Rebalancer:
         notes: list[str] = []
         unreachable: list[str] = []
         errors: dict[str, str] = {}
+        refused: dict[str, HostRefusal] = {}
         closed = set(self.in_maintenance())
         for name in host_names:
             try:
@@ -354,17 +436,59 @@ class Rebalancer:
                     loads = self.demand(name, [d.name for d in running])
                 except HypervisorError as exc:
                     notes.append(f"host {name}: vCPU demand not measured ({exc}); labels or 1.0 used")
+            here: dict[str, GuestState] = {}
             for domain in running:
                 if domain.placement is None:
                     notes.append(f"guest {domain.name} on {name}: pinning unreadable, left out")
                     continue
-                if domain.name in guests:
-                    notes.append(f"guest {domain.name} is running on both {guests[domain.name].host} and {name}: "
+                # a guest also running on an earlier host is described here only to check it (notes once)
+                here[domain.name] = self._describe(domain, name, loads.get(domain.name),
+                                                   notes if domain.name not in guests else [])
+            refusal = self._refusal(name, hosts[name], here)
+            if refusal is not None:  # the planner would refuse the whole cluster: this host is left out
+                del hosts[name]
+                refused[name] = refusal
+                notes.append(f"host {name} left out: {refusal.reason}")
+                continue
+            for guest_name, guest in here.items():
+                if guest_name in guests:
+                    notes.append(f"guest {guest_name} is running on both {guests[guest_name].host} and {name}: "
                                  "left where it is")
-                    guests[domain.name] = guests[domain.name].fixed("runs on two hosts")
+                    guests[guest_name] = guests[guest_name].fixed("runs on two hosts")
                     continue
-                guests[domain.name] = self._describe(domain, name, loads.get(domain.name), notes)
-        return Observation(ClusterState(hosts, guests), notes, unreachable, errors)
+                guests[guest_name] = guest
+        return Observation(ClusterState(hosts, guests), notes, unreachable, errors, refused)
+
+    def _refusal(self, name: str, host: HostState, guests: Mapping[str, GuestState]) -> HostRefusal | None:
+        """Why the planner refuses this host's part of the cluster (RebalanceInputError: a guest
+        pinned to pCPUs the host's capabilities do not list), or None. The planner's own check
+        decides; the refusal adds what its message lacks: every such guest, and where the host's
+        pCPUs were read from."""
+        try:
+            ClusterState({name: host}, guests)
+        except RebalanceInputError as exc:
+            source = capabilities_source(self.hosts.get(name))
+            listed = set(host.topology.cpus)
+            found = []
+            for guest in guests.values():
+                unknown = sorted({cpu for pins in guest.placement.vcpupin.values() for cpu in pins} - listed)
+                if unknown:
+                    found.append((guest.name, tuple(unknown)))
+            if not found:  # refused for another reason: the planner's words, quoted
+                return HostRefusal(name, f"refused by the planner: {excerpt(str(exc), 300)}", source)
+            where = f"(read from {source}: pCPUs {format_cpuset(listed) or 'none'})"
+            if len(found) == 1:
+                guest, cpus = found[0]
+                reason = (f"guest {excerpt(guest, 64)} is pinned to pCPUs {format_cpuset(cpus)}, "
+                          f"which the host's capabilities do not list {where}")
+            else:
+                pinned = ", ".join(f"{excerpt(guest, 64)} (pCPUs {format_cpuset(cpus)})"
+                                   for guest, cpus in found[:NAMED_AT_MOST])
+                if len(found) > NAMED_AT_MOST:
+                    pinned += f" and {len(found) - NAMED_AT_MOST} more"
+                reason = f"guests {pinned} are pinned to pCPUs the host's capabilities do not list {where}"
+            return HostRefusal(name, reason, source, tuple(found))
+        return None
 
     def _describe(self, domain: Any, host: str, load: float | None, notes: list[str]) -> GuestState:
         placement = domain.placement
@@ -403,13 +527,27 @@ class Rebalancer:
 
         A host that cannot be read is left out and named in the plan (`settings.unreadable`,
         and its summary): "nothing to do" then covers only the hosts read. With `need_a_host`,
-        a run that could read none raises HypervisorError (retriable) and stores nothing."""
+        a run that could read none raises HypervisorError (retriable) and stores nothing.
+
+        A host the planner refuses (a guest pinned to pCPUs its capabilities do not list) is
+        left out the same way, named with the guests, the pCPUs and where its pCPUs were read
+        from (`settings.refused`): one bad domain never fails a fleet's plan. When no host is
+        left to plan because of such refusals, or the host to drain is refused,
+        PlanInputRefused (bad input) is raised and nothing is stored. A planner that runs out
+        of memory raises PlanningOutOfMemory, naming the hosts and the budget setting; nothing
+        is stored."""
         notes = notes if notes is not None else []
         self._check_hosts(host_names)
         if drain is not None and drain not in host_names:
             raise RebalanceError(f"host {drain} to drain is not among the hosts of this run "
                                  f"({', '.join(host_names)})", bad_input=True)
-        observed = self.observe(host_names)
+        out_of_memory = False
+        try:
+            observed = self.observe(host_names)
+        except MemoryError:  # raised below, once the frames holding what filled memory are gone
+            out_of_memory = True
+        if out_of_memory:
+            raise PlanningOutOfMemory(host_names)
         notes.extend(observed.notes)
         if need_a_host and host_names and len(observed.errors) == len(set(host_names)):
             raise HypervisorError("no host could be read: " + "; ".join(observed.errors.values()),
@@ -417,31 +555,53 @@ class Rebalancer:
         if drain is not None and drain in observed.unreachable:
             raise RebalanceError(f"host {drain} to drain does not answer: "
                                  + next((n for n in observed.notes if n.startswith(f"host {drain} ")), ""))
+        if drain is not None and drain in observed.refused:
+            raise PlanInputRefused({drain: observed.refused[drain]}, drain=drain)
+        if observed.refused and not observed.state.hosts:
+            raise PlanInputRefused(observed.refused, observed.errors)
         model = self.model(notes)
         settings = self.settings if max_actions is None else replace(self.settings, max_actions=max_actions)
-        movable = [g for g in observed.state.guests if any(fnmatch.fnmatchcase(g, p) for p in scope)]
-        if drain is not None:
-            plan = plan_drain(observed.state, model, drain, settings, now=self.wall(), scope=movable)
-        else:
-            now = self.wall()  # only moves within the cool-down hold a guest back
-            last_moved = self.plans.last_moved(list(observed.state.guests), since=now - settings.cooldown_s)
-            memory = self._trial_memory(settings)
-            times = StageTimes(time.perf_counter)
-            plan = plan_rebalance(observed.state, model, settings, now=now, last_moved=last_moved,
-                                  scope=movable, solver=self.solver, measured=memory.better, tried=memory.tried,
-                                  pooled=self.pooled_by_plans(observed.state), held=memory.held,
-                                  refuted=memory.refuted, times=times)
-            log.info("rebalance planned over %d hosts in %.2f s (%s)", len(observed.state.hosts),
-                     sum(times.seconds.values()),
-                     ", ".join(f"{stage} {seconds:.2f} s" for stage, seconds in times.rounded(2).items()))
+        refusal = ""
+        try:
+            plan = self._plan_observed(observed.state, model, settings, scope, drain)
+        except MemoryError:
+            out_of_memory = True
+        except RebalanceInputError as exc:  # what the planner refuses beyond the hosts left out above
+            refusal = f"the rebalance planner refused its input: {excerpt(str(exc), 300)}"
+        if out_of_memory:
+            raise PlanningOutOfMemory(sorted(observed.state.hosts))
+        if refusal:
+            raise RebalanceError(refusal, bad_input=True)
         unreadable = [{"host": host, "error": error} for host, error in observed.errors.items()]
+        refused = [r.to_dict() for r in observed.refused.values()]
         summary = plan.summary
         if unreadable:
             summary += f" (not read, left out: {', '.join(observed.errors)})"
+        if refused:
+            summary += f" (refused, left out: {', '.join(observed.refused)})"
         plan = replace(plan, summary=summary, settings={
             **plan.settings, "observe_notes": list(observed.notes), "scope": list(scope),
-            "model_observations": model.observations, "unreadable": unreadable})
+            "model_observations": model.observations, "unreadable": unreadable, "refused": refused})
         return self.plans.save(plan, created_by=self.holder)  # type: ignore[return-value]
+
+    def _plan_observed(self, state: ClusterState, model: InterferenceModel, settings: RebalanceSettings,
+                       scope: Sequence[str], drain: str | None) -> Plan:
+        """The planner's plan of the observed cluster (a drain's with `drain`), not stored yet."""
+        movable = [g for g in state.guests if any(fnmatch.fnmatchcase(g, p) for p in scope)]
+        if drain is not None:
+            return plan_drain(state, model, drain, settings, now=self.wall(), scope=movable)
+        now = self.wall()  # only moves within the cool-down hold a guest back
+        last_moved = self.plans.last_moved(list(state.guests), since=now - settings.cooldown_s)
+        memory = self._trial_memory(settings)
+        times = StageTimes(time.perf_counter)
+        plan = plan_rebalance(state, model, settings, now=now, last_moved=last_moved,
+                              scope=movable, solver=self.solver, measured=memory.better, tried=memory.tried,
+                              pooled=self.pooled_by_plans(state), held=memory.held,
+                              refuted=memory.refuted, times=times)
+        log.info("rebalance planned over %d hosts in %.2f s (%s)", len(state.hosts),
+                 sum(times.seconds.values()),
+                 ", ".join(f"{stage} {seconds:.2f} s" for stage, seconds in times.rounded(2).items()))
+        return plan
 
     def pooled_by_plans(self, state) -> set[str]:
         """Floating guests that float where one of vmplacer's own plans floated them, unchanged
@@ -693,6 +853,8 @@ class Rebalancer:
         part = RunReport(status="failed")
         try:
             self._run_held(part, batch, options)
+        except PlanInputRefused:  # every host of the batch refused: left out of the round, as in a plan
+            part.status = "nothing-to-do"  # (make_plan noted each, "host H left out: why")
         except (RebalanceError, HypervisorError) as exc:
             part.status = "failed"
             part.notes.append(f"hosts {', '.join(batch)}: {exc}")
