@@ -272,12 +272,13 @@ def test_a_host_over_the_memory_budget_is_left_out_named():
     small, small_guests = floating_host("small", 1)
     big, big_guests = floating_host("big", 12)
     state = ClusterState({"small": small, "big": big}, {**small_guests, **big_guests})
-    # big: 6 pinned + 12 floating guests over 32 pCPUs = 390 pieces; 390² · 8 B · 32 ≈ 37 MiB
-    plan = plan_rebalance(state, model(1), RebalanceSettings(memory_budget_mib=20), now=0.0)
+    # small: 70 pieces, about 97 MiB; big: 6 pinned + 12 floating guests over 32 pCPUs = 390
+    # pieces, about 96 + 390² · 8 B · 16 = 115 MiB (core/rebalance/budget.py)
+    plan = plan_rebalance(state, model(1), RebalanceSettings(memory_budget_mib=105), now=0.0)
     left_out = plan.settings["notes"]["left_out"]
     assert [entry["host"] for entry in left_out] == ["big"]
     assert "390 pieces" in left_out[0]["why"] and "rebalance.search.memory_budget_mib" in left_out[0]["why"]
-    assert "1 host left out, over the memory budget of 20 MiB: big" in plan.summary
+    assert "1 host left out, over the memory budget of 105 MiB: big" in plan.summary
     assert all(action.host == "small" for action in plan.actions)
     roomy = plan_rebalance(state, model(1), RebalanceSettings(memory_budget_mib=1024), now=0.0)
     assert roomy.settings["notes"]["left_out"] == []
@@ -332,3 +333,23 @@ def test_a_host_past_its_search_budget_keeps_the_moves_found_and_is_named():
         counts.append((moved(plan), bool(plan.settings["notes"]["cut_short"])))
     assert [n for n, _ in counts] == sorted(n for n, _ in counts)
     assert any(cut and 0 < n < moved(free) for n, cut in counts), counts
+
+
+def test_a_pool_over_the_memory_budget_is_not_evaluated():
+    """Pooling the pinned vCPUs of a crowded node makes each of them one piece per pCPU of the
+    pool: a candidate layout of many more pieces than the host's. Past the budget it is refused
+    by name before it is built."""
+    topology = uniform_topology(nodes=1, cores_per_node=8, threads_per_core=2, name="h")
+    guests = {}
+    for index in range(40):
+        guest = f"g{index}"
+        guests[guest] = describe_guest(Placement(guest=guest, host="h", vcpupin={0: frozenset({index % 16})},
+                                                 memory_kib=1 << 20), labels={"workload": KEYS[index % len(KEYS)]})
+    state = ClusterState({"h": HostState("h", topology)}, guests)
+    roomy = plan_rebalance(state, model(4), RebalanceSettings(), now=0.0)
+    # 40 pinned pieces as the host stands (about 96 MiB); pooled: 40 × 16 = 640 pieces, 146 MiB
+    tight = plan_rebalance(state, model(4), RebalanceSettings(memory_budget_mib=120), now=0.0)
+    assert tight.settings["notes"]["left_out"] == []
+    assert not any("over the memory budget" in r for r in roomy.settings["notes"]["rejected"])
+    assert any(r.startswith("pool on host h") and "over the memory budget, not evaluated" in r
+               for r in tight.settings["notes"]["rejected"])

@@ -229,8 +229,8 @@ class HostLayout:
     def __init__(self, state: HostState, betas: BetaTable):
         topo = state.topology
         self.state = state
-        # piece entries scored on this host so far (candidates × pieces, pairs of pieces): what the
-        # search's time on it is made of, counted alike on any machine (`budget.host_work_limit`)
+        # candidate × piece entries scored on this host so far: what the search's time on it is
+        # made of, counted alike on any machine (`budget.host_work_limit`)
         self.work = 0
         self.name = state.name
         self.topology = topo
@@ -811,7 +811,6 @@ class HostLayout:
         return pieces.terms
 
     def _pair_terms(self, pieces: LayoutPieces) -> PairTerms:
-        self.work += len(pieces.cpu) ** 2
         if pieces.piece_keys is None:
             guests, cpus = pieces.guests, self.cpus
             pieces.piece_keys = [(guests[g], v, cpus[c]) for g, v, c in
@@ -942,7 +941,6 @@ def _interference_matrix(host: HostLayout, pieces: LayoutPieces) -> np.ndarray:
         pieces.matrix = _rows_updated(host, pieces, pieces.table, parent[0].matrix, parent[1], masked=True)
     if pieces.matrix is None:
         assert pieces.table is not None
-        host.work += len(pieces.cpu) ** 2
         pieces.matrix = _pair_lookup(host, pieces, pieces.table, masked=True)
     return pieces.matrix
 

@@ -13,6 +13,7 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
+from vmplacer.core.rebalance.budget import layout_fits
 from vmplacer.core.rebalance.draft import Draft, PlanInputs
 from vmplacer.core.rebalance.layout import HostLayout, LayoutPieces, locality_nodes
 from vmplacer.core.rebalance.state import EXCLUSIVE, PINNED, GuestState, RebalanceSettings
@@ -286,6 +287,11 @@ def _pool_moves(draft: Draft, inputs: PlanInputs, host: HostLayout, base_obj: fl
 
 def _evaluate_layout(draft: Draft, inputs: PlanInputs, host: HostLayout, layout: dict, members: list[str], kind: str, base_obj: float,
                      base_lin: float, reason: str) -> CandidateMove | None:
+    if not layout_fits(layout, len(host.usable) or len(host.cpus), inputs.settings):
+        refused = f"{kind} on host {host.name} ({reason}): over the memory budget, not evaluated"
+        if refused not in draft.rejected:
+            draft.rejected.append(refused)
+        return None
     pieces = host.pieces(layout)
     perf, lin = host.perf(pieces, pieces.cpu)
     if not floors_ok(draft, inputs, pieces, perf)[0]:
