@@ -514,9 +514,7 @@ class HostLayout:
                     pairs: np.ndarray | None = None, blocks: list[tuple[int, int]] | None = None) -> np.ndarray:
         assert pieces.table is not None
         loss: np.ndarray | None = None
-        if pairs is not None:
-            pass
-        elif len(cpu) and (moved := cpu != pieces.cpu[None, :]).sum(axis=1).max() <= _FEW_MOVED:
+        if pairs is None and len(cpu) and (moved := cpu != pieces.cpu[None, :]).sum(axis=1).max() <= _FEW_MOVED:
             # each candidate's moved pieces first; a candidate that moves fewer takes unmoved ones
             # too, whose rows and columns come out as they were
             pairs = np.argsort(~moved, axis=1, kind="stable")[:, :_FEW_MOVED]
@@ -598,13 +596,8 @@ class HostLayout:
         number of candidates."""
         step = max(1, CANDIDATE_CELLS // cpu.shape[1])
         spans = blocks or [(start, min(start + step, len(cpu))) for start in range(0, len(cpu), step)]
-        groups: list[list[tuple[int, int]]] = [[]]
-        for span in spans:
-            if groups[-1] and span[1] - groups[-1][0][0] > step:
-                groups.append([])
-            groups[-1].append(span)
         parts = []
-        for group in groups:
+        for group in _batches(spans, step):
             begin, end = group[0][0], group[-1][1]
             parts.append(self._perf_rows(pieces, cpu[begin:end], False, None if moved is None else moved[begin:end],
                                          None if blocks is None else [(a - begin, b - begin) for a, b in group]))
@@ -649,13 +642,9 @@ class HostLayout:
         the candidates × pieces would exceed `CANDIDATE_CELLS`)."""
         step = max(1, CANDIDATE_CELLS // max(len(pieces.cpu), 1))
         if len(targets) > step and len(blocks) > 1:
-            groups: list[list[tuple[int, int]]] = [[]]
-            for span in blocks:
-                if groups[-1] and span[1] - groups[-1][0][0] > step:
-                    groups.append([])
-                groups[-1].append(span)
             parts = [self.perf_moves_blind_many(pieces, blind, moved[g[0][0]:g[-1][1]], targets[g[0][0]:g[-1][1]],
-                                                [(a - g[0][0], b - g[0][0]) for a, b in g]) for g in groups]
+                                                [(a - g[0][0], b - g[0][0]) for a, b in g])
+                     for g in _batches(blocks, step)]
             joined = [np.concatenate([part[i] for part in parts]) for i in (0, 1)]
             blind_parts = [part[2] for part in parts]
             return (joined[0], joined[1],
@@ -886,6 +875,17 @@ def _blocks_product(a: np.ndarray, b: np.ndarray, blocks: list[tuple[int, int]])
     for start, end in blocks:
         result[start:end] = a[start:end] @ b
     return result
+
+
+def _batches(spans: list[tuple[int, int]], rows: int) -> list[list[tuple[int, int]]]:
+    """Consecutive row spans grouped so that a group covers at most `rows` rows (a span longer
+    than that alone): candidates scored a bounded batch at a time, never a block split."""
+    groups: list[list[tuple[int, int]]] = [[]]
+    for span in spans:
+        if groups[-1] and span[1] - groups[-1][0][0] > rows:
+            groups.append([])
+        groups[-1].append(span)
+    return groups
 
 
 def _speed(load: np.ndarray) -> np.ndarray:
