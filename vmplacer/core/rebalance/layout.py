@@ -198,10 +198,15 @@ MERGE_ABOVE = 128
 def piece_count(layout: Mapping[str, Mapping[int, frozenset[int]]], usable: int) -> int:
     """How many pieces `HostLayout.pieces` makes of `layout` on a host of `usable` pCPUs (a vCPU
     with no pins floats over all of them)."""
-    plain = sum(len(pins) or usable for pins_of in layout.values() for pins in pins_of.values())
+    plain = _plain_count(layout, usable)
     if plain <= MERGE_ABOVE:
         return plain
     return sum(len(pins) or usable for pins_of in layout.values() for _, _, pins in _vcpu_groups(pins_of, True))
+
+
+def _plain_count(layout: Mapping[str, Mapping[int, frozenset[int]]], usable: int) -> int:
+    """Pieces of `layout` with one per vCPU and pCPU it may run on (none merged)."""
+    return sum(len(pins) or usable for pins_of in layout.values() for pins in pins_of.values())
 
 
 def _vcpu_groups(pins: Mapping[int, frozenset[int]], merge: bool) -> list[tuple[int, int, frozenset[int]]]:
@@ -406,8 +411,7 @@ class HostLayout:
         identities: dict[tuple[str, str], int] = {}
         vm, vcpu, cpu, demand, key, single = [], [], [], [], [], []
         everywhere = sorted(self.usable) or self.cpus
-        merge = sum(len(pins) or len(everywhere) for pins_of in layout.values()
-                    for pins in pins_of.values()) > MERGE_ABOVE  # (`piece_count` counts alike)
+        merge = _plain_count(layout, len(everywhere)) > MERGE_ABOVE
         times: list[int] = []
         for g, name in enumerate(names):
             guest = guests[name]

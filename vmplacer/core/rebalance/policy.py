@@ -182,12 +182,10 @@ def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSett
         summary += "; declined: " + declined_text(draft.declined[-1])
     if draft.cut_short:
         summary += (f"; search cut short on {plural(len(draft.cut_short), 'host')} by the time budget of "
-                    f"{settings.host_budget_s:g} s: {', '.join(sorted(draft.cut_short)[:5])}"
-                    + (" …" if len(draft.cut_short) > 5 else ""))
+                    f"{settings.host_budget_s:g} s: {_first_hosts(draft.cut_short)}")
     if left_out:
         summary += (f"; {plural(len(left_out), 'host')} left out, over the memory budget of "
-                    f"{settings.memory_budget_mib} MiB: {', '.join(sorted(left_out)[:5])}"
-                    + (" …" if len(left_out) > 5 else ""))
+                    f"{settings.memory_budget_mib} MiB: {_first_hosts(left_out)}")
     notes = {"fixed": fixed, "held": sorted(inputs.history.held.values()), "rejected": draft.rejected[:20],
              "declined": draft.declined[-5:],
              "exact": draft.exact, "pessimistic": draft.pessimistic,
@@ -198,6 +196,12 @@ def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSett
                         for h, t in sorted({**draft.trials, **draft.group_trials}.items())]}
     return plan_from_search(draft, inputs, actions, predicted, before=before, after=after, summary=summary, notes=notes,
                             now=now)
+
+
+def _first_hosts(hosts: Iterable[str], shown: int = 5) -> str:
+    """The first hosts by name, for a summary of one line ("…" when there are more)."""
+    names = sorted(hosts)
+    return ", ".join(names[:shown]) + (" …" if len(names) > shown else "")
 
 
 def _per_guest(settings: RebalanceSettings) -> str:
