@@ -353,3 +353,65 @@ def test_a_pool_over_the_memory_budget_is_not_evaluated():
     assert not any("over the memory budget" in r for r in roomy.settings["notes"]["rejected"])
     assert any(r.startswith("pool on host h") and "over the memory budget, not evaluated" in r
                for r in tight.settings["notes"]["rejected"])
+
+
+def _topology_variant(kind: str):
+    """A 2-node host whose cache levels nest (as reported), whose one LLC spans both nodes (as with
+    sub-NUMA clustering: the groups do not nest), or which reports no caches at all."""
+    from dataclasses import replace as changed
+
+    topology = uniform_topology(nodes=2, cores_per_node=4, threads_per_core=2, llc_per_node=kind != "snc", name=kind)
+    if kind == "no-caches":
+        topology = changed(topology, cpus={i: changed(c, l2=None, llc=None) for i, c in topology.cpus.items()})
+    return topology
+
+
+@pytest.mark.parametrize("kind", ["nested", "snc", "no-caches"])
+@pytest.mark.parametrize("seed", range(4))
+def test_sums_by_cache_groups_equal_the_pairwise_sum(kind, seed, monkeypatch):
+    """Past `DENSE_PIECES` a pCPU's neighbours at one distance are a difference of two group sums
+    when the levels nest; when they do not (an LLC wider than a node), or when a tenant's pieces
+    carry several keys, the per-distance matrices are used. Every form sums what the pairwise sum does."""
+    from vmplacer.core.model import interference
+    from vmplacer.core.model.interference import Tenant, TenantLayout
+
+    rng = random.Random(seed)
+    topology = _topology_variant(kind)
+    cpus = sorted(topology.cpus)
+    tenants = [Tenant(f"t{i}", {v: frozenset(rng.sample(cpus, rng.choice([1, 1, 3, 8, 16]))) for v in range(rng.randint(1, 3))},
+                      load=rng.choice([1.0, 0.4])) for i in range(14)]
+    layout = TenantLayout.build(topology, tenants)
+    table = np.random.default_rng(seed).uniform(-0.1, 0.4, size=(len(interference.DistanceClass), 3, 3))
+    assert (layout.cpu_groups() is None) == (kind == "snc")
+    per_tenant = np.array([i % 3 for i in layout.owner], dtype=np.int64)
+    per_piece = np.arange(len(layout.owner), dtype=np.int64) % 3
+    monkeypatch.setattr(interference, "DENSE_PIECES", 10**9)
+    dense = [layout.neighbour_sum(table, keys) for keys in (per_tenant, per_piece)]
+    monkeypatch.setattr(interference, "DENSE_PIECES", 0)
+    for keys, expected in zip((per_tenant, per_piece), dense):
+        assert close(expected, layout.neighbour_sum(table, keys))
+
+
+def test_kept_tenant_pieces_build_the_same_layout():
+    """Admission keeps its neighbours' pieces between candidates: a layout built from kept pieces
+    is the one built afresh, float for float, and a pCPU the host lacks is refused alike."""
+    from vmplacer.core.model.interference import Tenant, TenantLayout
+
+    topology = _topology_variant("nested")
+    rng = random.Random(7)
+    cpus = sorted(topology.cpus)
+    tenants = [Tenant(f"t{i}", {v: frozenset(rng.sample(cpus, rng.choice([1, 2, 5, 16]))) for v in range(rng.randint(1, 4))},
+                      load=rng.choice([1.0, 0.3])) for i in range(10)]
+    kept: dict = {}
+    for chosen in (tenants, tenants[3:], tenants[::-1]):
+        fresh, reused = TenantLayout.build(topology, chosen), TenantLayout.build(topology, chosen, kept)
+        for name in ("owner", "cpu", "demand", "granted", "alone", "cpu_slot", "cpu_ids"):
+            assert np.array_equal(getattr(fresh, name), getattr(reused, name)), name
+    stray = [Tenant("stray", {0: frozenset({1}), 1: frozenset({2, 99})})]
+    with pytest.raises(ValueError) as plain:
+        TenantLayout.build(topology, stray)
+    with pytest.raises(ValueError) as memo:
+        TenantLayout.build(topology, stray, {})
+    assert str(plain.value) == str(memo.value) and "vCPU 1 pinned to pCPU 99" in str(memo.value)
+    with pytest.raises(ValueError, match="'t1': field 'name' appears twice"):
+        TenantLayout.build(topology, [tenants[1], tenants[1]], {})

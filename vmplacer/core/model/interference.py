@@ -52,6 +52,7 @@ dict; see docs/model.md.
 from __future__ import annotations
 
 import math
+import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, fields
 
@@ -97,7 +98,7 @@ class Tenant:
         if not self.name:
             raise ValueError("tenant: field 'name' must not be empty")
         if isinstance(self.cpus, Mapping):
-            cpus = {int(vcpu): frozenset(int(p) for p in pcpus) for vcpu, pcpus in self.cpus.items()}
+            cpus = {int(vcpu): frozenset(map(int, pcpus)) for vcpu, pcpus in self.cpus.items()}
         else:
             cpus = {index: frozenset({int(p)}) for index, p in enumerate(sorted(set(self.cpus)))}
         if not cpus:
@@ -554,6 +555,8 @@ class _Layout:
     topology: HostTopology
     _distance: np.ndarray | None = None
     _cpu_distance: np.ndarray | None = None
+    _groups: np.ndarray | None = None
+    _nested: bool | None = None
 
     @property
     def distance(self) -> np.ndarray:
@@ -573,9 +576,27 @@ class _Layout:
             self._cpu_distance = distance_matrix(self.topology, self.cpu_ids)
         return self._cpu_distance
 
+    def cpu_groups(self) -> np.ndarray | None:
+        """[level, pCPU]: the group each pCPU pieces are on belongs to at each level (core, L2,
+        LLC, node, host), when the levels nest so that two pCPUs' distance class is the first
+        level they share — true of every usual topology. Then a sum over the pieces at one
+        distance is a difference of two group sums, O(P) instead of a pCPU × pCPU array.
+        None when they do not nest (e.g. nodes smaller than an LLC): the matrix form is used."""
+        if self._nested is None:
+            index = _host_index(self.topology)
+            self._groups = None if index.groups is None else index.groups[:, index.column[self.cpu_ids]]
+            self._nested = self._groups is not None
+        return self._groups
+
     @classmethod
-    def build(cls, topology: HostTopology, tenants: Iterable[Tenant]) -> _Layout:
+    def build(cls, topology: HostTopology, tenants: Iterable[Tenant],
+              memo: dict[int, tuple[Tenant, np.ndarray, np.ndarray]] | None = None) -> _Layout:
+        """`memo` (optional): each tenant's pieces (pCPUs, demands) kept by the caller between
+        builds of layouts that share most tenants (admission scores hundreds of candidates
+        over the same neighbours); the same pieces, in the same order, the same floats."""
         tenants = list(tenants)
+        if memo is not None:
+            return cls._from_pieces(topology, tenants, [_tenant_pieces(topology, t, memo) for t in tenants])
         names: set[str] = set()
         slot: dict[tuple[int, int], int] = {}  # (tenant, pCPU) -> piece
         owner: list[int] = []
@@ -598,9 +619,27 @@ class _Layout:
                     owner.append(index)
                     pcpus.append(pcpu)
                     demand.append(share)
-        own = np.asarray(owner, dtype=np.int64)
-        cpu = np.asarray(pcpus, dtype=np.int64)
-        dem = np.asarray(demand, dtype=float)
+        return cls._shared(topology, tenants, np.asarray(owner, dtype=np.int64), np.asarray(pcpus, dtype=np.int64),
+                           np.asarray(demand, dtype=float))
+
+    @classmethod
+    def _from_pieces(cls, topology: HostTopology, tenants: list[Tenant],
+                     pieces: list[tuple[np.ndarray, np.ndarray]]) -> _Layout:
+        if len({t.name for t in tenants}) != len(tenants):
+            seen: set[str] = set()
+            twice = next(t.name for t in tenants if t.name in seen or seen.add(t.name))  # type: ignore[func-returns-value]
+            raise ValueError(f"tenant {twice!r}: field 'name' appears twice in the placement")
+        if not pieces:
+            empty = np.zeros(0, dtype=np.int64)
+            return cls._shared(topology, tenants, empty, empty, np.zeros(0))
+        owner = np.repeat(np.arange(len(pieces), dtype=np.int64), [len(c) for c, _ in pieces])
+        return cls._shared(topology, tenants, owner, np.concatenate([c for c, _ in pieces]),
+                           np.concatenate([d for _, d in pieces]))
+
+    @classmethod
+    def _shared(cls, topology: HostTopology, tenants: list[Tenant], own: np.ndarray, cpu: np.ndarray,
+                dem: np.ndarray) -> _Layout:
+        """The layout of pieces (owner, pCPU, demand): every pCPU's time split among them."""
         # time shares: a pCPU asked for more than 100 % splits its time in proportion to demand
         cpu_ids, cpu_slot = np.unique(cpu, return_inverse=True)
         load_on_cpu = np.bincount(cpu_slot, weights=dem, minlength=cpu_ids.size)
@@ -622,9 +661,12 @@ class _Layout:
             beta = table[self.distance, piece_key[None, :], piece_key[:, None]]
             return (beta * np.where(self.neighbour, weight[None, :], 0.0)).sum(axis=1)
         keys = table.shape[1]
-        distance = self.cpu_distance()
         on_cpu = np.zeros((len(self.cpu_ids), keys))
         np.add.at(on_cpu, (self.cpu_slot, piece_key), weight)
+        groups = self.cpu_groups()
+        if groups is not None and bool((piece_key == piece_key[self._first_piece()][self.owner]).all()):
+            return self._nested_sum(groups, table, piece_key, weight, on_cpu)
+        distance = self.cpu_distance()
         by_cpu = np.zeros((len(self.cpu_ids), keys))  # [pCPU, key of x]
         for rank in np.unique(distance).tolist():
             if rank == _SAME_CPU:
@@ -643,7 +685,133 @@ class _Layout:
         return total
 
 
+    def _first_piece(self) -> np.ndarray:
+        """[tenant]: the index of its first piece (every tenant has one)."""
+        first = np.full(len(self.tenants), len(self.owner), dtype=np.int64)
+        np.minimum.at(first, self.owner, np.arange(len(self.owner)))
+        return np.minimum(first, max(len(self.owner) - 1, 0))
+
+    def _nested_sum(self, groups: np.ndarray, table: np.ndarray, piece_key: np.ndarray, weight: np.ndarray,
+                    on_cpu: np.ndarray) -> np.ndarray:
+        """`neighbour_sum` from group sums: what lies at distance class l + 1 from a pCPU is what
+        shares its level-l group less what shares its level-(l − 1) group (level −1: the pCPU
+        itself); a tenant's own pieces (one key each) come off the same way, per tenant."""
+        count = len(self.cpu_ids)
+        by_cpu = np.zeros((count, table.shape[1]))  # [pCPU, key of x]
+        inner = on_cpu  # what shares the previous level's group with each pCPU, per key
+        mine_inner = weight  # the same, of each piece's own tenant
+        own = np.zeros(len(self.owner))
+        same = table[np.arange(1, len(groups) + 1)[:, None], piece_key[None, :], piece_key[None, :]]  # [l, x]
+        for level, group in enumerate(groups):
+            size = int(group.max()) + 1 if count else 0
+            summed = np.zeros((size, on_cpu.shape[1]))
+            np.add.at(summed, group, on_cpu)
+            around = summed[group]
+            by_cpu += (around - inner) @ table[level + 1]
+            inner = around
+            slot = self.owner * size + group[self.cpu_slot]
+            mine = np.bincount(slot, weights=weight, minlength=len(self.tenants) * size)[slot]
+            own += (mine - mine_inner) * same[level]
+            mine_inner = mine
+        return by_cpu[self.cpu_slot, piece_key] - own
+
+
+@dataclass(frozen=True)
+class _HostIndex:
+    """What layouts on one host look up per pCPU id, worked out once per topology object."""
+
+    known: np.ndarray  # [pCPU id] the host has it
+    column: np.ndarray  # [pCPU id] its column in `groups`
+    groups: np.ndarray | None  # `nested_groups` of all the host's pCPUs (None: they do not nest)
+
+
+_HOST_INDEX: dict[int, tuple[weakref.ref, _HostIndex]] = {}
+_HOST_INDEX_KEPT = 64
+
+
+def _host_index(topology: HostTopology) -> _HostIndex:
+    """The topology's `_HostIndex` (a layout's pCPUs are some of the host's, and groups that nest
+    keep nesting in any subset)."""
+    kept = _HOST_INDEX.get(id(topology))
+    if kept is not None and kept[0]() is topology:
+        return kept[1]
+    cpus = np.asarray(sorted(topology.cpus), dtype=np.int64)
+    size = int(cpus.max()) + 1 if cpus.size and cpus.min() >= 0 else 0
+    known = np.zeros(size, dtype=bool)
+    column = np.zeros(size, dtype=np.int64)
+    if size:
+        known[cpus] = True
+        column[cpus] = np.arange(cpus.size)
+    found = _HostIndex(known, column, nested_groups(topology, cpus) if size else None)
+    while len(_HOST_INDEX) >= _HOST_INDEX_KEPT:
+        del _HOST_INDEX[next(iter(_HOST_INDEX))]
+    _HOST_INDEX[id(topology)] = (weakref.ref(topology), found)
+    return found
+
+
+def nested_groups(topology: HostTopology, cpus: np.ndarray) -> np.ndarray | None:
+    """[level, i]: group index of pCPU cpus[i] at each level — core, L2, LLC, node, host — each
+    group inside one group of every coarser level, or None when `distance_matrix`'s classes
+    (the first of core, L2, LLC, node two pCPUs share) are not the first level of these groups
+    they share: a level's groups must not span two groups of a coarser one. An unknown L2 or LLC
+    counts as the next finer level's group: shared by no two pCPUs that do not share that one,
+    as `distance_matrix` reads it."""
+    if cpus.size == 0:
+        return None
+    rows = []
+    for p in cpus:
+        c = topology.cpus[int(p)]
+        l2 = ("l2", c.l2) if c.l2 is not None else ("core", c.core)
+        llc = ("llc", c.llc) if c.llc is not None else l2
+        rows.append((("core", c.core), l2, llc, c.node))
+    levels = []
+    for level in range(4):
+        ids: dict[object, int] = {}
+        levels.append([ids.setdefault(row[level], len(ids)) for row in rows])
+        if level and len(set(levels[level - 1])) != len({(row[level - 1], row[level]) for row in rows}):
+            return None  # a finer group spans two of this level's
+    return np.asarray(levels + [[0] * len(rows)], dtype=np.int64)
+
+
 TenantLayout = _Layout  # the flattening `predict` uses, shared so other predictors do the same arithmetic
+
+
+def _tenant_pieces(topology: HostTopology, tenant: Tenant,
+                   memo: dict[int, tuple[Tenant, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+    """One tenant's pieces as `_Layout.build` makes them (one per pCPU it may run on, in first-
+    seen order, its vCPUs' shares added in vCPU order: the same floats), kept in `memo` by the
+    tenant itself."""
+    kept = memo.get(id(tenant))
+    if kept is not None and kept[0] is tenant:
+        return kept[1], kept[2]
+    assert isinstance(tenant.cpus, Mapping)
+    items = sorted(tenant.cpus.items())
+    pins = [np.sort(np.fromiter(allowed, dtype=np.int64, count=len(allowed))) for _, allowed in items]
+    known = _host_index(topology).known
+    for (vcpu, _), cpus in zip(items, pins):
+        outside = (cpus < 0) | (cpus >= known.size)
+        outside[~outside] = ~known[cpus[~outside]]
+        if outside.any():
+            raise ValueError(f"tenant {tenant.name!r}: field 'cpus': vCPU {vcpu} pinned to pCPU "
+                             f"{int(cpus[outside][0])}, which host {topology.name!r} does not have")
+    if all(np.array_equal(pins[0], cpus) for cpus in pins[1:]):  # every vCPU over the same pCPUs
+        share = tenant.load / len(pins[0])
+        demand = np.full(len(pins[0]), share)
+        for _ in pins[1:]:
+            demand += share
+        found = (tenant, pins[0], demand)
+    else:
+        cpu = np.concatenate(pins)
+        shares = np.concatenate([np.full(len(cpus), tenant.load / len(cpus)) for cpus in pins])
+        distinct, first, inverse = np.unique(cpu, return_index=True, return_inverse=True)
+        order = np.argsort(first, kind="stable")
+        rank = np.empty_like(order)
+        rank[order] = np.arange(len(order))
+        demand = np.zeros(len(distinct))
+        np.add.at(demand, rank[inverse.reshape(-1)], shares)  # unbuffered: in vCPU order, as added one by one
+        found = (tenant, distinct[order], demand)
+    memo[id(tenant)] = found
+    return found[1], found[2]
 
 
 def distance_matrix(topology: HostTopology, cpus: np.ndarray) -> np.ndarray:

@@ -127,6 +127,7 @@ class InterferenceScorer:
         self._before: list[Tenant] = []  # the others as tenants, before the candidate
         self._floating: dict[str, Placement] = {}  # others with floating vCPUs (their pins may narrow)
         self._identities: dict[str, Identity] = {}
+        self._pieces: dict[int, tuple[Tenant, np.ndarray, np.ndarray]] = {}  # the others' pieces, kept per search
 
     def score(self, topology: HostTopology, placement: Placement, others: Sequence[Placement]) -> float:
         return 1.0 / (1.0 + max(self.loss(topology, placement, others).total, 0.0))
@@ -145,6 +146,7 @@ class InterferenceScorer:
     def loss(self, topology: HostTopology, placement: Placement, others: Sequence[Placement]) -> AdmissionLoss:
         if self._base_for is not others:  # the baseline is the same for every candidate of one search
             self._before = _tenants(topology, others, frozenset(), self._load)
+            self._pieces = {}
             self._floating = {p.guest: p for p in others if split_vcpus(p)[1]}
             self._base = self._perf(topology, self._before)
             self._base_for = others
@@ -170,7 +172,7 @@ class InterferenceScorer:
         return AdmissionLoss(1.0 - work / alone, joined)
 
     def _perf(self, topology: HostTopology, tenants: list[Tenant]) -> dict[str, tuple[float, float]]:
-        return _performance(self.betas, topology, tenants, self.identity)
+        return _performance(self.betas, topology, tenants, self.identity, self._pieces)
 
 
 def predicted_performance(betas: ShrunkBetas, topology: HostTopology, placements: Sequence[Placement],
@@ -189,14 +191,14 @@ def predicted_performance(betas: ShrunkBetas, topology: HostTopology, placements
     return {name: done / alone for name, (done, alone) in work.items()}
 
 
-def _performance(betas: ShrunkBetas, topology: HostTopology, tenants: list[Tenant],
-                 identity_of) -> dict[str, tuple[float, float]]:
+def _performance(betas: ShrunkBetas, topology: HostTopology, tenants: list[Tenant], identity_of,
+                 memo: dict[int, tuple[Tenant, np.ndarray, np.ndarray]] | None = None) -> dict[str, tuple[float, float]]:
     """Per tenant: (work done, work alone with the same pins), both in pCPU-time units, with
     `InterferenceModel.predict`'s arithmetic (time shares, distance classes) and shrunk β's;
-    their ratio is `predict`'s perf."""
+    their ratio is `predict`'s perf. `memo`: tenants' pieces kept between calls (`TenantLayout.build`)."""
     if not tenants:
         return {}
-    layout = TenantLayout.build(topology, tenants)
+    layout = TenantLayout.build(topology, tenants, memo)
     identities: dict[Identity, int] = {}
     kind = np.array([identities.setdefault(identity_of(t.name), len(identities)) for t in layout.tenants],
                     dtype=np.int64)
