@@ -7,12 +7,14 @@ from __future__ import annotations
 import random
 
 import numpy as np
+import pytest
 
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.rebalance.policy import ClusterState, HostState, RebalanceSettings, describe_guest
 from vmplacer.core.rebalance.pessimistic import LeastLoadedPicker
 from vmplacer.core.rebalance.draft import Draft, PlanInputs
 from vmplacer.core.rebalance.search import start_search
+from vmplacer.core.rebalance import whatif
 from vmplacer.core.rebalance.whatif import blind_view, pair_changes
 from vmplacer.core.topology.host import uniform_topology
 
@@ -134,3 +136,43 @@ def test_swaps_scored_in_one_pass_equal_each_piece_scored_alone():
         for (begin, end), want in zip(blocks, alone):
             for got, expected in zip(batched, want):
                 assert np.array_equal(got[begin:end], expected), seed
+
+
+def _layout_terms(keys, factors, seed_of):
+    """Terms as a layout makes them: a pair's coefficient (a function of both pieces) times the
+    row piece's scale and the column piece's granted share; confidences a function of the pair."""
+    coefficient = np.array([[random.Random(seed_of(x, y)).random() * (x[0] != y[0]) for y in keys] for x in keys])
+    confidence = np.array([[random.Random(seed_of(y, x)).random() for y in keys] for x in keys])
+    return factors[:, 1][:, None] * coefficient * factors[:, 0][None, :], confidence
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_pair_change_sums_over_changed_pieces_equal_the_whole_arrays(seed):
+    """A move judged on the rows and columns of the pieces it changes sums what the union × union
+    arrays sum: every other pair has the same term and confidence before and after."""
+    rng = random.Random(seed)
+    before = [(f"g{i % 9}", i, rng.randrange(40)) for i in range(36)]
+    factors_b = np.array([[rng.choice([1.0, 0.5]), rng.uniform(0.5, 2.0)] for _ in before])
+    after, factors_a = list(before), factors_b.copy()
+    for _ in range(rng.randint(1, 3)):  # a few pieces move; pieces on their pCPUs get other shares
+        m = rng.randrange(len(after))
+        after[m] = (after[m][0], after[m][1], 40 + rng.randrange(8))
+        factors_a[m] = [rng.choice([1.0, 1 / 3]), rng.uniform(0.5, 2.0)]
+        factors_a[rng.randrange(len(after))] *= 0.5
+    if seed % 2:
+        after.append(("new", 0, 3))
+        factors_a = np.vstack([factors_a, [1.0, 1.0]])
+    order = list(range(len(after)))
+    rng.shuffle(order)
+    after, factors_a = [after[i] for i in order], factors_a[order]
+
+    def seed_of(x, y):
+        return f"{x}/{y}"
+
+    terms_b, conf_b = _layout_terms(before, factors_b, seed_of)
+    terms_a, conf_a = _layout_terms(after, factors_a, seed_of)
+    changed = whatif.changed_pieces(before, factors_b, after, factors_a)
+    assert changed is not None and 0 < changed.sum() <= 10
+    total, weighted = whatif.pair_change_sums(before, terms_b, conf_b, after, terms_a, conf_a, changed)
+    want = scattered(before, terms_b, conf_b, after, terms_a, conf_a)
+    assert total == pytest.approx(want[0], rel=1e-12) and weighted == pytest.approx(want[1], rel=1e-12)

@@ -852,6 +852,11 @@ class HostLayout:
             variance /= np.outer(pieces.vcpus_per_piece, pieces.vcpus_per_piece)
         return keys, terms, variance
 
+    def pair_factors(self, pieces: LayoutPieces) -> tuple[np.ndarray, np.ndarray]:
+        """Per piece, what its row and column of `pair_terms` are made of besides the pairs'
+        coefficients: (granted time share, objective scale)."""
+        return self._pair_scale(pieces)
+
     def _pair_scale(self, pieces: LayoutPieces) -> tuple[np.ndarray, np.ndarray]:
         """Each piece's granted time share, and what one unit of β·g from a neighbour costs it in
         the objective (its weight over its ideal, its share, and the speed it keeps)."""

@@ -17,7 +17,7 @@ import numpy as np
 from vmplacer.core.placement.guest_placement import GuestCell, Placement
 from vmplacer.core.placement.occupancy import HostUsage, memory_by_node
 from vmplacer.core.rebalance.draft import Draft, PlanInputs
-from vmplacer.core.rebalance.layout import HostLayout, LayoutPieces, layout_confidences, utility
+from vmplacer.core.rebalance.layout import HostLayout, LayoutPieces, PairTerms, layout_confidences, utility
 from vmplacer.core.rebalance.state import EXCLUSIVE, FIXED, FLOATING, PINNED, GuestState
 
 
@@ -282,23 +282,101 @@ def _assess(draft: Draft, inputs: PlanInputs, move: CandidateMove) -> None:
     is not sure.
     """
     hosts = sorted({draft.host_of[c.guest] for c in move.changes} | {c.host for c in move.changes})
-    before = [draft.hosts[h].pair_terms(draft.hosts[h].pieces()) for h in hosts]
+    before = [_terms_and_factors(draft.hosts[h]) for h in hosts]
     prior_before = sum(_prior_interference(inputs, draft.hosts[h]) for h in hosts)
     undo = try_move(draft, move)
     try:
-        after = [draft.hosts[h].pair_terms(draft.hosts[h].pieces()) for h in hosts]
+        after = [_terms_and_factors(draft.hosts[h]) for h in hosts]
         prior_after = sum(_prior_interference(inputs, draft.hosts[h]) for h in hosts)
     finally:
         undo()
     move.prior_gain = prior_after - prior_before
     total = weighted = 0.0
-    for (keys_b, terms_b, conf_b), (keys_a, terms_a, conf_a) in zip(before, after):
-        change, trust = pair_changes(keys_b, terms_b, conf_b, keys_a, terms_a, conf_a)
-        if change is None:
-            continue
-        total += float(change.sum())
-        weighted += float(np.multiply(change, trust, out=trust).sum())
+    for (terms_b, factors_b), (terms_a, factors_a) in zip(before, after):
+        changed = changed_pieces(terms_b[0], factors_b, terms_a[0], factors_a)
+        if changed is not None:
+            found = pair_change_sums(*terms_b, *terms_a, changed)
+        else:
+            change, trust = pair_changes(*terms_b, *terms_a)
+            if change is None:
+                continue
+            found = float(change.sum()), float(np.multiply(change, trust, out=trust).sum())
+        total += found[0]
+        weighted += found[1]
     move.confidence = weighted / total if total > EPS else 1.0
+
+
+def _terms_and_factors(host: HostLayout) -> tuple[PairTerms, np.ndarray]:
+    """The host's pair terms as it stands, and per piece the two factors its row and column of
+    terms are made of besides the pair's coefficient (its objective scale and granted share)."""
+    pieces = host.pieces()
+    terms = host.pair_terms(pieces)
+    granted, scale = host.pair_factors(pieces)
+    return terms, np.stack([granted, scale], axis=1)
+
+
+# a move that changes more pieces than this share of a layout is judged on the whole pair arrays
+SPARSE_SHARE = 0.25
+
+
+def changed_pieces(keys_b: list, factors_b: np.ndarray, keys_a: list, factors_a: np.ndarray) -> np.ndarray | None:
+    """[u] over the union of both layouts' pieces (before's first, then after's new ones): the
+    pieces whose row and column of pair terms may differ — in one layout only, or in both with
+    another granted share or objective scale. A pair of two other pieces has the same pCPUs,
+    identities and factors on both sides, so the same term and confidence: its change is 0.
+    None when more than `SPARSE_SHARE` of the pieces changed (the whole arrays are then cheaper)."""
+    union = dict(zip(keys_b, range(len(keys_b))))
+    for k in keys_a:
+        union.setdefault(k, len(union))
+    changed = np.ones(len(union), dtype=bool)
+    index = np.fromiter(map(union.__getitem__, keys_a), dtype=np.intp, count=len(keys_a))
+    both = index < len(keys_b)
+    same = (factors_a[both] == factors_b[index[both]]).all(axis=1)
+    changed[index[both][same]] = False
+    if changed.sum() > SPARSE_SHARE * max(len(union), 1):
+        return None
+    return changed
+
+
+def pair_change_sums(keys_b: list, terms_b: np.ndarray, conf_b: np.ndarray, keys_a: list, terms_a: np.ndarray,
+                     conf_a: np.ndarray, changed: np.ndarray) -> tuple[float, float]:
+    """(Σ |after − before|, Σ |after − before| · least confidence) over the pairs that have a
+    `changed` piece (`changed_pieces`): `pair_changes`' sums without its union × union arrays,
+    in O(changed × pieces)."""
+    nb, n = len(keys_b), len(changed)
+    union = dict(zip(keys_b, range(nb)))
+    for k in keys_a:
+        union.setdefault(k, len(union))
+    index = np.fromiter(map(union.__getitem__, keys_a), dtype=np.intp, count=len(keys_a))
+    where_a = np.full(n, -1, dtype=np.intp)
+    where_a[index] = np.arange(len(keys_a))
+    rows = np.flatnonzero(changed)
+
+    def lines(terms: np.ndarray, conf: np.ndarray, at: np.ndarray, placed: np.ndarray,
+              transpose: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The changed pieces' rows (or columns) of one layout, spread over the union's pieces."""
+        value, trust = np.zeros((len(rows), n)), np.ones((len(rows), n))
+        present = at[rows] >= 0
+        if present.any():
+            mine = at[rows][present]
+            got_t = (terms[:, mine].T if transpose else terms[mine])
+            got_c = (conf[:, mine].T if transpose else conf[mine])
+            value[np.ix_(np.flatnonzero(present), placed)] = got_t
+            trust[np.ix_(np.flatnonzero(present), placed)] = np.where(got_t != 0, got_c, 1.0)
+        return value, trust
+
+    where_b = np.where(np.arange(n) < nb, np.arange(n), -1)
+    total = weighted = 0.0
+    for transpose in (False, True):
+        value_b, trust_b = lines(terms_b, conf_b, where_b, np.arange(nb), transpose)
+        value_a, trust_a = lines(terms_a, conf_a, where_a, index, transpose)
+        change = np.abs(value_a - value_b)
+        trust = np.minimum(np.minimum(trust_a, trust_b), 1.0)
+        if transpose:  # pairs of two changed pieces are counted with the rows
+            change[:, rows] = 0.0
+        total += float(change.sum())
+        weighted += float((change * trust).sum())
+    return total, weighted
 
 
 def _prior_interference(inputs: PlanInputs, host: HostLayout) -> float:
