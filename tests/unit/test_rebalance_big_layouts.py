@@ -392,10 +392,14 @@ def test_sums_by_cache_groups_equal_the_pairwise_sum(kind, seed, monkeypatch):
         assert close(expected, layout.neighbour_sum(table, keys))
 
 
-def test_kept_tenant_pieces_build_the_same_layout():
-    """Admission keeps its neighbours' pieces between candidates: a layout built from kept pieces
-    is the one built afresh, float for float, and a pCPU the host lacks is refused alike."""
+def test_kept_tenant_pieces_build_the_same_layout(monkeypatch):
+    """Admission keeps its neighbours' pieces between candidates (and floating tenants are
+    flattened by array operations): a layout built from kept pieces is the one built pin by pin,
+    float for float, and a pCPU the host lacks is refused alike."""
+    from vmplacer.core.model import interference
     from vmplacer.core.model.interference import Tenant, TenantLayout
+
+    monkeypatch.setattr(interference, "_LOOPED_PINS", 10**9)  # `build` without kept pieces: pin by pin
 
     topology = _topology_variant("nested")
     rng = random.Random(7)

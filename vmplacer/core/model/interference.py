@@ -74,6 +74,7 @@ RATIO_FLOOR = 0.01  # ζ/ζb below this is read as this in the multiplicative fo
 _CLASSES: tuple[DistanceClass, ...] = tuple(DistanceClass)  # index == DistanceClass.rank
 _N_CLASSES = len(_CLASSES)
 _SAME_CPU = DistanceClass.SAME_CPU.rank
+_LOOPED_PINS = 8  # layouts of fewer pins per tenant on average are flattened pin by pin (no array set-up)
 DENSE_PIECES = 256  # layouts of more pieces sum neighbours per pCPU (`_Layout.neighbour_sum`), not per pair
 _DEFAULT_REFERENCE = DistanceClass.SAME_LLC
 
@@ -595,6 +596,8 @@ class _Layout:
         builds of layouts that share most tenants (admission scores hundreds of candidates
         over the same neighbours); the same pieces, in the same order, the same floats."""
         tenants = list(tenants)
+        if memo is None and sum(len(pins) for t in tenants for pins in t.cpus.values()) > _LOOPED_PINS * len(tenants):
+            memo = {}  # floating tenants: each one's pieces in a few array operations, not pin by pin
         if memo is not None:
             return cls._from_pieces(topology, tenants, [_tenant_pieces(topology, t, memo) for t in tenants])
         names: set[str] = set()
