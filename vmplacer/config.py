@@ -119,6 +119,8 @@ class ProtectSettings:
     slow_interval_s: float = 10.0  # the longest interval while every floor holds with margin
     freeze_budget: float = 0.02  # the most neighbours' frozen time per wall time over budget_window_s
     budget_window_s: float = 300.0
+    # frozen seconds beyond freeze_budget × time running in the first window (at most freeze_budget × budget_window_s)
+    startup_allowance_s: float = 6.0
 
 
 @dataclass(frozen=True)
@@ -545,6 +547,7 @@ def _protect(reader: _Reader, raw: Any) -> ProtectSettings:
         slow_interval_s=number("slow_interval_s", 0.2, 3600),
         freeze_budget=number("freeze_budget", 0.001, 1.0),
         budget_window_s=number("budget_window_s", 10, 86_400),
+        startup_allowance_s=number("startup_allowance_s", 0, 3600),
     )
 
 
@@ -648,6 +651,7 @@ def settings_to_mapping(settings: Settings) -> dict[str, Any]:
             "interval_s": settings.protect.interval_s, "step": settings.protect.step,
             "release_margin": settings.protect.release_margin, "slow_interval_s": settings.protect.slow_interval_s,
             "freeze_budget": settings.protect.freeze_budget, "budget_window_s": settings.protect.budget_window_s,
+            "startup_allowance_s": settings.protect.startup_allowance_s,
         },
         "rebalance": rebalance_to_mapping(settings.rebalance),
     }

@@ -163,6 +163,8 @@ CONFIG_FIELDS: dict[str, dict[str, Key]] = {
         "slow_interval_s": _number(0.2, 3600, "seconds: the slowest pace, while every floor holds with margin"),
         "freeze_budget": _number(0.001, 1, "neighbours frozen at most this share of any budget_window_s"),
         "budget_window_s": _number(10, 86_400, "seconds the freeze budget is counted over"),
+        "startup_allowance_s": _number(0, 3600, "frozen seconds allowed beyond freeze_budget × time running "
+                                              "until a window has passed (at most one window's budget)"),
     },
 }
 

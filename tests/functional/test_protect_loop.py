@@ -173,6 +173,10 @@ def test_the_freeze_budget_bounds_frozen_time_while_the_floor_still_holds(db):
     assert (max(r["pace"]["interval_s"] for r in later) > 2.0
             or any("steady pace" in n for r in later for n in r["notes"]))
     assert later[-1]["budget"]["share"] <= 0.02
+    for r in history:  # the share each round reports never exceeds the bound it names
+        budget = r["budget"]
+        assert budget["spent_s"] <= budget["limit_s"] + 1e-9
+        assert budget["share"] <= budget["limit_s"] / budget["span_s"] + 1e-4
 
 
 def test_an_idle_protected_guest_gets_its_antagonist_released_within_30_s_and_rethrottled_when_busy(db):

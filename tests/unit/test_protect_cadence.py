@@ -108,3 +108,44 @@ def test_only_acting_or_missing_estimates_make_a_measurement_urgent():
 def test_steady_share_is_checked():
     with pytest.raises(ValueError, match="steady_share"):
         CadenceSettings(steady_share=0.0)
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_no_window_read_since_start_exceeds_the_budget_it_names(seed):
+    """From the start, the share of the time since (or of the last window, once one has passed)
+    stays within the budget plus the named start-up allowance; once a window has passed, within the
+    budget alone."""
+    budget = FreezeBudget(0.02, 60.0, startup_allowance_s=0.3)  # a smaller allowance than the default
+    budget.start(100.0)
+    rng = random.Random(seed)
+    now, spent = 100.0, []
+    for _ in range(3000):
+        now += rng.uniform(0.1, 2.0)
+        frozen = rng.uniform(0.02, 0.25)
+        if budget.allows(now, frozen):
+            end = now + frozen  # a round lasts at least what it freezes
+            budget.record(end, frozen)
+            spent.append((end, frozen))
+            now = end
+    assert len(spent) > 50
+    for end, _ in spent:
+        in_window = sum(f for at, f in spent if end - 60.0 < at <= end)
+        running = end - 100.0
+        if running < 60.0:
+            assert in_window <= 0.02 * running + 0.3 + 1e-9
+            assert in_window / running <= budget.limit_at(end) / running + 1e-9
+        else:
+            assert in_window <= 0.02 * 60.0 + 1e-9
+
+
+def test_a_first_round_waits_only_for_what_the_allowance_does_not_cover():
+    budget = FreezeBudget(0.02, 300.0, startup_allowance_s=0.5)
+    budget.start(0.0)
+    assert budget.allows(0.0, 0.4)  # one first round within the allowance: measured at once
+    budget.record(0.5, 0.4)
+    ready = budget.ready_at(1.0, 0.4)  # 0.8 s fit once 2 % of the time running adds 0.3 s: t + 0.4 ≥ 15
+    assert ready == pytest.approx(14.6)
+    assert not budget.allows(ready - 0.1, 0.4) and budget.allows(ready, 0.4)
+    assert budget.limit_at(400.0) == pytest.approx(6.0)  # a window later, the window's budget alone
+    plain = FreezeBudget(0.02, 300.0)  # never started: the sliding window alone (as before)
+    assert plain.allows(0.0, 6.0) and not plain.allows(0.0, 6.1)

@@ -92,4 +92,6 @@ def cadence_of(protect: ProtectSettings, samples: int, interval_s: float | None)
     fast = interval_s if interval_s is not None else protect.interval_s
     return CadenceSettings(fast_interval_s=fast, slow_interval_s=max(fast, protect.slow_interval_s),
                            fast_samples=samples, slow_samples=min(2, samples), budget=protect.freeze_budget,
-                           window_s=protect.budget_window_s)
+                           window_s=protect.budget_window_s,
+                           startup_allowance_s=min(protect.startup_allowance_s,
+                                                   protect.freeze_budget * protect.budget_window_s))

@@ -268,9 +268,12 @@ def _print(args: argparse.Namespace, data: dict[str, Any]) -> None:
     if data["plan"]:
         print(f"  plan {data['plan']['id']}: {data['plan']['state']}")
     budget, pace = data.get("budget") or {}, data.get("pace") or {}
+    allowance, span = budget.get("startup_allowance_s") or 0.0, budget.get("span_s") or 0.0
+    allowed = (f" + {allowance:g} s start-up allowance: {budget.get('limit_s', 0.0) / span * 100:.2f} % of these "
+               f"{span:.0f} s" if allowance and span > 0 else "")
     print(f"  neighbours frozen {data['frozen_ms']:.0f} ms this round; since start "
-          f"{data['freeze_overhead'] * 100:.2f} % of the time; last {budget.get('window_s', 0):.0f} s "
-          f"{budget.get('share', 0.0) * 100:.2f} % (budget {budget.get('max_share', 0.0) * 100:.2f} %); "
+          f"{data['freeze_overhead'] * 100:.2f} % of the time; last {budget.get('span_s', budget.get('window_s', 0)):.0f} s "
+          f"{budget.get('share', 0.0) * 100:.2f} % (budget {budget.get('max_share', 0.0) * 100:.2f} %{allowed}); "
           f"next round in {pace.get('interval_s', 0.0):.0f} s with {plural(pace.get('samples', 0), 'sample')} "
           f"({pace.get('reason', '')})")
     for note in data["notes"]:

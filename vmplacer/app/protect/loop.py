@@ -157,7 +157,7 @@ class ProtectLoop:
         self.idle_settings = idle or IdleSettings()
         self.t_m_s = t_m_s
         self.history = history
-        self.budget = FreezeBudget(self.cadence.budget, self.cadence.window_s)
+        self.budget = FreezeBudget(self.cadence.budget, self.cadence.window_s, self.cadence.allowance_s)
         self.smoother = RatioSmoother(self.cadence.smooth_k)
         self.pace = Pace(self.cadence.fast_interval_s, self.cadence.fast_samples, 0, "first round", urgent=True)
         self._measured_at: float | None = None  # when the last measurement started
@@ -171,6 +171,7 @@ class ProtectLoop:
     def round(self) -> RoundReport:
         if self._started is None:
             self._started = self.clock.now()
+            self.budget.start(self._started)
         notes: list[str] = []
         guests = self._mark_idle(self._observe(notes), notes)
         protected = [g.name for g in guests if g.protection.protected and g.running and not g.idle]
@@ -190,8 +191,12 @@ class ProtectLoop:
                 measurement = self.measure(protected, samples)
             else:
                 blocked_until = self.budget.ready_at(now, expected)
-                notes.append(f"freeze budget: {self.budget.spent(now):.2f} s of {self.budget.limit_s:.2f} s spent in "
-                             f"the last {self.budget.window_s:.0f} s; this round's ~{expected:.2f} s would exceed it: "
+                limit, span = self.budget.limit_at(now), self.budget.span(now, self._started)
+                starting = (f" ({self.budget.max_share:.2%} of {span:.0f} s running + "
+                            f"{self.budget.startup_allowance_s:g} s start-up allowance)"
+                            if self.budget.starting(now) else "")
+                notes.append(f"freeze budget: {self.budget.spent(now):.2f} s of {limit:.2f} s{starting} spent in "
+                             f"the last {span:.0f} s; this round's ~{expected:.2f} s would exceed it: "
                              "not measured")
         raw = dict(measurement.ratios) if measurement is not None else {}
         smoothed = {name: self.smoother.add(name, raw.get(name)) for name in protected}
@@ -219,7 +224,10 @@ class ProtectLoop:
         elapsed = now - self._started
         report.overhead = self._frozen_s / elapsed if elapsed > 0 else 0.0
         report.budget = {"max_share": self.budget.max_share, "window_s": self.budget.window_s,
+                         "span_s": round(self.budget.span(now, self._started), 3),
                          "spent_s": round(self.budget.spent(now), 4),
+                         "limit_s": round(self.budget.limit_at(now), 4),
+                         "startup_allowance_s": self.budget.startup_allowance_s if self.budget.starting(now) else 0.0,
                          "share": round(self.budget.share(now, self._started), 5)}
         changed = {s.protects for s in decision.steps}
         self.smoother.reset(changed)

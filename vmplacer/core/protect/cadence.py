@@ -10,7 +10,12 @@ cost bounded while the floor is still watched closely when it matters:
   holds by construction as long as a round freezes no longer than expected
   (the estimate is the longest frozen time per sample seen lately, at least
   the window `t_m`); a round that overran delays the following ones until
-  the window is back within budget.
+  the window is back within budget. While the loop has run less than a
+  window, the window's earlier part froze nobody, yet a share "of the last
+  300 s" read over a 20-s-old loop would be 15 times the budget: so until a
+  window has passed, the spend is held to `max_share × time running` plus a
+  named `startup_allowance_s` (by default one window's budget: settling after
+  a start takes measurements at the fast pace), and reports say so.
 * `Cadence` — sample often (short interval, full samples) while acting or
   near the floor, back off geometrically (longer interval, fewer samples)
   while every protected guest holds its floor with margin and nothing changed.
@@ -38,6 +43,9 @@ class CadenceSettings:
     near: float = 0.05  # a smoothed ratio below floor + release_margin + near counts as near the floor
     budget: float = 0.02  # the most frozen time per wall time over any window of window_s
     window_s: float = 300.0
+    # frozen seconds allowed beyond budget × time running until a window has passed (None: one window's
+    # budget — the first rounds may measure at the fast pace, which settling after a start needs)
+    startup_allowance_s: float | None = None
     smooth_k: int = 3  # rounds the smoothed ratio is the median of
     steady_share: float = 0.5  # of the budget, what a loop that is not acting spends (the rest: bursts)
 
@@ -52,26 +60,53 @@ class CadenceSettings:
             ("steady_share", 0.0 < self.steady_share <= 1.0, "in (0, 1]"),
             ("budget", 0.0 < self.budget <= 1.0, "in (0, 1]"),
             ("window_s", 10.0 <= self.window_s <= 86_400.0, "10..86400 s"),
+            ("startup_allowance_s", self.startup_allowance_s is None
+             or 0.0 <= self.startup_allowance_s <= self.budget * self.window_s + 1e-9, "0..budget × window_s s"),
             ("smooth_k", 1 <= self.smooth_k <= 20, "1..20"),
         )
         for name, ok, rule in checks:
             if not ok:
                 raise ValueError(f"protect: field {name!r} must be {rule}, got {getattr(self, name)!r}")
 
+    @property
+    def allowance_s(self) -> float:
+        """`startup_allowance_s`, resolved."""
+        return self.budget * self.window_s if self.startup_allowance_s is None else self.startup_allowance_s
+
 
 class FreezeBudget:
-    """Frozen seconds over a sliding window: what may still be spent, and when."""
+    """Frozen seconds over a sliding window: what may still be spent, and when. Once `start`ed,
+    the spend until a window has passed is also held to `max_share` of the time since plus
+    `startup_allowance_s`."""
 
-    def __init__(self, max_share: float, window_s: float):
-        if not 0.0 < max_share <= 1.0 or window_s <= 0:
-            raise ValueError(f"freeze budget: need 0 < max_share <= 1 and window_s > 0, got {max_share}, {window_s}")
+    def __init__(self, max_share: float, window_s: float, startup_allowance_s: float = 0.0):
+        if not 0.0 < max_share <= 1.0 or window_s <= 0 or startup_allowance_s < 0:
+            raise ValueError(f"freeze budget: need 0 < max_share <= 1, window_s > 0 and startup_allowance_s >= 0, "
+                             f"got {max_share}, {window_s}, {startup_allowance_s}")
         self.max_share = max_share
         self.window_s = window_s
+        self.startup_allowance_s = startup_allowance_s
+        self.since: float | None = None  # when the loop started (None: no start-up rule)
         self._spent: deque[tuple[float, float]] = deque()  # (round end, frozen seconds)
 
     @property
     def limit_s(self) -> float:
         return self.max_share * self.window_s
+
+    def start(self, at: float) -> None:
+        """The loop starts at `at` (the first call counts)."""
+        if self.since is None:
+            self.since = at
+
+    def starting(self, now: float) -> bool:
+        """Less than a window since the start: the start-up rule applies."""
+        return self.since is not None and now - self.since < self.window_s
+
+    def limit_at(self, t: float) -> float:
+        """The most frozen seconds the window ending at `t` may hold."""
+        if self.since is None or t - self.since >= self.window_s:
+            return self.limit_s
+        return min(self.limit_s, self.max_share * max(t - self.since, 0.0) + self.startup_allowance_s)
 
     def record(self, at: float, frozen_s: float) -> None:
         """A round that ended at `at` froze neighbours for `frozen_s` (counted until at + window)."""
@@ -83,26 +118,46 @@ class FreezeBudget:
             self._spent.popleft()
         return sum(frozen for _, frozen in self._spent)
 
+    def _spent_at(self, t: float) -> float:
+        """`spent` at a later time `t`, forgetting nothing (earlier times may still be asked)."""
+        return sum(frozen for at, frozen in self._spent if at > t - self.window_s)
+
+    def _fits(self, t: float, expected_s: float) -> bool:
+        # the round ends no earlier than `expected_s` after it starts: its window is judged there
+        return self._spent_at(t) + expected_s <= self.limit_at(t + expected_s) + 1e-12
+
     def allows(self, now: float, expected_s: float) -> bool:
-        return self.spent(now) + expected_s <= self.limit_s + 1e-12
+        self.spent(now)
+        return self._fits(now, expected_s)
 
     def ready_at(self, now: float, expected_s: float) -> float:
         """The earliest time a round expected to freeze `expected_s` fits (now when it fits now;
-        infinity when it never fits: more than the whole window's budget)."""
+        infinity when it never fits: more than the whole window's budget). What is spent only
+        falls and what is allowed only grows with time, so the first time that fits is found by
+        stepping from one change to the next."""
         if expected_s > self.limit_s:
             return float("inf")
-        total = self.spent(now)
-        if total + expected_s <= self.limit_s + 1e-12:
-            return now
-        for at, frozen in self._spent:
-            total -= frozen
-            if total + expected_s <= self.limit_s + 1e-12:
-                return at + self.window_s
-        return now  # unreachable: the deque emptied, and expected fits alone
+        self.spent(now)
+        t = now
+        for _ in range(len(self._spent) + 3):
+            if self._fits(t, expected_s):
+                return t
+            later = [at + self.window_s for at, _ in self._spent if at + self.window_s > t]
+            if self.starting(t):
+                assert self.since is not None
+                grows = (self._spent_at(t) + expected_s - self.startup_allowance_s) / self.max_share - expected_s
+                later.append(max(self.since + grows, t + 1e-9))
+                later.append(self.since + self.window_s)
+            t = min(later, default=float("inf"))
+        return t
+
+    def span(self, now: float, since: float) -> float:
+        """The time the reported share is over: the window, or the time since `since` while shorter."""
+        return min(self.window_s, now - since)
 
     def share(self, now: float, since: float) -> float:
         """Frozen share of wall time over the window (over the time since `since` while shorter)."""
-        span = min(self.window_s, now - since)
+        span = self.span(now, since)
         return self.spent(now) / span if span > 0 else 0.0
 
 
