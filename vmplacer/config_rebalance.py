@@ -75,6 +75,10 @@ REBALANCE_KEYS: dict[str, dict[str, tuple[str, Kind]]] = {
         "max": ("trial_max", "integer"),
         "exploration": ("exploration", "number"),
     },
+    "disruption": {
+        "max_trials": ("max_trials", "integer"),
+        "max_trial_repins": ("max_trial_repins", "integer"),
+    },
     "rounds": {
         "batch_hosts": ("round_batch_hosts", "integer"),
         "rest_s": ("round_rest_s", "number"),

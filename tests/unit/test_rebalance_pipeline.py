@@ -21,7 +21,7 @@ from tests.unit.test_rebalance_pessimism import learned, spread_state
 def test_the_stages_run_in_the_listed_order():
     assert [stage.name for stage in PIPELINE] == [
         "climb", "exact", "climb", "pessimistic", "declined_layouts",
-        "optimistic_groups", "optimistic_layouts"]
+        "optimistic_groups", "optimistic_layouts", "disruption"]
 
 
 def test_each_stage_refines_the_draft_in_turn_and_is_timed_under_its_name():

@@ -56,6 +56,8 @@ class Draft:
     exact_layouts: dict[str, Layout] = field(default_factory=dict)  # host -> the solver's layout
     ruled: set[str] = field(default_factory=set)  # hosts taken to the blind spread or kept as they are, by rule
     cut_short: dict[str, str] = field(default_factory=dict)  # host -> why its search stopped early (budget)
+    over_budget: list[dict] = field(default_factory=list)  # trials the disruption budget left for later rounds
+    disruption: dict = field(default_factory=dict)  # what the plan's trials spend of the disruption budget
 
 
 @dataclass(frozen=True)

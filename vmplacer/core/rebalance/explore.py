@@ -74,10 +74,11 @@ def offer_optimistic_layouts(draft: Draft, inputs: PlanInputs) -> None:
         if layout is None:
             continue
         here = {g: dict(host.pins[g]) for g in layout}
-        if here == layout or what_if_gain(*optimist, name, layout) < min_gain_on(draft, inputs, [name]):
+        gain = what_if_gain(*optimist, name, layout)
+        if here == layout or gain < min_gain_on(draft, inputs, [name]):
             continue  # nothing the optimist would gain by (a layout as good as this one, relabelled)
         offer_trial(draft, inputs, name, {"here": layout_key(name, here)}, "here", layout, "optimistic",
-                     "layout the model would choose were its doubtful pairs harmless")
+                     "layout the model would choose were its doubtful pairs harmless", value=gain)
 
 
 def offer_optimistic_groups(draft: Draft, inputs: PlanInputs) -> None:
@@ -122,6 +123,7 @@ def _offer_group_trial(draft: Draft, inputs: PlanInputs, group: list[str], chang
     label = "+".join(group)
     draft.group_trials[label] = {
         "hosts": list(group), "changes": changes, "what": "optimistic", "from_key": from_key, "to_key": to_key,
+        "value": max(float(gain), 0.0),
         "label": (f"joint layout of {', '.join(group)} the model would choose were its doubtful pairs harmless "
                   f"({plural(len(changes), 'guest')} move, "
                   f"{sum(1 for g, (h, _) in changes.items() if h != here[g][0])} "

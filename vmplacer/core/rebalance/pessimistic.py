@@ -32,6 +32,7 @@ import numpy as np
 
 from vmplacer.core.rebalance.layout import HostLayout, locality_nodes
 from vmplacer.core.rebalance.state import PINNED
+from vmplacer.core.rebalance.disruption import expected_improvement
 from vmplacer.core.rebalance.draft import Draft, PlanInputs
 from vmplacer.core.rebalance.search import actions_if, min_gain_on, take_move
 from vmplacer.core.rebalance.trial import layout_key
@@ -192,7 +193,8 @@ def choose_pessimistically(draft: Draft, inputs: PlanInputs) -> bool:
                     report["kept"] = "model (the spread does not clear the minimum gain from the start)"
                     draft.pessimistic.append(report)
                     if trial:
-                        offer_trial(draft, inputs, name, keys, "model", layout, "spread", "blind spread")
+                        offer_trial(draft, inputs, name, keys, "model", layout, "spread", "blind spread",
+                                    value=expected_improvement(-advantage, sigma))
                     continue
                 # the host is spread already (an earlier run spread it): leaving it must pass the same bound
                 found = compare_layout(draft, inputs, host, start, "stay")
@@ -206,7 +208,8 @@ def choose_pessimistically(draft: Draft, inputs: PlanInputs) -> bool:
         if bound >= 0 or (advantage <= 1e-9 and "measured" not in report):  # surely better, or no worse
             report["kept"] = "model"
             if trial and model_layout != layout:
-                offer_trial(draft, inputs, name, keys, "model", layout, "spread", "blind spread")
+                offer_trial(draft, inputs, name, keys, "model", layout, "spread", "blind spread",
+                            value=expected_improvement(-advantage, sigma))
             continue
         if actions_if(draft, move) > settings.max_actions:
             report["kept"] = "model (action budget)"
@@ -224,7 +227,7 @@ def choose_pessimistically(draft: Draft, inputs: PlanInputs) -> bool:
         changed = True
         if trial and advantage > 1e-9:
             offer_trial(draft, inputs, name, keys, "spread" if target == "spread" else "start", model_layout,
-                         "model", "model's layout")
+                         "model", "model's layout", value=expected_improvement(advantage, sigma))
     return keep_what_measured_better(draft, inputs) or changed
 
 
@@ -247,7 +250,9 @@ def offer_declined_layouts(draft: Draft, inputs: PlanInputs) -> None:
             continue
         label = ("exact layout of a host in back-off (its planned layouts measured worse lately)"
                  if name in inputs.history.held else "exact layout whose predicted gain the model's confidence declined")
-        offer_trial(draft, inputs, name, {"here": layout_key(name, here)}, "here", layout, "exact", label)
+        found = compare_layout(draft, inputs, host, layout, "relayout")  # its predicted gain: its promise
+        offer_trial(draft, inputs, name, {"here": layout_key(name, here)}, "here", layout, "exact", label,
+                    value=0.0 if found is None else -found[0])
 
 
 def keep_what_measured_better(draft: Draft, inputs: PlanInputs) -> bool:
@@ -293,7 +298,7 @@ def _offer_exact_from_start(draft: Draft, inputs: PlanInputs, name: str, start: 
     if found is None or -found[0] < min_gain_on(draft, inputs, [name]):
         return
     offer_trial(draft, inputs, name, {"here": here}, "here", layout, "exact",
-                f"exact layout (predicted {-found[0]:+.3f} from where {name} stays)")
+                f"exact layout (predicted {-found[0]:+.3f} from where {name} stays)", value=-found[0])
 
 
 def _restore_modes(draft: Draft, inputs: PlanInputs, host: HostLayout, guests) -> None:
@@ -306,10 +311,10 @@ def _restore_modes(draft: Draft, inputs: PlanInputs, host: HostLayout, guests) -
 
 def offer_trial(draft: Draft, inputs: PlanInputs, host: str, keys: dict[str, str], at: str,
                 layout: dict[str, dict[int, frozenset[int]]], what: str, label: str,
-                budget: int | None = None) -> None:
+                budget: int | None = None, value: float = 0.0) -> None:
     """Note the layout to try after the plan's moves, unless a measurement already compared it with
     the one the host ends at (either way round) or the host tried `budget` layouts lately (default
-    `trial_max`)."""
+    `trial_max`). `value`: what the trial promises, in objective units (core/rebalance/disruption)."""
     if inputs.history.tried.get(host, 0) >= (inputs.settings.trial_max if budget is None else budget):
         return  # enough tried on this host lately: the model learns from what was measured
     here, there = keys[at], layout_key(host, layout)
@@ -318,7 +323,7 @@ def offer_trial(draft: Draft, inputs: PlanInputs, host: str, keys: dict[str, str
     if what == "spread" and any(loser == there for _, loser in inputs.history.measured_better):
         return  # the spread measured worse than the model's layout lately: the model's later layouts keep it
     draft.trials[host] = {"layout": {g: dict(p) for g, p in layout.items()}, "what": what, "label": label,
-                           "from_key": here, "to_key": there}
+                           "from_key": here, "to_key": there, "value": max(float(value), 0.0)}
 
 
 def compare_layout(draft: Draft, inputs: PlanInputs, host: HostLayout, layout: dict[str, dict[int, frozenset[int]]],

@@ -66,6 +66,7 @@ from vmplacer.core.rebalance.explore import offer_optimistic_groups, offer_optim
 from vmplacer.core.rebalance.pessimistic import choose_pessimistically, offer_declined_layouts
 from vmplacer.core.rebalance.actions import build_actions, plan_from_search
 from vmplacer.core.rebalance.budget import hosts_over_budget
+from vmplacer.core.rebalance.disruption import spend_disruption_budget
 from vmplacer.core.rebalance.layout import BetaTable, locality_nodes
 from vmplacer.core.rebalance.layout import utility  # noqa: F401  (still importable from here)
 from vmplacer.core.rebalance.exact import climb_after_polish, polish
@@ -102,6 +103,7 @@ PIPELINE: tuple[Stage, ...] = (
     NamedStage("declined_layouts", offer_declined_layouts),  # exact layouts not sure enough: tried instead
     NamedStage("optimistic_groups", offer_optimistic_groups),  # small hosts together, optimistic β (explore)
     NamedStage("optimistic_layouts", offer_optimistic_layouts),  # each host alone, optimistic β (explore)
+    NamedStage("disruption", spend_disruption_budget),  # trials within the plan's disruption budget
 )
 
 
@@ -186,6 +188,10 @@ def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSett
     if left_out:
         summary += (f"; {plural(len(left_out), 'host')} left out, over the memory budget of "
                     f"{settings.memory_budget_mib} MiB: {_first_hosts(left_out)}")
+    if draft.over_budget:
+        summary += (f"; {plural(len(draft.over_budget), 'trial')} left for later rounds by the disruption budget "
+                    f"({settings.max_trials} trials, {settings.max_trial_repins} repins per plan): "
+                    f"{_first_hosts(t['trial'] for t in draft.over_budget)}")
     notes = {"fixed": fixed, "held": sorted(inputs.history.held.values()), "rejected": draft.rejected[:20],
              "declined": draft.declined[-5:],
              "exact": draft.exact, "pessimistic": draft.pessimistic,
@@ -193,7 +199,8 @@ def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSett
              "left_out": [{"host": host, "why": why} for host, why in sorted(left_out.items())],
              "cut_short": [{"host": host, "why": why} for host, why in sorted(draft.cut_short.items())],
              "trials": [{"host": h, "what": t["what"], "from_key": t["from_key"], "to_key": t["to_key"]}
-                        for h, t in sorted({**draft.trials, **draft.group_trials}.items())]}
+                        for h, t in sorted({**draft.trials, **draft.group_trials}.items())],
+             "disruption": draft.disruption, "over_budget": draft.over_budget[:50]}
     return plan_from_search(draft, inputs, actions, predicted, before=before, after=after, summary=summary, notes=notes,
                             now=now)
 

@@ -105,6 +105,10 @@ class RebalanceSettings:
     trial_refuted_bar: float = 0.001
     trial_memory_s: float = 86400.0  # a measured comparison of two layouts is trusted (not tried again) this long
     trial_max: int = 3  # layouts a host may try within trial_memory_s
+    # the disruption budget (core/rebalance/disruption.py): trials per plan and the vCPUs they may repin,
+    # those that promise most per repin first; the rest wait for later rounds
+    max_trials: int = 20
+    max_trial_repins: int = 400
     # after k planned layouts of a host in a row measured worse, it waits backoff_s·(2^(k-1)−1) (0: off, the
     # default: trials, their memory and close calls already stop the churn it was made for, and it held back gains)
     backoff_s: float = 0.0
@@ -136,7 +140,7 @@ class RebalanceSettings:
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be a number > 0, got {value!r}")
         for name in ("max_actions", "move_candidates", "swap_candidates", "migration_candidates",
                      "destination_candidates", "max_rounds", "exhaustive_limit", "exact_max_cpus", "trial_max",
-                     "memory_budget_mib"):
+                     "memory_budget_mib", "max_trials", "max_trial_repins"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 0):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be an integer >= 0, got {value!r}")
