@@ -220,3 +220,35 @@ def test_extra_candidates_keep_every_placement_rule():
         placed = refresh_shared_pins(topology, [*placed, placement])
         profiles[guest.name] = profile_of_spec(guest)
     assert len(placed) >= 6
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_floating_neighbours_narrowed_by_arrays_score_as_rebuilt_ones(seed, monkeypatch):
+    """A candidate's floating neighbours (every vCPU over one pool) are narrowed from their kept
+    pieces, not rebuilt as tenants: the same losses to the last bit, candidate after candidate
+    (the pools of several shapes, some left whole when the candidate takes all of them)."""
+    from vmplacer.core.placement import interference_scorer
+
+    rng = random.Random(seed)
+    topology = uniform_topology(nodes=2, cores_per_node=4, threads_per_core=2, name="h")
+    cpus = sorted(topology.cpus)
+    others = []
+    for i in range(10):
+        if i % 2:
+            pool = frozenset(rng.sample(cpus, rng.choice([2, 3, 8, 16])))
+            others.append(Placement(guest=f"f{i}", host="h", vcpupin={v: pool for v in range(rng.randint(1, 3))},
+                                    memory_kib=512 * 1024))
+        else:
+            others.append(Placement(guest=f"p{i}", host="h", vcpupin={0: frozenset({rng.choice(cpus)})},
+                                    memory_kib=512 * 1024))
+    profiles = {p.guest: GuestProfile(p.guest, rng.choice(["noisy0", "quiet1", "victim2"]), "") for p in others}
+    betas = ShrunkBetas(learned())
+    candidates = [pinned("new", c) for c in rng.sample(cpus, 6)]
+    fast = InterferenceScorer(betas, GuestProfile("new", "victim3"), profiles)
+    found = [fast.loss(topology, c, others) for c in candidates]
+    assert fast._pools, "some neighbours were narrowed by arrays"
+    monkeypatch.setattr(interference_scorer, "_pools", lambda *args: {})
+    plain = InterferenceScorer(betas, GuestProfile("new", "victim3"), profiles)
+    for candidate, loss in zip(candidates, found):
+        again = plain.loss(topology, candidate, others)
+        assert (loss.guest, loss.joined) == (again.guest, again.joined)

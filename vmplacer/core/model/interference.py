@@ -591,15 +591,17 @@ class _Layout:
 
     @classmethod
     def build(cls, topology: HostTopology, tenants: Iterable[Tenant],
-              memo: dict[int, tuple[Tenant, np.ndarray, np.ndarray]] | None = None) -> _Layout:
+              memo: dict[int, tuple[Tenant, np.ndarray, np.ndarray]] | None = None, keep: bool = True) -> _Layout:
         """`memo` (optional): each tenant's pieces (pCPUs, demands) kept by the caller between
         builds of layouts that share most tenants (admission scores hundreds of candidates
-        over the same neighbours); the same pieces, in the same order, the same floats."""
+        over the same neighbours); the same pieces, in the same order, the same floats. With
+        `keep` False the tenants not in it yet are flattened without being added (a candidate's
+        own tenants: keeping them would grow the memo with every candidate)."""
         tenants = list(tenants)
         if memo is None and sum(len(pins) for t in tenants for pins in t.cpus.values()) > _LOOPED_PINS * len(tenants):
             memo = {}  # floating tenants: each one's pieces in a few array operations, not pin by pin
         if memo is not None:
-            return cls._from_pieces(topology, tenants, [_tenant_pieces(topology, t, memo) for t in tenants])
+            return cls._from_pieces(topology, tenants, [_tenant_pieces(topology, t, memo, keep) for t in tenants])
         names: set[str] = set()
         slot: dict[tuple[int, int], int] = {}  # (tenant, pCPU) -> piece
         owner: list[int] = []
@@ -780,7 +782,7 @@ TenantLayout = _Layout  # the flattening `predict` uses, shared so other predict
 
 
 def _tenant_pieces(topology: HostTopology, tenant: Tenant,
-                   memo: dict[int, tuple[Tenant, np.ndarray, np.ndarray]]) -> tuple[np.ndarray, np.ndarray]:
+                   memo: dict[int, tuple[Tenant, np.ndarray, np.ndarray]], keep: bool = True) -> tuple[np.ndarray, np.ndarray]:
     """One tenant's pieces as `_Layout.build` makes them (one per pCPU it may run on, in first-
     seen order, its vCPUs' shares added in vCPU order: the same floats), kept in `memo` by the
     tenant itself."""
@@ -813,7 +815,8 @@ def _tenant_pieces(topology: HostTopology, tenant: Tenant,
         demand = np.zeros(len(distinct))
         np.add.at(demand, rank[inverse.reshape(-1)], shares)  # unbuffered: in vCPU order, as added one by one
         found = (tenant, distinct[order], demand)
-    memo[id(tenant)] = found
+    if keep:
+        memo[id(tenant)] = found
     return found[1], found[2]
 
 

@@ -128,6 +128,7 @@ class InterferenceScorer:
         self._floating: dict[str, Placement] = {}  # others with floating vCPUs (their pins may narrow)
         self._identities: dict[str, Identity] = {}
         self._pieces: dict[int, tuple[Tenant, np.ndarray, np.ndarray]] = {}  # the others' pieces, kept per search
+        self._pools: dict[str, tuple[np.ndarray, int]] = {}  # floating others: (their pool, sorted; vCPUs)
 
     def score(self, topology: HostTopology, placement: Placement, others: Sequence[Placement]) -> float:
         return 1.0 / (1.0 + max(self.loss(topology, placement, others).total, 0.0))
@@ -148,18 +149,25 @@ class InterferenceScorer:
             self._before = _tenants(topology, others, frozenset(), self._load)
             self._pieces = {}
             self._floating = {p.guest: p for p in others if split_vcpus(p)[1]}
-            self._base = self._perf(topology, self._before)
+            self._base = self._perf(topology, self._before, keep=True)
+            self._pools = _pools(self._before, self._floating, self._pieces)
             self._base_for = others
         taken = exclusive_of(placement)
-        tenants = []
+        taken_cpus = np.fromiter(taken, dtype=np.int64, count=len(taken))
+        tenants, pieces = [], self._pieces
         for tenant in self._before:
             floating = self._floating.get(tenant.name)
-            if floating is not None and any(cpus & taken for cpus in tenant.cpus.values()):
-                tenants.extend(_tenants(topology, [floating], taken, self._load))
-            else:
+            if floating is None or not any(cpus & taken for cpus in tenant.cpus.values()):
                 tenants.append(tenant)
+            elif tenant.name in self._pools:  # its vCPUs leave the candidate's pCPUs: its pieces, narrowed
+                if pieces is self._pieces:
+                    pieces = dict(self._pieces)
+                pieces[id(tenant)] = (tenant, *_narrowed(tenant, *self._pools[tenant.name], taken_cpus))
+                tenants.append(tenant)
+            else:
+                tenants.extend(_tenants(topology, [floating], taken, self._load))
         tenants.extend(_tenants(topology, [placement], frozenset(), self._load))
-        after = self._perf(topology, tenants)
+        after = _performance(self.betas, topology, tenants, self.identity, pieces, keep=False)
         joined = {}
         for name, (work, _) in after.items():
             if name == placement.guest or name not in self._base:
@@ -171,8 +179,9 @@ class InterferenceScorer:
         work, alone = after.get(placement.guest, (1.0, 1.0))
         return AdmissionLoss(1.0 - work / alone, joined)
 
-    def _perf(self, topology: HostTopology, tenants: list[Tenant]) -> dict[str, tuple[float, float]]:
-        return _performance(self.betas, topology, tenants, self.identity, self._pieces)
+    def _perf(self, topology: HostTopology, tenants: list[Tenant], keep: bool) -> dict[str, tuple[float, float]]:
+        """`keep`: the tenants' pieces are kept for the search (the others, not each candidate's own)."""
+        return _performance(self.betas, topology, tenants, self.identity, self._pieces, keep)
 
 
 def predicted_performance(betas: ShrunkBetas, topology: HostTopology, placements: Sequence[Placement],
@@ -192,13 +201,14 @@ def predicted_performance(betas: ShrunkBetas, topology: HostTopology, placements
 
 
 def _performance(betas: ShrunkBetas, topology: HostTopology, tenants: list[Tenant], identity_of,
-                 memo: dict[int, tuple[Tenant, np.ndarray, np.ndarray]] | None = None) -> dict[str, tuple[float, float]]:
+                 memo: dict[int, tuple[Tenant, np.ndarray, np.ndarray]] | None = None,
+                 keep: bool = True) -> dict[str, tuple[float, float]]:
     """Per tenant: (work done, work alone with the same pins), both in pCPU-time units, with
     `InterferenceModel.predict`'s arithmetic (time shares, distance classes) and shrunk β's;
     their ratio is `predict`'s perf. `memo`: tenants' pieces kept between calls (`TenantLayout.build`)."""
     if not tenants:
         return {}
-    layout = TenantLayout.build(topology, tenants, memo)
+    layout = TenantLayout.build(topology, tenants, memo, keep)
     identities: dict[Identity, int] = {}
     kind = np.array([identities.setdefault(identity_of(t.name), len(identities)) for t in layout.tenants],
                     dtype=np.int64)
@@ -206,6 +216,34 @@ def _performance(betas: ShrunkBetas, topology: HostTopology, tenants: list[Tenan
     loss = layout.neighbour_sum(table, kind[layout.owner])  # [x]: what every neighbour costs piece x
     got = np.bincount(layout.owner, weights=layout.granted * remaining(loss, betas.form), minlength=len(layout.tenants))
     return {t.name: (max(float(got[i]), 0.0), float(layout.alone[i])) for i, t in enumerate(layout.tenants)}
+
+
+def _pools(tenants: list[Tenant], floating: Mapping[str, Placement],
+           pieces: Mapping[int, tuple[Tenant, np.ndarray, np.ndarray]]) -> dict[str, tuple[np.ndarray, int]]:
+    """Tenants whose every vCPU floats over one pool (the common floating guest): name -> (the
+    pool's pCPUs, sorted: their kept pieces; vCPUs). A candidate narrows them by array operations."""
+    pools = {}
+    for tenant in tenants:
+        placement = floating.get(tenant.name)
+        if placement is None or len(split_vcpus(placement)[1]) != len(tenant.cpus):
+            continue
+        sets = list(tenant.cpus.values())
+        kept = pieces.get(id(tenant))
+        if kept is not None and all(cpus == sets[0] for cpus in sets[1:]):
+            pools[tenant.name] = (kept[1], len(sets))
+    return pools
+
+
+def _narrowed(tenant: Tenant, pool: np.ndarray, vcpus: int, taken: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The pieces of `tenant` (every vCPU over `pool`) once its vCPUs leave `taken` — as
+    `_tenants` narrows it, unless that leaves nothing — with `TenantLayout.build`'s floats."""
+    stays = ~np.isin(pool, taken)
+    cpus = pool[stays] if 0 < int(stays.sum()) < len(pool) else pool
+    share = tenant.load / len(cpus)
+    demand = np.full(len(cpus), share)
+    for _ in range(vcpus - 1):
+        demand += share
+    return cpus, demand
 
 
 def _tenants(topology: HostTopology, placements: Sequence[Placement], taken: frozenset[int],
