@@ -96,20 +96,26 @@ def test_pair_changes_gathered_equal_them_scattered():
 
 def test_spread_heap_picks_what_a_scan_picks_as_loads_grow():
     rng = random.Random(5)
-    cpus = list(range(16))
-    core_of = {c: c % 8 for c in cpus}
+    cpus = list(range(32))
+    core_of = {c: c % 16 for c in cpus}
+    llc_of = {c: (c % 16) // 4 for c in cpus}  # four LLCs of four cores
+    node_of = {c: (c % 16) // 8 for c in cpus}  # two nodes of two LLCs
     for _ in range(20):
         cpu_load = {c: rng.choice([0.0, 0.5, 1.0, 1.0 / 3]) for c in cpus}
-        core_load: dict[int, float] = {}
+        loads = [{}, {}, {}]
         for c, load in cpu_load.items():
-            core_load[core_of[c]] = core_load.get(core_of[c], 0.0) + load
-        least = LeastLoadedPicker(cpu_load, core_load, core_of)
-        for _ in range(30):
-            allowed = tuple(cpus) if rng.random() < 0.5 else tuple(c for c in cpus if c < 8)
-            want = min(allowed, key=lambda c: (cpu_load[c], core_load[core_of[c]], c))
+            for level, group in enumerate((core_of, llc_of, node_of)):
+                loads[level][group[c]] = loads[level].get(group[c], 0.0) + load
+        least = LeastLoadedPicker(dict(cpu_load), [core_of, llc_of, node_of])
+        for _ in range(40):
+            allowed = tuple(cpus) if rng.random() < 0.5 else tuple(c for c in cpus if c < 8 or c >= 24)
+            want = min(allowed, key=lambda c: (cpu_load[c], loads[0][core_of[c]], loads[1][llc_of[c]],
+                                               loads[2][node_of[c]], c))
             assert least.pick(allowed) == want
+            least.add(want, 1.0)
             cpu_load[want] += 1.0
-            core_load[core_of[want]] += 1.0
+            for level, group in enumerate((core_of, llc_of, node_of)):
+                loads[level][group[want]] += 1.0
 
 
 def test_swaps_scored_in_one_pass_equal_each_piece_scored_alone():

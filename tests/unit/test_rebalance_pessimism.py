@@ -275,3 +275,20 @@ def test_when_the_planned_layout_measured_worse_the_exact_layout_is_tried_from_w
     assert "from where h stays" in trial["label"]
     assert "h" not in after_revert(climbed, set()).trials  # the solver's layout is the one measured worse
     assert "h" not in after_revert(exact, {(layout_key("h", start), layout_key("h", exact))}).trials
+
+
+def test_the_blind_spread_balances_nodes_and_caches_not_only_cores():
+    """Eight one-vCPU guests packed on the first node of a four-node host: the spread gives each
+    its own core and puts two on every node (one LLC per node), not eight on the first two nodes."""
+    topology = uniform_topology(nodes=4, cores_per_node=4, threads_per_core=2, name="h")
+    guests = {f"g{i}": describe_guest(Placement(guest=f"g{i}", host="h", vcpupin={0: frozenset({i % 4})},
+                                                memory_kib=1024), labels={"workload": GUESTS[i % 4]})
+              for i in range(8)}
+    draft, inputs = start_search(ClusterState({"h": HostState("h", topology)}, guests), learned(sibling_rounds=5),
+                                 settings(), 0.0, {}, None)
+    layout = spread_layout(draft, inputs, draft.hosts["h"])
+    assert layout is not None
+    cpus = [next(iter(pins[0])) for pins in layout.values()]
+    assert len({topology.cpus[c].core for c in cpus}) == 8
+    per_node = [sum(1 for c in cpus if topology.cpus[c].node == n) for n in range(4)]
+    assert per_node == [2, 2, 2, 2]

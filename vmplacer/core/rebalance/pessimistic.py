@@ -50,9 +50,10 @@ from vmplacer.core.rebalance.whatif import (
 
 def spread_layout(draft: Draft, inputs: PlanInputs, host: HostLayout) -> dict[str, dict[int, frozenset[int]]] | None:
     """The blind spread of the host's movable vCPUs pinned one to a pCPU at the start (guest-name
-    order; the search may have pooled them since): each on
-    the pCPU with the fewest vCPUs, then the emptiest core; others count as load. None when
-    nothing may move or the result breaks a rule."""
+    order; the search may have pooled them since): each on the pCPU with the fewest vCPUs, then
+    the emptiest core, then the emptiest LLC and NUMA node (so that on a host of many nodes the
+    guests do not crowd the first nodes' caches); others count as load. None when nothing may
+    move or the result breaks a rule."""
     moving = [n for n in sorted(host.guests) if inputs.original[n].mode == PINNED and draft.guests[n].movable
                and n not in draft.migrated
                and all(len(p) == 1 for p in inputs.original[n].placement.vcpupin.values())]
@@ -65,12 +66,8 @@ def spread_layout(draft: Draft, inputs: PlanInputs, host: HostLayout) -> dict[st
         for cpus in pins.values():
             for c in cpus:
                 cpu_load[c] = cpu_load.get(c, 0.0) + 1.0 / len(cpus)
-    core_of = {c: host.topology.cpus[c].core for c in host.cpus}
-    core_load: dict[int, float] = {}
-    for cpu, load in cpu_load.items():
-        core_load[core_of[cpu]] = core_load.get(core_of[cpu], 0.0) + load
+    least = LeastLoadedPicker(cpu_load, spread_groups(host))
     layout: dict[str, dict[int, frozenset[int]]] = {}
-    least = LeastLoadedPicker(cpu_load, core_load, core_of)
     for name in moving:
         nodes = locality_nodes(host, host.guests[name], host.pins[name])
         allowed = tuple(sorted(c for c in host.usable if not nodes or host.node_of[c] in nodes))
@@ -80,25 +77,46 @@ def spread_layout(draft: Draft, inputs: PlanInputs, host: HostLayout) -> dict[st
         for vcpu in sorted(host.pins[name]):
             cpu = least.pick(allowed)
             pins[vcpu] = frozenset({cpu})
-            cpu_load[cpu] += 1.0
-            core_load[core_of[cpu]] += 1.0
+            least.add(cpu, 1.0)
         layout[name] = pins
     return layout
 
 
+def spread_groups(host: HostLayout) -> list[dict[int, object]]:
+    """pCPU -> its core, LLC and NUMA node: the levels the blind spread balances, in that order
+    (a host that reports no LLC: its node stands in)."""
+    cpus = {c: host.topology.cpus[c] for c in host.cpus}
+    return [{c: cpu.core for c, cpu in cpus.items()},
+            {c: ("llc", cpu.llc) if cpu.llc is not None else ("node", cpu.node) for c, cpu in cpus.items()},
+            {c: cpu.node for c, cpu in cpus.items()}]
+
+
 class LeastLoadedPicker:
-    """min(allowed, key=(its load, its core's load, pCPU)) over and over while the loads only grow:
-    a heap per set of allowed pCPUs whose entries may lag behind (a lagging entry is never above
-    its pCPU's key, so the top, once up to date, is the least of them all; pCPUs are distinct, so
-    there are no ties). Every vCPU of every guest asks: a scan each time is what made the spread
-    cost as much as the search's moves."""
+    """min(allowed, key=(its load, its core's load, its LLC's, its node's, pCPU)) over and over
+    while the loads only grow: a heap per set of allowed pCPUs whose entries may lag behind (a
+    lagging entry is never above its pCPU's key, so the top, once up to date, is the least of them
+    all; pCPUs are distinct, so there are no ties). Every vCPU of every guest asks: a scan each
+    time is what made the spread cost as much as the search's moves. `groups`: pCPU -> its group
+    at each level after the pCPU itself; the loads of `cpu_load` count in each."""
 
-    def __init__(self, cpu_load: dict[int, float], core_load: dict[int, float], core_of: dict[int, int]):
-        self.cpu_load, self.core_load, self.core_of = cpu_load, core_load, core_of
-        self.heaps: dict[tuple[int, ...], list[tuple[float, float, int]]] = {}
+    def __init__(self, cpu_load: dict[int, float], groups: list[dict[int, object]]):
+        self.cpu_load, self.groups = cpu_load, groups
+        self.group_load: list[dict[object, float]] = []
+        for level in groups:
+            loads: dict[object, float] = {}
+            for cpu, load in cpu_load.items():
+                loads[level[cpu]] = loads.get(level[cpu], 0.0) + load
+            self.group_load.append(loads)
+        self.heaps: dict[tuple[int, ...], list[tuple]] = {}
 
-    def _key(self, cpu: int) -> tuple[float, float, int]:
-        return self.cpu_load[cpu], self.core_load[self.core_of[cpu]], cpu
+    def add(self, cpu: int, load: float) -> None:
+        """`cpu` takes `load` more (a vCPU placed on it)."""
+        self.cpu_load[cpu] += load
+        for level, loads in zip(self.groups, self.group_load):
+            loads[level[cpu]] += load
+
+    def _key(self, cpu: int) -> tuple:
+        return (self.cpu_load[cpu], *(loads[level[cpu]] for level, loads in zip(self.groups, self.group_load)), cpu)
 
     def pick(self, allowed: tuple[int, ...]) -> int:
         heap = self.heaps.get(allowed)
@@ -107,9 +125,9 @@ class LeastLoadedPicker:
             heapq.heapify(heap)
             self.heaps[allowed] = heap
         while True:
-            key = self._key(heap[0][2])
+            key = self._key(heap[0][-1])
             if key == heap[0]:
-                return key[2]
+                return key[-1]
             heapq.heapreplace(heap, key)
 
 
