@@ -175,5 +175,5 @@ def test_libvirt_failures_are_told_apart_by_code(api, monkeypatch, code, status,
     response = api.post("/v1/placements", json={**GUEST, "host": "t"})
     assert response.status_code == status, response.text
     error = _error(response)
-    assert error["code"] == answer and error["details"]["host"] == "t"
+    assert error["code"] == answer and error["details"][0]["host"] == "t"
     assert ("retry-after" in response.headers) == (status == 503)

@@ -146,7 +146,7 @@ def test_a_guest_that_fails_in_a_batch_fails_alone(database_url, tmp_path):
         ]
         first, before, clashed, huge, twice, holder, after = _one_batch(client, groups, bodies)
         assert holder.status_code == 409 and holder.json()["error"]["code"] == "no-fit", holder.text
-        assert [r["constraint"] for r in holder.json()["error"]["details"]["reasons"]] == ["name"]
+        assert [r["constraint"] for r in holder.json()["error"]["details"][0]["reasons"]] == ["name"]
         assert connection.lookupByName("holder").maxMemory() == 16384  # its definition is untouched
         assert first.status_code == before.status_code == after.status_code == 201
         assert clashed.status_code == 409 and clashed.json()["error"]["code"] == "exists", clashed.text

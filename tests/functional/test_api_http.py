@@ -113,8 +113,9 @@ def test_no_fit_is_409_with_every_reason(api):
     assert response.status_code == 409
     error = _error(response)
     assert error["code"] == "no-fit"
-    assert error["details"]["guest"] == "big" and error["details"]["host"] == "t"
-    reasons = error["details"]["reasons"]
+    [detail] = error["details"]
+    assert detail["guest"] == "big" and detail["host"] == "t" and detail["rule"] == "no-fit"
+    reasons = detail["reasons"]
     assert reasons and all({"constraint", "where", "need", "have"} <= set(r) for r in reasons)
     assert any(r["constraint"] == "memory" for r in reasons)
     # a real placement on the same host: also refused, nothing recorded
@@ -128,13 +129,13 @@ def test_unreachable_host_is_503_naming_it(api):
                                                  "dry_run": True})
     assert response.status_code == 503
     error = _error(response)
-    assert error["code"] == "host-unavailable" and error["details"]["host"] == "down"
+    assert error["code"] == "host-unavailable" and error["details"][0]["host"] == "down"
     assert "host down" in error["message"]
     assert response.headers["retry-after"]
     # without a host: both tried, one full, one down -> 409 listing both
     response = api.post("/v1/placements", json={"name": "g2", "vcpus": 1, "memory_mib": 64, "dry_run": True})
     assert response.status_code == 409
-    candidates = {c["host"]: c for c in _error(response)["details"]["candidates"]}
+    candidates = {c["host"]: c for c in _error(response)["details"][0]["candidates"]}
     assert candidates["t"]["reasons"] and "cannot connect" in candidates["down"]["error"]
     ready = api.get("/readyz")
     assert ready.status_code == 503
@@ -165,8 +166,11 @@ def test_request_body_limit_is_413(server, api):
     assert keyed.status_code == 413
     # one answer, whether the size was declared or counted while streaming
     assert "content-length" in response.request.headers and "content-length" not in streamed.request.headers
-    assert streamed.content == keyed.content == response.content
-    assert _error(response)["details"] == {"limit": LIMIT}
+    bodies = [_error(answer) for answer in (response, streamed, keyed)]
+    assert len({body.pop("request_id") for body in bodies}) == 3  # each answer names its own request
+    assert bodies[0] == bodies[1] == bodies[2]
+    assert bodies[0]["details"] == [{"field": "body", "rule": "too-large", "reason": bodies[0]["message"],
+                                     "limit": LIMIT}]
 
 
 def test_caller_xml_cannot_inject(api):
@@ -376,7 +380,7 @@ def test_plans_dry_run_read_and_apply_once(server, api):
     assert api.get(f"/v1/plans/{empty['id']}").json()["summary"] == empty["summary"]
     refused = api.post(f"/v1/plans/{empty['id']}/apply")
     assert refused.status_code == 409 and "is empty: nothing worth doing was found" in _error(refused)["message"]
-    assert _error(refused)["details"]["state"] == "empty"
+    assert _error(refused)["details"][0]["state"] == "empty"
     # listing: every state by default (as before), narrowed by state or include_empty=false
     plan_id = _store_plan(server)
     listed = {p["id"]: p["state"] for p in api.get("/v1/plans").json()["plans"]}
@@ -434,7 +438,8 @@ def test_plans_cancel(server, api):
     assert shown["cancel_request"]["by"] == f"api:admin-{server.instance}"
     final = api.post(f"/v1/plans/{proposed}/cancel")
     assert final.status_code == 409 and f"plan {proposed} is cancelled: it is final" in _error(final)["message"]
-    assert _error(final)["details"] == {"plan": proposed, "state": "cancelled"}
+    assert _error(final)["details"] == [{"field": None, "rule": "conflict", "reason": _error(final)["message"],
+                                         "plan": proposed, "state": "cancelled"}]
     assert api.post(f"/v1/plans/{proposed}/apply").status_code == 409
     missing = api.post("/v1/plans/999999/cancel")
     assert missing.status_code == 404 and "plan 999999 does not exist" in _error(missing)["message"]

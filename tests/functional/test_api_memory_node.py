@@ -61,7 +61,7 @@ def test_a_node_the_host_cannot_give_is_409_with_the_reason(api, node, have):
     assert response.status_code == 409, response.text
     error = response.json()["error"]
     assert error["code"] == "no-fit" and "guest g1" in error["message"]
-    reasons = [(r["constraint"], r["where"], r["have"]) for r in error["details"]["reasons"]]
+    reasons = [(r["constraint"], r["where"], r["have"]) for r in error["details"][0]["reasons"]]
     assert reasons == [("memory-node", f"memory_node {node} (cell 0)", have)]
 
 

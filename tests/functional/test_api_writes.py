@@ -79,7 +79,8 @@ def test_a_uuid_another_domain_has_is_409_exists(host):
     assert response.status_code == 409, response.text
     error = _error(response)
     assert error["code"] == "exists"
-    assert error["details"] == {"guest": "mine", "host": "t", "field": "base_xml"}
+    assert error["details"] == [{"field": "base_xml", "rule": "exists", "reason": error["message"], "guest": "mine",
+                                 "host": "t"}]
     assert f"domain theirs already has the UUID {OTHER_UUID}" in error["message"]
     assert client.get("/v1/placements/mine").status_code == 404  # its claim was undone: the pCPUs are free
     assert client.post("/v1/placements", json={**GUEST, "name": "mine", "base_xml": _base(
@@ -98,7 +99,7 @@ def test_a_domain_of_the_same_name_is_never_replaced(host):
         assert response.status_code == 409, response.text
         error = _error(response)
         assert error["code"] == "no-fit" and "a domain named taken exists" in error["message"]
-        assert [r["constraint"] for r in error["details"]["reasons"]] == ["name"]
+        assert [r["constraint"] for r in error["details"][0]["reasons"]] == ["name"]
     assert client.get("/v1/placements/taken").status_code == 404
     assert connection.lookupByName("taken").maxMemory() == 1024  # its definition is untouched
 

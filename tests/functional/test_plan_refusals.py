@@ -138,7 +138,7 @@ def test_a_planner_out_of_memory_is_503_naming_hosts_and_setting_and_stores_noth
     error = _error(response)
     assert error["code"] == "out-of-memory"
     assert "planning ran out of memory for host t" in error["message"] and SETTING in error["message"]
-    assert error["details"] == {"hosts": ["t"], "setting": SETTING}
+    assert [(d["rule"], d["hosts"], d["setting"]) for d in error["details"]] == [("out-of-memory", ["t"], SETTING)]
     assert "Traceback" not in response.text
     monkeypatch.undo()
     assert api.get("/v1/plans").json()["plans"] == before  # no half plan stored

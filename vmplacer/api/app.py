@@ -1,7 +1,8 @@
 """The FastAPI application: `create_app(container)`; `vmplacer serve` runs it under uvicorn.
 
-Layers of a request, outside in: body size limit → Idempotency-Key handling →
-routing → bearer-token check (one dependency on the whole app) → the route.
+Layers of a request, outside in: request id → body size limit → Idempotency-Key
+handling → routing → bearer-token check (one dependency on the whole app) → unknown
+query parameters refused → the route.
 """
 
 from __future__ import annotations
@@ -16,10 +17,12 @@ from fastapi import Depends, FastAPI
 from fastapi.responses import JSONResponse
 
 from vmplacer import __version__
-from vmplacer.api.auth import PUBLIC_PATHS, authorize
+from vmplacer.api.auth import authorize
 from vmplacer.api.errors import install_error_handlers
 from vmplacer.api.idempotency import IdempotencyMiddleware
 from vmplacer.api.limits import BodySizeLimit
+from vmplacer.api.openapi import TAGS, install_contract, operation_id
+from vmplacer.api.request_id import RequestIdMiddleware
 from vmplacer.api.services import ApiOptions, ApiServices
 from vmplacer.bootstrap import Container
 from vmplacer.web.security import SecurityHeaders
@@ -33,7 +36,12 @@ Every route except `/healthz` (and the web view under `/ui/`, which signs in wit
 once and keeps it in a cookie) needs `Authorization: Bearer <token>` (`vmplacer token
 create NAME --scope read|admin`). GET needs a read or admin token; anything else needs
 admin. POSTs accept an `Idempotency-Key` header: a retry returns the first answer.
-Errors have one shape: `{"error": {"code", "message", "details"}}`.
+
+Errors have one shape: `{"error": {"code", "message", "details", "request_id"}}`, `details` a
+list of `{"field", "rule", "reason", ...}` (ErrorDetails). Every response carries `X-Request-Id`:
+send your own (1-128 characters of `A-Za-z0-9._:-`) to have it echoed, else one is made.
+Query parameters a route does not declare are refused (422), as unknown body keys are.
+Timestamps are ISO 8601 UTC strings (`format: date-time`).
 """
 
 
@@ -68,6 +76,8 @@ def create_app(container: Container, options: ApiOptions | None = None,
         redoc_url=None,
         dependencies=[Depends(authorize)],
         lifespan=lifespan,
+        openapi_tags=TAGS,
+        generate_unique_id_function=operation_id,
     )
     app.state.services = services
     install_error_handlers(app, on_libvirt_error=services.metrics.libvirt_error)
@@ -80,7 +90,7 @@ def create_app(container: Container, options: ApiOptions | None = None,
     from vmplacer.web.routes import mount as mount_web_view
 
     mount_web_view(app, services)  # /ui/: the operator's read-only view (cookie sign-in, no bearer)
-    _finish_schema(app, services.host_names, services.base_xml_limit)
+    install_contract(app)
 
     @app.get("/openapi.json", include_in_schema=False)
     def openapi_document() -> JSONResponse:
@@ -91,41 +101,8 @@ def create_app(container: Container, options: ApiOptions | None = None,
     app.add_middleware(BodySizeLimit, max_bytes=container.settings.api.max_request_bytes)
     app.add_middleware(RequestMetrics, metrics=services.metrics)
     app.add_middleware(SecurityHeaders)
+    app.add_middleware(RequestIdMiddleware)
     return app
-
-
-def _finish_schema(app: FastAPI, hosts: list[str], base_xml_limit: int) -> None:
-    """Facts of this deployment the generated schema cannot know: public paths need no
-    token (the token check is app-wide, so every operation is marked as needing one),
-    which hosts exist (request bodies naming a host list them as an enum), and how long
-    a base XML may be under api.max_request_bytes."""
-    build = app.openapi
-
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is None:
-            schema = build()
-            for path in PUBLIC_PATHS:
-                for operation in schema.get("paths", {}).get(path, {}).values():
-                    operation["security"] = []
-            for option in _options(schema, "PlanRequest", "hosts", "array"):
-                if hosts:
-                    option.setdefault("items", {})["enum"] = list(hosts)
-            for model in ("PlacementRequest", "ProfileRequest"):
-                for option in _options(schema, model, "host", "string"):
-                    if hosts:
-                        option["enum"] = list(hosts)
-            for option in _options(schema, "PlacementRequest", "base_xml", "string"):
-                option["maxLength"] = base_xml_limit
-            app.openapi_schema = schema
-        return app.openapi_schema
-
-    app.openapi = openapi  # type: ignore[method-assign]
-
-
-def _options(schema: dict[str, Any], model: str, field: str, kind: str) -> list[dict[str, Any]]:
-    """The `kind` alternatives of an optional field (`anyOf: [{type: kind}, {type: null}]`)."""
-    prop = schema.get("components", {}).get("schemas", {}).get(model, {}).get("properties", {}).get(field, {})
-    return [option for option in prop.get("anyOf", [prop]) if option.get("type") == kind]
 
 
 class RequestMetrics:

@@ -1,6 +1,12 @@
 """One error shape for every failure, and the mapping from domain errors to HTTP.
 
-    {"error": {"code": "no-fit", "message": "...", "details": ...}}
+    {"error": {"code": "no-fit", "message": "...", "details": [{"field", "rule", "reason", ...}],
+               "request_id": "..."}}
+
+`details` is always a list (empty when there is nothing to add): one entry per problem, each
+naming the `field` at fault (null when no field is), the `rule` broken (a machine-readable
+kind) and the `reason` in words, plus what that kind of error knows (host, guest, reasons, …).
+A client reads every error the same way, whatever the route.
 
 - bad input (request validation, guest spec problems, invalid base XML) → 422, each
   problem naming its field;
@@ -19,13 +25,14 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, ConfigDict, Field, RootModel
 from sqlalchemy.exc import OperationalError as DatabaseOperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from vmplacer.adapters.domain_xml import DomainXmlError
 from vmplacer.adapters.libvirt_errors import EXISTS, DomainRefused
 from vmplacer.api.limits import BodyTooLarge, too_large_body
+from vmplacer.api.request_id import current_request_id
 from vmplacer.config import ConfigError
 from vmplacer.core.placement.guest import GuestSpecError
 from vmplacer.core.placement.nofit import NoFit
@@ -34,10 +41,27 @@ from vmplacer.ports import ClaimConflict, HypervisorError
 log = logging.getLogger(__name__)
 
 
+class Problem(BaseModel):
+    """One entry of an error's `details`."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": True})
+
+    field: str | None = Field(description="the request field at fault, dotted (`labels.env`, `query.limit`, "
+                              "`Idempotency-Key`); null when no single field is")
+    rule: str = Field(description="the rule broken, machine-readable: a validation kind (`missing`, "
+                      "`extra_forbidden`, `string_pattern_mismatch`, …) or the error's code")
+    reason: str = Field(description="what is wrong, in words")
+
+
+class ErrorDetails(RootModel[list[Problem]]):
+    """Every problem of one error; structured data of the error's kind rides along in each entry."""
+
+
 class ErrorDetail(BaseModel):
     code: str = Field(description="stable machine-readable kind, e.g. validation, no-fit, host-unavailable")
     message: str = Field(description="what went wrong, naming the guest, host, field")
-    details: Any = Field(default=None, description="structured data: fields, NoFit reasons, host, …")
+    details: ErrorDetails = Field(description="one entry per problem (empty: nothing to add to the message)")
+    request_id: str = Field(description="this request's id, as in the X-Request-Id response header")
 
 
 class ErrorBody(BaseModel):
@@ -59,12 +83,32 @@ class ApiError(Exception):
 
 def error_response(status: int, code: str, message: str, details: Any = None,
                    headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse({"error": {"code": code, "message": message, "details": details}},
-                        status_code=status, headers=headers)
+    return JSONResponse(error_body(code, message, details), status_code=status, headers=headers)
 
 
-def field_problems(problems: list[tuple[str, str]]) -> list[dict[str, str]]:
-    return [{"field": f, "reason": r} for f, r in problems]
+def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
+    """The one error document: `details` as a list of problems, the request's id."""
+    return {"error": {"code": code, "message": message, "details": problems(details, code, message),
+                      "request_id": current_request_id()}}
+
+
+def problems(details: Any, code: str, message: str) -> list[dict[str, Any]]:
+    """`details` in the one shape: a list of {field, rule, reason, ...}. An object becomes one
+    entry carrying its keys; an entry without a rule or reason takes the error's code and message."""
+    if details is None:
+        return []
+    items = details if isinstance(details, list) else [details]
+    result = []
+    for item in items:
+        entry = dict(item) if isinstance(item, dict) else {"reason": str(item)}
+        result.append({"field": entry.pop("field", None), "rule": entry.pop("rule", None) or code,
+                       "reason": entry.pop("reason", None) or message, **entry})
+    return result
+
+
+def field_problems(pairs: list[tuple[str, str]], rule: str | None = None) -> list[dict[str, str]]:
+    """(field, reason) pairs as problems; without `rule`, each takes the error's code."""
+    return [{"field": f, "reason": r, **({"rule": rule} if rule else {})} for f, r in pairs]
 
 
 def _describe(status: int, text: str) -> dict[str, Any]:
@@ -119,7 +163,7 @@ def _invalid_json(item: dict[str, Any], document: Any) -> JSONResponse:
     what = str((item.get("ctx") or {}).get("error") or "invalid JSON")
     reason = f"{what} at line {line}, column {column} (character {offset})"
     return error_response(422, "invalid-json", f"request body is not valid JSON: {reason}",
-                          [{"field": "body", "reason": reason, "line": line, "column": column}])
+                          [{"field": "body", "rule": "json", "reason": reason, "line": line, "column": column}])
 
 
 def install_error_handlers(app: FastAPI, on_libvirt_error=None) -> None:  # type: ignore[no-untyped-def]
@@ -132,24 +176,25 @@ def install_error_handlers(app: FastAPI, on_libvirt_error=None) -> None:  # type
         invalid_json = next((item for item in exc.errors() if item.get("type") == "json_invalid"), None)
         if invalid_json is not None:
             return _invalid_json(invalid_json, exc.body)
-        problems = []
+        found = []
         for item in exc.errors():
             loc = tuple(item.get("loc", ()))
             where = loc[0] if loc else "body"
             field = _validation_field(loc) if where == "body" else ".".join(str(p) for p in loc)
-            problems.append((field, str(item.get("msg", "invalid"))))
-        message = "; ".join(f"field {f}: {r}" for f, r in problems) or "invalid request"
-        return error_response(422, "validation", message, field_problems(problems))
+            found.append({"field": field, "rule": str(item.get("type") or "invalid"),
+                          "reason": str(item.get("msg", "invalid"))})
+        message = "; ".join(f"field {p['field']}: {p['reason']}" for p in found) or "invalid request"
+        return error_response(422, "validation", message, found)
 
     @app.exception_handler(GuestSpecError)
     async def _guest_spec(_request: Request, exc: GuestSpecError) -> JSONResponse:
-        problems = [(p.field, p.reason) for p in exc.problems]
-        return error_response(422, "validation", str(exc), field_problems(problems))
+        return error_response(422, "validation", str(exc),
+                              field_problems([(p.field, p.reason) for p in exc.problems], "guest_spec"))
 
     @app.exception_handler(DomainXmlError)
     async def _domain_xml(_request: Request, exc: DomainXmlError) -> JSONResponse:
         # rendering merges the caller's base XML and validates the result against libvirt's schema
-        return error_response(422, "invalid-xml", str(exc), field_problems([("base_xml", str(exc))]))
+        return error_response(422, "invalid-xml", str(exc), field_problems([("base_xml", str(exc))], "xml"))
 
     @app.exception_handler(NoFit)
     async def _no_fit(_request: Request, exc: NoFit) -> JSONResponse:
@@ -193,10 +238,11 @@ def install_error_handlers(app: FastAPI, on_libvirt_error=None) -> None:  # type
                  413: "too-large"}
         headers = dict(exc.headers) if exc.headers else {}
         if isinstance(exc, BodyTooLarge):  # counted while streaming: the body of a refused Content-Length
-            return JSONResponse(too_large_body(exc.limit), status_code=413, headers={"Connection": "close"})
+            return JSONResponse(too_large_body(exc.limit, current_request_id()), status_code=413,
+                                headers={"Connection": "close"})
         if exc.status_code == 400:  # the framework could not even decode the body (e.g. not UTF-8)
             return error_response(422, "invalid-json", "request body is not valid JSON (UTF-8)",
-                                  field_problems([("body", str(exc.detail))]))
+                                  field_problems([("body", str(exc.detail))], "utf-8"))
         if exc.status_code == 405:
             headers["Allow"] = ", ".join(_allowed_methods(request))
         return error_response(exc.status_code, codes.get(exc.status_code, "http"), str(exc.detail),

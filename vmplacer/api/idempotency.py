@@ -34,9 +34,12 @@ from starlette.concurrency import run_in_threadpool
 
 from vmplacer.ports import hash_token
 from vmplacer.api.auth import TokenVerifier, bearer_token
+from vmplacer.api.request_id import current_request_id
 
 HEADER = b"idempotency-key"
 KEY_RE = re.compile(r"^[\x21-\x7e]{1,255}$")  # printable ASCII, no spaces
+KEY_PATTERN = "^[!-~]{1,255}$"  # KEY_RE for the OpenAPI document (the same characters, spelled printably)
+KEY_RULE = "1-255 printable ASCII characters without spaces"
 REPLAYED_HEADERS = (b"location", b"retry-after")  # with the body, what a client acts on
 PENDING_WAIT_S = 10.0
 POLL_S = (0.02, 0.5)  # first and longest pause between looks at a key another instance serves
@@ -45,9 +48,11 @@ Message = dict[str, Any]
 
 
 def _json(status: int, code: str, message: str, field: str | None = None,
-          extra_headers: list[tuple[bytes, bytes]] | None = None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
-    details = [{"field": field, "reason": message}] if field else None
-    body = json.dumps({"error": {"code": code, "message": message, "details": details}}).encode()
+          extra_headers: list[tuple[bytes, bytes]] | None = None,
+          rule: str | None = None) -> tuple[int, list[tuple[bytes, bytes]], bytes]:
+    details = [{"field": field, "rule": rule or code, "reason": message}] if field else []
+    body = json.dumps({"error": {"code": code, "message": message, "details": details,
+                                 "request_id": current_request_id()}}).encode()
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
     return status, headers + (extra_headers or []), body
 
@@ -98,8 +103,8 @@ class IdempotencyMiddleware:
             return
         key = raw_key.decode("latin-1")
         if not KEY_RE.match(key):
-            await self._send(send, *_json(422, "validation", "Idempotency-Key must be 1-255 printable ASCII "
-                                          "characters without spaces", "Idempotency-Key"))
+            await self._send(send, *_json(422, "validation", f"Idempotency-Key must be {KEY_RULE}",
+                                          "Idempotency-Key", rule="string_pattern_mismatch"))
             return
 
         body = await _read_body(receive)

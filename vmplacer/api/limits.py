@@ -12,6 +12,8 @@ from typing import Any
 
 from starlette.exceptions import HTTPException
 
+from vmplacer.api.request_id import current_request_id
+
 Scope = dict[str, Any]
 Message = dict[str, Any]
 
@@ -29,9 +31,12 @@ def too_large_message(limit: int) -> str:
     return f"request body larger than {limit} bytes (api.max_request_bytes)"
 
 
-def too_large_body(limit: int) -> dict[str, Any]:
-    """The one 413 body, whether the size was declared or counted while streaming."""
-    return {"error": {"code": "too-large", "message": too_large_message(limit), "details": {"limit": limit}}}
+def too_large_body(limit: int, request_id: str) -> dict[str, Any]:
+    """The one 413 body, whether the size was declared or counted while streaming (the error
+    shape of vmplacer.api.errors, built here without it: that module imports this one)."""
+    message = too_large_message(limit)
+    return {"error": {"code": "too-large", "message": message, "request_id": request_id,
+                      "details": [{"field": "body", "rule": "too-large", "reason": message, "limit": limit}]}}
 
 
 class BodySizeLimit:
@@ -78,8 +83,10 @@ class BodySizeLimit:
                 await self._refuse(send)
 
     async def _refuse(self, send: Any, status: int = 413, message: str | None = None) -> None:
-        content = too_large_body(self.max_bytes) if message is None else {
-            "error": {"code": "bad-request", "message": message, "details": None}}
+        request_id = current_request_id()
+        content = too_large_body(self.max_bytes, request_id) if message is None else {
+            "error": {"code": "bad-request", "message": message, "request_id": request_id,
+                      "details": [{"field": "Content-Length", "rule": "bad-request", "reason": message}]}}
         body = json.dumps(content, separators=(",", ":"), ensure_ascii=False).encode()  # as JSONResponse
         await send({"type": "http.response.start", "status": status,
                     "headers": [(b"content-type", b"application/json"),

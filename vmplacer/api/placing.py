@@ -22,6 +22,7 @@ from typing import Any, TYPE_CHECKING
 from vmplacer.adapters.domain_xml import DomainXmlError, parse_domain
 from vmplacer.adapters.libvirt_errors import INVALID, DomainRefused
 from vmplacer.api.errors import ApiError, field_problems
+from vmplacer.api.times import with_api_times
 from vmplacer.app.place.fleet_placement import FleetPlacement, NothingFits
 from vmplacer.app.place.placement_service import PlaceResult
 from vmplacer.core.placement.guest import GuestSpec
@@ -87,7 +88,7 @@ class Placer:
             return names[0]
         if host not in names:
             reason = f"host {host!r} is not configured (configured: {', '.join(names)})"
-            raise ApiError(422, "validation", reason, field_problems([("host", reason)]))
+            raise ApiError(422, "validation", reason, field_problems([("host", reason)], "not_configured"))
         return host
 
     def candidates(self, host: str | None, *, dry_run: bool = False, batched: bool = False) -> list[str]:
@@ -111,7 +112,7 @@ class Placer:
         if not usable:
             raise ApiError(503, "no-hosts", "every configured host is in maintenance: "
                            + "; ".join(closed[n].describe() for n in names),
-                           {"hosts": {n: closed[n].to_dict() for n in names}}, NO_HOSTS_RETRY)
+                           {"hosts": {n: _maintenance(closed[n]) for n in names}}, NO_HOSTS_RETRY)
         return usable
 
     def _fleet(self) -> FleetPlacement:
@@ -203,7 +204,11 @@ class Placer:
 
 def in_maintenance(host: str, record: Any) -> ApiError:
     return ApiError(409, "host-in-maintenance", record.describe() + ": it takes no new guest",
-                    {"host": host, "maintenance": record.to_dict()})
+                    {"host": host, "maintenance": _maintenance(record)})
+
+
+def _maintenance(record: Any) -> dict[str, Any]:
+    return with_api_times(record.to_dict(), "since")
 
 
 def admit_host(services: ApiServices) -> Callable[[str], None]:

@@ -14,7 +14,7 @@ from typing import Annotated, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
 
 from vmplacer.api.fields import DomainName, Glob, Reason, SelectorText, SpecText, SpecValue
-from vmplacer.api.times import ISO_HELP
+from vmplacer.api.times import ApiTime
 
 from vmplacer.core.placement.guest import (
     CPU_POLICIES,
@@ -34,7 +34,10 @@ HOST_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 MAX_BASE_XML = 256 * 1024
 ROUTING_FIELDS = ("host", "dry_run", "define", "start", "base_xml")
 
-HostName = Annotated[str, Field(pattern=HOST_NAME, max_length=63)]
+# Host names are plain strings in the contract, never an enum of this deployment's hosts: a
+# host configured later must be nameable without a new client. Routes refuse unknown ones (4xx
+# naming the field).
+HostName = Annotated[str, Field(pattern=HOST_NAME, min_length=1, max_length=63)]
 
 _NODE_ID = {"type": "integer", "minimum": 0, "maximum": MAX_HOST_NODE}
 # Checked by GuestSpec alone (one rule, one message for the API and request files); the
@@ -85,14 +88,16 @@ class PlacementRequest(BaseModel):
     extra_specs: dict[SpecText, SpecValue] | None = Field(
         default=None, description="OpenStack flavor extra specs; hw:* keys are applied, others ignored")
 
-    host: str | None = Field(default=None, pattern=HOST_NAME,
-                             description="a configured host; omitted: every host is tried, the best score wins")
+    host: HostName | None = Field(default=None, description="a configured host (another name: 422 naming `host`); "
+                                  "omitted: every host is tried, the best score wins")
     dry_run: bool = Field(default=False, description="compute placement and XML only; nothing is recorded")
     define: bool = Field(default=True, description="define the domain in libvirt; false: only reserve the "
                          "pCPUs and return the XML for the caller to define")
     start: bool = Field(default=False, description="start the domain after defining it")
     base_xml: str | None = Field(default=None, max_length=MAX_BASE_XML,
-                                 description="the caller's domain XML; vmplacer replaces only what it owns")
+                                 description="the caller's domain XML; vmplacer replaces only what it owns. The "
+                                 "server takes at most half of its api.max_request_bytes (422 naming base_xml "
+                                 "beyond that)")
 
     def guest_fields(self) -> dict[str, Any]:
         data = self.model_dump(exclude_none=True, exclude=set(ROUTING_FIELDS))
@@ -171,12 +176,12 @@ class Removed(BaseModel):
 
 class Lease(BaseModel):
     holder: str = Field(description="the vmplacer instance acting on the host")
-    acquired_at: str | None = Field(default=None, description=ISO_HELP)
-    expires_at: str | None = Field(default=None, description=ISO_HELP)
+    acquired_at: ApiTime | None = None
+    expires_at: ApiTime | None = None
 
 
 class Maintenance(BaseModel):
-    since: str = Field(description="when the host went into maintenance (ISO 8601, UTC)")
+    since: ApiTime = Field(description="when the host went into maintenance (ISO 8601 UTC)")
     by: str
     reason: str
 
@@ -215,14 +220,15 @@ class JobView(BaseModel):
     status: str = Field(description="queued | running | succeeded | failed")
     progress: float
     message: str
-    parameters: dict[str, Any]
+    parameters: dict[str, Any] = Field(description="what the job was asked to do; `stop` (a job asked to stop): "
+                                       "{by, at (ISO 8601 UTC)}")
     result: dict[str, Any] | None = None
     error: dict[str, Any] | None = None
     created_by: str
     owner: str | None = None
-    created_at: str = Field(description=ISO_HELP)
-    started_at: str | None = Field(default=None, description=ISO_HELP)
-    finished_at: str | None = Field(default=None, description=ISO_HELP)
+    created_at: ApiTime
+    started_at: ApiTime | None = None
+    finished_at: ApiTime | None = None
 
 
 class JobList(BaseModel):
@@ -235,7 +241,8 @@ class JobAccepted(BaseModel):
 
 
 class ProfileRequest(_Strict):
-    host: str | None = Field(default=None, pattern=HOST_NAME, description="default: the first configured host")
+    host: HostName | None = Field(default=None, description="a configured host (another name: 422 naming `host`); "
+                                  "default: the first configured host")
     vms: list[DomainName] = Field(default_factory=list, max_length=256,
                            description="sensitive VMs (sampled with neighbours frozen); empty: all running")
     sensitive: SelectorText = Field(default="all",
@@ -255,7 +262,8 @@ class ProfileRequest(_Strict):
 
 
 class ProtectRequest(_Strict):
-    host: str | None = Field(default=None, pattern=HOST_NAME, description="default: the first configured host")
+    host: HostName | None = Field(default=None, description="a configured host (another name: 422 naming `host`); "
+                                  "default: the first configured host")
     scope: list[Glob] = Field(default_factory=list, max_length=256,
                               description="only guests whose names match are read, frozen and throttled (globs)")
     samples: int = Field(default=5, ge=1, le=100, description="ζ and ζb samples per protected guest per fast round")
@@ -267,6 +275,7 @@ class ProtectView(BaseModel):
 
     job: JobView
     host: str
+    last_round_at: ApiTime | None = Field(default=None, description="the loop's last recorded round (null: none yet)")
     guests: list[dict[str, Any]]
     throttles: list[dict[str, Any]]
 
@@ -291,15 +300,27 @@ class VmProfile(BaseModel):
                                                     "neighbour, distance, n, degradation; costliest first")
 
 
+class ProfileRun(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    id: int
+    host: str
+    metric: str | None = None
+    status: str
+    started_at: ApiTime | None = None
+    finished_at: ApiTime | None = None
+    parameters: dict[str, Any] | None = None
+
+
 class ProfileView(BaseModel):
     guest: str
-    run: dict[str, Any]
+    run: ProfileRun
     profile: VmProfile
 
 
 class AuditEntry(BaseModel):
     id: int
-    at: float | None
+    at: ApiTime | None
     actor: str
     action: str
     host: str | None
@@ -330,7 +351,8 @@ class Readiness(BaseModel):
 
 class PlanRequest(_Strict):
     hosts: list[HostName] | None = Field(default=None, max_length=256,
-                                         description="hosts to rebalance (default: every configured host)")
+                                         description="configured hosts to rebalance (another name: 422 naming "
+                                                     "`hosts`; default: every configured host)")
     max_actions: int | None = Field(default=None, ge=0, le=1000)
     scope: list[Glob] = Field(default_factory=list, max_length=256,
                               description="glob patterns of guests that may move (default: all)")
@@ -369,6 +391,14 @@ class HostError(BaseModel):
                                           "capabilities do not list: `settings.refused` names them)")
 
 
+class CancelRequest(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    by: str
+    reason: str = ""
+    at: ApiTime | None = None
+
+
 class PlanView(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -379,10 +409,9 @@ class PlanView(BaseModel):
     summary: str
     actions: list[dict[str, Any]]
     diff: list[dict[str, Any]]
-    created_at: str | None = Field(default=None, description=ISO_HELP)
-    cancel_request: dict[str, Any] | None = Field(
-        default=None, description="a running plan someone asked to stop: {by, reason, at (ISO 8601 UTC)}; it "
-                                  "stops before its next action")
+    created_at: ApiTime | None = None
+    cancel_request: CancelRequest | None = Field(
+        default=None, description="a running plan someone asked to stop: it stops before its next action")
     errors: list[HostError] = Field(default_factory=list,
                                     description="hosts left out of the plan when it was made (not read, or refused "
                                                 "by the planner): their guests were not considered")
@@ -396,7 +425,7 @@ class PlanSummary(BaseModel):
     hosts: list[str]
     summary: str
     actions: int
-    created_at: str | None = Field(default=None, description=ISO_HELP)
+    created_at: ApiTime | None = None
 
 
 class PlanList(BaseModel):

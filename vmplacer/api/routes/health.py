@@ -17,12 +17,13 @@ router = APIRouter(tags=["operations"], route_class=StrictJsonRoute)
 HOST_CHECK_TIMEOUT_S = 5.0
 
 
-@router.get("/healthz", response_model=Health, summary="liveness: the process answers (no token needed)")
+@router.get("/healthz", operation_id="getHealth", response_model=Health,
+            summary="liveness: the process answers (no token needed)")
 def healthz() -> Health:
     return Health(status="ok")
 
 
-@router.get("/readyz", response_model=Readiness,
+@router.get("/readyz", operation_id="getReadiness", response_model=Readiness,
             summary="readiness: the database answers, and every host's libvirt answers and its topology can be read",
             responses={**COMMON_RESPONSES, 503: {"model": Readiness, "description": "a check failed"}})
 def readyz(request: Request) -> JSONResponse:
@@ -72,7 +73,7 @@ def _database_check(services) -> ReadyCheck:  # type: ignore[no-untyped-def]
     return ReadyCheck(name="database", ok=True, detail=f"schema at revision {current}")
 
 
-@router.get("/metrics", summary="Prometheus metrics", response_class=Response,
+@router.get("/metrics", operation_id="getMetrics", summary="Prometheus metrics", response_class=Response,
             responses={**COMMON_RESPONSES, 200: {"content": {"text/plain": {"schema": {"type": "string"}}},
                                                  "description": "Prometheus text format"}})
 def metrics(request: Request) -> Response:

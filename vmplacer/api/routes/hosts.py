@@ -35,7 +35,12 @@ def lease_view(lease: dict[str, Any] | None) -> dict[str, Any] | None:
     return None if lease is None else with_api_times(lease, "acquired_at", "expires_at")
 
 
-@router.get("", response_model=HostList, summary="configured hosts and whether each answers",
+def maintenance_view(record: Any) -> dict[str, Any] | None:
+    """A maintenance record with `since` spelled as every API timestamp is."""
+    return None if record is None else with_api_times(record.to_dict(), "since")
+
+
+@router.get("", operation_id="listHosts", response_model=HostList, summary="configured hosts and whether each answers",
             responses=COMMON_RESPONSES)
 def list_hosts(request: Request) -> HostList:
     services = request.app.state.services
@@ -46,7 +51,7 @@ def list_hosts(request: Request) -> HostList:
         record = closed.get(settings.name)
         entry: dict[str, Any] = {"name": settings.name, "uri": settings.uri, "reachable": False,
                                  "lease": lease_view(leases.get(settings.name)),
-                                 "maintenance": record.to_dict() if record else None}
+                                 "maintenance": maintenance_view(record)}
         try:
             entry.update(services.container.hypervisor(settings.name).ping())
             entry["reachable"] = True
@@ -57,7 +62,8 @@ def list_hosts(request: Request) -> HostList:
     return HostList(hosts=hosts)
 
 
-@router.get("/{host}/topology", summary="the host's NUMA nodes, cores, threads and caches "
+@router.get("/{host}/topology", operation_id="getHostTopology",
+            summary="the host's NUMA nodes, cores, threads and caches "
             "(the JSON of `vmplacer topology --format json`)",
             responses={**COMMON_RESPONSES, **NOT_FOUND, **HOST_ERROR,
                        200: {"content": {"application/json": {"schema": {"type": "object"}}},
@@ -68,7 +74,7 @@ def topology(request: Request, host: str = Path(pattern=HOST_NAME, max_length=63
     return services.container.hypervisor(host).topology().to_dict()
 
 
-@router.put("/{host}/maintenance", response_model=MaintenanceView,
+@router.put("/{host}/maintenance", operation_id="enterMaintenance", response_model=MaintenanceView,
             summary="put a host in maintenance: no new guests, no migrations in (idempotent)",
             responses={**COMMON_RESPONSES, **NOT_FOUND})
 def enter_maintenance(request: Request, body: MaintenanceRequest,
@@ -81,10 +87,10 @@ def enter_maintenance(request: Request, body: MaintenanceRequest,
                                                            reason=body.reason.strip() or body.reason,
                                                            detail=actor.detail())
     services.dry_run_maintenance.invalidate()
-    return {"host": host, "changed": changed, "maintenance": record.to_dict()}
+    return {"host": host, "changed": changed, "maintenance": maintenance_view(record)}
 
 
-@router.delete("/{host}/maintenance", response_model=MaintenanceView,
+@router.delete("/{host}/maintenance", operation_id="leaveMaintenance", response_model=MaintenanceView,
                summary="take a host out of maintenance", responses={**COMMON_RESPONSES, **NOT_FOUND})
 def leave_maintenance(request: Request, host: str = Path(pattern=HOST_NAME, max_length=63)) -> dict[str, Any]:
     services = request.app.state.services
@@ -92,4 +98,4 @@ def leave_maintenance(request: Request, host: str = Path(pattern=HOST_NAME, max_
     actor = api_actor(request)
     record = services.container.maintenance.end(host, by=actor.name, detail=actor.detail())
     services.dry_run_maintenance.invalidate()
-    return {"host": host, "changed": record is not None, "maintenance": record.to_dict() if record else None}
+    return {"host": host, "changed": record is not None, "maintenance": maintenance_view(record)}

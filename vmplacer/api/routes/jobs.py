@@ -18,12 +18,17 @@ if TYPE_CHECKING:
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=StrictJsonRoute)
 JOB_ID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
+# A queued job's 202 says when to look first: a job is picked up within a second or so.
+POLL_AFTER_S = "1"
 
 
 def job_view(job: JobRecord) -> dict[str, Any]:
     data = asdict(job)
     data["hosts"] = list(job.hosts)
     data.pop("heartbeat_at", None)
+    stop = (data.get("parameters") or {}).get("stop")
+    if isinstance(stop, dict):  # a stop request's moment, stored as epoch seconds
+        data["parameters"] = {**data["parameters"], "stop": with_api_times(stop, "at")}
     return with_api_times(data, "created_at", "started_at", "finished_at")
 
 
@@ -39,14 +44,21 @@ def check_can_queue(services: ApiServices, kind: str, host: str, what: str) -> N
 
 
 def accepted(services: ApiServices, job: JobRecord, response: Response, location: str) -> dict[str, Any]:
-    """The 202 answer for a queued job: the runner woken, `Location` set to where to follow it."""
+    """The 202 answer for a queued job: the runner woken, `Location` set to where to follow it,
+    `Retry-After` to when."""
     if services.runner is not None:
         services.runner.wake()
-    response.headers["Location"] = location
+    following(response, location)
     return {"job": job_view(job), "location": location}
 
 
-@router.get("/{job_id}", response_model=JobView, summary="a job's state, progress and result",
+def following(response: Response, location: str) -> None:
+    """The headers of every 202: where to poll, and how soon."""
+    response.headers["Location"] = location
+    response.headers["Retry-After"] = POLL_AFTER_S
+
+
+@router.get("/{job_id}", operation_id="getJob", response_model=JobView, summary="a job's state, progress and result",
             responses={**COMMON_RESPONSES, **NOT_FOUND})
 def get_job(request: Request, job_id: str = Path(pattern=JOB_ID, max_length=36)) -> dict[str, Any]:
     job = request.app.state.services.jobs.get(job_id)
@@ -55,7 +67,8 @@ def get_job(request: Request, job_id: str = Path(pattern=JOB_ID, max_length=36))
     return job_view(job)
 
 
-@router.get("", response_model=JobList, summary="recent jobs, newest first", responses=COMMON_RESPONSES)
+@router.get("", operation_id="listJobs", response_model=JobList, summary="recent jobs, newest first",
+            responses=COMMON_RESPONSES)
 def list_jobs(request: Request,
               status: Literal["queued", "running", "succeeded", "failed"] | None = None,
               kind: str | None = Query(default=None, pattern=r"^[a-z-]{1,32}$"),

@@ -29,6 +29,7 @@ router = APIRouter(prefix="/v1/placements", tags=["placements"], route_class=Str
 
 @router.post(
     "",
+    operation_id="createPlacement",
     response_model=PlacementView,
     summary="place a guest: pinning, memory nodes and domain XML (dry run, reserve, define, start)",
     responses={**COMMON_RESPONSES, **CONFLICT, **HOST_ERROR,
@@ -58,7 +59,7 @@ def create_placement(request: Request, body: PlacementRequest) -> Response:
                           headers={"Location": f"/v1/placements/{spec.name}"})
 
 
-@router.get("", response_model=PlacementList, summary="placements vmplacer recorded",
+@router.get("", operation_id="listPlacements", response_model=PlacementList, summary="placements vmplacer recorded",
             responses=COMMON_RESPONSES)
 def list_placements(request: Request,
                     host: str | None = Query(default=None, pattern=HOST_NAME, max_length=63),
@@ -67,7 +68,7 @@ def list_placements(request: Request,
     return {"placements": services.container.placement_records(host, limit)}
 
 
-@router.get("/{guest}", response_model=PlacementRecord, summary="one recorded placement",
+@router.get("/{guest}", operation_id="getPlacement", response_model=PlacementRecord, summary="one recorded placement",
             responses={**COMMON_RESPONSES, **NOT_FOUND})
 def get_placement(request: Request, guest: str = Path(pattern=GUEST_NAME, max_length=64)) -> dict[str, Any]:
     record = request.app.state.services.container.placement_store.get(guest)
@@ -76,7 +77,7 @@ def get_placement(request: Request, guest: str = Path(pattern=GUEST_NAME, max_le
     return record
 
 
-@router.delete("/{guest}", response_model=Removed,
+@router.delete("/{guest}", operation_id="deletePlacement", response_model=Removed,
                summary="forget a placement and free its pCPUs; by default also destroy and undefine the domain",
                responses={**COMMON_RESPONSES, **NOT_FOUND, **HOST_ERROR})
 def delete_placement(request: Request, guest: str = Path(pattern=GUEST_NAME, max_length=64),

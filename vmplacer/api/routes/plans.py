@@ -43,7 +43,7 @@ log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/plans", tags=["plans"], route_class=StrictJsonRoute)
 
 
-@router.post("", status_code=201, response_model=PlanView,
+@router.post("", operation_id="createPlan", status_code=201, response_model=PlanView,
              summary="rebalance dry run: observe the hosts, plan moves, store the plan (nothing changes)",
              responses={**COMMON_RESPONSES, **CONFLICT, **OUT_OF_MEMORY})
 def create_plan(request: Request, body: PlanRequest, response: Response) -> dict[str, Any]:
@@ -59,7 +59,8 @@ def create_plan(request: Request, body: PlanRequest, response: Response) -> dict
     return plan
 
 
-@router.get("", response_model=PlanList, summary="recent plans, newest first", responses=COMMON_RESPONSES)
+@router.get("", operation_id="listPlans", response_model=PlanList, summary="recent plans, newest first",
+            responses=COMMON_RESPONSES)
 def list_plans(request: Request, limit: int = Query(default=20, ge=1, le=500),
                state: list[PlanState] | None = Query(default=None, description="only plans in these states "
                                                      "(repeatable; default: every state)"),
@@ -75,7 +76,8 @@ def list_plans(request: Request, limit: int = Query(default=20, ge=1, le=500),
     return {"plans": [with_api_times(plan, "created_at") for plan in recent]}
 
 
-@router.get("/{plan_id}", response_model=PlanView, summary="a plan: actions, reasons, predicted gain, outcome",
+@router.get("/{plan_id}", operation_id="getPlan", response_model=PlanView,
+            summary="a plan: actions, reasons, predicted gain, outcome",
             responses={**COMMON_RESPONSES, **NOT_FOUND})
 def get_plan(request: Request, plan_id: int = Path(ge=1, le=2**31 - 1)) -> dict[str, Any]:
     plan = plan_store(request.app.state.services).get(plan_id)
@@ -84,7 +86,7 @@ def get_plan(request: Request, plan_id: int = Path(ge=1, le=2**31 - 1)) -> dict[
     return plan_view(plan)
 
 
-@router.post("/{plan_id}/apply", status_code=202, response_model=JobAccepted,
+@router.post("/{plan_id}/apply", operation_id="applyPlan", status_code=202, response_model=JobAccepted,
              summary="apply a proposed plan (a background job); 409 if it is already applied or applying",
              responses={**COMMON_RESPONSES, **NOT_FOUND, **CONFLICT})
 def apply_plan(request: Request, response: Response, plan_id: int = Path(ge=1, le=2**31 - 1)) -> dict[str, Any]:
@@ -96,7 +98,7 @@ def apply_plan(request: Request, response: Response, plan_id: int = Path(ge=1, l
     return accepted(services, job, response, f"/v1/jobs/{job.id}")
 
 
-@router.post("/{plan_id}/cancel", response_model=PlanCancelView,
+@router.post("/{plan_id}/cancel", operation_id="cancelPlan", response_model=PlanCancelView,
              summary="cancel a plan: at once if proposed or approved, before its next action if running "
                      "(done actions stay applied); 409 if it is already final",
              responses={**COMMON_RESPONSES, **NOT_FOUND, **CONFLICT})
@@ -151,7 +153,8 @@ def make_plan(services: ApiServices, hosts: list[str] | None, max_actions: int |
     unknown = sorted(set(names) - set(services.host_names))
     if unknown:
         reason = f"not configured: {', '.join(unknown)} (configured: {', '.join(services.host_names)})"
-        raise ApiError(422, "validation", f"field hosts: {reason}", [{"field": "hosts", "reason": reason}])
+        raise ApiError(422, "validation", f"field hosts: {reason}",
+                       [{"field": "hosts", "rule": "not_configured", "reason": reason}])
     if drain is not None:
         if drain not in names:
             reason = f"host {drain!r} is not among the plan's hosts ({', '.join(names)})"

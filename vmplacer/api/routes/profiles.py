@@ -20,7 +20,7 @@ from vmplacer.api.placing import Placer
 from vmplacer.api.routes.jobs import accepted, check_can_queue
 from vmplacer.api.schemas import HOST_NAME, JobAccepted, ProfileRequest, ProfileView
 from vmplacer.api.strict_json import StrictJsonRoute
-from vmplacer.api.times import api_time
+from vmplacer.api.times import api_timestamp
 from vmplacer.app.jobs import JobContext, JobFailed
 from vmplacer.ports import DomainGone, HypervisorError
 
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 router = APIRouter(prefix="/v1/profiles", tags=["profiles"], route_class=StrictJsonRoute)
 
 
-@router.post("", status_code=202, response_model=JobAccepted,
+@router.post("", operation_id="startProfile", status_code=202, response_model=JobAccepted,
              summary="start Freeze'nSense on a host (a background job; poll GET /v1/jobs/{id})",
              responses={**COMMON_RESPONSES, **CONFLICT, **HOST_ERROR})
 def start_profile(request: Request, body: ProfileRequest, response: Response) -> dict[str, Any]:
@@ -50,7 +50,7 @@ def start_profile(request: Request, body: ProfileRequest, response: Response) ->
     return accepted(services, job, response, f"/v1/jobs/{job.id}")
 
 
-@router.get("/{guest}", response_model=ProfileView,
+@router.get("/{guest}", operation_id="getProfile", response_model=ProfileView,
             summary="a VM's ζ (shared), ζb (neighbours frozen) and degradation distributions",
             responses={**COMMON_RESPONSES, **NOT_FOUND})
 def get_profile(request: Request,
@@ -189,7 +189,7 @@ def stored_profile(services: ApiServices, guest: str, run_id: int | None, host: 
     return {
         "guest": guest,
         "run": {"id": run.id, "host": run.host, "metric": run.metric, "status": run.status,
-                "started_at": api_time(run.started_at), "finished_at": api_time(run.finished_at),
+                "started_at": api_timestamp(run.started_at), "finished_at": api_timestamp(run.finished_at),
                 "parameters": run.parameters},
         "profile": summary,
     }

@@ -21,10 +21,10 @@ from fastapi import APIRouter, Path, Request, Response
 from vmplacer.api.actors import api_actor, audit
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, NOT_FOUND, ApiError
 from vmplacer.api.placing import Placer
-from vmplacer.api.routes.jobs import JOB_ID, accepted, check_can_queue, job_view
+from vmplacer.api.routes.jobs import JOB_ID, accepted, check_can_queue, following, job_view
 from vmplacer.api.schemas import JobAccepted, ProtectRequest, ProtectView
 from vmplacer.api.strict_json import StrictJsonRoute
-from vmplacer.api.times import api_time
+from vmplacer.api.times import api_timestamp
 from vmplacer.app.jobs import Handler, JobContext, JobFailed
 from vmplacer.ports import HypervisorError
 
@@ -47,7 +47,7 @@ def _protect_job(services: ApiServices, job_id: str) -> JobRecord:
     return job
 
 
-@router.post("", status_code=202, response_model=JobAccepted,
+@router.post("", operation_id="startProtection", status_code=202, response_model=JobAccepted,
              summary="start the protection loop on a host (a job that runs until DELETE /v1/protect/{id})",
              responses={**COMMON_RESPONSES, **CONFLICT})
 def start_protect(request: Request, body: ProtectRequest, response: Response) -> dict[str, Any]:
@@ -62,7 +62,7 @@ def start_protect(request: Request, body: ProtectRequest, response: Response) ->
     return accepted(services, job, response, f"/v1/protect/{job.id}")
 
 
-@router.get("/{job_id}", response_model=ProtectView,
+@router.get("/{job_id}", operation_id="getProtection", response_model=ProtectView,
             summary="a protection job and, per protected guest, what its loop last saw; the throttles in force",
             responses={**COMMON_RESPONSES, **NOT_FOUND})
 def get_protect(request: Request, job_id: str = Path(pattern=JOB_ID, max_length=36)) -> dict[str, Any]:
@@ -72,7 +72,7 @@ def get_protect(request: Request, job_id: str = Path(pattern=JOB_ID, max_length=
     return {"job": job_view(job), "host": host, **protect_status(services, host)}
 
 
-@router.delete("/{job_id}", status_code=202, response_model=JobAccepted,
+@router.delete("/{job_id}", operation_id="stopProtection", status_code=202, response_model=JobAccepted,
                summary="stop a protection job: it releases every throttle it holds on the host, then finishes "
                "(follow it at /v1/jobs/{id}; /v1/protect/{id} is 404 from now on)",
                responses={**COMMON_RESPONSES, **NOT_FOUND, **CONFLICT})
@@ -88,7 +88,7 @@ def stop_protect(request: Request, response: Response,
     audit(services, actor, action="protect-stop", host=job.hosts[0], message=f"protection job {job_id}: stop "
           "requested (its throttles are released)", detail={"job": job_id})
     location = f"/v1/jobs/{job_id}"  # the protection is gone; the job shows how the stop went
-    response.headers["Location"] = location
+    following(response, location)
     return {"job": job_view(job), "location": location}
 
 
@@ -172,6 +172,6 @@ def protect_status(services: ApiServices, host: str) -> dict[str, Any]:
     throttles = [{"guest": r.guest, "share": round(r.bandwidth.share, 4), "original_share": round(r.original.share, 4),
                   "protects": r.protects, "plan_id": r.plan_id, "age_s": round(r.age_s, 1)}
                  for r in services.container.throttle_ledger.current(host)]
-    return {"last_round_at": None if record is None else api_time(record.get("at")), "guests": guests,
+    return {"last_round_at": None if record is None else api_timestamp(record.get("at")), "guests": guests,
             "budget": None if record is None else record.get("budget"),
             "pace": None if record is None else record.get("pace"), "throttles": throttles}

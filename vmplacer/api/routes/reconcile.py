@@ -24,7 +24,7 @@ from vmplacer.api.strict_json import StrictJsonRoute
 router = APIRouter(prefix="/v1/reconcile", tags=["reconcile"], route_class=StrictJsonRoute)
 
 
-@router.post("", response_model=ReconcileView,
+@router.post("", operation_id="reconcileHosts", response_model=ReconcileView,
              summary="release records of domains undefined or moved outside vmplacer, follow libvirt's states",
              responses=COMMON_RESPONSES)
 def reconcile(request: Request, body: ReconcileRequest) -> dict[str, Any]:
@@ -36,7 +36,8 @@ def reconcile(request: Request, body: ReconcileRequest) -> dict[str, Any]:
     unknown = sorted(set(names) - set(services.host_names))
     if unknown:
         reason = f"not configured: {', '.join(unknown)} (configured: {', '.join(services.host_names)})"
-        raise ApiError(422, "validation", f"field hosts: {reason}", [{"field": "hosts", "reason": reason}])
+        raise ApiError(422, "validation", f"field hosts: {reason}",
+                       [{"field": "hosts", "rule": "not_configured", "reason": reason}])
     holder = f"api:{actor.token}@{services.instance}:{socket.gethostname()}:{os.getpid()}"
     reconciler = services.container.reconciler(holder, acting_store(services, actor))
     try:

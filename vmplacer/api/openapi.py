@@ -1,0 +1,152 @@
+"""The OpenAPI document: the contract clients are generated from.
+
+It is the same for every deployment (no host names, no configured limits: a client
+generated once keeps working when hosts come and go), and it declares what the
+routes' own signatures cannot:
+
+- the token: public paths need none (the check is app-wide, so the framework marks
+  every operation as needing one);
+- `Idempotency-Key` on every POST (vmplacer.api.idempotency honours it on all of them);
+- the response headers a client acts on: `X-Request-Id` everywhere, `Location` on
+  201/202, `Retry-After` where the server sets it, `Idempotent-Replayed` on POSTs;
+- an optional body as optional (`required: false`, the model itself), not as a
+  required "model or null" a generator turns into a mandatory argument.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+
+from vmplacer.api.auth import PUBLIC_PATHS
+from vmplacer.api.idempotency import KEY_PATTERN, KEY_RULE
+from vmplacer.api.request_id import ID_PATTERN
+
+TAGS = [
+    {"name": "placements", "description": "place guests (dry run, reserve, define, start), read and remove them"},
+    {"name": "hosts", "description": "configured hosts, their topology, maintenance"},
+    {"name": "plans", "description": "rebalancing plans: dry run, apply (a job), cancel"},
+    {"name": "profiles", "description": "Freeze'nSense interference profiling (a job) and its results"},
+    {"name": "protect", "description": "protection loops (a job per host)"},
+    {"name": "jobs", "description": "background jobs: state, progress, result"},
+    {"name": "reconcile", "description": "make placement records agree with libvirt"},
+    {"name": "audit", "description": "the audit log"},
+    {"name": "operations", "description": "liveness, readiness, metrics"},
+]
+
+IDEMPOTENCY_KEY = {
+    "name": "Idempotency-Key",
+    "in": "header",
+    "required": False,
+    "description": f"{KEY_RULE}. A retry with the same key, token and request (method, path, query, body as "
+                   "canonical JSON) gets the first answer back (any status below 500, kept 24 hours) with "
+                   "`Idempotent-Replayed: true`; while the first still runs it waits up to 10 s (then 409 "
+                   "`idempotency-key-in-use` with Retry-After); the same key with another request is 422 "
+                   "`idempotency-key-reused`; a malformed key is 422 naming `Idempotency-Key`.",
+    "schema": {"type": "string", "minLength": 1, "maxLength": 255, "pattern": KEY_PATTERN},
+}
+
+HEADERS: dict[str, dict[str, Any]] = {
+    "X-Request-Id": {
+        "description": "this request's id: the caller's own `X-Request-Id` when it matches the pattern, "
+                       "else a new one; error bodies repeat it as `request_id`",
+        "required": True,
+        "schema": {"type": "string", "pattern": ID_PATTERN, "maxLength": 128},
+    },
+    "Location": {
+        "description": "where to follow the result: the placement, the plan, or the job to poll",
+        "required": True,
+        "schema": {"type": "string"},
+    },
+    "Retry-After": {
+        "description": "seconds to wait before asking again",
+        "schema": {"type": "integer", "minimum": 0},
+    },
+    "Idempotent-Replayed": {
+        "description": "`true`: the stored answer to an earlier request with this Idempotency-Key",
+        "schema": {"type": "string", "enum": ["true"]},
+    },
+    "WWW-Authenticate": {
+        "description": "`Bearer`: the scheme the token goes in",
+        "schema": {"type": "string"},
+    },
+}
+
+# Which headers each kind of response has (beyond X-Request-Id on all): Location and
+# Retry-After on every 202 (the job to poll, and when); the others where some answer sets them.
+REQUIRED_RETRY_AFTER = {"202"}
+OPTIONAL_RETRY_AFTER = {"503"}
+POST_RETRY_AFTER = {"409"}  # idempotency-key-in-use
+
+
+def operation_id(route: APIRoute) -> str:
+    """The route's own name as a camelCase operationId (`create_placement` → `createPlacement`): stable
+    as long as the route keeps its name, whatever its path or method (routes set theirs explicitly)."""
+    head, *rest = route.name.split("_")
+    return head + "".join(part.capitalize() for part in rest)
+
+
+def install_contract(app: FastAPI) -> None:
+    """Let `app.openapi()` build the finished document once (the framework caches it)."""
+    build: Callable[[], dict[str, Any]] = app.openapi
+
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is None:
+            app.openapi_schema = finish(build())
+        return app.openapi_schema
+
+    app.openapi = openapi  # type: ignore[method-assign]
+
+
+def finish(schema: dict[str, Any]) -> dict[str, Any]:
+    components = schema.setdefault("components", {})
+    components["parameters"] = {"IdempotencyKey": IDEMPOTENCY_KEY}
+    components["headers"] = {_component(name): definition for name, definition in HEADERS.items()}
+    for path, operations in schema.get("paths", {}).items():
+        for method, operation in operations.items():
+            if path in PUBLIC_PATHS:
+                operation["security"] = []
+            if method == "post":
+                operation.setdefault("parameters", []).append({"$ref": "#/components/parameters/IdempotencyKey"})
+            _optional_body(operation)
+            for status, response in operation.get("responses", {}).items():
+                response["headers"] = _headers(method, status)
+    return schema
+
+
+def _component(header: str) -> str:
+    return header.replace("-", "")
+
+
+def _headers(method: str, status: str) -> dict[str, Any]:
+    names = ["X-Request-Id"]
+    if status in ("201", "202"):
+        names.append("Location")
+    if status in REQUIRED_RETRY_AFTER or status in OPTIONAL_RETRY_AFTER or (
+            method == "post" and status in POST_RETRY_AFTER):
+        names.append("Retry-After")
+    if method == "post":
+        names.append("Idempotent-Replayed")
+    if status == "401":
+        names.append("WWW-Authenticate")
+    headers: dict[str, Any] = {name: {"$ref": f"#/components/headers/{_component(name)}"} for name in names}
+    if status in REQUIRED_RETRY_AFTER:  # a $ref cannot be overridden: this one spelled out, required
+        headers["Retry-After"] = {**HEADERS["Retry-After"], "required": True,
+                                  "description": "seconds before the first look at the job"}
+    return headers
+
+
+def _optional_body(operation: dict[str, Any]) -> None:
+    """`anyOf: [Model, null]` (a body parameter defaulting to None) → the model, `required: false`."""
+    body = operation.get("requestBody")
+    if not body:
+        return
+    for media in body.get("content", {}).values():
+        schema = media.get("schema", {})
+        options = schema.get("anyOf")
+        if options and len(options) == 2 and {"type": "null"} in options:
+            media["schema"] = next(option for option in options if option != {"type": "null"})
+            body["required"] = False
