@@ -31,7 +31,7 @@ from typing import Any
 from vmplacer.lab.evaluate import profile_and_measure
 from vmplacer.lab.profiling import ProfileSettings, run_profiler
 from vmplacer.app.apply.executor import ExecutorSettings
-from vmplacer.app.rebalance.rebalancer import ROUNDS_PER_PROFILE, RebalancePorts, Rebalancer, RunOptions
+from vmplacer.app.rebalance.rebalancer import ROUNDS_PER_PROFILE, RebalancePorts, Rebalancer, RunOptions, RunReport
 from vmplacer.lab.verdicts import SIMPLE, model_objectives, reach, step_threshold, true_objective, verdict
 from vmplacer.core.model.interference import InterferenceModel, ModelConfig, Observation
 from vmplacer.core.rebalance.layout_problem import LayoutSolver
@@ -317,17 +317,26 @@ def seed_policy(cluster, *, rounds: int = 3, moved: int = 2) -> int:
 
 
 def blind_spread(cluster) -> int:
-    """Every VM (in name order) on the pCPU with the fewest VMs, then core, then host."""
-    located = {d.name: (h.name, d) for h in cluster.hosts.values() for d in h.domains()}
-    count_cpu: dict[tuple[str, int], int] = {}
-    count_core: dict[tuple[str, int], int] = {}
-    count_host: dict[str, int] = {}
+    """Every VM (in name order) on the pCPU with the fewest VMs, then core, then host.
+
+    Only one-vCPU VMs pinned to one pCPU that owns none are moved; the others (floating over a
+    node or the host, dedicated on their own cores) stay where they are and count as load: a
+    floating vCPU as its share of each pCPU it may run on, and nothing lands on a pCPU a
+    dedicated guest owns."""
+    domains = [(h, d) for h in cluster.hosts.values() for d in h.domains()]
+    located = {d.name: (h.name, d) for h, d in domains if _spreadable(d)}
+    count_cpu: dict[tuple[str, int], float] = {}
+    count_core: dict[tuple[str, int], float] = {}
+    count_host: dict[str, float] = {}
+    owned = _count_fixed(domains, count_cpu, count_core, count_host)
     moves = 0
     for name in sorted(located):
         best = None
         for host in cluster.hosts.values():
             topology = host.topology()
             for cpu in sorted(topology.cpus):
+                if (host.name, cpu) in owned:
+                    continue
                 core = topology.cpus[cpu].core
                 key = (count_cpu.get((host.name, cpu), 0), count_core.get((host.name, core), 0),
                        count_host.get(host.name, 0))
@@ -348,6 +357,30 @@ def blind_spread(cluster) -> int:
     return moves
 
 
+def _spreadable(domain) -> bool:
+    """A VM the blind spread moves: one vCPU pinned to one pCPU, owning none."""
+    pins = domain.placement.vcpupin
+    return len(pins) == 1 and len(pins.get(0, ())) == 1 and not domain.placement.exclusive_cpus
+
+
+def _count_fixed(domains, count_cpu: dict, count_core: dict, count_host: dict) -> set[tuple[str, int]]:
+    """The load of the VMs the blind spread leaves in place, counted in; the pCPUs they own."""
+    owned: set[tuple[str, int]] = set()
+    for host, domain in domains:
+        if _spreadable(domain):
+            continue
+        topology = host.topology()
+        owned |= {(host.name, cpu) for cpu in domain.placement.exclusive_cpus}
+        for cpus in domain.placement.vcpupin.values():
+            for cpu in cpus:
+                share = 1.0 / len(cpus)
+                core = topology.cpus[cpu].core
+                count_cpu[(host.name, cpu)] = count_cpu.get((host.name, cpu), 0) + share
+                count_core[(host.name, core)] = count_core.get((host.name, core), 0) + share
+                count_host[host.name] = count_host.get(host.name, 0) + share
+    return owned
+
+
 @dataclass
 class VmplacerLoop:
     """vmplacer's loop on a simulated cluster: Rebalancer + executor, a model learned from its samples."""
@@ -364,6 +397,7 @@ class VmplacerLoop:
     observations: list[Observation] = field(default_factory=list)
     model: InterferenceModel | None = None
     solver: LayoutSolver | None = None
+    reports: list[RunReport] = field(default_factory=list)  # each run's report (its plan, plan CPU time)
 
     def __post_init__(self) -> None:
         clock = self.cluster.clock
@@ -396,6 +430,7 @@ class VmplacerLoop:
         plans = []
         for _ in range(rounds):
             report = self.rebalancer.run(RunOptions(profile_seconds=1.0))
+            self.reports.append(report)
             if report.plan is not None:
                 plans.append(report.plan)
             self.cluster.clock.sleep(self.settings.cooldown_s + 1.0)

@@ -17,6 +17,10 @@ evaluating the model here tests it instead of echoing it:
 * every sample carries multiplicative noise (σ = 3 % by default);
 * paused domains make no progress and disturb nobody.
 
+A domain defined with `exclusive_cpus` carries them as vmplacer's metadata would (a dedicated
+guest: the executor's `set_exclusive_cpus` moves them with it); big hosts of floating guests stay
+cheap to simulate because identical vCPU pieces are grouped (`GROUP_PIECES_ABOVE`).
+
 Seeded: the same seed and the same sequence of calls give the same samples.
 """
 
@@ -58,6 +62,11 @@ INSTRUCTIONS_PER_CPU_SECOND = 1e9  # a vCPU running alone at full load
 METRIC = "ips"
 
 _N_CLASSES = len(DistanceClass)
+# Above this many vCPU pieces (vCPU × allowed pCPU) a layout's truth is computed with identical
+# pieces (same domain, pCPU and demand) grouped: a vCPU floating over a 32-pCPU node is 32
+# pieces, 8 such vCPUs 256, and the pair arrays grow with the square. Grouping gives the same
+# products ((1 − l·g)^k for k identical neighbours) to rounding; small layouts keep the plain sum.
+GROUP_PIECES_ABOVE = 1024
 
 
 class VirtualClock:
@@ -162,6 +171,8 @@ class _Domain:
     uuid: str = field(default="")
     bandwidth: CpuBandwidth = field(default_factory=CpuBandwidth)
     labels: dict[str, str] = field(default_factory=dict)
+    # pCPUs the guest owns, as vmplacer's domain metadata records them; None: no such metadata
+    exclusive_cpus: frozenset[int] | None = None
 
     def info(self, host: str) -> DomainInfo:
         placement = Placement(
@@ -170,6 +181,8 @@ class _Domain:
             vcpupin=dict(self.vcpupin),
             emulatorpin=self.emulatorpin,
             memory_kib=self.memory_kib,
+            dedicated=bool(self.exclusive_cpus),
+            exclusive_cpus=self.exclusive_cpus or frozenset(),
         )
         return DomainInfo(
             name=self.name,
@@ -343,6 +356,17 @@ class SimHost:
         self._layout_changed()
         destination._layout_changed()
 
+    def set_exclusive_cpus(self, name: str, cpus: frozenset[int]) -> None:
+        """Record the pCPUs a dedicated guest owns, as the libvirt host writes its metadata; a
+        domain defined without that record (not placed as dedicated) is left as it is."""
+        self._operation("set_exclusive_cpus", name)
+        domain = self._get(name)
+        if domain.exclusive_cpus is None:
+            return
+        if cpus:
+            self._check_cpus(name, "exclusive_cpus", cpus)
+        domain.exclusive_cpus = frozenset(cpus)
+
     # ----- BandwidthControl port (throttles) ---------------------------------------------
     def cpu_bandwidth(self, name: str) -> CpuBandwidth:
         return self._get(name).bandwidth
@@ -386,8 +410,12 @@ class SimHost:
         memory_kib: int = 1024 * 1024,
         running: bool = True,
         labels: Mapping[str, str] | None = None,
+        exclusive_cpus: Iterable[int] | None = None,
     ) -> DomainInfo:
-        """Create (and by default start) a domain running `workload` with this pinning."""
+        """Create (and by default start) a domain running `workload` with this pinning.
+
+        `exclusive_cpus`: the pCPUs it owns, recorded as vmplacer's metadata of a dedicated guest
+        (then `set_exclusive_cpus` keeps them current; without it the domain has no such record)."""
         if not name:
             raise ValueError("domain: field 'name' must not be empty")
         if name in self._domains:
@@ -400,9 +428,11 @@ class SimHost:
             pins = {i: frozenset({int(c)}) for i, c in enumerate(sorted(set(vcpupin)))}
         if not pins:
             raise ValueError(f"domain {name!r}: field 'vcpupin' is empty")
-        for cpus in pins.values():
+        owned = None if exclusive_cpus is None else frozenset(int(c) for c in exclusive_cpus)
+        checked = [("vcpupin", cpus) for cpus in pins.values()] + ([("exclusive_cpus", owned)] if owned else [])
+        for field_name, cpus in checked:
             try:
-                self._check_cpus(name, "vcpupin", cpus)
+                self._check_cpus(name, field_name, cpus)
             except HypervisorError as exc:
                 raise ValueError(str(exc)) from None
         self._sync()
@@ -417,6 +447,7 @@ class SimHost:
             pause_reason=None if running else "user",
             uuid=str(uuid.uuid5(uuid.NAMESPACE_URL, f"vmplacer-sim:{self.name}:{name}")),
             labels=dict(labels or {}),
+            exclusive_cpus=owned,
         )
         self._layout_changed()
         return self.domain(name)
@@ -528,11 +559,15 @@ class SimHost:
         own = np.asarray(owner, dtype=np.int64)
         cpu = np.asarray(cpus, dtype=np.int64)
         dem = np.asarray(demand)
+        count = np.ones(own.size)  # identical pieces each row stands for (1: not grouped)
+        grouped = own.size > GROUP_PIECES_ABOVE
+        if grouped:
+            own, cpu, dem, count = _grouped(own, cpu, dem)
         slots, cpu_slot = np.unique(cpu, return_inverse=True)
-        asked = np.bincount(cpu_slot, weights=dem, minlength=slots.size)
+        asked = np.bincount(cpu_slot, weights=dem * count, minlength=slots.size)
         granted = dem * np.minimum(1.0, 1.0 / asked[cpu_slot])
         own_slot = own * slots.size + cpu_slot
-        asked_alone = np.bincount(own_slot, weights=dem, minlength=len(domains) * slots.size)
+        asked_alone = np.bincount(own_slot, weights=dem * count, minlength=len(domains) * slots.size)
         granted_alone = dem * np.minimum(1.0, 1.0 / asked_alone[own_slot])
 
         workload = self._cluster.truth.indices(d.workload for d in domains)[own]
@@ -540,10 +575,19 @@ class SimHost:
         loss = self._cluster.truth.tensor[distance, workload[None, :], workload[:, None]]  # [x, y]: y hurts x
         active = (own[:, None] != own[None, :]) & (cpu[:, None] != cpu[None, :])
         factor = np.where(active, np.clip(1.0 - loss * granted[None, :], 0.0, None), 1.0)
-        speed = np.prod(factor, axis=1)
-        rate = np.bincount(own, weights=granted * speed, minlength=len(domains)) * INSTRUCTIONS_PER_CPU_SECOND
-        alone = np.bincount(own, weights=granted_alone, minlength=len(domains)) * INSTRUCTIONS_PER_CPU_SECOND
+        # k identical neighbours hurt as k pieces do: (1 − l·g)^k
+        speed = np.prod(factor ** count[None, :] if grouped else factor, axis=1)
+        rate = np.bincount(own, weights=count * granted * speed, minlength=len(domains)) * INSTRUCTIONS_PER_CPU_SECOND
+        alone = np.bincount(own, weights=count * granted_alone, minlength=len(domains)) * INSTRUCTIONS_PER_CPU_SECOND
         return {d.name: (float(rate[i]), float(alone[i])) for i, d in enumerate(domains)}
+
+
+def _grouped(own: np.ndarray, cpu: np.ndarray, dem: np.ndarray
+             ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """Identical pieces (domain, pCPU, demand) as one row each, with how many they are."""
+    keys = np.stack([own.astype(np.float64), cpu.astype(np.float64), dem])
+    unique, count = np.unique(keys, axis=1, return_counts=True)
+    return unique[0].astype(np.int64), unique[1].astype(np.int64), unique[2], count.astype(np.float64)
 
 
 @dataclass(frozen=True)
