@@ -689,7 +689,6 @@ class _Layout:
             total[mine] -= own @ weight[mine]
         return total
 
-
     def _first_piece(self) -> np.ndarray:
         """[tenant]: the index of its first piece (every tenant has one)."""
         first = np.full(len(self.tenants), len(self.owner), dtype=np.int64)
