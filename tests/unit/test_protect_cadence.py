@@ -149,3 +149,21 @@ def test_a_first_round_waits_only_for_what_the_allowance_does_not_cover():
     assert budget.limit_at(400.0) == pytest.approx(6.0)  # a window later, the window's budget alone
     plain = FreezeBudget(0.02, 300.0)  # never started: the sliding window alone (as before)
     assert plain.allows(0.0, 6.0) and not plain.allows(0.0, 6.1)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_with_a_whole_window_as_allowance_the_start_changes_nothing(seed):
+    """The default allowance is one window's budget: then a started budget allows, and says when it
+    will allow, exactly what the sliding window alone does."""
+    rng = random.Random(seed)
+    started, plain = FreezeBudget(0.02, 60.0, startup_allowance_s=1.2), FreezeBudget(0.02, 60.0)
+    started.start(0.0)
+    now = 0.0
+    for _ in range(500):
+        now += rng.uniform(0.05, 1.0)
+        frozen = rng.uniform(0.02, 0.3)
+        assert started.allows(now, frozen) == plain.allows(now, frozen)
+        assert started.ready_at(now, frozen) == pytest.approx(plain.ready_at(now, frozen))
+        if plain.allows(now, frozen):
+            started.record(now + frozen, frozen)
+            plain.record(now + frozen, frozen)

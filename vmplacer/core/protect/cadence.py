@@ -143,10 +143,12 @@ class FreezeBudget:
             if self._fits(t, expected_s):
                 return t
             later = [at + self.window_s for at, _ in self._spent if at + self.window_s > t]
-            if self.starting(t):
+            if self.starting(t) and self.limit_at(t + expected_s) < self.limit_s:
+                # the start-up rule binds: fits once budget × time running covers what is asked
                 assert self.since is not None
                 grows = (self._spent_at(t) + expected_s - self.startup_allowance_s) / self.max_share - expected_s
-                later.append(max(self.since + grows, t + 1e-9))
+                if self.since + grows > t:
+                    later.append(self.since + grows)
                 later.append(self.since + self.window_s)
             t = min(later, default=float("inf"))
         return t
