@@ -5,6 +5,7 @@ Screenshots of each page land in tests/artifacts/ (not kept in git)."""
 
 from __future__ import annotations
 
+import re
 import shutil
 import threading
 import time
@@ -16,8 +17,8 @@ from typing import Any
 import pytest
 
 from tests.functional.test_api_helpers import free_port, make_container
-from tests.functional.web_support import (DEDICATED, HOSTILE, SHARED, Known, big_host, record_guests, store_plan,
-                                          store_profiles)
+from tests.functional.web_support import (DEDICATED, HOSTILE, SHARED, Known, Mixed, big_host, empty_test_driver,
+                                          record_guests, record_mixed, store_plan, store_profiles)
 from tests.support import require
 from vmplacer.config import EXAMPLE_CAPABILITIES, EXAMPLE_HOST_NAME
 from vmplacer.core.placement.guest_placement import Placement
@@ -25,6 +26,8 @@ from vmplacer.web.security import CSP
 
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts"
 BIG = "big-512"
+MIXED = "mixed-112"
+WIDE = "nodes-16"
 WAIT_S = 30.0
 
 
@@ -34,6 +37,7 @@ class Site:
     read: str
     known: Known
     container: Any
+    mixed: Mixed
 
 
 def _serve(app: Any, port: int) -> tuple[Any, threading.Thread]:
@@ -60,18 +64,23 @@ def site(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Site]:
 
     directory = tmp_path_factory.mktemp("web")
     hosts = [{"name": EXAMPLE_HOST_NAME, "uri": "test:///default", "capabilities": str(EXAMPLE_CAPABILITIES)},
-             {"name": BIG, "uri": "test:///default", "capabilities": str(big_host(directory))}]
+             {"name": BIG, "uri": "test:///default", "capabilities": str(big_host(directory))},
+             {"name": MIXED, "uri": empty_test_driver(directory),
+              "capabilities": str(big_host(directory, 2, 1, 28, 2, name="mixed"))},
+             {"name": WIDE, "uri": empty_test_driver(directory),
+              "capabilities": str(big_host(directory, 2, 8, 2, 2, name="wide"))}]
     container = make_container(f"sqlite:///{directory / 'vmplacer.db'}", directory, hosts)
     read = SqlTokenStore(container.sessions).create("viewer", "read")
     known = record_guests(container, EXAMPLE_HOST_NAME)
     store_plan(container, EXAMPLE_HOST_NAME)
     store_profiles(container, EXAMPLE_HOST_NAME)
+    mixed = record_mixed(container, MIXED)
     app = create_app(container, ApiOptions(run_jobs=False, replay_freeze_journal=False, isolation_check_s=0))
     port = free_port()
     server, thread = _serve(app, port)
     app.state.services.check_isolation()  # what `serve` does every minute: the pages show its counts
     try:
-        yield Site(f"http://127.0.0.1:{port}", read, known, container)
+        yield Site(f"http://127.0.0.1:{port}", read, known, container, mixed)
     finally:
         server.should_exit = True
         thread.join(30)
@@ -164,9 +173,10 @@ def test_a_read_token_signs_in_and_every_page_renders_without_csp_violations(sit
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/ui"
     assert browser.execute_script("return document.cookie") == ""  # out of any script's reach
     rows = browser.find_elements(By.CSS_SELECTOR, "#fleet-rows tr[data-host]")
-    assert sorted(r.get_attribute("data-host") for r in rows) == sorted([EXAMPLE_HOST_NAME, BIG])
+    assert sorted(r.get_attribute("data-host") for r in rows) == sorted([EXAMPLE_HOST_NAME, BIG, MIXED, WIDE])
     _shot(browser, "fleet")
-    for path in (f"/ui/hosts/{EXAMPLE_HOST_NAME}", f"/ui/hosts/{BIG}", "/ui/?sort=free_cores&order=desc",
+    for path in (f"/ui/hosts/{EXAMPLE_HOST_NAME}", f"/ui/hosts/{BIG}", f"/ui/hosts/{MIXED}",
+                 "/ui/?sort=free_cores&order=desc",
                  "/ui/plans", "/ui/plans/1"):
         browser.get(site.url + path)
         assert browser.find_element(By.TAG_NAME, "h1").text
@@ -374,3 +384,190 @@ def test_an_unknown_page_is_a_page(site, browser):
     _sign_in(browser, site, site.read)
     browser.get(f"{site.url}/ui/nowhere")
     assert browser.find_element(By.TAG_NAME, "h1").text == "Not found"
+
+
+# ----- reading a host at a glance -------------------------------------------------------------------
+def _boxes_js(driver: Any) -> dict[int, dict[str, Any]]:
+    """Every pCPU box as drawn: its classes, guests, short label and computed colours."""
+    found = driver.execute_script("""
+        const out = {};
+        for (const b of document.querySelectorAll("#cpu-map .cpu[data-cpu]")) {
+          const s = getComputedStyle(b);
+          out[b.dataset.cpu] = {cls: b.className, guests: b.dataset.guests, kind: b.dataset.kind,
+            who: b.querySelector(".who").textContent, title: b.title, bg: s.backgroundColor,
+            border: s.borderTopColor, width: b.getBoundingClientRect().width, tab: b.getAttribute("tabindex")};
+        }
+        return out;""")
+    return {int(cpu): box for cpu, box in found.items()}
+
+
+def test_each_guest_of_a_112_pcpu_host_has_its_own_colour_and_name(site, browser):
+    _sign_in(browser, site, site.read)
+    browser.get(f"{site.url}/ui/hosts/{MIXED}")
+    boxes = _boxes_js(browser)
+    assert len(boxes) == 112
+    colour = {}
+    for guest, cpus in site.mixed.dedicated.items():
+        for cpu in cpus:
+            assert boxes[cpu]["kind"] == "exclusive" and boxes[cpu]["guests"].split(",")[0] == guest
+            assert boxes[cpu]["who"] == guest and guest in boxes[cpu]["title"]  # the name on the box
+        assert len({boxes[cpu]["bg"] for cpu in cpus}) == 1  # one colour per guest
+        colour[guest] = boxes[cpus[0]]["bg"]
+    assert len(set(colour.values())) == len(colour)  # guests side by side never share a colour
+    shown = {"x-batch": "x-b…ch", "x-rogue": "x-r…ue"}  # names longer than a box: head…tail
+    for guest, cpus in site.mixed.floating.items():
+        assert {boxes[c]["who"] for c in cpus} == {shown[guest]} and guest in boxes[cpus[0]]["title"]
+        assert boxes[cpus[0]]["bg"] not in colour.values()
+    assert {boxes[c]["who"] for c in site.mixed.crowded} == {"×2"}
+    # the legend's swatches look like boxes of the map
+    legend = browser.execute_script("""return Array.from(document.querySelectorAll("#legend .cpu"),
+        (s) => getComputedStyle(s).backgroundColor);""")
+    first_owned = boxes[next(iter(site.mixed.dedicated.values()))[0]]["bg"]
+    first_floating = boxes[site.mixed.floating["x-batch"][0]]["bg"]
+    assert legend[:3] == [first_owned, first_floating, boxes[site.mixed.crowded[0]]["bg"]]
+    swatches = browser.execute_script("""const out = {};
+        for (const r of document.querySelectorAll("#guest-rows tr[data-guest]")) {
+          out[r.dataset.guest] = getComputedStyle(r.querySelector(".swatch")).backgroundColor;
+        }
+        return out;""")
+    assert all(swatches[g] == c for g, c in colour.items())  # the table's swatch is the boxes' colour
+    _shot(browser, "host-112")
+
+
+def test_pointing_at_a_guest_lights_its_pcpus_and_pointing_at_a_pcpu_lights_its_guest(site, browser):
+    from selenium.webdriver.common.action_chains import ActionChains
+    from selenium.webdriver.common.by import By
+
+    _sign_in(browser, site, site.read)
+    browser.get(f"{site.url}/ui/hosts/{MIXED}")
+
+    def lit() -> tuple[set[int], set[str]]:
+        cpus = {int(b.get_attribute("data-cpu")) for b in browser.find_elements(By.CSS_SELECTOR, "#cpu-map .cpu.lit")}
+        rows = {r.get_attribute("data-guest") for r in browser.find_elements(By.CSS_SELECTOR, "#guest-rows tr.lit")}
+        return cpus, rows
+
+    row = browser.find_element(By.CSS_SELECTOR, 'tr[data-guest="x-web3"]')
+    ActionChains(browser).move_to_element(row).perform()
+    assert lit() == (set(site.mixed.dedicated["x-web3"]) | {site.mixed.emulator}, {"x-web3"})  # emulator too
+    assert "lighting" in browser.find_element(By.ID, "cpu-map").get_attribute("class").split()
+    ActionChains(browser).move_to_element(browser.find_element(By.TAG_NAME, "h1")).perform()
+    assert lit() == (set(), set())
+    browser.execute_script("document.querySelector('tr[data-guest=\"x-batch\"] a').focus()")
+    assert lit() == (set(site.mixed.floating["x-batch"]), {"x-batch"})
+    cpu = site.mixed.dedicated["x-web1"][0]
+    ActionChains(browser).move_to_element(browser.find_element(By.CSS_SELECTOR, f'.cpu[data-cpu="{cpu}"]')).perform()
+    cpus, rows = lit()
+    assert rows == {"x-web1"} and set(site.mixed.dedicated["x-web1"]) <= cpus
+    # refreshing keeps what is lit
+    browser.execute_script("return window.vmplacerRefresh()")
+    _wait(browser, lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-refreshes") == "1")
+    assert lit()[1] == {"x-web1"}
+
+
+def test_violations_are_drawn_listed_and_turn_the_badge_to_a_warning(site, browser):
+    from selenium.webdriver.common.by import By
+
+    _sign_in(browser, site, site.read)
+    for refreshed in (False, True):  # as served, then as the live refresh redraws it
+        browser.get(f"{site.url}/ui/hosts/{MIXED}")
+        if refreshed:
+            browser.execute_script("return window.vmplacerRefresh()")
+            _wait(browser, lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-refreshes") == "1")
+        boxes = _boxes_js(browser)
+        violated = {cpu for cpu, box in boxes.items() if "violated" in box["cls"].split()}
+        assert violated == set(site.mixed.violated)
+        assert all(boxes[c]["border"] == "rgb(207, 34, 46)" and site.mixed.rogue in boxes[c]["title"]
+                   for c in violated)
+        items = browser.find_elements(By.CSS_SELECTOR, "#violation-items li")
+        assert [i.get_attribute("data-guest") for i in items] == [site.mixed.rogue]
+        assert "x-web2" in items[0].text and browser.find_element(By.ID, "violation-list").is_displayed()
+        badge = browser.find_element(By.ID, "host-state")
+        assert "s-warning" in badge.get_attribute("class") and badge.text == "1 violation(s)"
+    browser.get(f"{site.url}/ui/?q=mixed")
+    state = browser.find_element(By.CSS_SELECTOR, f'tr[data-host="{MIXED}"] .state')
+    assert state.text == "violations" and "s-warning" in state.get_attribute("class")
+
+
+def test_a_failed_refresh_shows_a_stale_data_banner_until_one_succeeds(site, browser):
+    from selenium.webdriver.common.by import By
+
+    _sign_in(browser, site, site.read)
+    browser.get(f"{site.url}/ui/hosts/{MIXED}")
+    banner = browser.find_element(By.ID, "stale")
+    assert not banner.is_displayed()
+    browser.execute_cdp_cmd("Network.enable", {})
+    offline = {"offline": True, "latency": 0, "downloadThroughput": -1, "uploadThroughput": -1}
+    browser.execute_cdp_cmd("Network.emulateNetworkConditions", offline)
+    try:
+        browser.execute_script("return window.vmplacerRefresh()")
+        _wait(browser, lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-stale") == "1")
+        assert banner.is_displayed() and "cannot be reached" in banner.text
+        assert re.search(r"from \d\d:\d\d:\d\d UTC", banner.text), banner.text
+    finally:
+        browser.execute_cdp_cmd("Network.emulateNetworkConditions", {**offline, "offline": False})
+    browser.execute_script("return window.vmplacerRefresh()")
+    _wait(browser, lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-refreshes") == "1")
+    assert not banner.is_displayed() and browser.find_element(By.TAG_NAME, "body").get_attribute("data-stale") is None
+    assert re.fullmatch(r"refreshed \d\d:\d\d:\d\d UTC", browser.find_element(By.ID, "refreshed").text)
+
+
+def test_the_map_is_one_tab_stop_with_a_visible_ring_and_clicks_do_not_reflow(site, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    _sign_in(browser, site, site.read)
+    browser.get(f"{site.url}/ui/hosts/{BIG}")
+    before = _boxes_js(browser)
+    assert [cpu for cpu, box in before.items() if box["tab"] == "0"] == [0]  # ~520 Tab presses before
+    first = browser.find_element(By.CSS_SELECTOR, '.cpu[data-cpu="0"]')
+    browser.execute_script("arguments[0].focus()", first)
+    first.send_keys(Keys.ARROW_RIGHT)
+    focused = browser.switch_to.active_element
+    assert focused.get_attribute("data-cpu") != "0" and focused.get_attribute("tabindex") == "0"
+    assert first.get_attribute("tabindex") == "-1"
+    ring = browser.execute_script("const s = getComputedStyle(document.activeElement);"
+                                  "return [s.outlineStyle, s.outlineWidth];")
+    assert ring[0] != "none" and float(ring[1].rstrip("px")) >= 2
+    # a click far down the 512-pCPU map: the box keeps its size, the panel is on screen
+    far = browser.find_element(By.CSS_SELECTOR, '.cpu[data-cpu="511"]')
+    browser.execute_script("arguments[0].scrollIntoView({block: 'center'})", far)
+    far.click()
+    after = _boxes_js(browser)
+    assert after[511]["width"] == before[511]["width"]
+    assert {c: b["width"] for c, b in after.items()} == {c: b["width"] for c, b in before.items()}
+    panel = browser.execute_script("const r = document.getElementById('picked').getBoundingClientRect();"
+                                   "return [r.top, r.bottom, window.innerHeight];")
+    assert 0 <= panel[0] and panel[1] <= panel[2], panel
+    assert "pCPU 511" in browser.find_element(By.ID, "picked").text
+    assert browser.find_elements(By.CSS_SELECTOR, "#node-summary tr[data-node]")  # the per-node summary
+
+
+def test_no_page_scrolls_sideways_at_1366_px_or_on_a_phone(site, browser):
+    _sign_in(browser, site, site.read)
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                            {"width": 1366, "height": 900, "deviceScaleFactor": 1, "mobile": False})
+    browser.get(f"{site.url}/ui/")  # a host of 16 NUMA nodes among them: every column on screen
+    assert browser.execute_script("return document.documentElement.scrollWidth") <= 1366
+    right = browser.execute_script("""return Math.max(...Array.from(document.querySelectorAll("#fleet th"),
+        (th) => th.getBoundingClientRect().right));""")
+    assert right <= 1366, right
+    browser.execute_cdp_cmd("Emulation.setDeviceMetricsOverride",
+                            {"width": 390, "height": 844, "deviceScaleFactor": 2, "mobile": True})
+    try:
+        widths = {}
+        for path in ("/ui/", f"/ui/hosts/{MIXED}", f"/ui/hosts/{EXAMPLE_HOST_NAME}", "/ui/plans", "/ui/plans/1",
+                     f"/ui/hosts/{EXAMPLE_HOST_NAME}/guests/{DEDICATED}", "/ui/model"):
+            browser.get(site.url + path)
+            widths[path] = browser.execute_script(
+                "return [document.documentElement.scrollWidth, document.documentElement.clientWidth];")
+        assert all(scroll <= client for scroll, client in widths.values()), widths
+        assert {client for _, client in widths.values()} == {390}
+        browser.get(f"{site.url}/ui/hosts/{MIXED}")
+        _shot_phone(browser, "host-112-phone")
+    finally:
+        browser.execute_cdp_cmd("Emulation.clearDeviceMetricsOverride", {})
+
+
+def _shot_phone(driver: Any, name: str) -> None:
+    ARTIFACTS.mkdir(exist_ok=True)
+    driver.save_screenshot(str(ARTIFACTS / f"web-{name}.png"))

@@ -26,7 +26,7 @@ class Known:
 
 
 def big_host(directory: Path, packages: int = 2, nodes_per_package: int = 2, cores_per_node: int = 64,
-             threads: int = 2) -> Path:
+             threads: int = 2, name: str = "big") -> Path:
     """Capabilities of a host of packages x nodes x cores x threads pCPUs (512 by default),
     written by the fixture generator's model of libvirt (siblings n and n + cores)."""
     fixtures = sysfs_fixtures.load()
@@ -45,9 +45,65 @@ def big_host(directory: Path, packages: int = 2, nodes_per_package: int = 2, cor
     rows = [tuple(10 if a == b else (16 if a // nodes_per_package == b // nodes_per_package else 32)
                   for b in range(node_count)) for a in range(node_count)]
     nodes = [fixtures.NodeSpec(n, 256 * fixtures.GIB, 200 * fixtures.GIB, rows[n]) for n in range(node_count)]
-    path = directory / "big.xml"
-    path.write_text(fixtures.libvirt_capabilities(fixtures.Machine("big", cpus, nodes)))
+    path = directory / f"{name}.xml"
+    path.write_text(fixtures.libvirt_capabilities(fixtures.Machine(name, cpus, nodes)))
     return path
+
+
+def empty_test_driver(directory: Path) -> str:
+    """A libvirt test-driver URI whose node defines no domain (test:///default defines one,
+    pinned nowhere, which breaks isolation as soon as any pCPU is exclusive)."""
+    path = directory / "empty-node.xml"
+    path.write_text("<node>\n</node>\n")
+    return f"test://{path}"
+
+
+@dataclass(frozen=True)
+class Mixed:
+    """What a 112-pCPU host of mixed guests shows: each dedicated guest's pCPUs in map order,
+    the floating guests' pCPUs, the pCPUs several floating guests share, and the one violation."""
+
+    dedicated: dict[str, tuple[int, ...]]
+    floating: dict[str, tuple[int, ...]]
+    crowded: tuple[int, ...]
+    rogue: str
+    violated: tuple[int, ...]
+    emulator: int  # where every dedicated guest's emulator threads run
+
+
+def record_mixed(container: Any, host: str, dedicated: int = 6) -> Mixed:
+    """On a host of 2 x 28 cores x 2 threads: `dedicated` guests x-web0.. each owning one
+    core, side by side from core 1 (their emulators on pCPU 0); a batch guest floating over
+    two cores; two guests floating over one core together; and x-rogue, floating over a core
+    x-web2 owns as well as a free one: one isolation violation."""
+    settings = container.settings.host(host)
+    topology = container.hypervisor(host).topology()
+    cores = sorted((c for c in topology.cores if c.node == 0), key=lambda c: min(c.cpus))
+    store = container.placement_store
+    emulator = frozenset({cores[0].cpus[0]})
+    owned: dict[str, tuple[int, ...]] = {}
+    for i in range(dedicated):
+        name, cpus = f"x-web{i}", tuple(sorted(cores[1 + i].cpus))
+        placement = Placement(guest=name, host=host, vcpupin={v: frozenset({c}) for v, c in enumerate(cpus)},
+                              emulatorpin=emulator, memory_nodes=frozenset({0}), memory_kib=2 << 20,
+                              dedicated=True, exclusive_cpus=frozenset(cpus))
+        store.record(host, settings.uri, placement, {"name": name, "vcpus": len(cpus), "memory_mib": 2048,
+                                                     "cpu_policy": "dedicated"})
+        owned[name] = cpus
+    at = 2 + dedicated
+    batch = tuple(sorted(cores[at].cpus + cores[at + 1].cpus))
+    crowded = tuple(sorted(cores[at + 2].cpus))
+    free = tuple(sorted(cores[at + 3].cpus))
+    floating = {"x-batch": batch, "x-f1": crowded, "x-f2": crowded}
+    for name, cpus in floating.items():
+        placement = Placement(guest=name, host=host, vcpupin={0: frozenset(cpus), 1: frozenset(cpus)},
+                              emulatorpin=frozenset(cpus), memory_nodes=frozenset({0}), memory_kib=1 << 20)
+        store.record(host, settings.uri, placement, {"name": name, "vcpus": 2, "memory_mib": 1024})
+    victim = owned["x-web2"]
+    rogue = Placement(guest="x-rogue", host=host, vcpupin={0: frozenset(victim + free)},
+                      emulatorpin=frozenset(free), memory_nodes=frozenset({0}), memory_kib=1 << 20)
+    store.record(host, settings.uri, rogue, {"name": "x-rogue", "vcpus": 1, "memory_mib": 1024})
+    return Mixed(owned, {"x-batch": batch, "x-rogue": free}, crowded, "x-rogue", victim, min(emulator))
 
 
 def record_guests(container: Any, host: str) -> Known:

@@ -23,7 +23,7 @@ from vmplacer.api.times import api_time
 from vmplacer.ports import HypervisorError
 from vmplacer.web import session
 from vmplacer.web.guard import SignInLimiter, cross_site
-from vmplacer.web.query import SORT_KEYS, STATES, FleetQuery, QueryError, select
+from vmplacer.web.query import FIELDS, SORT_KEYS, STATES, FleetQuery, QueryError, select
 from vmplacer.web.security import PREFIX
 from vmplacer.web.views import WebViews
 
@@ -47,13 +47,25 @@ def guest_url(host: str, guest: str) -> str:
     return f"{PREFIX}/hosts/{quote(host, safe='')}/guests/{quote(guest, safe='')}"
 
 
+def host_url(host: str) -> str:
+    """A host page's address (a plan may name a host no longer configured: its page says so)."""
+    return f"{PREFIX}/hosts/{quote(host, safe='')}"
+
+
 def guest_link(guest: str) -> str:
     """A guest's address wherever it runs now (a plan may have moved it since)."""
     return f"{PREFIX}/guests/{quote(guest, safe='')}"
 
 
+def utc_time(moment: float) -> str:
+    """A moment's time of day in UTC, as the page's live refresh spells it."""
+    return time.strftime("%H:%M:%S UTC", time.gmtime(moment))
+
+
 templates.globals["guest_url"] = guest_url
+templates.filters["utc_time"] = utc_time
 templates.globals["guest_link"] = guest_link
+templates.globals["host_url"] = host_url
 Signed = Depends(session.principal)
 
 
@@ -82,7 +94,8 @@ def mount(app: FastAPI, services: ApiServices) -> None:
 
 def _page(name: str, request: Request, status: int = 200, **values: Any) -> HTMLResponse:
     html = templates.get_template(name).render(prefix=PREFIX, version=__version__, refresh_s=REFRESH_S,
-                                               principal=session.signed_in_as(request), **values)
+                                               principal=session.signed_in_as(request),
+                                               rendered_at=round(time.time(), 3), **values)
     return HTMLResponse(html, status_code=status)
 
 
@@ -154,14 +167,17 @@ def logout(request: Request) -> Response:
 
 
 # ----- the fleet -----------------------------------------------------------------------------------
-def _fleet(request: Request) -> tuple[FleetQuery, Any]:
-    query = FleetQuery.parse(request.query_params.multi_items())
+def _fleet(request: Request, *, page: bool = False) -> tuple[FleetQuery, Any]:
+    """The fleet's rows for the query string. A page ignores parameters it does not know
+    (a link that picked up a tracking tag still opens); the JSON refuses them."""
+    items = request.query_params.multi_items()
+    query = FleetQuery.parse([(k, v) for k, v in items if k in FIELDS] if page else items)
     return query, select(request.app.state.web.fleet_rows(), query)
 
 
 @router.get("/", response_class=HTMLResponse)
 def fleet_page(request: Request, principal: Principal = Signed) -> HTMLResponse:
-    query, page = _fleet(request)
+    query, page = _fleet(request, page=True)
     return _page("fleet.html", request, query=query, page=page, columns=COLUMNS, states=STATES,
                  sort_keys=SORT_KEYS, link=lambda **changes: _link(query, **changes),
                  refresh_url=f"{PREFIX}/api/fleet?{urlencode(query.params())}")
@@ -180,21 +196,13 @@ def _link(query: FleetQuery, **changes: Any) -> str:
 
 
 # ----- plans -----------------------------------------------------------------------------------------
-def _no_parameters(request: Request) -> None:
-    """Pages that take no query string say so rather than ignore one."""
-    for name, _ in request.query_params.multi_items():
-        raise QueryError(name[:40], "this page takes no parameters")
-
-
 @router.get("/plans", response_class=HTMLResponse)
 def plans_page(request: Request, principal: Principal = Signed) -> HTMLResponse:
-    _no_parameters(request)
     return _page("plans.html", request, plans=request.app.state.web.plans(), when=_when)
 
 
 @router.get("/plans/{plan_id}", response_class=HTMLResponse)
 def plan_page(request: Request, plan_id: str, principal: Principal = Signed) -> HTMLResponse:
-    _no_parameters(request)
     if not plan_id.isascii() or not plan_id.isdigit() or len(plan_id) > 10 or not 1 <= int(plan_id) < 2**31:
         return _page("error.html", request, 422, title="Bad request",
                      message="field plan_id: a whole number from 1 to 2147483647")
@@ -251,7 +259,8 @@ def host_json(request: Request, name: str, principal: Principal = Signed) -> Res
         return JSONResponse({"error": {"code": "host-unreadable", "message": str(exc), "details": {"host": name}}},
                             status_code=503)
     return JSONResponse({"cpus": host["cpus"], "guests": host["guests"], "state": host["state"],
-                         "violations": host["violations"], "at": time.time()})
+                         "violations": host["violations"], "violation_list": host["violation_list"],
+                         "checked": host["checked"], "at": time.time()})
 
 
 # ----- one guest -----------------------------------------------------------------------------------
@@ -267,7 +276,6 @@ def _guest_name_problem(name: str) -> str:
 
 @router.get("/hosts/{name}/guests/{guest}", response_class=HTMLResponse)
 def guest_page(request: Request, name: str, guest: str, principal: Principal = Signed) -> HTMLResponse:
-    _no_parameters(request)
     try:
         _known(request, name)
     except _NotConfigured:
@@ -289,7 +297,6 @@ def guest_page(request: Request, name: str, guest: str, principal: Principal = S
 @router.get("/guests/{guest}")
 def guest_where_it_runs(request: Request, guest: str, principal: Principal = Signed) -> Response:
     """The guest's page on the host its record names now."""
-    _no_parameters(request)
     problem = _guest_name_problem(guest)
     if problem:
         return _page("error.html", request, 422, title="Bad request", message=problem)
@@ -302,5 +309,4 @@ def guest_where_it_runs(request: Request, guest: str, principal: Principal = Sig
 # ----- the model -----------------------------------------------------------------------------------
 @router.get("/model", response_class=HTMLResponse)
 def model_page(request: Request, principal: Principal = Signed) -> HTMLResponse:
-    _no_parameters(request)
     return _page("model.html", request, model=request.app.state.web.model_tables(), when=_when)

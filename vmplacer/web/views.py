@@ -8,20 +8,19 @@ from __future__ import annotations
 import threading
 from datetime import datetime, timezone
 import time
-import zlib
 from dataclasses import replace
 from typing import Any, TYPE_CHECKING
 
 from vmplacer.api.hostcache import TimedValue
-from vmplacer.core.topology.cpu_map import CpuUse, cpu_layout, cpu_uses, node_free
+from vmplacer.core.topology.cpu_map import KINDS, CpuUse, cpu_layout, cpu_uses, node_free
 from vmplacer.core.topology.cpuset import format_cpuset
 from vmplacer.core.placement.guest_placement import Placement, placement_from_dict
 from vmplacer.ports import HypervisorError
+from vmplacer.web import hostmap
 
 if TYPE_CHECKING:
     from vmplacer.api.services import ApiServices
 
-COLOURS = 12  # guest colour classes g0..g11 in the stylesheet
 PLANS_TTL_S = 10.0  # the newest plan per host, read at most this often
 RECENT_PLANS = 500
 RECENT_PLANS_SHOWN = 100  # the plans page lists this many, newest first
@@ -31,11 +30,6 @@ GUEST_PLANS = 20  # and the newest plans that touched it
 # A host that could not be read is shown unreadable this long before the fleet page reads it
 # again: a daemon that does not answer costs a connection timeout, and the page refreshes itself.
 UNREADABLE_TTL_S = 30.0
-
-
-def colour(guest: str) -> str:
-    """A stable colour class per guest name (the same on every refresh and every page)."""
-    return f"g{zlib.crc32(guest.encode()) % COLOURS}"
 
 
 class WebViews:
@@ -136,34 +130,79 @@ class WebViews:
 
     # ----- one host ----------------------------------------------------------------------------
     def host(self, name: str) -> dict[str, Any]:
-        """The host's pCPU map and guests; raises HypervisorError when its topology cannot be read."""
+        """The host's pCPU map, its guests (every defined domain, placed here or not) and its
+        isolation violations; raises HypervisorError when its topology cannot be read."""
         services = self.services
         topology = services.snapshots.topology(name)
         records = services.container.placement_records(name)
-        placements = [_with_live_iothreads(placement_from_dict(r["placement"]), self._live_pins(name))
-                      for r in records]
-        uses = cpu_uses(topology, placements)
+        domains = self._domains(name)
+        live = {d.name: d.placement for d in domains or () if d.placement is not None}
+        placements = [_with_live_iothreads(placement_from_dict(r["placement"]), live) for r in records]
+        recorded = {r["guest"] for r in records}
+        outsiders = [d for d in domains or () if d.name not in recorded]
+        drawn = placements + [d.placement for d in outsiders if d.placement is not None]
+        uses = cpu_uses(topology, drawn)
+        order = hostmap.colour_order(uses, [p.guest for p in drawn] + [d.name for d in outsiders])
+        colour_of, short = hostmap.colours(order), hostmap.short_names(order)
+        index = {g: i for i, g in enumerate(order)}
+        found = self._violations(name, topology, records, domains)
+        violated = hostmap.violated_cpus(found or ())
         throttles = {t.guest: t for t in services.container.throttle_ledger.current(name)}
         maintenance = services.dry_run_maintenance.get()
         guests = [_guest_row(record, placement, throttles.get(record["guest"]))
                   for record, placement in zip(records, placements)]
+        guests += [_outsider_row(d) for d in outsiders]
+        for row in guests:
+            row.update(colour=colour_of.get(row["name"], ""), short=short.get(row["name"], ""),
+                       ix=index.get(row["name"], -1))
+        guests.sort(key=lambda row: row["ix"])
+        violations = len(found) if found is not None else services.isolation.get(name)
+        cells = {str(cpu): hostmap.cpu_cell(use, colour_of, short, index, violated.get(cpu, ()))
+                 for cpu, use in uses.items()}
         return {
             "name": name,
             "state": "maintenance" if name in maintenance else "ok",
             "maintenance": maintenance[name].reason if name in maintenance else "",
-            "violations": services.isolation.get(name),
-            "checked": name in services.isolation,
+            "violations": violations,
+            "violation_list": hostmap.violation_rows(found or ()),
+            "checked": found is not None or name in services.isolation,
+            "compact": len(topology.cpus) > hostmap.COMPACT_CPUS,
             "summary": {"cpus": len(topology.cpus), "packages": len(topology.packages),
                         "nodes": len(topology.nodes), "smt": topology.smt,
                         "reserved": format_cpuset(topology.reserved) or "none"},
+            "node_summary": _node_summary(topology, uses, violated),
             "layout": [{"package": p.package,
                         "nodes": [{"node": n.node,
                                    "caches": [{"llc": c.llc, "cores": [list(core) for core in c.cores]}
                                               for c in n.caches]} for n in p.nodes]}
                        for p in cpu_layout(topology)],
-            "cpus": {str(cpu): _cpu_cell(use) for cpu, use in uses.items()},
+            "cpus": cells,
+            "legend": hostmap.legend(cells.values()),
             "guests": guests,
         }
+
+    def _domains(self, name: str) -> list[Any] | None:
+        """The host's defined domains now; None when they cannot be read."""
+        try:
+            return list(self.services.snapshots.domains(name))
+        except HypervisorError:
+            return None
+
+    def _violations(self, name: str, topology: Any, records: list[dict[str, Any]],
+                    domains: list[Any] | None) -> list[Any] | None:
+        """The isolation invariant on the host as it runs, judged as `serve`'s periodic check
+        judges it (live pins of every domain, and reservations not yet defined); None when the
+        domains cannot be read."""
+        if domains is None:
+            return None
+        from vmplacer.core.placement.isolation import isolation_violations
+
+        defined = {d.name for d in domains}
+        layout = [d.placement for d in domains if d.placement is not None]
+        layout += [placement_from_dict(r["placement"]) for r in records
+                   if r["guest"] not in defined and r["state"] == "planned"]
+        emulator_cpus = self.services.container.allocation_options(name).emulator_cpus
+        return isolation_violations(topology, layout, emulator_cpus=emulator_cpus)
 
     # ----- one guest -----------------------------------------------------------------------------
     def guest(self, host: str, name: str) -> dict[str, Any] | None:
@@ -188,9 +227,11 @@ class WebViews:
                   for t in [tenant_of(topology, p, classes.get(g, ""))] if t is not None]
         model = self.model()
         predicted = neighbour_losses(model, topology, mine, others) if mine is not None else None
+        row = _guest_row(record, placement, throttles.get(name))
+        row["colour"] = next((g["colour"] for g in self.host(host)["guests"] if g["name"] == name), "")
         return {
             "host": host,
-            "row": _guest_row(record, placement, throttles.get(name)),
+            "row": row,
             "placement": {
                 "vcpus": [{"vcpu": v, "cpus": format_cpuset(c)} for v, c in sorted(placement.vcpupin.items())],
                 "emulatorpin": format_cpuset(placement.emulatorpin) or "floats (not pinned)",
@@ -266,17 +307,18 @@ def _history_row(entry: dict[str, Any]) -> dict[str, Any]:
             "ci_low": loss.get("ci95_low"), "ci_high": loss.get("ci95_high")}
 
 
-def _cpu_cell(use: CpuUse) -> dict[str, Any]:
-    marks = []
-    if use.emulator:
-        marks.append("emu")
-    if use.iothreads:
-        marks.append("io")
-    if use.reserved:
-        marks.append("host")
-    owner = use.exclusive or (use.floating[0] if len(use.floating) == 1 else None)
-    return {"kind": use.kind, "guests": list(use.guests), "title": use.describe(), "marks": " ".join(marks),
-            "colour": colour(owner) if owner else ""}
+def _node_summary(topology: Any, uses: dict[int, CpuUse], violated: dict[int, list[str]]) -> list[dict[str, Any]]:
+    """Per NUMA node: how many of its pCPUs are of each kind, and how many carry a violation
+    (what a large map's reader wants before the boxes)."""
+    nodes: dict[int, dict[str, Any]] = {}
+    for cpu, use in uses.items():
+        row = nodes.setdefault(use.node, {"node": use.node, "cpus": 0, "violated": 0, "guests": set(),
+                                          **{kind: 0 for kind in KINDS}})
+        row["cpus"] += 1
+        row[use.kind] += 1
+        row["violated"] += cpu in violated
+        row["guests"].update(use.guests)
+    return [{**row, "guests": len(row["guests"])} for _, row in sorted(nodes.items())]
 
 
 def _guest_row(record: dict[str, Any], placement: Placement, throttle: Any) -> dict[str, Any]:
@@ -293,7 +335,29 @@ def _guest_row(record: dict[str, Any], placement: Placement, throttle: Any) -> d
         "iothreadpin": " ".join(f"{i}→{format_cpuset(c)}" for i, c in sorted(placement.iothreadpin.items())),
         "memory_nodes": format_cpuset(placement.memory_nodes),
         "throttle": _throttle_text(throttle),
-        "colour": colour(record["guest"]),
+        "colour": "",
+        "placed": True,
+    }
+
+
+def _outsider_row(domain: Any) -> dict[str, Any]:
+    """A defined domain that no placement record names: shown so "free" does not mislead."""
+    placement = domain.placement
+    return {
+        "name": domain.name,
+        "state": f"{domain.state}, not placed by vmplacer",
+        "class": "",
+        "labels": [],
+        "kind": "unmanaged",
+        "vcpupin": " ".join(f"{v}→{format_cpuset(c) or 'any'}" for v, c in sorted(placement.vcpupin.items()))
+        if placement is not None else "",
+        "emulatorpin": (format_cpuset(placement.emulatorpin) or "any") if placement is not None else "",
+        "iothreadpin": " ".join(f"{i}→{format_cpuset(c)}" for i, c in sorted(placement.iothreadpin.items()))
+        if placement is not None else "",
+        "memory_nodes": format_cpuset(placement.memory_nodes) if placement is not None else "",
+        "throttle": "",
+        "colour": "",
+        "placed": False,
     }
 
 

@@ -22,31 +22,49 @@
 
   function fleetRow(row) {
     const tr = el("tr", { "data-host": row.name });
+    const hostUrl = prefix + "/hosts/" + encodeURIComponent(row.name);
     const name = el("td");
-    name.appendChild(el("a", { href: prefix + "/hosts/" + encodeURIComponent(row.name) }, row.name));
+    name.appendChild(el("a", { href: hostUrl }, row.name));
     tr.appendChild(name);
     const state = el("td");
-    state.appendChild(el("span", { class: "state s-" + row.state, title: row.error || row.maintenance }, row.state));
+    const warn = row.state === "ok" && row.violations;
+    state.appendChild(el("span", { class: "state s-" + (warn ? "warning" : row.state), title: row.error || row.maintenance },
+      warn ? "violations" : row.state));
     tr.appendChild(state);
     tr.appendChild(el("td", { class: "num" }, row.guests === null ? "—" : row.guests));
     const cores = el("td", { class: "num" }, row.free_cores === null ? "—" : row.free_cores);
     const memory = el("td", { class: "num" }, row.free_memory === null ? "—" : gib(row.free_memory) + " GiB");
     if (row.free_cores !== null) {
-      cores.appendChild(el("span", { class: "per-node" },
-        row.nodes.filter((n) => n.cores).map((n) => " n" + n.node + ": " + n.whole_cores + "/" + n.cores).join("")));
-      memory.appendChild(el("span", { class: "per-node" },
-        row.nodes.map((n) => " n" + n.node + ": " + gib(n.free_mib)).join("")));
+      const perNode = (texts) => {
+        const span = el("span", { class: "per-node" });
+        for (const text of texts) {
+          span.appendChild(document.createTextNode(" "));
+          span.appendChild(el("span", { class: "nd" }, text));
+        }
+        return span;
+      };
+      cores.appendChild(perNode(row.nodes.filter((n) => n.cores).map((n) => "n" + n.node + ": " + n.whole_cores + "/" +
+        n.cores + " cores")));
+      memory.appendChild(perNode(row.nodes.map((n) => "n" + n.node + ": " + gib(n.free_mib) + " GiB")));
     }
     tr.appendChild(cores);
     tr.appendChild(memory);
     const isolation = el("td", { class: "num" });
     if (row.violations !== null) {
-      isolation.appendChild(el("span", { class: row.violations ? "bad" : "good" }, row.violations));
+      isolation.appendChild(el("a", { class: row.violations ? "bad" : "good", href: hostUrl + "#violation-list" },
+        row.violations));
     } else {
       isolation.textContent = row.checked ? "unreadable" : "not checked";
     }
     tr.appendChild(isolation);
-    tr.appendChild(el("td", {}, row.last_plan ? "#" + row.last_plan.id + " " + row.last_plan.state : "—"));
+    const plan = el("td");
+    if (row.last_plan) {
+      plan.appendChild(el("a", { href: prefix + "/plans/" + row.last_plan.id }, "#" + row.last_plan.id));
+      plan.appendChild(document.createTextNode(" " + row.last_plan.state));
+    } else {
+      plan.textContent = "—";
+    }
+    tr.appendChild(plan);
     return tr;
   }
 
@@ -59,20 +77,34 @@
   }
 
   function showCpu(box, cell) {
-    box.className = "cpu k-" + cell.kind + (cell.colour ? " " + cell.colour : "");
+    box.className = "cpu k-" + cell.kind + (cell.colour ? " " + cell.colour : "") +
+      (cell.violated.length ? " violated" : "") + (box.classList.contains("is-picked") ? " is-picked" : "") +
+      (box.classList.contains("lit") ? " lit" : "");
     box.dataset.kind = cell.kind;
     box.dataset.guests = cell.guests.join(",");
+    box.dataset.ix = cell.ix.join(" ");
+    box.dataset.marks = cell.marks;
     box.title = cell.title;
+    const who = box.querySelector(".who");
+    if (who) who.textContent = cell.label;
     const mark = box.querySelector(".mark");
     if (mark) mark.textContent = cell.marks;
   }
 
   function guestRow(g) {
-    const tr = el("tr", { "data-guest": g.name });
+    const tr = el("tr", { "data-guest": g.name, "data-ix": g.ix });
     const name = el("td");
     name.appendChild(el("span", { class: "swatch " + g.colour }));
-    name.appendChild(el("a", { href: prefix + "/hosts/" + encodeURIComponent(hostName) + "/guests/" +
-      encodeURIComponent(g.name) }, g.name));
+    if (g.placed) {
+      name.appendChild(el("a", { href: prefix + "/hosts/" + encodeURIComponent(hostName) + "/guests/" +
+        encodeURIComponent(g.name) }, g.name));
+    } else {
+      name.appendChild(el("span", { tabindex: "0" }, g.name));
+    }
+    if (g.short && g.short !== g.name) {
+      name.appendChild(document.createTextNode(" "));
+      name.appendChild(el("span", { class: "short" }, "(" + g.short + ")"));
+    }
     tr.appendChild(name);
     for (const value of [g.state, g.kind, g["class"]]) tr.appendChild(el("td", {}, value));
     const labels = el("td");
@@ -85,7 +117,42 @@
     return tr;
   }
 
+  function showViolations(data) {
+    const count = document.getElementById("violations");
+    if (count) {
+      count.textContent = data.violations !== null ? data.violations + " violation(s)"
+        : (data.checked ? "unreadable" : "not checked yet");
+      count.className = data.violations ? "bad" : "";
+    }
+    const badge = document.getElementById("host-state");
+    if (badge) {
+      const warn = data.state === "ok" && data.violations;
+      badge.className = "state s-" + (warn ? "warning" : data.state);
+      badge.textContent = warn ? data.violations + " violation(s)" : data.state;
+    }
+    const section = document.getElementById("violation-list");
+    const items = document.getElementById("violation-items");
+    if (section && items) {
+      items.replaceChildren(...data.violation_list.map((v) => {
+        const li = el("li", { "data-guest": v.guest });
+        li.appendChild(document.createTextNode(v.thread + " of "));
+        li.appendChild(el("b", {}, v.guest));
+        li.appendChild(document.createTextNode(" may run on pCPUs "));
+        li.appendChild(el("span", { class: "mono" }, v.cpus));
+        if (v.owner !== null) {
+          li.appendChild(document.createTextNode(", exclusive to "));
+          li.appendChild(el("b", {}, v.owner));
+        } else {
+          li.appendChild(document.createTextNode(", reserved for the host"));
+        }
+        return li;
+      }));
+      section.hidden = data.violation_list.length === 0;
+    }
+  }
+
   function showHost(data) {
+    const keep = lit; // replacing a focused row ends its focus: light again what was lit
     for (const box of document.querySelectorAll(".cpu-map .cpu[data-cpu]")) {
       const cell = data.cpus[box.dataset.cpu];
       if (cell) showCpu(box, cell);
@@ -96,52 +163,149 @@
         rows.replaceChildren(...data.guests.map(guestRow));
       } else {
         const tr = el("tr", { class: "none" });
-        tr.appendChild(el("td", { colspan: "10" }, "no placements recorded on this host"));
+        tr.appendChild(el("td", { colspan: "10" }, "no guests on this host"));
         rows.replaceChildren(tr);
       }
     }
-    const violations = document.getElementById("violations");
-    if (violations && data.violations !== null) violations.textContent = data.violations + " violation(s)";
+    showViolations(data);
+    if (keep !== null) light(keep);
+  }
+
+  // ----- lighting one guest: its row and its pCPUs, while either is pointed at or focused -----
+  const map = document.getElementById("cpu-map");
+  let lit = null; // the guest places ("ix") lit now, or null
+
+  function light(places) {
+    lit = places;
+    if (!map) return;
+    const wanted = new Set(places);
+    map.classList.toggle("lighting", places !== null && places.length > 0);
+    for (const box of map.querySelectorAll(".cpu[data-cpu]")) {
+      const mine = places !== null && (box.dataset.ix || "").split(" ").some((i) => i !== "" && wanted.has(i));
+      box.classList.toggle("lit", mine);
+    }
+    for (const tr of document.querySelectorAll("#guest-rows tr[data-ix]")) {
+      tr.classList.toggle("lit", places !== null && wanted.has(tr.dataset.ix));
+    }
+  }
+
+  function unlight() {
+    lit = null;
+    if (map) map.classList.remove("lighting");
+    for (const node of document.querySelectorAll(".lit")) node.classList.remove("lit");
+  }
+
+  const guestRows = document.getElementById("guest-rows");
+  if (guestRows && map) {
+    const fromRow = (event) => {
+      const tr = event.target.closest("tr[data-ix]");
+      if (tr) light([tr.dataset.ix]);
+    };
+    guestRows.addEventListener("mouseover", fromRow);
+    guestRows.addEventListener("focusin", fromRow);
+    guestRows.addEventListener("mouseleave", unlight);
+    guestRows.addEventListener("focusout", unlight);
   }
 
   function pick(box) {
     const shown = document.getElementById("picked");
     if (!shown) return;
-    for (const old of document.querySelectorAll(".cpu.picked")) old.classList.remove("picked");
-    box.classList.add("picked");
+    for (const old of document.querySelectorAll(".cpu.is-picked")) old.classList.remove("is-picked");
+    box.classList.add("is-picked");
     shown.textContent = box.title;
   }
 
-  const map = document.getElementById("cpu-map");
+  function boxes() { return Array.from(map.querySelectorAll(".cpu[data-cpu]")); }
+
+  function moveTo(box) {
+    // the map is one Tab stop: only the box last reached keeps tabindex 0
+    for (const other of map.querySelectorAll('.cpu[tabindex="0"]')) other.setAttribute("tabindex", "-1");
+    box.setAttribute("tabindex", "0");
+    box.focus();
+  }
+
   if (map) {
     map.addEventListener("click", (event) => {
       const box = event.target.closest(".cpu[data-cpu]");
-      if (box) pick(box);
+      if (box) { pick(box); moveTo(box); }
     });
+    const fromBox = (event) => {
+      const box = event.target.closest(".cpu[data-cpu]");
+      if (!box) return;
+      const places = (box.dataset.ix || "").split(" ").filter((i) => i !== "");
+      if (places.length) light(places); else unlight();
+      if (event.type === "focusin") pick(box);
+    };
+    map.addEventListener("mouseover", fromBox);
+    map.addEventListener("focusin", fromBox);
+    map.addEventListener("mouseleave", unlight);
+    map.addEventListener("focusout", unlight);
     map.addEventListener("keydown", (event) => {
       const box = event.target.closest(".cpu[data-cpu]");
-      if (box && (event.key === "Enter" || event.key === " ")) { pick(box); event.preventDefault(); }
+      if (!box) return;
+      if (event.key === "Enter" || event.key === " ") { pick(box); event.preventDefault(); return; }
+      const all = boxes();
+      const at = all.indexOf(box);
+      const step = { ArrowRight: 1, ArrowDown: 1, ArrowLeft: -1, ArrowUp: -1 }[event.key];
+      let next = null;
+      if (step !== undefined) next = all[Math.min(all.length - 1, Math.max(0, at + step))];
+      if (event.key === "Home") next = all[0];
+      if (event.key === "End") next = all[all.length - 1];
+      if (next) { moveTo(next); event.preventDefault(); }
     });
+  }
+
+  // ----- live refresh, and saying so when it fails ------------------------------------------
+  function utc(seconds) { return new Date(seconds * 1000).toISOString().slice(11, 19) + " UTC"; }
+
+  const stamp = document.getElementById("refreshed");
+  let lastGood = stamp && stamp.dataset.at ? parseFloat(stamp.dataset.at) : null;
+
+  function stale(why) {
+    const banner = document.getElementById("stale");
+    body.dataset.stale = "1";
+    if (!banner) return;
+    banner.textContent = "Live refresh failed at " + utc(Date.now() / 1000) + " (" + why + "): " +
+      (lastGood ? "the figures below are from " + utc(lastGood) + " and may be out of date." :
+        "the figures below may be out of date.");
+    banner.hidden = false;
+  }
+
+  function fresh(at) {
+    const banner = document.getElementById("stale");
+    if (banner) banner.hidden = true;
+    delete body.dataset.stale;
+    lastGood = at;
+    if (stamp) stamp.textContent = "refreshed " + utc(at);
   }
 
   async function refresh() {
     if (!refreshUrl) return; // a page with nothing live on it
     let response;
+    let data;
+    const abort = new AbortController();
+    const timer = window.setTimeout(() => abort.abort(), everyS * 1000);
     try {
-      response = await fetch(refreshUrl, { credentials: "same-origin", headers: { Accept: "application/json" } });
+      response = await fetch(refreshUrl, { credentials: "same-origin", headers: { Accept: "application/json" },
+        signal: abort.signal });
+      if (response.status === 401) {
+        window.location.assign(prefix + "/login");
+        return;
+      }
+      if (!response.ok) {
+        stale("the server answered " + response.status);
+        return;
+      }
+      data = await response.json();
     } catch (error) {
+      stale(abort.signal.aborted ? "no answer within " + everyS + " s" : "the server cannot be reached");
       return; // the next round tries again
+    } finally {
+      window.clearTimeout(timer);
     }
-    if (response.status === 401) {
-      window.location.assign(prefix + "/login");
-      return;
-    }
-    if (!response.ok) return;
-    const data = await response.json();
     if (body.dataset.page === "fleet") showFleet(data);
     if (body.dataset.page === "host") showHost(data);
-    const stamp = document.getElementById("refreshed");
-    if (stamp) stamp.textContent = "refreshed " + new Date(data.at * 1000).toLocaleTimeString();
+    fresh(data.at);
     body.dataset.refreshes = String((parseInt(body.dataset.refreshes || "0", 10) || 0) + 1);
   }
 
