@@ -256,7 +256,7 @@ class JobRecord:
     id: str
     kind: str
     hosts: tuple[str, ...]
-    status: str  # queued | running | succeeded | failed
+    status: str  # queued | running | succeeded | failed | cancelled
     progress: float  # 0..1
     message: str
     parameters: dict[str, object]
@@ -271,7 +271,7 @@ class JobRecord:
 
     @property
     def done(self) -> bool:
-        return self.status in ("succeeded", "failed")
+        return self.status in ("succeeded", "failed", "cancelled")
 
 
 @runtime_checkable
@@ -291,6 +291,9 @@ class JobStore(Protocol):
     def heartbeat(self, owner: str, job_ids: list[str]) -> None: ...
     def request_stop(self, job_id: str, by: str) -> JobRecord | None:
         """Record that an unfinished job should stop (for jobs that run until told)."""
+        ...
+    def cancel(self, job_id: str, by: str) -> JobRecord | None:
+        """A queued job ends `cancelled` at once; a running one is asked to stop (`request_stop`)."""
         ...
     def reap(self, stale_s: float) -> list[str]:
         """Fail running jobs whose runner stopped sending heartbeats; their ids."""

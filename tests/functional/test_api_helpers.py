@@ -136,7 +136,7 @@ def wait_job(client: httpx.Client, job_id: str, timeout: float = 120.0) -> dict[
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         job = client.get(f"/v1/jobs/{job_id}").json()
-        if job["status"] in ("succeeded", "failed"):
+        if job["status"] in ("succeeded", "failed", "cancelled"):
             return job
         time.sleep(0.2)
     raise AssertionError(f"job {job_id} did not finish within {timeout:g} s: {job}")

@@ -301,7 +301,7 @@ def test_unknown_placements_are_404(api):
     assert api.get("/v1/placements/nobody").status_code == 404
     response = api.delete("/v1/placements/nobody")
     assert response.status_code == 404 and "nobody" in _error(response)["message"]
-    assert api.get("/v1/placements").json() == {"placements": []}
+    assert api.get("/v1/placements").json() == {"placements": [], "next_cursor": None, "next": None}
 
 
 def test_serve_refuses_an_outdated_schema(tmp_path):

@@ -10,6 +10,7 @@ field (`vms.0`) and the rule, never a 500 from below.
   configuration is the file NAME.xml, and file names stop at 255 bytes), no
   '/' (it would be a directory in that file name), no control characters.
 - `FreeText`: reasons and patterns: the control-character rule of labels.
+- `LabelFilter`: `KEY=VALUE` in a list's query, by the rules of guest labels.
 """
 
 from __future__ import annotations
@@ -19,6 +20,8 @@ from typing import Annotated
 from pydantic import AfterValidator, Field
 from pydantic_core import PydanticCustomError
 
+from vmplacer.api.errors import ApiError
+from vmplacer.core.placement.guest import LABEL_KEY_RE, MAX_LABEL_VALUE
 from vmplacer.core.text import CONTROL_RULE, control_problem, first_forbidden
 
 DOMAIN_NAME_MAX_BYTES = 251
@@ -79,3 +82,26 @@ def check_spec_value(value: str | int) -> str | int:
 
 
 SpecValue = Annotated[str | int, AfterValidator(check_spec_value)]
+
+
+LABEL_FILTER_PATTERN = (LABEL_KEY_RE.pattern.rstrip("$") + r"=[^\x00-\x1f\x7f-\x9f]{1,%d}$" % MAX_LABEL_VALUE)
+LABEL_FILTER_HELP = ("KEY=VALUE: only guests labelled so (repeatable: every one must match); KEY as guest label "
+                     "names are (1-63 of A-Z a-z 0-9 _ . / -, starting with a letter or digit), VALUE "
+                     f"1-{MAX_LABEL_VALUE} characters, {CONTROL_RULE}")
+LabelFilter = Annotated[str, Field(min_length=3, max_length=64 + MAX_LABEL_VALUE, pattern=LABEL_FILTER_PATTERN)]
+
+
+def label_filter(items: list[str]) -> dict[str, str]:
+    """`KEY=VALUE` filters as a mapping; what the pattern cannot say (characters beyond it, one
+    key asked with two values) is a 422 naming `query.label` and the rule."""
+    labels: dict[str, str] = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        reason = control_problem(value)
+        if reason is None and labels.get(key, value) != value:
+            reason = f"label {key} asked with two values ({labels[key]!r}, {value!r}): no guest has both"
+        if reason is not None:
+            raise ApiError(422, "validation", f"field query.label: {reason}",
+                           [{"field": "query.label", "rule": "label_filter", "reason": reason}])
+        labels[key] = value
+    return labels

@@ -8,7 +8,8 @@ routes' own signatures cannot:
   every operation as needing one);
 - `Idempotency-Key` on every POST (vmplacer.api.idempotency honours it on all of them);
 - the response headers a client acts on: `X-Request-Id` everywhere, `Location` on
-  201/202, `Retry-After` where the server sets it, `Idempotent-Replayed` on POSTs;
+  201/202, `Retry-After` where the server sets it (202s, polling an unfinished job),
+  `Idempotent-Replayed` on POSTs, `Link` to a list's next page;
 - an optional body as optional (`required: false`, the model itself), not as a
   required "model or null" a generator turns into a mandatory argument.
 """
@@ -69,6 +70,11 @@ HEADERS: dict[str, dict[str, Any]] = {
         "description": "`true`: the stored answer to an earlier request with this Idempotency-Key",
         "schema": {"type": "string", "enum": ["true"]},
     },
+    "Link": {
+        "description": "`<PATH?QUERY>; rel=\"next\"`: the next page of a list (the body's `next`); absent on the "
+                       "last page",
+        "schema": {"type": "string"},
+    },
     "WWW-Authenticate": {
         "description": "`Bearer`: the scheme the token goes in",
         "schema": {"type": "string"},
@@ -80,6 +86,10 @@ HEADERS: dict[str, dict[str, Any]] = {
 REQUIRED_RETRY_AFTER = {"202"}
 OPTIONAL_RETRY_AFTER = {"503"}
 POST_RETRY_AFTER = {"409"}  # idempotency-key-in-use
+# Reads of something that is still under way: their 200 carries Retry-After until it is final.
+POLLED = {"/v1/jobs/{job_id}"}
+# Lists paged by cursor: their 200 links the next page.
+PAGED = {"/v1/placements", "/v1/jobs", "/v1/plans", "/v1/audit"}
 
 
 def operation_id(route: APIRoute) -> str:
@@ -114,6 +124,12 @@ def finish(schema: dict[str, Any]) -> dict[str, Any]:
             _optional_body(operation)
             for status, response in operation.get("responses", {}).items():
                 response["headers"] = _headers(method, status)
+                if method == "get" and status == "200" and path in PAGED:
+                    response["headers"]["Link"] = {"$ref": "#/components/headers/Link"}
+                if method == "get" and status == "200" and path in POLLED:
+                    response["headers"]["Retry-After"] = {
+                        **HEADERS["Retry-After"],
+                        "description": "present while the job has not finished: seconds before the next look"}
     return schema
 
 

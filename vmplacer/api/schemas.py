@@ -51,6 +51,7 @@ EmulatorPolicy = Literal[EMULATOR_POLICIES]  # type: ignore[valid-type]
 WorkloadClass = Literal[WORKLOAD_CLASSES]  # type: ignore[valid-type]
 MemMode = Literal[MEM_MODES]  # type: ignore[valid-type]
 PlanState = Literal[PLAN_STATES]  # type: ignore[valid-type]
+PlacementState = Literal["planned", "defined", "running"]
 PLAN_STATE_HELP = ("proposed | approved | running (not final); succeeded | failed | rolled_back | "
                    "cancelled | empty (final: `empty` = no action was worth taking, nothing to apply)")
 
@@ -161,8 +162,17 @@ class PlacementRecord(BaseModel):
     claims: list[int]
 
 
-class PlacementList(BaseModel):
-    placements: list[PlacementRecord]
+class Page(BaseModel):
+    """Where the next page of a list starts: null on the last page."""
+
+    next_cursor: str | None = Field(default=None, description="pass as `cursor` (with the same filters) for the "
+                                    "next page; null: this is the last page")
+    next: str | None = Field(default=None, description="this request's path and query with `cursor` moved on (as "
+                             "in the `Link: <...>; rel=\"next\"` header); null on the last page")
+
+
+class PlacementList(Page):
+    placements: list[PlacementRecord] = Field(description="newest first (by the record's id)")
 
 
 class Removed(BaseModel):
@@ -213,17 +223,43 @@ class HostList(BaseModel):
     hosts: list[HostView]
 
 
+JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
+JOB_STATUS_HELP = ("queued | running (not final); succeeded | failed | cancelled (final: `cancelled` = stopped by "
+                   "POST /v1/jobs/{id}/cancel, before it started or between its steps)")
+
+
+class JobResult(BaseModel):
+    """What a job produced; the keys beyond `empty` depend on its kind (a profile's distributions,
+    an applied plan, a protection loop's rounds and releases)."""
+
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": True})
+
+    empty: bool = Field(description="true: the job ran but produced nothing (a profile that kept no sample, a "
+                        "protection stopped before its first round); `empty_reason` says why")
+    empty_reason: str | None = Field(default=None, description="why the job produced nothing (null unless empty)")
+
+
+class JobError(BaseModel):
+    model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": True})
+
+    code: str = Field(description="machine-readable kind: cancelled, interrupted, abandoned, host-unavailable, "
+                      "invalid, conflict, internal, or an applied plan's final state")
+    message: str
+    details: Any = None
+
+
 class JobView(BaseModel):
     id: str
     kind: str
     hosts: list[str]
-    status: str = Field(description="queued | running | succeeded | failed")
+    status: JobStatus = Field(description=JOB_STATUS_HELP)
     progress: float
     message: str
-    parameters: dict[str, Any] = Field(description="what the job was asked to do; `stop` (a job asked to stop): "
-                                       "{by, at (ISO 8601 UTC)}")
-    result: dict[str, Any] | None = None
-    error: dict[str, Any] | None = None
+    parameters: dict[str, Any] = Field(description="what the job was asked to do; `stop` (a job cancelled or asked "
+                                       "to stop): {by, at (ISO 8601 UTC)}")
+    result: JobResult | None = Field(default=None, description="what it produced (a cancelled job: what it had "
+                                     "produced so far)")
+    error: JobError | None = None
     created_by: str
     owner: str | None = None
     created_at: ApiTime
@@ -231,13 +267,21 @@ class JobView(BaseModel):
     finished_at: ApiTime | None = None
 
 
-class JobList(BaseModel):
-    jobs: list[JobView]
+class JobList(Page):
+    jobs: list[JobView] = Field(description="newest first (by creation time, then id)")
 
 
 class JobAccepted(BaseModel):
     job: JobView
     location: str
+
+
+class JobCancelView(BaseModel):
+    status: Literal["cancelled", "cancel-requested"] = Field(
+        description="cancelled: the job had not started and never will; cancel-requested: it runs and stops "
+                    "between its steps (poll `location`)")
+    job: JobView
+    location: str = Field(description="where to follow the job")
 
 
 class ProfileRequest(_Strict):
@@ -330,8 +374,8 @@ class AuditEntry(BaseModel):
     detail: dict[str, Any]
 
 
-class AuditList(BaseModel):
-    entries: list[AuditEntry]
+class AuditList(Page):
+    entries: list[AuditEntry] = Field(description="newest first (by id)")
 
 
 class Health(BaseModel):
@@ -428,8 +472,8 @@ class PlanSummary(BaseModel):
     created_at: ApiTime | None = None
 
 
-class PlanList(BaseModel):
-    plans: list[PlanSummary]
+class PlanList(Page):
+    plans: list[PlanSummary] = Field(description="newest first (by id)")
 
 
 class PlanCancelRequest(_Strict):

@@ -41,6 +41,15 @@ class JobFailed(Exception):
         self.details = details
 
 
+class JobCancelled(Exception):
+    """Raised by a handler that stopped early because its job was cancelled: the job ends
+    `cancelled`, keeping what it produced so far as its result."""
+
+    def __init__(self, message: str, *, result: dict[str, Any] | None = None):
+        super().__init__(message)
+        self.result = result
+
+
 @dataclass
 class JobContext:
     """What a handler gets besides its parameters: progress reporting and a stop flag."""
@@ -252,6 +261,9 @@ class JobRunner:
             if running.stop.is_set():  # it returned early because it was told to stop
                 status = "failed"
                 error = {"code": "interrupted", "message": f"stopped before the end: {running.stop_reason}"}
+        except JobCancelled as exc:
+            status, result = "cancelled", exc.result
+            error = {"code": "cancelled", "message": str(exc)}
         except JobFailed as exc:
             error = {"code": exc.code, "message": str(exc), "details": exc.details}
         except Exception as exc:  # noqa: BLE001 - the job fails, the runner goes on

@@ -9,6 +9,7 @@ database only through the stores and queries exposed here.
 
 from __future__ import annotations
 
+import threading
 from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
@@ -20,6 +21,7 @@ if TYPE_CHECKING:
     from sqlalchemy.orm import Session, sessionmaker
 
     from vmplacer.adapters.db.api import SqlIdempotencyStore, SqlJobStore, SqlTokenStore
+    from vmplacer.adapters.db.pages import SqlPages
     from vmplacer.adapters.db.maintenance import SqlMaintenanceStore
     from vmplacer.adapters.db.models_repo import SqlModelRepository
     from vmplacer.adapters.db.placements import SqlPlacementStore
@@ -44,6 +46,7 @@ class Container:
     def __init__(self, settings: Settings):
         self.settings = settings
         self._hypervisors: dict[str, object] = {}
+        self._hypervisors_lock = threading.Lock()
         self._xml_policies: dict[str, object] = {}
 
     @cached_property
@@ -83,12 +86,14 @@ class Container:
         return Pruner(self.sessions, actor=actor).prune(ages, dry_run=dry_run)
 
     def hypervisor(self, name: str) -> LibvirtHost:
-        """The libvirt adapter of a configured host (raises ConfigError if unknown)."""
-        if name not in self._hypervisors:
-            from vmplacer.adapters.libvirt_host import LibvirtHost
+        """The libvirt adapter of a configured host (raises ConfigError if unknown); one per host
+        however many threads ask (hosts are read and profiled at once)."""
+        with self._hypervisors_lock:
+            if name not in self._hypervisors:
+                from vmplacer.adapters.libvirt_host import LibvirtHost
 
-            self._hypervisors[name] = LibvirtHost(self.settings.host(name))
-        return self._hypervisors[name]
+                self._hypervisors[name] = LibvirtHost(self.settings.host(name))
+            return self._hypervisors[name]
 
     @cached_property
     def placement_store(self) -> SqlPlacementStore:
@@ -242,6 +247,13 @@ class Container:
         return SqlProfileStore(self.sessions)
 
     # ----- read-only queries of the front ends ----------------------------------------------------
+    @cached_property
+    def pages(self) -> SqlPages:
+        """The API's lists, keyset-paged, filtered and ordered in SQL."""
+        from vmplacer.adapters.db.pages import SqlPages
+
+        return SqlPages(self.sessions)
+
     def audit_entries(self, *, limit: int = 100, since: datetime | None = None, host: str | None = None,
                       guest: str | None = None, action: str | None = None,
                       before_id: int | None = None) -> list[dict[str, Any]]:
@@ -320,9 +332,14 @@ class Container:
         return self.settings.hosts[0].name
 
     def close(self) -> None:
-        for hypervisor in self._hypervisors.values():
-            hypervisor.close()  # type: ignore[attr-defined]
-        self._hypervisors.clear()
+        from vmplacer.app.host_fanout import for_each_host
+
+        with self._hypervisors_lock:
+            opened, self._hypervisors = self._hypervisors, {}
+        # each connection's callbacks are taken back by a round trip per event: hosts close at
+        # once, as they were read
+        for_each_host(list(opened), lambda name: opened[name].close(),  # type: ignore[attr-defined]
+                      limit=self.settings.rebalance.parallel_hosts)
         if "engine" in self.__dict__:
             self.engine.dispose()
 

@@ -259,6 +259,27 @@ class SqlJobStore:
                 session.commit()
             return _record(row)
 
+    def cancel(self, job_id: str, by: str) -> JobRecord | None:
+        """Cancel a job: a queued one ends `cancelled` here and now (no runner ever starts it);
+        a running one gets a stop request, as `request_stop`, which its handler honours between
+        steps. The job as it now is, None when it does not exist; a finished job unchanged."""
+        with self.sessions() as session:
+            row = session.get(JobRow, job_id, with_for_update=True)
+            if row is None:
+                return None
+            stop = (row.parameters or {}).get("stop") or {"by": by, "at": utcnow().timestamp()}
+            if row.status == "queued":
+                now = utcnow()
+                row.parameters = {**(row.parameters or {}), "stop": stop}
+                row.status, row.finished_at, row.heartbeat_at = "cancelled", now, now
+                row.message = f"cancelled by {stop['by']} before it started"
+                row.error = {"code": "cancelled", "message": row.message}
+                session.commit()
+            elif row.status == "running" and not (row.parameters or {}).get("stop"):
+                row.parameters = {**(row.parameters or {}), "stop": stop}
+                session.commit()
+            return _record(row)
+
     def queued(self, limit: int) -> list[JobRecord]:
         with self.sessions() as session:
             rows = session.scalars(select(JobRow).where(JobRow.status == "queued")
@@ -282,8 +303,8 @@ class SqlJobStore:
 
     def finish(self, job_id: str, owner: str, status: str, result: dict[str, Any] | None,
                error: dict[str, Any] | None) -> bool:
-        if status not in ("succeeded", "failed"):
-            raise ValueError(f"job {job_id}: final status must be succeeded or failed, got {status!r}")
+        if status not in ("succeeded", "failed", "cancelled"):
+            raise ValueError(f"job {job_id}: final status must be succeeded, failed or cancelled, got {status!r}")
         values: dict[str, Any] = {"status": status, "result": result, "error": error,
                                   "finished_at": utcnow(), "heartbeat_at": utcnow()}
         if status == "succeeded":

@@ -1,7 +1,7 @@
 """The audit log: every action vmplacer took on a host, its reason and outcome.
 
-`since` and `until` bound the entries' times (both inclusive); entries come newest first,
-`before_id` pages further back.
+`since` and `until` bound the entries' times (both inclusive), in SQL like every filter;
+entries come newest first by id, `cursor` (or the older `before_id`) pages further back.
 """
 
 from __future__ import annotations
@@ -9,9 +9,10 @@ from __future__ import annotations
 from datetime import datetime, timezone
 from typing import Any
 
-from fastapi import APIRouter, Query, Request
+from fastapi import APIRouter, Query, Request, Response
 
 from vmplacer.api.errors import COMMON_RESPONSES, ApiError
+from vmplacer.api.paging import CursorQuery, decode, int_key, paged
 from vmplacer.api.fields import DOMAIN_NAME_MAX_BYTES, DOMAIN_NAME_PATTERN, check_domain_name
 from vmplacer.api.schemas import HOST_NAME, AuditList
 from vmplacer.api.strict_json import StrictJsonRoute
@@ -20,8 +21,6 @@ from vmplacer.api.times import with_api_times
 router = APIRouter(prefix="/v1/audit", tags=["audit"], route_class=StrictJsonRoute)
 ISO_8601 = r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:?\d{2})?)?$"
 MOMENT_HELP = "ISO 8601 date or date-time; without an offset: UTC"
-# Rows read per look when `until` skips newer entries (the store filters on `since` only).
-UNTIL_PAGE = 1000
 
 
 def _domain_name(text: str) -> None:
@@ -39,12 +38,13 @@ def _moment(text: str, name: str) -> datetime:
     except ValueError as exc:
         raise ApiError(422, "validation", f"field query.{name}: {exc}",
                        [{"field": f"query.{name}", "rule": "datetime_parsing", "reason": str(exc)}]) from None
-    return moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+    aware = moment if moment.tzinfo is not None else moment.replace(tzinfo=timezone.utc)
+    return aware.astimezone(timezone.utc)  # compared in the database as UTC
 
 
-@router.get("", operation_id="listAuditEntries", response_model=AuditList, summary="audit log entries, newest first",
-            responses=COMMON_RESPONSES)
-def list_audit(request: Request,
+@router.get("", operation_id="listAuditEntries", response_model=AuditList,
+            summary="audit log entries, newest first (by id); a page at a time (`next`)", responses=COMMON_RESPONSES)
+def list_audit(request: Request, response: Response,
                limit: int = Query(default=100, ge=1, le=1000),
                since: str | None = Query(default=None, pattern=ISO_8601, max_length=40,
                                          description=f"entries at or after this moment: {MOMENT_HELP}"),
@@ -55,31 +55,22 @@ def list_audit(request: Request,
                                          pattern=DOMAIN_NAME_PATTERN,
                                          description="a libvirt domain name (any domain, not only placed ones)"),
                action: str | None = Query(default=None, pattern=r"^[a-z-]{1,64}$"),
+               cursor: str | None = CursorQuery,
                before_id: int | None = Query(default=None, ge=1, le=2**31 - 1,
-                                             description="page: entries older than this id")) -> dict[str, Any]:
+                                             description="entries older than this id (the older way to page; "
+                                                         "not with `cursor`)")) -> dict[str, Any]:
     if guest is not None:
         _domain_name(guest)
-    container = request.app.state.services.container
-    query = {"since": _moment(since, "since") if since is not None else None, "host": host, "guest": guest,
-             "action": action}
-    if until is None:
-        entries = container.audit_entries(limit=limit, before_id=before_id, **query)
-    else:
-        entries = _until(container, _moment(until, "until"), limit, before_id, query)
-    return {"entries": [with_api_times(entry, "at") for entry in entries]}
-
-
-def _until(container: Any, until: datetime, limit: int, before_id: int | None,
-           query: dict[str, Any]) -> list[dict[str, Any]]:
-    """The newest `limit` entries at or before `until`, paging back past newer ones (entries
-    are read newest first by id, and an id does not promise an order of times across instances)."""
-    bound = until.timestamp()
-    found: list[dict[str, Any]] = []
-    cursor = before_id
-    while len(found) < limit:
-        page = container.audit_entries(limit=UNTIL_PAGE, before_id=cursor, **query)
-        found += [entry for entry in page if entry["at"] is not None and entry["at"] <= bound]
-        if len(page) < UNTIL_PAGE:
-            break
-        cursor = page[-1]["id"]
-    return found[:limit]
+    if cursor is not None and before_id is not None:
+        reason = "cursor and before_id both say where the page starts: send one"
+        raise ApiError(422, "validation", f"field query.before_id: {reason}",
+                       [{"field": "query.before_id", "rule": "one_of", "reason": reason}])
+    moments = {"since": _moment(since, "since") if since is not None else None,
+               "until": _moment(until, "until") if until is not None else None}
+    filters = {"host": host, "guest": guest, "action": action,
+               **{name: None if moment is None else moment.isoformat() for name, moment in moments.items()}}
+    before = decode(cursor, "audit", filters, int_key) if cursor is not None else before_id
+    entries, last = request.app.state.services.container.pages.audit(
+        limit=limit, before_id=before, host=host, guest=guest, action=action, **moments)
+    return {"entries": [with_api_times(entry, "at") for entry in entries],
+            **paged(request, response, "audit", filters, None if last is None else [last])}

@@ -8,7 +8,9 @@ from fastapi import APIRouter, Path, Query, Request, Response
 
 from vmplacer.adapters.domain_xml_policy import DomainXmlPolicyError
 from vmplacer.api.actors import acting_placement, acting_store, api_actor
+from vmplacer.api.fields import LABEL_FILTER_HELP, LabelFilter, label_filter
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, HOST_ERROR, NOT_FOUND, ApiError
+from vmplacer.api.paging import CursorQuery, decode, int_key, paged
 from vmplacer.api.placing import Placer, check_base_xml
 from vmplacer.api.responses import validated_json
 from vmplacer.api.schemas import (
@@ -17,6 +19,7 @@ from vmplacer.api.schemas import (
     PlacementList,
     PlacementRecord,
     PlacementRequest,
+    PlacementState,
     PlacementView,
     Removed,
 )
@@ -59,13 +62,27 @@ def create_placement(request: Request, body: PlacementRequest) -> Response:
                           headers={"Location": f"/v1/placements/{spec.name}"})
 
 
-@router.get("", operation_id="listPlacements", response_model=PlacementList, summary="placements vmplacer recorded",
+@router.get("", operation_id="listPlacements", response_model=PlacementList,
+            summary="placements vmplacer recorded, newest first; a page at a time (`next`)",
             responses=COMMON_RESPONSES)
-def list_placements(request: Request,
+def list_placements(request: Request, response: Response,
                     host: str | None = Query(default=None, pattern=HOST_NAME, max_length=63),
-                    limit: int = Query(default=1000, ge=1, le=10_000)) -> dict[str, Any]:
-    services = request.app.state.services
-    return {"placements": services.container.placement_records(host, limit)}
+                    state: list[PlacementState] | None = Query(default=None, description="only placements in these "
+                                                               "states (repeatable; default: every state)"),
+                    label: list[LabelFilter] | None = Query(default=None, max_length=16,
+                                                            description=LABEL_FILTER_HELP),
+                    limit: int = Query(default=1000, ge=1, le=10_000),
+                    cursor: str | None = CursorQuery) -> dict[str, Any]:
+    labels = label_filter(label or [])
+    states = sorted(set(state or ()))
+    filters = {"host": host, "state": states, "label": sorted(f"{k}={v}" for k, v in labels.items())}
+    before = decode(cursor, "placements", filters, int_key)
+    records, last = request.app.state.services.container.pages.placements(
+        limit=limit, before_id=before, host=host, states=states or None, labels=labels)
+    return {"placements": records,
+            **paged(request, response, "placements", filters, None if last is None else [last])}
+
+
 
 
 @router.get("/{guest}", operation_id="getPlacement", response_model=PlacementRecord, summary="one recorded placement",

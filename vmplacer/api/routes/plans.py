@@ -1,26 +1,31 @@
 """Rebalancing plans: a dry run that stores a plan, reading it, applying it (a job), cancelling it.
 
-Planning observes the hosts and runs the policy: seconds at most, so POST
-/v1/plans answers with the stored plan. Applying changes hosts (repins, live
+Planning observes the hosts and runs the policy: about a second per host, so POST
+/v1/plans answers with the stored plan; for a fleet, `?wait=S` makes the dry run a `plan`
+job (no host lease: it changes nothing) and answers 202 with it unless the plan is ready
+within S seconds. Applying changes hosts (repins, live
 migrations of minutes), so it is a job: the runner takes the leases of every
 host the plan touches (sources and targets) before the executor starts, and
 the rebalancer renews them while it works — the same leases `vmplacer
 rebalance` takes, so an API apply and a CLI run never act on one host at once.
 
 Listing keeps its old default (every plan, `empty` ones included); `state`
-and `include_empty=false` narrow it.
+and `include_empty=false` narrow it, in SQL; pages follow `cursor`.
 """
 
 from __future__ import annotations
 
 import logging
+import time
 from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
 from vmplacer.api.actors import acting_store, api_actor, audit
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, NOT_FOUND, OUT_OF_MEMORY, ApiError
-from vmplacer.api.routes.jobs import accepted
+from vmplacer.api.job_views import POLL_AFTER_S, accepted, job_view, outcome
+from vmplacer.api.responses import validated_json
+from vmplacer.api.paging import CursorQuery, decode, int_key, paged
 from vmplacer.api.schemas import (
     JobAccepted,
     PlanCancelRequest,
@@ -32,7 +37,7 @@ from vmplacer.api.schemas import (
 )
 from vmplacer.api.strict_json import StrictJsonRoute
 from vmplacer.api.times import with_api_times
-from vmplacer.app.jobs import Handler, JobContext, JobFailed
+from vmplacer.app.jobs import Handler, JobCancelled, JobContext, JobFailed
 
 if TYPE_CHECKING:
     from vmplacer.ports import PlanStore
@@ -41,39 +46,86 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/plans", tags=["plans"], route_class=StrictJsonRoute)
+PLAN_JOB = "plan"
+MAX_WAIT_S = 30.0  # a request thread waits at most this long for a dry-run job
+WAIT_POLL_S = 0.1
 
 
-@router.post("", operation_id="createPlan", status_code=201, response_model=PlanView,
-             summary="rebalance dry run: observe the hosts, plan moves, store the plan (nothing changes)",
-             responses={**COMMON_RESPONSES, **CONFLICT, **OUT_OF_MEMORY})
-def create_plan(request: Request, body: PlanRequest, response: Response) -> dict[str, Any]:
+@router.post("", operation_id="createPlan", status_code=201, response_model=None,
+             summary="rebalance dry run: observe the hosts, plan moves, store the plan (nothing changes); with "
+                     "`wait`, as a job (202) unless it finishes within `wait` seconds (201)",
+             responses={**COMMON_RESPONSES, **CONFLICT, **OUT_OF_MEMORY,
+                        201: {"model": PlanView, "description": "the stored plan"},
+                        202: {"model": JobAccepted, "description": "with `wait`: the dry run is a `plan` job that "
+                              "had not finished after `wait` seconds; its result is the plan"}})
+def create_plan(request: Request, body: PlanRequest,
+                wait: float | None = Query(default=None, ge=0, le=MAX_WAIT_S, allow_inf_nan=False,
+                                           description="run the dry run as a job and wait at most this many "
+                                                       "seconds for it (0: answer 202 at once); without it the "
+                                                       "request lasts as long as the dry run (about a second "
+                                                       "per host)")) -> Response:
     services = request.app.state.services
     actor = api_actor(request)
-    plan = make_plan(services, body.hosts, body.max_actions, body.scope, actor.token,
-                                   drain=body.drain)
+    if wait is not None:
+        return _plan_job(services, actor, body, wait)
+    plan = make_plan(services, body.hosts, body.max_actions, body.scope, actor.token, drain=body.drain)
+    _audit_proposed(services, actor, plan, body.drain)
+    return validated_json(PlanView, plan, status_code=201, headers={"Location": f"/v1/plans/{plan['id']}"})
+
+
+def _audit_proposed(services: ApiServices, actor: Any, plan: dict[str, Any], drain: str | None) -> None:
     audit(services, actor, action="rebalance-propose",
           message=f"plan {plan['id']} ({plan['state']}): {plan['summary']}",
-          detail={"plan_id": plan["id"], "state": plan["state"], "hosts": plan["hosts"], "drain": body.drain,
+          detail={"plan_id": plan["id"], "state": plan["state"], "hosts": plan["hosts"], "drain": drain,
                   "errors": plan.get("errors", [])})
-    response.headers["Location"] = f"/v1/plans/{plan['id']}"
-    return plan
 
 
-@router.get("", operation_id="listPlans", response_model=PlanList, summary="recent plans, newest first",
-            responses=COMMON_RESPONSES)
-def list_plans(request: Request, limit: int = Query(default=20, ge=1, le=500),
+def _plan_job(services: ApiServices, actor: Any, body: PlanRequest, wait: float) -> Response:
+    """Queue the dry run as a job (checked first: a bad request is refused now, not as a failed
+    job), then wait up to `wait` seconds: the plan (201) if it is ready by then, else the job (202)."""
+    names = plan_request_hosts(services, body.hosts, body.drain)
+    if services.runner is None and services.options.run_jobs:
+        raise ApiError(503, "not-ready", "the job runner is not running", None, {"Retry-After": "5"})
+    params = {"hosts": names, "max_actions": body.max_actions, "scope": list(body.scope), "drain": body.drain,
+              "token_id": actor.token_id}
+    job = services.jobs.create(PLAN_JOB, [], params, actor.token)  # a dry run holds no host's lease
+    if services.runner is not None:
+        services.runner.wake()
+    deadline = time.monotonic() + wait
+    while not job.done and time.monotonic() < deadline:
+        time.sleep(min(WAIT_POLL_S, max(deadline - time.monotonic(), 0.0)))
+        job = services.jobs.get(job.id) or job
+    plan_id = (job.result or {}).get("id") if job.status == "succeeded" else None
+    if isinstance(plan_id, int):
+        plan = plan_store(services).get(plan_id)
+        if plan is not None:
+            data = plan_view(plan)
+            data["notes"] = (job.result or {}).get("notes", [])
+            return validated_json(PlanView, data, status_code=201, headers={"Location": f"/v1/plans/{plan_id}"})
+    location = f"/v1/jobs/{job.id}"
+    return validated_json(JobAccepted, {"job": job_view(job), "location": location}, status_code=202,
+                          headers={"Location": location, "Retry-After": POLL_AFTER_S})
+
+
+@router.get("", operation_id="listPlans", response_model=PlanList,
+            summary="plans, newest first (by id); a page at a time (`next`)", responses=COMMON_RESPONSES)
+def list_plans(request: Request, response: Response, limit: int = Query(default=20, ge=1, le=500),
                state: list[PlanState] | None = Query(default=None, description="only plans in these states "
                                                      "(repeatable; default: every state)"),
                include_empty: bool = Query(default=True, description="false: leave out `empty` plans (runs "
-                                           "that found nothing to do)")) -> dict[str, Any]:
+                                           "that found nothing to do)"),
+               cursor: str | None = CursorQuery) -> dict[str, Any]:
     from vmplacer.core.rebalance.plan import PLAN_STATES
 
-    states = list(state) if state else list(PLAN_STATES)
+    states = sorted(set(state)) if state else list(PLAN_STATES)
     if not include_empty:
         states = [s for s in states if s != "empty"]
-    wanted = None if set(states) == set(PLAN_STATES) else states
-    recent = plan_store(request.app.state.services).recent(limit, states=wanted)
-    return {"plans": [with_api_times(plan, "created_at") for plan in recent]}
+    wanted = None if set(states) == set(PLAN_STATES) else sorted(states)
+    filters = {"state": wanted or [], "all": wanted is None}
+    before = decode(cursor, "plans", filters, int_key)
+    plans, last = request.app.state.services.container.pages.plans(limit=limit, before_id=before, states=wanted)
+    return {"plans": [with_api_times(plan, "created_at") for plan in plans],
+            **paged(request, response, "plans", filters, None if last is None else [last])}
 
 
 @router.get("/{plan_id}", operation_id="getPlan", response_model=PlanView,
@@ -110,7 +162,7 @@ def cancel_plan(request: Request, body: PlanCancelRequest | None = None,
     services = request.app.state.services
     actor = api_actor(request)
     try:
-        outcome = cancel(plan_store(services), plan_id, by=actor.name,
+        done = cancel(plan_store(services), plan_id, by=actor.name,
                          reason=body.reason if body else "", audit=acting_store(services, actor))
     except PlanNotFound:
         raise ApiError(404, "not-found", f"plan {plan_id} does not exist", {"plan": plan_id}) from None
@@ -118,7 +170,28 @@ def cancel_plan(request: Request, body: PlanCancelRequest | None = None,
         raise ApiError(409, "conflict", str(exc), {"plan": plan_id, "state": exc.state}) from None
     except RebalanceError as exc:
         raise ApiError(409, "conflict", str(exc), {"plan": plan_id}) from None
-    return {"status": outcome.status, "plan": plan_view(outcome.plan)}
+    if done.status == "cancelled":  # its apply job, if one is queued, has nothing left to do
+        for job in services.jobs.list(limit=1000, status="queued", kind=APPLY_JOB):
+            if (job.parameters or {}).get("plan_id") == plan_id:
+                services.jobs.cancel(job.id, actor.name)
+    return {"status": done.status, "plan": plan_view(done.plan)}
+
+
+def cancel_plan_of_job(services: ApiServices, actor: Any, job: Any) -> None:
+    """Cancelling an apply job cancels its plan: at once if it has not started, before its next
+    action if it runs (the executor reads the request between actions). A plan already final
+    is left as it is."""
+    from vmplacer.app.rebalance.rebalancer import RebalanceError
+    from vmplacer.app.rebalance.rebalancer import cancel_plan as cancel
+
+    plan_id = (job.parameters or {}).get("plan_id")
+    if not isinstance(plan_id, int):
+        return
+    try:
+        cancel(plan_store(services), plan_id, by=actor.name, reason=f"job {job.id} cancelled",
+               audit=acting_store(services, actor))
+    except RebalanceError:  # PlanNotFound and PlanStateError too: nothing left to stop
+        pass
 
 
 # ----- the resource's work beyond HTTP
@@ -149,20 +222,7 @@ def make_plan(services: ApiServices, hosts: list[str] | None, max_actions: int |
     must be in maintenance already: a dry run changes nothing, maintenance included)."""
     from vmplacer.app.rebalance.rebalancer import PlanInputRefused, PlanningOutOfMemory, RebalanceError
 
-    names = list(dict.fromkeys(hosts)) if hosts else services.host_names  # each host once
-    unknown = sorted(set(names) - set(services.host_names))
-    if unknown:
-        reason = f"not configured: {', '.join(unknown)} (configured: {', '.join(services.host_names)})"
-        raise ApiError(422, "validation", f"field hosts: {reason}",
-                       [{"field": "hosts", "rule": "not_configured", "reason": reason}])
-    if drain is not None:
-        if drain not in names:
-            reason = f"host {drain!r} is not among the plan's hosts ({', '.join(names)})"
-            raise ApiError(422, "validation", f"field drain: {reason}", [{"field": "drain", "reason": reason}])
-        if services.container.maintenance.get(drain) is None:
-            raise ApiError(409, "not-in-maintenance", f"host {drain} is not in maintenance: "
-                           f"PUT /v1/hosts/{drain}/maintenance first, so that nothing new lands on it",
-                           {"host": drain})
+    names = plan_request_hosts(services, hosts, drain)
     notes: list[str] = []
     rebalancer = build_rebalancer(services, f"api:{created_by}@{services.instance}")
     try:
@@ -180,6 +240,27 @@ def make_plan(services: ApiServices, hosts: list[str] | None, max_actions: int |
     data = plan_view(plan)
     data["notes"] = notes
     return data
+
+
+def plan_request_hosts(services: ApiServices, hosts: list[str] | None, drain: str | None) -> list[str]:
+    """The hosts a dry run observes (each once; default: every configured host): 422 naming the
+    field for a host not configured or a `drain` outside them, 409 when the host to drain is not
+    in maintenance."""
+    names = list(dict.fromkeys(hosts)) if hosts else services.host_names
+    unknown = sorted(set(names) - set(services.host_names))
+    if unknown:
+        reason = f"not configured: {', '.join(unknown)} (configured: {', '.join(services.host_names)})"
+        raise ApiError(422, "validation", f"field hosts: {reason}",
+                       [{"field": "hosts", "rule": "not_configured", "reason": reason}])
+    if drain is not None:
+        if drain not in names:
+            reason = f"host {drain!r} is not among the plan's hosts ({', '.join(names)})"
+            raise ApiError(422, "validation", f"field drain: {reason}", [{"field": "drain", "reason": reason}])
+        if services.container.maintenance.get(drain) is None:
+            raise ApiError(409, "not-in-maintenance", f"host {drain} is not in maintenance: "
+                           f"PUT /v1/hosts/{drain}/maintenance first, so that nothing new lands on it",
+                           {"host": drain})
+    return names
 
 
 def refusal_details(exc: Any, drain: str | None) -> list[dict[str, Any]]:
@@ -243,15 +324,47 @@ def apply_handler(services: ApiServices) -> Handler:
         try:
             plan = rebalancer.apply(plan_id, lease_ttl_s=ttl, wait_s=0.0, audit=acting_store(services, actor))
         except RebalanceError as exc:
+            stored = plan_store(services).get(plan_id)
+            if stored is not None and stored.state == "cancelled":  # cancelled before its first action
+                raise JobCancelled(f"plan {plan_id} cancelled: {stored.message}",
+                                   result=outcome(plan_view(stored), "the plan was cancelled before it "
+                                                  "started")) from None
             raise JobFailed(str(exc), code="invalid" if exc.bad_input else "conflict",
                             details={"plan": plan_id}) from None
         finally:
             for host in ctx.job.hosts:
                 services.snapshots.invalidate(host)
         result = plan_view(plan)
+        if plan.state == "cancelled":  # stopped before its next action: done actions stay applied
+            done = sum(1 for action in plan.actions if action.state == "succeeded")
+            raise JobCancelled(f"plan {plan_id} cancelled: {plan.message}",
+                               result=outcome(result, None if done else "cancelled before any action"))
         if plan.state != "succeeded":
             raise JobFailed(f"plan {plan_id} {plan.state}: {plan.message}", code=plan.state, details=result)
         return result
+
+    return run
+
+
+def plan_handler(services: ApiServices) -> Handler:
+    """A dry run as a job (`POST /v1/plans?wait=`): the stored plan is its result; a refusal
+    fails the job with the HTTP answer's code and details."""
+
+    def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
+        from vmplacer.api.actors import ApiActor
+        from vmplacer.api.errors import problems
+
+        hosts = list(params.get("hosts") or [])
+        ctx.progress(0.0, f"observing {len(hosts)} host(s)")
+        token_id = params.get("token_id")
+        actor = ApiActor(ctx.job.created_by, token_id if isinstance(token_id, int) else None, services.instance)
+        try:
+            plan = make_plan(services, hosts, params.get("max_actions"), list(params.get("scope") or []),
+                             ctx.job.created_by, drain=params.get("drain"))
+        except ApiError as exc:
+            raise JobFailed(exc.message, code=exc.code, details=problems(exc.details, exc.code, exc.message)) from None
+        _audit_proposed(services, actor, plan, params.get("drain"))
+        return outcome(plan, "nothing worth doing was found" if plan["state"] == "empty" else None)
 
     return run
 
@@ -261,4 +374,4 @@ def job_handlers(services: ApiServices) -> dict[str, Handler]:
         import vmplacer.app.rebalance.rebalancer  # noqa: F401
     except ImportError:
         return {}
-    return {APPLY_JOB: apply_handler(services)}
+    return {APPLY_JOB: apply_handler(services), PLAN_JOB: plan_handler(services)}

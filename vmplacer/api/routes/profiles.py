@@ -17,11 +17,11 @@ from vmplacer.api.actors import api_actor, audit
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, HOST_ERROR, NOT_FOUND, ApiError, field_problems
 from vmplacer.api.fields import DOMAIN_NAME_MAX_BYTES, DOMAIN_NAME_PATTERN, DOMAIN_NAME_RULE, check_domain_name
 from vmplacer.api.placing import Placer
-from vmplacer.api.routes.jobs import accepted, check_can_queue
+from vmplacer.api.job_views import accepted, check_can_queue, outcome
 from vmplacer.api.schemas import HOST_NAME, JobAccepted, ProfileRequest, ProfileView
 from vmplacer.api.strict_json import StrictJsonRoute
 from vmplacer.api.times import api_timestamp
-from vmplacer.app.jobs import JobContext, JobFailed
+from vmplacer.app.jobs import JobCancelled, JobContext, JobFailed
 from vmplacer.ports import DomainGone, HypervisorError
 
 if TYPE_CHECKING:
@@ -154,8 +154,9 @@ def profile_handler(services: ApiServices):
         except HypervisorError as exc:
             services.metrics.libvirt_error(exc)
             raise JobFailed(str(exc), code="host-unavailable", details={"host": exc.host or host}) from None
+        cancel = CancelFlag(services, ctx)
         try:
-            result = profiler.run(stop=ctx.should_stop)
+            result = profiler.run(stop=cancel)
         except ProfilerError as exc:
             raise JobFailed(str(exc), code="invalid" if exc.bad_input else "failed", details={"host": host}) from None
         except HypervisorError as exc:
@@ -164,9 +165,39 @@ def profile_handler(services: ApiServices):
         finally:
             freezer.close()
         services.metrics.profile_finished(host, result.span_ms)
-        return result.to_dict()
+        kept = sum(len(vm.zeta) + len(vm.zeta_b) for vm in result.vms.values())
+        empty = None if kept else f"no sample was kept ({result.stopped_because or 'stopped'})"
+        data = outcome(result.to_dict(), empty)
+        if cancel.requested is not None and result.stopped_because == "stopped" and not ctx.should_stop():
+            by = cancel.requested.get("by", "")
+            raise JobCancelled(f"cancelled by {by} after {kept} samples", result=data)
+        return data
 
     return run
+
+
+class CancelFlag:
+    """The profiler's stop check: the runner's own stop (shutdown, lost lease), or a cancel
+    recorded in the job's row by any instance (read at most once a second: the profiler asks
+    between every step)."""
+
+    def __init__(self, services: ApiServices, ctx: JobContext, every_s: float = 1.0):
+        self.services = services
+        self.ctx = ctx
+        self.every_s = every_s
+        self.checked = -float("inf")
+        self.requested: dict[str, Any] | None = None
+
+    def __call__(self) -> bool:
+        if self.ctx.should_stop():
+            return True
+        now = time.monotonic()
+        if self.requested is None and now - self.checked >= self.every_s:
+            self.checked = now
+            job = self.services.jobs.get(self.ctx.job.id)
+            stop = (job.parameters or {}).get("stop") if job is not None else None
+            self.requested = stop if isinstance(stop, dict) else None
+        return self.requested is not None
 
 
 def stored_profile(services: ApiServices, guest: str, run_id: int | None, host: str | None) -> dict[str, Any]:

@@ -2,9 +2,11 @@
 
 POST /v1/protect queues a `protect` job; the runner that holds the host's
 lease runs the loop (the same loop as `vmplacer protect run --host H`, acting
-under the runner's lease). DELETE /v1/protect/{id} records a stop request in
-the job's row; the loop notices it within a second, releases every throttle
-it holds on the host and finishes the job `succeeded`. A job stopped for any
+under the runner's lease). DELETE /v1/protect/{id} (an alias of POST
+/v1/jobs/{id}/cancel) ends a queued job `cancelled` at once, and records a
+stop request in a running job's row; the loop notices it within a second,
+releases every throttle it holds on the host and finishes the job `succeeded`
+(stopping is how a protection ends; `result.empty` when no round ran). A job stopped for any
 other reason (the instance shuts down, the lease is lost) keeps its
 throttles, like a killed `vmplacer protect`: they have reasons in the ledger,
 and the next loop on the host continues from them or releases those whose
@@ -21,7 +23,7 @@ from fastapi import APIRouter, Path, Request, Response
 from vmplacer.api.actors import api_actor, audit
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, NOT_FOUND, ApiError
 from vmplacer.api.placing import Placer
-from vmplacer.api.routes.jobs import JOB_ID, accepted, check_can_queue, following, job_view
+from vmplacer.api.job_views import JOB_ID, accepted, check_can_queue, following, job_view, outcome
 from vmplacer.api.schemas import JobAccepted, ProtectRequest, ProtectView
 from vmplacer.api.strict_json import StrictJsonRoute
 from vmplacer.api.times import api_timestamp
@@ -73,8 +75,9 @@ def get_protect(request: Request, job_id: str = Path(pattern=JOB_ID, max_length=
 
 
 @router.delete("/{job_id}", operation_id="stopProtection", status_code=202, response_model=JobAccepted,
-               summary="stop a protection job: it releases every throttle it holds on the host, then finishes "
-               "(follow it at /v1/jobs/{id}; /v1/protect/{id} is 404 from now on)",
+               summary="stop a protection job (alias of POST /v1/jobs/{id}/cancel): a queued one is cancelled at "
+               "once; a running one releases every throttle it holds on the host, then finishes (follow it at "
+               "/v1/jobs/{id}; /v1/protect/{id} is 404 from now on)",
                responses={**COMMON_RESPONSES, **NOT_FOUND, **CONFLICT})
 def stop_protect(request: Request, response: Response,
                  job_id: str = Path(pattern=JOB_ID, max_length=36)) -> dict[str, Any]:
@@ -84,9 +87,11 @@ def stop_protect(request: Request, response: Response,
     if job.done:
         raise ApiError(409, "conflict", f"protection job {job_id} already {job.status}",
                        {"job": job_id, "status": job.status})
-    job = services.jobs.request_stop(job_id, actor.name) or job
-    audit(services, actor, action="protect-stop", host=job.hosts[0], message=f"protection job {job_id}: stop "
-          "requested (its throttles are released)", detail={"job": job_id})
+    job = services.jobs.cancel(job_id, actor.name) or job  # queued: cancelled now; running: asked to stop
+    what = "cancelled before it started" if job.status == "cancelled" else \
+        "stop requested (its throttles are released)"
+    audit(services, actor, action="protect-stop", host=job.hosts[0], message=f"protection job {job_id}: {what}",
+          detail={"job": job_id, "status": job.status})
     location = f"/v1/jobs/{job_id}"  # the protection is gone; the job shows how the stop went
     following(response, location)
     return {"job": job_view(job), "location": location}
@@ -144,7 +149,8 @@ def protect_handler(services: ApiServices, build: Any = None) -> Handler:
         except HypervisorError as exc:
             services.metrics.libvirt_error(exc)
             raise JobFailed(str(exc), code="host-unavailable", details={"host": exc.host or host}) from None
-        result: dict[str, Any] = {"host": host, "rounds": counts["rounds"], "released": []}
+        empty = None if counts["rounds"] else "stopped before its first round"
+        result: dict[str, Any] = outcome({"host": host, "rounds": counts["rounds"], "released": []}, empty)
         if asked["stop"] is not None and not ctx.should_stop():
             by = asked["stop"].get("by", "")
             report = loop.release_all(f"protection job {ctx.job.id} stopped by {by}")
