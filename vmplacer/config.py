@@ -22,7 +22,7 @@ from vmplacer.config_keys import (CONFIG_KEYS, DATABASE_SCHEMES, DOMAIN_TYPES, H
                                   SAMPLER_METRICS, SENSITIVE_PATTERN)
 from vmplacer.config_rebalance import read_rebalance, rebalance_to_mapping
 from vmplacer.core.topology.cpuset import CpusetError, parse_cpuset
-from vmplacer.core.durations import duration_seconds
+from vmplacer.core.durations import duration_seconds, format_seconds, is_bare_number
 from vmplacer.core.placement.admit import AllocationOptions
 from vmplacer.core.rebalance.state import RebalanceSettings
 from vmplacer.core.protect.policy import ProtectionDefaults, ProtectionError, check_floor, check_min_share
@@ -171,9 +171,16 @@ class Settings:
     rebalance: RebalanceSettings = field(default_factory=RebalanceSettings)  # defaults of every run's flags
 
     def host(self, name: str) -> HostSettings:
-        for host in self.hosts:
-            if host.name == name:
-                return host
+        kept = self.__dict__.get("_host_index")
+        if kept is None or kept[0] is not self.hosts:  # made on first use: a fleet's config names thousands
+            index: dict[str, HostSettings] = {}
+            for host in self.hosts:
+                index.setdefault(host.name, host)
+            kept = (self.hosts, index)
+            object.__setattr__(self, "_host_index", kept)
+        found = kept[1].get(name)
+        if found is not None:
+            return found
         known = ", ".join(h.name for h in self.hosts) or "none"
         raise ConfigError(f"unknown host {name!r} (configured: {known})")
 
@@ -243,6 +250,28 @@ class _Reader:
             raise self.fail(key, "must be a non-empty string")
         return value.strip()
 
+    def seconds(self, value: Any, key: str, low: float, high: float) -> float:
+        """A duration key named for its unit (`cooldown_s`): a number is seconds, as the name says;
+        text takes the one grammar of every duration, a number and its unit (`90s`, `10m`, `12h`,
+        `1d`; `500ms` too), so `cooldown_s: 10m` and `retention.plans: 30d` read alike."""
+        if isinstance(value, str) and not is_bare_number(value):
+            seconds = duration_seconds(value, "s", days=True)
+            if seconds is None:
+                raise self.fail(key, f"must be a number of seconds or a duration with a unit (s, m, h, d; e.g. "
+                                     f"30s, 10m, 1h), got {excerpt(value)}")
+            if not low <= seconds <= high:
+                raise self.fail(key, f"must be between {format_seconds(low)} and {format_seconds(high)}, got "
+                                     f"{excerpt(value)}")
+            return seconds
+        if isinstance(value, str):  # '600' quoted: the number it spells
+            value = float(value)
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise self.fail(key, f"must be a number of seconds or a duration with a unit (s, m, h, d; e.g. "
+                                 f"30s, 10m, 1h), got {excerpt(value)}")
+        if not low <= value <= high:
+            raise self.fail(key, f"must be between {low:g} and {high:g} seconds, got {value!r}")
+        return float(value)
+
     def number(self, value: Any, key: str, low: float, high: float) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise self.fail(key, f"must be a number, got {excerpt(value)}")
@@ -299,9 +328,9 @@ def _parse_host(reader: _Reader, raw: Any, index: int) -> HostSettings | None:
     if uri is not None:  # whether a capabilities file is allowed depends on the URI
         capabilities = take(lambda: _capabilities_file(reader, data.get("capabilities"), uri, f"{key}.capabilities"),
                             None)
-    resync = take(lambda: reader.number(data.get("domain_resync_s", 5.0), f"{key}.domain_resync_s", 0, 3600), 5.0)
-    connect_timeout = take(lambda: reader.number(data.get("connect_timeout_s", 30.0), f"{key}.connect_timeout_s",
-                                                 1, 3600), 30.0)
+    resync = take(lambda: reader.seconds(data.get("domain_resync_s", 5.0), f"{key}.domain_resync_s", 0, 3600), 5.0)
+    connect_timeout = take(lambda: reader.seconds(data.get("connect_timeout_s", 30.0), f"{key}.connect_timeout_s",
+                                                  1, 3600), 30.0)
     if name is None or uri is None:
         return None
     return HostSettings(name, uri, reserved, domain_type, sampler, ratio, int(reserve), emulator_cpus, xml_policy,
@@ -440,10 +469,16 @@ def _hosts(reader: _Reader, raw: Any) -> tuple[HostSettings, ...]:
         raise reader.fail("hosts", "must be a non-empty list of {name, uri}")
     parsed = [_parse_host(reader, item, i) for i, item in enumerate(raw)]
     hosts = tuple(h for h in parsed if h is not None)
-    names = [h.name for h in hosts]
-    duplicates = sorted({n for n in names if names.count(n) > 1})
+    # names as written, also of entries refused for another key (a bad URI): a duplicate is its own problem
+    where: dict[str, list[str]] = {}
+    for index, item in enumerate(raw):
+        name = item.get("name") if isinstance(item, dict) else None
+        if isinstance(name, str) and name.strip():
+            where.setdefault(name.strip(), []).append(f"hosts[{index}]")
+    duplicates = {name: at for name, at in sorted(where.items()) if len(at) > 1}
     if duplicates:
-        raise reader.fail("hosts", f"duplicate host names: {', '.join(duplicates)}")
+        said = "; ".join(f"{excerpt(name, 60)} ({', '.join(at)})" for name, at in duplicates.items())
+        raise reader.fail("hosts", f"duplicate host names: {said}")
     return hosts
 
 
@@ -470,7 +505,7 @@ def _profiler(reader: _Reader, prof: dict[str, Any]) -> ProfilerSettings:
 
     return ProfilerSettings(
         t_m_ms=take(lambda: reader.number(prof.get("t_m_ms", 10.0), "profiler.t_m_ms", 0.1, 10_000), base.t_m_ms),
-        t_sleep_s=take(lambda: reader.number(prof.get("t_sleep_s", 10.0), "profiler.t_sleep_s", 0.0, 86_400),
+        t_sleep_s=take(lambda: reader.seconds(prof.get("t_sleep_s", 10.0), "profiler.t_sleep_s", 0.0, 86_400),
                        base.t_sleep_s),
         max_freeze_ms=take(lambda: reader.number(prof.get("max_freeze_ms", 500.0), "profiler.max_freeze_ms",
                                                  1, 60_000), base.max_freeze_ms),
@@ -537,7 +572,8 @@ def _protect(reader: _Reader, raw: Any) -> ProtectSettings:
 
     def number(name: str, low: float, high: float) -> float:
         default = getattr(base, name)
-        return take(lambda: reader.number(data.get(name, default), f"protect.{name}", low, high), default)
+        read = reader.seconds if name.endswith("_s") else reader.number
+        return take(lambda: read(data.get(name, default), f"protect.{name}", low, high), default)
 
     return ProtectSettings(
         defaults=defaults,

@@ -38,6 +38,13 @@ def _number(low: float, high: float, text: str, integer: bool = False) -> Key:
                f"{text} ({low:g} to {high:g})")
 
 
+def _seconds(low: float, high: float, text: str) -> Key:
+    """A duration key named for its unit (`*_s`): seconds as a number, or a number and its unit."""
+    return Key({"anyOf": [{"type": "number", "minimum": low, "maximum": high},
+                          {"type": "string", "pattern": duration_pattern(days=True)}]},
+               f"{text} ({low:g} to {high:g} s; a number of seconds or text with a unit: 30s, 10m, 1h, 1d)")
+
+
 def _duration(text: str, days: bool) -> Key:
     """A duration: a positive number of seconds, or text with a unit."""
     units = "30d, 12h, 90m, 60s" if days else "60s, 5m, 1h"
@@ -105,9 +112,9 @@ CONFIG_FIELDS: dict[str, dict[str, Key]] = {
                                                 integer=True),
         "emulator_cpus": _cpuset("where 'share' emulator threads of pinned guests run; default: the guest's "
                                  "own pCPUs"),
-        "domain_resync_s": _number(0, 3600, "seconds: every domain's XML is re-read at least this often "
+        "domain_resync_s": _seconds(0, 3600, "seconds: every domain's XML is re-read at least this often "
                                             "(0: on every read)"),
-        "connect_timeout_s": _number(1, 3600, "seconds to wait for the host's libvirtd to answer a connection"),
+        "connect_timeout_s": _seconds(1, 3600, "seconds to wait for the host's libvirtd to answer a connection"),
         "xml_policy": Key({"type": ["object", "null"]}, "what callers' domain XML may ask of this host "
                                                         "(docs/api.md, \"Domain XML policy\")"),
         "capabilities": Key({"type": ["string", "null"]},
@@ -122,7 +129,7 @@ CONFIG_FIELDS: dict[str, dict[str, Key]] = {
     },
     "profiler": {
         "t_m_ms": _number(0.1, 10_000, "ms: sampling window while neighbours are frozen"),
-        "t_sleep_s": _number(0, 86_400, "seconds between rounds"),
+        "t_sleep_s": _seconds(0, 86_400, "seconds between rounds"),
         "max_freeze_ms": _number(1, 60_000, "ms: hard cap; a watchdog resumes everything after this"),
         "excluded_domains": _strings("domains never frozen, never profiled"),
         "scope": _strings("globs: the only domains the profiler looks at", {"type": "string", "pattern": NON_EMPTY},
@@ -157,13 +164,13 @@ CONFIG_FIELDS: dict[str, dict[str, Key]] = {
                                           {"const": "none"}, {"type": "null"}]},
                                "batch guests may be throttled down to this share of their CPU time (0.01 to 1), "
                                "or none"),
-        "interval_s": _number(0.2, 3600, "seconds: one profile + decision round every interval"),
+        "interval_s": _seconds(0.2, 3600, "seconds: one profile + decision round every interval"),
         "step": _number(0.01, 0.5, "a throttle or release moves a guest's share by this much"),
         "release_margin": _number(0, 0.5, "release only when the ratio is this far above the floor"),
-        "slow_interval_s": _number(0.2, 3600, "seconds: the slowest pace, while every floor holds with margin"),
+        "slow_interval_s": _seconds(0.2, 3600, "seconds: the slowest pace, while every floor holds with margin"),
         "freeze_budget": _number(0.001, 1, "neighbours frozen at most this share of any budget_window_s"),
-        "budget_window_s": _number(10, 86_400, "seconds the freeze budget is counted over"),
-        "startup_allowance_s": _number(0, 3600, "frozen seconds allowed beyond freeze_budget × time running "
+        "budget_window_s": _seconds(10, 86_400, "seconds the freeze budget is counted over"),
+        "startup_allowance_s": _seconds(0, 3600, "frozen seconds allowed beyond freeze_budget × time running "
                                               "until a window has passed (at most one window's budget)"),
     },
 }

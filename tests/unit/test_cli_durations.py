@@ -1,6 +1,6 @@
 """Every duration option of the command line reads one grammar (500us, 10ms, 2.5s, 10m, 1h; a bare
-number is seconds, refused for freeze lengths), and counts and durations are held to their range at
-parse time: exit 2 naming the option, the rule and examples."""
+number is seconds, refused for freeze lengths and retention ages), and counts and durations are held to
+their range at parse time: exit 2 naming the option, the rule and examples."""
 
 from __future__ import annotations
 
@@ -41,8 +41,8 @@ DURATION_OPTIONS = [
     (("guard",), "--every", "every"),
     (("reconcile",), "--settle", "settle"),
     (("reconcile",), "--reservation-grace", "reservation_grace"),
-    (("db", "prune"), "--older-than", "older_than"),
 ]
+AGES = [(("db", "prune"), "--older-than", "older_than")]  # retention ages: days allowed, a unit required
 FREEZE_LENGTHS = [(("profile",), "--tm", "tm"), (("profile",), "--max-freeze", "max_freeze"),
                   (("protect",), "--tm", "tm")]
 
@@ -54,7 +54,7 @@ def test_duration_options_take_units_and_a_bare_number_is_seconds(words, option,
 
 
 @pytest.mark.parametrize(("words", "option", "dest", "garbage"), [
-    (*flag, garbage) for flag in DURATION_OPTIONS + FREEZE_LENGTHS for garbage in ("soon", "10x", "1d", "ms")
+    (*flag, garbage) for flag in DURATION_OPTIONS + FREEZE_LENGTHS + AGES for garbage in ("soon", "10x", "1d", "ms")
     if not (garbage == "1d" and flag[1] == "--older-than")])  # retention ages are counted in days
 def test_duration_options_refuse_garbage_naming_the_option_with_examples(capsys, words, option, dest, garbage):
     err = refused(capsys, *words, option, garbage)
@@ -68,6 +68,19 @@ def test_freeze_lengths_take_units_and_refuse_a_bare_number(capsys, words, optio
     assert getattr(parse(*words, option, "500us"), dest) == pytest.approx(0.0005)
     err = refused(capsys, *words, option, "10")
     assert f"argument {option}: '10' has no unit: write one, e.g. 10ms or 10s" in err
+
+
+@pytest.mark.parametrize(("text", "seconds"), [("30d", 30 * 86_400.0), ("12h", 43_200.0), ("90m", 5400.0),
+                                              ("3600s", 3600.0)])
+def test_retention_ages_take_s_m_h_d(text, seconds):
+    assert parse("db", "prune", "--older-than", text).older_than == pytest.approx(seconds)
+
+
+def test_a_retention_age_without_a_unit_is_refused_naming_the_option_and_the_units(capsys):
+    err = refused(capsys, "db", "prune", "--older-than", "30")
+    assert err.count("\n") == 1, err  # one line, no usage block
+    assert err.startswith("vmplacer: error: argument --older-than: '30' has no unit: write one of s, m, h, d, "
+                          "e.g. 30d or 30h"), err
 
 
 def test_the_deprecated_t_m_ms_keeps_milliseconds_and_takes_units():

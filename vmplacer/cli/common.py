@@ -339,9 +339,12 @@ def _duration_or_problem(text: str, default_unit: str | None, days: bool) -> flo
         return seconds
     if default_unit is None and is_bare_number(text):
         number = str(text).strip()
+        if days:  # an age: 30 alone reads as days to a person and as seconds to a program
+            return (f"{text!r} has no unit: write one of s, m, h, d, e.g. {number}d or {number}h (a bare "
+                    "number is refused here: read as seconds it would keep almost nothing)")
         return (f"{text!r} has no unit: write one, e.g. {number}ms or {number}s (a bare number is refused "
                 "here: it meant milliseconds before; read as seconds it would be 1000 times longer)")
-    examples = "12h, 30d, 90m, 3600" if days else DURATION_EXAMPLES
+    examples = ("12h, 30d, 90m, " + ("3600s" if default_unit is None else "3600")) if days else DURATION_EXAMPLES
     bare = f"; a bare number is {_UNIT_NAMES.get(default_unit, default_unit)}" if default_unit else "; a unit is required"
     return f"{text!r} is not a duration (e.g. {examples}{bare})"
 

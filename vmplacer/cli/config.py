@@ -22,6 +22,7 @@ import sys
 from typing import Any
 
 from vmplacer.cli.common import EXIT_OK, EXIT_USAGE, CliContext, print_json
+from vmplacer.cli.log_format import say
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -60,9 +61,9 @@ def run_check(args: argparse.Namespace, ctx: CliContext) -> int:
         settings = _load(path)
     except ConfigError as exc:
         for problem in exc.problems:
-            sys.stderr.write(f"vmplacer: error: {problem}\n")
+            say("error", problem)
         count = len(exc.problems)
-        sys.stderr.write(f"vmplacer: {count} problem{'' if count == 1 else 's'} in the config\n")
+        say("", f"{count} problem{'' if count == 1 else 's'} in the config")
         return EXIT_USAGE
     print("ok")
     if settings.source == "built-in defaults":

@@ -45,9 +45,9 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     prune = actions.add_parser(
         "prune", help="delete finished plans, profile runs, audit entries, jobs and expired idempotency keys "
                       "older than the config's retention ages")
-    prune.add_argument("--older-than", type=duration(days=True), metavar="DURATION",
-                       help="one age for every kind instead of the config's retention section "
-                            "(e.g. 30d, 12h, 90m, 3600)")
+    prune.add_argument("--older-than", type=duration(unit=None, days=True), metavar="DURATION",
+                       help="one age for every kind instead of the config's retention section: a number "
+                            "and its unit, s, m, h or d (e.g. 30d, 12h, 90m, 3600s; a bare number is refused)")
     prune.add_argument("--dry-run", action="store_true", help="count what would go, delete nothing")
     prune.epilog = ("prune does not ask for confirmation (no --yes): it deletes only finished records older than "
                     "the retention ages, as the daily timer does; --dry-run shows what would go.")

@@ -5,7 +5,9 @@ systemd (`serve`, `rebalance`, `protect run`, `guard`): journald and log shipper
 as one record with `time` (ISO 8601 UTC, milliseconds), `level`, `logger`, `message` and any
 structured `extra=` fields. Names, reasons and XML an operator or API caller supplied stay data
 either way: JSON escapes them, and the text form escapes control characters, so a newline in a
-VM name can never forge a second log line.
+VM name can never forge a second log line. Under JSON every line vmplacer writes to stderr is
+JSON: the command's own `vmplacer: error|failed|warning: ...` lines (`say`), Python warnings and
+an unexpected traceback included.
 """
 
 from __future__ import annotations
@@ -13,7 +15,10 @@ from __future__ import annotations
 import json
 import logging
 import os
+import sys
+from collections.abc import Sequence
 from datetime import datetime, timezone
+from types import TracebackType
 from typing import Any
 
 LOG_FORMATS = ("text", "json")
@@ -21,6 +26,11 @@ LOG_FORMAT_VARIABLE = "VMPLACER_LOG_FORMAT"
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 # Attributes every LogRecord has: anything else on a record came from `extra=` and is data to keep.
 _STANDARD = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "taskName"}
+# `extra=` fields that are presentation, not data: uvicorn's `color_message` repeats the message
+# with terminal escape sequences.
+_DROPPED = frozenset({"color_message"})
+CLI_LOGGER = "vmplacer.cli"
+_state = {"format": "text"}  # the format configure_logging set, for `say`
 
 
 def log_time(record: logging.LogRecord) -> str:
@@ -37,7 +47,8 @@ def escaped(text: str) -> str:
 
 
 def extras(record: logging.LogRecord) -> dict[str, Any]:
-    return {key: value for key, value in vars(record).items() if key not in _STANDARD and not key.startswith("_")}
+    return {key: value for key, value in vars(record).items()
+            if key not in _STANDARD and key not in _DROPPED and not key.startswith("_")}
 
 
 class JsonLineFormatter(logging.Formatter):
@@ -87,8 +98,53 @@ def chosen_format(flag: str | None) -> str:
     return value
 
 
+def format_in(argv: Sequence[str]) -> str:
+    """The log format `argv` asks for (`--log-format json`, `--log-format=json`, a prefix of the
+    flag), else the variable's, else text: for a refusal written before the options are parsed."""
+    words = list(argv)
+    for index, word in enumerate(words):
+        if word == "--":
+            break
+        flag, _sep, value = word.partition("=")
+        if len(flag) > 6 and "--log-format".startswith(flag):
+            value = value or (words[index + 1] if index + 1 < len(words) else "")
+            if value in LOG_FORMATS:
+                return value
+    try:
+        return chosen_format(None)
+    except ValueError:
+        return "text"
+
+
+def say(kind: str, message: str, log_format: str | None = None) -> None:
+    """One line of the command's own on stderr: `vmplacer: KIND: message` as text, or a JSON
+    object (level `warning` for a warning, else `error`; another KIND than error or warning as
+    `kind`) under --log-format json. Never filtered by -v: a refusal or a failure is always said."""
+    chosen = log_format or _state["format"]
+    text = " ".join(str(message).splitlines()) if chosen == "json" else str(message)
+    if chosen == "json":
+        level = logging.WARNING if kind == "warning" else logging.ERROR
+        entry = logging.LogRecord(CLI_LOGGER, level, "", 0, text, (), None)
+        if kind and kind not in ("error", "warning"):
+            entry.kind = kind
+        line = JsonLineFormatter().format(entry)
+    else:
+        line = f"vmplacer: {kind}: {escaped(text)}" if kind else f"vmplacer: {escaped(text)}"
+    sys.stderr.write(line + "\n")
+
+
+def _log_uncaught(kind: type[BaseException], value: BaseException, trace: TracebackType | None) -> None:
+    """An unexpected exception, as one JSON object with its traceback inside."""
+    if issubclass(kind, KeyboardInterrupt):
+        sys.__excepthook__(kind, value, trace)
+        return
+    logging.getLogger(CLI_LOGGER).critical("unexpected error: %s: %s", kind.__name__, value,
+                                           exc_info=(kind, value, trace))
+
+
 def configure_logging(log_format: str, verbose: int) -> None:
-    """The root handler on stderr, in `log_format`; -v info, -vv debug."""
+    """The root handler on stderr, in `log_format`; -v info, -vv debug. Python warnings go
+    through it; under JSON an unexpected traceback does too."""
     handler = logging.StreamHandler()
     handler.setFormatter(JsonLineFormatter() if log_format == "json" else TextFormatter())
     root = logging.getLogger()
@@ -96,3 +152,6 @@ def configure_logging(log_format: str, verbose: int) -> None:
         root.removeHandler(old)
     root.addHandler(handler)
     root.setLevel(logging.WARNING - 10 * min(verbose, 2))
+    _state["format"] = log_format
+    logging.captureWarnings(True)
+    sys.excepthook = _log_uncaught if log_format == "json" else sys.__excepthook__

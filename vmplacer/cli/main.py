@@ -24,7 +24,7 @@ from vmplacer.cli.global_options import (
     value_taking_flags,
     verbose_total,
 )
-from vmplacer.cli.log_format import chosen_format, configure_logging
+from vmplacer.cli.log_format import chosen_format, configure_logging, format_in, say
 
 # Every command: (its module, which has `register(subparsers)`; its one-line help). Order = order
 # in --help. Only the module of the command being run is imported: `vmplacer --help` and
@@ -75,16 +75,28 @@ _GLOBAL_OPTIONS = value_taking_flags()
 
 
 class _Parser(argparse.ArgumentParser):
-    """argparse exits 2 on bad usage already; keep its message but our wording."""
+    """argparse exits 2 on bad usage already; keep its message but our wording: one line, the
+    closest option or choice suggested, no usage block (`--help` has it)."""
 
     _words: list[str] = []
+    # The chosen command's parser of the last parse: its options are the ones a typo was meant as.
+    last_command_parser: argparse.ArgumentParser | None = None
 
     def error(self, message: str) -> None:  # type: ignore[override]
-        unknown = self._unknown_option() if "invalid choice" in message else None
+        known = {**self._option_string_actions}
+        chosen = _Parser.last_command_parser
+        prog = self.prog
+        if "unrecognized arguments" in message and chosen is not None:  # the top parser refuses the command's extras
+            known.update(chosen._option_string_actions)
+            prog = chosen.prog
+        unknown = self._unknown_option(known) if "invalid choice" in message or "unrecognized" in message else None
         if unknown:  # `hosts --typo x`: the typo is the problem, not the word argparse tried next
-            message = f"unrecognized arguments: {unknown} (`{self.prog} --help` lists the options)"
-        self.print_usage(sys.stderr)
-        sys.stderr.write(f"vmplacer: error: {message}\n")
+            message = f"unrecognized arguments: {unknown}"
+        from vmplacer.cli.suggest import suggest  # only on a refusal: --help imports nothing more
+
+        suggestion = suggest(message, unknown, known)
+        said = f"{message}; did you mean {suggestion}?" if suggestion else message
+        say("error", f"{said} (`{prog} --help` lists the options)", format_in(self._words))
         raise SystemExit(EXIT_USAGE)
 
     def parse_known_args(  # type: ignore[override]
@@ -101,12 +113,11 @@ class _Parser(argparse.ArgumentParser):
             extras = []
         if not hasattr(namespace, "command_parser"):  # the sub-command's parser ran first, and set it
             namespace.command_parser = self
+            _Parser.last_command_parser = self
         return namespace, extras
 
-
-    def _unknown_option(self) -> str | None:
-        """The first word given to this parser that looks like an option it does not have."""
-        known = self._option_string_actions
+    def _unknown_option(self, known: dict[str, argparse.Action]) -> str | None:
+        """The first word given to this parser that looks like an option not in `known`."""
         for word in self._words:
             if word == "--":
                 return None
@@ -213,7 +224,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         configure_logging(chosen_format(args.log_format), args.verbose)
     except ValueError as exc:  # $VMPLACER_LOG_FORMAT says something else
-        sys.stderr.write(f"vmplacer: error: {exc}\n")
+        say("error", str(exc), "text")
         return EXIT_USAGE
     if not getattr(args, "func", None):
         parser.print_help()
@@ -222,29 +233,30 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         return int(args.func(args, ctx) or 0)
     except UsageError as exc:  # one line per problem (a config or request file may have several)
-        sys.stderr.writelines(f"vmplacer: error: {line}\n" for line in str(exc).splitlines() or [""])
+        for line in str(exc).splitlines() or [""]:
+            say("error", line)
         return EXIT_USAGE
     except DatabaseError as exc:  # before OperationalError: said once, here, for every command
-        sys.stderr.write(f"vmplacer: failed: {database_problem(exc.cause, ctx, exc.doing) or exc}\n")
+        say("failed", str(database_problem(exc.cause, ctx, exc.doing) or exc))
         return EXIT_OPERATIONAL
     except OperationalError as exc:
-        sys.stderr.write(f"vmplacer: failed: {exc}\n")
+        say("failed", str(exc))
         return EXIT_OPERATIONAL
     except BrokenPipeError:
         # Output piped into `head` and the like: not an error of ours.
         sys.stderr.close()
         return 0
     except KeyboardInterrupt:
-        sys.stderr.write("vmplacer: interrupted\n")
+        say("", "interrupted")
         return 130
     except MemoryError:  # one line, never a traceback (planning names its hosts and the setting itself)
-        sys.stderr.write(f"vmplacer: failed: {getattr(args, 'command', None) or 'vmplacer'}: out of memory\n")
+        say("failed", f"{getattr(args, 'command', None) or 'vmplacer'}: out of memory")
         return EXIT_OPERATIONAL
     except Exception as exc:
         problem = database_problem(exc, ctx)
         if problem is None:
             raise
-        sys.stderr.write(f"vmplacer: failed: {problem}\n")
+        say("failed", problem)
         return EXIT_OPERATIONAL
     finally:
         _flush_output()
