@@ -60,7 +60,8 @@ fi
 # Reinstall only when the dependency list changed (pip is slow even when nothing changes).
 stamp=.venv/.vmplacer-setup-stamp
 want=$(sha256sum setup.cfg setup.py pyproject.toml constraints.txt | sha256sum | cut -d' ' -f1)
-if [[ ! -f $stamp || $(cat "$stamp") != "$want" ]]; then
+# … or when vmplacer itself is gone from it (a pip run elsewhere uninstalled it)
+if [[ ! -f $stamp || $(cat "$stamp") != "$want" || ! -x .venv/bin/vmplacer ]]; then
   echo "setup: installing vmplacer and its dependencies (pinned by constraints.txt) into .venv"
   log=.venv/pip-install.log
   if ! { .venv/bin/pip install -q --upgrade pip && .venv/bin/pip install -q -c constraints.txt -e '.[dev]'; } >"$log" 2>&1; then

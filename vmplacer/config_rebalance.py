@@ -82,6 +82,7 @@ REBALANCE_KEYS: dict[str, dict[str, tuple[str, Kind]]] = {
     "rounds": {
         "batch_hosts": ("round_batch_hosts", "integer"),
         "rest_s": ("round_rest_s", "number"),
+        "parallel_hosts": ("parallel_hosts", "integer"),
     },
 }
 

@@ -40,7 +40,9 @@ def setup():  # type: ignore[no-untyped-def]
     with roomy_test_driver() as other:
         clock = Clock()
         host = LibvirtHost(HostSettings("t", "test:///default", domain_resync_s=RESYNC_S), clock=clock)
-        assert host.placements() == {}  # connected, watching, read once (a full read)
+        assert host.placements() == {}  # connected, read once (a full read): not watching yet
+        assert not host.domain_events.watching  # a one-shot reader never registers callbacks
+        assert host.placements() == {}  # the second read asks for events (and reads all again)
         assert host.domain_events.watching
         _barrier(host, other)  # events of earlier changes (the last test's clean-up) are in
         yield host, other, clock
@@ -141,6 +143,8 @@ def test_a_reconnect_reads_every_domain_again(setup):
     assert _pins(host, "theirs") == {0: {3}}
 
     host.close()  # the next call opens a new connection: whatever happened meanwhile is unknown
+    assert _pins(host, "theirs") == {0: {8}}
+    assert not host.domain_events.watching  # until its second read
     assert _pins(host, "theirs") == {0: {8}}
     assert host.domain_events.watching
 

@@ -41,7 +41,8 @@ def _cpumap(conn: libvirt.virConnect, cpu: int) -> tuple[bool, ...]:
 def watched(testbed, host1_conn):  # type: ignore[no-untyped-def]
     clock = Clock()
     host = LibvirtHost(HostSettings("h1", testbed.host1_uri, domain_resync_s=RESYNC_S), clock=clock)
-    host.placements()  # connected, watching, one full read
+    host.placements()  # connected, one full read (events are asked for from the second read on)
+    host.placements()  # watching now, another full read
     assert host.domain_events.watching, "libvirtd must deliver domain events to this connection"
     yield host, clock
     host.close()

@@ -451,3 +451,29 @@ def test_drift_is_skipped_and_concurrent_runs_never_both_act(testbed, host1_conn
         thread.join(240 * STALL_ALLOWANCE + 60)  # each run is bounded by run_reporting_hangs
     statuses = sorted(r[1].get("status", f"rc={r[0]} {r[2][-300:]}") for r in results)
     assert statuses == ["applied", "busy"], statuses
+
+
+def test_both_hosts_are_profiled_at_once_and_no_guest_is_left_paused(testbed, host1_conn, host2_conn, make_guest,
+                                                                      tmp_path):
+    """A round's profile step takes about one host's time: both hosts' Freeze'nSense runs (real
+    suspends and resumes through each host's own libvirtd) overlap, and every guest runs after."""
+    handles = [make_guest("p1a", pin="1", emulator_pin="0"), make_guest("p1b", pin="1", emulator_pin="0"),
+               make_guest("p2a", conn=host2_conn, pin="0", emulator_pin="1"),
+               make_guest("p2b", conn=host2_conn, pin="0", emulator_pin="1")]
+    settle(handles)
+    config = write_config(tmp_path, partition=False)
+    code, report, stderr = vmplacer(config, "rebalance", "--all", "--scope", SCOPE, "--profile-seconds", "2",
+                                    "--dry-run")
+    assert code == 0, stderr
+    steps = {s["name"]: s for s in report["steps"] if s["name"].startswith("profile ")}
+    assert set(steps) == {"profile host1", "profile host2"}, report["steps"]
+    assert all(s["status"] == "ok" for s in steps.values()), steps
+    assert all("freeze" in s["message"] for s in steps.values()), steps
+    spans = [(s["offset_s"], s["offset_s"] + s["seconds"]) for s in steps.values()]
+    # each host's profile began before the other's ended (one after another, the second would
+    # begin after the first's whole profiling time)
+    assert max(start for start, _ in spans) < min(end for _, end in spans), spans
+    print(f"\nprofile steps (offset_s, end): {spans}")
+    for uri in (testbed.host1_uri, testbed.host2_uri):
+        paused = {n for n in virsh_names(uri, "--state-paused") if n.startswith(SCOPE[:-1])}
+        assert not paused, f"left paused on {uri}: {paused}"

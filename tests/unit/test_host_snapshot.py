@@ -15,6 +15,7 @@ from vmplacer.app.rebalance import rebalancer as rebalance
 from vmplacer.app.place.fleet_placement import FleetPlacement, observe_host
 from vmplacer.app.observe.host_snapshot import HostSnapshot, take_snapshot
 from vmplacer.app.place.placement_service import PlacementService
+from vmplacer.core.rebalance.state import RebalanceSettings
 from vmplacer.app.rebalance.rebalancer import RebalancePorts, Rebalancer
 from vmplacer.core.placement.guest import GuestSpec
 from vmplacer.core.placement.guest_placement import Placement
@@ -174,7 +175,8 @@ def test_the_cli_observes_candidates_through_the_same_snapshot(taken: list[HostS
     store = _Store([_reserved()])
     container = SimpleNamespace(hypervisor=hosts.__getitem__, placement_store=store,
                                 allocation_options=lambda _name: AllocationOptions(), admission=None)
-    views = observe(SimpleNamespace(container=container), Candidates(["h1", "h2"]), recorded=True)
+    settings = SimpleNamespace(rebalance=RebalanceSettings())
+    views = observe(SimpleNamespace(container=container, settings=settings), Candidates(["h1", "h2"]), recorded=True)
     assert len(taken) == 2 and [v.name for v in views] == ["h1", "h2"]
     assert all(h.reads == {"topology": 1, "domains": 1} for h in hosts.values())
     assert "claimed" in views[0].domains and "claimed" not in views[1].domains

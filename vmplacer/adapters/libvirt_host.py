@@ -96,6 +96,11 @@ class LibvirtHost(Hypervisor):
         # domains `_events` marks are read again, besides every domain each resync.
         self._placing_view: dict[str, tuple[str, tuple[Placement, dict[str, str]]]] = {}
         self._events = DomainEvents(self.name, settings.domain_resync_s, clock)
+        # Placing reads on the current connection. Domain events only pay off from a connection's
+        # second read (the first reads every domain anyway), so they are registered then: a
+        # one-shot command reading each of 10,000 hosts once never registers (nor, closing,
+        # deregisters) five callbacks per host.
+        self._placing_reads = 0
         # Concurrent callers share a read that started after they called (see shared_read).
         self._domains_read = SharedRead(self._read_domains)
         self._placements_read = SharedRead(self._read_placements)
@@ -117,7 +122,7 @@ class LibvirtHost(Hypervisor):
                 why = exc.get_error_message() if isinstance(exc, libvirt.libvirtError) else str(exc)
                 raise HypervisorError(f"host {self.name}: cannot connect to {self.uri}: {why}",
                                       host=self.name, retriable=True) from None
-            self._events.watch(self._conn)
+            self._placing_reads = 0  # events are asked for at this connection's second placing read
             return self._conn
 
     def close(self) -> None:
@@ -297,6 +302,9 @@ class LibvirtHost(Hypervisor):
         read before and of those an event or an own change marked, or of all at a resync
         (`DomainEvents`). Each distinct text is parsed once."""
         conn = self.connection()
+        if self._placing_reads == 1 and not self._events.watching:
+            self._events.watch(conn)  # everything read before is suspect: this read is a full one
+        self._placing_reads += 1
         full, dirty = self._events.take()
         try:
             view = self._read_placing_view(conn, full, dirty)

@@ -114,7 +114,8 @@ def build_rebalancer(
                        in_maintenance=lambda: container.maintenance.current().keys(),
                        demand=demand if measure_demand else None,
                        probe=(lambda host, seconds: profile(host, seconds, ("*",))) if profile else None,
-                       solver=CpSatLayoutSolver(), on_trial=on_trial, rounds=SqlRoundStore(container.sessions)),
+                       solver=CpSatLayoutSolver(), on_trial=on_trial, rounds=SqlRoundStore(container.sessions),
+                       thread_safe=True),
         holder=holder or new_holder(), settings=settings or container.settings.rebalance,
         executor_settings=executor_settings, unavailable=unavailable,
     )

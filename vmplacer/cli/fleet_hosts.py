@@ -96,31 +96,43 @@ def observe(ctx: CliContext, candidates: Candidates, *, recorded: bool = False) 
     record carry). A host that cannot be read is refused, unless it was the only one (then it
     is an operational error)."""
     from vmplacer.adapters.domain_xml import DomainXmlError
+    from vmplacer.app.host_fanout import for_each_host
     from vmplacer.app.place.fleet_placement import observe_host
     from vmplacer.app.place.fleet_planner import Refusal
     from vmplacer.app.observe.host_snapshot import joined_refusals
     from vmplacer.ports import HypervisorError
 
-    views = []
     store = ctx.container.placement_store
     refusals_on_record = not recorded and ctx.container.database_has("placements")
-    for name in list(candidates.names):
-        try:
-            host = ctx.container.hypervisor(name)
-            view = observe_host(host, ctx.container.allocation_options(name), ctx.container.admission,
-                                store if recorded else None)
-            if refusals_on_record:  # the live domains' refusals, from their records too
-                view.anti_affinity = joined_refusals(view.anti_affinity, {
-                    guest: peers for guest, peers in store.occupied_and_refusals(name)[1].items()
-                    if guest in view.domains})
-            views.append(view)
-        except (HypervisorError, DomainXmlError) as exc:
-            text = (str(exc) if isinstance(exc, HypervisorError)
-                    else f"host {name}: a domain's XML cannot be read: {exc}")
-            if len(candidates.names) == 1:
-                raise OperationalError(text) from None
-            candidates.names.remove(name)
-            candidates.closed.append(Refusal(name, "unreadable", text))
+    # every host's records in one grouped read (a dry run), not one query per host
+    on_record = store.every_host_occupied_and_refusals() if refusals_on_record else {}
+
+    def read(name: str) -> Any:
+        host = ctx.container.hypervisor(name)
+        view = observe_host(host, ctx.container.allocation_options(name), ctx.container.admission,
+                            store if recorded else None)
+        if refusals_on_record:  # the live domains' refusals, from their records too
+            view.anti_affinity = joined_refusals(view.anti_affinity, {
+                guest: peers for guest, peers in on_record.get(name, ([], {}))[1].items()
+                if guest in view.domains})
+        return view
+
+    views = []
+    names = list(candidates.names)
+    # hosts answer at once (remote daemons take milliseconds per call); views in the hosts' order
+    for outcome in for_each_host(names, read, limit=ctx.settings.rebalance.parallel_hosts):
+        name, exc = outcome.host, outcome.error
+        if exc is None:
+            views.append(outcome.result)
+            continue
+        if not isinstance(exc, (HypervisorError, DomainXmlError)):
+            raise exc
+        text = (str(exc) if isinstance(exc, HypervisorError)
+                else f"host {name}: a domain's XML cannot be read: {exc}")
+        if len(candidates.names) == 1:
+            raise OperationalError(text) from None
+        candidates.names.remove(name)
+        candidates.closed.append(Refusal(name, "unreadable", text))
     if not views:
         raise OperationalError("no candidate host could be read: "
                                + "; ".join(r.message for r in candidates.closed))

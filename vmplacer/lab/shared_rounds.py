@@ -50,13 +50,15 @@ def simulated_fleet(hosts: int, guests: int, *, seed: int = 0, nodes: int = 2, c
 
 def run_instance(url: str, holder: str, *, hosts: int, guests: int, batch_hosts: int, lease_ttl_s: float,
                  profile_s: float = 0.0, hang_in_profile: bool = False, start_at: float | None = None,
-                 out: str | None = None, seed: int = 0, barrier: Any = None) -> dict[str, Any]:
+                 out: str | None = None, seed: int = 0, barrier: Any = None,
+                 parallel_hosts: int = 1) -> dict[str, Any]:
     """One instance's `rebalance --all` (shared round) over the simulated fleet; its report as a
     dict, with the process's CPU seconds. `profile_s`: a profiling step that takes this long per
     host (a real one profiles for seconds); `hang_in_profile`: never come back from the first
     profile (an instance to be killed while it holds leases). `start_at`: a wall-clock moment
     to start at, so instances start together; `barrier` (a multiprocessing.Barrier): wait there
-    for the other instances once everything is loaded. `out`: also write the report there as JSON."""
+    for the other instances once everything is loaded. `out`: also write the report there as JSON.
+    `parallel_hosts`: hosts of a batch read and profiled at once (1: one after another)."""
     from vmplacer.adapters.db.engine import make_engine, make_session_factory
     from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
     from vmplacer.adapters.db.rounds import SqlRoundStore
@@ -76,8 +78,10 @@ def run_instance(url: str, holder: str, *, hosts: int, guests: int, batch_hosts:
     rebalancer = Rebalancer(
         RebalancePorts(hosts=dict(cluster.hosts), plans=SqlPlanStore(sessions), leases=SqlLeaseStore(sessions),
                        rounds=SqlRoundStore(sessions), clock=WallClock(),
-                       profile=profile if (profile_s > 0 or hang_in_profile) else None),
-        holder=holder, settings=RebalanceSettings(allow_migration=False, trials=False, cooldown_s=0.0),
+                       profile=profile if (profile_s > 0 or hang_in_profile) else None,
+                       thread_safe=parallel_hosts > 1),
+        holder=holder, settings=RebalanceSettings(allow_migration=False, trials=False, cooldown_s=0.0,
+                                                  parallel_hosts=parallel_hosts),
     )
     options = RunOptions(share=True, batch_hosts=batch_hosts, lease_ttl_s=lease_ttl_s,
                          profile_seconds=profile_s if not hang_in_profile else 1.0)

@@ -35,14 +35,17 @@ throttle protects, so no throttle outlives its reason unnoticed.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any
 
 from vmplacer.app.apply.actions import ActionFailed, ActionKind, Check, action_kinds
-from vmplacer.app.apply.actions.probe import OnVerdict
+from vmplacer.app.apply.actions.probe import OnVerdict, trial_hosts
+from vmplacer.app.host_fanout import for_each_host
 from vmplacer.core.placement.bandwidth import CpuBandwidth
 from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance.lanes import action_lanes
 from vmplacer.core.rebalance.plan import Action, CancelRequest, Plan, PlanError
 from vmplacer.core.rebalance.trial import Measured
 from vmplacer.ports import (
@@ -104,7 +107,15 @@ class Executor:
         throttles: ThrottleLedger | None = None,
         measurements: MutableMapping[str, Measured] | None = None,
         on_trial: OnVerdict | None = None,
+        lanes: int = 1,
     ):
+        """`lanes`: how many lanes of the plan (actions sharing no host, `core/rebalance/lanes`)
+        run at once; 1 runs the plan's actions one after another. More needs hosts, stores and
+        the probe callable safe to call from several threads (one thread per lane)."""
+        if lanes < 1:
+            raise ValueError(f"lanes must be at least 1, got {lanes}")
+        self.lanes = lanes
+        self._records_lock = threading.Lock()  # the placement rows (`_deferred`) lanes share
         self.hosts = dict(hosts)
         self.clock = clock
         self.plans = plans
@@ -133,17 +144,15 @@ class Executor:
                 raise ExecutorError(f"plan {plan.id}: no longer approved (another run took it)")
         plan = plan.moved_to("running")
         self._deferred = []
-        cancel: CancelRequest | None = None
-        for action in plan.actions:
-            if not action.final:
-                cancel = self._cancel_request(plan)
-                if cancel is not None:
-                    plan = self._skip_rest(plan, cancel.message)
-                    break
-            plan = self._run_action(plan, action.index)
-            if plan.actions[action.index].state == "failed" and self.settings.on_failure == "rollback":
-                plan = self._roll_back(plan)
-                break
+        lanes = action_lanes(plan.actions, {a.index: trial_hosts(a) for a in plan.actions if a.kind == "probe"})
+        if self.lanes == 1 or len(lanes) == 1:
+            plan, cancel, failed = self._run_lane(plan, [a.index for a in plan.actions], None)
+        else:
+            plan, cancel, failed = self._run_lanes(plan, lanes)
+        if cancel is not None:
+            plan = self._skip_rest(plan, cancel.message)
+        elif failed:
+            plan = self._roll_back(plan)
         plan = self._skip_rest(plan, "the plan stopped before this action")
         self._flush_deferred(plan, final=True)
         broken = self._isolation_after(plan)
@@ -164,6 +173,50 @@ class Executor:
         self._audit("rebalance-plan", "ok" if outcome == "succeeded" else outcome, None, None,
                     f"plan {plan.id}: {outcome} ({message})", {"plan_id": plan.id})
         return plan.moved_to(outcome, message)
+
+    def _run_lane(self, plan: Plan, indexes: list[int], stop: threading.Event | None
+                  ) -> tuple[Plan, CancelRequest | None, bool]:
+        """Run these actions in order: (the plan after them, a cancel request that stopped them,
+        whether one failed and the plan is to be rolled back). `stop`: another lane stopped
+        the plan; this one starts no further action."""
+        for index in indexes:
+            if stop is not None and stop.is_set():
+                break
+            if not plan.actions[index].final:
+                cancel = self._cancel_request(plan)
+                if cancel is not None:
+                    return plan, cancel, False
+            plan = self._run_action(plan, index)
+            if plan.actions[index].state == "failed" and self.settings.on_failure == "rollback":
+                return plan, None, True
+        return plan, None, False
+
+    def _run_lanes(self, plan: Plan, lanes: list[list[int]]) -> tuple[Plan, CancelRequest | None, bool]:
+        """The lanes at once, `self.lanes` at a time: each runs on its own copy of the plan (it
+        changes only its own actions, and its reverts undo only those), merged when all are
+        done. A cancel or a failure to roll back for stops every lane before its next action;
+        the rest of the plan is then skipped or rolled back as one."""
+        stop = threading.Event()
+        names = [f"lane {n}" for n in range(len(lanes))]
+        by_name = dict(zip(names, lanes))
+
+        def run(name: str) -> tuple[Plan, CancelRequest | None, bool]:
+            result = self._run_lane(plan, by_name[name], stop)
+            if result[1] is not None or result[2]:
+                stop.set()
+            return result
+
+        merged, cancel, failed = plan, None, False
+        for outcome in for_each_host(names, run, limit=self.lanes):
+            if outcome.error is not None:
+                raise outcome.error
+            assert outcome.result is not None
+            done, lane_cancel, lane_failed = outcome.result
+            for index in by_name[outcome.host]:
+                merged = merged.with_action(done.actions[index])
+            cancel = cancel or lane_cancel
+            failed = failed or lane_failed
+        return merged, cancel, failed
 
     def _isolation_after(self, plan: Plan) -> list[str]:
         """The isolation invariant on every host the plan changed, read back from libvirt once the
@@ -352,6 +405,10 @@ class Executor:
     def _record(self, plan: Plan, placements: list[Placement]) -> None:
         if self.placements is None:
             return
+        with self._records_lock:
+            self._record_held(placements)
+
+    def _record_held(self, placements: list[Placement]) -> None:
         # one row per guest: its latest placement (a migration's arrival, then its repin there)
         batch = list({p.guest: p for p in self._deferred + placements}.values())
         try:
@@ -361,6 +418,10 @@ class Executor:
             self._deferred = batch  # a guest this plan moves later still holds a claim
 
     def _flush_deferred(self, plan: Plan, final: bool) -> None:
+        with self._records_lock:
+            self._flush_held(plan)
+
+    def _flush_held(self, plan: Plan) -> None:
         if not self._deferred or self.placements is None:
             return
         try:

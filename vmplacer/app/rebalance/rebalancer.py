@@ -35,7 +35,8 @@ from typing import Any
 
 from vmplacer.app.apply.actions.probe import OnVerdict, trial_hosts
 from vmplacer.app.apply.executor import Auditor, Executor, ExecutorError, ExecutorSettings
-from vmplacer.app.observe.host_snapshot import take_snapshot
+from vmplacer.app.host_fanout import for_each_host
+from vmplacer.app.observe.host_snapshot import HostSnapshot, take_snapshot
 from vmplacer.core.placement.guest import GuestSpec, GuestSpecError
 from vmplacer.core.model.interference import InterferenceModel
 from vmplacer.core.rebalance.layout_problem import LayoutSolver
@@ -282,10 +283,16 @@ class Step:
     status: str  # ok | skipped | failed
     seconds: float
     message: str = ""
+    # when the step began, seconds after the first of the steps run alongside it (hosts profiled
+    # at once: an operator sees they overlapped); None for a step run on its own
+    offset_s: float | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"name": self.name, "status": self.status, "seconds": round(self.seconds, 3),
-                "message": self.message}
+        data: dict[str, Any] = {"name": self.name, "status": self.status, "seconds": round(self.seconds, 3),
+                                "message": self.message}
+        if self.offset_s is not None:
+            data["offset_s"] = round(self.offset_s, 3)
+        return data
 
 
 @dataclass
@@ -366,6 +373,10 @@ class RebalancePorts:
     throttles: ThrottleLedger | None = None  # where throttle/release actions record what they leave in force
     on_trial: OnVerdict | None = None  # told of each trial verdict while a plan is applied (the API counts them)
     rounds: RoundStore | None = None  # rounds shared with other instances (None: every run plans all its hosts)
+    # every port above may be called from several threads at once, one thread per host (the
+    # composition root's libvirt and SQL adapters may; the lab's simulator, one clock and one random
+    # stream, may not): then a run reads and profiles up to `parallel_hosts` hosts at once
+    thread_safe: bool = False
 
 
 class Rebalancer:
@@ -416,26 +427,26 @@ class Rebalancer:
         errors: dict[str, str] = {}
         refused: dict[str, HostRefusal] = {}
         closed = set(self.in_maintenance())
-        for name in host_names:
-            try:
-                snapshot = take_snapshot(self.hosts[name], listing=True)
-            except HypervisorError as exc:
+        names = list(dict.fromkeys(host_names))
+        reads = for_each_host(names, self._read_host, limit=self._parallel(len(names)))
+        for name, outcome in zip(names, reads):
+            if isinstance(outcome.error, HypervisorError):
                 unreachable.append(name)
-                errors[name] = str(exc)
-                notes.append(f"host {name} left out: {exc}")
+                errors[name] = str(outcome.error)
+                notes.append(f"host {name} left out: {outcome.error}")
                 continue
+            if outcome.error is not None:
+                raise outcome.error
+            assert outcome.result is not None
+            snapshot, loads, demand_error = outcome.result
             topology, domains = snapshot.topology, snapshot.domains or ()
             hosts[name] = HostState(name, topology, accepts_migrations=name not in closed,
                                     options=self.allocation(name))
             if name in closed:
                 notes.append(f"host {name} is in maintenance: no guest moves onto it")
             running = [d for d in domains if d.state == "running"]
-            loads: dict[str, float] = {}
-            if self.demand is not None and running:
-                try:
-                    loads = self.demand(name, [d.name for d in running])
-                except HypervisorError as exc:
-                    notes.append(f"host {name}: vCPU demand not measured ({exc}); labels or 1.0 used")
+            if demand_error is not None:
+                notes.append(f"host {name}: vCPU demand not measured ({demand_error}); labels or 1.0 used")
             here: dict[str, GuestState] = {}
             for domain in running:
                 if domain.placement is None:
@@ -458,6 +469,23 @@ class Rebalancer:
                     continue
                 guests[guest_name] = guest
         return Observation(ClusterState(hosts, guests), notes, unreachable, errors, refused)
+
+    def _read_host(self, name: str) -> tuple[HostSnapshot, dict[str, float], HypervisorError | None]:
+        """One host's snapshot and its running guests' vCPU demand (a measuring window of its
+        own): what `observe` waits for on each host, so hosts are read at once."""
+        snapshot = take_snapshot(self.hosts[name], listing=True)
+        running = [d.name for d in snapshot.domains or () if d.state == "running"]
+        if self.demand is None or not running:
+            return snapshot, {}, None
+        try:
+            return snapshot, self.demand(name, running), None
+        except HypervisorError as exc:
+            return snapshot, {}, exc
+
+    def _parallel(self, hosts: int) -> int:
+        """Hosts worked on at once: the setting where every port may be called from several
+        threads (`RebalancePorts.thread_safe`), else one after another."""
+        return max(1, min(self.settings.parallel_hosts, hosts)) if self.ports.thread_safe else 1
 
     def _refusal(self, name: str, host: HostState, guests: Mapping[str, GuestState]) -> HostRefusal | None:
         """Why the planner refuses this host's part of the cluster (RebalanceInputError: a guest
@@ -712,7 +740,7 @@ class Rebalancer:
         executor = Executor(
             self.hosts, clock=self.clock, plans=self.plans, audit=auditor, placements=self.placements,
             probe=self.probe, keep_lease=keep_lease, settings=self.executor_settings, throttles=self.throttles,
-            measurements=self.measurements, on_trial=self.on_trial,
+            measurements=self.measurements, on_trial=self.on_trial, lanes=self._parallel(len(hosts)),
         )
         try:
             done = executor.run(plan)
@@ -729,17 +757,17 @@ class Rebalancer:
         if self.probe is None:
             return
         trials = [a for a in plan.actions if a.kind == "probe" and a.parameters.get("trial")]
-        for host in sorted({h for a in trials for h in trial_hosts(a)}):
-            if host in self.measurements:
-                continue
-            seconds = min(float(a.parameters.get("seconds", 5.0)) for a in trials if host in trial_hosts(a))
-            try:
-                result = self.probe(host, seconds)
-            except Exception as exc:  # noqa: BLE001 - without it the trials keep only what is sure
-                log.warning("measuring %s before its trial failed: %s", host, exc)
-                continue
-            if isinstance(result, Measured):
-                self.measurements[host] = result
+        probe = self.probe
+        due = [h for h in sorted({h for a in trials for h in trial_hosts(a)}) if h not in self.measurements]
+
+        def measure(host: str) -> str | Measured:
+            return probe(host, min(float(a.parameters.get("seconds", 5.0)) for a in trials if host in trial_hosts(a)))
+
+        for outcome in for_each_host(due, measure, limit=self._parallel(len(due))):  # hosts measured at once
+            if outcome.error is not None:  # without it the trials keep only what is sure
+                log.warning("measuring %s before its trial failed: %s", outcome.host, outcome.error)
+            elif isinstance(outcome.result, Measured):
+                self.measurements[outcome.host] = outcome.result
 
     def _cancelled_meanwhile(self, plan_id: int, problem: str) -> Plan:
         """The plan someone cancelled between our reading it and starting it; otherwise `problem`."""
@@ -891,18 +919,32 @@ class Rebalancer:
             report.steps.append(Step("profile", "skipped", 0.0, why))
             log.warning("profile step skipped: %s", why)
             return
-        for host in host_names:
+        profile = self.profile
+
+        def one(host: str) -> tuple[Step, Measured | None]:
             started = self.clock.now()
             try:
-                result = self.profile(host, options.profile_seconds, options.scope)
-                if isinstance(result, Measured):
-                    self.measurements[host] = result
-                message = result.message if isinstance(result, Measured) else result
-                report.steps.append(Step(f"profile {host}", "ok", self.clock.now() - started, message))
+                result = profile(host, options.profile_seconds, options.scope)
             except Exception as exc:  # noqa: BLE001 - a failed profile leaves the old model in place
-                report.steps.append(Step(f"profile {host}", "failed", self.clock.now() - started, str(exc)))
                 log.warning("profiling %s failed: %s", host, exc)
-            self.leases.renew(host_names, self.holder, options.lease_ttl_s)
+                return Step(f"profile {host}", "failed", self.clock.now() - started, str(exc),
+                            started - began), None
+            measured = result if isinstance(result, Measured) else None
+            message = result.message if isinstance(result, Measured) else result
+            return Step(f"profile {host}", "ok", self.clock.now() - started, message, started - began), measured
+
+        began = self.clock.now()
+        outcomes = for_each_host(host_names, one, limit=self._parallel(len(host_names)),
+                                 heartbeat=lambda: self.leases.renew(host_names, self.holder, options.lease_ttl_s),
+                                 heartbeat_s=max(1.0, options.lease_ttl_s / 4))
+        for outcome in outcomes:
+            if outcome.error is not None:  # `one` catches what a profile raises: this is the step's own fault
+                raise outcome.error
+            assert outcome.result is not None
+            step, measured = outcome.result
+            report.steps.append(step)
+            if measured is not None:
+                self.measurements[outcome.host] = measured
 
     def _learn_step(self, report: RunReport) -> None:
         if self.learn is None:

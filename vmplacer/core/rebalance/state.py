@@ -118,6 +118,9 @@ class RebalanceSettings:
     # the same hosts are rebalanced again (0: a later run starts a new round at once).
     round_batch_hosts: int = 50
     round_rest_s: float = 0.0
+    # hosts read, measured and profiled at once by one run (one worker per host, never two on the
+    # same host): a round takes about its slowest hosts' time, not the sum of every host's
+    parallel_hosts: int = 16
 
     def min_gain_for(self, guests: float) -> float:
         """The hysteresis of a move on hosts that run `guests` (their weights summed)."""
@@ -144,9 +147,10 @@ class RebalanceSettings:
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 0):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be an integer >= 0, got {value!r}")
-        if not (isinstance(self.round_batch_hosts, int) and self.round_batch_hosts >= 1):
-            raise RebalanceInputError("rebalance settings: field 'round_batch_hosts' must be an integer >= 1, "
-                                      f"got {self.round_batch_hosts!r}")
+        for name in ("round_batch_hosts", "parallel_hosts"):
+            value = getattr(self, name)
+            if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+                raise RebalanceInputError(f"rebalance settings: field {name!r} must be an integer >= 1, got {value!r}")
         if self.copy_slowdown > 1:
             raise RebalanceInputError(f"rebalance settings: field 'copy_slowdown' must be <= 1, got {self.copy_slowdown}")
         if not 0 <= self.guess_weight <= 1:
