@@ -149,11 +149,11 @@ def test_out_of_memory_anywhere_else_is_503_not_a_bare_500(api, monkeypatch):
     import vmplacer.api.routes.plans as plans
 
     class Exhausted:
-        def recent(self, *_args, **_kwargs):  # noqa: ANN002, ANN003, ANN201
+        def get(self, *_args, **_kwargs):  # noqa: ANN002, ANN003, ANN201
             raise MemoryError
 
     monkeypatch.setattr(plans, "plan_store", lambda _services: Exhausted())
-    response = api.get("/v1/plans")
+    response = api.get("/v1/plans/1")
     assert response.status_code == 503, response.text
     error = _error(response)
     assert error["code"] == "out-of-memory" and "out of memory" in error["message"]
