@@ -178,13 +178,19 @@ CONFIG_FIELDS: dict[str, dict[str, Key]] = {
 _KIND_TYPES = {"number": "number", "integer": "integer", "flag": "boolean"}
 
 
+def _rebalance_schema(kind: str) -> dict[str, Any]:
+    if kind == "seconds":  # a number of seconds, or text with a unit
+        return {"anyOf": [{"type": "number"}, {"type": "string", "pattern": duration_pattern(days=True)}]}
+    return {"type": _KIND_TYPES[kind]}
+
+
 def rebalance_keys() -> dict[str, dict[str, Key]]:
     """The rebalance stages' keys as table sections ("rebalance.STAGE"). Their ranges are the
     plan settings' own, checked by the reader through RebalanceSettings, not by the schema."""
     return {f"rebalance.{stage}": {
-        key: Key({"type": _KIND_TYPES[kind]}, f"the default of the plan setting {name} (docs/rebalance.md)"
-                                              + ("" if kind == "flag" else "; `vmplacer config check` checks its "
-                                                                           "range"))
+        key: Key(_rebalance_schema(kind), f"the default of the plan setting {name} (docs/rebalance.md)"
+                 + ("" if kind == "flag" else "; `vmplacer config check` checks its range")
+                 + ("; seconds, or text with a unit: 30s, 10m, 1h, 1d" if kind == "seconds" else ""))
         for key, (name, kind) in keys.items()} for stage, keys in REBALANCE_KEYS.items()}
 
 

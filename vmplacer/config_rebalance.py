@@ -12,9 +12,12 @@ import math
 from dataclasses import replace
 from typing import Any, Literal
 
+from vmplacer.core.durations import duration_seconds, is_bare_number
 from vmplacer.core.rebalance.state import RebalanceInputError, RebalanceSettings
 
-Kind = Literal["number", "integer", "flag"]
+# "seconds": a duration key (`cooldown_s`), a number of seconds or text with a unit (`10m`), as
+# everywhere in the file (core/durations.py)
+Kind = Literal["number", "integer", "flag", "seconds"]
 
 # stage -> key in the file -> (RebalanceSettings field, kind). Every field appears exactly once
 # (tests/unit/test_config_rebalance.py holds that), so the file can say anything a flag can.
@@ -23,13 +26,13 @@ REBALANCE_KEYS: dict[str, dict[str, tuple[str, Kind]]] = {
         "min_gain": ("min_gain", "number"),
         "min_gain_share": ("min_gain_share", "number"),
         "min_migration_gain": ("min_migration_gain", "number"),
-        "cooldown_s": ("cooldown_s", "number"),
-        "backoff_s": ("backoff_s", "number"),
+        "cooldown_s": ("cooldown_s", "seconds"),
+        "backoff_s": ("backoff_s", "seconds"),
     },
     "objective": {
         "fairness": ("fairness", "number"),
         "latency_critical_weight": ("latency_critical_weight", "number"),
-        "horizon_s": ("horizon_s", "number"),
+        "horizon_s": ("horizon_s", "seconds"),
     },
     "search": {
         "max_actions": ("max_actions", "integer"),
@@ -45,7 +48,7 @@ REBALANCE_KEYS: dict[str, dict[str, tuple[str, Kind]]] = {
     "migration": {
         "allow": ("allow_migration", "flag"),
         "bandwidth_mib_s": ("migration_bandwidth_mib_s", "number"),
-        "max_downtime_s": ("max_downtime_s", "number"),
+        "max_downtime_s": ("max_downtime_s", "seconds"),
         "copy_slowdown": ("copy_slowdown", "number"),
         "default_dirty_mib_s": ("default_dirty_mib_s", "number"),
         "memory_move_mib_s": ("memory_move_mib_s", "number"),
@@ -62,16 +65,16 @@ REBALANCE_KEYS: dict[str, dict[str, tuple[str, Kind]]] = {
     },
     "probes": {
         "below_confidence": ("probe_below_confidence", "number"),
-        "seconds": ("probe_seconds", "number"),
+        "seconds": ("probe_seconds", "seconds"),
     },
     "trials": {
         "enabled": ("trials", "flag"),
-        "seconds": ("trial_seconds", "number"),
+        "seconds": ("trial_seconds", "seconds"),
         "min_gain": ("trial_min_gain", "number"),
         "tolerance": ("trial_tolerance", "number"),
         "recheck": ("trial_recheck", "number"),
         "refuted_bar": ("trial_refuted_bar", "number"),
-        "memory_s": ("trial_memory_s", "number"),
+        "memory_s": ("trial_memory_s", "seconds"),
         "max": ("trial_max", "integer"),
         "exploration": ("exploration", "number"),
     },
@@ -81,7 +84,7 @@ REBALANCE_KEYS: dict[str, dict[str, tuple[str, Kind]]] = {
     },
     "rounds": {
         "batch_hosts": ("round_batch_hosts", "integer"),
-        "rest_s": ("round_rest_s", "number"),
+        "rest_s": ("round_rest_s", "seconds"),
         "parallel_hosts": ("parallel_hosts", "integer"),
     },
 }
@@ -107,12 +110,18 @@ def config_key_of(field_name: str) -> str:
 
 def _value(value: Any, kind: Kind) -> float | int | bool:
     """One value checked by kind; ValueError says the rule."""
+    if kind == "seconds" and isinstance(value, str):
+        seconds = float(value) if is_bare_number(value) else duration_seconds(value, "s", days=True)
+        if seconds is None or not math.isfinite(seconds):
+            raise ValueError("must be a number of seconds or a duration with a unit (s, m, h, d; e.g. 30s, 10m, 1h)")
+        return seconds
     if kind == "flag":
         if not isinstance(value, bool):
             raise ValueError("must be true or false")
         return value
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise ValueError("must be a number" if kind == "number" else "must be a whole number")
+        raise ValueError({"integer": "must be a whole number", "seconds": "must be a number of seconds or a "
+                          "duration with a unit (s, m, h, d; e.g. 30s, 10m, 1h)"}.get(kind, "must be a number"))
     if kind == "integer":
         if isinstance(value, float) and not value.is_integer():
             raise ValueError("must be a whole number")

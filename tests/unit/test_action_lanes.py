@@ -32,3 +32,21 @@ def test_a_trial_measuring_several_hosts_and_a_dependency_tie_them_too():
     assert lanes == [[0, 1, 4], [2, 3]]
     every = sorted(i for lane in lanes for i in lane)
     assert every == [0, 1, 2, 3, 4]
+
+
+def test_a_kept_trial_undone_by_the_plans_roll_back_is_the_roll_backs_not_the_trials():
+    from vmplacer.core.rebalance.plan import ROLLED_BACK_WITH_THE_PLAN, Plan
+
+    trial = {"trial": {"kind": "confirm", "from_key": "x", "to_key": "t"}}
+    moved = act(0, "a").moved_to("running").moved_to("succeeded").moved_to("rolled_back", ROLLED_BACK_WITH_THE_PLAN)
+    probe = Action(index=1, kind="probe", host="a", depends_on=(0,), parameters=trial)
+    kept_then_undone = probe.moved_to("running").moved_to("succeeded").moved_to("rolled_back",
+                                                                                 ROLLED_BACK_WITH_THE_PLAN)
+    failed = act(2, "b").moved_to("running").moved_to("failed", "pinning refused")
+    plan = Plan(actions=(moved, kept_then_undone, failed), hosts=("a", "b"))
+    assert plan.undone_by_trials() == set()
+    assert plan.outcome() == "rolled_back"
+    # a trial's own undo is the plan's outcome, not a failure
+    measured_worse = probe.moved_to("running").moved_to("rolled_back", "measured 0.6 → 0.5: undone")
+    undone_by_trial = act(0, "a").moved_to("running").moved_to("succeeded").moved_to("rolled_back", "undone: measured")
+    assert Plan(actions=(undone_by_trial, measured_worse), hosts=("a",)).outcome() == "succeeded"

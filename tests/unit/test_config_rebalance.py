@@ -9,7 +9,7 @@ from dataclasses import fields
 import pytest
 
 from vmplacer.config import ConfigError, settings_from_mapping
-from vmplacer.config_rebalance import REBALANCE_KEYS, RETIRED_KEYS
+from vmplacer.config_rebalance import REBALANCE_KEYS, RETIRED_KEYS, read_rebalance
 from vmplacer.core.rebalance.state import RebalanceSettings
 
 
@@ -78,3 +78,21 @@ def test_a_flag_overrides_the_file_for_one_run():
     run = settings_with_flags(argparse.Namespace(max_actions=2, min_gain=None), from_file)
     assert (run.max_actions, run.min_gain) == (2, 0.02)
     assert settings_with_flags(argparse.Namespace(), from_file) == from_file
+
+
+def test_duration_keys_take_a_unit_like_every_duration_of_the_file():
+    problems: list[tuple[str, str]] = []
+    settings = read_rebalance({"hysteresis": {"cooldown_s": "15m", "backoff_s": "1h"},
+                               "trials": {"seconds": "3s", "memory_s": "1d"}, "probes": {"seconds": 5},
+                               "rounds": {"rest_s": "90"}}, lambda key, reason: problems.append((key, reason)))
+    assert problems == []
+    assert (settings.cooldown_s, settings.backoff_s, settings.trial_seconds, settings.trial_memory_s,
+            settings.probe_seconds, settings.round_rest_s) == (900.0, 3600.0, 3.0, 86400.0, 5.0, 90.0)
+    for bad in ("10 parsecs", "nan", "-5m", True):
+        problems.clear()
+        read_rebalance({"hysteresis": {"cooldown_s": bad}}, lambda key, reason: problems.append((key, reason)))
+        assert [key for key, _ in problems] == ["rebalance.hysteresis.cooldown_s"], (bad, problems)
+        assert "a duration with a unit" in problems[0][1]
+    problems.clear()  # a rate is not a duration: `*_mib_s` keys stay numbers
+    read_rebalance({"migration": {"bandwidth_mib_s": "10m"}}, lambda key, reason: problems.append((key, reason)))
+    assert problems and "must be a number" in problems[0][1]

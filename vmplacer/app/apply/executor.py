@@ -46,7 +46,7 @@ from vmplacer.app.host_fanout import for_each_host
 from vmplacer.core.placement.bandwidth import CpuBandwidth
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.rebalance.lanes import action_lanes
-from vmplacer.core.rebalance.plan import Action, CancelRequest, Plan, PlanError
+from vmplacer.core.rebalance.plan import ROLLED_BACK_WITH_THE_PLAN, Action, CancelRequest, Plan, PlanError
 from vmplacer.core.rebalance.trial import Measured
 from vmplacer.ports import (
     ClaimConflict,
@@ -349,7 +349,7 @@ class Executor:
 
     def _roll_back(self, plan: Plan) -> Plan:
         for action in reversed(plan.actions):
-            plan = self._revert(plan, action, "undone: another action of the plan failed")
+            plan = self._revert(plan, action, ROLLED_BACK_WITH_THE_PLAN)
         return self._skip_rest(plan, "the plan was rolled back")
 
     # ----- helpers ------------------------------------------------------------------------------------

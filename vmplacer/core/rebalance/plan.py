@@ -90,6 +90,11 @@ class CancelRequest:
         return {"by": self.by, "reason": self.reason, "at": self.at}
 
 
+# the message of each action the executor undoes when another action of the plan failed (the
+# plan's roll-back), as opposed to a trial's own undo
+ROLLED_BACK_WITH_THE_PLAN = "undone: another action of the plan failed"
+
+
 @dataclass(frozen=True)
 class Action:
     """One change to one host: a repin, a memory-node change, a live migration, or a probe.
@@ -363,10 +368,12 @@ class Plan:
 
     def undone_by_trials(self) -> set[int]:
         """Indexes of trial probes whose measurement undid their moves, and of those moves: an
-        outcome of the plan, not a failure (core/rebalance/trial.py)."""
+        outcome of the plan, not a failure (core/rebalance/trial.py). A probe the plan's roll-back
+        undid (its trial had kept the moves) is the roll-back's, not the trial's."""
         undone: set[int] = set()
         for action in self.actions:
-            if action.kind == "probe" and action.parameters.get("trial") and action.state == "rolled_back":
+            if (action.kind == "probe" and action.parameters.get("trial") and action.state == "rolled_back"
+                    and action.message != ROLLED_BACK_WITH_THE_PLAN):
                 undone.add(action.index)
                 undone.update(d for d in action.depends_on if self.actions[d].state == "rolled_back")
         return undone
