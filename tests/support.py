@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Mapping, Sequence
@@ -337,3 +338,36 @@ def systemd_verify_problems(units: Sequence[Path], workdir: Path) -> list[str] |
     result = subprocess.run([analyze, "verify", *map(str, units)], capture_output=True, text=True, env=env)
     return [line for line in (result.stdout + result.stderr).splitlines()
             if line.strip() and "is not executable" not in line and "No such file" not in line]
+
+
+class SerialisedHost:
+    """A simulated host (vmplacer.lab.simulator) whose calls all take one lock: the simulator
+    is not thread safe, and tests of code that works on hosts from several threads test that
+    code, not the simulator. With `fail_pins`, pinning raises HypervisorError; with `gate`, the
+    first pin waits there (every host's first pin at once)."""
+
+    lock = threading.Lock()
+
+    def __init__(self, inner, *, fail_pins: bool = False, gate=None):  # type: ignore[no-untyped-def]
+        self.inner, self.name, self.fail_pins, self.gate = inner, inner.name, fail_pins, gate
+
+    def pin_vcpu(self, *args, **kwargs):  # type: ignore[no-untyped-def]
+        from vmplacer.ports import HypervisorError
+
+        gate, self.gate = self.gate, None
+        if gate is not None:
+            gate.wait()
+        if self.fail_pins:
+            raise HypervisorError(f"host {self.name}: pinning refused")
+        with self.lock:
+            return self.inner.pin_vcpu(*args, **kwargs)
+
+    def __getattr__(self, item):  # type: ignore[no-untyped-def]
+        attr = getattr(self.inner, item)
+        if not callable(attr):
+            return attr
+
+        def call(*args, **kwargs):  # type: ignore[no-untyped-def]
+            with self.lock:
+                return attr(*args, **kwargs)
+        return call

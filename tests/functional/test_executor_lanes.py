@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import threading
 
+from tests.support import SerialisedHost
 from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore
 from vmplacer.app.apply.executor import ExecutorSettings
@@ -17,48 +18,18 @@ from vmplacer.core.rebalance.state import RebalanceSettings
 from vmplacer.core.rebalance.trial import Measured
 from vmplacer.core.topology.host import uniform_topology
 from vmplacer.lab.simulator import SimCluster
-from vmplacer.ports import HypervisorError
 
 HOSTS = ("h1", "h2", "h3")
 
 
-class Serialised:
-    """A simulated host whose calls take one lock (the simulator is not thread safe); pinning
-    on it fails when told to."""
-
-    lock = threading.Lock()
-
-    def __init__(self, inner, fail_pins: bool = False, gate: threading.Barrier | None = None):
-        self.inner, self.name, self.fail_pins, self.gate = inner, inner.name, fail_pins, gate
-
-    def pin_vcpu(self, *args, **kwargs):
-        gate, self.gate = self.gate, None
-        if gate is not None:  # every host's first pin at once: each lane has started
-            gate.wait()
-        if self.fail_pins:
-            raise HypervisorError(f"host {self.name}: pinning refused")
-        with self.lock:
-            return self.inner.pin_vcpu(*args, **kwargs)
-
-    def __getattr__(self, item):
-        attr = getattr(self.inner, item)
-        if not callable(attr):
-            return attr
-
-        def call(*args, **kwargs):
-            with self.lock:
-                return attr(*args, **kwargs)
-        return call
-
-
-def fleet(fail_on: str | None = None) -> tuple[SimCluster, dict[str, Serialised]]:
+def fleet(fail_on: str | None = None) -> tuple[SimCluster, dict[str, SerialisedHost]]:
     cluster = SimCluster(seed=1, noise=0.0)
     gate = threading.Barrier(len(HOSTS), timeout=60) if fail_on else None
     for host in HOSTS:
         cluster.add_host(host, uniform_topology(nodes=1, cores_per_node=4, name=host))
         for guest in "abc":
             cluster.hosts[host].define_domain(f"{guest}{host}", workload="spin", vcpupin=[0], memory_kib=256 * 1024)
-    return cluster, {h: Serialised(cluster.hosts[h], fail_pins=h == fail_on, gate=gate) for h in HOSTS}
+    return cluster, {h: SerialisedHost(cluster.hosts[h], fail_pins=h == fail_on, gate=gate) for h in HOSTS}
 
 
 def pin(guest: str, host: str, cpu: int) -> Placement:

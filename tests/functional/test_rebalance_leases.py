@@ -9,6 +9,7 @@ import time
 import pytest
 from sqlalchemy import select
 
+from tests.support import SerialisedHost
 from vmplacer.adapters.db.engine import make_engine, make_session_factory
 from vmplacer.adapters.db.models import HostLeaseRow
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
@@ -69,22 +70,6 @@ def test_two_concurrent_runs_never_both_act(engine):
     host = cluster.add_host("h1", uniform_topology(nodes=1, cores_per_node=4, name="h1"))
     for name in ("a", "b", "c"):
         host.define_domain(name, workload="spin", vcpupin=[0])
-    lock = threading.Lock()  # the simulator is not thread safe; the test serialises host calls
-
-    class Locked:
-        def __init__(self, inner):
-            self.inner, self.name = inner, inner.name
-
-        def __getattr__(self, item):
-            attr = getattr(self.inner, item)
-            if not callable(attr):
-                return attr
-
-            def call(*args, **kwargs):
-                with lock:
-                    return attr(*args, **kwargs)
-            return call
-
     inside = threading.Event()
     release = threading.Event()
 
@@ -96,7 +81,7 @@ def test_two_concurrent_runs_never_both_act(engine):
     def make(holder: str, profile=None, wait_s: float = 0.0) -> tuple[Rebalancer, RunOptions]:
         sessions = make_session_factory(engine)
         run = Rebalancer(
-            RebalancePorts(hosts={"h1": Locked(host)}, plans=SqlPlanStore(sessions),
+            RebalancePorts(hosts={"h1": SerialisedHost(host)}, plans=SqlPlanStore(sessions),
                            leases=SqlLeaseStore(sessions), clock=RealClock(), profile=profile),
             holder=holder, settings=RebalanceSettings(allow_migration=False),
         )

@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 
+from tests.support import SerialisedHost
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlanStore
 from vmplacer.app.rebalance.rebalancer import RebalancePorts, Rebalancer, RunOptions
 from vmplacer.core.rebalance.state import RebalanceSettings
@@ -26,33 +27,13 @@ class RealClock:
         time.sleep(seconds)
 
 
-class Serialised:
-    """A simulated host whose calls take one lock: the simulator is not thread safe, the
-    rebalancer's fan-out is what is tested."""
-
-    lock = threading.Lock()
-
-    def __init__(self, inner):
-        self.inner, self.name = inner, inner.name
-
-    def __getattr__(self, item):
-        attr = getattr(self.inner, item)
-        if not callable(attr):
-            return attr
-
-        def call(*args, **kwargs):
-            with self.lock:
-                return attr(*args, **kwargs)
-        return call
-
-
-def fleet() -> dict[str, Serialised]:
+def fleet() -> dict[str, SerialisedHost]:
     cluster = SimCluster(seed=3, noise=0.0)
     for name in HOSTS:
         host = cluster.add_host(name, uniform_topology(nodes=1, cores_per_node=4, name=name))
         for guest in range(3):
             host.define_domain(f"{name}-g{guest}", workload="spin", vcpupin=[0], memory_kib=256 * 1024)
-    return {name: Serialised(host) for name, host in cluster.hosts.items()}
+    return {name: SerialisedHost(host) for name, host in cluster.hosts.items()}
 
 
 def rebalancer(sessions, holder: str, *, parallel: int, profile=None, demand=None) -> Rebalancer:
