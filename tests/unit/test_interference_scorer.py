@@ -226,8 +226,11 @@ def test_extra_candidates_keep_every_placement_rule():
 def test_floating_neighbours_narrowed_by_arrays_score_as_rebuilt_ones(seed, monkeypatch):
     """A candidate's floating neighbours (every vCPU over one pool) are narrowed from their kept
     pieces, not rebuilt as tenants: the same losses to the last bit, candidate after candidate
-    (the pools of several shapes, some left whole when the candidate takes all of them)."""
+    (the pools of several shapes, some left whole when the candidate takes all of them). Both
+    rebuild every candidate: judging it as a change is tested in test_admission_delta.py."""
     from vmplacer.core.placement import interference_scorer
+
+    monkeypatch.setattr(InterferenceScorer, "judge_as_changes", False)
 
     rng = random.Random(seed)
     topology = uniform_topology(nodes=2, cores_per_node=4, threads_per_core=2, name="h")

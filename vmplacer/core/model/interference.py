@@ -819,6 +819,14 @@ def _tenant_pieces(topology: HostTopology, tenant: Tenant,
     return found[1], found[2]
 
 
+tenant_pieces = _tenant_pieces  # one tenant's (pCPUs, demands), as every layout flattens it
+
+
+def host_groups(topology: HostTopology) -> np.ndarray | None:
+    """`nested_groups` of all the host's pCPUs (columns: pCPU ids sorted), kept per topology."""
+    return _host_index(topology).groups
+
+
 def distance_matrix(topology: HostTopology, cpus: np.ndarray) -> np.ndarray:
     """Distance-class index (DistanceClass.rank) between every two pCPUs listed."""
     attrs = np.array(

@@ -30,8 +30,9 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from vmplacer.core.model.class_priors import Identity, ShrinkageSettings, ShrunkBetas
+from vmplacer.core.placement.admission_delta import KeptHost
 from vmplacer.core.placement.guest import GuestSpec
-from vmplacer.core.model.interference import UNKNOWN_CLASS, Tenant, TenantLayout, remaining
+from vmplacer.core.model.interference import UNKNOWN_CLASS, Tenant, TenantLayout, remaining, tenant_pieces
 from vmplacer.core.model.identity import LABEL_CLASS, LABEL_WORKLOAD, ModelIdentityError, model_identity  # noqa: F401
 from vmplacer.core.placement.occupancy import exclusive_of, split_vcpus
 from vmplacer.core.placement.guest_placement import Placement
@@ -114,7 +115,12 @@ class AdmissionLoss:
 
 
 class InterferenceScorer:
-    """Scores a candidate 1 / (1 + predicted loss); see the module docstring."""
+    """Scores a candidate 1 / (1 + predicted loss); see the module docstring.
+
+    `judge_as_changes`: candidates are judged as changes to the kept neighbours
+    (`admission_delta.KeptHost`) where that can tell, else rebuilt in full."""
+
+    judge_as_changes = True
 
     def __init__(self, betas: ShrunkBetas, guest: GuestProfile,
                  neighbours: Mapping[str, GuestProfile] | None = None, alternatives: int = 16):
@@ -129,6 +135,8 @@ class InterferenceScorer:
         self._identities: dict[str, Identity] = {}
         self._pieces: dict[int, tuple[Tenant, np.ndarray, np.ndarray]] = {}  # the others' pieces, kept per search
         self._pools: dict[str, tuple[np.ndarray, int]] = {}  # floating others: (their pool, sorted; vCPUs)
+        self._kept: KeptHost | None = None  # the others, kept so that a candidate is judged as a change
+        self._kept_alone: tuple[np.ndarray, np.ndarray] = (np.zeros(0, dtype=object), np.zeros(0))
 
     def score(self, topology: HostTopology, placement: Placement, others: Sequence[Placement]) -> float:
         return 1.0 / (1.0 + max(self.loss(topology, placement, others).total, 0.0))
@@ -151,8 +159,17 @@ class InterferenceScorer:
             self._floating = {p.guest: p for p in others if split_vcpus(p)[1]}
             self._base = self._perf(topology, self._before, keep=True)
             self._pools = _pools(self._before, self._floating, self._pieces)
+            self._kept = None
+            if self._before and self.judge_as_changes:
+                self._kept = KeptHost(self.betas, topology, self._before, self._pools, set(self._floating),
+                                      self._pieces, self.identity, self.identity(placement.guest))
+                self._kept_alone = (np.array([t.name for t in self._before], dtype=object),
+                                    np.array([self._base[t.name][1] for t in self._before]))
             self._base_for = others
         taken = exclusive_of(placement)
+        judged = self._judged(topology, placement, taken)
+        if judged is not None:
+            return judged
         taken_cpus = np.fromiter(taken, dtype=np.int64, count=len(taken))
         tenants, pieces = [], self._pieces
         for tenant in self._before:
@@ -178,6 +195,23 @@ class InterferenceScorer:
                 joined[name] = lost
         work, alone = after.get(placement.guest, (1.0, 1.0))
         return AdmissionLoss(1.0 - work / alone, joined)
+
+    def _judged(self, topology: HostTopology, placement: Placement, taken: frozenset[int]) -> AdmissionLoss | None:
+        """The candidate's loss as a change to the kept host, or None where only a full rebuild can tell."""
+        if self._kept is None or placement.guest in self._base:
+            return None
+        guest = _tenants(topology, [placement], frozenset(), self._load)
+        if not guest:
+            return None
+        cpus, demand = tenant_pieces(topology, guest[0], {}, keep=False)
+        work = self._kept.judge(taken, cpus, demand)
+        if work is None:
+            return None
+        names, alone = self._kept_alone
+        lost = (work.before - work.after) / alone
+        changed = np.flatnonzero(np.abs(lost) > 1e-12)
+        joined = dict(zip(names[changed].tolist(), lost[changed].tolist()))
+        return AdmissionLoss(1.0 - work.guest_work / work.guest_alone, joined)
 
     def _perf(self, topology: HostTopology, tenants: list[Tenant], keep: bool) -> dict[str, tuple[float, float]]:
         """`keep`: the tenants' pieces are kept for the search (the others, not each candidate's own)."""
