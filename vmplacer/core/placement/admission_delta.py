@@ -27,13 +27,13 @@ rebuilds that candidate.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import numpy as np
 
 from vmplacer.core.model.class_priors import Identity, ShrunkBetas
-from vmplacer.core.model.interference import Tenant, TenantLayout, distance_matrix, host_groups, remaining
+from vmplacer.core.model.interference import TenantLayout, distance_matrix, host_groups, remaining
 from vmplacer.core.topology.host import DistanceClass, HostTopology
 
 _SAME_CPU = DistanceClass.SAME_CPU.rank
@@ -94,12 +94,14 @@ class _Spreader:
 class KeptHost:
     """One search's neighbours, flattened once, with what a candidate needs to judge its change."""
 
-    def __init__(self, betas: ShrunkBetas, topology: HostTopology, tenants: Sequence[Tenant],
+    def __init__(self, betas: ShrunkBetas, topology: HostTopology, layout: TenantLayout,
                  pools: Mapping[str, tuple[np.ndarray, int]], floating: set[str],
-                 memo: dict, identity_of: Callable[[str], Identity], guest: Identity):
-        self.tenants = list(tenants)
+                 identity_of: Callable[[str], Identity], guest: Identity):
+        """`layout`: the neighbours flattened (`TenantLayout.build`); `pools`: those whose every
+        vCPU floats over one set (name -> the set, sorted; vCPUs); `floating`: every guest whose
+        vCPUs may move, pools or not."""
+        self.tenants = list(layout.tenants)
         self.form = betas.form
-        layout = TenantLayout.build(topology, self.tenants, memo, True)
         identities: dict[Identity, int] = {}
         kind = np.array([identities.setdefault(identity_of(t.name), len(identities)) for t in self.tenants],
                         dtype=np.int64)

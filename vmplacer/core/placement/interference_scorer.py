@@ -157,14 +157,18 @@ class InterferenceScorer:
             self._before = _tenants(topology, others, frozenset(), self._load)
             self._pieces = {}
             self._floating = {p.guest: p for p in others if split_vcpus(p)[1]}
-            self._base = self._perf(topology, self._before, keep=True)
-            self._pools = _pools(self._before, self._floating, self._pieces)
             self._kept = None
-            if self._before and self.judge_as_changes:
-                self._kept = KeptHost(self.betas, topology, self._before, self._pools, set(self._floating),
-                                      self._pieces, self.identity, self.identity(placement.guest))
-                self._kept_alone = (np.array([t.name for t in self._before], dtype=object),
-                                    np.array([self._base[t.name][1] for t in self._before]))
+            if self._before and self.judge_as_changes:  # the kept host's own flattening is the baseline
+                layout = TenantLayout.build(topology, self._before, self._pieces, True)
+                self._pools = _pools(self._before, self._floating, self._pieces)
+                self._kept = KeptHost(self.betas, topology, layout, self._pools, set(self._floating),
+                                      self.identity, self.identity(placement.guest))
+                self._kept_alone = (np.array([t.name for t in self._before], dtype=object), layout.alone)
+                self._base = {t.name: (float(self._kept.before[i]), float(layout.alone[i]))
+                              for i, t in enumerate(self._before)}
+            else:
+                self._base = self._perf(topology, self._before, keep=True)
+                self._pools = _pools(self._before, self._floating, self._pieces)
             self._base_for = others
         taken = exclusive_of(placement)
         judged = self._judged(topology, placement, taken)
