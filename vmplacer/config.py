@@ -10,6 +10,7 @@ places guests.
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import re
 from dataclasses import dataclass, field
@@ -19,7 +20,7 @@ from urllib.parse import urlsplit
 
 from vmplacer.adapters.source_files import YamlFileError, load_yaml_with_duplicates
 from vmplacer.config_keys import (CONFIG_KEYS, DATABASE_SCHEMES, DOMAIN_TYPES, HOST_NAME_PATTERN, LISTEN_PATTERN,
-                                  SAMPLER_METRICS, SENSITIVE_PATTERN)
+                                  MAX_TRUSTED_PROXIES, SAMPLER_METRICS, SENSITIVE_PATTERN)
 from vmplacer.config_rebalance import read_rebalance, rebalance_to_mapping
 from vmplacer.core.topology.cpuset import CpusetError, parse_cpuset
 from vmplacer.core.durations import duration_seconds, format_seconds, is_bare_number
@@ -127,6 +128,18 @@ class ProtectSettings:
 class ApiSettings:
     listen: str = "127.0.0.1:8470"
     max_request_bytes: int = 1_048_576
+    # Networks of the reverse proxies whose X-Forwarded-For names the client (CIDR, normalised);
+    # none by default: the client is the connection's peer, whatever a request's headers claim.
+    trusted_proxies: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class WebSettings:
+    """How long a sign-in to the web view lasts (docs/web.md, Signing in): at most
+    `session_lifetime_s` after it began, and `session_idle_s` after its last request."""
+
+    session_lifetime_s: float = 12 * 3600.0
+    session_idle_s: float = 30 * 60.0
 
 
 DAY_S = 86_400.0
@@ -169,6 +182,7 @@ class Settings:
     placement: PlacementSettings = field(default_factory=PlacementSettings)
     protect: ProtectSettings = field(default_factory=ProtectSettings)
     rebalance: RebalanceSettings = field(default_factory=RebalanceSettings)  # defaults of every run's flags
+    web: WebSettings = field(default_factory=WebSettings)
 
     def host(self, name: str) -> HostSettings:
         kept = self.__dict__.get("_host_index")
@@ -458,8 +472,10 @@ def settings_from_mapping(raw: Any, source: str, environ: dict[str, str] | None 
     protect = _protect(reader, data.get("protect"))
     rebalance = read_rebalance(data.get("rebalance"), lambda key, reason: reader.problems.append(
         str(reader.fail(key, reason))))
+    web = _web(reader, reader.section(data.get("web"), "web"))
     reader.finish()
-    return Settings(data_dir, database_url, hosts, profiler, api, source, retention, placement, protect, rebalance)
+    return Settings(data_dir, database_url, hosts, profiler, api, source, retention, placement, protect, rebalance,
+                    web)
 
 
 def _hosts(reader: _Reader, raw: Any) -> tuple[HostSettings, ...]:
@@ -531,7 +547,46 @@ def _api(reader: _Reader, api_raw: dict[str, Any]) -> ApiSettings:
                                  1024, 1 << 30))
 
     return ApiSettings(listen=reader.take(listen, base.listen),
-                       max_request_bytes=reader.take(max_request_bytes, base.max_request_bytes))
+                       max_request_bytes=reader.take(max_request_bytes, base.max_request_bytes),
+                       trusted_proxies=reader.take(lambda: _trusted_proxies(reader, api_raw.get("trusted_proxies")),
+                                                   base.trusted_proxies))
+
+
+def _trusted_proxies(reader: _Reader, value: Any) -> tuple[str, ...]:
+    """`api.trusted_proxies`: IP networks in CIDR notation (a bare address is its own /32 or
+    /128), without host bits set: `10.0.0.1/8` is refused rather than guessed at."""
+    key = "api.trusted_proxies"
+    if value is None:
+        return ()
+    if not isinstance(value, list):
+        raise reader.fail(key, f"must be a list of IP networks in CIDR notation (e.g. [127.0.0.1/32, 10.0.0.0/8]), "
+                               f"got {excerpt(value)}")
+    if len(value) > MAX_TRUSTED_PROXIES:
+        raise reader.fail(key, f"must list at most {MAX_TRUSTED_PROXIES} networks, got {len(value)}")
+    networks: list[str] = []
+    for index, item in enumerate(value):
+        where = f"{key}[{index}]"
+        if not isinstance(item, str) or not item.strip():
+            raise reader.fail(where, f"must be an IP network in CIDR notation (e.g. 10.0.0.0/8), got {excerpt(item)}")
+        try:
+            network = ipaddress.ip_network(item.strip(), strict=True)
+        except ValueError as exc:
+            rule = "has host bits set (write the network's own address, e.g. 10.0.0.0/8)" \
+                if "host bits" in str(exc) else "must be an IP network in CIDR notation (e.g. 10.0.0.0/8, ::1/128)"
+            raise reader.fail(where, f"{rule}, got {excerpt(item)}") from None
+        networks.append(str(network))
+    return tuple(dict.fromkeys(networks))
+
+
+def _web(reader: _Reader, data: dict[str, Any]) -> WebSettings:
+    base = WebSettings()
+
+    def seconds(name: str, low: float, high: float) -> float:
+        default = getattr(base, name)
+        return reader.take(lambda: reader.seconds(data.get(name, default), f"web.{name}", low, high), default)
+
+    return WebSettings(session_lifetime_s=seconds("session_lifetime_s", 1, 30 * DAY_S),
+                       session_idle_s=seconds("session_idle_s", 1, 30 * DAY_S))
 
 
 def _whole(reader: _Reader, value: Any, key: str, low: int, high: int) -> int:
@@ -679,7 +734,8 @@ def settings_to_mapping(settings: Settings) -> dict[str, Any]:
             "interference_candidates": settings.placement.interference_candidates,
             "model_refresh": _duration_text(settings.placement.model_refresh_s),
         },
-        "api": {"listen": settings.api.listen, "max_request_bytes": settings.api.max_request_bytes},
+        "api": {"listen": settings.api.listen, "max_request_bytes": settings.api.max_request_bytes,
+                "trusted_proxies": list(settings.api.trusted_proxies)},
         "retention": {name: _duration_text(getattr(settings.retention, f"{name}_s")) for name in RETENTION_KEYS},
         "protect": {
             "latency_critical_floor": "none" if floor is None else floor,
@@ -690,4 +746,6 @@ def settings_to_mapping(settings: Settings) -> dict[str, Any]:
             "startup_allowance_s": settings.protect.startup_allowance_s,
         },
         "rebalance": rebalance_to_mapping(settings.rebalance),
+        "web": {"session_lifetime_s": _duration_text(settings.web.session_lifetime_s),
+                "session_idle_s": _duration_text(settings.web.session_idle_s)},
     }

@@ -23,6 +23,7 @@ HOST_NAME_PATTERN = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
 LISTEN_PATTERN = r"^[\w.\-:\[\]]+:\d{1,5}$"
 SENSITIVE_PATTERN = r"^(all|label:[^=\s]+=\S*|class:\S+)$"
 NON_EMPTY = r"\S"  # a string with more than blanks (the reader strips them)
+MAX_TRUSTED_PROXIES = 64  # networks api.trusted_proxies may list
 
 
 @dataclass(frozen=True)
@@ -98,6 +99,7 @@ CONFIG_FIELDS: dict[str, dict[str, Key]] = {
         "retention": _section("how long `vmplacer db prune` keeps finished records"),
         "protect": _section("protecting latency-critical guests in place (docs/protect.md)"),
         "rebalance": _section("the defaults of every rebalancing run, by stage of planning (docs/rebalance.md)"),
+        "web": _section("signing in to the web view under /ui/ (docs/web.md)"),
     },
     "hosts[]": {
         "name": Key({"type": "string", "pattern": _stripped(HOST_NAME_PATTERN)},
@@ -149,6 +151,10 @@ CONFIG_FIELDS: dict[str, dict[str, Key]] = {
     "api": {
         "listen": Key({"type": "string", "pattern": _stripped(LISTEN_PATTERN)}, "HOST:PORT the API listens on"),
         "max_request_bytes": _number(1024, 1 << 30, "larger request bodies get 413"),
+        "trusted_proxies": Key({"type": ["array", "null"], "maxItems": MAX_TRUSTED_PROXIES,
+                                "items": {"type": "string", "pattern": NON_EMPTY}},
+                               "IP networks (CIDR, e.g. 127.0.0.1/32, 10.0.0.0/8) of the reverse proxies whose "
+                               "X-Forwarded-For names the client; default none: the client is the connection's peer"),
     },
     "retention": {
         name: _duration(f"how long finished {what} are kept", days=True)
@@ -172,6 +178,10 @@ CONFIG_FIELDS: dict[str, dict[str, Key]] = {
         "budget_window_s": _seconds(10, 86_400, "seconds the freeze budget is counted over"),
         "startup_allowance_s": _seconds(0, 3600, "frozen seconds allowed beyond freeze_budget × time running "
                                               "until a window has passed (at most one window's budget)"),
+    },
+    "web": {
+        "session_lifetime_s": _seconds(1, 30 * 86_400, "seconds a web sign-in lasts at most, however busy"),
+        "session_idle_s": _seconds(1, 30 * 86_400, "seconds without a request after which a web sign-in ends"),
     },
 }
 

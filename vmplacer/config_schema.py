@@ -30,10 +30,10 @@ def config_file_schema() -> dict[str, Any]:
     shown = settings_to_mapping(Settings(Path("/"), "", (HostSettings("host", "test:///default"),)))
     host_defaults = {k: v for k, v in shown["hosts"][0].items() if k not in ("name", "uri")}
     refs = {f"{section}": f"#/$defs/{section}" for section in ("profiler", "placement", "api", "retention",
-                                                                "protect", "rebalance")}
+                                                                "protect", "rebalance", "web")}
     refs["hosts[].xml_policy"] = "#/$defs/XmlPolicy"
     defs: dict[str, Any] = {}
-    for section in ("profiler", "placement", "api", "retention", "protect"):
+    for section in ("profiler", "placement", "api", "retention", "protect", "web"):
         defs[section] = _object(section, CONFIG_FIELDS[section], shown[section], {})
     policy = _object("hosts[].xml_policy", CONFIG_FIELDS["hosts[].xml_policy"], host_defaults["xml_policy"], {})
     policy["properties"]["allow"]["items"] = {"enum": list(EXCEPTIONS)}

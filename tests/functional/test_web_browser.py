@@ -171,6 +171,7 @@ def test_a_read_token_signs_in_and_every_page_renders_without_csp_violations(sit
     assert browser.current_url == f"{site.url}/ui/"
     cookie = browser.get_cookie("vmplacer_ui")
     assert cookie["httpOnly"] and cookie["sameSite"] == "Strict" and cookie["path"] == "/ui"
+    assert site.read not in cookie["value"]  # a sign-in's id, kept on the server; never the token
     assert browser.execute_script("return document.cookie") == ""  # out of any script's reach
     rows = browser.find_elements(By.CSS_SELECTOR, "#fleet-rows tr[data-host]")
     assert sorted(r.get_attribute("data-host") for r in rows) == sorted([EXAMPLE_HOST_NAME, BIG, MIXED, WIDE])
@@ -245,6 +246,19 @@ def test_a_read_token_cannot_change_anything_through_the_page(site, browser):
     """)
     assert statuses == [401, 401, 405, 405]
     assert site.container.maintenance.current() == {}
+
+
+def test_sign_out_ends_the_sign_in_a_copied_cookie_carried_too(site, browser):
+    from selenium.webdriver.common.by import By
+
+    _sign_in(browser, site, site.read)
+    copied = browser.get_cookie("vmplacer_ui")
+    browser.find_element(By.CSS_SELECTOR, "form.logout button").click()
+    _wait(browser, lambda d: d.current_url == f"{site.url}/ui/login")
+    assert browser.get_cookie("vmplacer_ui") is None
+    browser.add_cookie({k: copied[k] for k in ("name", "value", "path", "httpOnly", "sameSite")})
+    browser.get(f"{site.url}/ui/plans")
+    assert browser.current_url == f"{site.url}/ui/login"
 
 
 def test_the_csp_header_reaches_the_browser(site, browser):

@@ -1,6 +1,7 @@
-"""The web view at /ui/ in-process: signing in with a token kept in a cookie, the headers
-every response carries, escaping of caller input, validated query strings, and the data the
-pages and their JSON show for placements recorded on the built-in example host."""
+"""The web view at /ui/ in-process: signing in with a token (kept on the server, its id in a
+cookie), the headers every response carries, escaping of caller input, validated query
+strings, and the data the pages and their JSON show for placements recorded on the built-in
+example host."""
 
 from __future__ import annotations
 
@@ -87,21 +88,24 @@ def test_a_bad_token_is_refused_with_a_message_and_sets_no_cookie(web):
         assert "vmp_guessed" not in answer.text  # the submitted value is not echoed
 
 
-def test_a_read_token_signs_in_with_a_strict_http_only_cookie_and_logout_clears_it(web):
+def test_a_read_token_signs_in_with_a_strict_http_only_cookie_and_logout_ends_it(web):
     client, admin, read, _ = web
     answer = client.post("/ui/login", data={"token": read})
     cookie = answer.headers["set-cookie"]
-    assert answer.status_code == 303 and read in cookie
+    assert answer.status_code == 303 and read not in cookie  # the cookie holds a sign-in's id, not the token
     for attribute in ("HttpOnly", "Path=/ui", "SameSite=strict"):
         assert attribute.lower() in cookie.lower(), cookie
     assert "secure" not in cookie.lower()  # plain HTTP here; over TLS the cookie is Secure
     assert read not in answer.headers["location"]
+    kept = client.cookies["vmplacer_ui"]
     page = client.get("/ui/")
     assert page.status_code == 200 and "viewer (read)" in page.text
     out = client.post("/ui/logout")
     assert out.status_code == 303 and 'vmplacer_ui=""' in out.headers["set-cookie"]
     client.cookies.clear()
     assert client.get("/ui/").status_code == 303
+    client.cookies.set("vmplacer_ui", kept, path="/ui")  # the old cookie, kept: ended on the server too
+    assert client.get("/ui/").headers["location"] == "/ui/login"
 
 
 def test_the_cookie_is_secure_over_tls(web):

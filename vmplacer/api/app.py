@@ -33,7 +33,7 @@ Placement controller for libvirt/KVM hosts: topology-aware placement with pinnin
 Freeze'nSense interference profiling, rebalancing plans.
 
 Every route except `/healthz` (and the web view under `/ui/`, which signs in with a token
-once and keeps it in a cookie) needs `Authorization: Bearer <token>` (`vmplacer token
+once and keeps a read-only sign-in on the server, its random id in a cookie) needs `Authorization: Bearer <token>` (`vmplacer token
 create NAME --scope read|admin`). GET needs a read or admin token; anything else needs
 admin. POSTs accept an `Idempotency-Key` header: a retry returns the first answer.
 

@@ -25,7 +25,7 @@ from vmplacer.ports import TokenInfo, hash_token
 from vmplacer.api.errors import ApiError
 
 PUBLIC_PATHS = frozenset({"/healthz"})
-# The web view's paths: its routes check the token kept in its cookie instead (vmplacer/web/session.py).
+# The web view's paths: its routes check the sign-in its cookie carries instead (vmplacer/web/session.py).
 WEB_PREFIX = "/ui"
 READ_METHODS = frozenset({"GET", "HEAD"})
 CACHE_TTL_S = 5.0

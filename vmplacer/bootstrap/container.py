@@ -28,6 +28,7 @@ if TYPE_CHECKING:
     from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore
     from vmplacer.adapters.db.profiles import SqlProfileStore
     from vmplacer.adapters.db.throttles import SqlThrottleLedger
+    from vmplacer.adapters.db.web_sessions import SqlWebSessionStore
     from vmplacer.adapters.domain_xml_policy import DomainXmlPolicy
     from vmplacer.adapters.libvirt_host import LibvirtHost
     from vmplacer.app.place.admission import ModelAdmission
@@ -60,6 +61,14 @@ class Container:
         from vmplacer.adapters.db.engine import make_session_factory
 
         return make_session_factory(self.engine)
+
+    @cached_property
+    def web_session_store(self) -> SqlWebSessionStore:
+        """The web view's sign-ins, for the configured lifetime and idle time."""
+        from vmplacer.adapters.db.web_sessions import SqlWebSessionStore
+
+        web = self.settings.web
+        return SqlWebSessionStore(self.sessions, lifetime_s=web.session_lifetime_s, idle_s=web.session_idle_s)
 
     def upgrade_database(self, revision: str = "head") -> None:
         from vmplacer.adapters.db.migrate import upgrade

@@ -199,6 +199,8 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
             app, host=host, port=port, log_level=args.log_level, access_log=args.access_log, log_config=None,
             ssl_certfile=args.ssl_certfile, ssl_keyfile=args.ssl_keyfile,
             timeout_graceful_shutdown=30, server_header=False, date_header=True,
+            # X-Forwarded-For/-Proto are believed only from configured proxies (uvicorn's default: loopback)
+            forwarded_allow_ips=[str(network) for network in ctx.settings.api.trusted_proxies],
         )
         server = uvicorn.Server(config)
         try:

@@ -1,18 +1,30 @@
 """The web view's two defences on its only POSTs (sign in, sign out): the request must come
 from a page of this very site (Origin, else Referer — a cross-site form is refused even where
 a browser would send a SameSite cookie after all), and a client that keeps failing to sign in
-is slowed down (a token cannot be guessed at request rate)."""
+is slowed down (a token cannot be guessed at request rate).
+
+The client is the connection's peer. Only a peer inside `api.trusted_proxies` may name
+another: then the right-most address of X-Forwarded-For that is not itself a trusted proxy
+is the client (each proxy appends the address it saw, so everything left of that is the
+client's own say and is never believed). An IPv6 client counts by its /64, the block one
+machine is usually given, so hopping between its addresses buys no fresh quota."""
 
 from __future__ import annotations
 
+import ipaddress
 import math
 import threading
 import time
 from collections import OrderedDict, deque
-from collections.abc import Callable
+from collections.abc import Callable, Iterable, Sequence
 from urllib.parse import urlsplit
 
 from fastapi import Request
+
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+Network = ipaddress.IPv4Network | ipaddress.IPv6Network
+MAX_HOPS = 32  # X-Forwarded-For entries read from the right; no proxy chain is longer
+IPV6_CLIENT_PREFIX = 64
 
 SIGN_IN_FAILURES = 5  # failed sign-ins a client may make per window ...
 SIGN_IN_WINDOW_S = 60.0  # ... before it must wait; a success does not count
@@ -81,3 +93,58 @@ class SignInLimiter:
             self._seen.move_to_end(client)
             while len(self._seen) > self._max:
                 self._seen.popitem(last=False)
+
+
+def trusted_networks(cidrs: Iterable[str]) -> tuple[Network, ...]:
+    """`api.trusted_proxies` (checked when the config was read) as networks."""
+    return tuple(ipaddress.ip_network(cidr) for cidr in cidrs)
+
+
+def _address(text: str) -> Address | None:
+    """An address as a peer or an X-Forwarded-For entry spells it (`198.51.100.7`,
+    `198.51.100.7:4711`, `2001:db8::1`, `[2001:db8::1]:4711`), IPv4-mapped IPv6 as IPv4;
+    None for anything else (`unknown`, an obfuscated name, garbage)."""
+    text = text.strip()
+    if text.startswith("["):
+        text = text[1:text.find("]")] if "]" in text else ""
+    elif text.count(":") == 1:
+        text = text.split(":", 1)[0]
+    try:
+        address = ipaddress.ip_address(text)
+    except ValueError:
+        return None
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    return address
+
+
+def _inside(address: Address, networks: Sequence[Network]) -> bool:
+    return any(address.version == network.version and address in network for network in networks)
+
+
+def client_address(peer: str, forwarded_for: Sequence[str], trusted: Sequence[Network]) -> str:
+    """The client a request counts against: `peer` (the connection's), unless the peer is a
+    trusted proxy; then the right-most X-Forwarded-For entry (of every such header, in order)
+    that is not a trusted proxy. An entry that is no address stops the walk at the nearest
+    proxy vouched for; a chain of trusted proxies only ends at its left-most entry."""
+    nearest = _address(peer)
+    if nearest is None or not _inside(nearest, trusted):
+        return str(nearest) if nearest is not None else peer
+    hops = [entry for header in forwarded_for for entry in header.split(",") if entry.strip()]
+    for entry in reversed(hops[-MAX_HOPS:]):
+        address = _address(entry)
+        if address is None:
+            break
+        nearest = address
+        if not _inside(address, trusted):
+            break
+    return str(nearest)
+
+
+def limit_key(client: str) -> str:
+    """What failed sign-ins are counted by: an IPv4 address, an IPv6 address's /64, or the
+    peer's name as the server gave it (a Unix socket, a test client)."""
+    address = _address(client)
+    if isinstance(address, ipaddress.IPv6Address):
+        return str(ipaddress.ip_network(f"{address}/{IPV6_CLIENT_PREFIX}", strict=False))
+    return client if address is None else str(address)

@@ -1,5 +1,6 @@
 """The web view's routes: login and logout (the only POSTs), the fleet and host pages, and
-the JSON those pages poll. Mounted by `api.app.create_app` through `mount`."""
+the JSON those pages poll. Mounted by `api.app.create_app` through `mount`. Every page only
+reads: a sign-in has the read scope whichever token began it."""
 
 from __future__ import annotations
 
@@ -12,17 +13,18 @@ from urllib.parse import quote, urlencode
 import jinja2
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.responses import HTMLResponse, JSONResponse, RedirectResponse
+from starlette.concurrency import run_in_threadpool
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.responses import Response
 from starlette.staticfiles import StaticFiles
 
 from vmplacer import __version__
-from vmplacer.api.auth import Principal
+from vmplacer.api.auth import MAX_TOKEN_LENGTH, Principal
 from vmplacer.api.schemas import HOST_NAME
 from vmplacer.api.times import api_time
 from vmplacer.ports import HypervisorError
 from vmplacer.web import session
-from vmplacer.web.guard import SignInLimiter, cross_site
+from vmplacer.web.guard import SignInLimiter, client_address, cross_site, limit_key, trusted_networks
 from vmplacer.web.query import FIELDS, SORT_KEYS, STATES, FleetQuery, QueryError, select
 from vmplacer.web.security import PREFIX
 from vmplacer.web.views import WebViews
@@ -73,6 +75,8 @@ def mount(app: FastAPI, services: ApiServices) -> None:
     """The web view under /ui/: its routes, its static files and its sign-in handling."""
     app.state.web = WebViews(services)
     app.state.web_sign_ins = SignInLimiter()
+    app.state.web_trusted_proxies = trusted_networks(services.settings.api.trusted_proxies)
+    app.state.web_sessions = _session_store(services)
     app.include_router(router)
     app.mount(PREFIX + "/static", StaticFiles(directory=str(HERE / "static")), name="ui-static")
     app.add_exception_handler(session.SignInRequired, _sign_in)  # type: ignore[arg-type]
@@ -90,6 +94,11 @@ def mount(app: FastAPI, services: ApiServices) -> None:
         return await api_http(request, exc)
 
     app.add_exception_handler(StarletteHTTPException, not_found)  # type: ignore[arg-type]
+
+
+def _session_store(services: ApiServices) -> session.SessionStore:
+    """The sign-ins' store on the server's database, for the configured lifetime and idle time."""
+    return services.container.web_session_store
 
 
 def _page(name: str, request: Request, status: int = 200, **values: Any) -> HTMLResponse:
@@ -130,7 +139,26 @@ def login_form(request: Request) -> HTMLResponse:
 
 
 def _client(request: Request) -> str:
-    return request.client.host if request.client else "unknown"
+    """Whom failed sign-ins count against: the connection's peer, or the client a trusted
+    proxy names (vmplacer/web/guard.py)."""
+    peer = request.client.host if request.client else "unknown"
+    return limit_key(client_address(peer, request.headers.getlist("x-forwarded-for"),
+                                    request.app.state.web_trusted_proxies))
+
+
+def _begin(request: Request, token: str, previous: str) -> str | None:
+    """A new sign-in for a valid token (its id for the cookie), else None. The token is looked
+    up in the database, not the API's short cache: one revoked a moment ago signs nobody in.
+    A sign-in the browser still carried ends: each sign-in gets an id of its own."""
+    if len(token) > MAX_TOKEN_LENGTH:
+        return None
+    info = request.app.state.services.token_store.verify(token)
+    if info is None or info.id is None:
+        return None
+    sign_ins = session.store(request)
+    if previous:
+        sign_ins.end(previous)
+    return sign_ins.start(info.name, info.id, info.scope)
 
 
 @router.post("/login", response_class=HTMLResponse)
@@ -139,28 +167,35 @@ async def login(request: Request) -> Response:
     if why:
         return _page("error.html", request, 403, title="Refused", message=f"sign-in refused: {why}")
     limiter: SignInLimiter = request.app.state.web_sign_ins
-    wait = limiter.retry_after(_client(request))
+    client = _client(request)
+    wait = limiter.retry_after(client)
+    response: Response
     if wait:
         response = _page("login.html", request, 429,
                          message=f"too many failed sign-ins from this address: try again in {wait} s")
         response.headers["Retry-After"] = str(wait)
         return response
     token = await session.submitted_token(request)
-    found = request.app.state.services.tokens.verify(token) if token else None
-    if found is None:
-        limiter.failed(_client(request))
+    secret = await run_in_threadpool(_begin, request, token, request.cookies.get(session.COOKIE, "")) \
+        if token else None
+    if secret is None:
+        limiter.failed(client)
         message = "unknown or revoked token" if token else "a token is required"
         return _page("login.html", request, 401, message=message)
     response = RedirectResponse(PREFIX + "/", status_code=303)
-    session.keep(response, request, token)
+    session.keep(response, request, secret)
     return response
 
 
 @router.post("/logout")
 def logout(request: Request) -> Response:
+    """Ends the sign-in on the server (its row is deleted), then clears the cookie."""
     why = cross_site(request)
     if why:
         return _page("error.html", request, 403, title="Refused", message=f"sign-out refused: {why}")
+    secret = request.cookies.get(session.COOKIE, "")
+    if secret:
+        session.store(request).end(secret)
     response = RedirectResponse(session.LOGIN, status_code=303)
     session.forget(response, request)
     return response

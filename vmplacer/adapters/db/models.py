@@ -387,3 +387,23 @@ class JobRow(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+# ----- the web view's sign-ins ----------------------------------------------------------------
+
+
+class WebSessionRow(Base):
+    """A browser signed in to the web view. The cookie carries a random id; only its SHA-256 is
+    stored, so a database dump signs nobody in. The row names the token's owner and scope,
+    never the token, and goes with the token: revoking it deletes the row (ON DELETE CASCADE)."""
+
+    __tablename__ = "web_sessions"
+
+    id_hash: Mapped[str] = mapped_column(String(64), primary_key=True)
+    token_id: Mapped[int] = mapped_column(ForeignKey("api_tokens.id", ondelete="CASCADE"), index=True)
+    actor: Mapped[str] = mapped_column(String(64))  # the token's name
+    token_scope: Mapped[str] = mapped_column(String(8))  # read | admin: the token's, shown, never granted
+    scope: Mapped[str] = mapped_column(String(8))  # what the view may do with it: read
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    last_seen_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    expires_at: Mapped[datetime] = mapped_column(DateTime(timezone=True), index=True)
