@@ -1,4 +1,4 @@
-"""Shared CLI plumbing: exit codes, errors, `--format table|json` output.
+"""Shared CLI plumbing: exit codes, errors, `-o table|wide|json|yaml` output.
 
 Every command module exposes `register(subparsers)`; its handler takes
 `(args, ctx)` and returns an exit code. Errors raised as `UsageError` exit 2
@@ -14,6 +14,7 @@ import json
 import re
 import sys
 from collections.abc import Callable, Iterable, Sequence
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -151,15 +152,83 @@ class CliContext:
         return self._container
 
 
-def add_format_argument(parser: argparse.ArgumentParser, *, inherited: bool = False) -> None:
-    """`--format table|json`. `inherited`: the parser is a sub-command's (`hosts disable`) whose parent
-    takes --format too: unset here, it leaves the parent's value (`hosts --format json disable X`)."""
-    parser.add_argument(
-        "--format",
-        choices=("table", "json"),
-        default=argparse.SUPPRESS if inherited else "table",
-        help="output format (default: table)",
-    )
+OUTPUT_STYLES = ("table", "wide", "json", "yaml")
+STRUCTURED = ("json", "yaml")  # the same data for programs; table and wide are for reading
+_LEGACY_FORMATS = ("table", "json")  # what --format took before -o/--output, kept as it was
+
+
+def add_format_argument(parser: argparse.ArgumentParser, *, inherited: bool = False,
+                        columns: Sequence[str] = ()) -> None:
+    """`-o/--output table|wide|json|yaml` (and `--format table|json`, as scripts wrote it before).
+    `inherited`: the parser is a sub-command's (`hosts disable`) whose parent takes the option
+    too: unset here, it leaves the parent's value (`hosts --format json disable X`). `columns`:
+    the headers of the command's table, which `--columns` then selects from (checked at parse
+    time, so a placement never runs to have its output refused)."""
+    default = argparse.SUPPRESS if inherited else "table"
+    parser.add_argument("-o", "--output", dest="format", choices=OUTPUT_STYLES, default=default,
+                        action=_OutputStyle,
+                        help="table: fitted to the terminal, a long value wrapped in its column (or one "
+                        "record per block of `key: value` lines), never cut; wide: one line per row, "
+                        "unwrapped (for grep and awk); json or yaml: the same data for programs "
+                        "(default: table)")
+    parser.add_argument("--format", dest="format", choices=_LEGACY_FORMATS, default=default,
+                        action=_OutputStyle, help="table or json: the same as -o")
+    if columns:
+        parser.add_argument("--columns", metavar="A,B,...", type=_column_selection(columns),
+                            default=None, action=_ColumnSelection,
+                            help="the table's columns to show, in this order (table and wide output): "
+                            + ", ".join(column_key(c) for c in columns))
+        parser.set_defaults(table_columns=tuple(columns))
+
+
+class _OutputStyle(argparse.Action):
+    """Stores the style; json or yaml with --columns is refused whichever came first."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        if values in STRUCTURED and getattr(namespace, "columns", None):
+            parser.error(f"argument --columns: applies to table and wide output, not to {values} output")
+        setattr(namespace, self.dest, values)
+
+
+class _ColumnSelection(argparse.Action):
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,
+                 option_string: str | None = None) -> None:
+        style = getattr(namespace, "format", "table")
+        if style in STRUCTURED:
+            parser.error(f"argument --columns: applies to table and wide output, not to {style} output")
+        setattr(namespace, self.dest, values)
+
+
+def column_key(header: str) -> str:
+    """How an operator names a column: `memory nodes` is memory-nodes, `node(s)` nodes."""
+    return re.sub(r"[^0-9a-z]+", "-", header.lower().replace("(s)", "s")).strip("-")
+
+
+def _column_selection(columns: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
+    """An argparse `type=` reading `a,b,c` into headers of `columns`; an unknown name is refused
+    with the valid ones listed (exit 2)."""
+    by_key = {column_key(c): c for c in columns}
+
+    def read(text: str) -> tuple[str, ...]:
+        names = [name.strip() for name in text.split(",")]
+        if not any(names) or not all(names):
+            raise argparse.ArgumentTypeError(f"{text!r}: name the columns, comma-separated "
+                                             f"(columns: {', '.join(by_key)})")
+        unknown = [name for name in names if column_key(name) not in by_key]
+        if unknown:
+            raise argparse.ArgumentTypeError(
+                f"unknown column{'s' if len(unknown) > 1 else ''} {', '.join(repr(n) for n in unknown)} "
+                f"(columns: {', '.join(by_key)})")
+        return tuple(dict.fromkeys(by_key[column_key(name)] for name in names))
+
+    read.__name__ = "columns"
+    return read
+
+
+def structured(args: argparse.Namespace) -> bool:
+    """Whether the output is data for a program (json, yaml) rather than text to read."""
+    return getattr(args, "format", "table") in STRUCTURED
 
 
 # Keys whose values are moments: epoch seconds (as the stores keep them) or datetimes become ISO 8601.
@@ -203,12 +272,52 @@ def print_json(data: Any) -> None:
     sys.stdout.write("\n")
 
 
+def yaml_text(data: Any) -> str:
+    """`data` in YAML, exactly what the JSON says (the same values: through JSON first)."""
+    import yaml
+
+    class BlockDumper(yaml.SafeDumper):
+        """safe_dump's, with text of several lines (a domain's XML) as a `|` block."""
+
+    def text(dumper: yaml.SafeDumper, value: str) -> yaml.Node:
+        return dumper.represent_scalar("tag:yaml.org,2002:str", value, style="|" if "\n" in value else None)
+
+    BlockDumper.add_representer(str, text)
+    plain = json.loads(json.dumps(json_ready(data), sort_keys=False, default=str))
+    return yaml.dump(plain, Dumper=BlockDumper, sort_keys=False, allow_unicode=True, default_flow_style=False)
+
+
+def print_yaml(data: Any) -> None:
+    sys.stdout.write(yaml_text(data))
+
+
+@dataclass(frozen=True)
+class _Rendering:
+    """How print_table lays out the tables a command prints: the style, and the columns
+    `--columns` chose of the command's own table (`declared`: its headers)."""
+
+    style: str = "table"
+    declared: tuple[str, ...] = ()
+    chosen: tuple[str, ...] | None = None
+
+
+_rendering: ContextVar[_Rendering] = ContextVar("vmplacer_rendering", default=_Rendering())
+
+
 def emit(args: argparse.Namespace, data: Any, render_table: Callable[[Any], None]) -> None:
-    """Print `data` as JSON or through `render_table`, as `--format` asks."""
-    if getattr(args, "format", "table") == "json":
+    """Print `data` as JSON or YAML, or through `render_table` (table or wide), as -o asks."""
+    style = getattr(args, "format", "table")
+    if style == "json":
         print_json(data)
+    elif style == "yaml":
+        print_yaml(data)
     else:
-        render_table(data)
+        token = _rendering.set(_Rendering(style, tuple(getattr(args, "table_columns", ()) or ()),
+                                          getattr(args, "columns", None)))
+        try:
+            render_table(data)
+        finally:
+            _rendering.reset(token)
 
 
 PIPED_WIDTH = 1000  # columns of a table written to a pipe or file: never wrapped, unless $COLUMNS says
@@ -229,22 +338,17 @@ def console() -> Console:
 
 
 def print_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[Any]]) -> None:
-    """On a terminal a rich table as wide as the terminal; piped or into a file plain aligned text
-    (title, header, one line per row, columns two spaces apart, no box drawing, never wrapped),
-    what grep, awk and `column` read."""
+    """A table, as the output style asks: `table` fits the terminal (a long value
+    wraps inside its column, or the table becomes one `key: value` block per row), and never cuts
+    a value; piped or into a file it is plain aligned text, one line per row, unless $COLUMNS
+    gives a width to fit; `wide` is always plain aligned text, one line per row."""
+    rendering = _rendering.get()
+    if rendering.chosen and tuple(columns) == rendering.declared:
+        picked = [list(columns).index(name) for name in rendering.chosen]
+        columns = [columns[i] for i in picked]
+        rows = [[row[i] for i in picked] for row in rows]
     cells = [[cell(value) for value in row] for row in rows]
-    if not sys.stdout.isatty():
-        sys.stdout.write(plain_table(title, columns, cells))
-        return
-    from rich import box
-    from rich.table import Table
-
-    table = Table(title=title, show_lines=False, box=box.HEAVY_HEAD)
-    for column in columns:
-        table.add_column(column)
-    for row in cells:
-        table.add_row(*row)
-    console().print(table)
+    sys.stdout.write(render_table(title, columns, cells, style=rendering.style))
 
 
 def plain_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
@@ -260,6 +364,175 @@ def plain_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
         padded = [text + " " * (widths[i] - cell_len(text)) for i, text in enumerate(line)]
         out.append("  ".join(padded).rstrip())
     return "\n".join(out) + "\n"
+
+
+MIN_COLUMN = 8  # cells narrower than this fold too often to read: then one block per record
+NEARLY = 4  # a column this few cells short of its widest cell is given them before the others share
+
+
+def fit_width() -> int | None:
+    """The width a `table` must fit: the terminal's; piped or into a file, $COLUMNS when it is
+    set (`COLUMNS=80 vmplacer plan | less`), else none (one line per row, as scripts read it)."""
+    import os
+
+    if sys.stdout.isatty():
+        return console().width
+    columns = os.environ.get("COLUMNS", "")
+    return int(columns) if columns.isdigit() and int(columns) > 0 else None
+
+
+def render_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]], *,
+                 style: str = "table", width: int | None = None, boxed: bool | None = None) -> str:
+    """The text of a table in `style`. `wide`, or `table` with no width to fit: plain aligned
+    text, one line per row. `table` in `width` columns (default: fit_width), the first layout
+    that fits: as it is; each column at least MIN_COLUMN wide (or its widest cell) with long
+    values wrapped, a word longer than its column folded, and rows set apart; one `key: value`
+    block per row. No character of a value is ever left out: only the blanks where a value
+    wraps become line breaks. `boxed` (default: on a terminal): rich's box drawing, as long as
+    the table fits with it; else columns two blanks apart, as piped."""
+    if style == "wide":
+        return plain_table(title, columns, rows)
+    width = fit_width() if width is None else width
+    if width is None:
+        return plain_table(title, columns, rows)
+    boxed = sys.stdout.isatty() if boxed is None else boxed
+    full = [max([_widest_line(text) for text in (header, *(row[i] for row in rows))])
+            for i, header in enumerate(columns)]
+    # wrapping, a header may take two lines: its longest word is what it needs
+    natural = [max([_widest_line(text) for text in (*header.split(), *(row[i] for row in rows))])
+               for i, header in enumerate(columns)]
+    least = [min(w, MIN_COLUMN) for w in natural]
+    box_frame = 3 * len(columns) + 1  # a padding blank either side of each cell, a rule between and around
+    gaps = 2 * (len(columns) - 1)  # unboxed: two blanks between columns
+    if boxed and sum(full) + box_frame <= width:
+        return _rich_table(title, columns, rows, width, full, boxed=True, wrapped=False)
+    if boxed and sum(least) + box_frame <= width:
+        return _rich_table(title, columns, rows, width, _shares(natural, least, width - box_frame), boxed=True,
+                           wrapped=True)
+    if sum(full) + gaps <= width:
+        return plain_table(title, columns, rows)
+    if sum(least) + gaps <= width:
+        return _rich_table(title, columns, rows, width, _shares(natural, least, width - gaps),
+                           boxed=False, wrapped=True)
+    return record_blocks(title, columns, rows, width)
+
+
+def _shares(natural: Sequence[int], least: Sequence[int], room: int) -> list[int]:
+    """Each column's width: its least; then the columns a few cells short of their widest cell
+    whole (`preferred` is not worth folding); then of the room left a share in proportion to
+    what each still lacks (a column never gets more than it needs)."""
+    widths = list(least)
+    left = room - sum(widths)
+    for i in sorted(range(len(widths)), key=lambda i: natural[i] - widths[i]):
+        lack = natural[i] - widths[i]
+        if 0 < lack <= NEARLY and lack <= left:
+            widths[i] += lack
+            left -= lack
+    lacking = [n - w for n, w in zip(natural, widths)]
+    total = sum(lacking)
+    if total <= 0 or left <= 0:
+        return widths
+    for i, lack in enumerate(lacking):
+        widths[i] += min(lack, left * lack // total)
+    left = room - sum(widths)
+    for i in sorted(range(len(widths)), key=lambda i: widths[i] - natural[i]):  # most lacking first
+        grant = min(natural[i] - widths[i], left)
+        widths[i] += grant
+        left -= grant
+    return widths
+
+
+def _widest_line(text: str) -> int:
+    from rich.cells import cell_len
+
+    return max((cell_len(line) for line in str(text).splitlines()), default=0)
+
+
+def _rich_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]], width: int,
+                widths: Sequence[int], *, boxed: bool, wrapped: bool) -> str:
+    """rich's table in `width` columns, each column as wide as `widths` says, every cell
+    folded rather than cut (overflow="fold").
+    Boxed, a rule between rows when cells wrap; unboxed, a blank line: a row's lines read as one."""
+    import io
+
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+
+    out = io.StringIO()
+    # markup off: a value is data, never `[bold]`; on a terminal the colours the terminal says it has
+    target = Console(file=out, width=width, highlight=False, emoji=False, markup=False, force_terminal=boxed,
+                     color_system="auto" if boxed else None, legacy_windows=False)
+    if boxed:
+        table = Table(title=title, box=box.HEAVY_HEAD, show_lines=wrapped)
+    else:
+        table = Table(title=title, box=None, pad_edge=False, padding=(0, 1), show_header=True,
+                      title_justify="left", header_style=None, title_style=None)
+    for header, column_width in zip(columns, widths):
+        table.add_column(header, overflow="fold", no_wrap=False, width=column_width)
+    for number, row in enumerate(rows):
+        if number and wrapped and not boxed:
+            table.add_row(*("" for _ in columns))
+        table.add_row(*row)
+    target.print(table)
+    text = out.getvalue()
+    return text if boxed else "\n".join(line.rstrip() for line in text.splitlines()) + "\n"
+
+
+def print_line(text: str) -> None:
+    """A line of text beside a table, held to the width the table fits (`table` style: wrapped
+    at blanks, the rest of it indented); as it is in `wide` style or with no width to fit."""
+    width = fit_width() if _rendering.get().style == "table" else None
+    if width is None or len(text) <= width:
+        print(text)
+        return
+    first = fold(text, width)[0]
+    rest = fold(text[len(first):].lstrip(" "), max(width - 2, MIN_COLUMN))
+    print("\n  ".join([first, *rest]))
+
+
+def record_blocks(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> str:
+    """One block per row, `key: value` lines with the keys aligned, a blank line between
+    blocks: what a table too wide for `width` becomes. A value longer than its line wraps onto
+    lines indented under it (folded inside a word longer than the line)."""
+    from rich.cells import cell_len
+
+    key_width = max(cell_len(header) for header in columns) + 2
+    room = max(width - key_width, MIN_COLUMN)
+    out = fold(title, width) if title else []
+    for number, row in enumerate(rows):
+        if number or title:
+            out.append("")
+        for header, value in zip(columns, row):
+            lines = fold(str(value), room) or [""]
+            out.append(f"{header}:".ljust(key_width - cell_len(header) + len(header)) + lines[0])
+            out.extend((" " * key_width + line).rstrip() for line in lines[1:])
+    return "\n".join(line.rstrip() for line in out) + "\n"
+
+
+def fold(text: str, width: int) -> list[str]:
+    """`text` in lines of at most `width` terminal cells: broken at blanks where it can be, a
+    word longer than a line folded across lines; a line break in `text` stays one."""
+    from rich.cells import cell_len
+
+    lines: list[str] = []
+    for paragraph in text.splitlines() or [""]:
+        line = ""
+        for word in paragraph.split(" "):
+            joined = f"{line} {word}" if line else word
+            if cell_len(joined) <= width:
+                line = joined
+                continue
+            if line:
+                lines.append(line)
+            line = ""
+            for char in word:  # a word longer than the line: folded, never cut
+                if cell_len(line + char) > width:
+                    lines.append(line)
+                    line = ""
+                line += char
+        lines.append(line)
+    return lines
 
 
 def cell(value: Any) -> str:

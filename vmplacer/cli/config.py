@@ -1,7 +1,7 @@
 """`vmplacer config check|show|schema`: is the config file right, and what does vmplacer run with.
 
     vmplacer config check [--config FILE]        # "ok", or every problem (exit 2)
-    vmplacer config show [--format yaml|json]    # the effective config, defaults filled in
+    vmplacer config show [-o yaml|json]          # the effective config, defaults filled in
     vmplacer config schema request               # JSON Schema of a request file
     vmplacer config schema config                # JSON Schema of the config file
 
@@ -34,7 +34,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     check = actions.add_parser("check", help="validate the config file: 'ok' (exit 0) or every problem (exit 2)")
     check.set_defaults(func=run_check)
     show = actions.add_parser("show", help="print the effective config (file, environment and defaults)")
-    show.add_argument("--format", choices=("yaml", "json"), default="yaml", help="output format (default: yaml)")
+    show.add_argument("-o", "--output", "--format", dest="format", choices=("yaml", "json"), default="yaml",
+                      help="output format (default: yaml)")
     show.set_defaults(func=run_show)
     schema = actions.add_parser("schema", help="print the JSON Schema of a request file (plan --request, place) "
                                                "or of the config file, for editors and CI")

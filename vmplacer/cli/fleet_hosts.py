@@ -55,6 +55,7 @@ class Candidates:
     configured: bool = True  # False: capabilities files
     policies: dict[str, Any] = field(default_factory=dict)
     domain_types: dict[str, str] = field(default_factory=dict)
+    stale: list[dict[str, str]] = field(default_factory=list)  # records naming a domain the host lacks
 
     @property
     def all_names(self) -> list[str]:
@@ -90,32 +91,32 @@ def configured_candidates(args: argparse.Namespace, ctx: CliContext, *, maintena
                       {n: ctx.settings.host(n).domain_type for n in names})
 
 
-def observe(ctx: CliContext, candidates: Candidates, *, recorded: bool = False) -> list[Any]:
-    """Each configured candidate's planning view (live topology and domains; with `recorded`,
-    the placements recorded but not yet defined too; in both, the anti-affinity its guests on
-    record carry). A host that cannot be read is refused, unless it was the only one (then it
-    is an operational error)."""
+def observe(ctx: CliContext, candidates: Candidates) -> list[Any]:
+    """Each configured candidate's planning view: its live topology and domains, plus the
+    placements recorded there that libvirt does not show (a reservation being defined, or a
+    record whose domain went away without vmplacer), and the anti-affinity its guests on record
+    carry. `plan` and `place` both read this view, so the dry run decides what the placement
+    does: a record keeps its pCPUs claimed in the database, so the placement counts it, and so
+    must the plan. Records naming a domain the host no longer has are listed in
+    `candidates.stale` for the operator (`vmplacer reconcile` forgets them). A host that cannot
+    be read is refused, unless it was the only one (then it is an operational error)."""
     from vmplacer.adapters.domain_xml import DomainXmlError
     from vmplacer.app.host_fanout import for_each_host
-    from vmplacer.app.place.fleet_placement import observe_host
+    from vmplacer.app.observe.host_snapshot import take_snapshot
+    from vmplacer.app.place.fleet_placement import fleet_host
     from vmplacer.app.place.fleet_planner import Refusal
-    from vmplacer.app.observe.host_snapshot import joined_refusals
     from vmplacer.ports import HypervisorError
 
     store = ctx.container.placement_store
-    refusals_on_record = not recorded and ctx.container.database_has("placements")
-    # every host's records in one grouped read (a dry run), not one query per host
-    on_record = store.every_host_occupied_and_refusals() if refusals_on_record else {}
+    # a dry run on a machine never set up has no records (and creates no database to say so)
+    has_records = ctx.container.database_has("placements")
+    records = _GroupedRecords(store.every_host_occupied_and_refusals() if has_records else {})
 
-    def read(name: str) -> Any:
+    def read(name: str) -> tuple[Any, list[dict[str, str]]]:
         host = ctx.container.hypervisor(name)
-        view = observe_host(host, ctx.container.allocation_options(name), ctx.container.admission,
-                            store if recorded else None)
-        if refusals_on_record:  # the live domains' refusals, from their records too
-            view.anti_affinity = joined_refusals(view.anti_affinity, {
-                guest: peers for guest, peers in on_record.get(name, ([], {}))[1].items()
-                if guest in view.domains})
-        return view
+        snapshot = take_snapshot(host, records, listing=True)
+        view = fleet_host(snapshot, ctx.container.allocation_options(name), ctx.container.admission)
+        return view, stale_records(store, name, snapshot) if has_records else []
 
     views = []
     names = list(candidates.names)
@@ -123,7 +124,10 @@ def observe(ctx: CliContext, candidates: Candidates, *, recorded: bool = False) 
     for outcome in for_each_host(names, read, limit=ctx.settings.rebalance.parallel_hosts):
         name, exc = outcome.host, outcome.error
         if exc is None:
-            views.append(outcome.result)
+            assert outcome.result is not None  # a host read without an error gave its view
+            view, stale = outcome.result
+            views.append(view)
+            candidates.stale.extend(stale)
             continue
         if not isinstance(exc, (HypervisorError, DomainXmlError)):
             raise exc
@@ -137,6 +141,71 @@ def observe(ctx: CliContext, candidates: Candidates, *, recorded: bool = False) 
         raise OperationalError("no candidate host could be read: "
                                + "; ".join(r.message for r in candidates.closed))
     return views
+
+
+class _GroupedRecords:
+    """Every host's records from one grouped read, as a snapshot asks for one host's."""
+
+    def __init__(self, by_host: dict[str, tuple[list[Any], dict[str, tuple[str, ...]]]]):
+        self._by_host = by_host
+
+    def occupied(self, host: str) -> list[Any]:
+        return self.occupied_and_refusals(host)[0]
+
+    def occupied_and_refusals(self, host: str) -> tuple[list[Any], dict[str, tuple[str, ...]]]:
+        return self._by_host.get(host, ([], {}))
+
+
+def stale_records(store: Any, host: str, snapshot: Any) -> list[dict[str, str]]:
+    """The records of `host` whose guest was defined (or running) but has no domain there now:
+    undefined behind vmplacer's back, or a host whose driver keeps nothing (test:///default).
+    A `planned` record is a reservation whose domain is still to come, not stale. The store is
+    asked only when the snapshot holds records libvirt does not show (usually never)."""
+    missing = {placement.guest for placement in snapshot.recorded}
+    if not missing:
+        return []
+    return [{"host": host, "guest": record.guest, "state": record.state}
+            for record in store.records(host) if record.guest in missing and record.state != "planned"]
+
+
+def stale_warnings(stale: list[dict[str, str]]) -> list[str]:
+    """One line per host for the operator: what `plan` and `place` count although libvirt no
+    longer has it, and what to run."""
+    by_host: dict[str, list[str]] = {}
+    for record in stale:
+        by_host.setdefault(record["host"], []).append(record["guest"])
+    lines = []
+    for host, guests in by_host.items():
+        one = len(guests) == 1
+        lines.append(f"host {host}: {len(guests)} placement record{'' if one else 's'} "
+                     f"name{'s' if one else ''} {'a domain' if one else 'domains'} the host no longer has "
+                     f"({', '.join(guests)}): plan and place count {'its' if one else 'their'} pCPUs and "
+                     f"name{'' if one else 's'} as taken until `vmplacer reconcile` releases "
+                     f"{'it' if one else 'them'} (a record unchanged for --settle, 60 s by default)")
+    return lines
+
+
+def already_placed(ctx: CliContext, requests: list) -> tuple[list[dict[str, Any]], list]:
+    """The guests of `requests` vmplacer already recorded (on any host), each refused as the
+    placement service refuses it, and the others: `plan` and `place` leave the same guests out
+    of the batch, so the others are planned alike."""
+    from vmplacer.app.place.fleet_planner import no_fit_refusal
+    from vmplacer.app.place.placement_batch import already_placed as refusal
+
+    if not ctx.container.database_has("placements"):
+        return [], list(requests)
+    store = ctx.container.placement_store
+    refused, rest = [], []
+    for request in requests:
+        record = store.get(request.spec.name)
+        if record is None:
+            rest.append(request)
+            continue
+        exc = refusal(request.spec, record["host"])
+        refused.append({"index": request.index, "guest": request.spec.name, "kind": "no-fit",
+                        "message": str(exc), "reasons": [r.to_dict() for r in exc.reasons],
+                        "refused": [no_fit_refusal(exc, record["host"]).to_dict()]})
+    return refused, rest
 
 
 def caps_candidates(entries: list[str], domain_type: str | None) -> tuple[Candidates, list[Any]]:

@@ -7,7 +7,14 @@ import argparse
 from typing import Any
 
 from vmplacer.cli.common import CliContext, OperationalError
-from vmplacer.cli.fleet_hosts import Candidates, caps_candidates, configured_candidates, fleet_planner, observe
+from vmplacer.cli.fleet_hosts import (
+    Candidates,
+    already_placed,
+    caps_candidates,
+    configured_candidates,
+    fleet_planner,
+    observe,
+)
 
 
 def candidates_and_views(args: argparse.Namespace, ctx: CliContext) -> tuple[Candidates, list[Any]]:
@@ -58,15 +65,29 @@ def xml_vet(candidates: Candidates, requests: list) -> Any:
 
 
 def fleet_plan(args: argparse.Namespace, ctx: CliContext, requests: list) -> dict[str, Any]:
+    """The plan of `requests` on the candidate hosts, judged as `place` judges them: the hosts'
+    records count, guests already placed are refused (configured hosts; --caps has no records)."""
     from vmplacer.ports import HypervisorError
 
     candidates, views = candidates_and_views(args, ctx)
+    placed_before, rest = ([], list(requests)) if args.caps else already_placed(ctx, requests)
     if not candidates.names:  # every candidate in maintenance: each guest refused, as `place` would
-        return every_guest_refused(requests, candidates)
-    try:
-        return plan_on(views, requests, candidates, why=args.why, planner=fleet_planner(args))
-    except HypervisorError as exc:  # the host's emulators or storage pools could not be read
-        raise OperationalError(str(exc)) from None
+        data = every_guest_refused(rest, candidates)
+    else:
+        try:
+            data = plan_on(views, rest, candidates, why=args.why, planner=fleet_planner(args))
+        except HypervisorError as exc:  # the host's emulators or storage pools could not be read
+            raise OperationalError(str(exc)) from None
+    return with_records_said(data, placed_before, candidates)
+
+
+def with_records_said(data: dict[str, Any], placed_before: list[dict[str, Any]],
+                      candidates: Candidates) -> dict[str, Any]:
+    """`data` (a plan's or a placement's answer) with the guests refused as already placed among
+    its errors, and the records naming domains the hosts no longer have ("stale_records")."""
+    data["errors"] = sorted([*data["errors"], *placed_before], key=lambda e: e["index"])
+    data["stale_records"] = list(candidates.stale)
+    return data
 
 
 def plan_on(views: list[Any], requests: list, candidates: Candidates | None = None, *,

@@ -9,6 +9,10 @@ host, or the next one that takes it, through the placement service (claim,
 define, undo on failure), never over a domain of the same name. Placements on one
 host are serialized, and exclusive pCPUs are claimed in the database before
 libvirt sees the domain, so concurrent `place` calls never double-book a pCPU.
+
+It judges the hosts as `vmplacer plan` does (cli/fleet_hosts.py): a guest already on record
+is refused before the batch is planned, and every record counts, also one whose domain the
+host no longer has ("stale_records", said on stderr until `vmplacer reconcile` releases it).
 """
 
 from __future__ import annotations
@@ -28,9 +32,14 @@ from vmplacer.cli.common import (
     add_format_argument,
     add_host_selection,
     emit,
+    print_line,
     print_table,
 )
-from vmplacer.cli.fleet_hosts import add_host_arguments
+from vmplacer.cli.fleet_hosts import add_host_arguments, stale_warnings
+from vmplacer.cli.log_format import say
+
+PLACED_COLUMNS = ("guest", "host", "state", "pinning", "uuid")
+PLACEMENTS_COLUMNS = ("guest", "host", "state", "pinning", "exclusive pCPUs")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -48,12 +57,12 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--ignore-maintenance", action="store_true",
                         help="place on hosts in maintenance all the same (e.g. a test guest after "
                              "the work, before `vmplacer hosts enable`)")
-    add_format_argument(parser)
+    add_format_argument(parser, columns=PLACED_COLUMNS)
     parser.set_defaults(func=run)
 
     listing = subparsers.add_parser("placements", help="list the placements vmplacer recorded")
     add_host_selection(listing, default="all", verb="list the placements on", repeatable=False)
-    add_format_argument(listing)
+    add_format_argument(listing, columns=PLACEMENTS_COLUMNS)
     listing.set_defaults(func=run_list)
 
 
@@ -79,22 +88,28 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     if not args.ignore_maintenance:
         candidates = configured_candidates(args, ctx, maintenance="always")
     container.upgrade_database()
-    if candidates.names:
-        placed, errors = _place_all(args, ctx, candidates, requests)
-    else:  # every candidate in maintenance: each guest refused, as the dry run says
-        from vmplacer.cli.fleet_plan import every_guest_refused
+    from vmplacer.cli.fleet_hosts import already_placed
+    from vmplacer.cli.fleet_plan import every_guest_refused, with_records_said
 
-        placed, errors = [], every_guest_refused(requests, candidates)["errors"]
-    data = {"host": candidates.all_names[0] if len(candidates.all_names) == 1 else None,
-            "hosts": candidates.all_names, "placements": placed, "errors": errors,
-            "refused_hosts": [r.to_dict() for r in candidates.closed]}
+    placed_before, rest = already_placed(ctx, requests)  # left out of the batch, as the dry run leaves them
+    if candidates.names:
+        placed, errors = _place_all(args, ctx, candidates, rest)
+    else:  # every candidate in maintenance: each guest refused, as the dry run says
+        placed, errors = [], every_guest_refused(rest, candidates)["errors"]
+    data = with_records_said(
+        {"host": candidates.all_names[0] if len(candidates.all_names) == 1 else None,
+         "hosts": candidates.all_names, "placements": placed, "errors": errors,
+         "refused_hosts": [r.to_dict() for r in candidates.closed]}, placed_before, candidates)
+    errors = data["errors"]
+    for line in stale_warnings(candidates.stale):
+        say("warning", line)
 
     def table(d: dict[str, Any]) -> None:
         where = f"host {d['host']}" if d["host"] else "hosts " + ", ".join(d["hosts"])
-        print_table(f"placed on {where}", ("guest", "host", "state", "pinning", "uuid"),
+        print_table(f"placed on {where}", PLACED_COLUMNS,
                     [(p["guest"], p["host"], p["state"], _pins(p), p["domain_uuid"]) for p in d["placements"]])
         for refused in d["refused_hosts"]:
-            print(f"host {refused['host']} takes no guest: {refused['message']}")
+            print_line(f"host {refused['host']} takes no guest: {refused['message']}")
         for e in d["errors"]:
             sys.stderr.write(f"vmplacer: guest #{e['index']} ({e['guest']}): {e['message']}\n")
         for problem in _isolation_problems(d["placements"]):
@@ -121,7 +136,7 @@ def _place_all(args: argparse.Namespace, ctx: CliContext, candidates: Any,
     from vmplacer.ports import ClaimConflict, HypervisorError
 
     container = ctx.container
-    views = observe(ctx, candidates, recorded=True)
+    views = observe(ctx, candidates)
     names = candidates.names
     plan = fleet_planner(args).plan([r.spec for r in requests], views)
     fleet, service = cli_fleet_placement(container)
@@ -216,7 +231,7 @@ def _hold_to_policy(container: Any, host_name: str, request_file: str, requests:
     from vmplacer.ports import HypervisorError
 
     policy = container.xml_policy(host_name)
-    problems = []
+    problems: list[str] = []
     for request in requests:
         if request.base_xml is None:
             continue
@@ -241,7 +256,7 @@ def run_list(args: argparse.Namespace, ctx: CliContext) -> int:
     container.upgrade_database()
     rows = container.placement_store.listing(args.host)
     emit(args, rows, lambda d: print_table(
-        "placements", ("guest", "host", "state", "pinning", "exclusive pCPUs"),
+        "placements", PLACEMENTS_COLUMNS,
         [(r["guest"], r["host"], r["state"], _pins(r["placement"]),
           ",".join(map(str, r["claims"]))) for r in d]))
     return 0

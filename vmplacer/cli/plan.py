@@ -7,8 +7,9 @@ The guests are placed as a batch (app/place/fleet_placement.py): hardest first, 
 on the host where it scores best, with a bounded search for a better order when
 one is left out; each sees the host's existing domains and the guests placed
 before it. Prints a placement table (the host per guest; each guest's domain XML
-after it with `--xml`, or into files with `--xml-dir DIR`), or with `--format json`
-the stable contract:
+after it with `--xml`, or into files with `--xml-dir DIR`; `-o wide` one line per guest,
+`--columns` a choice of its columns), or with `-o json` (`--format json`) the stable
+contract (`-o yaml`: the same, in YAML):
 
     {"host": str | null,        # the only candidate host (null: several)
      "hosts": [str],            # the candidate hosts
@@ -20,6 +21,7 @@ the stable contract:
                  "refused": [{"host", "kind", "message", "reasons"}]}],
      "refused_hosts": [{"host", "kind", "message"}],   # maintenance, unreadable
      "repins": [{"host", "guest", "vcpupin", "emulatorpin"}],
+     "stale_records": [{"host", "guest", "state"}],   # records whose domain the host no longer has
      "batch": {"passes", "placed_first_pass", "placed", "order": [guest names, as placed]}}
 
 Each placement shows the guest's pins as they end once the whole request is placed
@@ -27,7 +29,11 @@ Each placement shows the guest's pins as they end once the whole request is plac
 reports and records. "repins" lists domains already on a host whose floating
 (shared) vCPUs and emulator threads must narrow because planned guests take
 pCPUs out of the shared pool. A host in maintenance is refused for every guest
-(exit 3), as `place` refuses it, unless --ignore-maintenance. A refusal's
+(exit 3), as `place` refuses it, unless --ignore-maintenance. The plan judges the hosts
+as `place` does: a guest vmplacer already placed is refused, and every placement on record
+counts, also one whose domain the host no longer has (undefined behind vmplacer's back: its
+pCPUs stay claimed until `vmplacer reconcile` releases the record); such records are listed
+in "stale_records" and said on stderr. A refusal's
 kind is maintenance, unreadable, no-fit, exists (a domain of the guest's name is
 on the host), xml-policy or invalid-xml.
 
@@ -54,11 +60,16 @@ from vmplacer.cli.common import (
     UsageError,
     add_format_argument,
     emit,
+    print_line,
     print_table,
     refuse_options,
+    structured,
 )
-from vmplacer.cli.fleet_hosts import add_host_arguments
+from vmplacer.cli.fleet_hosts import add_host_arguments, stale_warnings
+from vmplacer.cli.log_format import say
 from vmplacer.core.topology.cpuset import format_cpuset
+
+PLAN_COLUMNS = ("guest", "host", "node(s)", "vcpupin", "emulatorpin", "memory nodes", "mode", "score")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -89,7 +100,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         help="print each guest's domain XML after the table (the JSON always has it)")
     parser.add_argument("--xml-dir", metavar="DIR",
                         help="write each guest's domain XML to DIR/GUEST.xml (DIR is created; files replaced)")
-    add_format_argument(parser)
+    add_format_argument(parser, columns=PLAN_COLUMNS)
     parser.set_defaults(func=run)
 
 
@@ -101,6 +112,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
 
         refuse_options(args, ("xml", "xml_dir"), "applies to placement plans (plan --request): a rebalancing "
                        "plan changes pins, not domain XML")
+        refuse_options(args, ("columns",), "applies to placement plans (plan --request), not to plan --rebalance")
 
         if args.host and len(args.host) > 1:
             raise UsageError("--host: once with --rebalance (or --all)")
@@ -114,8 +126,9 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     if args.caps:
         refuse_options(args, ("ignore_maintenance",), "applies to configured hosts, not to --caps files "
                        "(an offline host is never in maintenance)")
-    if args.format == "json":
-        refuse_options(args, ("xml",), "applies to table output (the JSON has each guest's domain XML)")
+    if structured(args):
+        refuse_options(args, ("xml",), f"applies to table and wide output (the {args.format.upper()} has each "
+                       "guest's domain XML)")
     if not args.request:
         raise UsageError("--request: required (or --rebalance to plan moves of running guests)")
     try:
@@ -125,6 +138,8 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     from vmplacer.cli.fleet_plan import fleet_plan
 
     data = fleet_plan(args, ctx, requests)
+    for line in stale_warnings(data["stale_records"]):
+        say("warning", line)
     if args.xml_dir:
         _write_xml(Path(args.xml_dir), data["placements"])
     emit(args, data, lambda shown: _print_table(shown, with_xml=args.xml))
@@ -155,13 +170,12 @@ def _print_table(data: dict[str, Any], *, with_xml: bool = False) -> None:
             entry["mem_mode"], f"{entry['score']:.3f}",
         ))
     where = f"host {data['host']}" if data["host"] else "hosts " + ", ".join(data["hosts"])
-    print_table(f"placement plan for {where} (dry run)",
-                ("guest", "host", "node(s)", "vcpupin", "emulatorpin", "memory nodes", "mode", "score"), rows)
+    print_table(f"placement plan for {where} (dry run)", PLAN_COLUMNS, rows)
     for repin in data["repins"]:
         pins = " ".join(f"{v}→{format_cpuset(c)}" for v, c in repin["vcpupin"].items())
-        print(f"existing guest {repin['guest']} on host {repin['host']}: floating vCPUs narrow to {pins}")
+        print_line(f"existing guest {repin['guest']} on host {repin['host']}: floating vCPUs narrow to {pins}")
     for refused in data["refused_hosts"]:
-        print(f"host {refused['host']} takes no guest: {refused['message']}")
+        print_line(f"host {refused['host']} takes no guest: {refused['message']}")
     for entry in data["placements"]:
         if "others" in entry:
             _print_others(entry)

@@ -349,16 +349,11 @@ def run_show(args: argparse.Namespace, ctx: CliContext, vms: list[str]) -> int:
         raise DatabaseError(exc) from None
     if plot is not None:
         draw_boxplots(data, plot)
-    if args.format == "json":
-        emit(args, data, lambda _d: None)
-    else:
-        _print_show(data)
-        if plot is not None:
-            print(f"plot written to {plot}")
+    emit(args, data, lambda shown: _print_show(shown, plot))
     return 0
 
 
-def _print_show(data: dict[str, Any]) -> None:
+def _print_show(data: dict[str, Any], plot: Path | None = None) -> None:
     run = data["run"]
     rows = []
     for name, vm in data["vms"].items():
@@ -386,6 +381,8 @@ def _print_show(data: dict[str, Any]) -> None:
             print(f"{name}: with only {pair['neighbour']} running ({pair['distance']}, {pair['n']} pair probes): "
                   f"loses {loss['estimate'] * 100:.1f}% (95% CI {loss['ci95_low'] * 100:.1f}–"
                   f"{loss['ci95_high'] * 100:.1f}%)")
+    if plot is not None:
+        print(f"plot written to {plot}")
 
 
 def draw_boxplots(data: dict[str, Any], path: Path) -> None:

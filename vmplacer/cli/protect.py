@@ -256,6 +256,11 @@ def _print(args: argparse.Namespace, data: dict[str, Any]) -> None:
 
         print(json.dumps(json_ready(data), sort_keys=True), flush=True)  # one JSON object per round
         return
+    if args.format == "yaml":
+        from vmplacer.cli.common import yaml_text
+
+        print("---\n" + yaml_text(data), end="", flush=True)  # one YAML document per round
+        return
     if not data["verdicts"]:
         print(f"{data['host']}: no protected guest running")
     for verdict in data["verdicts"]:

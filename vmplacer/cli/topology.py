@@ -27,6 +27,7 @@ from vmplacer.cli.common import (
     add_host_selection,
     emit,
     resolve_host,
+    structured,
 )
 from vmplacer.core.topology.cpuset import format_cpuset
 from vmplacer.core.text import plural
@@ -56,8 +57,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
-    if args.cores and args.format == "json":
-        raise UsageError("--cores: applies to the table format; the JSON always lists every core")
+    if args.cores and structured(args):
+        raise UsageError(f"--cores: applies to the table format; the {args.format.upper()} always lists every core")
     topology = load_topology(args, ctx)
     emit(args, topology.to_dict(), lambda _data: render_tree(topology) if args.cores else render_nodes(topology))
     for warning in topology.warnings:
