@@ -466,6 +466,13 @@ class HostLayout:
             kept[id(self._pieces)] = len(self._pieces.cpu) ** 2
         return sum(kept.values())
 
+    def holds(self, pieces: LayoutPieces) -> None:
+        """A piece × piece array was just computed on `pieces`: when they are an evaluation this host
+        keeps, the host counts against the kept-cells budget again (it may have let go before, and
+        arrays computed since would otherwise stay past the budget, host after host)."""
+        if pieces is self._pieces or any(pieces is kept for kept in self._recent.values()):
+            self.betas.keeping(self)
+
     def let_go(self) -> None:
         """Drop what was computed of this host's layouts (its recent ones, the matrices of the one
         as it is): asked again, it is computed again from the same pieces, the same floats."""
@@ -801,6 +808,7 @@ class HostLayout:
         layout: every move judged from it asks again; read only)."""
         if pieces.terms is None:
             pieces.terms = _read_only(self._pair_terms(pieces))
+            self.holds(pieces)
         return pieces.terms
 
     def _pair_terms(self, pieces: LayoutPieces) -> PairTerms:
@@ -825,6 +833,7 @@ class HostLayout:
         """`_pair_spread`, cached on the layout (read only)."""
         if pieces.spread is None:
             pieces.spread = _read_only(self._pair_spread(pieces))
+            self.holds(pieces)
         return pieces.spread
 
     def _pair_spread(self, pieces: LayoutPieces) -> PairTerms:
@@ -948,9 +957,11 @@ def _interference_matrix(host: HostLayout, pieces: LayoutPieces) -> np.ndarray:
     if pieces.matrix is None and parent is not None and parent[0].matrix is not None and len(parent[1]) <= _FEW_ROWS:
         assert pieces.table is not None
         pieces.matrix = _rows_updated(host, pieces, pieces.table, parent[0].matrix, parent[1], masked=True)
+        host.holds(pieces)
     if pieces.matrix is None:
         assert pieces.table is not None
         pieces.matrix = _pair_lookup(host, pieces, pieces.table, masked=True)
+        host.holds(pieces)
     return pieces.matrix
 
 
