@@ -28,7 +28,14 @@ from vmplacer.adapters.db.api import SqlTokenStore
 from vmplacer.adapters.db.models import AuditRow
 from vmplacer.api.app import create_app
 from vmplacer.api.idempotency import KEY_PATTERN, KEY_RE
+from vmplacer.api.job_views import job_view
+from vmplacer.api.routes.plans import APPLY_JOB, PLAN_JOB
+from vmplacer.api.routes.profiles import PROFILE_JOB
+from vmplacer.api.routes.protect import PROTECT_JOB
+from vmplacer.api.schemas import JOB_KINDS, JOB_STATUSES, PLACEMENT_STATES, JobView
 from vmplacer.api.services import ApiOptions
+from vmplacer.core.rebalance.plan import PLAN_STATES
+from vmplacer.ports import JobRecord
 
 GUEST = {"name": "g1", "vcpus": 1, "memory_mib": 64, "dry_run": True}
 ISO_UTC = re.compile(r"^\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}Z$")
@@ -187,9 +194,11 @@ def test_response_headers_are_declared_where_the_server_sets_them(spec):
             "$ref": "#/components/headers/Link"}, path
         assert "cursor" in {p["name"] for p in spec["paths"][path]["get"]["parameters"]}, path
     schemas = spec["components"]["schemas"]
-    assert schemas["JobView"]["properties"]["status"]["enum"] == ["queued", "running", "succeeded", "failed",
-                                                                  "cancelled"]
+    assert schemas["JobStatus"]["enum"] == ["queued", "running", "succeeded", "failed", "cancelled"]
     assert schemas["JobResult"]["required"] == ["empty"]
+    assert spec["components"]["headers"]["Allow"]["schema"] == {"type": "string"}
+    for _method, _path, operation in _operations(spec):
+        assert operation["responses"]["default"]["headers"]["Allow"] == {"$ref": "#/components/headers/Allow"}
     polled = spec["paths"]["/v1/jobs/{job_id}"]["get"]["responses"]["200"]["headers"]["Retry-After"]
     assert polled["schema"] == {"type": "integer", "minimum": 0} and "required" not in polled
     statuses = {status for _m, _p, operation in _operations(spec) for status in operation["responses"]}
@@ -221,10 +230,82 @@ def test_errors_have_one_named_details_schema(spec):
     assert schemas["ErrorDetails"]["type"] == "array"
     assert schemas["ErrorDetails"]["items"] == {"$ref": "#/components/schemas/Problem"}
     assert set(schemas["Problem"]["required"]) == {"field", "rule", "reason"}
-    for method, _path, operation in _operations(spec):
+    for _method, _path, operation in _operations(spec):
         for status, response in operation["responses"].items():
             if status.startswith(("4", "5")) and operation["operationId"] != "getReadiness":
                 assert response["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorBody"}
+
+
+def test_every_operation_reads_any_other_status_as_the_error_shape(spec):
+    """A status an operation does not list (500 `internal`, 405, 400) still has the one error shape,
+    and every POST lists 409 (`idempotency-key-in-use` can answer any keyed request)."""
+    for method, _path, operation in _operations(spec):
+        default = operation["responses"]["default"]
+        assert default["content"]["application/json"]["schema"] == {"$ref": "#/components/schemas/ErrorBody"}, \
+            operation["operationId"]
+        assert "500" in default["description"] and "405" in default["description"]
+        if method == "post":
+            assert "409" in operation["responses"], operation["operationId"]
+            assert "Retry-After" in operation["responses"]["409"]["headers"], operation["operationId"]
+
+
+def _named(schema: dict[str, Any]) -> str | None:
+    """The component a property's schema refers to (directly, or as its one non-null option)."""
+    options = [o for o in schema.get("anyOf", [schema]) if o.get("type") != "null"]
+    items = [o.get("items", o) for o in options]
+    refs = {o["$ref"].rsplit("/", 1)[-1] for o in items if "$ref" in o}
+    return refs.pop() if len(refs) == 1 and len(items) == 1 else None
+
+
+def test_states_kinds_and_statuses_are_enums_one_schema_per_concept(spec):
+    schemas = spec["components"]["schemas"]
+    assert schemas["PlacementState"]["enum"] == list(PLACEMENT_STATES) == ["planned", "defined", "running"]
+    assert schemas["PlanState"]["enum"] == list(PLAN_STATES)
+    assert schemas["JobStatus"]["enum"] == list(JOB_STATUSES)
+    assert set(schemas["JobKind"]["enum"]) == set(JOB_KINDS) == {PROFILE_JOB, PROTECT_JOB, PLAN_JOB, APPLY_JOB}
+    assert schemas["CancelOutcome"]["enum"] == ["cancelled", "cancel-requested"]
+    uses = {("PlacementView", "state"): "PlacementState", ("PlacementRecord", "state"): "PlacementState",
+            ("PlanView", "state"): "PlanState", ("PlanSummary", "state"): "PlanState",
+            ("JobResult", "state"): "PlanState", ("JobView", "status"): "JobStatus", ("JobView", "kind"): "JobKind",
+            ("JobCancelView", "status"): "CancelOutcome", ("PlanCancelView", "status"): "CancelOutcome"}
+    for (model, field), concept in uses.items():
+        assert _named(schemas[model]["properties"][field]) == concept, (model, field)
+    # the query parameters filter by the same schemas
+    filters = {("/v1/placements", "state"): "PlacementState", ("/v1/plans", "state"): "PlanState",
+               ("/v1/jobs", "status"): "JobStatus"}
+    for (path, name), concept in filters.items():
+        [parameter] = [p for p in spec["paths"][path]["get"]["parameters"] if p.get("name") == name]
+        assert _named(parameter["schema"]) == concept, (path, name)
+    # no state, status or kind of any model is a bare string
+    for model, schema in schemas.items():
+        for field in ("state", "status", "kind"):
+            prop = schema.get("properties", {}).get(field)
+            if prop is not None:
+                options = [o for o in prop.get("anyOf", [prop]) if o.get("type") != "null"]
+                assert all("enum" in o or "const" in o or "$ref" in o for o in options), (model, field, prop)
+
+
+def _job(kind: str, result: dict[str, Any] | None) -> dict[str, Any]:
+    record = JobRecord(id="00000000-0000-0000-0000-000000000001", kind=kind, hosts=("t",), status="succeeded",
+                       progress=1.0, message="", parameters={}, result=result, created_by="ops", created_at=1.0)
+    return json.loads(JobView.model_validate(job_view(record)).model_dump_json())
+
+
+def test_a_job_result_carries_its_kinds_typed_keys_and_no_other_kinds(spec):
+    properties = spec["components"]["schemas"]["JobResult"]["properties"]
+    assert {"plan_id", "state", "summary", "actions", "stopped_because", "run_id", "freezes", "rounds", "released",
+            "stopped_by"} <= set(properties)
+    typed = set(properties)
+    plan = _job(PLAN_JOB, {"id": 7, "state": "empty", "hosts": ["t"], "summary": "", "predicted_gain": 0.0,
+                           "actions": [], "notes": [], "objective_before": 0.5, "empty": True,
+                           "empty_reason": "nothing worth doing was found"})["result"]
+    assert (plan["plan_id"], plan["id"], plan["state"], plan["objective_before"]) == (7, 7, "empty", 0.5)
+    assert set(plan) - typed == {"id", "objective_before"}  # what it sends beyond the typed keys is kept
+    protect = _job(PROTECT_JOB, {"host": "t", "rounds": 3, "released": [], "empty": False, "empty_reason": None})
+    assert protect["result"] == {"host": "t", "rounds": 3, "released": [], "empty": False, "empty_reason": None}
+    old = _job(PROFILE_JOB, {"host": "t", "stopped_because": "samples reached"})  # stored before `empty` existed
+    assert old["result"] == {"empty": False, "empty_reason": None, "host": "t", "stopped_because": "samples reached"}
+    assert "plan_id" not in _job(APPLY_JOB, {"id": None, "state": "cancelled"})["result"]
 
 
 def test_the_cancel_body_is_optional_and_is_the_model_itself(spec):
@@ -256,6 +337,32 @@ def test_request_ids_are_echoed_or_made_and_named_in_errors(api):
     assert _error(answers[2])["details"] == [{"field": "Idempotency-Key", "rule": "string_pattern_mismatch",
                                               "reason": _error(answers[2])["message"]}]
     assert client.get("/healthz").headers["X-Request-Id"]
+
+
+def test_statuses_no_operation_lists_come_in_the_error_shape(api, monkeypatch):
+    client, container = api
+    wrong = client.put("/v1/jobs")
+    assert wrong.status_code == 405 and _error(wrong)["code"] == "method-not-allowed"
+    assert wrong.headers["Allow"] == "GET"
+
+    def broken(*_args: Any, **_filters: Any) -> Any:
+        raise RuntimeError("the store broke")
+
+    monkeypatch.setattr(container.pages, "jobs", broken)
+    failed = client.get("/v1/jobs", headers={"X-Request-Id": "orchestrator:500"})
+    assert failed.status_code == 500
+    error = _error(failed)  # the header and the body name the request, as the caller called it
+    assert error["code"] == "internal" and "RuntimeError" in error["message"] and error["details"] == []
+    assert error["request_id"] == "orchestrator:500"
+    made = _error(client.get("/v1/jobs"))  # without one: a new id, the same in the header and the body
+    assert re.match(r"^[0-9a-f]{32}$", made["request_id"]) and made["code"] == "internal"
+
+    store = client.app.state.services.idempotency  # a middleware's own failure: answered outside them all
+    monkeypatch.setattr(store, "begin", broken)
+    outside = client.post("/v1/reconcile", json={"dry_run": True},
+                          headers={"Idempotency-Key": "reconcile-1", "X-Request-Id": "orchestrator:501"})
+    assert outside.status_code == 500
+    assert _error(outside)["request_id"] == "orchestrator:501" and _error(outside)["code"] == "internal"
 
 
 def test_unknown_query_parameters_are_refused_like_unknown_body_keys(api):

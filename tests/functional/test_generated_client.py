@@ -3,7 +3,9 @@ of a real `vmplacer serve` (SQLite and PostgreSQL), doing an orchestrator's work
 generated functions and models only: authenticate, place with an Idempotency-Key and retry,
 handle 409 and 422, list a page at a time to the end, dry-run a fleet's plan as a job, poll it
 as `Retry-After` says, apply it or read why not, cancel a running job, delete a placement and
-see what a replay of its key means then.
+see what a replay of its key means then. States, statuses and kinds arrive as the generated
+enums, a job's result with its kind's typed keys, and a status no operation lists (a 405) as
+the one error shape.
 
 Hosts: two libvirt test-driver nodes without domains ("a", "b"), their pCPUs read from a
 capabilities file of 8 pCPUs on one NUMA node, so guests fit and nothing is worth moving.
@@ -92,12 +94,13 @@ def _poll(generated: GeneratedClient, client: Any, job_id: str, done: Callable[[
     """Look at a job as the server asks: again after `Retry-After` seconds, until `done`; a job
     that has finished carries no `Retry-After` any more."""
     get_job = generated.operation("jobs", "get_job")
+    status = generated.models.JobStatus
     for _ in range(MAX_POLLS):
         response = get_job.sync_detailed(job_id, client=client)
         assert response.status_code == 200, response.content
         job = response.parsed
-        finished = job.status in (generated.models.JobViewStatus.SUCCEEDED, generated.models.JobViewStatus.FAILED,
-                                  generated.models.JobViewStatus.CANCELLED)
+        assert isinstance(job.status, status) and isinstance(job.kind, generated.models.JobKind)
+        finished = job.status in (status.SUCCEEDED, status.FAILED, status.CANCELLED)
         assert ("retry-after" in response.headers) is not finished, (job.status, dict(response.headers))
         if done(job):
             return job
@@ -115,6 +118,24 @@ def test_every_operation_of_the_document_is_a_generated_function(document, gener
     for tag, operation_id in operations:
         module = generated.operation(tag, re.sub(r"(?<!^)(?=[A-Z])", "_", operation_id).lower())
         assert callable(module.sync_detailed) and callable(module.asyncio_detailed), operation_id
+
+
+def test_a_status_no_operation_lists_is_read_as_the_error_body(generated, admin):
+    """A 405 (or a 500) is no operation's own answer: the generated code reads it through the
+    `default` response, as the one error shape, where it used to raise on an undeclared status."""
+    list_jobs = generated.operation("jobs", "list_jobs")
+    raw = admin.get_httpx_client().put("/v1/jobs")  # the generated client's own connection and token
+    answer = list_jobs._build_response(client=admin, response=raw)
+    error = _error(generated, answer, 405, "method-not-allowed")
+    assert answer.headers["allow"] == "GET" and error.details == []
+
+
+def test_a_reconcile_reports_its_status_as_an_enum(generated, admin):
+    reconcile = generated.operation("reconcile", "reconcile_hosts")
+    report = reconcile.sync_detailed(client=admin, body=generated.models.ReconcileRequest(dry_run=True),
+                                     idempotency_key="reconcile-dry-1")
+    assert report.status_code == 200, report.content
+    assert report.parsed.status == generated.models.ReconcileViewStatus.COMPLETE and report.parsed.dry_run is True
 
 
 # ----- authentication ----------------------------------------------------------------------------------
@@ -153,7 +174,9 @@ def test_placing_with_a_key_survives_retries_and_names_what_it_refuses(server, g
     assert first.parsed.to_dict() == duplicate.parsed.to_dict()
     placed = first.parsed
     assert isinstance(placed, generated.models.PlacementView)
-    assert (placed.guest, placed.host, placed.state, placed.dry_run) == ("db1", "a", "defined", False)
+    assert (placed.guest, placed.host, placed.state, placed.dry_run) == (
+        "db1", "a", generated.models.PlacementState.DEFINED, False)
+    assert isinstance(placed.state, generated.models.PlacementState)
     assert placed.domain_uuid and sorted(placed.placement.to_dict()["vcpupin"]) == ["0", "1"]
 
     retry = create_placement.sync_detailed(client=admin, body=db1, idempotency_key="create-db1-1")
@@ -192,7 +215,10 @@ def test_placing_with_a_key_survives_retries_and_names_what_it_refuses(server, g
     anew = create_placement.sync_detailed(client=admin, body=db1, idempotency_key="create-db1-3")
     assert anew.status_code == 201 and "idempotent-replayed" not in anew.headers
     assert anew.parsed.domain_uuid != placed.domain_uuid
-    assert get_placement.sync_detailed("db1", client=admin).parsed.domain_uuid == anew.parsed.domain_uuid
+    record = get_placement.sync_detailed("db1", client=admin).parsed
+    assert record.domain_uuid == anew.parsed.domain_uuid
+    assert record.state == generated.models.PlacementState.DEFINED and isinstance(record.state,
+                                                                                  generated.models.PlacementState)
     assert delete_placement.sync_detailed("db1", client=admin).status_code == 200
 
 
@@ -216,7 +242,8 @@ def test_a_list_is_read_a_page_at_a_time_to_its_end(generated, admin):
     for name in names:
         reserved = create_placement.sync_detailed(client=admin, idempotency_key=f"reserve-{name}", body=_guest(
             generated, name, host="b", define=False, labels=labels))
-        assert reserved.status_code == 201 and reserved.parsed.state == "planned", reserved.content
+        assert reserved.status_code == 201, reserved.content
+        assert reserved.parsed.state == generated.models.PlacementState.PLANNED
 
     seen: list[str] = []
     cursor: str | Any = generated.types.UNSET
@@ -258,8 +285,8 @@ def test_a_fleets_dry_run_is_a_job_polled_to_its_plan_and_applying_it_is_explain
     assert queued.status_code == 202, queued.content
     accepted = queued.parsed
     assert isinstance(accepted, generated.models.JobAccepted)
-    assert accepted.job.kind == "plan" and accepted.job.status in (generated.models.JobViewStatus.QUEUED,
-                                                                  generated.models.JobViewStatus.RUNNING)
+    assert accepted.job.kind == generated.models.JobKind.PLAN and accepted.job.status in (
+        generated.models.JobStatus.QUEUED, generated.models.JobStatus.RUNNING)
     assert queued.headers["location"] == accepted.location == f"/v1/jobs/{accepted.job.id}"
     assert int(queued.headers["retry-after"]) >= 1
     replay = create_plan.sync_detailed(client=admin, body=request, wait=0, idempotency_key="plan-fleet-1")
@@ -267,15 +294,31 @@ def test_a_fleets_dry_run_is_a_job_polled_to_its_plan_and_applying_it_is_explain
     assert replay.parsed.job.id == accepted.job.id  # one job, however often it is asked for
 
     job = _poll(generated, admin, accepted.job.id, lambda j: j.status not in (
-        generated.models.JobViewStatus.QUEUED, generated.models.JobViewStatus.RUNNING))
-    assert job.status == generated.models.JobViewStatus.SUCCEEDED, job.error
+        generated.models.JobStatus.QUEUED, generated.models.JobStatus.RUNNING))
+    assert job.status == generated.models.JobStatus.SUCCEEDED, job.error
     assert job.progress == 1.0 and job.finished_at is not None and job.finished_at >= job.created_at
-    assert job.result.empty is True and job.result.empty_reason == "nothing worth doing was found"
-    plan_id = job.result.additional_properties["id"]
+    result = job.result
+    assert isinstance(result, generated.models.JobResult)
+    assert result.empty is True and result.empty_reason == "nothing worth doing was found"
+    # the plan's keys typed; another kind's keys absent, not null
+    plan_id = result.plan_id
+    assert isinstance(plan_id, int) and plan_id == result.additional_properties["id"]
+    assert result.state == generated.models.PlanState.EMPTY and isinstance(result.state, generated.models.PlanState)
+    assert sorted(result.hosts) == list(HOSTS) and result.actions == [] and isinstance(result.summary, str)
+    unset = generated.types.Unset
+    assert all(isinstance(value, unset) for value in (result.rounds, result.stopped_because, result.run_id))
+    assert not {"rounds", "stopped_because", "run_id", "released"} & set(result.to_dict())
+    # the status filter takes the same enum the job shows
+    list_jobs = generated.operation("jobs", "list_jobs")
+    done = list_jobs.sync_detailed(client=admin, status=[generated.models.JobStatus.SUCCEEDED], kind="plan")
+    assert job.id in [j.id for j in done.parsed.jobs]
+    assert {(j.kind, j.status) for j in done.parsed.jobs} == {(generated.models.JobKind.PLAN,
+                                                              generated.models.JobStatus.SUCCEEDED)}
 
     plan = get_plan.sync_detailed(plan_id, client=admin).parsed
     assert isinstance(plan, generated.models.PlanView)
-    assert (plan.id, plan.state, sorted(plan.hosts), plan.actions) == (plan_id, "empty", list(HOSTS), [])
+    assert (plan.id, plan.state, sorted(plan.hosts), plan.actions) == (
+        plan_id, generated.models.PlanState.EMPTY, list(HOSTS), [])
     applied = apply_plan.sync_detailed(plan_id, client=admin)  # nothing to apply: the answer says why
     error = _error(generated, applied, 409, "conflict")
     assert f"plan {plan_id} is empty" in error.message
@@ -295,16 +338,21 @@ def test_a_running_job_is_cancelled_between_its_steps(generated, admin):
         generated.models.ProfileRequest(host="a", vms=["web1"], duration_s=3600, t_sleep_s=0.2, t_m_ms=5)))
     assert started.status_code == 202, started.content
     job_id = started.parsed.job.id
-    assert started.parsed.job.kind == "profile" and started.headers["location"] == f"/v1/jobs/{job_id}"
-    _poll(generated, admin, job_id, lambda j: j.status == generated.models.JobViewStatus.RUNNING)
+    assert started.parsed.job.kind == generated.models.JobKind.PROFILE
+    assert started.headers["location"] == f"/v1/jobs/{job_id}"
+    _poll(generated, admin, job_id, lambda j: j.status == generated.models.JobStatus.RUNNING)
 
     answer = cancel_job.sync_detailed(job_id, client=admin)
     assert answer.status_code == 202, answer.content
-    assert answer.parsed.status == generated.models.JobCancelViewStatus.CANCEL_REQUESTED
+    assert answer.parsed.status == generated.models.CancelOutcome.CANCEL_REQUESTED
     assert answer.headers["location"] == answer.parsed.location == f"/v1/jobs/{job_id}"
-    job = _poll(generated, admin, job_id, lambda j: j.status != generated.models.JobViewStatus.RUNNING)
-    assert job.status == generated.models.JobViewStatus.CANCELLED
-    assert job.error.code == "cancelled" and job.result.additional_properties["stopped_because"] == "stopped"
+    job = _poll(generated, admin, job_id, lambda j: j.status != generated.models.JobStatus.RUNNING)
+    assert job.status == generated.models.JobStatus.CANCELLED
+    result = job.result
+    assert job.error.code == "cancelled" and result.stopped_because == "stopped"
+    assert result.host == "a" and isinstance(result.metric, str)
+    assert isinstance(result.run_id, int) and isinstance(result.freezes, int) and result.freezes >= 0
+    assert isinstance(result.plan_id, generated.types.Unset) and isinstance(result.state, generated.types.Unset)
     again = cancel_job.sync_detailed(job_id, client=admin)  # final already: nothing to cancel
     assert _error(generated, again, 409, "conflict").details[0].additional_properties["status"] == "cancelled"
     assert delete_placement.sync_detailed("web1", client=admin).status_code == 200

@@ -32,7 +32,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from vmplacer.adapters.domain_xml import DomainXmlError
 from vmplacer.adapters.libvirt_errors import EXISTS, DomainRefused
 from vmplacer.api.limits import BodyTooLarge, too_large_body
-from vmplacer.api.request_id import current_request_id
+from vmplacer.api.request_id import chosen_id, current_request_id
 from vmplacer.config import ConfigError
 from vmplacer.core.placement.guest import GuestSpecError
 from vmplacer.core.placement.nofit import NoFit
@@ -82,14 +82,16 @@ class ApiError(Exception):
 
 
 def error_response(status: int, code: str, message: str, details: Any = None,
-                   headers: dict[str, str] | None = None) -> JSONResponse:
-    return JSONResponse(error_body(code, message, details), status_code=status, headers=headers)
+                   headers: dict[str, str] | None = None, *, request_id: str | None = None) -> JSONResponse:
+    return JSONResponse(error_body(code, message, details, request_id=request_id), status_code=status,
+                        headers=headers)
 
 
-def error_body(code: str, message: str, details: Any = None) -> dict[str, Any]:
-    """The one error document: `details` as a list of problems, the request's id."""
+def error_body(code: str, message: str, details: Any = None, *, request_id: str | None = None) -> dict[str, Any]:
+    """The one error document: `details` as a list of problems, the request's id (default: the
+    request being served)."""
     return {"error": {"code": code, "message": message, "details": problems(details, code, message),
-                      "request_id": current_request_id()}}
+                      "request_id": request_id or current_request_id()}}
 
 
 def problems(details: Any, code: str, message: str) -> list[dict[str, Any]]:
@@ -115,6 +117,12 @@ def _describe(status: int, text: str) -> dict[str, Any]:
     return {"model": ErrorBody, "description": text}
 
 
+# Any other status, in the same shape: 500 `internal`, 405 `method-not-allowed` (with `Allow`),
+# 400 `bad-request` (an unreadable Content-Length). Declared so that a generated client reads them
+# as an ErrorBody instead of failing on a status the operation does not list.
+UNEXPECTED: dict[int | str, dict[str, Any]] = {
+    "default": {"model": ErrorBody, "description": "any other error, in the same shape: 500 `internal` (see the "
+                "server log), 405 `method-not-allowed` (`Allow` lists the path's methods), 400 `bad-request`"}}
 # Documented on every route (the OpenAPI schema lists what a client may see).
 COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
     401: _describe(401, "no bearer token, or an unknown one"),
@@ -122,9 +130,12 @@ COMMON_RESPONSES: dict[int | str, dict[str, Any]] = {
     413: _describe(413, "request body larger than api.max_request_bytes"),
     422: _describe(422, "invalid request: each problem names its field"),
     503: _describe(503, "the database or a host is unreachable (the host is named)"),
+    **UNEXPECTED,
 }
 NOT_FOUND = {404: _describe(404, "no such object")}
-CONFLICT = {409: _describe(409, "conflicts with the current state (no fit, already exists, busy)")}
+CONFLICT = {409: _describe(409, "conflicts with the current state (no fit, already exists, busy); on a POST also "
+                                "`idempotency-key-in-use`: a request with the same Idempotency-Key is still "
+                                "being answered (retry after Retry-After)")}
 HOST_ERROR = {502: _describe(502, "a host refused the operation (the host and domain are named)")}
 OUT_OF_MEMORY = {503: _describe(503, "the database or a host is unreachable (the host is named), or planning ran "
                                      "out of memory (`out-of-memory`: the hosts and the setting to lower are named)")}
@@ -256,7 +267,47 @@ def install_error_handlers(app: FastAPI, on_libvirt_error=None) -> None:  # type
         return error_response(503, "out-of-memory", "the server ran out of memory handling this request; "
                               "nothing it was doing is kept (see the server log)")
 
+    app.add_middleware(InternalErrors)
+
     @app.exception_handler(Exception)
     async def _internal(request: Request, exc: Exception) -> JSONResponse:
+        """A middleware's own failure, answered outside every middleware: the request's id is gone
+        by then, so the caller's own (or a new one) is named, in the header as in the body."""
         log.exception("%s %s failed", request.method, request.url.path)
-        return error_response(500, "internal", f"internal error ({exc.__class__.__name__}); see the server log")
+        request_id = chosen_id(list(request.scope.get("headers", ())))
+        return error_response(500, "internal", internal_message(exc), None, {"X-Request-Id": request_id},
+                              request_id=request_id)
+
+
+def internal_message(exc: BaseException) -> str:
+    return f"internal error ({exc.__class__.__name__}); see the server log"
+
+
+class InternalErrors:
+    """Pure ASGI, just outside the framework's exception handlers: an exception none of them took
+    becomes the 500 `internal` here, inside the other middlewares, while the request's id is still
+    set: the answer names the request in its body and X-Request-Id header, as every other answer
+    does (the framework's own last resort runs outside every middleware)."""
+
+    def __init__(self, app: Any):
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        started = False
+
+        async def tracking_send(message: dict[str, Any]) -> None:
+            nonlocal started
+            if message["type"] == "http.response.start":
+                started = True
+            await send(message)
+
+        try:
+            await self.app(scope, receive, tracking_send)
+        except Exception as exc:
+            if started:  # half an answer is out: nothing sound can follow it
+                raise
+            log.exception("%s %s failed", scope.get("method"), scope.get("path"))
+            await error_response(500, "internal", internal_message(exc))(scope, receive, send)

@@ -23,6 +23,8 @@ JOB_ID = r"^[0-9a-f]{8}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{4}-[0-9a-f]{12}$"
 # When to look (again) at a job that has not finished: a queued job is picked up within a
 # second or so, and a running one reports progress at least that often.
 POLL_AFTER_S = "1"
+# The kinds whose result is a plan (vmplacer.api.routes.plans names them): its id shows as `plan_id` too.
+PLAN_JOB_KINDS = ("plan", "apply-plan")
 
 
 def job_view(job: JobRecord) -> dict[str, Any]:
@@ -32,8 +34,11 @@ def job_view(job: JobRecord) -> dict[str, Any]:
     stop = (data.get("parameters") or {}).get("stop")
     if isinstance(stop, dict):  # a stop request's moment, stored as epoch seconds
         data["parameters"] = {**data["parameters"], "stop": with_api_times(stop, "at")}
-    if isinstance(data.get("result"), dict):  # results stored before `empty` existed produced something
-        data["result"] = {"empty": False, "empty_reason": None, **data["result"]}
+    result = data.get("result")
+    if isinstance(result, dict):  # results stored before `empty` existed produced something
+        data["result"] = {"empty": False, "empty_reason": None, **result}
+        if job.kind in PLAN_JOB_KINDS and isinstance(result.get("id"), int):  # the result is the plan
+            data["result"].setdefault("plan_id", result["id"])
     return with_api_times(data, "created_at", "started_at", "finished_at")
 
 

@@ -9,7 +9,8 @@ routes' own signatures cannot:
 - `Idempotency-Key` on every POST (vmplacer.api.idempotency honours it on all of them);
 - the response headers a client acts on: `X-Request-Id` everywhere, `Location` on
   201/202, `Retry-After` where the server sets it (202s, polling an unfinished job),
-  `Idempotent-Replayed` on POSTs, `Link` to a list's next page;
+  `Idempotent-Replayed` on POSTs, `Link` to a list's next page, `Allow` on a 405 (the
+  `default` answer: any status an operation does not list, in the one error shape);
 - an optional body as optional (`required: false`, the model itself), not as a
   required "model or null" a generator turns into a mandatory argument.
 """
@@ -77,6 +78,10 @@ HEADERS: dict[str, dict[str, Any]] = {
     },
     "WWW-Authenticate": {
         "description": "`Bearer`: the scheme the token goes in",
+        "schema": {"type": "string"},
+    },
+    "Allow": {
+        "description": "on a 405: the methods the path offers, e.g. `GET, POST`",
         "schema": {"type": "string"},
     },
 }
@@ -148,6 +153,8 @@ def _headers(method: str, status: str) -> dict[str, Any]:
         names.append("Idempotent-Replayed")
     if status == "401":
         names.append("WWW-Authenticate")
+    if status == "default":
+        names.append("Allow")
     headers: dict[str, Any] = {name: {"$ref": f"#/components/headers/{_component(name)}"} for name in names}
     if status in REQUIRED_RETRY_AFTER:  # a $ref cannot be overridden: this one spelled out, required
         headers["Retry-After"] = {**HEADERS["Retry-After"], "required": True,

@@ -11,7 +11,17 @@ from __future__ import annotations
 
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, WithJsonSchema
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    GetCoreSchemaHandler,
+    GetJsonSchemaHandler,
+    SerializerFunctionWrapHandler,
+    WithJsonSchema,
+    model_serializer,
+)
+from pydantic_core import CoreSchema
 
 from vmplacer.api.fields import DomainName, Glob, Reason, SelectorText, SpecText, SpecValue
 from vmplacer.api.times import ApiTime
@@ -50,10 +60,35 @@ ThreadPolicy = Literal[THREAD_POLICIES]  # type: ignore[valid-type]
 EmulatorPolicy = Literal[EMULATOR_POLICIES]  # type: ignore[valid-type]
 WorkloadClass = Literal[WORKLOAD_CLASSES]  # type: ignore[valid-type]
 MemMode = Literal[MEM_MODES]  # type: ignore[valid-type]
-PlanState = Literal[PLAN_STATES]  # type: ignore[valid-type]
-PlacementState = Literal["planned", "defined", "running"]
+
+
+class Named:
+    """One named schema (`#/components/schemas/NAME`) for a Literal wherever it is used, in bodies
+    and query parameters alike: a generated client gets one enum per concept, not one per field.
+    The value stays a plain `str` in Python."""
+
+    def __init__(self, name: str, description: str):
+        self.name = name
+        self.description = description
+
+    def __get_pydantic_core_schema__(self, source: Any, handler: GetCoreSchemaHandler) -> CoreSchema:
+        return {**handler(source), "ref": self.name}  # type: ignore[return-value]
+
+    def __get_pydantic_json_schema__(self, schema: CoreSchema, handler: GetJsonSchemaHandler) -> dict[str, Any]:
+        found = handler(schema)
+        target = handler.resolve_ref_schema(found)
+        target.update(title=self.name, description=self.description)
+        return found
+
+
 PLAN_STATE_HELP = ("proposed | approved | running (not final); succeeded | failed | rolled_back | "
                    "cancelled | empty (final: `empty` = no action was worth taking, nothing to apply)")
+PlanState = Annotated[Literal[PLAN_STATES],  # type: ignore[valid-type]
+                      Named("PlanState", "a rebalancing plan's state: " + PLAN_STATE_HELP)]
+PLACEMENT_STATES = ("planned", "defined", "running")
+PlacementState = Annotated[Literal[PLACEMENT_STATES], Named(  # type: ignore[valid-type]
+    "PlacementState", "a placement's state: planned (a dry run, or pCPUs reserved without a domain) | defined "
+    "(the domain is defined, not running) | running")]
 
 
 class _Strict(BaseModel):
@@ -134,7 +169,7 @@ class PlacementView(BaseModel):
 
     guest: str
     host: str
-    state: str = Field(description="planned (dry run or reserved) | defined | running")
+    state: PlacementState = Field(description="planned (dry run or reserved) | defined | running")
     dry_run: bool
     placement: dict[str, Any]
     xml: str
@@ -155,7 +190,7 @@ class PlacementRecord(BaseModel):
 
     guest: str
     host: str | None
-    state: str
+    state: PlacementState
     domain_uuid: str | None = None
     spec: dict[str, Any]
     placement: dict[str, Any]
@@ -223,20 +258,83 @@ class HostList(BaseModel):
     hosts: list[HostView]
 
 
-JobStatus = Literal["queued", "running", "succeeded", "failed", "cancelled"]
 JOB_STATUS_HELP = ("queued | running (not final); succeeded | failed | cancelled (final: `cancelled` = stopped by "
                    "POST /v1/jobs/{id}/cancel, before it started or between its steps)")
+JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
+JobStatus = Annotated[Literal[JOB_STATUSES],  # type: ignore[valid-type]
+                      Named("JobStatus", "a job's state: " + JOB_STATUS_HELP)]
+# The kinds of job the API queues (each named by the route module that runs it: profiles, protect, plans).
+JOB_KINDS = ("profile", "protect", "plan", "apply-plan")
+JOB_KIND_HELP = ("profile: Freeze'nSense on a host (POST /v1/profiles); protect: a protection loop (POST /v1/protect); "
+                 "plan: a rebalancing dry run (POST /v1/plans?wait=); apply-plan: applying a plan "
+                 "(POST /v1/plans/{id}/apply)")
+JobKind = Annotated[Literal[JOB_KINDS],  # type: ignore[valid-type]
+                    Named("JobKind", "what a job does: " + JOB_KIND_HELP)]
+CancelOutcome = Annotated[Literal["cancelled", "cancel-requested"], Named(
+    "CancelOutcome", "cancelled: stopped before it started, nothing of it runs; cancel-requested: it runs and stops "
+    "between its steps (what is done stays done)")]
 
 
 class JobResult(BaseModel):
-    """What a job produced; the keys beyond `empty` depend on its kind (a profile's distributions,
-    an applied plan, a protection loop's rounds and releases)."""
+    """What a job produced. Besides `empty`, each kind sends its own keys, typed here where a client
+    acts on them (absent from the results of the other kinds); each kind sends more than these (a
+    plan's diff and objective, a profile's overheads and settings), kept as further properties.
+
+    - plan, apply-plan: the plan (as GET /v1/plans/{id} shows it): `plan_id`, `state`, `hosts`,
+      `summary`, `predicted_gain`, `actions`; a dry run's `notes`;
+    - profile: `host`, `metric`, `run_id`, `stopped_because`, `freezes`, `pair_freezes`, `wall_s`,
+      and per guest its distributions (`vms`);
+    - protect: `host`, `rounds`, `released`; once stopped, `stopped_by` and `release_plan`."""
 
     model_config = ConfigDict(extra="allow", json_schema_extra={"additionalProperties": True})
 
     empty: bool = Field(description="true: the job ran but produced nothing (a profile that kept no sample, a "
                         "protection stopped before its first round); `empty_reason` says why")
     empty_reason: str | None = Field(default=None, description="why the job produced nothing (null unless empty)")
+    # plan, apply-plan
+    plan_id: int | None = Field(default=None, description="plan, apply-plan: the plan's id (as its `id`): "
+                                "GET /v1/plans/{plan_id}")
+    state: PlanState | None = Field(default=None, description="plan, apply-plan: the plan's state when the job "
+                                    "ended")
+    hosts: list[str] | None = Field(default=None, description="plan, apply-plan: the plan's hosts")
+    summary: str | None = Field(default=None, description="plan, apply-plan: the plan in one line")
+    predicted_gain: float | None = Field(default=None, description="plan, apply-plan: the gain the planner "
+                                         "predicted")
+    actions: list[dict[str, Any]] | None = Field(default=None, description="plan, apply-plan: the plan's actions, "
+                                                 "each with its `state` (an applied plan: how each went)")
+    notes: list[str] | None = Field(default=None, description="plan: what the dry run noted (hosts or guests "
+                                    "left out, and why)")
+    # profile, protect
+    host: str | None = Field(default=None, description="profile, protect: the host it ran on")
+    # profile
+    metric: str | None = Field(default=None, description="profile: the performance metric sampled (ipc, cpu)")
+    run_id: int | None = Field(default=None, description="profile: the stored run (GET /v1/profiles/{guest}"
+                               "?run_id=)")
+    stopped_because: str | None = Field(default=None, description="profile: why sampling ended (`samples "
+                                        "reached`, `duration reached`, `stopped`: cancelled, …)")
+    freezes: int | None = Field(default=None, ge=0, description="profile: neighbour freezes done")
+    pair_freezes: int | None = Field(default=None, ge=0, description="profile: of which pair probes")
+    wall_s: float | None = Field(default=None, ge=0, description="profile: seconds it sampled")
+    vms: dict[str, dict[str, Any]] | None = Field(default=None, description="profile: per guest, its ζ, ζb and "
+                                                  "degradation distributions")
+    # protect
+    rounds: int | None = Field(default=None, ge=0, description="protect: rounds the loop ran")
+    released: list[str] | None = Field(default=None, description="protect: guests whose throttles the stop "
+                                       "released")
+    stopped_by: str | None = Field(default=None, description="protect: who stopped the loop")
+    release_plan: dict[str, Any] | None = Field(default=None, description="protect: the plan that released the "
+                                                "throttles (null: none was held)")
+
+    @model_serializer(mode="wrap")
+    def _as_sent(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        """Only the keys the job's kind sends: another kind's typed fields are left out, not null.
+        (No return annotation: one would replace this model's schema in the document.)"""
+        data = handler(self)
+        return {key: value for key, value in data.items()
+                if key in self.model_fields_set or key in _ALWAYS_IN_RESULT or key not in type(self).model_fields}
+
+
+_ALWAYS_IN_RESULT = frozenset({"empty", "empty_reason"})
 
 
 class JobError(BaseModel):
@@ -250,7 +348,7 @@ class JobError(BaseModel):
 
 class JobView(BaseModel):
     id: str
-    kind: str
+    kind: JobKind = Field(description=JOB_KIND_HELP)
     hosts: list[str]
     status: JobStatus = Field(description=JOB_STATUS_HELP)
     progress: float
@@ -277,7 +375,7 @@ class JobAccepted(BaseModel):
 
 
 class JobCancelView(BaseModel):
-    status: Literal["cancelled", "cancel-requested"] = Field(
+    status: CancelOutcome = Field(
         description="cancelled: the job had not started and never will; cancel-requested: it runs and stops "
                     "between its steps (poll `location`)")
     job: JobView
@@ -350,7 +448,8 @@ class ProfileRun(BaseModel):
     id: int
     host: str
     metric: str | None = None
-    status: str
+    status: Literal["running", "finished", "failed", "interrupted"] = Field(
+        description="running (also a run whose process ended mid-way) | finished | failed | interrupted")
     started_at: ApiTime | None = None
     finished_at: ApiTime | None = None
     parameters: dict[str, Any] | None = None
@@ -379,7 +478,7 @@ class AuditList(Page):
 
 
 class Health(BaseModel):
-    status: str
+    status: Literal["ok"]
 
 
 class ReadyCheck(BaseModel):
@@ -418,7 +517,8 @@ class ReconcileRequest(_Strict):
 class ReconcileView(BaseModel):
     model_config = ConfigDict(extra="allow")
 
-    status: str = Field(description="complete | incomplete (a host was busy or unreachable: see problems)")
+    status: Literal["complete", "incomplete"] = Field(
+        description="complete | incomplete (a host was busy or unreachable: see problems)")
     dry_run: bool
     released: int
     updated: int
@@ -447,7 +547,7 @@ class PlanView(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     id: int | None
-    state: str = Field(description=PLAN_STATE_HELP)
+    state: PlanState = Field(description=PLAN_STATE_HELP)
     hosts: list[str]
     predicted_gain: float
     summary: str
@@ -465,7 +565,7 @@ class PlanSummary(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     id: int
-    state: str = Field(description=PLAN_STATE_HELP)
+    state: PlanState = Field(description=PLAN_STATE_HELP)
     hosts: list[str]
     summary: str
     actions: int
@@ -481,7 +581,7 @@ class PlanCancelRequest(_Strict):
 
 
 class PlanCancelView(BaseModel):
-    status: Literal["cancelled", "cancel-requested"] = Field(
+    status: CancelOutcome = Field(
         description="cancelled: the plan had not started, its actions are skipped; cancel-requested: the plan "
                     "is running and stops before its next action (actions already done stay applied)")
     plan: PlanView

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
-from vmplacer.api.errors import COMMON_RESPONSES
+from vmplacer.api.errors import COMMON_RESPONSES, UNEXPECTED
 from vmplacer.api.schemas import Health, Readiness, ReadyCheck
 from vmplacer.api.strict_json import StrictJsonRoute
 
@@ -18,7 +18,7 @@ HOST_CHECK_TIMEOUT_S = 5.0
 
 
 @router.get("/healthz", operation_id="getHealth", response_model=Health,
-            summary="liveness: the process answers (no token needed)")
+            summary="liveness: the process answers (no token needed)", responses=UNEXPECTED)
 def healthz() -> Health:
     return Health(status="ok")
 

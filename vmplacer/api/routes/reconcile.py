@@ -17,7 +17,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 
 from vmplacer.api.actors import acting_store, api_actor
-from vmplacer.api.errors import COMMON_RESPONSES, ApiError
+from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, ApiError
 from vmplacer.api.schemas import ReconcileRequest, ReconcileView
 from vmplacer.api.strict_json import StrictJsonRoute
 
@@ -26,7 +26,7 @@ router = APIRouter(prefix="/v1/reconcile", tags=["reconcile"], route_class=Stric
 
 @router.post("", operation_id="reconcileHosts", response_model=ReconcileView,
              summary="release records of domains undefined or moved outside vmplacer, follow libvirt's states",
-             responses=COMMON_RESPONSES)
+             responses={**COMMON_RESPONSES, **CONFLICT})
 def reconcile(request: Request, body: ReconcileRequest) -> dict[str, Any]:
     from vmplacer.app.observe.reconcile import ReconcileError
 
