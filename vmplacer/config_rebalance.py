@@ -93,9 +93,10 @@ REBALANCE_KEYS: dict[str, dict[str, tuple[str, Kind]]] = {
 # rather than the value silently ignored: the operator set it to get a behaviour that is gone)
 RETIRED_KEYS: dict[str, str] = {
     "trials.step_trials": "removed: the single-step trials changed the rebalance benchmark's results by less "
-                          "than 0.1 point (docs/rebalance.md, Ablation); delete the key",
+                          "than 0.1 point (docs/research/rebalance-results.md §6, Ablation); delete the key",
     "trials.second_opinion": "removed: the second opinion (the model's other form on refuted hosts) changed the "
-                             "rebalance benchmark's results by less than 0.1 point (docs/rebalance.md, Ablation); "
+                             "rebalance benchmark's results by less than 0.1 point "
+                             "(docs/research/rebalance-results.md §6, Ablation); "
                              "delete the key",
 }
 
