@@ -297,6 +297,33 @@ def test_audit_and_metrics(api):
     assert "# TYPE vmplacer_rebalance_trial_outcomes gauge" in text  # stored trials of every process
 
 
+def test_metrics_show_what_the_newest_plan_spent_of_its_disruption_budget(server, api):
+    """The newest stored plan's disruption figures, whichever process made it: what its trials
+    spent, the budget, the trials left waiting, and which plan that is."""
+    import yaml
+
+    from vmplacer.adapters.db.engine import make_engine, make_session_factory
+    from vmplacer.adapters.db.plans import SqlPlanStore
+    from vmplacer.core.rebalance.plan import Plan
+
+    engine = make_engine(yaml.safe_load(server.config.read_text())["database_url"])
+    try:
+        store = SqlPlanStore(make_session_factory(engine))
+        spent = {"trials": 3, "trial_repins": 57, "max_trials": 20, "max_trial_repins": 400, "trials_waiting": 2}
+        plan = store.save(Plan((), ("t",), summary="trials only", settings={"notes": {"disruption": spent}}))
+        store.save(Plan((), ("t",), summary="a plan without a disruption note"))  # newer: not the figures' plan
+    finally:
+        engine.dispose()
+    text = api.get("/metrics").text
+    for line in ('vmplacer_rebalance_disruption{what="trials"} 3.0',
+                 'vmplacer_rebalance_disruption{what="trial_repins"} 57.0',
+                 'vmplacer_rebalance_disruption{what="trials_waiting"} 2.0',
+                 'vmplacer_rebalance_disruption_budget{what="trials"} 20.0',
+                 'vmplacer_rebalance_disruption_budget{what="trial_repins"} 400.0',
+                 f"vmplacer_rebalance_disruption_plan {float(plan.id)}"):
+        assert line in text, line
+
+
 def test_unknown_placements_are_404(api):
     assert api.get("/v1/placements/nobody").status_code == 404
     response = api.delete("/v1/placements/nobody")

@@ -12,7 +12,7 @@ Two kinds:
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
@@ -159,6 +159,39 @@ def trial_outcome_gauges(counts_since: Callable[[float], dict[tuple[str, str, st
         yield family
 
     return trial_outcomes
+
+
+DISRUPTION_SPENT = ("trials", "trial_repins", "trials_waiting")  # plan notes' `disruption` keys shown
+DISRUPTION_BUDGET = ("max_trials", "max_trial_repins")
+
+
+def disruption_gauges(latest: Callable[[], Mapping[str, Any] | None]):
+    """vmplacer_rebalance_disruption{what} and vmplacer_rebalance_disruption_budget{what}: what the
+    newest plan's trials spent of the disruption budget (trials, trial repins, trials left waiting
+    for a later round) and the budget itself, from the stored plans of every process
+    (docs/disruption.md); vmplacer_rebalance_disruption_plan: that plan's id."""
+
+    def disruption() -> Iterable[GaugeMetricFamily]:
+        found = latest() or {}
+        spent = GaugeMetricFamily("vmplacer_rebalance_disruption",
+                                  "what the newest plan's trials spent of the disruption budget, and trials left "
+                                  "waiting for a later round", labels=("what",))
+        budget = GaugeMetricFamily("vmplacer_rebalance_disruption_budget",
+                                   "the disruption budget the newest plan was made under", labels=("what",))
+        plan = GaugeMetricFamily("vmplacer_rebalance_disruption_plan", "the id of the plan the disruption figures are of")
+        for what in DISRUPTION_SPENT:
+            if isinstance(found.get(what), (int, float)):
+                spent.add_metric((what,), float(found[what]))
+        for what in DISRUPTION_BUDGET:
+            if isinstance(found.get(what), (int, float)):
+                budget.add_metric((what.removeprefix("max_"),), float(found[what]))
+        if isinstance(found.get("plan_id"), int):
+            plan.add_metric((), float(found["plan_id"]))
+        yield spent
+        yield budget
+        yield plan
+
+    return disruption
 
 
 def maintenance_gauges(host_names: Callable[[], Iterable[str]], in_maintenance: Callable[[], Iterable[str]]):

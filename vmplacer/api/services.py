@@ -26,6 +26,7 @@ from vmplacer.api.metrics import (
     maintenance_gauges,
     plan_action_gauges,
     trial_outcome_gauges,
+    disruption_gauges,
     protect_metrics,
     throttle_gauges,
 )
@@ -96,6 +97,7 @@ class ApiServices:
             job_gauges(self.jobs.counts),
             plan_action_gauges(self.plan_action_counts),
             trial_outcome_gauges(container.plan_store.trial_counts, time.time, TRIAL_OUTCOME_WINDOW_S),
+            disruption_gauges(container.plan_store.latest_disruption),
             maintenance_gauges(lambda: self.host_names, lambda: container.maintenance.current().keys()),
             freeze_rescue_metrics(self.freeze_rescues),
             throttle_gauges(container.throttle_ledger.current),

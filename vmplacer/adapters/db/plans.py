@@ -296,6 +296,18 @@ class SqlPlanStore:
             return [{"id": r.id, "state": r.state, "hosts": r.hosts, "summary": r.summary,
                      "created_at": _epoch(r.created_at), "actions": len(r.actions)} for r in rows]
 
+    def latest_disruption(self, within: int = 20) -> dict[str, Any] | None:
+        """The disruption budget of the newest plan (among the last `within`) that spent one: what
+        its trials took of the budget and how many waited (plan notes' `disruption`), with its id."""
+        query = select(PlanRow.id, PlanRow.settings).order_by(PlanRow.id.desc()).limit(within)
+        with self.sessions() as session:
+            for plan_id, settings in session.execute(query):
+                notes = (settings or {}).get("notes") if isinstance(settings, dict) else None
+                spent = notes.get("disruption") if isinstance(notes, dict) else None
+                if isinstance(spent, dict) and spent:
+                    return {"plan_id": int(plan_id), **spent}
+        return None
+
     def touching(self, guest: str, limit: int = 20) -> list[dict[str, Any]]:
         """The newest plans with an action on `guest`, as `recent` lists them, each with the
         kinds and states of the actions on that guest (a guest's page: what was done to it)."""
