@@ -151,7 +151,7 @@ def _no_alert(driver: Any) -> bool:
 def test_without_a_cookie_the_browser_lands_on_the_login_page(site, browser):
     browser.delete_all_cookies()
     browser.get(f"{site.url}/ui/hosts/{EXAMPLE_HOST_NAME}")
-    assert browser.current_url == f"{site.url}/ui/login"
+    assert browser.current_url == f"{site.url}/ui/login?next=%2Fui%2Fhosts%2F{EXAMPLE_HOST_NAME}"
     assert browser.find_element("id", "token").get_attribute("type") == "password"
     _shot(browser, "login")
 
@@ -235,7 +235,8 @@ def test_a_read_token_cannot_change_anything_through_the_page(site, browser):
     _sign_in(browser, site, site.read)
     browser.get(f"{site.url}/ui/hosts/{EXAMPLE_HOST_NAME}")
     forms = browser.find_elements(By.TAG_NAME, "form")
-    assert [f.get_attribute("action") for f in forms] == [f"{site.url}/ui/logout"]
+    assert [f.get_attribute("action") for f in forms] == [f"{site.url}/ui/search", f"{site.url}/ui/logout"]
+    assert forms[0].get_attribute("method") == "get"  # finding a guest only reads
     statuses = browser.execute_async_script("""
         const done = arguments[arguments.length - 1];
         const tries = [["PUT", "/v1/hosts/example/maintenance", {reason: "from the page"}],
@@ -258,7 +259,7 @@ def test_sign_out_ends_the_sign_in_a_copied_cookie_carried_too(site, browser):
     assert browser.get_cookie("vmplacer_ui") is None
     browser.add_cookie({k: copied[k] for k in ("name", "value", "path", "httpOnly", "sameSite")})
     browser.get(f"{site.url}/ui/plans")
-    assert browser.current_url == f"{site.url}/ui/login"
+    assert browser.current_url == f"{site.url}/ui/login?next=%2Fui%2Fplans"
 
 
 def test_the_csp_header_reaches_the_browser(site, browser):
@@ -585,3 +586,106 @@ def test_no_page_scrolls_sideways_at_1366_px_or_on_a_phone(site, browser):
 def _shot_phone(driver: Any, name: str) -> None:
     ARTIFACTS.mkdir(exist_ok=True)
     driver.save_screenshot(str(ARTIFACTS / f"web-{name}.png"))
+
+
+# ----- finding a guest, and returning after a sign-in -----------------------------------------------
+def _submit_token(driver: Any, token: str) -> None:
+    """Types the token into the login page on screen and sends the form (whatever `next` it carries)."""
+    from selenium.webdriver.common.by import By
+
+    field = driver.find_element(By.ID, "token")
+    field.clear()
+    field.send_keys(token)
+    driver.find_element(By.ID, "sign-in").click()
+
+
+def test_the_header_search_finds_guests_and_links_to_their_pages(site, browser):
+    from selenium.webdriver.common.by import By
+    from selenium.webdriver.common.keys import Keys
+
+    _sign_in(browser, site, site.read)
+    browser.get(f"{site.url}/ui/hosts/{MIXED}")
+    box = browser.find_element(By.ID, "search-q")
+    box.send_keys("X-WEB", Keys.ENTER)  # a plain GET form: no script involved
+    _wait(browser, lambda d: d.current_url == f"{site.url}/ui/search?q=X-WEB")
+    rows = browser.find_elements(By.CSS_SELECTOR, "#search-results tr[data-guest]")
+    assert [r.get_attribute("data-guest") for r in rows] == sorted(site.mixed.dedicated)
+    assert {r.get_attribute("data-host") for r in rows} == {MIXED}
+    assert f"{len(rows)} guest(s) whose name holds" in browser.find_element(By.ID, "search-count").text
+    assert browser.find_element(By.ID, "search-q").get_attribute("value") == "X-WEB"
+    rows[0].find_element(By.CSS_SELECTOR, "a.host").click()
+    _wait(browser, lambda d: d.current_url == f"{site.url}/ui/hosts/{MIXED}")
+    browser.back()
+    first = sorted(site.mixed.dedicated)[0]
+    _wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#search-results a.guest"))
+    browser.find_element(By.CSS_SELECTOR, "#search-results a.guest").click()
+    _wait(browser, lambda d: d.find_elements(By.ID, "guest-name"))
+    assert browser.find_element(By.ID, "guest-name").text == first
+    # hostile input: found as text, nothing runs
+    box = browser.find_element(By.ID, "search-q")
+    box.clear()
+    box.send_keys("<img src=x", Keys.ENTER)
+    _wait(browser, lambda d: "/ui/search?q=" in d.current_url)
+    rows = browser.find_elements(By.CSS_SELECTOR, "#search-results tr[data-guest]")
+    assert [r.get_attribute("data-guest") for r in rows] == [HOSTILE]
+    assert HOSTILE in rows[0].text and browser.find_elements(By.TAG_NAME, "img") == [] and _no_alert(browser)
+    browser.get(f"{site.url}/ui/search?q=")  # an empty query: a page saying so, not an error
+    assert "type part of a guest's name" in browser.find_element(By.ID, "search-problem").text
+
+
+def test_signing_in_returns_to_the_page_that_asked_and_never_elsewhere(site, browser):
+    from selenium.webdriver.common.by import By
+
+    browser.delete_all_cookies()
+    browser.get(f"{site.url}/ui/plans/1")
+    assert browser.current_url == f"{site.url}/ui/login?next=%2Fui%2Fplans%2F1"
+    _submit_token(browser, site.read)
+    _wait(browser, lambda d: d.current_url == f"{site.url}/ui/plans/1")
+    assert browser.find_element(By.TAG_NAME, "h1").text.startswith("Plan #1")
+    # signed out under an open page: its next refresh sends it to sign in, then back to it
+    browser.get(f"{site.url}/ui/hosts/{EXAMPLE_HOST_NAME}")
+    browser.delete_all_cookies()
+    browser.execute_script("window.vmplacerRefresh()")
+    _wait(browser, lambda d: d.current_url.startswith(f"{site.url}/ui/login"))
+    assert browser.current_url == f"{site.url}/ui/login?next=%2Fui%2Fhosts%2F{EXAMPLE_HOST_NAME}"
+    _submit_token(browser, site.read)
+    _wait(browser, lambda d: d.current_url == f"{site.url}/ui/hosts/{EXAMPLE_HOST_NAME}")
+    # a crafted login link to another site signs in to the fleet instead
+    for crafted in ("https://evil.example/", "//evil.example/ui/", "/ui/%2F..%2F..%2Fv1", "/\\evil.example"):
+        from urllib.parse import quote
+
+        browser.delete_all_cookies()
+        browser.get(f"{site.url}/ui/login?next={quote(crafted, safe='')}")
+        _submit_token(browser, site.read)
+        _wait(browser, lambda d: d.current_url == f"{site.url}/ui/")
+
+
+def test_the_memory_table_lists_hugepage_pools_and_follows_a_new_placement(site, browser):
+    from selenium.webdriver.common.by import By
+
+    _sign_in(browser, site, site.read)
+    browser.get(f"{site.url}/ui/hosts/{EXAMPLE_HOST_NAME}")
+    topology = site.container.hypervisor(EXAMPLE_HOST_NAME).topology()
+    node = topology.nodes_with_cpus()[-1]
+    pool = topology.nodes[node].hugepage_pool(2048)
+    assert pool is not None and pool.total  # the example host has 2 MiB pages on every node
+
+    def placeable() -> int:
+        span = browser.find_element(By.CSS_SELECTOR, f'#memory-rows tr[data-node="{node}"] .pool[data-size-kib="2048"]')
+        return int(span.get_attribute("data-placeable"))
+
+    before = placeable()
+    assert "excludes the hugepage pools" in browser.find_element(By.ID, "memory-note").text
+    cpu = max(topology.cpus_in_node(node))
+    huge = Placement(guest="huge-late", host=EXAMPLE_HOST_NAME, vcpupin={0: frozenset({cpu})}, memory_kib=1 << 20,
+                     memory_nodes=frozenset({node}), hugepage_kib=2048)
+    site.container.placement_store.record(EXAMPLE_HOST_NAME, "test:///default", huge, {"name": "huge-late"})
+    try:
+        browser.execute_script("document.body.dataset.marker = 'same page'")
+        browser.execute_script("return window.vmplacerRefresh()")
+        # a refresh round per poll until the server's record cache has the new placement
+        _wait(browser, lambda d: placeable() != before or d.execute_script("return window.vmplacerRefresh()"))
+        assert placeable() == before - (1 << 20) // 2048  # 512 pages of 2 MiB taken, shown without a reload
+        assert browser.execute_script("return document.body.dataset.marker") == "same page"
+    finally:
+        site.container.placement_store.forget("huge-late")

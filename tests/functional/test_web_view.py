@@ -68,9 +68,10 @@ def elements(html: str) -> list[tuple[str, dict[str, str | None]]]:
 
 def test_without_a_cookie_pages_send_to_the_login_page_and_json_answers_401(web):
     client, *_ = web
-    for path in ("/ui/", f"/ui/hosts/{EXAMPLE_HOST_NAME}"):
-        answer = client.get(path)
-        assert answer.status_code == 303 and answer.headers["location"] == "/ui/login"
+    answer = client.get("/ui/")
+    assert answer.status_code == 303 and answer.headers["location"] == "/ui/login"  # the fleet is where it lands anyway
+    answer = client.get(f"/ui/hosts/{EXAMPLE_HOST_NAME}")
+    assert answer.status_code == 303 and answer.headers["location"] == f"/ui/login?next=%2Fui%2Fhosts%2F{EXAMPLE_HOST_NAME}"
     assert client.get("/ui/api/fleet").status_code == 401
     client.cookies.set("vmplacer_ui", "vmp_not-a-token", path="/ui")
     answer = client.get("/ui/")
@@ -244,10 +245,10 @@ def test_a_read_token_changes_nothing_through_the_view(web):
     refused = client.put(f"/v1/hosts/{EXAMPLE_HOST_NAME}/maintenance", json={"reason": "x"},
                          headers={"Authorization": f"Bearer {read}"})
     assert refused.status_code == 403
-    for path in ("/ui/", f"/ui/hosts/{EXAMPLE_HOST_NAME}"):
+    for path in ("/ui/", f"/ui/hosts/{EXAMPLE_HOST_NAME}", "/ui/search?q=db"):
         forms = [a for t, a in elements(client.get(path).text) if t == "form"]
-        assert forms and all(a.get("action") in ("/ui/logout", "/ui/") for a in forms)
-        assert all(a.get("method") == "get" for a in forms if a.get("action") == "/ui/")
+        assert forms and all(a.get("action") in ("/ui/logout", "/ui/", "/ui/search") for a in forms)
+        assert all(a.get("method") == "get" for a in forms if a.get("action") != "/ui/logout")
 
 
 def test_a_refresh_costs_the_server_little(web, record_property):
@@ -406,9 +407,13 @@ def test_unknown_json_under_the_view_stays_json(web):
 
 def test_guest_and_model_pages_need_a_sign_in(web):
     client, *_ = web
-    for path in (guest_path(DEDICATED), "/ui/model", "/ui/guests/db-1"):
+    from urllib.parse import parse_qs, urlsplit
+
+    for path in (guest_path(DEDICATED), "/ui/model", "/ui/guests/db-1", "/ui/search?q=db"):
         answer = client.get(path)
-        assert answer.status_code == 303 and answer.headers["location"] == "/ui/login"
+        location = urlsplit(answer.headers["location"])
+        assert answer.status_code == 303 and location.path == "/ui/login"
+        assert parse_qs(location.query) == {"next": [path]}  # back there once signed in
 
 
 # ----- the model page ----------------------------------------------------------------------------
@@ -574,3 +579,90 @@ def test_the_fleet_page_gives_units_and_links(web):
     links = [a.get("href") for t, a in elements(page) if t == "a"]
     assert "/ui/plans/1" in links and f"/ui/hosts/{EXAMPLE_HOST_NAME}#violation-list" in links
     assert re.search(r'id="refreshed" data-at="[\d.]+">as of \d\d:\d\d:\d\d UTC<', page)
+
+
+# ----- memory, units and the model's symbols -----------------------------------------------------------
+def _pools(html: str) -> dict[int, dict[int, tuple[int, int, int]]]:
+    """node -> page size KiB -> (pages in all, free, free for placing), as the host page lists them."""
+    found: dict[int, dict[int, tuple[int, int, int]]] = {}
+    node = -1
+    for tag, attrs in elements(html):
+        if tag == "tr" and "data-node" in attrs:
+            node = int(attrs["data-node"])
+            found.setdefault(node, {})
+        if tag == "span" and attrs.get("class") == "pool":
+            found[node][int(attrs["data-size-kib"])] = (int(attrs["data-total"]), int(attrs["data-free"]),
+                                                        int(attrs["data-placeable"]))
+    return found
+
+
+def test_the_host_page_lists_each_nodes_hugepage_pools_beside_free_memory(web):
+    from vmplacer.core.placement.guest_placement import Placement
+
+    client, _, read, _ = web
+    sign_in(client, read)
+    container = client.app.state.services.container
+    topology = container.hypervisor(EXAMPLE_HOST_NAME).topology()
+    path = f"/ui/hosts/{EXAMPLE_HOST_NAME}"
+    html = client.get(path).text
+    memory = html[html.index('id="memory"'):html.index('id="memory-note"')]
+    pools = _pools(memory)
+    expected = {n.id: {p.size_kib: (p.total, p.free) for p in n.hugepages if p.size_kib > 4 and p.total}
+                for n in topology.nodes.values() if n.memory_kib}
+    assert any(expected.values())  # the example host has pools: the table must show them
+    assert {n: {size: pool[:2] for size, pool in sizes.items()} for n, sizes in pools.items()} == expected
+    assert "2 MiB: " in memory and "1 GiB: " in memory
+    note = html[html.index('id="memory-note"'):]
+    assert "excludes the hugepage pools" in note.split("</p>")[0]
+    fleet = {n["node"]: n["free_mib"] for n in client.get("/ui/api/fleet").json()["rows"][0]["nodes"]}
+    shown = {int(a["data-node"]) for t, a in elements(memory) if t == "tr" and "data-node" in a}
+    assert shown == set(fleet)  # the same nodes, the same free figure as the fleet's
+    for node, free_mib in fleet.items():
+        row = memory[memory.index(f'<tr data-node="{node}">'):].split("</tr>")[0]
+        assert f'<td class="num free">{free_mib / 1024:.1f} GiB</td>' in row
+    assert "excludes hugepage pools" in client.get("/ui/").text  # and the fleet says so too
+    # a guest backed by 2 MiB pages on node 0: that pool has 512 fewer pages for placing, small pages are untouched
+    node0 = min(expected)
+    size, (total, free) = 2048, expected[node0][2048]
+    cpu = max(topology.cpus_in_node(node0))
+    huge = Placement(guest="huge-1", host=EXAMPLE_HOST_NAME, vcpupin={0: frozenset({cpu})}, memory_kib=1 << 20,
+                     memory_nodes=frozenset({node0}), hugepage_kib=size)
+    container.placement_store.record(EXAMPLE_HOST_NAME, "test:///default", huge, {"name": "huge-1"})
+    client.app.state.services.snapshots.invalidate(EXAMPLE_HOST_NAME)
+    after = client.get(path).text
+    pools_after = _pools(after[after.index('id="memory"'):after.index('id="memory-note"')])
+    assert pools[node0][size][2] == min(total, free)
+    assert pools_after[node0][size] == (total, free, min(total - (1 << 20) // size, free))
+    fleet_after = {n["node"]: n["free_mib"] for n in client.get("/ui/api/fleet").json()["rows"][0]["nodes"]}
+    assert fleet_after == fleet
+
+
+def test_plan_objective_and_gains_carry_their_unit(web):
+    from vmplacer.web.glossary import GAIN_UNIT
+
+    client, _, read, _ = web
+    sign_in(client, read)
+    page = client.get("/ui/plans/1").text
+    assert f"1.500 → 1.750 {GAIN_UNIT}" in page and f"<b>+0.250</b> {GAIN_UNIT}" in page
+    unit = page[page.index('id="objective-unit"'):].split("</p>")[0]
+    assert "guest-equivalents at full speed" in unit and "fraction of its speed" in unit
+    titles = [a["title"] for t, a in elements(page) if t == "abbr"]
+    assert any(title.startswith("J = Σ over guests of weight") for title in titles)
+    assert any("change of the plan's objective" in title for title in titles)
+    assert f"Predicted gain</abbr> ({GAIN_UNIT})" in page
+
+
+def test_beta_is_explained_where_it_is_shown(web):
+    from vmplacer.web.glossary import BETA_TITLE
+
+    client, _, read, _ = web
+    sign_in(client, read)
+    for path in (f"/ui/hosts/{EXAMPLE_HOST_NAME}/guests/{DEDICATED}", "/ui/model"):
+        page = client.get(path).text
+        assert "data-beta" in page or 'id="neighbours"' in page  # β is on the page
+        assert [a for t, a in elements(page) if t == "abbr" and a.get("title") == BETA_TITLE], path
+        legend = page[page.index('id="beta-legend"'):]
+        assert "fraction of" in legend.split("</p>")[0].split("</ul>")[0], path
+    guest = client.get(f"/ui/hosts/{EXAMPLE_HOST_NAME}/guests/{DEDICATED}").text
+    legend = guest[guest.index('id="beta-legend"'):].split("</p>")[0]
+    assert "interference model's coefficient" in legend and "time sharing" in legend

@@ -1,6 +1,6 @@
-"""The web view's routes: login and logout (the only POSTs), the fleet and host pages, and
-the JSON those pages poll. Mounted by `api.app.create_app` through `mount`. Every page only
-reads: a sign-in has the read scope whichever token began it."""
+"""The web view's routes: login and logout (the only POSTs), the fleet, host, guest, plan,
+model and guest-search pages, and the JSON those pages poll. Mounted by `api.app.create_app`
+through `mount`. Every page only reads: a sign-in has the read scope whichever token began it."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from vmplacer.api.auth import MAX_TOKEN_LENGTH, Principal
 from vmplacer.api.schemas import HOST_NAME
 from vmplacer.api.times import api_time
 from vmplacer.ports import HypervisorError
-from vmplacer.web import session
+from vmplacer.web import glossary, return_to, search, session
 from vmplacer.web.guard import SignInLimiter, client_address, cross_site, limit_key, trusted_networks
 from vmplacer.web.query import FIELDS, SORT_KEYS, STATES, FleetQuery, QueryError, select
 from vmplacer.web.security import PREFIX
@@ -68,6 +68,7 @@ templates.globals["guest_url"] = guest_url
 templates.filters["utc_time"] = utc_time
 templates.globals["guest_link"] = guest_link
 templates.globals["host_url"] = host_url
+templates.globals.update(glossary.GLOBALS)
 Signed = Depends(session.principal)
 
 
@@ -102,9 +103,11 @@ def _session_store(services: ApiServices) -> session.SessionStore:
 
 
 def _page(name: str, request: Request, status: int = 200, **values: Any) -> HTMLResponse:
+    values.setdefault("search_q", "")
     html = templates.get_template(name).render(prefix=PREFIX, version=__version__, refresh_s=REFRESH_S,
                                                principal=session.signed_in_as(request),
-                                               rendered_at=round(time.time(), 3), **values)
+                                               rendered_at=round(time.time(), 3), max_search=search.MAX_QUERY,
+                                               **values)
     return HTMLResponse(html, status_code=status)
 
 
@@ -113,11 +116,20 @@ def _sign_in(request: Request, exc: session.SignInRequired) -> Response:
     if exc.json:
         response = JSONResponse({"error": {"code": "unauthorized", "message": "sign in again",
                                            "details": {"login": session.LOGIN}}}, status_code=401)
-    else:
-        response = RedirectResponse(session.LOGIN, status_code=303)
+    else:  # back to the page asked for once signed in (only a page of this view: web/return_to.py)
+        requested = _as_sent(request)
+        response = RedirectResponse(return_to.login_address(requested), status_code=303)
     if exc.had_cookie:
         session.forget(response, request)
     return response
+
+
+def _as_sent(request: Request) -> str:
+    """The path and query the browser asked for, percent-encoded as it sent them (a guest's
+    name in the path stays encoded, so the address works again as it is)."""
+    raw = request.scope.get("raw_path")
+    path = raw.decode("latin-1") if isinstance(raw, bytes) else quote(request.url.path)
+    return path + (f"?{request.url.query}" if request.url.query else "")
 
 
 def _bad_query(request: Request, exc: QueryError) -> Response:
@@ -135,7 +147,9 @@ def root() -> RedirectResponse:
 
 @router.get("/login", response_class=HTMLResponse)
 def login_form(request: Request) -> HTMLResponse:
-    return _page("login.html", request, message="")
+    """The sign-in form; a `next` that is a page of this view rides along in it (any other is
+    dropped here, and checked again when the form comes back)."""
+    return _page("login.html", request, message="", next=return_to.safe_next(request.query_params.get("next")))
 
 
 def _client(request: Request) -> str:
@@ -171,18 +185,20 @@ async def login(request: Request) -> Response:
     wait = limiter.retry_after(client)
     response: Response
     if wait:
-        response = _page("login.html", request, 429,
+        _, wanted = await session.submitted_form(request)
+        response = _page("login.html", request, 429, next=return_to.safe_next(wanted),
                          message=f"too many failed sign-ins from this address: try again in {wait} s")
         response.headers["Retry-After"] = str(wait)
         return response
-    token = await session.submitted_token(request)
+    token, wanted = await session.submitted_form(request)
+    wanted = return_to.safe_next(wanted)
     secret = await run_in_threadpool(_begin, request, token, request.cookies.get(session.COOKIE, "")) \
         if token else None
     if secret is None:
         limiter.failed(client)
         message = "unknown or revoked token" if token else "a token is required"
-        return _page("login.html", request, 401, message=message)
-    response = RedirectResponse(PREFIX + "/", status_code=303)
+        return _page("login.html", request, 401, message=message, next=wanted)
+    response = RedirectResponse(return_to.after_sign_in(wanted), status_code=303)
     session.keep(response, request, secret)
     return response
 
@@ -228,6 +244,21 @@ def fleet_json(request: Request, principal: Principal = Signed) -> dict[str, Any
 def _link(query: FleetQuery, **changes: Any) -> str:
     params = query.params(**changes)
     return f"{PREFIX}/" + (f"?{urlencode(params)}" if params else "")
+
+
+# ----- finding a guest -----------------------------------------------------------------------------
+@router.get("/search", response_class=HTMLResponse)
+def search_page(request: Request, principal: Principal = Signed) -> HTMLResponse:
+    """Guests whose name holds `q` (any case), on every configured host. A GET form, so it
+    works without script; a missing, empty or over-long `q` answers this page saying why."""
+    values = request.query_params.getlist("q")
+    problem = search.query_problem(values)
+    shown_q = "".join(ch for ch in values[0][:search.MAX_QUERY] if ch.isprintable()) if len(values) == 1 else ""
+    if problem:
+        return _page("search.html", request, problem=problem, found=None, query="", search_q=shown_q)
+    query = values[0].strip()
+    found = search.find(request.app.state.web.placed_guests(), query, search.SHOWN)
+    return _page("search.html", request, problem="", found=found, query=query, search_q=query)
 
 
 # ----- plans -----------------------------------------------------------------------------------------
@@ -295,7 +326,7 @@ def host_json(request: Request, name: str, principal: Principal = Signed) -> Res
                             status_code=503)
     return JSONResponse({"cpus": host["cpus"], "guests": host["guests"], "state": host["state"],
                          "violations": host["violations"], "violation_list": host["violation_list"],
-                         "checked": host["checked"], "at": time.time()})
+                         "checked": host["checked"], "memory": host["memory"], "at": time.time()})
 
 
 # ----- one guest -----------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ from fastapi import Request
 from starlette.responses import Response
 
 from vmplacer.api.auth import MAX_TOKEN_LENGTH, Principal
+from vmplacer.web.return_to import MAX_NEXT
 from vmplacer.web.security import PREFIX
 
 COOKIE = "vmplacer_ui"
@@ -71,14 +72,19 @@ def principal(request: Request) -> Principal:
     return signed
 
 
-async def submitted_token(request: Request) -> str:
-    """The `token` field of the login form (application/x-www-form-urlencoded); "" when absent."""
-    body = (await request.body())[: MAX_TOKEN_LENGTH * 4]
+MAX_NEXT_FIELD = MAX_NEXT * 3  # the `next` field, form-encoded (each % of the path spelt %25)
+
+
+async def submitted_form(request: Request) -> tuple[str, str]:
+    """The login form's `token` and `next` fields (application/x-www-form-urlencoded); "" for
+    one absent. The body is read only as far as the two can reach."""
+    body = (await request.body())[: MAX_TOKEN_LENGTH * 4 + MAX_NEXT_FIELD + 16]
     try:
         fields = parse_qsl(body.decode("ascii"), max_num_fields=4, strict_parsing=False)
     except (UnicodeDecodeError, ValueError):
-        return ""
-    return next((value.strip() for name, value in fields if name == "token"), "")
+        return "", ""
+    token = next((value.strip() for name, value in fields if name == "token"), "")
+    return token, next((value for name, value in fields if name == "next"), "")
 
 
 def keep(response: Response, request: Request, secret: str) -> None:

@@ -17,6 +17,7 @@ from vmplacer.core.topology.cpuset import format_cpuset
 from vmplacer.core.placement.guest_placement import Placement, placement_from_dict
 from vmplacer.ports import HypervisorError
 from vmplacer.web import hostmap
+from vmplacer.web.memory import node_memory
 
 if TYPE_CHECKING:
     from vmplacer.api.services import ApiServices
@@ -108,6 +109,13 @@ class WebViews:
                 newest.setdefault(host, {"id": plan["id"], "state": plan["state"], "at": plan["created_at"]})
         return newest
 
+    def placed_guests(self) -> list[tuple[str, str]]:
+        """(guest, host) of every placement recorded on a configured host, as the fleet page
+        reads them (the snapshot cache's records: no hypervisor is asked)."""
+        services = self.services
+        return [(placement.guest, name) for name in services.host_names
+                for placement in services.snapshots.recorded(name)]
+
     # ----- plans ---------------------------------------------------------------------------------
     def plans(self, limit: int = RECENT_PLANS_SHOWN) -> list[dict[str, Any]]:
         """The newest stored plans, as the API lists them."""
@@ -171,6 +179,8 @@ class WebViews:
                         "nodes": len(topology.nodes), "smt": topology.smt,
                         "reserved": format_cpuset(topology.reserved) or "none"},
             "node_summary": _node_summary(topology, uses, violated),
+            "memory": node_memory(topology, services.snapshots.recorded(name),
+                                  services.container.allocation_options(name)),
             "layout": [{"package": p.package,
                         "nodes": [{"node": n.node,
                                    "caches": [{"llc": c.llc, "cores": [list(core) for core in c.cores]}

@@ -168,7 +168,33 @@
       }
     }
     showViolations(data);
+    showMemory(data.memory);
     if (keep !== null) light(keep);
+  }
+
+  // ----- each node's memory and hugepage pools, as the page's table spells them ----------------
+  function memoryRow(n) {
+    const tr = el("tr", { "data-node": n.node });
+    tr.appendChild(el("td", {}, "node " + n.node));
+    tr.appendChild(el("td", { class: "num" }, gib(n.memory_mib) + " GiB"));
+    tr.appendChild(el("td", { class: "num free" }, gib(n.free_mib) + " GiB"));
+    const pools = el("td");
+    n.pools.forEach((p, i) => {
+      if (i) pools.appendChild(document.createTextNode("; "));
+      pools.appendChild(el("span", { class: "pool", "data-size-kib": p.size_kib, "data-total": p.total,
+        "data-free": p.free, "data-placeable": p.placeable },
+        p.size + ": " + p.total + " pages (" + gib(p.total_mib) + " GiB), " + p.free + " free, " + p.placeable +
+        " free for placing"));
+    });
+    if (!n.pools.length) pools.textContent = "none";
+    tr.appendChild(pools);
+    return tr;
+  }
+
+  function showMemory(memory) {
+    const rows = document.getElementById("memory-rows");
+    if (!rows || !memory || !memory.length) return;
+    rows.replaceChildren(...memory.map(memoryRow));
   }
 
   // ----- lighting one guest: its row and its pCPUs, while either is pointed at or focused -----
@@ -288,8 +314,9 @@
     try {
       response = await fetch(refreshUrl, { credentials: "same-origin", headers: { Accept: "application/json" },
         signal: abort.signal });
-      if (response.status === 401) {
-        window.location.assign(prefix + "/login");
+      if (response.status === 401) { // signed out meanwhile: back to this page once signed in again
+        const here = window.location.pathname + window.location.search;
+        window.location.assign(prefix + "/login" + (here === prefix + "/" ? "" : "?next=" + encodeURIComponent(here)));
         return;
       }
       if (!response.ok) {
