@@ -44,7 +44,7 @@ sys.path.insert(0, str(ROOT))
 
 from benchmarks import host_facts  # noqa: E402
 
-from vmplacer.lab.simulator import GroundTruth, SimCluster  # noqa: E402
+from vmplacer.lab.simulator import SimCluster  # noqa: E402
 from vmplacer.lab.evaluate import ProfileSettings, profile_host  # noqa: E402
 from vmplacer.lab.rebalance_eval import DISTANCE_PRIOR  # noqa: E402
 from vmplacer.core.placement.allocate import NoFit, allocate  # noqa: E402

@@ -13,6 +13,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, TypeVar
@@ -328,8 +329,10 @@ def _parse_host(reader: _Reader, raw: Any, index: int) -> HostSettings | None:
         reader.problems.append(str(reader.fail(f"{key}.uri", "is required")))
     else:
         uri = take(lambda: _check_libvirt_uri(reader, reader.string(data["uri"], f"{key}.uri"), f"{key}.uri"), None)
-    reserved = take(lambda: _cpuset(reader, data.get("reserved_cpus"), f"{key}.reserved_cpus"), frozenset())
-    emulator_cpus = take(lambda: _cpuset(reader, data.get("emulator_cpus"), f"{key}.emulator_cpus"), frozenset())
+    reserved: frozenset[int] = take(lambda: _cpuset(reader, data.get("reserved_cpus"), f"{key}.reserved_cpus"),
+                                    frozenset())
+    emulator_cpus: frozenset[int] = take(lambda: _cpuset(reader, data.get("emulator_cpus"), f"{key}.emulator_cpus"),
+                                         frozenset())
     ratio = take(lambda: reader.number(data.get("cpu_allocation_ratio", 4.0), f"{key}.cpu_allocation_ratio",
                                        0.1, 64), 4.0)
     reserve = take(lambda: _whole_mib(reader, data.get("reserved_memory_mib_per_node", 0),
@@ -446,7 +449,7 @@ def _age(reader: _Reader, value: Any, key: str, default: float) -> float:
     return seconds
 
 
-def settings_from_mapping(raw: Any, source: str, environ: dict[str, str] | None = None,
+def settings_from_mapping(raw: Any, source: str, environ: Mapping[str, str] | None = None,
                           base_dir: Path | None = None) -> Settings:
     """Validate a parsed YAML document (or None) and apply environment overrides; relative
     paths in it start at `base_dir` (the config file's directory). ConfigError lists every
@@ -454,12 +457,12 @@ def settings_from_mapping(raw: Any, source: str, environ: dict[str, str] | None 
     env = os.environ if environ is None else environ
     reader = _Reader(source, base_dir)
     take = reader.take
-    data = take(lambda: reader.mapping(raw, "", CONFIG_KEYS[""]), {})
+    data: dict[str, Any] = take(lambda: reader.mapping(raw, "", CONFIG_KEYS[""]), {})
 
     data_dir_value = env.get(ENV_DATA_DIR) or data.get("data_dir")
     data_dir = (take(lambda: Path(reader.string(data_dir_value, "data_dir")), default_data_dir())
                 if data_dir_value else default_data_dir())
-    hosts = take(lambda: _hosts(reader, data.get("hosts")), ())
+    hosts: tuple[HostSettings, ...] = take(lambda: _hosts(reader, data.get("hosts")), ())
 
     url_value = env.get(ENV_DATABASE_URL) or data.get("database_url")
     key = ENV_DATABASE_URL if env.get(ENV_DATABASE_URL) else "database_url"
@@ -582,7 +585,7 @@ def _web(reader: _Reader, data: dict[str, Any]) -> WebSettings:
     base = WebSettings()
 
     def seconds(name: str, low: float, high: float) -> float:
-        default = getattr(base, name)
+        default: float = getattr(base, name)
         return reader.take(lambda: reader.seconds(data.get(name, default), f"web.{name}", low, high), default)
 
     return WebSettings(session_lifetime_s=seconds("session_lifetime_s", 1, 30 * DAY_S),
@@ -592,7 +595,7 @@ def _web(reader: _Reader, data: dict[str, Any]) -> WebSettings:
 def _whole(reader: _Reader, value: Any, key: str, low: int, high: int) -> int:
     if isinstance(value, bool) or not isinstance(value, int) or not low <= value <= high:
         raise reader.fail(key, f"must be an integer from {low} to {high}, got {excerpt(value)}")
-    return value
+    return int(value)
 
 
 def _placement(reader: _Reader, raw: Any) -> PlacementSettings:
@@ -623,10 +626,10 @@ def _protect(reader: _Reader, raw: Any) -> ProtectSettings:
     values: dict[str, float | None] = {}
     for key, check in (("latency_critical_floor", check_floor), ("batch_min_share", check_min_share)):
         values[key] = take(lambda: _class_default(reader, data, key, check), getattr(base.defaults, key))
-    defaults = ProtectionDefaults(**values)  # type: ignore[arg-type]
+    defaults = ProtectionDefaults(**values)
 
     def number(name: str, low: float, high: float) -> float:
-        default = getattr(base, name)
+        default: float = getattr(base, name)
         read = reader.seconds if name.endswith("_s") else reader.number
         return take(lambda: read(data.get(name, default), f"protect.{name}", low, high), default)
 

@@ -81,6 +81,7 @@ REBALANCE_KEYS: dict[str, dict[str, tuple[str, Kind]]] = {
     "disruption": {
         "max_trials": ("max_trials", "integer"),
         "max_trial_repins": ("max_trial_repins", "integer"),
+        "max_moves_per_guest_hour": ("max_moves_per_guest_hour", "integer"),
     },
     "rounds": {
         "batch_hosts": ("round_batch_hosts", "integer"),

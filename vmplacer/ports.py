@@ -317,6 +317,9 @@ class PlanStore(Protocol):
     def last_moved(self, guests: list[str] | None = None, since: float | None = None) -> dict[str, float]:
         """Guest -> epoch seconds its latest move finished (only moves finished since `since`)."""
         ...
+    def moves_since(self, guests: list[str] | None, since: float) -> dict[str, int]:
+        """Guest -> its moves finished since `since` (epoch seconds), an undone one counting twice."""
+        ...
     def trial_outcomes(self, since: float) -> list[TrialOutcome]: ...  # of trial probes finished since
     def trial_counts(self, since: float) -> dict[tuple[str, str, str], int]:
         """(host, trial kind, kept|undone) -> trial probes finished since `since` (epoch seconds)."""

@@ -90,7 +90,7 @@ def test_plan_why_shows_predicted_loss_per_candidate(driver, database_url, tmp_p
         loss = candidate["predicted_loss"]
         assert loss["total"] == pytest.approx(loss["guest"] + sum(loss["joined"].values()), abs=2e-4)
         by_node.setdefault(_node(candidate["vcpupin"]), []).append(loss)
-    assert min(l["guest"] for l in by_node[0]) > 2 * max(l["guest"] for l in by_node[1])
+    assert min(loss["guest"] for loss in by_node[0]) > 2 * max(loss["guest"] for loss in by_node[1])
     assert "loud" in by_node[0][0]["joined"] and "calm" in by_node[1][0]["joined"]
     assert chosen[0]["score"] == max(c["score"] for c in why["candidates"])
 

@@ -20,11 +20,11 @@ def pin(guest: str, cpu: int) -> Placement:
     return Placement(guest, "h1", {0: frozenset({cpu})}, memory_kib=256 * 1024)
 
 
-def finished_repin(store: SqlPlanStore, guest: str) -> None:
+def finished_repin(store: SqlPlanStore, guest: str, state: str = "succeeded") -> None:
     action = Action(0, "repin", "h1", guest, before=pin(guest, 0), after=pin(guest, 1), reason="test")
     plan = store.save(Plan(actions=(action,), hosts=("h1",)))
     store.record_action(plan.id, Action(0, "repin", "h1", guest, before=action.before, after=action.after,
-                                        state="succeeded"), started=True, finished=True)
+                                        state=state), started=True, finished=True)
 
 
 def test_last_moved_since_keeps_only_the_moves_of_the_window(sessions):
@@ -36,6 +36,22 @@ def test_last_moved_since_keeps_only_the_moves_of_the_window(sessions):
     assert set(store.last_moved(["a", "b"])) == {"a", "b"}
     assert set(store.last_moved(["a", "b"], since=between)) == {"b"}
     assert store.last_moved(["a", "b"], since=time.time() + 60.0) == {}
+
+
+def test_moves_of_the_last_hour_count_an_undone_move_twice(sessions):
+    """The per-guest disruption budget's read: moves finished in the window, a move undone (made
+    and taken back) counting two, failed ones none, guests outside the list left out."""
+    store = SqlPlanStore(sessions)
+    finished_repin(store, "a")
+    between = time.time()
+    time.sleep(0.01)
+    finished_repin(store, "a")
+    finished_repin(store, "a", state="rolled_back")
+    finished_repin(store, "b", state="failed")
+    finished_repin(store, "c")
+    assert store.moves_since(["a", "b"], between) == {"a": 3}
+    assert store.moves_since(None, between) == {"a": 3, "c": 1}
+    assert store.moves_since(None, time.time() + 60.0) == {}
 
 
 def test_the_reads_of_each_run_and_scrape_use_the_recent_actions_index(sqlite_url):
@@ -56,6 +72,7 @@ def test_the_reads_of_each_run_and_scrape_use_the_recent_actions_index(sqlite_ur
         reads = {"trial_counts": lambda: store.trial_counts(since),
                  "trial_outcomes": lambda: store.trial_outcomes(since),
                  "last_moved": lambda: store.last_moved(["a"], since=since),
+                 "moves_since": lambda: store.moves_since(["a"], since),
                  "action_counts": store.action_counts}
         for name, read in reads.items():
             statements.clear()

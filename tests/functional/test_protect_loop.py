@@ -233,7 +233,7 @@ def test_metrics_show_each_protected_guest_from_the_recorded_rounds(db, tmp_path
     registry.register(DatabaseGauges([protect_metrics(lambda: [last], lambda: last["at"] + 1.0)]))
     text = generate_latest(registry).decode()
     stats = reports[-1].guests["web"]
-    assert f'vmplacer_protect_floor{{guest="web",host="h1"}} 0.8' in text
+    assert 'vmplacer_protect_floor{guest="web",host="h1"} 0.8' in text
     assert f'vmplacer_protect_throttles_applied_total{{guest="web",host="h1"}} {float(stats["throttles_applied"])}' \
         in text
     assert 'vmplacer_protect_below_floor_seconds_total{guest="web",host="h1"}' in text

@@ -230,7 +230,7 @@ def test_several_violations_are_all_named_with_positions():
 
 
 def test_a_flood_of_violations_is_cut_short():
-    document = domain("".join(f"<hostdev mode='subsystem' type='pci'/>" for _ in range(5000)))
+    document = domain("".join("<hostdev mode='subsystem' type='pci'/>" for _ in range(5000)))
     found = policy().violations(document)
     assert len(found) == MAX_VIOLATIONS
     with pytest.raises(DomainXmlPolicyError, match=f"only the first {MAX_VIOLATIONS}"):

@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from vmplacer.api.hostcache import HostSnapshots, SnapshotStore
+from vmplacer.app.observe import host_snapshot
 from vmplacer.app.place import fleet_placement, placement_service
 from vmplacer.app.rebalance import rebalancer as rebalance
 from vmplacer.app.place.fleet_placement import FleetPlacement, observe_host
@@ -70,6 +71,13 @@ class _Store:
     def occupied_and_refusals(self, host: str) -> tuple[list[Placement], dict[str, tuple[str, ...]]]:
         return self.occupied(host), {}
 
+    def every_host_occupied_and_refusals(self) -> dict[str, tuple[list[Placement], dict[str, tuple[str, ...]]]]:
+        self.reads += 1
+        return {host: ([p for p in self.recorded if p.host == host], {}) for host in {p.host for p in self.recorded}}
+
+    def records(self, host: str) -> list[SimpleNamespace]:
+        return [SimpleNamespace(guest=p.guest, state="planned") for p in self.recorded if p.host == host]
+
     def record(self, host: str, uri: str, placement: Placement, spec: dict) -> None:
         self.recorded.append(placement)
 
@@ -114,7 +122,7 @@ def taken(monkeypatch: pytest.MonkeyPatch) -> list[HostSnapshot]:
         seen.append(snapshot)
         return snapshot
 
-    for module in (placement_service, fleet_placement, rebalance):
+    for module in (placement_service, fleet_placement, rebalance, host_snapshot):  # the CLI imports it when it runs
         monkeypatch.setattr(module, "take_snapshot", spy)
     return seen
 
@@ -174,9 +182,13 @@ def test_the_cli_observes_candidates_through_the_same_snapshot(taken: list[HostS
     hosts = {name: _CountingHost(name) for name in ("h1", "h2")}
     store = _Store([_reserved()])
     container = SimpleNamespace(hypervisor=hosts.__getitem__, placement_store=store,
-                                allocation_options=lambda _name: AllocationOptions(), admission=None)
+                                allocation_options=lambda _name: AllocationOptions(), admission=None,
+                                database_has=lambda _table: True)
     settings = SimpleNamespace(rebalance=RebalanceSettings())
-    views = observe(SimpleNamespace(container=container, settings=settings), Candidates(["h1", "h2"]), recorded=True)
+    candidates = Candidates(["h1", "h2"])
+    views = observe(SimpleNamespace(container=container, settings=settings), candidates)
+    assert store.reads == 1, "every host's records come from one grouped read"
+    assert candidates.stale == [], "a reservation being defined is not a stale record"
     assert len(taken) == 2 and [v.name for v in views] == ["h1", "h2"]
     assert all(h.reads == {"topology": 1, "domains": 1} for h in hosts.values())
     assert "claimed" in views[0].domains and "claimed" not in views[1].domains

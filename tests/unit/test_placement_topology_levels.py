@@ -7,7 +7,6 @@ from pathlib import Path
 
 import pytest
 
-from tests.unit import sysfs_fixtures
 from vmplacer.adapters.capabilities import parse_capabilities
 from vmplacer.adapters.sysfs import read_sysfs
 from vmplacer.core.placement.allocate import NoFit, allocate

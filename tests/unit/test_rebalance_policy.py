@@ -153,6 +153,29 @@ def test_cooldown_and_scope_keep_guests_still():
     assert [a.guest for a in plan.actions] == ["b"]
 
 
+def test_a_guest_moved_often_in_the_last_hour_stays_put():
+    """The per-guest disruption budget: a guest moved `max_moves_per_guest_hour` times in the last
+    hour is fixed where it is and named; below it, or with the budget off (0), it may move."""
+    topo = uniform_topology(nodes=1, cores_per_node=4, name="h1")
+    state = cluster({"h1": topo}, [pinned("a", "h1", [0]), pinned("b", "h1", [0])])
+    busy = {"a": 6, "b": 6}
+    plan = plan_rebalance(state, LINEAR, now=1000.0, moves_last_hour=busy)
+    assert plan.actions == ()
+    assert any("moved 6 times in the last hour (max_moves_per_guest_hour 6)" in note
+               for note in plan.settings["notes"]["fixed"])
+    plan = plan_rebalance(state, LINEAR, now=1000.0, moves_last_hour={"a": 6, "b": 5})
+    assert [a.guest for a in plan.actions] == ["b"]
+    plan = plan_rebalance(state, LINEAR, RebalanceSettings(max_moves_per_guest_hour=0), now=1000.0,
+                          moves_last_hour=busy)
+    assert len(plan.actions) == 1
+
+
+@pytest.mark.parametrize("value", [-1, 1.5, "6"])
+def test_the_per_guest_budget_refuses_what_is_not_a_count(value):
+    with pytest.raises(RebalanceInputError, match="max_moves_per_guest_hour"):
+        RebalanceSettings(max_moves_per_guest_hour=value)
+
+
 def test_max_actions_caps_the_plan():
     topo = uniform_topology(nodes=1, cores_per_node=8, name="h1")
     state = cluster({"h1": topo}, [pinned(f"g{i}", "h1", [0]) for i in range(6)])

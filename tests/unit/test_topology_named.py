@@ -204,7 +204,7 @@ def test_invariants(named, host):
     topology = named(host)
     online = topology.online_cpus
     seen: set[int] = set()
-    for index, core in enumerate(topology.cores):
+    for core in topology.cores:
         assert not seen & set(core.cpus), "a CPU in two cores"
         seen |= set(core.cpus)
         assert {topology.cpus[c].node for c in core.cpus} == {core.node}

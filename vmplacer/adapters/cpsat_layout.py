@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import Any
 
 import numpy as np
 
@@ -53,12 +54,12 @@ class CpSatLayoutSolver:
         n_items, n_slots, n_guests = problem.n_items, problem.n_slots, len(problem.guests)
         x: dict[tuple[int, int], cp_model.IntVar] = {}
         for i in range(n_items):
-            domain = np.flatnonzero(problem.allowed[i])
-            if not len(domain):
+            domain: list[int] = np.flatnonzero(problem.allowed[i]).tolist()
+            if not domain:
                 return None
             for s in domain:
-                x[i, int(s)] = model.new_bool_var(f"x{i}_{s}")
-            model.add_exactly_one(x[i, int(s)] for s in domain)
+                x[i, s] = model.new_bool_var(f"x{i}_{s}")
+            model.add_exactly_one(x[i, s] for s in domain)
         self._capacity(model, problem, x)
         self._rules(model, problem, x)
         for a, b in problem.same_slot:  # time-sharing partners: one pCPU
@@ -72,7 +73,7 @@ class CpSatLayoutSolver:
         perf = [_scaled(problem.base[g]) for g in range(n_guests)]
         terms: list[list[tuple[int, cp_model.IntVar]]] = [[] for _ in range(n_guests)]
         for (i, s), var in x.items():
-            for g in np.flatnonzero(problem.unary[i, s]):
+            for g in np.flatnonzero(problem.unary[i, s]).tolist():
                 terms[g].append((_scaled(problem.unary[i, s, g]), var))
         self._pairs(model, problem, x, terms, perf)
 
@@ -104,8 +105,8 @@ class CpSatLayoutSolver:
             else:
                 objective.append(weight * p)
         moved = self._moves(model, problem, x)
-        for g, var in moved.items():
-            objective.append(-round(1000 * problem.move_cost[g] * SCALE) * var)
+        for cost, moved_var in moved.values():
+            objective.append(-round(1000 * cost * SCALE) * moved_var)
         model.maximize(sum(objective))
         if problem.above > -math.inf:  # only layouts better than one known: a smaller search
             slack = 1e-4 * (n_guests + 1)  # the rounding of scaled coefficients, as in the bound below
@@ -127,9 +128,8 @@ class CpSatLayoutSolver:
                                   work=solver.deterministic_time)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
             return None
-        assignment = tuple(next(s for s in np.flatnonzero(problem.allowed[i]) if solver.value(x[i, int(s)]))
+        assignment = tuple(int(next(s for s in np.flatnonzero(problem.allowed[i]) if solver.value(x[i, int(s)])))
                            for i in range(n_items))
-        assignment = tuple(int(s) for s in assignment)
         exact = problem.objective(assignment)
         # The model's objective is the problem's (tangents bound the utility from above) up to rounding.
         bound = solver.best_objective_bound / (1000 * SCALE) + _constant(problem, terms, perf) + 1e-4 * (n_guests + 1)
@@ -152,7 +152,7 @@ class CpSatLayoutSolver:
 
     @staticmethod
     def _rules(model, problem: LayoutProblem, x) -> None:
-        by_slot: dict[int, list[tuple[int, object]]] = {}
+        by_slot: dict[int, list[tuple[int, Any]]] = {}
         for (i, s), var in x.items():
             by_slot.setdefault(s, []).append((i, var))
         if problem.exclusive is not None:
@@ -177,8 +177,8 @@ class CpSatLayoutSolver:
                         continue
                     for h in hosts:
                         on = [[v for (j, s), v in x.items() if j == i and problem.slot_host[s] == h] for i in mine]
-                        for a, b in zip(on, on[1:]):
-                            model.add(sum(a) == sum(b))
+                        for here, there in zip(on, on[1:]):
+                            model.add(sum(here) == sum(there))
         if problem.apart and problem.node_group is not None:
             for a, b in problem.apart:
                 for node in set(problem.node_group.tolist()):
@@ -229,8 +229,9 @@ class CpSatLayoutSolver:
                     terms[gb].append((cb, e))
 
     @staticmethod
-    def _moves(model, problem: LayoutProblem, x) -> dict[int, object]:
-        moved: dict[int, object] = {}
+    def _moves(model, problem: LayoutProblem, x) -> dict[int, tuple[float, Any]]:
+        """Per guest that may leave its host: its move cost and the boolean 'it left'."""
+        moved: dict[int, tuple[float, Any]] = {}
         if problem.move_cost is None or problem.slot_host is None or problem.origin_host is None:
             return moved
         for g in np.flatnonzero(problem.move_cost > 0):
@@ -241,7 +242,7 @@ class CpSatLayoutSolver:
             var = model.new_bool_var(f"moved{g}")
             for v in away:
                 model.add_implication(v, var)
-            moved[int(g)] = var
+            moved[int(g)] = (float(problem.move_cost[g]), var)
         return moved
 
 

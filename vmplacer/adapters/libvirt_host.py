@@ -9,6 +9,7 @@ from __future__ import annotations
 import threading
 import time
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Protocol, TypeVar
 
@@ -70,13 +71,24 @@ class HostAddress(Protocol):
     """What the adapter needs to know of a host (the config's HostSettings has it): plain
     values, so adapters stay below the config layer."""
 
-    name: str
-    uri: str
-    reserved_cpus: frozenset[int]
-    capabilities: Path | None  # topology from this file instead of the host (test driver only)
-    # Every domain's XML is re-read at least this often (s) although no event said it changed; 0: always.
-    domain_resync_s: float
-    connect_timeout_s: float  # longest wait for the daemon to answer an open
+    @property
+    def name(self) -> str: ...
+    @property
+    def uri(self) -> str: ...
+    @property
+    def reserved_cpus(self) -> frozenset[int]: ...
+    @property
+    def capabilities(self) -> Path | None:
+        """Topology from this file instead of the host (test driver only)."""
+        ...
+    @property
+    def domain_resync_s(self) -> float:
+        """Every domain's XML is re-read at least this often (s) although no event said it changed; 0: always."""
+        ...
+    @property
+    def connect_timeout_s(self) -> float:
+        """The longest wait for the daemon to answer an open."""
+        ...
 
 
 class LibvirtHost(Hypervisor):
@@ -472,7 +484,7 @@ class LibvirtHost(Hypervisor):
         self._changing(name, "pinEmulator", lambda: dom.pinEmulator(cpumap, flags))
         for iothread, _ in self._call("ioThreadInfo", lambda: dom.ioThreadInfo(libvirt.VIR_DOMAIN_AFFECT_LIVE),
                                       name) or ():
-            self._changing(name, "pinIOThread", lambda i=iothread: dom.pinIOThread(i, cpumap, flags))
+            self._changing(name, "pinIOThread", partial(dom.pinIOThread, iothread, cpumap, flags))
 
     def set_exclusive_cpus(self, name: str, cpus: frozenset[int]) -> None:
         """Record in the domain's vmplacer metadata (live and persistent) that it owns `cpus`
@@ -613,7 +625,7 @@ class LibvirtHost(Hypervisor):
         try:
             for one in (libvirt.VIR_DOMAIN_AFFECT_LIVE, libvirt.VIR_DOMAIN_AFFECT_CONFIG):
                 self._bandwidth_call("setSchedulerParametersFlags",
-                                     lambda one=one: dom.setSchedulerParametersFlags(params, one), name)
+                                     partial(dom.setSchedulerParametersFlags, params, one), name)
         finally:
             self.changed(name)
 

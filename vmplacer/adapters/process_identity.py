@@ -31,7 +31,7 @@ def owner_alive(owner: dict[str, object]) -> bool | None:
     if owner.get("hostname") != socket.gethostname():
         return None
     try:
-        pid = int(owner["pid"])  # type: ignore[arg-type]
+        pid = int(owner["pid"])  # type: ignore[call-overload]
         started = float(owner["started"])  # type: ignore[arg-type]
     except (KeyError, TypeError, ValueError):
         return False  # a record we cannot read belongs to nobody who can resume it

@@ -31,7 +31,7 @@ class HostOutcome(Generic[T]):
 
 
 def for_each_host(hosts: Sequence[str], work: Callable[[str], T], *, limit: int,
-                  heartbeat: Callable[[], None] | None = None, heartbeat_s: float = 30.0,
+                  heartbeat: Callable[[], object] | None = None, heartbeat_s: float = 30.0,
                   ) -> list[HostOutcome[T]]:
     """`work(host)` for every host, at most `limit` at once, outcomes in `hosts` order.
 
@@ -64,7 +64,7 @@ def for_each_host(hosts: Sequence[str], work: Callable[[str], T], *, limit: int,
     return [outcomes[host] for host in hosts]
 
 
-def _run_one(host: str, work: Callable[[str], T], heartbeat: Callable[[], None] | None) -> HostOutcome[T]:
+def _run_one(host: str, work: Callable[[str], T], heartbeat: Callable[[], object] | None) -> HostOutcome[T]:
     try:
         outcome: HostOutcome[T] = HostOutcome(host, result=work(host))
     except Exception as exc:  # noqa: BLE001 - one host's failure is that host's outcome

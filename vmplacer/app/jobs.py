@@ -254,7 +254,8 @@ class JobRunner:
         job = running.job
         handler = self.handlers[job.kind]
         context = JobContext(job, lambda f, m: self._report(running, f, m), running.stop)
-        status, result, error = "failed", None, None
+        status, result = "failed", None
+        error: dict[str, object] | None = None
         try:
             result = handler(dict(job.parameters), context)
             status = "succeeded"

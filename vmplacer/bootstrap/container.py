@@ -46,9 +46,9 @@ SERVER_POOL_OVERFLOW = 30
 class Container:
     def __init__(self, settings: Settings):
         self.settings = settings
-        self._hypervisors: dict[str, object] = {}
+        self._hypervisors: dict[str, LibvirtHost] = {}
         self._hypervisors_lock = threading.Lock()
-        self._xml_policies: dict[str, object] = {}
+        self._xml_policies: dict[str, DomainXmlPolicy] = {}
 
     @cached_property
     def engine(self) -> Engine:
@@ -178,7 +178,7 @@ class Container:
                                          read_pools=settings.storage_paths is None)))
         return policy
 
-    def reconciler(self, holder: str, store=None) -> Reconciler:
+    def reconciler(self, holder: str, store: SqlPlacementStore | None = None) -> Reconciler:
         """Placement records against libvirt on every configured host, acting under `holder`
         in the host leases (the CLI and the API build it the same way); `store`: a placement
         store auditing as someone else than vmplacer (the API's caller)."""
@@ -347,7 +347,7 @@ class Container:
             opened, self._hypervisors = self._hypervisors, {}
         # each connection's callbacks are taken back by a round trip per event: hosts close at
         # once, as they were read
-        for_each_host(list(opened), lambda name: opened[name].close(),  # type: ignore[attr-defined]
+        for_each_host(list(opened), lambda name: opened[name].close(),
                       limit=self.settings.rebalance.parallel_hosts)
         if "engine" in self.__dict__:
             self.engine.dispose()

@@ -43,7 +43,7 @@ def freeze_journal(container: Container) -> SqlFreezeJournal:
 
 
 def profile_store(container: Container) -> SqlProfileStore:
-    return container.profile_store  # type: ignore[no-any-return]
+    return container.profile_store
 
 
 def replay_freeze_journal(container: Container, host: str | None = None, *, cause: str = "start",

@@ -36,7 +36,7 @@ def is_bare_number(text: str) -> bool:
     """Whether `text` is a number without a unit ('10', '2.5'): read as a duration only where
     a default unit is agreed."""
     match = _DURATION.match(str(text))
-    return bool(match) and match.group(2) is None
+    return match is not None and match.group(2) is None
 
 
 def format_seconds(seconds: float) -> str:

@@ -281,17 +281,18 @@ def evaluate_big_host(table: PairTable, case: BigCase, *, mode: str = "loop", ro
 def _case_row(cluster: SimCluster, case: BigCase, mode: str, rounds: int,
               settings: RebalanceSettings) -> dict[str, Any]:
     domains = cluster.hosts[HOST].domains()
+    placements = [d.placement for d in domains if d.placement is not None]
     return {"pcpus": case.pcpus, "shape": case.shape, "mix": case.mix, "guests": case.guests, "seed": case.seed,
             "vcpus": sum(d.vcpus for d in domains),
-            "floating_guests": sum(1 for d in domains if any(len(p) > 1 for p in d.placement.vcpupin.values())),
-            "dedicated_guests": sum(1 for d in domains if d.placement.dedicated),
+            "floating_guests": sum(1 for p in placements if any(len(pins) > 1 for pins in p.vcpupin.values())),
+            "dedicated_guests": sum(1 for p in placements if p.dedicated),
             "mode": mode, "runs": rounds, "max_actions": settings.max_actions}
 
 
 def _weights(cluster: SimCluster, settings: RebalanceSettings) -> dict[str, float]:
     """Each guest's weight in the planner's objective, as the rebalancer describes it."""
     return {d.name: describe_guest(d.placement, labels=d.labels, settings=settings).weight
-            for d in cluster.hosts[HOST].domains()}
+            for d in cluster.hosts[HOST].domains() if d.placement is not None}
 
 
 def planner_objective(values: Mapping[str, float], weights: Mapping[str, float], fairness: float) -> float:

@@ -57,16 +57,27 @@ DEFAULT_OPTIMUM_LIMIT = 50_000
 class MemoryPlanStore:
     """The PlanStore port in memory (simulations, tests)."""
 
-    def __init__(self, wall):
+    def __init__(self, wall: Callable[[], float]) -> None:
         self.wall = wall
         self.plans: dict[int, Plan] = {}
         self.finished: dict[tuple[int, int], float] = {}
 
+    def moves_since(self, guests: Sequence[str] | None, since: float) -> dict[str, int]:
+        counts: dict[str, int] = {}
+        for plan_id, plan in self.plans.items():
+            for action in plan.actions:
+                at = self.finished.get((plan_id, action.index))
+                if (action.state in ("succeeded", "rolled_back") and action.kind != "probe" and action.guest
+                        and at is not None and at >= since and (guests is None or action.guest in guests)):
+                    counts[action.guest] = counts.get(action.guest, 0) + (2 if action.state == "rolled_back" else 1)
+        return counts
+
     def save(self, plan: Plan, created_by: str = "") -> Plan:
         from dataclasses import replace
 
-        plan = replace(plan, id=len(self.plans) + 1)
-        self.plans[plan.id] = plan
+        plan_id = len(self.plans) + 1
+        plan = replace(plan, id=plan_id)
+        self.plans[plan_id] = plan
         return plan
 
     def get(self, plan_id: int) -> Plan | None:
@@ -114,20 +125,21 @@ class MemoryPlanStore:
 
     def last_moved(self, guests: Sequence[str] | None = None, since: float | None = None) -> dict[str, float]:
         result: dict[str, float] = {}
-        for plan in self.plans.values():
+        for plan_id, plan in self.plans.items():
             for action in plan.actions:
                 if action.state == "succeeded" and action.kind != "probe" and action.guest:
-                    at = self.finished.get((plan.id, action.index))
+                    at = self.finished.get((plan_id, action.index))
                     if at is not None and (guests is None or action.guest in guests) and (since is None or at >= since):
                         result[action.guest] = max(at, result.get(action.guest, at))
         return result
 
     def last_placements(self, guests: Sequence[str]) -> dict:
         latest: dict[str, tuple[float, object]] = {}
-        for plan in self.plans.values():
+        for plan_id, plan in self.plans.items():
             for action in plan.actions:
-                at = self.finished.get((plan.id, action.index))
-                if (action.state == "succeeded" and action.kind in ("repin", "migrate") and action.guest in guests
+                at = self.finished.get((plan_id, action.index))
+                if (action.state == "succeeded" and action.kind in ("repin", "migrate")
+                        and action.guest is not None and action.guest in guests
                         and action.after is not None and at is not None
                         and at >= latest.get(action.guest, (-1.0, None))[0]):
                     latest[action.guest] = (at, action.after)
@@ -135,9 +147,9 @@ class MemoryPlanStore:
 
     def trial_outcomes(self, since: float) -> list[TrialOutcome]:
         found = []
-        for plan in self.plans.values():
+        for plan_id, plan in self.plans.items():
             for action in plan.actions:
-                at = self.finished.get((plan.id, action.index))
+                at = self.finished.get((plan_id, action.index))
                 if at is None:
                     continue
                 outcome = trial_outcome(action.kind, action.state, action.parameters, action.host, at)
@@ -159,7 +171,7 @@ class MemoryPlanStore:
 
 
 class MemoryLeaseStore:
-    def __init__(self):
+    def __init__(self) -> None:
         self.held: dict[str, str] = {}
 
     def acquire(self, hosts, holder, ttl_s) -> bool:
@@ -514,6 +526,7 @@ def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix:
     actions["vmplacer"] = len(loop.plans.moves())
     clusters["vmplacer"] = cluster
 
+    how: dict[str, Any] | None
     if best is None:
         found = optimum(table, case, start, simulator, optimum_limit)
         how = None if found is None else {"method": "every assignment enumerated"}
@@ -556,19 +569,20 @@ def evaluate_case(table: PairTable, case: Case, *, simulator: Simulator, matrix:
     row["exact"] = _exact_summary(plans)
     row["trials"] = trial_summary(plans)
     hosts = {p: _hosts_of(c) for p, c in clusters.items()}
-    reaches = ({p: reach(per_vm, hosts, p, interchangeable=True, fairness=settings.fairness)
-                for p in SIMPLE if per_vm.get(p) is not None}
-               if per_vm.get("vmplacer") is not None else {})
+    measured = {p: v for p, v in per_vm.items() if v is not None}  # the policies that placed every VM
+    reaches = ({p: reach(measured, hosts, p, interchangeable=True, fairness=settings.fairness)
+                for p in SIMPLE if p in measured}
+               if "vmplacer" in measured else {})
     row["vmplacer_vs_simple"] = verdict({p: row[p] for p in POLICIES}, objectives, plans, settings.min_gain,
                                         reaches=reaches, min_migration_gain=settings.min_migration_gain,
                                         min_gain_share=settings.min_gain_share)
-    if per_vm.get("optimum") is not None and "optimum" in hosts and per_vm.get("vmplacer") is not None:
+    if "optimum" in measured and "optimum" in hosts and "vmplacer" in measured:
         row["vmplacer_vs_optimum"] = step_threshold(
-            reach(per_vm, hosts, "optimum", interchangeable=True, fairness=settings.fairness),
+            reach(measured, hosts, "optimum", interchangeable=True, fairness=settings.fairness),
             settings.min_gain, settings.min_migration_gain, settings.min_gain_share)
-    if best_objective is not None and per_vm.get("vmplacer") is not None:
+    if best_objective is not None and "vmplacer" in measured:
         row["objective_optimum"] = _objective_optimum(table, case, start, simulator, noise, settings,
-                                                      best_objective(table, case, start), per_vm["vmplacer"],
+                                                      best_objective(table, case, start), measured["vmplacer"],
                                                       hosts["vmplacer"])
     return row
 

@@ -29,6 +29,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import cast
 
 import numpy as np
 
@@ -552,9 +553,9 @@ class SimHost:
         owner, cpus, demand = [], [], []
         for index, domain in enumerate(domains):
             for _, allowed in sorted(domain.vcpupin.items()):
-                for cpu in sorted(allowed):
+                for pcpu in sorted(allowed):
                     owner.append(index)
-                    cpus.append(cpu)
+                    cpus.append(pcpu)
                     demand.append(min(domain.load, domain.bandwidth.share) / len(allowed))
         own = np.asarray(owner, dtype=np.int64)
         cpu = np.asarray(cpus, dtype=np.int64)
@@ -618,7 +619,7 @@ class SimSampler:
         return (_Window(self.host._cluster.clock.now(), counters), list(domains))
 
     def end(self, token: object) -> dict[str, Sample]:
-        window, names = token  # type: ignore[misc]
+        window, names = cast(tuple[_Window, list[str]], token)
         self.host._sync()
         elapsed = self.host._cluster.clock.now() - window.started
         result = {}

@@ -35,7 +35,7 @@ def main(out: str) -> None:
     t = 500.0
     # (phase, frames): web-a's neighbour batch-b suspended in "isolated".
     plan = ["shared"] * 12 + ["isolated"] * 12 + ["shared"] * 12
-    for index, phase in enumerate(plan):
+    for phase in plan:
         window = PERIOD_S + rng.uniform(0.001, 0.003)
         t += window
         frame = {"started": t, "finished": t + rng.uniform(0.001, 0.003), "domains": {}}

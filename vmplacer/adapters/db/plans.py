@@ -338,6 +338,22 @@ class SqlPlanStore:
             return {guest: _epoch(moment) for guest, moment in session.execute(query)
                     if moment is not None and (wanted is None or guest in wanted)}
 
+    def moves_since(self, guests: Iterable[str] | None, since: float) -> dict[str, int]:
+        """Guest -> its moves (repin, memory, migration) finished since `since` (epoch seconds); a
+        move undone by its trial or plan counts twice: it was made and taken back."""
+        query = (select(PlanActionRow.guest, PlanActionRow.state, func.count())
+                 .where(PlanActionRow.state.in_(("succeeded", "rolled_back")), PlanActionRow.kind.in_(MOVING_KINDS),
+                        PlanActionRow.guest.is_not(None),
+                        PlanActionRow.finished_at >= datetime.fromtimestamp(since, timezone.utc))
+                 .group_by(PlanActionRow.guest, PlanActionRow.state))
+        wanted = None if guests is None else set(guests)
+        counts: dict[str, int] = {}
+        with self.sessions() as session:
+            for guest, state, n in session.execute(query):
+                if wanted is None or guest in wanted:
+                    counts[guest] = counts.get(guest, 0) + int(n) * (2 if state == "rolled_back" else 1)
+        return counts
+
     def last_placements(self, guests: Iterable[str]) -> dict[str, Placement]:
         """Guest -> the Placement its latest successful repin or migration left it in."""
         names = list(guests)

@@ -38,10 +38,10 @@ import logging
 import threading
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from vmplacer.app.apply.actions import ActionFailed, ActionKind, Check, action_kinds
-from vmplacer.app.apply.actions.probe import OnVerdict, trial_hosts
+from vmplacer.app.apply.actions.probe import OnVerdict, ProbeResult, trial_hosts
 from vmplacer.app.host_fanout import for_each_host
 from vmplacer.core.placement.bandwidth import CpuBandwidth
 from vmplacer.core.placement.guest_placement import Placement
@@ -85,7 +85,7 @@ class ExecutorSettings:
             raise ValueError("executor: retries and retry_delay_s must be >= 0, migration_timeout_s > 0")
 
 
-class Auditor:
+class Auditor(Protocol):
     """Anything with the PlacementStore's `audit(...)` method."""
 
     def audit(self, *, action: str, outcome: str, host: str | None, guest: str | None,
@@ -101,7 +101,7 @@ class Executor:
         plans: PlanStore | None = None,
         audit: Auditor | None = None,
         placements: PlacementUpdates | None = None,
-        probe: Callable[[str, float], str] | None = None,
+        probe: Callable[[str, float], ProbeResult] | None = None,
         keep_lease: Callable[[], bool] | None = None,
         settings: ExecutorSettings | None = None,
         throttles: ThrottleLedger | None = None,
@@ -250,7 +250,7 @@ class Executor:
         if self.plans is None or plan.id is None:
             return None
         try:
-            return self.plans.cancel_requested(plan.id)  # type: ignore[return-value]
+            return self.plans.cancel_requested(plan.id)
         except Exception as exc:  # noqa: BLE001 - an unreadable request must not stop the plan halfway
             log.error("plan %s: could not read a cancel request: %s", plan.id, exc)
             return None
@@ -406,13 +406,13 @@ class Executor:
         if self.placements is None:
             return
         with self._records_lock:
-            self._record_held(placements)
+            self._record_held(self.placements, placements)
 
-    def _record_held(self, placements: list[Placement]) -> None:
+    def _record_held(self, store: PlacementUpdates, placements: list[Placement]) -> None:
         # one row per guest: its latest placement (a migration's arrival, then its repin there)
         batch = list({p.guest: p for p in self._deferred + placements}.values())
         try:
-            self.placements.apply(batch)
+            store.apply(batch)
             self._deferred = []
         except ClaimConflict:
             self._deferred = batch  # a guest this plan moves later still holds a claim

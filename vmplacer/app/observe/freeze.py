@@ -247,9 +247,9 @@ class Freezer:
             report.suspend_ms = (self.clock() - state.first_suspend) * 1e3
             report.frozen = tuple(n for n in targets if n in state.issued and n not in failures)
             if failures:
-                name, exc = next(iter(failures.items()))
-                kind = "disappeared" if isinstance(exc, DomainGone) else "failed to suspend"
-                raise FreezeAborted(f"host {self.host.name}: domain {name} {kind} mid-freeze: {exc}",
+                name, failure = next(iter(failures.items()))
+                kind = "disappeared" if isinstance(failure, DomainGone) else "failed to suspend"
+                raise FreezeAborted(f"host {self.host.name}: domain {name} {kind} mid-freeze: {failure}",
                                     domain=name)
             self.on_phase("suspended")
             yield report

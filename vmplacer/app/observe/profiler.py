@@ -43,7 +43,7 @@ from typing import Any
 
 from vmplacer.app.observe.freeze import FreezeAborted, Freezer, FreezeReport, ReplayReport
 from vmplacer.core.model.profile_stats import Distribution, degradation, measured_share, overhead_formula
-from vmplacer.core.topology.host import DistanceClass, HostTopology
+from vmplacer.core.topology.host import Cpu, DistanceClass, HostTopology
 from vmplacer.core.rebalance.trial import Measured
 from vmplacer.ports import (
     WORKLOAD_CLASS_LABEL,
@@ -324,7 +324,7 @@ def neighbour_distance(topology: HostTopology | None, mine: frozenset[int] | Non
     other = [topology.cpus[c] for c in theirs if c in topology.cpus]
     if not ours or not other:
         return UNKNOWN_DISTANCE
-    levels = (
+    levels: tuple[tuple[DistanceClass, Callable[[Cpu], int | None]], ...] = (
         (DistanceClass.SAME_CPU, lambda cpu: cpu.id),
         (DistanceClass.SAME_CORE, lambda cpu: cpu.core),
         (DistanceClass.SAME_L2, lambda cpu: cpu.l2),

@@ -16,7 +16,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vmplacer.app.observe.host_snapshot import HostSnapshot, RecordedPlacements, take_snapshot
-from vmplacer.app.place.placement_service import PlaceResult, PlacementService, PlacingHost
+from vmplacer.app.place.place_result import PlaceResult
+from vmplacer.app.place.placement_service import PlacementService, PlacingHost
 from vmplacer.app.place.fleet_planner import FleetHost
 from vmplacer.core.placement.fleet_index import DEFAULT_HOSTS_TO_SCORE, Demand, HostRoom, shortlist
 from vmplacer.core.placement.guest import GuestSpec

@@ -11,7 +11,7 @@ file for an offline one), so an offline plan stays light.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -57,7 +57,7 @@ def host_classes(hosts: Sequence[FleetHost], *, shape_only: bool = False) -> lis
     same topology but for its name, knobs and scorers. A host with guests, domains or records
     is its own class (its index), unless `shape_only` (then only how the hosts are built counts)."""
     classes: list[int] = []
-    firsts: dict[tuple, list[tuple[HostTopology, int]]] = {}
+    firsts: dict[tuple[Hashable, ...], list[tuple[HostTopology, int]]] = {}
     for at, host in enumerate(hosts):
         if not shape_only and (host.existing or host.domains or host.profiles or host.anti_affinity):
             classes.append(at)

@@ -83,7 +83,7 @@ class GroupCommit(Generic[T]):
                 batch, lane.waiting = lane.waiting[:self._max_batch], lane.waiting[self._max_batch:]
             try:
                 self._run(key, batch)
-                left = RuntimeError(f"{key}: a batch left an item without an answer")
+                left: BaseException = RuntimeError(f"{key}: a batch left an item without an answer")
             except BaseException as exc:  # noqa: BLE001 - each caller gets it as its own answer
                 left = exc
             try:

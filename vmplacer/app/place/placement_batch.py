@@ -23,7 +23,7 @@ batch's guests through the one-at-a-time path, which re-reads the host and tries
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
+from typing import Any, Protocol, TypeGuard, cast
 
 from vmplacer.app.observe.host_snapshot import HostSnapshot, joined_refusals, take_snapshot
 from vmplacer.app.place.fleet_planner import exists_reason
@@ -81,10 +81,28 @@ class Ask:
         self.error = error
 
 
-def batch_capable(store: Any) -> bool:
+class BatchStore(PlacementStore, Protocol):
+    """A placement store that writes a batch's claims and settlement in one transaction each
+    (adapters/db/placements.py)."""
+
+    def placed_among(self, guests: list[str]) -> set[str]: ...
+    def record_many(self, host: str, uri: str, claims: list[tuple[Placement, dict[str, Any]]]) -> None: ...
+    def settle(self, states: list[tuple[str, str, str | None]], forgotten: list[str],
+               audits: list[dict[str, Any]]) -> None: ...
+    def audit_entry(self, *, action: str, outcome: str, host: str | None, guest: str | None,
+                    message: str = "", detail: dict[str, Any] | None = None) -> dict[str, Any]: ...
+
+
+def batch_capable(store: PlacementStore) -> TypeGuard[BatchStore]:
     """Whether `store` writes a batch's claims and settlement in one transaction each."""
     return all(callable(getattr(store, name, None)) for name in ("record_many", "settle", "audit_entry",
                                                                  "placed_among"))
+
+
+def _audit_entry(ask: Ask, **entry: Any) -> dict[str, Any]:
+    """An audit entry as the ask's caller: every store of a batch is of the first one's kind,
+    which `place_batch` found batch-capable."""
+    return cast(BatchStore, ask.store).audit_entry(**entry)
 
 
 def already_placed(spec: GuestSpec, host: str) -> NoFit:
@@ -124,7 +142,8 @@ def place_batch(service: PlacementService, asks: list[Ask]) -> None:
     with host_lock(host.name):
         claimed, seen = _allocate_in_order(service, host, snapshot, pending)
         try:
-            store.record_many(host.name, host.uri, [(ask.placement, ask.spec.to_dict()) for ask in claimed])
+            store.record_many(host.name, host.uri, [(ask.placement, ask.spec.to_dict()) for ask in claimed
+                                                    if ask.placement is not None])
             conflicted = False
         except ClaimConflict:
             conflicted = True
@@ -206,9 +225,8 @@ def _define_and_settle(service: PlacementService, host: PlacingHost, store: Any,
         except HypervisorError as exc:
             ask.fail(exc)
             forgotten.append(ask.spec.name)
-            failures.append(ask.store.audit_entry(action="define", outcome="failed", host=host.name,
-                                                  guest=ask.spec.name, message=str(exc),
-                                                  detail=ask.actor_detail))
+            failures.append(_audit_entry(ask, action="define", outcome="failed", host=host.name,
+                                         guest=ask.spec.name, message=str(exc), detail=ask.actor_detail))
             continue
         if ask.start:
             started.append(ask)
@@ -221,9 +239,8 @@ def _define_and_settle(service: PlacementService, host: PlacingHost, store: Any,
                 service.undo_define(host, ask.spec.name, forget=False)
                 ask.fail(exc)
                 forgotten.append(ask.spec.name)
-                failures.append(ask.store.audit_entry(action="start", outcome="failed", host=host.name,
-                                                      guest=ask.spec.name, message=str(exc),
-                                                      detail=ask.actor_detail))
+                failures.append(_audit_entry(ask, action="start", outcome="failed", host=host.name,
+                                             guest=ask.spec.name, message=str(exc), detail=ask.actor_detail))
     if forgotten:  # before narrowing: a refused guest's pCPUs push no floating domain off
         store.settle([], forgotten, failures)
     placed = [ask for ask in claimed if not ask.settled]
@@ -238,8 +255,8 @@ def _define_and_settle(service: PlacementService, host: PlacingHost, store: Any,
         mine = _narrowed_by(ask, narrowed)
         states.append((ask.spec.name, state, ask.uuid))
         # "place ok": the guest's pCPUs are its own only once the floaters left them
-        audits.append(ask.store.audit_entry(
-            action="place", outcome="ok", host=host.name, guest=ask.spec.name,
+        audits.append(_audit_entry(
+            ask, action="place", outcome="ok", host=host.name, guest=ask.spec.name,
             message=ask.placement.describe_pinning(),
             detail={**(ask.actor_detail or {}), "placement": ask.placement.to_dict(), "state": state,
                     "narrowed": [p.guest for p in mine],

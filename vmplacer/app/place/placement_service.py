@@ -12,13 +12,14 @@ from __future__ import annotations
 import json
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import replace
 from typing import Any, Protocol
 
 from vmplacer.app.place.group_commit import GroupCommit
 from vmplacer.app.observe.host_snapshot import HostSnapshot, take_snapshot
-from vmplacer.app.place.place_result import PlaceResult, host_lock
+# PlaceResult as PlaceResult: re-exported, callers of the service take it from here
+from vmplacer.app.place.place_result import PlaceResult as PlaceResult, host_lock
 from vmplacer.app.place.placement_batch import Ask, already_placed, batch_capable, place_batch, refuse_listed
 from vmplacer.core.placement.allocate import allocate, may_narrow, refresh_shared_pins
 from vmplacer.core.placement.fleet_index import HostRoom, host_room
@@ -60,7 +61,7 @@ Renderer = Callable[[GuestSpec, Placement, str | None], str]
 class Admission(Protocol):
     """Where the engine's scorer for a new guest comes from (app/place/admission.py: the model)."""
 
-    def scorer(self, spec: GuestSpec, neighbours: dict[str, GuestProfile]) -> Scorer: ...
+    def scorer(self, spec: GuestSpec, neighbours: Mapping[str, GuestProfile]) -> Scorer: ...
 
 
 def _pin_changes(host: PlacingHost, old: Placement, new: Placement) -> None:
@@ -315,11 +316,12 @@ class PlacementService:
                 raise
         narrowed, violations = self._narrow_floating(host, snapshot, claimed_among)
         # "place ok" comes last: the guest's pCPUs are its own only once the floaters left them
-        placed = {"action": "place", "outcome": "ok", "host": host.name, "guest": spec.name,
-                  "message": placement.describe_pinning(),
-                  "detail": {**(actor_detail or {}), "placement": placement.to_dict(), "state": state,
-                             "narrowed": [p.guest for p in narrowed],
-                             "isolation_violations": [v.describe() for v in violations]}}
+        placed: dict[str, object] = {
+            "action": "place", "outcome": "ok", "host": host.name, "guest": spec.name,
+            "message": placement.describe_pinning(),
+            "detail": {**(actor_detail or {}), "placement": placement.to_dict(), "state": state,
+                       "narrowed": [p.guest for p in narrowed],
+                       "isolation_violations": [v.describe() for v in violations]}}
         self._store.set_state(spec.name, state, uuid, audit=placed)
         return PlaceResult(placement, xml, state, uuid, narrowed, violations)
 
@@ -412,9 +414,9 @@ class PlacementService:
             self._store.update_pins(narrowed)
             narrowed.sort(key=lambda p: p.guest)  # reported by name, whatever order libvirt listed them in
             now = {p.guest: p for p in narrowed}
-            after = [now.get(p.guest, p) for p in placements]
+            kept = [now.get(p.guest, p) for p in placements]
             emulator_cpus = self._options(host.name).emulator_cpus
-            return narrowed, isolation_violations(topology, after, emulator_cpus=emulator_cpus)
+            return narrowed, isolation_violations(topology, kept, emulator_cpus=emulator_cpus)
 
     @staticmethod
     def _narrowings(topology: HostTopology, placements: list[Placement]) -> list[Placement]:

@@ -82,6 +82,7 @@ ROUND_POLL_S = 1.0  # how often a run whose remaining hosts others hold looks ag
 # A profile step (and a trial's probe) is one profiler run of `profile_seconds` with t_sleep a
 # tenth of it: about this many Freeze'nSense rounds, whatever the duration.
 ROUNDS_PER_PROFILE = 10
+HOUR_S = 3600.0  # the window of `rebalance.disruption.max_moves_per_guest_hour`
 
 
 def round_key(host_names: Iterable[str], dry_run: bool) -> str:
@@ -241,11 +242,11 @@ def cancel_plan(plans: PlanStore, plan_id: int, *, by: str, reason: str = "",
             if plans.request_cancel(plan_id, by, reason):
                 _audit_cancel(audit, plan, "requested", request,
                               f"plan {plan_id}: cancel requested by {by}; it stops before its next action")
-                return CancelOutcome("cancel-requested", plans.get(plan_id) or plan)  # type: ignore[arg-type]
+                return CancelOutcome("cancel-requested", plans.get(plan_id) or plan)
         elif plans.cancel(plan_id, plan.state, request.message):
             _audit_cancel(audit, plan, "ok", request, f"plan {plan_id}: {request.message} (was {plan.state})")
             stored = plans.get(plan_id) or plan.cancelled(request.message)
-            return CancelOutcome("cancelled", stored)  # type: ignore[arg-type]
+            return CancelOutcome("cancelled", stored)
     raise RebalanceError(f"plan {plan_id} keeps changing state; try the cancel again")
 
 
@@ -506,8 +507,8 @@ class Rebalancer:
                 return HostRefusal(name, f"refused by the planner: {excerpt(str(exc), 300)}", source)
             where = f"(read from {source}: pCPUs {format_cpuset(listed) or 'none'})"
             if len(found) == 1:
-                guest, cpus = found[0]
-                reason = (f"guest {excerpt(guest, 64)} is pinned to pCPUs {format_cpuset(cpus)}, "
+                only, cpus = found[0]
+                reason = (f"guest {excerpt(only, 64)} is pinned to pCPUs {format_cpuset(cpus)}, "
                           f"which the host's capabilities do not list {where}")
             else:
                 pinned = ", ".join(f"{excerpt(guest, 64)} (pCPUs {format_cpuset(cpus)})"
@@ -610,7 +611,7 @@ class Rebalancer:
         plan = replace(plan, summary=summary, settings={
             **plan.settings, "observe_notes": list(observed.notes), "scope": list(scope),
             "model_observations": model.observations, "unreadable": unreadable, "refused": refused})
-        return self.plans.save(plan, created_by=self.holder)  # type: ignore[return-value]
+        return self.plans.save(plan, created_by=self.holder)
 
     def _plan_observed(self, state: ClusterState, model: InterferenceModel, settings: RebalanceSettings,
                        scope: Sequence[str], drain: str | None) -> Plan:
@@ -620,18 +621,19 @@ class Rebalancer:
             return plan_drain(state, model, drain, settings, now=self.wall(), scope=movable)
         now = self.wall()  # only moves within the cool-down hold a guest back
         last_moved = self.plans.last_moved(list(state.guests), since=now - settings.cooldown_s)
+        moves = self.plans.moves_since(list(state.guests), now - HOUR_S) if settings.max_moves_per_guest_hour else {}
         memory = self._trial_memory(settings)
         times = StageTimes(time.perf_counter)
         plan = plan_rebalance(state, model, settings, now=now, last_moved=last_moved,
                               scope=movable, solver=self.solver, measured=memory.better, tried=memory.tried,
                               pooled=self.pooled_by_plans(state), held=memory.held,
-                              refuted=memory.refuted, times=times)
+                              refuted=memory.refuted, times=times, moves_last_hour=moves)
         log.info("rebalance planned over %d hosts in %.2f s (%s)", len(state.hosts),
                  sum(times.seconds.values()),
                  ", ".join(f"{stage} {seconds:.2f} s" for stage, seconds in times.rounded(2).items()))
         return plan
 
-    def pooled_by_plans(self, state) -> set[str]:
+    def pooled_by_plans(self, state: ClusterState) -> set[str]:
         """Floating guests that float where one of vmplacer's own plans floated them, unchanged
         since: the policy may pin them again (a guest someone else let float stays floating)."""
         floating = [g.name for g in state.guests.values()
@@ -723,11 +725,11 @@ class Rebalancer:
     def _apply_held(self, plan: Plan, hosts: list[str], lease_ttl_s: float, auditor: Auditor | None) -> Plan:
         self._measure_before_trials(plan)
         assert plan.id is not None
-        if plan.state == "proposed":
-            if not self.plans.transition(plan.id, "proposed", "approved", "approved by " + self.holder):
-                return self._cancelled_meanwhile(plan.id, f"plan {plan.id} changed state while being approved")
-            plan = plan.moved_to("approved")
         plan_id = plan.id
+        if plan.state == "proposed":
+            if not self.plans.transition(plan_id, "proposed", "approved", "approved by " + self.holder):
+                return self._cancelled_meanwhile(plan_id, f"plan {plan_id} changed state while being approved")
+            plan = plan.moved_to("approved")
 
         def keep_lease() -> bool:
             # A lease that lapsed (an action longer than the TTL, a stalled process) may have let
@@ -745,7 +747,7 @@ class Rebalancer:
         try:
             done = executor.run(plan)
         except ExecutorError as exc:
-            return self._cancelled_meanwhile(plan.id, str(exc))
+            return self._cancelled_meanwhile(plan_id, str(exc))
         stored = self.plans.get(plan_id)
         if isinstance(stored, Plan) and stored.state != done.state:
             return stored  # closed as interrupted while our lease had lapsed: the stored record stands

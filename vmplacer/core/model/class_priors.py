@@ -110,7 +110,8 @@ class ShrunkBetas:
         wb = self._evidence[backgrounds]
         wf = self._evidence[foregrounds]
         block = self._table[:, backgrounds[:, None], foregrounds[None, :]]
-        return (block * wb[None, :, None] * wf[None, None, :]).sum(axis=(1, 2)) / (wb.sum() * wf.sum())
+        mean: np.ndarray = (block * wb[None, :, None] * wf[None, None, :]).sum(axis=(1, 2)) / (wb.sum() * wf.sum())
+        return mean
 
     # ----- the coefficients --------------------------------------------------------------------
     def table(self, identities: tuple[Identity, ...]) -> np.ndarray:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -39,7 +40,7 @@ class RankTarget:
     predicted: dict[str, float]
     actual: dict[str, float]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "spearman": round(self.spearman, 4),
             "counters": [
@@ -58,7 +59,7 @@ class RankResult:
     interference: RankTarget
     without_profile: tuple[str, ...]  # workloads in the pair file the profiles lack
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "workloads": list(self.workloads),
             "sensitivity": self.sensitivity.to_dict(),

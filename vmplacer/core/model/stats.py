@@ -10,6 +10,7 @@ import math
 from collections.abc import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 
 def rrmse(predicted: Sequence[float], measured: Sequence[float]) -> float:
@@ -29,7 +30,7 @@ def rrmse(predicted: Sequence[float], measured: Sequence[float]) -> float:
     return float(np.sqrt(np.mean(((pred - meas) / meas) ** 2)))
 
 
-def pearson(x: Sequence[float], y: Sequence[float]) -> float:
+def pearson(x: ArrayLike, y: ArrayLike) -> float:
     """Pearson's r; 0.0 when either side is constant (no linear information)."""
     a = np.asarray(x, dtype=float)
     b = np.asarray(y, dtype=float)
@@ -43,7 +44,7 @@ def pearson(x: Sequence[float], y: Sequence[float]) -> float:
     return float(a @ b) / denom
 
 
-def ranks(values: Sequence[float]) -> np.ndarray:
+def ranks(values: ArrayLike) -> np.ndarray:
     """1-based ranks with ties sharing their average rank (as Spearman needs)."""
     data = np.asarray(values, dtype=float)
     order = np.argsort(data, kind="mergesort")
@@ -58,7 +59,7 @@ def ranks(values: Sequence[float]) -> np.ndarray:
     return result
 
 
-def spearman(x: Sequence[float], y: Sequence[float]) -> float:
+def spearman(x: ArrayLike, y: ArrayLike) -> float:
     """Spearman's rank correlation: Pearson's r of the (tie-averaged) ranks."""
     return pearson(ranks(x), ranks(y))
 
@@ -85,4 +86,5 @@ def ridge_toward(
         except np.linalg.LinAlgError:
             pass
     delta, *_ = np.linalg.lstsq(system, target, rcond=None)
-    return prior + delta
+    nearest: np.ndarray = prior + delta
+    return nearest

@@ -87,7 +87,7 @@ def neighbour_losses(model: InterferenceModel, topology: HostTopology, guest: Te
     that neighbour), and with all of them at once: fractions of its speed alone with the same
     pins, time sharing included; β is the coefficient at their nearest distance."""
     alone = model.predict(topology, [guest])[guest.name]
-    rows = []
+    rows: list[dict[str, Any]] = []
     for other in neighbours:
         pair = model.predict(topology, [guest, other])
         other_alone = model.predict(topology, [other])[other.name]

@@ -95,7 +95,8 @@ def node_views(topology: HostTopology, usage: HostUsage, options: AllocationOpti
     key = ("node_views", id(topology), options, prefer_kind)
     cached = usage.derived.get(key)
     if cached is not None and cached[0] is topology:
-        return cached[1]
+        kept: dict[int, NodeView] = cached[1]
+        return kept
     views = build_node_views(topology, usage, options, prefer_kind)
     usage.derived[key] = (topology, views)
     return views

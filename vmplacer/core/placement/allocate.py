@@ -29,7 +29,7 @@ Semantics (docs/placement.md has the long form):
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from itertools import combinations
 
@@ -142,6 +142,10 @@ def _with_affinity(scorer: Scorer, peers: tuple[str, ...]) -> Scorer:
     return WeightedScorer(((1.0, scorer), (AFFINITY_WEIGHT, AffinityScorer(peers))))
 
 
+# How one cell's CPUs are filled: a named order, or ("anchor", i) around the i-th anchor core.
+_Variant = str | tuple[str, int]
+
+
 class _Search:
     """One allocation: the state shared by the stages (views, admitted pairs, memo of fills)."""
 
@@ -159,7 +163,7 @@ class _Search:
         self.pages = page_options(guest, topology)
         self.reasons: list[NoFitReason] = []
         self.banned = self._anti_affinity(anti_of_others)
-        self._fills: dict[tuple, CellFill | NoFitReason] = {}
+        self._fills: dict[tuple[int, str, int, _Variant], CellFill | NoFitReason] = {}
         self.alternatives = int(getattr(scorer, "alternatives", 0) or 0)
         self.trace: list[Placement] | None = None
         nodes = sorted(self.views)
@@ -231,7 +235,7 @@ class _Search:
 
     def _admitted(self, cells: tuple[CellRequest, ...], pages: tuple[int, ...]) -> list[dict[int, tuple[int, ...]]]:
         """Per cell: node -> page sizes that fit. Records a reason for every refusal."""
-        by_signature: dict[tuple, dict[int, tuple[int, ...]]] = {}
+        by_signature: dict[tuple[int, int, int, str, int, int], dict[int, tuple[int, ...]]] = {}
         admitted = []
         for cell in cells:
             key = cell.signature
@@ -260,7 +264,8 @@ class _Search:
         if any(not fits for fits in admitted):
             raise NoFit(self.guest.name, self.topology.name, self.reasons)
         if len(cells) == 1:
-            candidates = [((node,), pages) for node, pages in admitted[0].items()]
+            candidates: list[tuple[tuple[int, ...], tuple[int, ...]]] = [
+                ((node,), pages) for node, pages in admitted[0].items()]
         else:
             candidates = self._beam(cells, admitted)
             if not candidates:
@@ -328,8 +333,9 @@ class _Search:
                     new_spare = spare + free[node]
                     nodes = tuple(sorted((*used, node)))
                     # Cells with equal signatures are interchangeable: one state per node multiset.
-                    key = nodes if uniform else tuple(sorted(
-                        (signatures[i], n) for i, n in (*chosen.items(), (index, node))))
+                    key: Hashable = nodes
+                    if not uniform:
+                        key = tuple(sorted((signatures[i], n) for i, n in (*chosen.items(), (index, node))))
                     known = grown.get(key)
                     if known is None or (new_cost, -new_spare) < (known[0], -known[1]):
                         grown[key] = (new_cost, new_spare, nodes, {**chosen, index: node}, common)
@@ -365,15 +371,16 @@ class _Search:
         return []
 
     # ----- stage 3: build and score a candidate ------------------------------------------------------
-    def _build(self, cells: tuple[CellRequest, ...], nodes: tuple[int, ...], pages: tuple[int, ...]):
+    def _build(self, cells: tuple[CellRequest, ...], nodes: tuple[int, ...], pages: tuple[int, ...]
+               ) -> Iterator[Placement]:
         """Yield the placements of one node assignment (one per fill variant that works)."""
         page = pages[0]  # best page size every chosen node can give
-        variants: tuple = ("cores-first", "holes-first") if any(
+        variants: tuple[_Variant, ...] = ("cores-first", "holes-first") if any(
             c.dedicated and c.thread_policy == "prefer" for c in cells) else ("cores-first",)
         if self.alternatives and any(c.dedicated for c in cells):
             # A scorer that can tell cores apart (the interference model) gets more to choose from.
             variants += tuple(("anchor", i) for i in range(self.alternatives))
-        seen: set[tuple] = set()
+        seen: set[tuple[tuple[int, ...], ...]] = set()
         for variant in variants:
             fills: list[CellFill] = []
             failed = False
@@ -399,14 +406,14 @@ class _Search:
                     self.trace.append(placement)
                 yield placement
 
-    def _tiebreak(self, placement: Placement) -> tuple:
+    def _tiebreak(self, placement: Placement) -> tuple[int, ...]:
         """Equal scores: pCPUs of the preferred kind on hybrid hosts (performance cores for
         latency, efficiency cores for batch), then lower node and pCPU ids (reproducible plans)."""
         cpus = self.topology.cpus
         kind = sum(1 for c in placement.pcpus if cpus[c].kind == self.prefer_kind)
         return (kind, *(-n for n in sorted(placement.memory_nodes)), *(-c for c in sorted(placement.pcpus)[:8]))
 
-    def _fill(self, cell: CellRequest, node: int, variant: str | tuple) -> CellFill | NoFitReason:
+    def _fill(self, cell: CellRequest, node: int, variant: _Variant) -> CellFill | NoFitReason:
         key = (len(cell.dedicated), cell.thread_policy, node, variant)
         if key not in self._fills:
             where = f"cell {cell.id} on node {node}"

@@ -64,7 +64,7 @@ class BatchResult:
         return len(self.placed), sum(f.score for _, f in self.placed.values())
 
 
-def hardness(spec: GuestSpec) -> tuple:
+def hardness(spec: GuestSpec) -> tuple[bool, int, bool, int, int, int]:
     """Sort key, hardest first among the guests that hold pCPUs (dedicated or latency-critical):
     more NUMA cells, then whole cores (isolate, require), then pCPUs held (isolate counts the
     idle siblings), then size. Guests holding no pCPU go before them all: they only keep a

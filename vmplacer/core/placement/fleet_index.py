@@ -68,7 +68,7 @@ class HostRoom:
 
     def rank_for(self, demand: Demand) -> tuple[float, int] | None:
         """`rank(demand, self)`, remembered: a room does not change, and guests of one kind ask alike."""
-        ranks = self.__dict__.setdefault("_ranks", {})
+        ranks: dict[Demand, tuple[float, int] | None] = self.__dict__.setdefault("_ranks", {})
         if demand not in ranks:
             ranks[demand] = rank(demand, self)
         return ranks[demand]
@@ -116,7 +116,8 @@ def host_room(topology: HostTopology, usage: HostUsage, options: AllocationOptio
     key = ("room", id(topology), options)
     cached = usage.derived.get(key)
     if cached is not None and cached[0] is topology:
-        return cached[1]
+        kept: HostRoom = cached[1]
+        return kept
     views = node_views(topology, usage, options, "performance")
     room = room_of(views, {n: node_utilisation(usage, n) for n in views if views[n].has_cpus},
                    {n: info.memory_kib for n, info in topology.nodes.items()})

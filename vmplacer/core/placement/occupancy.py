@@ -8,8 +8,9 @@ it once per host state instead of once per candidate.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from vmplacer.core.placement.guest_placement import Placement
 from vmplacer.core.topology.host import HostTopology
@@ -95,7 +96,7 @@ class HostUsage:
     guest_cpus: dict[str, frozenset[int]] = field(default_factory=dict)
     _index: TopologyIndex | None = field(default=None, repr=False, compare=False)
     # what is derived from this usage (e.g. the allocator's node views), dropped by every `add`
-    derived: dict = field(default_factory=dict, repr=False, compare=False)
+    derived: dict[Hashable, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def index(self) -> TopologyIndex:
@@ -190,7 +191,7 @@ class HostUsage:
         return False
 
 
-class Occupancy(tuple):
+class Occupancy(tuple[Placement, ...]):
     """The placements on a host, as a tuple that caches its `HostUsage` per topology."""
 
     def __new__(cls, placements: Iterable[Placement] = ()) -> Occupancy:
@@ -199,7 +200,7 @@ class Occupancy(tuple):
     def usage(self, topology: HostTopology) -> HostUsage:
         cache = self.__dict__.setdefault("_usage", {})
         key = id(topology)
-        entry = cache.get(key)
+        entry: tuple[HostTopology, HostUsage] | None = cache.get(key)
         if entry is None or entry[0] is not topology:
             entry = (topology, HostUsage.build(topology, self))
             cache[key] = entry

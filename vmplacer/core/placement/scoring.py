@@ -10,7 +10,7 @@ the engine to build that many more candidate pCPU choices per node.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Hashable, Iterable, Sequence
 from dataclasses import dataclass
 from itertools import combinations
 from typing import Protocol, runtime_checkable
@@ -75,7 +75,7 @@ class LocalityScorer:
         return sum(fractions) / len(fractions) if fractions else 1.0
 
 
-def _top_share(values: list) -> float:
+def _top_share(values: Sequence[Hashable]) -> float:
     """Share of the most common value (1.0 when all are equal)."""
     return max(values.count(value) for value in set(values)) / len(values)
 

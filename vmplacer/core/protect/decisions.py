@@ -335,7 +335,7 @@ def _release_step(guest: GuestView, record: Throttle, after: CpuBandwidth, reaso
 
 def plan_of(host: str, decision: Decision, *, created_at: float | None = None) -> Plan:
     """The decision as a stored, reviewable plan of throttle/release actions (empty when nothing to do)."""
-    actions = []
+    actions: list[Action] = []
     for step in decision.steps:
         if step.kind == "release" and not step.after.share > step.before.share + SHARE_EPSILON:
             continue  # nothing to lift (libvirt already shows the original)

@@ -67,20 +67,23 @@ class RunHistory:
     `measured_better`: (winner, loser) layout keys trials compared by measurement
     (core/rebalance/trial.py); `tried`: layouts each host tried within the trial memory;
     `pooled`: floating guests an earlier plan floated (the search may pin them again); `refuted`: hosts whose planned layouts measured worse lately; `held`: host -> why
-    its data-driven moves are only tried (back-off)."""
+    its data-driven moves are only tried (back-off); `moves`: guest -> how often it was moved in the
+    last hour (the per-guest disruption budget)."""
 
     measured_better: frozenset[tuple[str, str]] = frozenset()
     tried: Mapping[str, int] = field(default_factory=dict)
     pooled: frozenset[str] = frozenset()
     refuted: frozenset[str] = frozenset()
     held: Mapping[str, str] = field(default_factory=dict)
+    moves: Mapping[str, int] = field(default_factory=dict)  # guest -> its moves in the last hour
 
     @classmethod
     def of(cls, *, measured: Iterable[tuple[str, str]] | None = None, tried: Mapping[str, int] | None = None,
-           pooled: Iterable[str] | None = None, refuted: Iterable[str] | None = None, held: Mapping[str, str] | None = None) -> RunHistory:
+           pooled: Iterable[str] | None = None, refuted: Iterable[str] | None = None, held: Mapping[str, str] | None = None,
+           moves: Mapping[str, int] | None = None) -> RunHistory:
         """A history from optional parts (None: nothing of that kind happened)."""
         return cls(frozenset(measured or ()), dict(tried or {}), frozenset(pooled or ()),
-                   frozenset(refuted or ()), dict(held or {}))
+                   frozenset(refuted or ()), dict(held or {}), dict(moves or {}))
 
 
 NO_HISTORY = RunHistory()

@@ -124,6 +124,7 @@ def plan_rebalance(
     held: Mapping[str, Backoff] | None = None,
     refuted: Iterable[str] | None = None,
     times: StageTimes | None = None,
+    moves_last_hour: Mapping[str, int] | None = None,
 ) -> Plan:
     """Search moves on a what-if copy of `state`; the resulting Plan (state "proposed", or
     "empty" — final — when no move is worth making).
@@ -138,19 +139,21 @@ def plan_rebalance(
     in back-off (core/trial.backoffs): their data-driven moves are not planned, only tried;
     `refuted` names hosts whose planned layouts measured worse lately (a layout planned there must
     measure better by `trial_refuted_bar` to stay). `times` (optional)
-    collects the seconds each stage took, on the caller's clock.
+    collects the seconds each stage took, on the caller's clock. `moves_last_hour` (guest -> moves
+    in the last hour, an undone one counting twice) fixes guests at `max_moves_per_guest_hour`.
     """
     with collection_held():  # a fleet's what-if state is millions of objects kept to the end
         return _plan(state, model, settings or RebalanceSettings(), now=now, last_moved=last_moved, scope=scope,
                      hosts=hosts, solver=solver, measured=measured, tried=tried,
-                     pooled=pooled, held=held, refuted=refuted, times=times)
+                     pooled=pooled, held=held, refuted=refuted, times=times, moves=moves_last_hour)
 
 
 def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSettings, *, now: float | None,
           last_moved: Mapping[str, float] | None, scope: Iterable[str] | None, hosts: Iterable[str] | None,
           solver: LayoutSolver | None, measured: Iterable[tuple[str, str]] | None, tried: Mapping[str, int] | None,
           pooled: Iterable[str] | None, held: Mapping[str, Backoff] | None,
-          refuted: Iterable[str] | None, times: StageTimes | None) -> Plan:
+          refuted: Iterable[str] | None, times: StageTimes | None,
+          moves: Mapping[str, int] | None = None) -> Plan:
     """`plan_rebalance`'s work, its arguments as given."""
     if hosts is not None:
         allowed = set(hosts)
@@ -165,7 +168,7 @@ def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSett
                              {n: g for n, g in state.guests.items() if g.host not in left_out})
     at = 0.0 if now is None else now
     times = times or NO_STAGE_TIMES
-    history = RunHistory.of(measured=measured, tried=tried, pooled=pooled,
+    history = RunHistory.of(measured=measured, tried=tried, pooled=pooled, moves=moves,
                             refuted=refuted, held={host: b.why(at) for host, b in (held or {}).items()})
     with times.stage("setup"):
         draft, inputs = start_search(state, model, settings, now, last_moved, scope, solver, history=history,

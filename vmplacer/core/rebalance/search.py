@@ -54,6 +54,9 @@ def start_search(state: ClusterState, model: InterferenceModel, settings: Rebala
                 why = "outside the rebalancing scope"
             elif now is not None and guest.name in last_moved and now - last_moved[guest.name] < settings.cooldown_s:
                 why = f"moved {now - last_moved[guest.name]:.0f} s ago (cool-down {settings.cooldown_s:g} s)"
+            elif 0 < settings.max_moves_per_guest_hour <= history.moves.get(guest.name, 0):
+                why = (f"moved {history.moves[guest.name]} times in the last hour "
+                       f"(max_moves_per_guest_hour {settings.max_moves_per_guest_hour})")
             if why:
                 guest = guest.fixed(why)
         draft.guests[guest.name] = guest

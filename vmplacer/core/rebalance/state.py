@@ -109,6 +109,9 @@ class RebalanceSettings:
     # those that promise most per repin first; the rest wait for later rounds
     max_trials: int = 20
     max_trial_repins: int = 400
+    # a guest moved (repinned, its memory moved or migrated) this many times in the last hour stays put (0: no limit);
+    # a move a trial undid counts twice: it was made and taken back
+    max_moves_per_guest_hour: int = 6
     # after k planned layouts of a host in a row measured worse, it waits backoff_s·(2^(k-1)−1) (0: off, the
     # default: trials, their memory and close calls already stop the churn it was made for, and it held back gains)
     backoff_s: float = 0.0
@@ -143,7 +146,7 @@ class RebalanceSettings:
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be a number > 0, got {value!r}")
         for name in ("max_actions", "move_candidates", "swap_candidates", "migration_candidates",
                      "destination_candidates", "max_rounds", "exhaustive_limit", "exact_max_cpus", "trial_max",
-                     "memory_budget_mib", "max_trials", "max_trial_repins"):
+                     "memory_budget_mib", "max_trials", "max_trial_repins", "max_moves_per_guest_hour"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 0):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be an integer >= 0, got {value!r}")

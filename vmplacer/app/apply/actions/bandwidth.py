@@ -10,7 +10,7 @@ from vmplacer.ports import BandwidthControl
 
 
 class Bandwidth(ActionKind):
-    kinds = ("throttle", "release")
+    kinds: tuple[str, ...] = ("throttle", "release")
     throttle_ledger = True
 
     def precheck(self, action: Action, plan: Plan | None = None) -> Check:

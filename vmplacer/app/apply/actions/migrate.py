@@ -92,7 +92,9 @@ class Migrate(ActionKind):
         return f"{self._undo(action)}; {self._where(action)}"
 
     def placement_after(self, action: Action) -> Placement | None:
-        return replace(action.before, host=action.target_host) if action.before else action.after
+        if action.before is None or action.target_host is None:  # a valid migration names its target
+            return action.after
+        return replace(action.before, host=action.target_host)
 
     def _undo(self, action: Action) -> str:
         assert action.guest is not None and action.target_host is not None
