@@ -112,6 +112,29 @@ def test_config_and_core_import_no_front_end():
     assert not problems, "config and core import no front end:\n" + "\n".join(problems)
 
 
+LOWER_LAYERS = ("vmplacer.core", "vmplacer.app", "vmplacer.adapters", "vmplacer.bootstrap", "vmplacer.ports")
+
+
+def test_lower_layers_name_no_front_end_even_for_annotations():
+    """Pure logic, the application, the adapters and the composition root never name the CLI,
+    the API or the web view — not even under TYPE_CHECKING, where a cycle (the API importing the
+    composition root, which names the API's services) would hide from the runtime graph."""
+    problems = [f"{name} imports {target}"
+                for name, targets in sorted(_graph().items()) if name.startswith(LOWER_LAYERS)
+                for target in sorted(targets) if target.startswith(FRONT_ENDS)]
+    assert not problems, "lower layers name no front end:\n" + "\n".join(problems)
+
+
+def test_the_annotation_rule_has_teeth(tmp_path):
+    module = tmp_path / "fleet.py"
+    module.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                      "    from vmplacer.api.services import ApiServices\n")
+    modules = _module_names()
+    assert "vmplacer.api.services" in _project_imports("vmplacer.bootstrap.fleet", module, modules)
+    assert "vmplacer.api.services" not in _project_imports("vmplacer.bootstrap.fleet", module, modules,
+                                                           runtime_only=True)
+
+
 def test_adapters_import_no_config():
     """Adapters take plain values (e.g. `libvirt_host.HostAddress`), not the config's types:
     the composition root reads the config and hands adapters what they need."""

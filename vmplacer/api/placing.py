@@ -116,9 +116,13 @@ class Placer:
         return usable
 
     def _fleet(self) -> FleetPlacement:
-        from vmplacer.bootstrap.fleet import api_fleet_placement
-
-        return api_fleet_placement(self.services)
+        """Dry runs on the API's short-lived host snapshots, placements live; every placement
+        drops its host's snapshot, and libvirt errors are counted."""
+        services = self.services
+        return FleetPlacement(services.dry_runs, services.snapshots.view, services.container.hypervisor,
+                              on_libvirt_error=services.metrics.libvirt_error,
+                              invalidate=services.snapshots.invalidate, refusals=(DomainRefused,),
+                              memo=services.survey_memo, changes=services.snapshots.changes)
 
     # ----- dry run ---------------------------------------------------------------------------------
     def plan(self, spec: GuestSpec, hosts: list[str], base_xml: str | None) -> Outcome:

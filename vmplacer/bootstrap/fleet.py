@@ -1,19 +1,17 @@
-"""Composition of host choice over the fleet: container (and API services) → `FleetPlacement`.
+"""Composition of host choice over the fleet for the command line: container → `FleetPlacement`.
 
-Part of the composition root: the CLI and the API get their fleet placement
-here, never by wiring hosts, snapshots and libvirt's refusals themselves.
+Part of the composition root: the CLI gets its fleet placement here, never by wiring hosts and
+libvirt's refusals itself. (The API builds its own from its services, in `api/placing.py`: the
+composition root names no front end, not even for annotations.)
 """
 
 from __future__ import annotations
 
-from typing import Any, TYPE_CHECKING
+from typing import Any
 
 from vmplacer.adapters.libvirt_errors import DomainRefused
 from vmplacer.app.place.fleet_placement import FleetPlacement
 from vmplacer.app.place.placement_service import PlacementService
-
-if TYPE_CHECKING:
-    from vmplacer.api.services import ApiServices
 
 
 def cli_fleet_placement(container: Any) -> tuple[FleetPlacement, PlacementService]:
@@ -21,11 +19,3 @@ def cli_fleet_placement(container: Any) -> tuple[FleetPlacement, PlacementServic
     service = container.placement_service()
     return FleetPlacement(service, container.hypervisor, container.hypervisor, refusals=(DomainRefused,)), service
 
-
-def api_fleet_placement(services: ApiServices) -> FleetPlacement:
-    """Dry runs on the API's short-lived host snapshots, placements live; every placement
-    drops its host's snapshot, and libvirt errors are counted."""
-    return FleetPlacement(services.dry_runs, services.snapshots.view, services.container.hypervisor,
-                          on_libvirt_error=services.metrics.libvirt_error,
-                          invalidate=services.snapshots.invalidate, refusals=(DomainRefused,),
-                          memo=services.survey_memo, changes=services.snapshots.changes)
