@@ -24,7 +24,7 @@ from vmplacer.config_keys import (CONFIG_KEYS, DATABASE_SCHEMES, DOMAIN_TYPES, H
                                   MAX_TRUSTED_PROXIES, SAMPLER_METRICS, SENSITIVE_PATTERN)
 from vmplacer.config_rebalance import read_rebalance, rebalance_to_mapping
 from vmplacer.core.topology.cpuset import CpusetError, parse_cpuset
-from vmplacer.core.durations import duration_seconds, format_seconds, is_bare_number
+from vmplacer.core.durations import config_duration, format_seconds
 from vmplacer.core.placement.admit import AllocationOptions
 from vmplacer.core.rebalance.state import RebalanceSettings
 from vmplacer.core.protect.policy import ProtectionDefaults, ProtectionError, check_floor, check_min_share
@@ -265,27 +265,26 @@ class _Reader:
             raise self.fail(key, "must be a non-empty string")
         return value.strip()
 
-    def seconds(self, value: Any, key: str, low: float, high: float) -> float:
-        """A duration key named for its unit (`cooldown_s`): a number is seconds, as the name says;
-        text takes the one grammar of every duration, a number and its unit (`90s`, `10m`, `12h`,
-        `1d`; `500ms` too), so `cooldown_s: 10m` and `retention.plans: 30d` read alike."""
-        if isinstance(value, str) and not is_bare_number(value):
-            seconds = duration_seconds(value, "s", days=True)
-            if seconds is None:
-                raise self.fail(key, f"must be a number of seconds or a duration with a unit (s, m, h, d; e.g. "
-                                     f"30s, 10m, 1h), got {excerpt(value)}")
-            if not low <= seconds <= high:
-                raise self.fail(key, f"must be between {format_seconds(low)} and {format_seconds(high)}, got "
-                                     f"{excerpt(value)}")
-            return seconds
-        if isinstance(value, str):  # '600' quoted: the number it spells
-            value = float(value)
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise self.fail(key, f"must be a number of seconds or a duration with a unit (s, m, h, d; e.g. "
-                                 f"30s, 10m, 1h), got {excerpt(value)}")
-        if not low <= value <= high:
-            raise self.fail(key, f"must be between {low:g} and {high:g} seconds, got {value!r}")
-        return float(value)
+    def seconds(self, value: Any, key: str, low: float, high: float | None = None, *,
+                above_low: bool = False) -> float:
+        """Any duration key, read by the file's one convention (core/durations.config_duration):
+        a number and its unit (`90s`, `10m`, `12h`, `1d`; `500ms` too), or a bare number of
+        seconds where the key is named for its unit (`cooldown_s: 600`), refused elsewhere
+        (`retention.plans: 30` asks for a unit). Held to `low`..`high` seconds (`above_low`:
+        longer than `low`)."""
+        seconds = config_duration(value, key)
+        if isinstance(seconds, str):
+            raise self.fail(key, seconds)
+        if above_low and seconds <= low:
+            raise self.fail(key, f"must be longer than {format_seconds(low) if low else 0}, got {excerpt(value)}")
+        if seconds < low or (high is not None and seconds > high):
+            if isinstance(value, str):  # as written: with its unit
+                rule = (f"between {format_seconds(low)} and {format_seconds(high)}" if high is not None
+                        else f"at least {format_seconds(low)}")
+                raise self.fail(key, f"must be {rule}, got {excerpt(value)}")
+            rule = f"between {low:g} and {high:g}" if high is not None else f"at least {low:g}"
+            raise self.fail(key, f"must be {rule} seconds, got {value!r}")
+        return seconds
 
     def number(self, value: Any, key: str, low: float, high: float) -> float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -439,14 +438,7 @@ def _retention(reader: _Reader, raw: Any) -> RetentionSettings:
 
 
 def _age(reader: _Reader, value: Any, key: str, default: float) -> float:
-    if value is None:
-        return default
-    seconds = None if isinstance(value, bool) else duration_seconds(str(value), "s", days=True)
-    if seconds is None:
-        raise reader.fail(key, f"must be a duration such as 30d, 12h, 90m or 3600 (seconds), got {excerpt(value)}")
-    if seconds <= 0:
-        raise reader.fail(key, f"must be longer than 0, got {excerpt(value)}")
-    return seconds
+    return default if value is None else reader.seconds(value, key, 0, above_low=True)
 
 
 def settings_from_mapping(raw: Any, source: str, environ: Mapping[str, str] | None = None,
@@ -606,11 +598,7 @@ def _placement(reader: _Reader, raw: Any) -> PlacementSettings:
         value = data.get("model_refresh")
         if value is None:
             return defaults.model_refresh_s
-        seconds = None if isinstance(value, bool) else duration_seconds(str(value), "s")
-        if seconds is None or seconds <= 0:
-            raise reader.fail("placement.model_refresh", f"must be a duration longer than 0 such as 60s or 5m, "
-                                                         f"got {excerpt(value)}")
-        return seconds
+        return reader.seconds(value, "placement.model_refresh", 0, above_low=True)
 
     return PlacementSettings(
         take(lambda: reader.number(data.get("interference_weight", defaults.interference_weight),

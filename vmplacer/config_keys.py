@@ -46,13 +46,13 @@ def _seconds(low: float, high: float, text: str) -> Key:
                f"{text} ({low:g} to {high:g} s; a number of seconds or text with a unit: 30s, 10m, 1h, 1d)")
 
 
-def _duration(text: str, days: bool) -> Key:
-    """A duration: a positive number of seconds, or text with a unit."""
-    units = "30d, 12h, 90m, 60s" if days else "60s, 5m, 1h"
-    return Key({"anyOf": [{"type": "number", "exclusiveMinimum": 0},
-                          {"type": "string", "pattern": duration_pattern(days=days)},
+def _duration(text: str) -> Key:
+    """A duration key not named for a unit: a number and its unit, never a bare number (read as
+    seconds, `retention.plans: 30` would keep almost nothing; core/durations.config_duration)."""
+    return Key({"anyOf": [{"type": "string", "pattern": duration_pattern(days=True, unit_required=True)},
                           {"type": "null"}]},
-               f"{text}. A duration longer than 0: a number of seconds or text with a unit ({units})")
+               f"{text}. A duration longer than 0: a number and its unit, s, m, h or d (30d, 12h, 10m, 60s); "
+               "a bare number is refused")
 
 
 def _choice(choices: tuple[str, ...], text: str) -> Key:
@@ -146,7 +146,7 @@ CONFIG_FIELDS: dict[str, dict[str, Key]] = {
                                                "together (0: off)"),
         "interference_candidates": _number(0, 1024, "extra candidate starting cores per node the model may "
                                                     "choose from", integer=True),
-        "model_refresh": _duration("how often a long-running process reloads the learned model", days=False),
+        "model_refresh": _duration("how often a long-running process reloads the learned model"),
     },
     "api": {
         "listen": Key({"type": "string", "pattern": _stripped(LISTEN_PATTERN)}, "HOST:PORT the API listens on"),
@@ -157,7 +157,7 @@ CONFIG_FIELDS: dict[str, dict[str, Key]] = {
                                "X-Forwarded-For names the client; default none: the client is the connection's peer"),
     },
     "retention": {
-        name: _duration(f"how long finished {what} are kept", days=True)
+        name: _duration(f"how long finished {what} are kept")
         for name, what in (("plans", "plans (with their actions)"), ("profiles", "profile runs and their samples"),
                            ("audit", "audit log entries"), ("jobs", "API jobs"))
     },

@@ -78,3 +78,24 @@ def test_show_of_a_bad_file_exits_2_with_its_problems(tmp_path):
     config.write_text("api: {listen: nowhere}\n")
     result = run(tmp_path, "--config", str(config), "config", "show")
     assert result.returncode == 2 and "key 'api.listen'" in result.stderr and result.stdout == ""
+
+
+def test_check_holds_every_duration_to_one_convention(tmp_path):
+    """A bare number is seconds only on a key named `..._s`; every duration key takes s, m, h, d."""
+    config = tmp_path / "vmplacer.yaml"
+    config.write_text("retention: {plans: 30, jobs: 7d}\nplacement: {model_refresh: '60'}\n"
+                      "protect: {interval_s: 2, budget_window_s: 1d}\n")
+    result = run(tmp_path, "config", "check", "--config", str(config))
+    assert result.returncode == 2 and result.stdout == ""
+    problems = [line for line in result.stderr.splitlines() if ": key '" in line]
+    assert problems == [
+        f"vmplacer: error: {config}: key 'retention.plans': a duration needs a unit (s, m, h, d), got 30",
+        f"vmplacer: error: {config}: key 'placement.model_refresh': a duration needs a unit (s, m, h, d), got '60'",
+    ], result.stderr
+    config.write_text("retention: {plans: 30d, jobs: 12h}\nplacement: {model_refresh: 1d}\n"
+                      "protect: {interval_s: 2, budget_window_s: 1d}\nweb: {session_idle_s: 90m}\n")
+    result = run(tmp_path, "--config", str(config), "config", "show")
+    assert result.returncode == 0, result.stderr
+    shown = yaml.safe_load(result.stdout)
+    assert shown["retention"]["jobs"] == "12h" and shown["placement"]["model_refresh"] == "1d"
+    assert shown["protect"]["interval_s"] == 2 and shown["protect"]["budget_window_s"] == 86_400

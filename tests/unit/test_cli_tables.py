@@ -204,3 +204,62 @@ def test_a_line_beside_a_table_is_held_to_the_width(monkeypatch, capsys):
     args = _parser().parse_args(["-o", "wide"])
     emit(args, None, lambda _data: print_line(text))
     assert capsys.readouterr().out == text + "\n"
+
+
+# Every command that lists records as one table takes --columns, its headers declared once.
+def _table_commands() -> list[tuple[list[str], tuple[str, ...]]]:
+    from vmplacer.cli.db import HISTORY_COLUMNS
+    from vmplacer.cli.hosts import HOSTS_COLUMNS
+    from vmplacer.cli.model import MODEL_COLUMNS
+    from vmplacer.cli.place import PLACED_COLUMNS, PLACEMENTS_COLUMNS
+    from vmplacer.cli.plan import PLAN_COLUMNS
+    from vmplacer.cli.rebalance import PLANS_COLUMNS
+    from vmplacer.cli.reconcile import RECONCILE_COLUMNS
+    from vmplacer.cli.token import TOKEN_COLUMNS
+
+    return [(["plan"], PLAN_COLUMNS), (["place", "--request", "r.yaml"], PLACED_COLUMNS), (["placements"], PLACEMENTS_COLUMNS),
+            (["hosts"], HOSTS_COLUMNS), (["token", "list"], TOKEN_COLUMNS), (["plans"], PLANS_COLUMNS),
+            (["plans", "list"], PLANS_COLUMNS), (["db", "history"], HISTORY_COLUMNS),
+            (["model", "show"], MODEL_COLUMNS), (["reconcile"], RECONCILE_COLUMNS)]
+
+
+TABLE_COMMANDS = _table_commands()
+
+
+def _command_args(argv: list[str]) -> argparse.Namespace:
+    from vmplacer.cli.main import build_parser
+
+    return build_parser(argv).parse_args(argv)
+
+
+@pytest.mark.parametrize(("command", "headers"), TABLE_COMMANDS, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_every_table_command_selects_its_columns_by_name(command, headers):
+    keys = [column_key(header) for header in headers]
+    args = _command_args([*command, "--columns", ",".join(reversed(keys))])
+    assert args.columns == tuple(reversed(headers))
+    assert args.table_columns == headers
+    assert _command_args([*command, "--columns", headers[-1]]).columns == (headers[-1],)  # as the header reads
+    assert _command_args(command).columns is None
+
+
+@pytest.mark.parametrize(("command", "headers"), TABLE_COMMANDS, ids=lambda v: " ".join(v) if isinstance(v, list) else "")
+def test_every_table_command_refuses_an_unknown_column_naming_the_valid_ones(command, headers, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        _command_args([*command, "--columns", f"{column_key(headers[0])},no-such-column"])
+    assert exit_.value.code == 2
+    said = capsys.readouterr().err
+    assert f"unknown column 'no-such-column' (columns: {', '.join(column_key(h) for h in headers)})" in said, said
+    with pytest.raises(SystemExit) as exit_:
+        _command_args([*command, "--columns", column_key(headers[0]), "-o", "json"])
+    assert exit_.value.code == 2
+    assert "applies to table and wide output, not to json output" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [["hosts", "--columns", "name", "disable", "h1", "--reason", "x"],
+                                  ["hosts", "--columns", "name", "enable", "h1"]])
+def test_hosts_refuses_columns_where_no_table_is_printed(argv):
+    from vmplacer.cli.common import CliContext, UsageError
+
+    args = _command_args(argv)
+    with pytest.raises(UsageError, match=f"--columns: applies to the hosts list, not to hosts {argv[3]}"):
+        args.func(args, CliContext(config_path=None))

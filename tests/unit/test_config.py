@@ -330,6 +330,6 @@ def test_the_effective_config_reads_back_to_the_same_settings(tmp_path):
     settings = load_settings(example, environ={})
     again = settings_from_mapping(settings_to_mapping(settings), settings.source, environ={})
     assert again == settings
-    tuned = settings_from_mapping({"retention": {"plans": "12h", "jobs": 90}, "placement": {"model_refresh": "90s"},
+    tuned = settings_from_mapping({"retention": {"plans": "12h", "jobs": "90m"}, "placement": {"model_refresh": "1d"},
                                    "protect": {"batch_min_share": "none"}}, "t", environ={})
     assert settings_from_mapping(settings_to_mapping(tuned), "t", environ={}) == tuned

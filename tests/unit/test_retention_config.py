@@ -25,8 +25,8 @@ def test_defaults_without_a_retention_section():
 
 
 @pytest.mark.parametrize(("value", "seconds"), [
-    ("30d", 30 * DAY), ("12h", 12 * 3600.0), ("90m", 5400.0), ("3600", 3600.0), (3600, 3600.0),
-    ("1.5d", 1.5 * DAY), (" 2 d ", 2 * DAY), ("45s", 45.0), (0.5, 0.5),
+    ("30d", 30 * DAY), ("12h", 12 * 3600.0), ("90m", 5400.0), ("3600s", 3600.0),
+    ("1.5d", 1.5 * DAY), (" 2 d ", 2 * DAY), ("45s", 45.0), ("0.5s", 0.5),
 ])
 def test_retention_durations(value, seconds):
     retention = settings_from_mapping({"retention": {"jobs": value}}, "cfg.yaml", environ={}).retention
@@ -37,7 +37,8 @@ def test_retention_durations(value, seconds):
 @pytest.mark.parametrize(("retention", "key", "fragment"), [
     ({"plans": "soon"}, "retention.plans", "must be a duration"),
     ({"profiles": "-3d"}, "retention.profiles", "must be a duration"),
-    ({"audit": 0}, "retention.audit", "longer than 0"),
+    ({"audit": "0s"}, "retention.audit", "longer than 0"),
+    ({"audit": 30}, "retention.audit", "a duration needs a unit"),
     ({"jobs": "0d"}, "retention.jobs", "longer than 0"),
     ({"jobs": True}, "retention.jobs", "must be a duration"),
     ({"jobs": "3 weeks"}, "retention.jobs", "must be a duration"),

@@ -21,6 +21,8 @@ from vmplacer.cli.common import (
 from vmplacer.cli.confirm import add_yes_argument, confirm
 from vmplacer.core.text import excerpt
 
+HISTORY_COLUMNS = ("revision", "current", "description")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("db", help="database schema migrations and data retention")
@@ -40,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_format_argument(current)
     current.set_defaults(func=run_current)
     history = actions.add_parser("history", help="list the schema revisions this vmplacer knows (oldest first)")
-    add_format_argument(history)
+    add_format_argument(history, columns=HISTORY_COLUMNS)
     history.set_defaults(func=run_history)
     prune = actions.add_parser(
         "prune", help="delete finished plans, profile runs, audit entries, jobs and expired idempotency keys "
@@ -112,7 +114,7 @@ def run_history(args: argparse.Namespace, ctx: CliContext) -> int:
         current = None  # the list is this vmplacer's own: still worth showing without a database
     rows = [{"revision": rev, "description": doc, "current": rev == current}
             for rev, doc in ctx.container.known_revisions()]
-    emit(args, rows, lambda d: print_table("schema revisions (oldest first)", ("revision", "current", "description"),
+    emit(args, rows, lambda d: print_table("schema revisions (oldest first)", HISTORY_COLUMNS,
                                            [(r["revision"], r["current"], r["description"]) for r in d]))
     return 0
 

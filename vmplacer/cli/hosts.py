@@ -25,11 +25,13 @@ from vmplacer.cli.common import (
 )
 from vmplacer.ports import HypervisorError
 
+HOSTS_COLUMNS = ("name", "uri", "reachable", "driver", "domains", "maintenance", "detail")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
         "hosts", help="list configured hosts and check that each answers; maintenance mode (disable/enable)")
-    add_format_argument(parser)
+    add_format_argument(parser, columns=HOSTS_COLUMNS)
     parser.set_defaults(func=run)
     actions = parser.add_subparsers(dest="hosts_command", metavar="{disable,enable}",
                                     help="maintenance mode of one host (without: list the hosts)")
@@ -84,7 +86,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
     def table(data: list[dict[str, object]]) -> None:
         print_table(
             "hosts",
-            ("name", "uri", "reachable", "driver", "domains", "maintenance", "detail"),
+            HOSTS_COLUMNS,
             [
                 (
                     r["name"],
@@ -139,7 +141,14 @@ def _maintenance_text(record: object) -> str:
     return f"since {str(record['since'])[:16].replace('T', ' ')} by {record['by']}: {record['reason']}"
 
 
+def _no_columns(args: argparse.Namespace, action: str) -> None:
+    """`hosts --columns ... disable X` prints no table: refused rather than silently ignored."""
+    if getattr(args, "columns", None):
+        raise UsageError(f"--columns: applies to the hosts list, not to hosts {action}")
+
+
 def run_disable(args: argparse.Namespace, ctx: CliContext) -> int:
+    _no_columns(args, "disable")
     uri = _configured(ctx, args.host)
     reason = args.reason.strip()
     if not reason:
@@ -159,6 +168,7 @@ def run_disable(args: argparse.Namespace, ctx: CliContext) -> int:
 
 
 def run_enable(args: argparse.Namespace, ctx: CliContext) -> int:
+    _no_columns(args, "enable")
     _configured(ctx, args.host)
     container = ctx.container
     container.upgrade_database()

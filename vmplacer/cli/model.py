@@ -6,12 +6,14 @@ import argparse
 
 from vmplacer.cli.common import CliContext, UsageError, add_format_argument, emit, print_table
 
+MODEL_COLUMNS = ("model key", "sensitivity (mean loss suffered)", "interference (mean loss caused)")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("model", help="the interference model learned from profiles")
     actions = parser.add_subparsers(dest="model_action", metavar="ACTION", required=True, help="show or learn")
     show = actions.add_parser("show", help="what the model knows: per-guest sensitivity and interference")
-    add_format_argument(show)
+    add_format_argument(show, columns=MODEL_COLUMNS)
     show.set_defaults(func=run_show)
     learn = actions.add_parser("learn", help="learn from stored profile runs not learned yet, each guest under its "
                                              "`workload` label (else its name), as the rebalancer plans it")
@@ -41,7 +43,7 @@ def run_show(args: argparse.Namespace, ctx: CliContext) -> int:
         if not d["guests"]:
             print("no samples learned yet: predictions are the linear (time-sharing only) predictor")
             return
-        print_table(None, ("model key", "sensitivity (mean loss suffered)", "interference (mean loss caused)"),
+        print_table(None, MODEL_COLUMNS,
                     [(g["guest"], f"{g['sensitivity']:.3f}", f"{g['interference']:.3f}") for g in d["guests"]])
 
     emit(args, data, table)

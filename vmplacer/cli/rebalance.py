@@ -67,6 +67,7 @@ from vmplacer.cli.confirm import add_yes_argument, confirm
 from vmplacer.cli.verbs import no_more_words, split_verb, words_anywhere
 
 DEFAULT_PROFILE_SECONDS = 5.0
+PLANS_COLUMNS = ("id", "state", "hosts", "actions", "summary")  # `rebalance plans`
 # Options of a rebalancing plan that a placement plan (`plan --request`) never reads, and back.
 REBALANCE_PLAN_OPTIONS = ("drain", "reason", "max_actions", "scope", "min_gain", "cooldown", "backoff", "no_migrate",
                           "no_trials", "no_explore")
@@ -125,7 +126,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which.add_argument("--state", action="append", metavar="STATE",
                        help="list only plans in this state (repeatable): " + ", ".join(_plan_states()))
     plans.add_argument("--reason", metavar="TEXT", help="with cancel: why (kept with the plan and in the audit log)")
-    add_format_argument(plans)
+    add_format_argument(plans, columns=PLANS_COLUMNS)
     plans.set_defaults(func=run_plans)
     words_anywhere(plans, "words", PLANS_VERBS)
 
@@ -416,7 +417,7 @@ def run_plans(args: argparse.Namespace, ctx: CliContext) -> int:
     if not cancel:
         refuse_options(args, ("reason",), "only with `plans cancel PLAN_ID`")
     if plan_id is not None:
-        refuse_options(args, ("all", "state", "limit"), "only when listing plans (`plans list`)")
+        refuse_options(args, ("all", "state", "limit", "columns"), "only when listing plans (`plans list`)")
     unknown = sorted(set(args.state or ()) - set(_plan_states()))
     if unknown:
         raise UsageError(f"--state {unknown[0]!r}: not a plan state (one of {', '.join(_plan_states())})")
@@ -445,7 +446,7 @@ def run_plans(args: argparse.Namespace, ctx: CliContext) -> int:
         states = [s for s in _plan_states() if s != "empty"]
     rows = _guarded(lambda: store.recent(args.limit, states=states))
     hidden = "" if args.all or args.state else " (empty ones hidden: --all shows them)"
-    emit(args, rows, lambda d: print_table(f"rebalancing plans{hidden}", ("id", "state", "hosts", "actions", "summary"),
+    emit(args, rows, lambda d: print_table(f"rebalancing plans{hidden}", PLANS_COLUMNS,
                                            [(r["id"], r["state"], ",".join(r["hosts"]), r["actions"], r["summary"])
                                             for r in d]))
     return EXIT_OK

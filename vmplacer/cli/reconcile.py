@@ -41,6 +41,7 @@ from vmplacer.cli.common import (
 )
 from vmplacer.core.text import plural
 
+RECONCILE_COLUMNS = ("host", "guest", "kind", "action", "outcome", "detail")
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser(
@@ -63,7 +64,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                         "after reserving (default 1h; e.g. 30m, 2h, 900s)")
     parser.add_argument("--settle", type=duration(zero="none"), default=60.0, metavar="DURATION",
                         help="never touch a record changed this recently (default 60s; 0: none)")
-    add_format_argument(parser)
+    add_format_argument(parser, columns=RECONCILE_COLUMNS)
     parser.set_defaults(func=run)
 
 
@@ -101,7 +102,7 @@ def _render(data: dict[str, Any]) -> None:
             for host in data["hosts"] for f in host["findings"]]
     mode = " (dry run: nothing changed)" if data["dry_run"] else ""
     if rows:
-        print_table(f"reconcile{mode}", ("host", "guest", "kind", "action", "outcome", "detail"), rows)
+        print_table(f"reconcile{mode}", RECONCILE_COLUMNS, rows)
     for host in data["hosts"]:
         counts = ", ".join(f"{n} {kind}" for kind, n in host["counts"].items()) or "records agree with libvirt"
         print(f"host {host['host']}: {host['status']}" + (f" ({counts})" if host["status"] == "reconciled"

@@ -25,6 +25,8 @@ from vmplacer.cli.common import (
 from vmplacer.cli.confirm import add_yes_argument, confirm
 from vmplacer.core.text import excerpt, iso_utc
 
+TOKEN_COLUMNS = ("name", "scope", "created", "last used")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("token", help="create, revoke and list REST API bearer tokens")
@@ -40,7 +42,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_yes_argument(revoke)
     revoke.set_defaults(func=run_revoke)
     listing = actions.add_parser("list", help="list tokens (names and scopes; never the tokens)")
-    add_format_argument(listing)
+    add_format_argument(listing, columns=TOKEN_COLUMNS)
     listing.set_defaults(func=run_list)
 
 
@@ -89,6 +91,6 @@ def _when(epoch: float | None) -> str:
 def run_list(args: argparse.Namespace, ctx: CliContext) -> int:
     tokens = [t.to_dict() for t in _store(ctx).list()]
     emit(args, tokens, lambda rows: print_table(
-        "API tokens", ("name", "scope", "created", "last used"),
+        "API tokens", TOKEN_COLUMNS,
         [(r["name"], r["scope"], _when(r["created_at"]), _when(r["last_used_at"])) for r in rows]))
     return 0
