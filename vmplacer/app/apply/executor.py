@@ -12,7 +12,10 @@ contract:
   change, live migration (bandwidth limit, timeout → the job is aborted and
   the guest keeps running on the source), a throttle or release (CPU
   bandwidth, live and persistent), or a probe; retriable host errors are
-  retried after a delay, fatal ones are not;
+  retried after a delay, fatal ones are not. A move of a guest that moved
+  `rebalance.disruption.max_moves_per_guest_hour` times in the last hour
+  (other plans may have moved it since this one was made) is skipped with
+  the reason instead (`move_budget.py`: continuations, whole trials);
 * verify — read the host back (live domain XML, or the scheduler
   parameters for a throttle) and compare with the action's `after`;
 * revert — idempotent: puts back whatever of `before` is not in place (it
@@ -36,12 +39,14 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable, Mapping, MutableMapping
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from vmplacer.app.apply.actions import ActionFailed, ActionKind, Check, action_kinds
 from vmplacer.app.apply.actions.probe import OnVerdict, ProbeResult, trial_hosts
+from vmplacer.app.apply.move_budget import BudgetSettingError, MoveBudget, budget_limit
 from vmplacer.app.host_fanout import for_each_host
 from vmplacer.core.placement.bandwidth import CpuBandwidth
 from vmplacer.core.placement.guest_placement import Placement
@@ -76,6 +81,9 @@ class ExecutorSettings:
     migration_timeout_s: float = 300.0
     migration_bandwidth_mib_s: int | None = None  # None: libvirt's default (unlimited)
     on_failure: str = "continue"  # or "rollback": undo every action done so far
+    # rebalance.disruption.max_moves_per_guest_hour when the plan is applied (0: no limit);
+    # None: the plan's own, as it was planned (`move_budget.budget_limit`)
+    max_moves_per_guest_hour: int | None = None
 
     def __post_init__(self) -> None:
         if self.on_failure not in ON_FAILURE:
@@ -83,6 +91,9 @@ class ExecutorSettings:
                              f"got {self.on_failure!r}")
         if self.retries < 0 or self.retry_delay_s < 0 or self.migration_timeout_s <= 0:
             raise ValueError("executor: retries and retry_delay_s must be >= 0, migration_timeout_s > 0")
+        limit = self.max_moves_per_guest_hour
+        if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
+            raise ValueError(f"executor: field 'max_moves_per_guest_hour' must be an integer >= 0, got {limit!r}")
 
 
 class Auditor(Protocol):
@@ -108,10 +119,13 @@ class Executor:
         measurements: MutableMapping[str, Measured] | None = None,
         on_trial: OnVerdict | None = None,
         lanes: int = 1,
+        wall: Callable[[], float] | None = None,
     ):
         """`lanes`: how many lanes of the plan (actions sharing no host, `core/rebalance/lanes`)
         run at once; 1 runs the plan's actions one after another. More needs hosts, stores and
-        the probe callable safe to call from several threads (one thread per lane)."""
+        the probe callable safe to call from several threads (one thread per lane). `wall`:
+        epoch seconds on the plan store's clock (the hour of the move budget), `time.time` unless
+        given; `clock` is for sleeping and may be monotonic."""
         if lanes < 1:
             raise ValueError(f"lanes must be at least 1, got {lanes}")
         self.lanes = lanes
@@ -125,6 +139,8 @@ class Executor:
         self.keep_lease = keep_lease or (lambda: True)
         self.settings = settings or ExecutorSettings()
         self.throttles = throttles
+        self.wall = wall or time.time
+        self._budget = MoveBudget(None, 0, self.wall, stored=False)
         self._deferred: list[Placement] = []
         self.kinds: dict[str, ActionKind] = action_kinds(
             self.hosts, probe=probe, migration_bandwidth_mib_s=self.settings.migration_bandwidth_mib_s,
@@ -139,6 +155,11 @@ class Executor:
         missing = sorted(named - set(self.hosts))
         if missing:
             raise ExecutorError(f"plan {plan.id}: hosts {', '.join(missing)} are not configured")
+        try:
+            limit = budget_limit(plan, self.settings.max_moves_per_guest_hour)
+        except BudgetSettingError as exc:
+            raise ExecutorError(str(exc)) from None
+        self._budget = MoveBudget(self.plans, limit, self.wall, stored=self.plans is not None and plan.id is not None)
         if self.plans is not None and plan.id is not None:
             if not self.plans.transition(plan.id, "approved", "running"):
                 raise ExecutorError(f"plan {plan.id}: no longer approved (another run took it)")
@@ -276,6 +297,11 @@ class Executor:
         if check.done:
             action = action.moved_to("running")
             return self._finish(plan, action.moved_to("succeeded", "already in the target state"), record=True)
+        refused = self._budget.refusals(plan, action)
+        if refused:  # the guest's moves this hour are spent (a trial's: none of its moves starts)
+            for other in sorted(refused):
+                plan = self._finish(plan, plan.actions[other].moved_to("skipped", refused[other]))
+            return plan
         action = action.moved_to("running")
         self._store(plan, action, started=True)
         if kind.ledger_intent_first:

@@ -743,6 +743,7 @@ class Rebalancer:
             self.hosts, clock=self.clock, plans=self.plans, audit=auditor, placements=self.placements,
             probe=self.probe, keep_lease=keep_lease, settings=self.executor_settings, throttles=self.throttles,
             measurements=self.measurements, on_trial=self.on_trial, lanes=self._parallel(len(hosts)),
+            wall=self.wall,  # the per-guest move budget counts moves on the clock the store records them by
         )
         try:
             done = executor.run(plan)
