@@ -15,6 +15,7 @@ from vmplacer.adapters.db.placements import SqlPlacementStore
 from vmplacer.adapters.db.plans import SqlLeaseStore, SqlPlacementUpdates, SqlPlanStore
 from vmplacer.lab.simulator import SimCluster
 from vmplacer.api.metrics import ApiMetrics, trial_outcome_gauges
+from vmplacer.api.services import ApiServices
 from vmplacer.app.apply.actions.probe import OnVerdict
 from vmplacer.app.jobs import JobContext
 from vmplacer.app.rebalance.rebalancer import RebalancePorts, Rebalancer
@@ -259,6 +260,7 @@ def test_the_api_apply_job_counts_each_trial_verdict_in_its_metrics(sim, db, mon
         return rebalancer(sim, db, probe, holder=holder, on_trial=on_trial)
 
     monkeypatch.setattr(bootstrap, "build_rebalancer", compose)
+    services.rebalancer = lambda holder: ApiServices.rebalancer(services, holder)  # type: ignore[arg-type]
     handler = apply_handler(services)
 
     def apply(plan: Plan) -> list[str]:

@@ -261,3 +261,69 @@ def test_the_front_end_database_rule_has_teeth(tmp_path):
                       "def run():\n    from sqlalchemy import select\n"
                       "    from vmplacer.adapters.db.models import PlanRow\n")
     assert _database_imports(module) == ["sqlalchemy", "vmplacer.adapters.db.models"]
+
+
+# ----- the routes ------------------------------------------------------------------------------
+# Handlers receive ApiServices through the `api.deps.api_services` dependency; what builds
+# adapters (rebalancer, profiler, protection loop) is reached through those services. A route
+# module importing the composition root, even inside a function, or reading `app.state` itself
+# would bypass both.
+
+ROUTES = PACKAGE / "api" / "routes"
+COMPOSITION_ROOT = "vmplacer.bootstrap"
+
+
+def _reads_app_state(node: ast.AST) -> bool:
+    """`<anything>.app.state`, or `getattr(<anything>.app, "state")`."""
+    if isinstance(node, ast.Attribute) and node.attr == "state":
+        return isinstance(node.value, ast.Attribute) and node.value.attr == "app"
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Name) and node.func.id == "getattr"
+            and len(node.args) >= 2 and isinstance(node.args[0], ast.Attribute) and node.args[0].attr == "app"
+            and isinstance(node.args[1], ast.Constant) and node.args[1].value == "state")
+
+
+def _route_problems(name: str, path: Path, modules: dict[str, Path]) -> list[str]:
+    """Imports of the composition root (module level, inside functions, or named by string as
+    `importlib.import_module` takes it) and reads of `app.state` in one route module."""
+    where = f"{name} ({path.name})"
+    problems = [f"{where} imports {target}" for target in sorted(_project_imports(name, path, modules))
+                if _within(target, (COMPOSITION_ROOT,))]
+    found: list[tuple[int, str]] = []
+    for node in ast.walk(ast.parse(path.read_text(), filename=str(path))):
+        if _reads_app_state(node):
+            found.append((node.lineno, "reads app.state"))
+        elif (isinstance(node, ast.Constant) and isinstance(node.value, str)
+              and _within(node.value, (COMPOSITION_ROOT,))):
+            found.append((node.lineno, f"names {node.value}"))
+    return problems + [f"{where} line {line} {what}" for line, what in sorted(found)]
+
+
+def test_routes_take_their_services_by_dependency_and_never_import_the_composition_root():
+    modules = _module_names()
+    routes = {name: path for name, path in modules.items() if path.parent == ROUTES}
+    assert len(routes) > 5 and "vmplacer.api.routes.plans" in routes, "the route modules moved: update this test"
+    problems = [problem for name, path in sorted(routes.items()) for problem in _route_problems(name, path, modules)]
+    assert not problems, "routes get services from vmplacer.api.deps only:\n" + "\n".join(problems)
+
+
+def test_the_route_rule_has_teeth(tmp_path):
+    modules = _module_names()
+    clean = tmp_path / "clean.py"
+    clean.write_text("from vmplacer.api.deps import Services\n"
+                     "def handler(services: Services):\n    return services.rebalancer('api')\n")
+    assert _route_problems("vmplacer.api.routes.plans", clean, modules) == []
+    bad = tmp_path / "bad.py"
+    bad.write_text("import importlib\n"
+                   "from ...bootstrap import Container\n"
+                   "def handler(request):\n"
+                   "    from vmplacer.bootstrap.rebalance import build_rebalancer\n"
+                   "    services = request.app.state.services\n"
+                   "    state = getattr(request.app, 'state')\n"
+                   "    return importlib.import_module('vmplacer.bootstrap.protect'), build_rebalancer, state\n")
+    assert _route_problems("vmplacer.api.routes.plans", bad, modules) == [
+        "vmplacer.api.routes.plans (bad.py) imports vmplacer.bootstrap",
+        "vmplacer.api.routes.plans (bad.py) imports vmplacer.bootstrap.rebalance",
+        "vmplacer.api.routes.plans (bad.py) line 5 reads app.state",
+        "vmplacer.api.routes.plans (bad.py) line 6 reads app.state",
+        "vmplacer.api.routes.plans (bad.py) line 7 names vmplacer.bootstrap.protect",
+    ]

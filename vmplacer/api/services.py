@@ -13,7 +13,7 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from vmplacer.api.auth import TokenVerifier
 from vmplacer.api.hostcache import MAINTENANCE_TTL_S, HostSnapshots, SnapshotStore, TimedValue
@@ -34,6 +34,12 @@ from vmplacer.app.place.fleet_placement import SurveyMemo
 from vmplacer.app.jobs import DEFAULT_LEASE_TTL_S, JobRunner
 from vmplacer.bootstrap import Container
 from vmplacer.ports import LeaseStore
+
+if TYPE_CHECKING:
+    from vmplacer.app.observe.freeze import Freezer
+    from vmplacer.app.observe.profiler import Profiler, ProfilerConfig
+    from vmplacer.app.protect.loop import ProtectLoop
+    from vmplacer.app.rebalance.rebalancer import Rebalancer
 
 log = logging.getLogger(__name__)
 
@@ -114,6 +120,26 @@ class ApiServices:
     @property
     def host_names(self) -> list[str]:
         return [h.name for h in self.settings.hosts]
+
+    # ----- what the routes' jobs build: the routes never call the composition root themselves --
+    def rebalancer(self, holder: str) -> Rebalancer:
+        """The rebalancer as the CLI builds it (stored model, learning, vCPU demand, probes),
+        acting under `holder` in the host leases; its trials count in this instance's metrics."""
+        from vmplacer.bootstrap.rebalance import build_rebalancer
+
+        return build_rebalancer(self.container, holder=holder, on_trial=self.metrics.rebalance_trial)
+
+    def profiler(self, host: str, config: ProfilerConfig, **options: Any) -> tuple[Profiler, Freezer]:
+        """A ready profiler for `host` (options as `bootstrap.profiler.build_profiler`'s)."""
+        from vmplacer.bootstrap.profiler import build_profiler
+
+        return build_profiler(self.container, host, config, **options)
+
+    def protect_loop(self, host: str, **options: Any) -> ProtectLoop:
+        """A ready protection loop for `host` (options as `bootstrap.protect.build_protect_loop`'s)."""
+        from vmplacer.bootstrap.protect import build_protect_loop
+
+        return build_protect_loop(self.container, host, **options)
 
     # ----- background work -------------------------------------------------------------------
     def start(self, leases: LeaseStore | None = None) -> None:

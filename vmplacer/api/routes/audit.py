@@ -11,6 +11,7 @@ from typing import Any
 
 from fastapi import APIRouter, Query, Request, Response
 
+from vmplacer.api.deps import Services
 from vmplacer.api.errors import COMMON_RESPONSES, ApiError
 from vmplacer.api.paging import CursorQuery, decode, int_key, paged
 from vmplacer.api.fields import DOMAIN_NAME_MAX_BYTES, DOMAIN_NAME_PATTERN, check_domain_name
@@ -44,7 +45,7 @@ def _moment(text: str, name: str) -> datetime:
 
 @router.get("", operation_id="listAuditEntries", response_model=AuditList,
             summary="audit log entries, newest first (by id); a page at a time (`next`)", responses=COMMON_RESPONSES)
-def list_audit(request: Request, response: Response,
+def list_audit(request: Request, services: Services, response: Response,
                limit: int = Query(default=100, ge=1, le=1000),
                since: str | None = Query(default=None, pattern=ISO_8601, max_length=40,
                                          description=f"entries at or after this moment: {MOMENT_HELP}"),
@@ -70,7 +71,7 @@ def list_audit(request: Request, response: Response,
     filters = {"host": host, "guest": guest, "action": action,
                **{name: None if moment is None else moment.isoformat() for name, moment in moments.items()}}
     before = decode(cursor, "audit", filters, int_key) if cursor is not None else before_id
-    entries, last = request.app.state.services.container.pages.audit(
+    entries, last = services.container.pages.audit(
         limit=limit, before_id=before, host=host, guest=guest, action=action, **moments)
     return {"entries": [with_api_times(entry, "at") for entry in entries],
             **paged(request, response, "audit", filters, None if last is None else [last])}

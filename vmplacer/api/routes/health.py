@@ -5,10 +5,11 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor, TimeoutError as FutureTimeout
 from typing import Any
 
-from fastapi import APIRouter, Request, Response
+from fastapi import APIRouter, Response
 from fastapi.responses import JSONResponse
 from prometheus_client import CONTENT_TYPE_LATEST
 
+from vmplacer.api.deps import Services
 from vmplacer.api.errors import COMMON_RESPONSES, UNEXPECTED
 from vmplacer.api.schemas import Health, Readiness, ReadyCheck
 from vmplacer.api.strict_json import StrictJsonRoute
@@ -26,8 +27,7 @@ def healthz() -> Health:
 @router.get("/readyz", operation_id="getReadiness", response_model=Readiness,
             summary="readiness: the database answers, and every host's libvirt answers and its topology can be read",
             responses={**COMMON_RESPONSES, 503: {"model": Readiness, "description": "a check failed"}})
-def readyz(request: Request) -> JSONResponse:
-    services = request.app.state.services
+def readyz(services: Services) -> JSONResponse:
     checks = [_database_check(services)]
     hosts = services.host_names
     pool = ThreadPoolExecutor(max_workers=max(1, min(8, len(hosts))), thread_name_prefix="readyz")
@@ -76,6 +76,5 @@ def _database_check(services) -> ReadyCheck:  # type: ignore[no-untyped-def]
 @router.get("/metrics", operation_id="getMetrics", summary="Prometheus metrics", response_class=Response,
             responses={**COMMON_RESPONSES, 200: {"content": {"text/plain": {"schema": {"type": "string"}}},
                                                  "description": "Prometheus text format"}})
-def metrics(request: Request) -> Response:
-    services = request.app.state.services
+def metrics(services: Services) -> Response:
     return Response(services.metrics.render(), media_type=CONTENT_TYPE_LATEST)

@@ -13,6 +13,7 @@ from typing import Any, TYPE_CHECKING
 from fastapi import APIRouter, Path, Request
 
 from vmplacer.api.errors import COMMON_RESPONSES, HOST_ERROR, NOT_FOUND, ApiError
+from vmplacer.api.deps import Services
 from vmplacer.api.actors import api_actor
 from vmplacer.api.schemas import HOST_NAME, HostList, HostView, MaintenanceRequest, MaintenanceView
 from vmplacer.api.strict_json import StrictJsonRoute
@@ -42,8 +43,7 @@ def maintenance_view(record: Any) -> dict[str, Any] | None:
 
 @router.get("", operation_id="listHosts", response_model=HostList, summary="configured hosts and whether each answers",
             responses=COMMON_RESPONSES)
-def list_hosts(request: Request) -> HostList:
-    services = request.app.state.services
+def list_hosts(services: Services) -> HostList:
     leases = services.container.live_leases()
     closed = services.container.maintenance.current()
     hosts = []
@@ -68,8 +68,7 @@ def list_hosts(request: Request) -> HostList:
             responses={**COMMON_RESPONSES, **NOT_FOUND, **HOST_ERROR,
                        200: {"content": {"application/json": {"schema": {"type": "object"}}},
                              "description": "HostTopology.to_dict()"}})
-def topology(request: Request, host: str = Path(pattern=HOST_NAME, max_length=63)) -> dict[str, Any]:
-    services = request.app.state.services
+def topology(services: Services, host: str = Path(pattern=HOST_NAME, max_length=63)) -> dict[str, Any]:
     known_host(services, host)
     return services.container.hypervisor(host).topology().to_dict()
 
@@ -77,9 +76,8 @@ def topology(request: Request, host: str = Path(pattern=HOST_NAME, max_length=63
 @router.put("/{host}/maintenance", operation_id="enterMaintenance", response_model=MaintenanceView,
             summary="put a host in maintenance: no new guests, no migrations in (idempotent)",
             responses={**COMMON_RESPONSES, **NOT_FOUND})
-def enter_maintenance(request: Request, body: MaintenanceRequest,
+def enter_maintenance(request: Request, services: Services, body: MaintenanceRequest,
                       host: str = Path(pattern=HOST_NAME, max_length=63)) -> dict[str, Any]:
-    services = request.app.state.services
     known_host(services, host)
     actor = api_actor(request)
     uri = services.settings.host(host).uri
@@ -92,8 +90,8 @@ def enter_maintenance(request: Request, body: MaintenanceRequest,
 
 @router.delete("/{host}/maintenance", operation_id="leaveMaintenance", response_model=MaintenanceView,
                summary="take a host out of maintenance", responses={**COMMON_RESPONSES, **NOT_FOUND})
-def leave_maintenance(request: Request, host: str = Path(pattern=HOST_NAME, max_length=63)) -> dict[str, Any]:
-    services = request.app.state.services
+def leave_maintenance(request: Request, services: Services,
+                      host: str = Path(pattern=HOST_NAME, max_length=63)) -> dict[str, Any]:
     known_host(services, host)
     actor = api_actor(request)
     record = services.container.maintenance.end(host, by=actor.name, detail=actor.detail())

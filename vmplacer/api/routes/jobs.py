@@ -17,6 +17,7 @@ from typing import Any
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
+from vmplacer.api.deps import Services
 from vmplacer.api.actors import api_actor, audit
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, NOT_FOUND, ApiError
 from vmplacer.api.job_views import JOB_ID, POLL_AFTER_S, following, job_view
@@ -32,9 +33,9 @@ router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=StrictJsonRoute
             description="While the job has not finished the answer carries `Retry-After` (seconds before the "
                         "next look).",
             responses={**COMMON_RESPONSES, **NOT_FOUND})
-def get_job(request: Request, response: Response,
+def get_job(services: Services, response: Response,
             job_id: str = Path(pattern=JOB_ID, max_length=36)) -> dict[str, Any]:
-    job = request.app.state.services.jobs.get(job_id)
+    job = services.jobs.get(job_id)
     if job is None:
         raise ApiError(404, "not-found", f"job {job_id} does not exist", {"job": job_id})
     if not job.done:
@@ -45,7 +46,7 @@ def get_job(request: Request, response: Response,
 @router.get("", operation_id="listJobs", response_model=JobList,
             summary="jobs, newest first (creation time, then id); a page at a time (`next`)",
             responses=COMMON_RESPONSES)
-def list_jobs(request: Request, response: Response,
+def list_jobs(request: Request, services: Services, response: Response,
               status: list[JobStatus] | None = Query(default=None, description="only jobs in these states "
                                                      "(repeatable; default: every state)"),
               kind: str | None = Query(default=None, pattern=r"^[a-z-]{1,32}$"),
@@ -54,8 +55,7 @@ def list_jobs(request: Request, response: Response,
     statuses = sorted(set(status or ()))
     filters = {"status": statuses, "kind": kind}
     after = decode(cursor, "jobs", filters, _job_key)
-    jobs, last = request.app.state.services.container.pages.jobs(limit=limit, after=after,
-                                                                 statuses=statuses or None, kind=kind)
+    jobs, last = services.container.pages.jobs(limit=limit, after=after, statuses=statuses or None, kind=kind)
     key = None if last is None else [last[0].astimezone(timezone.utc).isoformat(), last[1]]
     return {"jobs": [job_view(job) for job in jobs], **paged(request, response, "jobs", filters, key)}
 
@@ -73,9 +73,8 @@ def _job_key(values: list[Any]) -> tuple[datetime, str]:
                      "its steps (202, `cancel-requested`: poll the job); 409 if it already finished",
              responses={**COMMON_RESPONSES, **NOT_FOUND, **CONFLICT,
                         200: {"model": JobCancelView, "description": "cancelled at once: the job never started"}})
-def cancel_job(request: Request, response: Response,
+def cancel_job(request: Request, services: Services, response: Response,
                job_id: str = Path(pattern=JOB_ID, max_length=36)) -> dict[str, Any]:
-    services = request.app.state.services
     actor = api_actor(request)
     job = services.jobs.get(job_id)
     if job is None:

@@ -7,6 +7,7 @@ from typing import Any
 from fastapi import APIRouter, Path, Query, Request, Response
 
 from vmplacer.adapters.domain_xml_policy import DomainXmlPolicyError
+from vmplacer.api.deps import Services
 from vmplacer.api.actors import acting_placement, acting_store, api_actor
 from vmplacer.api.fields import LABEL_FILTER_HELP, LabelFilter, label_filter
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, HOST_ERROR, NOT_FOUND, ApiError
@@ -38,8 +39,7 @@ router = APIRouter(prefix="/v1/placements", tags=["placements"], route_class=Str
     responses={**COMMON_RESPONSES, **CONFLICT, **HOST_ERROR,
                201: {"model": PlacementView, "description": "placed (reserved, defined or running)"}},
 )
-def create_placement(request: Request, body: PlacementRequest) -> Response:
-    services = request.app.state.services
+def create_placement(request: Request, services: Services, body: PlacementRequest) -> Response:
     actor = api_actor(request)
     spec = GuestSpec.from_mapping(body.guest_fields())
     if body.base_xml is not None and len(body.base_xml) > services.base_xml_limit:
@@ -65,7 +65,7 @@ def create_placement(request: Request, body: PlacementRequest) -> Response:
 @router.get("", operation_id="listPlacements", response_model=PlacementList,
             summary="placements vmplacer recorded, newest first; a page at a time (`next`)",
             responses=COMMON_RESPONSES)
-def list_placements(request: Request, response: Response,
+def list_placements(request: Request, services: Services, response: Response,
                     host: str | None = Query(default=None, pattern=HOST_NAME, max_length=63),
                     state: list[PlacementState] | None = Query(default=None, description="only placements in these "
                                                                "states (repeatable; default: every state)"),
@@ -77,7 +77,7 @@ def list_placements(request: Request, response: Response,
     states = sorted(set(state or ()))
     filters = {"host": host, "state": states, "label": sorted(f"{k}={v}" for k, v in labels.items())}
     before = decode(cursor, "placements", filters, int_key)
-    records, last = request.app.state.services.container.pages.placements(
+    records, last = services.container.pages.placements(
         limit=limit, before_id=before, host=host, states=states or None, labels=labels)
     return {"placements": records,
             **paged(request, response, "placements", filters, None if last is None else [last])}
@@ -87,8 +87,8 @@ def list_placements(request: Request, response: Response,
 
 @router.get("/{guest}", operation_id="getPlacement", response_model=PlacementRecord, summary="one recorded placement",
             responses={**COMMON_RESPONSES, **NOT_FOUND})
-def get_placement(request: Request, guest: str = Path(pattern=GUEST_NAME, max_length=64)) -> dict[str, Any]:
-    record = request.app.state.services.container.placement_store.get(guest)
+def get_placement(services: Services, guest: str = Path(pattern=GUEST_NAME, max_length=64)) -> dict[str, Any]:
+    record = services.container.placement_store.get(guest)
     if record is None:
         raise ApiError(404, "not-found", f"guest {guest}: no placement recorded", {"guest": guest})
     return record
@@ -97,11 +97,10 @@ def get_placement(request: Request, guest: str = Path(pattern=GUEST_NAME, max_le
 @router.delete("/{guest}", operation_id="deletePlacement", response_model=Removed,
                summary="forget a placement and free its pCPUs; by default also destroy and undefine the domain",
                responses={**COMMON_RESPONSES, **NOT_FOUND, **HOST_ERROR})
-def delete_placement(request: Request, guest: str = Path(pattern=GUEST_NAME, max_length=64),
+def delete_placement(request: Request, services: Services, guest: str = Path(pattern=GUEST_NAME, max_length=64),
                      undefine: bool = Query(default=True, description="destroy and undefine the domain too "
                                             "(never for a reservation: its domain belongs to the caller)")
                      ) -> dict[str, Any]:
-    services = request.app.state.services
     actor = api_actor(request)
     store = acting_store(services, actor)
     record = store.get(guest)

@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Path, Query, Request, Response
 
+from vmplacer.api.deps import Services
 from vmplacer.api.actors import acting_store, api_actor, audit
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, NOT_FOUND, OUT_OF_MEMORY, ApiError
 from vmplacer.api.job_views import POLL_AFTER_S, accepted, job_view, outcome
@@ -42,7 +43,6 @@ from vmplacer.app.jobs import Handler, JobCancelled, JobContext, JobFailed
 if TYPE_CHECKING:
     from vmplacer.ports import PlanStore
     from vmplacer.api.services import ApiServices
-    from vmplacer.app.rebalance.rebalancer import Rebalancer
 
 log = logging.getLogger(__name__)
 router = APIRouter(prefix="/v1/plans", tags=["plans"], route_class=StrictJsonRoute)
@@ -58,13 +58,12 @@ WAIT_POLL_S = 0.1
                         201: {"model": PlanView, "description": "the stored plan"},
                         202: {"model": JobAccepted, "description": "with `wait`: the dry run is a `plan` job that "
                               "had not finished after `wait` seconds; its result is the plan"}})
-def create_plan(request: Request, body: PlanRequest,
+def create_plan(request: Request, services: Services, body: PlanRequest,
                 wait: float | None = Query(default=None, ge=0, le=MAX_WAIT_S, allow_inf_nan=False,
                                            description="run the dry run as a job and wait at most this many "
                                                        "seconds for it (0: answer 202 at once); without it the "
                                                        "request lasts as long as the dry run (about a second "
                                                        "per host)")) -> Response:
-    services = request.app.state.services
     actor = api_actor(request)
     if wait is not None:
         return _plan_job(services, actor, body, wait)
@@ -109,7 +108,8 @@ def _plan_job(services: ApiServices, actor: Any, body: PlanRequest, wait: float)
 
 @router.get("", operation_id="listPlans", response_model=PlanList,
             summary="plans, newest first (by id); a page at a time (`next`)", responses=COMMON_RESPONSES)
-def list_plans(request: Request, response: Response, limit: int = Query(default=20, ge=1, le=500),
+def list_plans(request: Request, services: Services, response: Response,
+               limit: int = Query(default=20, ge=1, le=500),
                state: list[PlanState] | None = Query(default=None, description="only plans in these states "
                                                      "(repeatable; default: every state)"),
                include_empty: bool = Query(default=True, description="false: leave out `empty` plans (runs "
@@ -123,7 +123,7 @@ def list_plans(request: Request, response: Response, limit: int = Query(default=
     wanted = None if set(states) == set(PLAN_STATES) else sorted(states)
     filters = {"state": wanted or [], "all": wanted is None}
     before = decode(cursor, "plans", filters, int_key)
-    plans, last = request.app.state.services.container.pages.plans(limit=limit, before_id=before, states=wanted)
+    plans, last = services.container.pages.plans(limit=limit, before_id=before, states=wanted)
     return {"plans": [with_api_times(plan, "created_at") for plan in plans],
             **paged(request, response, "plans", filters, None if last is None else [last])}
 
@@ -131,8 +131,8 @@ def list_plans(request: Request, response: Response, limit: int = Query(default=
 @router.get("/{plan_id}", operation_id="getPlan", response_model=PlanView,
             summary="a plan: actions, reasons, predicted gain, outcome",
             responses={**COMMON_RESPONSES, **NOT_FOUND})
-def get_plan(request: Request, plan_id: int = Path(ge=1, le=2**31 - 1)) -> dict[str, Any]:
-    plan = plan_store(request.app.state.services).get(plan_id)
+def get_plan(services: Services, plan_id: int = Path(ge=1, le=2**31 - 1)) -> dict[str, Any]:
+    plan = plan_store(services).get(plan_id)
     if plan is None:
         raise ApiError(404, "not-found", f"plan {plan_id} does not exist", {"plan": plan_id})
     return plan_view(plan)
@@ -141,8 +141,8 @@ def get_plan(request: Request, plan_id: int = Path(ge=1, le=2**31 - 1)) -> dict[
 @router.post("/{plan_id}/apply", operation_id="applyPlan", status_code=202, response_model=JobAccepted,
              summary="apply a proposed plan (a background job); 409 if it is already applied or applying",
              responses={**COMMON_RESPONSES, **NOT_FOUND, **CONFLICT})
-def apply_plan(request: Request, response: Response, plan_id: int = Path(ge=1, le=2**31 - 1)) -> dict[str, Any]:
-    services = request.app.state.services
+def apply_plan(request: Request, services: Services, response: Response,
+               plan_id: int = Path(ge=1, le=2**31 - 1)) -> dict[str, Any]:
     actor = api_actor(request)
     job = start_apply(services, plan_id, actor.token, actor.token_id)
     audit(services, actor, action="rebalance-apply-queued", message=f"plan {plan_id}: job {job.id} queued",
@@ -154,12 +154,11 @@ def apply_plan(request: Request, response: Response, plan_id: int = Path(ge=1, l
              summary="cancel a plan: at once if proposed or approved, before its next action if running "
                      "(done actions stay applied); 409 if it is already final",
              responses={**COMMON_RESPONSES, **NOT_FOUND, **CONFLICT})
-def cancel_plan(request: Request, body: PlanCancelRequest | None = None,
+def cancel_plan(request: Request, services: Services, body: PlanCancelRequest | None = None,
                 plan_id: int = Path(ge=1, le=2**31 - 1)) -> dict[str, Any]:
     from vmplacer.app.rebalance.rebalancer import PlanNotFound, PlanStateError, RebalanceError
     from vmplacer.app.rebalance.rebalancer import cancel_plan as cancel
 
-    services = request.app.state.services
     actor = api_actor(request)
     try:
         done = cancel(plan_store(services), plan_id, by=actor.name,
@@ -198,15 +197,6 @@ def cancel_plan_of_job(services: ApiServices, actor: Any, job: Any) -> None:
 APPLY_JOB = "apply-plan"
 
 
-def build_rebalancer(services: ApiServices, holder: str) -> Rebalancer:
-    """The rebalancer as the CLI builds it (stored model, learning, vCPU demand, probes),
-    acting under `holder` in the host leases; the trials of the plans it applies are counted in
-    this instance's metrics."""
-    from vmplacer.bootstrap.rebalance import build_rebalancer as compose
-
-    return compose(services.container, holder=holder, on_trial=services.metrics.rebalance_trial)
-
-
 def plan_store(services: ApiServices) -> PlanStore:
     return services.container.plan_store
 
@@ -224,7 +214,7 @@ def make_plan(services: ApiServices, hosts: list[str] | None, max_actions: int |
 
     names = plan_request_hosts(services, hosts, drain)
     notes: list[str] = []
-    rebalancer = build_rebalancer(services, f"api:{created_by}@{services.instance}")
+    rebalancer = services.rebalancer(f"api:{created_by}@{services.instance}")
     try:
         plan = rebalancer.make_plan(names, max_actions=max_actions, scope=scope or ("*",), notes=notes,
                                     drain=drain, need_a_host=True)
@@ -317,7 +307,7 @@ def apply_handler(services: ApiServices) -> Handler:
         ctx.progress(0.0, f"applying plan {plan_id}")
         from vmplacer.api.actors import ApiActor, acting_store
 
-        rebalancer = build_rebalancer(services, services.instance)  # the runner's lease holder
+        rebalancer = services.rebalancer(services.instance)  # the runner's lease holder
         ttl = services.options.lease_ttl_s
         token_id = params.get("token_id")
         actor = ApiActor(ctx.job.created_by, token_id if isinstance(token_id, int) else None, services.instance)

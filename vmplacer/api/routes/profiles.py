@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 from fastapi import APIRouter, Path, Query, Request, Response
 from pydantic_core import PydanticCustomError
 
+from vmplacer.api.deps import SensitiveSpecError, Services, compose_profiler_config
 from vmplacer.api.actors import api_actor, audit
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, HOST_ERROR, NOT_FOUND, ApiError, field_problems
 from vmplacer.api.fields import DOMAIN_NAME_MAX_BYTES, DOMAIN_NAME_PATTERN, DOMAIN_NAME_RULE, check_domain_name
@@ -34,8 +35,7 @@ router = APIRouter(prefix="/v1/profiles", tags=["profiles"], route_class=StrictJ
 @router.post("", operation_id="startProfile", status_code=202, response_model=JobAccepted,
              summary="start Freeze'nSense on a host (a background job; poll GET /v1/jobs/{id})",
              responses={**COMMON_RESPONSES, **CONFLICT, **HOST_ERROR})
-def start_profile(request: Request, body: ProfileRequest, response: Response) -> dict[str, Any]:
-    services = request.app.state.services
+def start_profile(request: Request, services: Services, body: ProfileRequest, response: Response) -> dict[str, Any]:
     actor = api_actor(request)
     host = Placer(services).configured(body.host)  # 422 for an unknown host; default: the first
     params = body.model_dump()
@@ -53,7 +53,7 @@ def start_profile(request: Request, body: ProfileRequest, response: Response) ->
 @router.get("/{guest}", operation_id="getProfile", response_model=ProfileView,
             summary="a VM's ζ (shared), ζb (neighbours frozen) and degradation distributions",
             responses={**COMMON_RESPONSES, **NOT_FOUND})
-def get_profile(request: Request,
+def get_profile(services: Services,
                 guest: str = Path(min_length=1, max_length=DOMAIN_NAME_MAX_BYTES, description=DOMAIN_NAME_RULE,
                                   json_schema_extra={"pattern": DOMAIN_NAME_PATTERN}),
                 run_id: int | None = Query(default=None, ge=1, le=2**31 - 1),
@@ -62,7 +62,7 @@ def get_profile(request: Request,
         check_domain_name(guest)
     except PydanticCustomError as exc:
         raise ApiError(422, "validation", f"field guest: {exc}", field_problems([("guest", str(exc))])) from None
-    return stored_profile(request.app.state.services, guest, run_id, host)
+    return stored_profile(services, guest, run_id, host)
 
 
 # ----- the resource's work beyond HTTP
@@ -71,15 +71,12 @@ PROFILE_JOB = "profile"
 
 def profiler_config(params: dict[str, Any], settings: Any) -> ProfilerConfig:
     """ProfilerConfig from request parameters and the settings' defaults; 422 naming the field."""
-    from vmplacer.bootstrap.profiler_config import SensitiveSpecError
-    from vmplacer.bootstrap.profiler_config import profiler_config as compose
-
     samples = params.get("samples")
     duration = params.get("duration_s")
     if samples is None and duration is None:
         samples = 20
     try:
-        return compose(
+        return compose_profiler_config(
             settings.profiler,
             t_m_s=params["t_m_ms"] / 1e3 if params.get("t_m_ms") else None,
             t_sleep_s=params.get("t_sleep_s"),
@@ -140,7 +137,6 @@ class _Progress:
 def profile_handler(services: ApiServices):
     def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         from vmplacer.app.observe.profiler import ProfilerError
-        from vmplacer.bootstrap.profiler import build_profiler
 
         host = params["host"]
         try:
@@ -149,8 +145,8 @@ def profile_handler(services: ApiServices):
             raise JobFailed(exc.message, code="invalid", details=exc.details) from None
         ctx.progress(0.0, f"starting on host {host}")
         try:
-            profiler, freezer = build_profiler(services.container, host, config, metric=params.get("metric"),
-                                               on_progress=_Progress(ctx, config.samples, config.duration_s))
+            profiler, freezer = services.profiler(host, config, metric=params.get("metric"),
+                                                  on_progress=_Progress(ctx, config.samples, config.duration_s))
         except HypervisorError as exc:
             services.metrics.libvirt_error(exc)
             raise JobFailed(str(exc), code="host-unavailable", details={"host": exc.host or host}) from None
@@ -203,10 +199,9 @@ class CancelFlag:
 def stored_profile(services: ApiServices, guest: str, run_id: int | None, host: str | None) -> dict[str, Any]:
     """ζ, ζb and degradation distributions of one VM from the stored samples of one run
     (the newest run holding samples of it, unless `run_id` says which)."""
-    from vmplacer.bootstrap.profiler import profile_store
     from vmplacer.core.model.profile_stats import stored_summary
 
-    store = profile_store(services.container)
+    store = services.container.profile_store
     run = store.run(run_id) if run_id is not None else store.latest_run_with([guest], host)
     if run is None or (host is not None and run.host != host):
         what = f"run {run_id}" if run_id is not None else f"a profiling run with samples of {guest}"

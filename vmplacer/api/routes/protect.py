@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 from fastapi import APIRouter, Path, Request, Response
 
+from vmplacer.api.deps import Services
 from vmplacer.api.actors import api_actor, audit
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, NOT_FOUND, ApiError
 from vmplacer.api.placing import Placer
@@ -52,8 +53,7 @@ def _protect_job(services: ApiServices, job_id: str) -> JobRecord:
 @router.post("", operation_id="startProtection", status_code=202, response_model=JobAccepted,
              summary="start the protection loop on a host (a job that runs until DELETE /v1/protect/{id})",
              responses={**COMMON_RESPONSES, **CONFLICT})
-def start_protect(request: Request, body: ProtectRequest, response: Response) -> dict[str, Any]:
-    services = request.app.state.services
+def start_protect(request: Request, services: Services, body: ProtectRequest, response: Response) -> dict[str, Any]:
     actor = api_actor(request)
     host = Placer(services).configured(body.host)  # 422 for an unknown host; default: the first
     check_can_queue(services, PROTECT_JOB, host, "protection")
@@ -67,8 +67,7 @@ def start_protect(request: Request, body: ProtectRequest, response: Response) ->
 @router.get("/{job_id}", operation_id="getProtection", response_model=ProtectView,
             summary="a protection job and, per protected guest, what its loop last saw; the throttles in force",
             responses={**COMMON_RESPONSES, **NOT_FOUND})
-def get_protect(request: Request, job_id: str = Path(pattern=JOB_ID, max_length=36)) -> dict[str, Any]:
-    services = request.app.state.services
+def get_protect(services: Services, job_id: str = Path(pattern=JOB_ID, max_length=36)) -> dict[str, Any]:
     job = _protect_job(services, job_id)
     host = job.hosts[0]
     return {"job": job_view(job), "host": host, **protect_status(services, host)}
@@ -79,9 +78,8 @@ def get_protect(request: Request, job_id: str = Path(pattern=JOB_ID, max_length=
                "once; a running one releases every throttle it holds on the host, then finishes (follow it at "
                "/v1/jobs/{id}; /v1/protect/{id} is 404 from now on)",
                responses={**COMMON_RESPONSES, **NOT_FOUND, **CONFLICT})
-def stop_protect(request: Request, response: Response,
+def stop_protect(request: Request, services: Services, response: Response,
                  job_id: str = Path(pattern=JOB_ID, max_length=36)) -> dict[str, Any]:
-    services = request.app.state.services
     actor = api_actor(request)
     job = _protect_job(services, job_id)
     if job.done:
@@ -109,18 +107,16 @@ def stop_requested(services: ApiServices, job_id: str) -> dict[str, Any] | None:
 
 
 def protect_handler(services: ApiServices, build: Any = None) -> Handler:
-    """`build(container, host, **options)` makes the loop (default: bootstrap.protect's)."""
+    """`build(container, host, **options)` makes the loop (default: the services' `protect_loop`)."""
 
     def run(params: dict[str, Any], ctx: JobContext) -> dict[str, Any]:
         host = params["host"]
-        compose = build
-        if compose is None:
-            from vmplacer.bootstrap.protect import build_protect_loop as compose
+        options = {"scope": tuple(params.get("scope") or ("*",)), "samples": int(params.get("samples") or 5),
+                   "t_m_s": None if params.get("t_m_ms") is None else float(params["t_m_ms"]) / 1e3,
+                   "holder": services.instance}
         try:
-            loop = compose(services.container, host, scope=tuple(params.get("scope") or ("*",)),
-                           samples=int(params.get("samples") or 5),
-                           t_m_s=None if params.get("t_m_ms") is None else float(params["t_m_ms"]) / 1e3,
-                           holder=services.instance)
+            loop = services.protect_loop(host, **options) if build is None else \
+                build(services.container, host, **options)
         except HypervisorError as exc:
             services.metrics.libvirt_error(exc)
             raise JobFailed(str(exc), code="host-unavailable", details={"host": exc.host or host}) from None

@@ -16,7 +16,8 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 
-from vmplacer.api.actors import acting_store, api_actor
+from vmplacer.api.deps import Services
+from vmplacer.api.actors import api_actor
 from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, ApiError
 from vmplacer.api.schemas import ReconcileRequest, ReconcileView
 from vmplacer.api.strict_json import StrictJsonRoute
@@ -27,10 +28,9 @@ router = APIRouter(prefix="/v1/reconcile", tags=["reconcile"], route_class=Stric
 @router.post("", operation_id="reconcileHosts", response_model=ReconcileView,
              summary="release records of domains undefined or moved outside vmplacer, follow libvirt's states",
              responses={**COMMON_RESPONSES, **CONFLICT})
-def reconcile(request: Request, body: ReconcileRequest) -> dict[str, Any]:
+def reconcile(request: Request, services: Services, body: ReconcileRequest) -> dict[str, Any]:
     from vmplacer.app.observe.reconcile import ReconcileError
 
-    services = request.app.state.services
     actor = api_actor(request)
     names = list(dict.fromkeys(body.hosts)) if body.hosts else services.host_names
     unknown = sorted(set(names) - set(services.host_names))
@@ -39,7 +39,9 @@ def reconcile(request: Request, body: ReconcileRequest) -> dict[str, Any]:
         raise ApiError(422, "validation", f"field hosts: {reason}",
                        [{"field": "hosts", "rule": "not_configured", "reason": reason}])
     holder = f"api:{actor.token}@{services.instance}:{socket.gethostname()}:{os.getpid()}"
-    reconciler = services.container.reconciler(holder, acting_store(services, actor))
+    # the store auditing as the caller, as `actors.acting_store` builds it (typed as the container takes it)
+    reconciler = services.container.reconciler(holder, services.container.placement_store_as(actor.name,
+                                                                                              actor.detail()))
     try:
         report = reconciler.run(
             names, dry_run=body.dry_run, planned_grace_s=body.reservation_grace_s, settle_s=body.settle_s)
