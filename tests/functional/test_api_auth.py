@@ -112,9 +112,8 @@ def test_revoked_token_stops_working(database_url, tmp_path):
 
 
 def tokens_audit(container):  # type: ignore[no-untyped-def]
-    from vmplacer.adapters.db.api import audit_entries
-
-    return audit_entries(container.sessions)
+    entries, _ = container.pages.audit(limit=100)
+    return entries
 
 
 def test_tokens_are_stored_only_as_hashes(database_url, tmp_path):

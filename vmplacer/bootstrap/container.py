@@ -10,7 +10,6 @@ database only through the stores and queries exposed here.
 from __future__ import annotations
 
 import threading
-from datetime import datetime
 from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
@@ -262,14 +261,6 @@ class Container:
         from vmplacer.adapters.db.pages import SqlPages
 
         return SqlPages(self.sessions)
-
-    def audit_entries(self, *, limit: int = 100, since: datetime | None = None, host: str | None = None,
-                      guest: str | None = None, action: str | None = None,
-                      before_id: int | None = None) -> list[dict[str, Any]]:
-        from vmplacer.adapters.db.api import audit_entries
-
-        return audit_entries(self.sessions, limit=limit, since=since, host=host, guest=guest, action=action,
-                             before_id=before_id)
 
     def placement_records(self, host: str | None = None, limit: int = 1000) -> list[dict[str, Any]]:
         from vmplacer.adapters.db.api import placement_records

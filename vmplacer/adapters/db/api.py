@@ -353,31 +353,6 @@ class SqlJobStore:
             return {(kind, status): int(n) for kind, status, n in rows}
 
 
-# ----- audit log reading (the API's filters) ------------------------------------------------------------
-
-
-def audit_entries(sessions: sessionmaker[Session], *, limit: int = 100, since: datetime | None = None,
-                  host: str | None = None, guest: str | None = None, action: str | None = None,
-                  before_id: int | None = None) -> list[dict[str, Any]]:
-    query = select(AuditRow).order_by(AuditRow.id.desc()).limit(limit)
-    if since is not None:
-        query = query.where(AuditRow.at >= since)
-    if host is not None:
-        query = query.where(AuditRow.host == host)
-    if guest is not None:
-        query = query.where(AuditRow.guest == guest)
-    if action is not None:
-        query = query.where(AuditRow.action == action)
-    if before_id is not None:
-        query = query.where(AuditRow.id < before_id)
-    with sessions() as session:
-        return [
-            {"id": row.id, "at": _epoch(row.at), "actor": row.actor, "action": row.action, "host": row.host,
-             "guest": row.guest, "outcome": row.outcome, "message": row.message, "detail": row.detail or {}}
-            for row in session.scalars(query)
-        ]
-
-
 # ----- placements listing (the API's GET /v1/placements) -------------------------------------------------
 
 
