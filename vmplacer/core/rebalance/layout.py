@@ -17,6 +17,7 @@ from dataclasses import dataclass, replace
 import numpy as np
 
 from vmplacer.core.model.interference import MULTIPLICATIVE, InterferenceModel, Tenant, distance_matrix, remaining
+from vmplacer.core.rebalance import layout_moves
 from vmplacer.core.rebalance.layout_problem import utility  # noqa: F401  (the search imports it from here)
 from vmplacer.core.rebalance.state import EXCLUSIVE, FIXED, GuestState, HostState
 
@@ -165,6 +166,8 @@ class LayoutPieces:
     # (loss of each piece as the layout stands, [pCPU, piece]: interference from each pCPU's pieces
     # at their full demand), cached for `HostLayout._moved_loss`
     by_cpu: tuple[np.ndarray, np.ndarray] | None = None
+    # per-guest sums one-vCPU moves on big layouts are judged from (`layout_moves.GuestSums`), cached
+    guest_sums: object | None = None
     matrix: np.ndarray | None = None  # interference between pieces, computed on first use
     current: tuple[np.ndarray, np.ndarray] | None = None  # `perf` of the layout itself, cached
     identities: tuple[tuple[str, str], ...] = ()  # model identity of each key index
@@ -661,6 +664,13 @@ class HostLayout:
             return (joined[0], joined[1],
                     None if blind_parts[0] is None else np.concatenate(blind_parts))  # type: ignore[arg-type]
         self.work += len(targets) * len(pieces.cpu)
+        if layout_moves.applies(self, pieces) and bool((targets != pieces.cpu[moved]).all()):
+            perf, linear = layout_moves.moves_perf(self, pieces, moved, targets)
+            if blind is None:
+                return perf, linear, None
+            if blind.table is None:
+                return perf, linear, linear
+            return perf, linear, layout_moves.moves_perf(self, blind, moved, targets)[0]
         cpu, granted, linear = self._moved_shares_many(pieces, moved, targets, blocks)
         if pieces.table is None:
             return linear, linear, None if blind is None else linear
@@ -811,12 +821,44 @@ class HostLayout:
             self.holds(pieces)
         return pieces.terms
 
-    def _pair_terms(self, pieces: LayoutPieces) -> PairTerms:
+    def pair_keys(self, pieces: LayoutPieces) -> list[tuple[str, int, int]]:
+        """`pair_terms`' keys alone: each piece's (guest, vCPU, pCPU), cached."""
         if pieces.piece_keys is None:
             guests, cpus = pieces.guests, self.cpus
             pieces.piece_keys = [(guests[g], v, cpus[c]) for g, v, c in
                                  zip(pieces.vm.tolist(), pieces.vcpu.tolist(), pieces.cpu.tolist())]
-        keys = pieces.piece_keys
+        return pieces.piece_keys
+
+    def pair_lines(self, pieces: LayoutPieces, which: np.ndarray, columns: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The rows of `pair_terms`' terms and confidences for the pieces `which` (with `columns`:
+        their columns, one line per piece): the same entries, looked up for those pieces alone —
+        O(len(which) × P), no P × P array — unless the whole arrays are already at hand."""
+        if pieces.terms is not None:
+            _, terms, conf = pieces.terms
+            return (terms[:, which].T, conf[:, which].T) if columns else (terms[which], conf[which])
+        size = len(self.pair_keys(pieces))
+        if pieces.table is None or not size:
+            zero = np.zeros((len(which), size))
+            return zero, zero
+        granted, scale = self._pair_scale(pieces)
+        conf_table = self.betas.confidence_tensor(list(pieces.identities))
+        assert conf_table is not None
+        cpu, key, vm = pieces.cpu, pieces.key, pieces.vm
+        k = pieces.table.shape[1]
+        if columns:  # [x, j]: what piece j of `which` does to every x
+            dist = self.dist[cpu[:, None], cpu[which][None, :]]
+            index = dist * (k * k) + key[which][None, :] * k + key[:, None]
+            other = (vm[:, None] != vm[which][None, :]) & (dist != 0)
+            terms = scale[:, None] * np.where(other, pieces.table.reshape(-1)[index], 0.0) * granted[which][None, :]
+            return terms.T, conf_table.reshape(-1)[index].T
+        dist = self.dist[cpu[which][:, None], cpu[None, :]]  # [j, y]: what every y does to piece j
+        index = dist * (k * k) + key[None, :] * k + key[which][:, None]
+        other = (vm[None, :] != vm[which][:, None]) & (dist != 0)
+        terms = scale[which][:, None] * np.where(other, pieces.table.reshape(-1)[index], 0.0) * granted[None, :]
+        return terms, conf_table.reshape(-1)[index]
+
+    def _pair_terms(self, pieces: LayoutPieces) -> PairTerms:
+        keys = self.pair_keys(pieces)
         if pieces.table is None or not keys:
             zero = np.zeros((len(keys), len(keys)))
             return keys, zero, zero
@@ -922,6 +964,7 @@ def _unload(pieces: LayoutPieces) -> None:
     """`pieces` without what was computed from it (the pieces themselves stay)."""
     pieces.matrix = pieces.terms = pieces.spread = pieces.by_cpu = None
     pieces.reach = pieces.load = None
+    pieces.guest_sums = None
     pieces.blind = pieces.parent = None
     pieces.current = None
     pieces.blind_base = None
@@ -944,7 +987,7 @@ def _derived(base: LayoutPieces, moved: Mapping[tuple[str, int], int]) -> Layout
     if base.blind is not None:
         base.blind.parent = None
     return replace(base, cpu=cpu, matrix=None, current=None, blind=None, terms=None, spread=None, load=None,
-                   blind_base=None, reach=None, piece_keys=None, by_cpu=None,
+                   blind_base=None, reach=None, piece_keys=None, by_cpu=None, guest_sums=None,
                    parent=(base, changed) if base.matrix is not None else None)
 
 

@@ -9,7 +9,7 @@ and taken back (`try_move`); the search (core/rebalance/search.py) applies the o
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -17,7 +17,7 @@ import numpy as np
 from vmplacer.core.placement.guest_placement import GuestCell, Placement
 from vmplacer.core.placement.occupancy import HostUsage, memory_by_node
 from vmplacer.core.rebalance.draft import Draft, PlanInputs
-from vmplacer.core.rebalance.layout import HostLayout, LayoutPieces, PairTerms, layout_confidences, utility
+from vmplacer.core.rebalance.layout import HostLayout, LayoutPieces, layout_confidences, utility
 from vmplacer.core.rebalance.state import EXCLUSIVE, FIXED, FLOATING, PINNED, GuestState
 
 
@@ -149,7 +149,7 @@ def blind_view(inputs: PlanInputs, pieces: LayoutPieces) -> LayoutPieces | None:
         pieces.blind = replace(pieces, key=np.zeros_like(pieces.key), table=inputs.betas.prior, matrix=None,
                                current=None, blind=None, terms=None, spread=None,
                                load=None, blind_base=None, slots=None, parent=parent, piece_keys=None,
-                               by_cpu=None)
+                               by_cpu=None, guest_sums=None)
     return pieces.blind
 
 
@@ -282,22 +282,23 @@ def _assess(draft: Draft, inputs: PlanInputs, move: CandidateMove) -> None:
     is not sure.
     """
     hosts = sorted({draft.host_of[c.guest] for c in move.changes} | {c.host for c in move.changes})
-    before = [_terms_and_factors(draft.hosts[h]) for h in hosts]
+    before = [_keys_and_factors(draft.hosts[h]) for h in hosts]
     prior_before = sum(_prior_interference(inputs, draft.hosts[h]) for h in hosts)
     undo = try_move(draft, move)
     try:
-        after = [_terms_and_factors(draft.hosts[h]) for h in hosts]
+        after = [_keys_and_factors(draft.hosts[h]) for h in hosts]
         prior_after = sum(_prior_interference(inputs, draft.hosts[h]) for h in hosts)
     finally:
         undo()
     move.prior_gain = prior_after - prior_before
     total = weighted = 0.0
-    for (terms_b, factors_b), (terms_a, factors_a) in zip(before, after):
-        changed = changed_pieces(terms_b[0], factors_b, terms_a[0], factors_a)
+    # each layout's evaluation stands on its own pieces: read after the move is taken back
+    for (host_b, pieces_b, keys_b, factors_b), (host_a, pieces_a, keys_a, factors_a) in zip(before, after):
+        changed = changed_pieces(keys_b, factors_b, keys_a, factors_a)
         if changed is not None:
-            found = pair_change_sums(*terms_b, *terms_a, changed)
+            found = pair_line_sums(keys_b, _lines_of(host_b, pieces_b), keys_a, _lines_of(host_a, pieces_a), changed)
         else:
-            change, trust = pair_changes(*terms_b, *terms_a)
+            change, trust = pair_changes(*host_b.pair_terms(pieces_b), *host_a.pair_terms(pieces_a))
             if change is None:
                 continue
             found = float(change.sum()), float(np.multiply(change, trust, out=trust).sum())
@@ -306,13 +307,25 @@ def _assess(draft: Draft, inputs: PlanInputs, move: CandidateMove) -> None:
     move.confidence = weighted / total if total > EPS else 1.0
 
 
-def _terms_and_factors(host: HostLayout) -> tuple[PairTerms, np.ndarray]:
-    """The host's pair terms as it stands, and per piece the two factors its row and column of
-    terms are made of besides the pair's coefficient (its objective scale and granted share)."""
+def _keys_and_factors(host: HostLayout) -> tuple[HostLayout, LayoutPieces, list, np.ndarray]:
+    """The host's layout as it stands: its pieces, their pair-term keys, and per piece the two
+    factors its row and column of pair terms are made of besides the pair's coefficient (its
+    granted share and objective scale) — what tells which pieces' terms a move changes."""
     pieces = host.pieces()
-    terms = host.pair_terms(pieces)
     granted, scale = host.pair_factors(pieces)
-    return terms, np.stack([granted, scale], axis=1)
+    return host, pieces, host.pair_keys(pieces), np.stack([granted, scale], axis=1)
+
+
+Lines = Callable[[np.ndarray, bool], tuple[np.ndarray, np.ndarray]]
+
+
+def _lines_of(host: HostLayout, pieces: LayoutPieces) -> Lines:
+    """The rows (or columns) of a layout's pair terms and confidences, for the pieces asked."""
+    return lambda which, columns: host.pair_lines(pieces, which, columns)
+
+
+def _array_lines(terms: np.ndarray, conf: np.ndarray) -> Lines:
+    return lambda which, columns: (terms[:, which].T, conf[:, which].T) if columns else (terms[which], conf[which])
 
 
 # a move that changes more pieces than this share of a layout is judged on the whole pair arrays
@@ -340,9 +353,15 @@ def changed_pieces(keys_b: list, factors_b: np.ndarray, keys_a: list, factors_a:
 
 def pair_change_sums(keys_b: list, terms_b: np.ndarray, conf_b: np.ndarray, keys_a: list, terms_a: np.ndarray,
                      conf_a: np.ndarray, changed: np.ndarray) -> tuple[float, float]:
+    """`pair_line_sums` of two layouts whose whole pair arrays are at hand."""
+    return pair_line_sums(keys_b, _array_lines(terms_b, conf_b), keys_a, _array_lines(terms_a, conf_a), changed)
+
+
+def pair_line_sums(keys_b: list, lines_b: Lines, keys_a: list, lines_a: Lines,
+                   changed: np.ndarray) -> tuple[float, float]:
     """(Σ |after − before|, Σ |after − before| · least confidence) over the pairs that have a
     `changed` piece (`changed_pieces`): `pair_changes`' sums without its union × union arrays,
-    in O(changed × pieces)."""
+    in O(changed × pieces), reading only the changed pieces' rows and columns."""
     nb, n = len(keys_b), len(changed)
     union = dict(zip(keys_b, range(nb)))
     for k in keys_a:
@@ -352,15 +371,13 @@ def pair_change_sums(keys_b: list, terms_b: np.ndarray, conf_b: np.ndarray, keys
     where_a[index] = np.arange(len(keys_a))
     rows = np.flatnonzero(changed)
 
-    def lines(terms: np.ndarray, conf: np.ndarray, at: np.ndarray, placed: np.ndarray,
-              transpose: bool) -> tuple[np.ndarray, np.ndarray]:
+    def lines(read: Lines, at: np.ndarray, placed: np.ndarray, transpose: bool) -> tuple[np.ndarray, np.ndarray]:
         """The changed pieces' rows (or columns) of one layout, spread over the union's pieces."""
         value, trust = np.zeros((len(rows), n)), np.ones((len(rows), n))
         present = at[rows] >= 0
         if present.any():
             mine = at[rows][present]
-            got_t = (terms[:, mine].T if transpose else terms[mine])
-            got_c = (conf[:, mine].T if transpose else conf[mine])
+            got_t, got_c = read(mine, transpose)
             value[np.ix_(np.flatnonzero(present), placed)] = got_t
             trust[np.ix_(np.flatnonzero(present), placed)] = np.where(got_t != 0, got_c, 1.0)
         return value, trust
@@ -368,8 +385,8 @@ def pair_change_sums(keys_b: list, terms_b: np.ndarray, conf_b: np.ndarray, keys
     where_b = np.where(np.arange(n) < nb, np.arange(n), -1)
     total = weighted = 0.0
     for transpose in (False, True):
-        value_b, trust_b = lines(terms_b, conf_b, where_b, np.arange(nb), transpose)
-        value_a, trust_a = lines(terms_a, conf_a, where_a, index, transpose)
+        value_b, trust_b = lines(lines_b, where_b, np.arange(nb), transpose)
+        value_a, trust_a = lines(lines_a, where_a, index, transpose)
         change = np.abs(value_a - value_b)
         trust = np.minimum(np.minimum(trust_a, trust_b), 1.0)
         if transpose:  # pairs of two changed pieces are counted with the rows

@@ -1,0 +1,150 @@
+"""One-vCPU moves judged per guest (`core/rebalance/layout_moves.py`) predict what the
+piece-by-piece arithmetic predicts: the same random hosts — pinned guests beside guests floating
+over the host, a node, a set, and vCPUs each their own — scored both ways, every one-vCPU move to
+every other pCPU, with the model's table and the blind view's, compared to 1e-9 relative."""
+
+from __future__ import annotations
+
+import random
+
+import numpy as np
+import pytest
+
+from tests.unit.test_rebalance_big_layouts import host_state, model
+from vmplacer.core.placement.guest_placement import Placement
+from vmplacer.core.rebalance import layout as layout_module
+from vmplacer.core.rebalance import layout_moves
+from vmplacer.core.rebalance.layout import BetaTable, HostLayout
+from vmplacer.core.rebalance.policy import ClusterState, HostState, RebalanceSettings, describe_guest, plan_rebalance
+from vmplacer.core.topology.host import uniform_topology
+
+
+def _layout(state: ClusterState, fitted, merge: bool) -> HostLayout:
+    host = HostLayout(state.hosts["h"], BetaTable(fitted))
+    for guest in state.guests.values():
+        host.add(guest, guest.placement.vcpupin)
+    return host
+
+
+def _moves(host: HostLayout, pieces) -> tuple[np.ndarray, np.ndarray]:
+    slots = pieces.slot_of()
+    moves = [(piece, target) for _, piece in sorted(slots.items())
+             for target in range(len(host.cpus)) if target != pieces.cpu[piece]]
+    return (np.array([m for m, _ in moves], dtype=np.int64), np.array([t for _, t in moves], dtype=np.int64))
+
+
+def _blind(host: HostLayout, pieces):
+    return layout_module.replace(pieces, key=np.zeros_like(pieces.key), table=host.betas.prior, matrix=None,
+                                 current=None, blind=None, terms=None, spread=None, load=None, by_cpu=None,
+                                 guest_sums=None)
+
+
+def _scored(host: HostLayout, threshold: int, monkeypatch) -> tuple[np.ndarray, ...] | None:
+    monkeypatch.setattr(layout_moves, "PER_GUEST_ABOVE", threshold)
+    pieces = host.pieces()
+    moved, targets = _moves(host, pieces)
+    if not len(moved):
+        return None
+    blind = _blind(host, pieces)
+    blocks = [(i, i + 1) for i in range(len(moved))]
+    return host.perf_moves_blind_many(pieces, blind, moved, targets, blocks)
+
+
+def _assert_same(new, old) -> None:
+    for got, want in zip(new, old):
+        np.testing.assert_allclose(got, want, rtol=1e-9, atol=1e-12)
+
+
+@pytest.mark.parametrize("merge", [False, True])
+@pytest.mark.parametrize("seed", range(24))
+def test_moves_per_guest_equal_piece_by_piece(seed: int, merge: bool, monkeypatch) -> None:
+    monkeypatch.setattr(layout_module, "MERGE_ABOVE", 0 if merge else 10**9)
+    state = host_state(seed, guests=random.Random(seed).randint(4, 14))
+    fitted = model(seed)
+    old = _scored(_layout(state, fitted, merge), 10**9, monkeypatch)
+    host = _layout(state, fitted, merge)
+    new = _scored(host, 0, monkeypatch)
+    if old is None:
+        assert new is None
+        return
+    assert layout_moves.applies(host, host.pieces())
+    assert isinstance(host.pieces().guest_sums, layout_moves.GuestSums)  # the per-guest path answered
+    _assert_same(new, old)
+
+
+def _crowded(seed: int, guests: int) -> ClusterState:
+    """A 2 × 4 × 2 host overcommitted: pinned one-vCPU guests stacked on a few pCPUs beside
+    guests floating over the host and over a node, loads from idle to full."""
+    rng = random.Random(seed)
+    topology = uniform_topology(nodes=2, cores_per_node=4, threads_per_core=2, name="h")
+    cpus = sorted(topology.cpus)
+    node0 = frozenset(c for c in cpus if topology.cpus[c].node == 0)
+    states = {}
+    for index in range(guests):
+        kind = index % 3
+        pins = ({0: frozenset({rng.choice(cpus[:4])})} if kind == 0 else
+                {v: frozenset() for v in range(2)} if kind == 1 else {v: node0 for v in range(3)})
+        placement = Placement(guest=f"g{index}", host="h", vcpupin=pins, memory_kib=1024 * 1024)
+        states[f"g{index}"] = describe_guest(placement, labels={"workload": rng.choice("abcd"),
+                                                                "load": f"{rng.uniform(0.0, 1.0):.2f}"})
+    return ClusterState({"h": HostState("h", topology)}, states)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_overcommitted_hosts_equal_piece_by_piece(seed: int, monkeypatch) -> None:
+    state = _crowded(seed, guests=18)
+    fitted = model(seed)
+    old = _scored(_layout(state, fitted, False), 10**9, monkeypatch)
+    new = _scored(_layout(state, fitted, False), 0, monkeypatch)
+    assert old is not None and new is not None
+    _assert_same(new, old)
+
+
+def test_multiplicative_form_keeps_piece_by_piece(monkeypatch) -> None:
+    monkeypatch.setattr(layout_moves, "PER_GUEST_ABOVE", 0)
+    host = _layout(host_state(3), model(3, form="multiplicative"), False)
+    assert not layout_moves.applies(host, host.pieces())
+
+
+def test_small_layouts_keep_piece_by_piece() -> None:
+    host = _layout(host_state(5), model(5), False)
+    pieces = host.pieces()
+    assert len(pieces.cpu) <= layout_moves.PER_GUEST_ABOVE
+    assert not layout_moves.applies(host, pieces)
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_plans_agree_either_way(seed: int, monkeypatch) -> None:
+    """The planner over a host scored per guest picks the moves it picks scored per piece."""
+    state = host_state(seed, guests=12)
+    fitted = model(seed)
+    plans = []
+    for threshold in (10**9, 0):
+        monkeypatch.setattr(layout_moves, "PER_GUEST_ABOVE", threshold)
+        plan = plan_rebalance(state, fitted, RebalanceSettings(), now=0.0)
+        plans.append(([(a.kind, a.guest, str(a.after)) for a in plan.actions], round(plan.objective_after, 9)))
+    assert plans[0] == plans[1]
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_pair_lines_are_the_pair_terms_entries(seed: int) -> None:
+    """A move's confidence reads the changed pieces' rows and columns of the pair terms alone
+    (`HostLayout.pair_lines`): the very floats of the whole arrays, for the layout and for one
+    derived from it by a move."""
+    host = _layout(host_state(seed, guests=10), model(seed), False)
+    rng = np.random.default_rng(seed)
+    for step in range(2):
+        pieces = host.pieces()
+        size = len(pieces.cpu)
+        which = rng.choice(size, size=min(size, 5), replace=False)
+        lines = [host.pair_lines(pieces, which, columns) for columns in (False, True)]
+        _, terms, conf = host.pair_terms(pieces)
+        assert np.array_equal(lines[0][0], terms[which]) and np.array_equal(lines[0][1], conf[which])
+        assert np.array_equal(lines[1][0], terms[:, which].T) and np.array_equal(lines[1][1], conf[:, which].T)
+        slots = sorted(pieces.slot_of())
+        if not slots or step:
+            break
+        name, vcpu = slots[0]
+        pins = dict(host.pins[name])
+        pins[vcpu] = frozenset({host.cpus[-1]})
+        host.set_pins(name, pins)

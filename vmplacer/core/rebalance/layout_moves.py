@@ -1,0 +1,197 @@
+"""One-vCPU moves on big layouts, judged per guest instead of per piece.
+
+The search scores every pinned vCPU's move to every pCPU it may take. Scored piece by piece, a
+candidate costs O(pieces) — on a host of floating guests, thousands of pieces, each re-weighed
+for each of thousands of candidates. But a move changes little: the moved piece's pCPU, and
+the time shares of the pieces on the two pCPUs whose load changed. In the additive form a
+guest's performance is Σ g·(1 − Σ β·g) over its pieces, which is linear in what changed, so
+every other piece's part comes from per-guest sums made once per layout (what each guest
+suffers from each pCPU's load, and from a unit of each workload on each pCPU); only the pieces
+on the two pCPUs are weighed again. A candidate then costs O(guests + pieces on two pCPUs).
+
+The results equal `HostLayout.perf_moves_blind_many`'s piece-by-piece arithmetic to rounding
+(tests/unit/test_layout_moves.py); the multiplicative form, whose per-piece exponentials do not
+add up, keeps the piece-by-piece path.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from vmplacer.core.rebalance.layout import HostLayout, LayoutPieces
+
+# layouts of more pieces than this judge one-vCPU moves per guest (smaller ones keep the
+# piece-by-piece arithmetic, whose floats the plans of small hosts were made with)
+PER_GUEST_ABOVE = 512
+# candidates × pieces-per-pCPU entries gathered at once (memory stays near 8 MiB an array)
+_CHUNK_CELLS = 1 << 20
+
+
+@dataclass
+class GuestSums:
+    """A layout's sums per guest and pCPU under one β table (module docstring), made once."""
+
+    speed: np.ndarray  # [pCPU]: share of its demand a piece gets there
+    granted: np.ndarray  # [piece]
+    loss: np.ndarray  # [piece]: Σ β·g it suffers
+    by_cpu: np.ndarray  # [pCPU, piece]: Σ β·demand it suffers from that pCPU's pieces
+    kept: np.ndarray  # [guest]: Σ g − Σ g·loss (performance before the ideal)
+    granted_sum: np.ndarray  # [guest]: Σ g
+    from_load: np.ndarray  # [pCPU, guest]: Σ g·by_cpu over the guest's pieces
+    from_unit: np.ndarray  # [pCPU, key, guest]: Σ g·β(a unit of key on that pCPU) over the guest's pieces
+    caused: np.ndarray  # [pCPU, key]: Σ β·g a piece of key on that pCPU would suffer from every piece
+    slots: np.ndarray  # [pCPU, j]: the pieces on each pCPU, -1 padded
+
+
+def applies(host: HostLayout, pieces: LayoutPieces) -> bool:
+    """Whether `pieces`' one-vCPU moves are judged per guest (additive form, big layouts, and a
+    distance table that is symmetric, as every topology's is)."""
+    from vmplacer.core.model.interference import MULTIPLICATIVE
+
+    return (host.betas.form != MULTIPLICATIVE and pieces.table is not None
+            and len(pieces.cpu) > PER_GUEST_ABOVE and bool(pieces.vm.size) and _symmetric(host))
+
+
+def _symmetric(host: HostLayout) -> bool:
+    found = getattr(host, "_dist_symmetric", None)
+    if found is None:
+        found = bool(np.array_equal(host.dist, host.dist.T))
+        host._dist_symmetric = found  # type: ignore[attr-defined]
+    return found
+
+
+def guest_sums(host: HostLayout, pieces: LayoutPieces) -> GuestSums:
+    """`GuestSums` of `pieces` (cached on them), never a piece × piece array: O(pCPUs × pieces ×
+    keys)."""
+    found = pieces.guest_sums
+    if isinstance(found, GuestSums):
+        return found
+    assert pieces.table is not None
+    n, size = len(host.cpus), len(pieces.cpu)
+    table, key, cpu, vm = pieces.table, pieces.key, pieces.cpu, pieces.vm
+    keys, guests = table.shape[1], len(pieces.guests)
+    load = np.bincount(cpu, weights=pieces.demand, minlength=n)
+    speed = np.minimum(1.0, 1.0 / np.maximum(load, 1e-12))
+    granted = pieces.demand * speed[cpu]
+    dist = host.dist[:, cpu]  # [pCPU, piece]
+    near = dist != 0
+    demand_on = np.bincount(cpu * keys + key, weights=pieces.demand, minlength=n * keys).reshape(n, keys)
+    own_on = np.bincount(vm * n + cpu, weights=pieces.demand, minlength=guests * n).reshape(guests, n)
+    by_cpu = np.zeros((n, size))
+    from_unit = np.zeros((n, keys, guests))
+    caused = np.zeros((n, keys))
+    starts = np.flatnonzero(np.r_[True, vm[1:] != vm[:-1]])
+    order_ok = len(starts) == guests and bool((vm[starts] == np.arange(guests)).all())
+    for k in range(keys):
+        suffered = np.where(near, table[dist, k, key], 0.0)  # [c, x]: β(a unit of k on c → x)
+        by_cpu += suffered * demand_on[:, k][:, None]
+        from_unit[:, k, :] = _guest_sum(suffered * granted[None, :], vm, starts, guests, order_ok)
+        caused[:, k] = (np.where(near, table[dist, key, k], 0.0) * granted[None, :]).sum(axis=1)
+    by_cpu -= np.where(near, table[dist, key, key], 0.0) * own_on[vm].T  # a guest's own pieces do not count
+    loss = speed @ by_cpu
+    kept = np.bincount(vm, weights=granted * (1.0 - loss), minlength=guests)
+    granted_sum = np.bincount(vm, weights=granted, minlength=guests)
+    from_load = _guest_sum(by_cpu * granted[None, :], vm, starts, guests, order_ok)
+    counts = np.bincount(cpu, minlength=n)
+    slots = np.full((n, max(int(counts.max(initial=0)), 1)), -1, dtype=np.int64)
+    order = np.argsort(cpu, kind="stable")
+    first = np.cumsum(counts) - counts
+    slots[cpu[order], np.arange(size) - first[cpu[order]]] = order
+    sums = GuestSums(speed, granted, loss, by_cpu, kept, granted_sum, from_load, from_unit, caused, slots)
+    pieces.guest_sums = sums
+    host.holds(pieces)
+    return sums
+
+
+def _guest_sum(values: np.ndarray, vm: np.ndarray, starts: np.ndarray, guests: int, order_ok: bool) -> np.ndarray:
+    """[row, guest]: `values` ([row, piece]) summed over each guest's pieces."""
+    if order_ok:
+        return np.add.reduceat(values, starts, axis=1)
+    result = np.zeros((values.shape[0], guests))
+    np.add.at(result.T, vm, values.T)
+    return result
+
+
+def moves_perf(host: HostLayout, pieces: LayoutPieces, moved: np.ndarray,
+               targets: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(performance with interference, time sharing alone), [candidate, guest], of moving piece
+    `moved[r]` to local pCPU `targets[r]` (never its own): `HostLayout.perf_moves_blind_many`'s
+    numbers for one table, per guest (module docstring)."""
+    step = max(1, _CHUNK_CELLS // pieces_per_cpu(host, pieces))
+    if len(moved) > step:
+        parts = [moves_perf(host, pieces, moved[i:i + step], targets[i:i + step]) for i in range(0, len(moved), step)]
+        return np.concatenate([p[0] for p in parts]), np.concatenate([p[1] for p in parts])
+    s = guest_sums(host, pieces)
+    assert pieces.table is not None
+    table, key, vm, demand, cpu = pieces.table, pieces.key, pieces.vm, pieces.demand, pieces.cpu
+    count, guests = len(moved), len(pieces.guests)
+    rows = np.arange(count)
+    a, b, km, hm = cpu[moved], targets, key[moved], vm[moved]
+    dm = demand[moved]
+    load = np.bincount(cpu, weights=demand, minlength=len(host.cpus))
+    speed_a = np.minimum(1.0, 1.0 / np.maximum(load[a] - dm, 1e-12))
+    speed_b = np.minimum(1.0, 1.0 / np.maximum(load[b] + dm, 1e-12))
+    ds_a, ds_b = speed_a - s.speed[a], speed_b - s.speed[b]
+    g_m, g_m_new = s.granted[moved], dm * speed_b
+    d_ab = host.dist[a, b]
+    others = np.arange(guests)[None, :] != hm[:, None]  # [r, guest]: not the moved piece's guest
+
+    # every piece as if its own share stayed, the moved piece's guest without it
+    at_a, at_b = s.from_unit[a, km, :], s.from_unit[b, km, :]  # [r, guest]
+    perf = (s.kept[None, :] - ds_a[:, None] * (s.from_load[a] - dm[:, None] * at_a * others)
+            - ds_b[:, None] * s.from_load[b] - (g_m_new[:, None] * at_b - g_m[:, None] * at_a) * others)
+    formula_m = s.loss[moved] + ds_a * s.by_cpu[a, moved] + ds_b * s.by_cpu[b, moved]
+    perf[rows, hm] -= g_m * (1.0 - formula_m)
+    linear = np.repeat(s.granted_sum[None, :], count, axis=0)
+    linear[rows, hm] += g_m_new - g_m
+
+    # the pieces on the two pCPUs whose load changed: their own shares changed too
+    near_ab = d_ab != 0
+    suffered_m = s.caused[b, km] - _own_caused(host, pieces, s, moved, b)
+    for side in ("a", "b"):
+        x = s.slots[a if side == "a" else b]  # [r, j]
+        valid = (x >= 0) & (x != moved[:, None])
+        xs = np.where(valid, x, 0)
+        kx, hx, dx = key[xs], vm[xs], demand[xs]
+        mask = valid & (hx != hm[:, None]) & near_ab[:, None]
+        beta_m_on_x = np.where(mask, table[d_ab[:, None], km[:, None], kx], 0.0)  # m (at the other pCPU) on x
+        base = s.loss[xs] + ds_a[:, None] * s.by_cpu[a[:, None], xs] + ds_b[:, None] * s.by_cpu[b[:, None], xs]
+        if side == "a":  # x shares m's old pCPU: m's new place reaches it, its old one never did
+            delta = dx * ds_a[:, None]
+            after = base + beta_m_on_x * g_m_new[:, None]
+            suffered_m = suffered_m + (np.where(mask, table[d_ab[:, None], kx, km[:, None]], 0.0)
+                                       * delta).sum(axis=1)
+        else:  # x shares m's new pCPU: m's old place reached it, its new one does not
+            delta = dx * ds_b[:, None]
+            after = base - beta_m_on_x * (dm[:, None] * ds_a[:, None] + g_m[:, None])
+        got = np.where(valid, delta * (1.0 - after), 0.0)
+        flat = (rows[:, None] * guests + hx).ravel()
+        perf += np.bincount(flat, weights=got.ravel(), minlength=count * guests).reshape(count, guests)
+        linear += np.bincount(flat, weights=np.where(valid, delta, 0.0).ravel(),
+                              minlength=count * guests).reshape(count, guests)
+    perf[rows, hm] += g_m_new * (1.0 - suffered_m)
+    ideal = pieces.ideal[None, :]
+    return np.maximum(perf, 0.0) / ideal, np.maximum(linear, 0.0) / ideal
+
+
+def pieces_per_cpu(host: HostLayout, pieces: LayoutPieces) -> int:
+    return int(guest_sums(host, pieces).slots.shape[1])
+
+
+def _own_caused(host: HostLayout, pieces: LayoutPieces, s: GuestSums, moved: np.ndarray,
+                targets: np.ndarray) -> np.ndarray:
+    """Per candidate: what the moved piece's own guest (itself included) adds to `caused` at its
+    target — pieces of one guest do not interfere with each other."""
+    assert pieces.table is not None
+    result = np.empty(len(moved))
+    for m in np.unique(moved).tolist():
+        own = np.flatnonzero(pieces.vm == pieces.vm[m])
+        rows = np.flatnonzero(moved == m)
+        dist = host.dist[targets[rows][:, None], pieces.cpu[own][None, :]]
+        k = pieces.key[m]
+        result[rows] = (np.where(dist != 0, pieces.table[dist, k, k], 0.0) * s.granted[own][None, :]).sum(axis=1)
+    return result
