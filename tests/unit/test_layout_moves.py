@@ -148,3 +148,85 @@ def test_pair_lines_are_the_pair_terms_entries(seed: int) -> None:
         pins = dict(host.pins[name])
         pins[vcpu] = frozenset({host.cpus[-1]})
         host.set_pins(name, pins)
+
+
+def _candidates(host: HostLayout, pieces, rng: np.random.Generator, moved: int, count: int) -> np.ndarray:
+    """`count` candidate layouts, each moving up to `moved` one-pCPU pieces to random pCPUs
+    (swaps among them: two pieces trading pCPUs)."""
+    singles = np.flatnonzero(pieces.single)
+    cand = np.repeat(pieces.cpu[None, :], count, axis=0)
+    for row in range(count):
+        chosen = rng.choice(singles, size=min(len(singles), int(rng.integers(1, moved + 1))), replace=False)
+        if row % 3 == 0 and len(chosen) >= 2:
+            a, b = chosen[:2]
+            cand[row, a], cand[row, b] = pieces.cpu[b], pieces.cpu[a]
+        else:
+            cand[row, chosen] = rng.integers(0, len(host.cpus), size=len(chosen))
+    return cand
+
+
+@pytest.mark.parametrize("form", ["additive", "multiplicative"])
+@pytest.mark.parametrize("seed", range(12))
+def test_moved_pieces_loss_equals_piece_by_piece(seed: int, form: str, monkeypatch) -> None:
+    """Swaps and moves of up to three pieces (any pCPUs, several on one) scored from the per-guest
+    sums equal the piece × piece arithmetic, in both forms."""
+    state = host_state(seed, guests=random.Random(seed).randint(5, 14)) if seed % 2 else _crowded(seed, 16)
+    fitted = model(seed, form=form)
+    rng = np.random.default_rng(seed)
+    results = []
+    for threshold in (10**9, 0):
+        monkeypatch.setattr(layout_moves, "PER_GUEST_ABOVE", threshold)
+        host = _layout(state, fitted, False)
+        pieces = host.pieces()
+        cand = _candidates(host, pieces, np.random.default_rng(seed), 3, 40)
+        results.append(host.perf(pieces, cand))
+        assert layout_moves.scored_big(host, pieces) == (threshold == 0)
+    del rng
+    _assert_same(results[1], results[0])
+
+
+@pytest.mark.parametrize("form", ["additive", "multiplicative"])
+@pytest.mark.parametrize("seed", range(8))
+def test_layouts_and_moves_equal_piece_by_piece(seed: int, form: str, monkeypatch) -> None:
+    """The layout as it stands, its pair factors and one-vCPU moves (all at once and one piece at
+    a time) scored from the per-guest sums equal the matrix's arithmetic, in both forms."""
+    state = host_state(seed, guests=random.Random(seed).randint(5, 14)) if seed % 2 else _crowded(seed, 16)
+    fitted = model(seed, form=form)
+    results = []
+    for threshold in (10**9, 0):
+        host = _layout(state, fitted, False)
+        found = list(_scored(host, threshold, monkeypatch) or ())
+        pieces = host.pieces()
+        found += list(host.perf(pieces, pieces.cpu))
+        found.append(host.pair_factors(pieces)[1])
+        moved, targets = _moves(host, pieces)
+        if len(moved):
+            found.append(host.perf_moves(pieces, int(moved[0]), targets[moved == moved[0]])[0])
+        results.append(found)
+    _assert_same(results[1], results[0])
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_line_sums_of_many_changed_pieces_equal_the_whole_arrays(seed: int, monkeypatch) -> None:
+    """A big layout judges every move on its changed pieces' lines, however many changed (a pool
+    adds hundreds of pieces), a bounded number of lines at a time: the whole arrays' sums."""
+    from vmplacer.core.rebalance import whatif
+
+    monkeypatch.setattr(whatif, "LINE_CELLS", 13)
+    host = _layout(host_state(seed, guests=10), model(seed), False)
+    before_pieces = host.pieces()
+    keys_b, terms_b = host.pair_keys(before_pieces), host.pair_terms(before_pieces)
+    factors_b = np.stack(host.pair_factors(before_pieces), axis=1)
+    name = sorted(host.pins)[0]
+    host.set_pins(name, {v: frozenset(host.cpus[: 4 + seed]) for v in host.pins[name]})  # onto a pool
+    after_pieces = host.pieces()
+    keys_a, terms_a = host.pair_keys(after_pieces), host.pair_terms(after_pieces)
+    factors_a = np.stack(host.pair_factors(after_pieces), axis=1)
+    changed = whatif.changed_pieces(keys_b, factors_b, keys_a, factors_a, 1.0)
+    assert changed is not None and changed.sum() >= 2
+    lines = whatif.pair_line_sums(keys_b, lambda w, c: host.pair_lines(before_pieces, w, c),
+                                  keys_a, lambda w, c: host.pair_lines(after_pieces, w, c), changed)
+    change, trust = whatif.pair_changes(keys_b, *terms_b[1:], keys_a, *terms_a[1:])
+    assert change is not None
+    assert lines[0] == pytest.approx(float(change.sum()), rel=1e-9)
+    assert lines[1] == pytest.approx(float((change * trust).sum()), rel=1e-9)

@@ -516,7 +516,10 @@ class HostLayout:
         if pieces.table is None:
             result = (linear, linear)
         elif same:
-            loss = granted @ _interference_matrix(self, pieces).T
+            if layout_moves.scored_big(self, pieces):
+                loss = layout_moves.guest_sums(self, pieces).loss[None, :]
+            else:
+                loss = granted @ _interference_matrix(self, pieces).T
             result = (self._per_guest(pieces, granted * remaining(loss, self.betas.form)), linear)
         else:
             result = (self._interfered(pieces, cpu, granted, moved, blocks), linear)
@@ -528,6 +531,11 @@ class HostLayout:
                     pairs: np.ndarray | None = None, blocks: list[tuple[int, int]] | None = None) -> np.ndarray:
         assert pieces.table is not None
         loss: np.ndarray | None = None
+        if layout_moves.scored_big(self, pieces):
+            loss = layout_moves.moved_loss(self, pieces, cpu, granted)
+            if loss is not None:
+                got = granted * remaining(loss, self.betas.form)
+                return self._per_guest(pieces, got) if blocks is None else self._per_guest_blocks(pieces, got, blocks)
         if pairs is None and len(cpu) and (moved := cpu != pieces.cpu[None, :]).sum(axis=1).max() <= _FEW_MOVED:
             # each candidate's moved pieces first; a candidate that moves fewer takes unmoved ones
             # too, whose rows and columns come out as they were
@@ -707,6 +715,9 @@ class HostLayout:
                                blocks: list[tuple[int, int]]) -> np.ndarray:
         """`_moved_interfered`, row r moving piece `moved[r]` to `targets[r]`."""
         assert pieces.table is not None
+        if layout_moves.scored_big(self, pieces):
+            got = granted * remaining(self._big_moved_loss(pieces, moved, targets, granted), self.betas.form)
+            return self._per_guest_blocks(pieces, got, blocks)
         matrix = _interference_matrix(self, pieces)
         loss = self._moved_loss(pieces, matrix, moved, targets, granted)
         if loss is None:
@@ -725,6 +736,16 @@ class HostLayout:
         loss += caused * mine[:, None]
         loss[rows, moved] = (suffered * granted).sum(axis=1)
         return self._per_guest_blocks(pieces, granted * remaining(loss, self.betas.form), blocks)
+
+    def _big_moved_loss(self, pieces: LayoutPieces, moved: np.ndarray, targets: np.ndarray,
+                        granted: np.ndarray) -> np.ndarray:
+        """Σ β·g per piece of candidates that each move one piece, on a big layout: from its
+        per-guest sums (`layout_moves.moved_loss`), no piece × piece matrix."""
+        cpu = np.repeat(pieces.cpu[None, :], len(targets), axis=0)
+        cpu[np.arange(len(targets)), moved] = targets
+        loss = layout_moves.moved_loss(self, pieces, cpu, granted)
+        assert loss is not None  # one piece moved
+        return loss
 
     def _moved_loss(self, pieces: LayoutPieces, matrix: np.ndarray, moved: np.ndarray, targets: np.ndarray,
                     granted: np.ndarray) -> np.ndarray | None:
@@ -794,6 +815,9 @@ class HostLayout:
         """Performance with interference of the candidates of `_moved_shares` (`dist`, `valid`:
         `_moved_reach`, which a layout and its blind view share)."""
         assert pieces.table is not None
+        if layout_moves.scored_big(self, pieces):
+            loss = self._big_moved_loss(pieces, np.full(len(granted), m), targets, granted)
+            return self._per_guest(pieces, granted * remaining(loss, self.betas.form))
         matrix = _interference_matrix(self, pieces)
         loss = self._moved_loss(pieces, matrix, np.full(len(granted), m), targets, granted)
         if loss is None:
@@ -921,6 +945,8 @@ class HostLayout:
         first-order share of the loss, as the layout stands)."""
         if self.betas.form != MULTIPLICATIVE:
             return np.ones(len(granted))
+        if layout_moves.scored_big(self, pieces):
+            return remaining(layout_moves.guest_sums(self, pieces).loss, self.betas.form)
         return remaining(_interference_matrix(self, pieces) @ granted, self.betas.form)
 
     @staticmethod

@@ -195,3 +195,78 @@ def _own_caused(host: HostLayout, pieces: LayoutPieces, s: GuestSums, moved: np.
         k = pieces.key[m]
         result[rows] = (np.where(dist != 0, pieces.table[dist, k, k], 0.0) * s.granted[own][None, :]).sum(axis=1)
     return result
+
+
+# candidates moving more pieces than this are scored by the piece × piece arithmetic
+MOST_MOVED = 8
+
+
+def scored_big(host: HostLayout, pieces: LayoutPieces) -> bool:
+    """Whether `pieces` is a big layout whose candidates are scored from `GuestSums` (either form:
+    `moved_loss` is per piece) rather than from its piece × piece interference matrix."""
+    return pieces.table is not None and len(pieces.cpu) > PER_GUEST_ABOVE and bool(pieces.vm.size) \
+        and _symmetric(host)
+
+
+def moved_loss(host: HostLayout, pieces: LayoutPieces, cpu: np.ndarray, granted: np.ndarray) -> np.ndarray | None:
+    """[candidate, piece]: Σ β·g each piece suffers in each candidate (rows of `cpu`, with the time
+    shares `granted` they give), for candidates that move at most `MOST_MOVED` pieces (None
+    otherwise). An unmoved piece's loss is the layout's own, plus what the load changed on the
+    moved pieces' pCPUs takes or gives (`GuestSums.by_cpu`), minus the moved pieces where they were,
+    plus them where they go; a moved piece's is looked up anew. O(candidates × pieces × moved),
+    no piece × piece array."""
+    assert pieces.table is not None
+    changed = cpu != pieces.cpu[None, :]
+    most = int(changed.sum(axis=1).max(initial=0))
+    if most > MOST_MOVED:
+        return None
+    s = guest_sums(host, pieces)
+    count, size = cpu.shape
+    rows = np.arange(count)
+    table, key, vm, demand, home = pieces.table, pieces.key, pieces.vm, pieces.demand, pieces.cpu
+    keys = table.shape[1]
+    flat = table.reshape(-1)
+    loss = np.repeat(s.loss[None, :], count, axis=0)
+    if most == 0:
+        return loss
+    order = np.argsort(~changed, axis=1, kind="stable")[:, :most]  # each row's moved pieces first
+    real = changed[rows[:, None], order]  # [c, j]: slot j names a moved piece
+    load = np.bincount(home, weights=demand, minlength=len(host.cpus))
+    # the pCPUs whose load changed: each moved piece's old and new one, every distinct pCPU once
+    spots = np.concatenate([home[order], cpu[rows[:, None], order]], axis=1)  # [c, 2·most]
+    live = np.concatenate([real, real], axis=1)
+    for j in range(spots.shape[1]):
+        for i in range(j):
+            live[:, j] &= ~(live[:, i] & (spots[:, i] == spots[:, j]))
+    new_load = load[spots] + np.zeros(spots.shape)
+    for j in range(most):
+        weight = np.where(real[:, j], demand[order[:, j]], 0.0)
+        new_load -= weight[:, None] * (spots == home[order[:, j]][:, None])
+        new_load += weight[:, None] * (spots == cpu[rows, order[:, j]][:, None])
+    step = np.minimum(1.0, 1.0 / np.maximum(new_load, 1e-12)) - s.speed[spots]
+    for j in range(spots.shape[1]):
+        loss += np.where(live[:, j], step[:, j], 0.0)[:, None] * s.by_cpu[spots[:, j]]
+    for j in range(most):
+        y = order[:, j]
+        ky = key[y][:, None]
+        other = vm[None, :] != vm[y][:, None]
+        was = host.dist[home[None, :], home[y][:, None]]  # [c, x]: x's pCPU to y's old one
+        now = host.dist[home[None, :], cpu[rows, y][:, None]]
+        before = np.where(other & (was != 0), flat[was * (keys * keys) + ky * keys + key[None, :]], 0.0)
+        after = np.where(other & (now != 0), flat[now * (keys * keys) + ky * keys + key[None, :]], 0.0)
+        old_share = demand[y] * (s.speed[home[y]] + _step_at(spots, live, step, home[y]))
+        loss += np.where(real[:, j], 1.0, 0.0)[:, None] * (after * granted[rows, y][:, None]
+                                                           - before * old_share[:, None])
+    for j in range(most):  # the moved pieces' own losses, looked up where they now are
+        x = order[:, j]
+        dist = host.dist[cpu[rows, x][:, None], cpu]  # [c, y]
+        other = vm[None, :] != vm[x][:, None]
+        beta = np.where(other & (dist != 0), flat[dist * (keys * keys) + key[None, :] * keys + key[x][:, None]], 0.0)
+        own = (beta * granted).sum(axis=1)
+        loss[rows, x] = np.where(real[:, j], own, loss[rows, x])
+    return loss
+
+
+def _step_at(spots: np.ndarray, live: np.ndarray, step: np.ndarray, where: np.ndarray) -> np.ndarray:
+    """Per candidate: how the speed of pCPU `where` changed (0 when its load did not)."""
+    return np.where(live & (spots == where[:, None]), step, 0.0).sum(axis=1)

@@ -17,6 +17,7 @@ import numpy as np
 from vmplacer.core.placement.guest_placement import GuestCell, Placement
 from vmplacer.core.placement.occupancy import HostUsage, memory_by_node
 from vmplacer.core.rebalance.draft import Draft, PlanInputs
+from vmplacer.core.rebalance import layout_moves
 from vmplacer.core.rebalance.layout import HostLayout, LayoutPieces, layout_confidences, utility
 from vmplacer.core.rebalance.state import EXCLUSIVE, FIXED, FLOATING, PINNED, GuestState
 
@@ -294,7 +295,8 @@ def _assess(draft: Draft, inputs: PlanInputs, move: CandidateMove) -> None:
     total = weighted = 0.0
     # each layout's evaluation stands on its own pieces: read after the move is taken back
     for (host_b, pieces_b, keys_b, factors_b), (host_a, pieces_a, keys_a, factors_a) in zip(before, after):
-        changed = changed_pieces(keys_b, factors_b, keys_a, factors_a)
+        big = layout_moves.scored_big(host_b, pieces_b) or layout_moves.scored_big(host_a, pieces_a)
+        changed = changed_pieces(keys_b, factors_b, keys_a, factors_a, 1.0 if big else SPARSE_SHARE)
         if changed is not None:
             found = pair_line_sums(keys_b, _lines_of(host_b, pieces_b), keys_a, _lines_of(host_a, pieces_a), changed)
         else:
@@ -329,15 +331,18 @@ def _array_lines(terms: np.ndarray, conf: np.ndarray) -> Lines:
 
 
 # a move that changes more pieces than this share of a layout is judged on the whole pair arrays
+# (a big layout's never are: `layout_moves.scored_big`)
 SPARSE_SHARE = 0.25
+LINE_CELLS = 1 << 21  # changed pieces' lines × pieces read at once (16 MiB an array)
 
 
-def changed_pieces(keys_b: list, factors_b: np.ndarray, keys_a: list, factors_a: np.ndarray) -> np.ndarray | None:
+def changed_pieces(keys_b: list, factors_b: np.ndarray, keys_a: list, factors_a: np.ndarray,
+                    share: float = SPARSE_SHARE) -> np.ndarray | None:
     """[u] over the union of both layouts' pieces (before's first, then after's new ones): the
     pieces whose row and column of pair terms may differ — in one layout only, or in both with
     another granted share or objective scale. A pair of two other pieces has the same pCPUs,
     identities and factors on both sides, so the same term and confidence: its change is 0.
-    None when more than `SPARSE_SHARE` of the pieces changed (the whole arrays are then cheaper)."""
+    None when more than `share` of the pieces changed (the whole arrays are then cheaper)."""
     union = dict(zip(keys_b, range(len(keys_b))))
     for k in keys_a:
         union.setdefault(k, len(union))
@@ -346,7 +351,7 @@ def changed_pieces(keys_b: list, factors_b: np.ndarray, keys_a: list, factors_a:
     both = index < len(keys_b)
     same = (factors_a[both] == factors_b[index[both]]).all(axis=1)
     changed[index[both][same]] = False
-    if changed.sum() > SPARSE_SHARE * max(len(union), 1):
+    if changed.sum() > share * max(len(union), 1):
         return None
     return changed
 
@@ -371,12 +376,13 @@ def pair_line_sums(keys_b: list, lines_b: Lines, keys_a: list, lines_a: Lines,
     where_a[index] = np.arange(len(keys_a))
     rows = np.flatnonzero(changed)
 
-    def lines(read: Lines, at: np.ndarray, placed: np.ndarray, transpose: bool) -> tuple[np.ndarray, np.ndarray]:
-        """The changed pieces' rows (or columns) of one layout, spread over the union's pieces."""
-        value, trust = np.zeros((len(rows), n)), np.ones((len(rows), n))
-        present = at[rows] >= 0
+    def lines(read: Lines, at: np.ndarray, placed: np.ndarray, transpose: bool,
+              part: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """The rows (or columns) of the changed pieces `part` in one layout, spread over the union's pieces."""
+        value, trust = np.zeros((len(part), n)), np.ones((len(part), n))
+        present = at[part] >= 0
         if present.any():
-            mine = at[rows][present]
+            mine = at[part][present]
             got_t, got_c = read(mine, transpose)
             value[np.ix_(np.flatnonzero(present), placed)] = got_t
             trust[np.ix_(np.flatnonzero(present), placed)] = np.where(got_t != 0, got_c, 1.0)
@@ -384,15 +390,18 @@ def pair_line_sums(keys_b: list, lines_b: Lines, keys_a: list, lines_a: Lines,
 
     where_b = np.where(np.arange(n) < nb, np.arange(n), -1)
     total = weighted = 0.0
-    for transpose in (False, True):
-        value_b, trust_b = lines(lines_b, where_b, np.arange(nb), transpose)
-        value_a, trust_a = lines(lines_a, where_a, index, transpose)
-        change = np.abs(value_a - value_b)
-        trust = np.minimum(np.minimum(trust_a, trust_b), 1.0)
-        if transpose:  # pairs of two changed pieces are counted with the rows
-            change[:, rows] = 0.0
-        total += float(change.sum())
-        weighted += float((change * trust).sum())
+    step = max(1, LINE_CELLS // max(n, 1))
+    for start in range(0, max(len(rows), 1), step):  # a bounded number of lines at a time
+        part = rows[start:start + step]
+        for transpose in (False, True):
+            value_b, trust_b = lines(lines_b, where_b, np.arange(nb), transpose, part)
+            value_a, trust_a = lines(lines_a, where_a, index, transpose, part)
+            change = np.abs(value_a - value_b)
+            trust = np.minimum(np.minimum(trust_a, trust_b), 1.0)
+            if transpose:  # pairs of two changed pieces are counted with the rows
+                change[:, rows] = 0.0
+            total += float(change.sum())
+            weighted += float((change * trust).sum())
     return total, weighted
 
 
