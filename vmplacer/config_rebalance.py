@@ -82,6 +82,8 @@ REBALANCE_KEYS: dict[str, dict[str, tuple[str, Kind]]] = {
         "max_trials": ("max_trials", "integer"),
         "max_trial_repins": ("max_trial_repins", "integer"),
         "max_moves_per_guest_hour": ("max_moves_per_guest_hour", "integer"),
+        "max_frozen_share_per_guest_hour": ("max_frozen_share_per_guest_hour", "number"),
+        "max_migrations_in_flight": ("max_migrations_in_flight", "integer"),
     },
     "rounds": {
         "batch_hosts": ("round_batch_hosts", "integer"),

@@ -162,14 +162,23 @@ def trial_outcome_gauges(counts_since: Callable[[float], dict[tuple[str, str, st
 
 
 DISRUPTION_SPENT = ("trials", "trial_repins", "trials_waiting")  # plan notes' `disruption` keys shown
-DISRUPTION_BUDGET = ("max_trials", "max_trial_repins")
+DISRUPTION_BUDGET = ("max_trials", "max_trial_repins", "max_moves_per_guest_hour", "max_frozen_share_per_guest_hour",
+                     "max_migrations_in_flight")
 
 
-def disruption_gauges(latest: Callable[[], Mapping[str, Any] | None]):
+def disruption_gauges(latest: Callable[[], Mapping[str, Any] | None], in_flight: Callable[[], int] | None = None):
     """vmplacer_rebalance_disruption{what} and vmplacer_rebalance_disruption_budget{what}: what the
     newest plan's trials spent of the disruption budget (trials, trial repins, trials left waiting
-    for a later round) and the budget itself, from the stored plans of every process
-    (docs/disruption.md); vmplacer_rebalance_disruption_plan: that plan's id."""
+    for a later round) and the budget it was made under (its trials, moves per guest and hour,
+    frozen share per guest and hour, migrations in flight), from the stored plans of every process
+    (docs/disruption.md); vmplacer_rebalance_disruption_plan: that plan's id;
+    vmplacer_rebalance_migrations_in_flight: the migrations this process runs now (`in_flight`,
+    the process's migration slots unless given)."""
+    if in_flight is None:
+        from vmplacer.app.apply.migration_slots import PROCESS_SLOTS
+
+        def in_flight() -> int:
+            return PROCESS_SLOTS.in_flight
 
     def disruption() -> Iterable[GaugeMetricFamily]:
         found = latest() or {}
@@ -183,13 +192,17 @@ def disruption_gauges(latest: Callable[[], Mapping[str, Any] | None]):
             if isinstance(found.get(what), (int, float)):
                 spent.add_metric((what,), float(found[what]))
         for what in DISRUPTION_BUDGET:
-            if isinstance(found.get(what), (int, float)):
+            if isinstance(found.get(what), (int, float)) and not isinstance(found[what], bool):
                 budget.add_metric((what.removeprefix("max_"),), float(found[what]))
         if isinstance(found.get("plan_id"), int):
             plan.add_metric((), float(found["plan_id"]))
+        flying = GaugeMetricFamily("vmplacer_rebalance_migrations_in_flight",
+                                   "migrations this process runs now (rebalance.disruption.max_migrations_in_flight)")
+        flying.add_metric((), float(in_flight()))
         yield spent
         yield budget
         yield plan
+        yield flying
 
     return disruption
 

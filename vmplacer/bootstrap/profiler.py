@@ -122,9 +122,16 @@ def build_profiler(
     except (HypervisorError, ImportError, ValueError) as exc:
         log.warning("host %s: topology unavailable, neighbour distances will be 'unknown': %s", host_name, exc)
         topology = None
+    from vmplacer.app.observe.frozen_share import FrozenShareGate
+
+    # a run that records its freezes is held to the guests' frozen share (the protection loop's
+    # unrecorded runs have their own budget, protect.freeze_budget)
+    gate = FrozenShareGate(container.settings.rebalance.max_frozen_share_per_guest_hour,
+                           profile_store(container).freezes_since) if store else None
     profiler = Profiler(
         host, sampler, freezer, config,
         store=profile_store(container) if store else None,
+        frozen_share=gate,
         topology=topology,
         replay=lambda: replay_freeze_journal(container, host_name, cause="profiler", hosts={host_name: host}),
         on_progress=on_progress,

@@ -70,6 +70,9 @@ def new_holder(what: str = "rebalance") -> str:
     return f"{what}@{socket.gethostname()}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
 
 
+# a plan's settings that bound disruption beyond its trials' notes (docs/disruption.md)
+DISRUPTION_LIMITS = ("max_moves_per_guest_hour", "max_frozen_share_per_guest_hour", "max_migrations_in_flight")
+
 class SqlPlanStore:
     """Plans and actions (the `PlanStore` port)."""
 
@@ -294,18 +297,22 @@ class SqlPlanStore:
         with self.sessions() as session:
             rows = session.scalars(query)
             return [{"id": r.id, "state": r.state, "hosts": r.hosts, "summary": r.summary,
-                     "created_at": _epoch(r.created_at), "actions": len(r.actions)} for r in rows]
+                     "created_at": _epoch(r.created_at), "actions": len(r.actions),
+                     "predicted_gain": round(r.objective_after - r.objective_before, 6)} for r in rows]
 
     def latest_disruption(self, within: int = 20) -> dict[str, Any] | None:
         """The disruption budget of the newest plan (among the last `within`) that spent one: what
-        its trials took of the budget and how many waited (plan notes' `disruption`), with its id."""
+        its trials took of the budget and how many waited (plan notes' `disruption`), the other
+        limits it was made under (its settings' `DISRUPTION_LIMITS`), with its id."""
         query = select(PlanRow.id, PlanRow.settings).order_by(PlanRow.id.desc()).limit(within)
         with self.sessions() as session:
             for plan_id, settings in session.execute(query):
                 notes = (settings or {}).get("notes") if isinstance(settings, dict) else None
                 spent = notes.get("disruption") if isinstance(notes, dict) else None
                 if isinstance(spent, dict) and spent:
-                    return {"plan_id": int(plan_id), **spent}
+                    limits = {key: settings[key] for key in DISRUPTION_LIMITS
+                              if isinstance(settings.get(key), (int, float)) and not isinstance(settings[key], bool)}
+                    return {"plan_id": int(plan_id), **limits, **spent}
         return None
 
     def touching(self, guest: str, limit: int = 20) -> list[dict[str, Any]]:

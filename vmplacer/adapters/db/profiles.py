@@ -14,6 +14,7 @@ from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from vmplacer.adapters.db.models import FreezeJournalRow, ProfileRunRow, ProfileSampleRow, utcnow
+from vmplacer.core.rebalance.frozen_share import FROZEN_KINDS, UNSAMPLED_KIND, FreezeRecord, records_from_samples
 from vmplacer.ports import FreezeEntry, ProfileSample
 
 
@@ -113,12 +114,33 @@ class SqlProfileStore:
             row.finished_at = utcnow()
 
     # ----- reading (CLI, API, interference model) ---------------------------------------
+    def freezes_since(self, host: str, since: float, exclude_run: int | None = None) -> list[FreezeRecord]:
+        """The freezes on `host` that ended at or after `since` (epoch s), from the ζb and pair
+        samples of its runs (core/rebalance/frozen_share.py); `exclude_run`: a run that counts
+        its own. Runs are found through the host index and kept when still running or finished
+        since then; their samples through the run index."""
+        moment = _from_epoch(since)
+        runs = select(ProfileRunRow.id).where(
+            ProfileRunRow.host == host,
+            (ProfileRunRow.finished_at.is_(None)) | (ProfileRunRow.finished_at >= moment))
+        if exclude_run is not None:
+            runs = runs.where(ProfileRunRow.id != exclude_run)
+        query = (select(ProfileSampleRow)
+                 .where(ProfileSampleRow.run_id.in_(runs), ProfileSampleRow.kind.in_(FROZEN_KINDS),
+                        ProfileSampleRow.at >= moment)
+                 .order_by(ProfileSampleRow.id))
+        with self.sessions() as session:
+            rows = [{"run_id": row.run_id, "kind": row.kind, "at": _epoch(row.at), "freeze_ms": row.freeze_ms,
+                     "t_m_ms": row.t_m_ms, "neighbours": row.neighbours}
+                    for row in session.scalars(query)]
+        return records_from_samples(rows)
+
     def latest_run_with(self, guests: Sequence[str], host: str | None = None) -> ProfileRunRow | None:
         """The newest run holding samples of every guest in `guests`."""
         query = (
             select(ProfileRunRow)
             .join(ProfileSampleRow, ProfileSampleRow.run_id == ProfileRunRow.id)
-            .where(ProfileSampleRow.guest.in_(list(guests)))
+            .where(ProfileSampleRow.guest.in_(list(guests)), ProfileSampleRow.kind != UNSAMPLED_KIND)
             .group_by(ProfileRunRow.id)
             .having(func.count(func.distinct(ProfileSampleRow.guest)) == len(set(guests)))
             .order_by(ProfileRunRow.id.desc())
@@ -153,7 +175,8 @@ class SqlProfileStore:
         when it finished, and the run's summary of that guest (its `vms` entry; None when the
         run sampled the guest but reported nothing on it). Runs are found through the
         (guest, run_id) index, so a long history costs `limit` rows, not a scan."""
-        runs = (select(ProfileSampleRow.run_id).where(ProfileSampleRow.guest == guest)
+        runs = (select(ProfileSampleRow.run_id)
+                .where(ProfileSampleRow.guest == guest, ProfileSampleRow.kind != UNSAMPLED_KIND)
                 .group_by(ProfileSampleRow.run_id))
         query = (select(ProfileRunRow)
                  .where(ProfileRunRow.id.in_(runs), ProfileRunRow.status == "finished",
@@ -166,7 +189,10 @@ class SqlProfileStore:
                     for row in session.scalars(query)]
 
     def samples(self, run_id: int, guest: str | None = None) -> list[dict[str, Any]]:
-        query = select(ProfileSampleRow).where(ProfileSampleRow.run_id == run_id).order_by(ProfileSampleRow.id)
+        # a freeze stored without its sample is the frozen-share history's, not a measurement
+        query = (select(ProfileSampleRow)
+                 .where(ProfileSampleRow.run_id == run_id, ProfileSampleRow.kind != UNSAMPLED_KIND)
+                 .order_by(ProfileSampleRow.id))
         if guest is not None:
             query = query.where(ProfileSampleRow.guest == guest)
         with self.sessions() as session:

@@ -15,7 +15,10 @@ contract:
   retried after a delay, fatal ones are not. A move of a guest that moved
   `rebalance.disruption.max_moves_per_guest_hour` times in the last hour
   (other plans may have moved it since this one was made) is skipped with
-  the reason instead (`move_budget.py`: continuations, whole trials);
+  the reason instead (`move_budget.py`: continuations, whole trials). A
+  migration (and a migration back) waits for a slot while
+  `rebalance.disruption.max_migrations_in_flight` run in this process
+  (`migration_slots.py`; a host is in one migration at most, by its lane);
 * verify — read the host back (live domain XML, or the scheduler
   parameters for a throttle) and compare with the action's `after`;
 * revert — idempotent: puts back whatever of `before` is not in place (it
@@ -41,11 +44,13 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, MutableMapping
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Protocol
 
 from vmplacer.app.apply.actions import ActionFailed, ActionKind, Check, action_kinds
 from vmplacer.app.apply.actions.probe import OnVerdict, ProbeResult, trial_hosts
+from vmplacer.app.apply.migration_slots import PROCESS_SLOTS, MigrationLimitError, MigrationSlots, migration_limit
 from vmplacer.app.apply.move_budget import BudgetSettingError, MoveBudget, budget_limit
 from vmplacer.app.host_fanout import for_each_host
 from vmplacer.core.placement.bandwidth import CpuBandwidth
@@ -84,6 +89,8 @@ class ExecutorSettings:
     # rebalance.disruption.max_moves_per_guest_hour when the plan is applied (0: no limit);
     # None: the plan's own, as it was planned (`move_budget.budget_limit`)
     max_moves_per_guest_hour: int | None = None
+    # rebalance.disruption.max_migrations_in_flight when the plan is applied (0: no limit); None: the plan's own
+    max_migrations_in_flight: int | None = None
 
     def __post_init__(self) -> None:
         if self.on_failure not in ON_FAILURE:
@@ -94,6 +101,9 @@ class ExecutorSettings:
         limit = self.max_moves_per_guest_hour
         if limit is not None and (not isinstance(limit, int) or isinstance(limit, bool) or limit < 0):
             raise ValueError(f"executor: field 'max_moves_per_guest_hour' must be an integer >= 0, got {limit!r}")
+        flight = self.max_migrations_in_flight
+        if flight is not None and (not isinstance(flight, int) or isinstance(flight, bool) or flight < 0):
+            raise ValueError(f"executor: field 'max_migrations_in_flight' must be an integer >= 0, got {flight!r}")
 
 
 class Auditor(Protocol):
@@ -120,12 +130,14 @@ class Executor:
         on_trial: OnVerdict | None = None,
         lanes: int = 1,
         wall: Callable[[], float] | None = None,
+        migration_slots: MigrationSlots | None = None,
     ):
         """`lanes`: how many lanes of the plan (actions sharing no host, `core/rebalance/lanes`)
         run at once; 1 runs the plan's actions one after another. More needs hosts, stores and
         the probe callable safe to call from several threads (one thread per lane). `wall`:
         epoch seconds on the plan store's clock (the hour of the move budget), `time.time` unless
-        given; `clock` is for sleeping and may be monotonic."""
+        given; `clock` is for sleeping and may be monotonic. `migration_slots`: the pool that
+        bounds migrations in flight, the process's own unless given."""
         if lanes < 1:
             raise ValueError(f"lanes must be at least 1, got {lanes}")
         self.lanes = lanes
@@ -141,6 +153,8 @@ class Executor:
         self.throttles = throttles
         self.wall = wall or time.time
         self._budget = MoveBudget(None, 0, self.wall, stored=False)
+        self.migration_slots = migration_slots or PROCESS_SLOTS
+        self._migration_limit = 0
         self._deferred: list[Placement] = []
         self.kinds: dict[str, ActionKind] = action_kinds(
             self.hosts, probe=probe, migration_bandwidth_mib_s=self.settings.migration_bandwidth_mib_s,
@@ -157,7 +171,8 @@ class Executor:
             raise ExecutorError(f"plan {plan.id}: hosts {', '.join(missing)} are not configured")
         try:
             limit = budget_limit(plan, self.settings.max_moves_per_guest_hour)
-        except BudgetSettingError as exc:
+            self._migration_limit = migration_limit(plan, self.settings.max_migrations_in_flight)
+        except (BudgetSettingError, MigrationLimitError) as exc:
             raise ExecutorError(str(exc)) from None
         self._budget = MoveBudget(self.plans, limit, self.wall, stored=self.plans is not None and plan.id is not None)
         if self.plans is not None and plan.id is not None:
@@ -302,19 +317,33 @@ class Executor:
             for other in sorted(refused):
                 plan = self._finish(plan, plan.actions[other].moved_to("skipped", refused[other]))
             return plan
-        action = action.moved_to("running")
-        self._store(plan, action, started=True)
-        if kind.ledger_intent_first:
-            # Intent first (like the freeze journal): a process killed between libvirt's change and
-            # the record must not leave a change nobody knows the reason of.
-            self._note_throttle(plan, action, action.bandwidth_after)
-        try:
-            self._with_retries(kind, action)
-            problem = kind.verify(action)
-            if problem:
-                raise ActionFailed(f"verify: {problem}")
-        except (ActionFailed, HypervisorError) as exc:
-            return self._finish(plan, action.moved_to("failed", f"{exc}; {kind.after_failure(action)}"))
+        failure = ""
+        with self._slot(action) as waited:  # a migration's clean-up after a failure holds its slot too
+            if waited:  # other migrations ran meanwhile: the lease and the host are checked again
+                if not self.keep_lease():
+                    return self._finish(plan, action.moved_to(
+                        "skipped", "the host lease was lost while waiting for a migration slot: stopping"))
+                try:
+                    check = kind.precheck(action, plan)
+                except HypervisorError as exc:
+                    check = Check(False, f"cannot read the host: {exc}")
+                if not check.ok:
+                    return self._finish(plan, action.moved_to("skipped", check.reason))
+            action = action.moved_to("running")
+            self._store(plan, action, started=True)
+            if kind.ledger_intent_first:
+                # Intent first (like the freeze journal): a process killed between libvirt's change and
+                # the record must not leave a change nobody knows the reason of.
+                self._note_throttle(plan, action, action.bandwidth_after)
+            try:
+                self._with_retries(kind, action)
+                problem = kind.verify(action)
+                if problem:
+                    raise ActionFailed(f"verify: {problem}")
+            except (ActionFailed, HypervisorError) as exc:
+                failure = f"{exc}; {kind.after_failure(action)}"
+        if failure:
+            return self._finish(plan, action.moved_to("failed", failure))
         rejected = kind.rejected(action)
         if rejected:
             return self._undo_trial(plan, action, rejected)
@@ -334,7 +363,8 @@ class Executor:
             return plan
         kind = self.kinds[action.kind]
         try:
-            kind.revert(action)
+            with self._slot(action):  # undoing is always allowed: it waits for a slot, no more
+                kind.revert(action)
         except (HypervisorError, ActionFailed) as exc:
             self._audit("rebalance-revert", "failed", action.host, action.guest,
                         f"{action.describe()}: could not revert: {exc}", self._detail(plan, action))
@@ -379,6 +409,13 @@ class Executor:
         return self._skip_rest(plan, "the plan was rolled back")
 
     # ----- helpers ------------------------------------------------------------------------------------
+    def _slot(self, action: Action) -> AbstractContextManager[bool]:
+        """A migration's slot among those in flight in this process (True: it had to wait for
+        one); nothing for other actions."""
+        if action.kind != "migrate":
+            return nullcontext(False)
+        return self.migration_slots.held(self._migration_limit)
+
     def _with_retries(self, kind: ActionKind, action: Action) -> None:
         attempt = 0
         while True:

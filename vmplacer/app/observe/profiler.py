@@ -42,8 +42,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from vmplacer.app.observe.freeze import FreezeAborted, Freezer, FreezeReport, ReplayReport
+from vmplacer.app.observe.frozen_share import FrozenShareGate
 from vmplacer.core.model.profile_stats import Distribution, degradation, measured_share, overhead_formula
 from vmplacer.core.topology.host import Cpu, DistanceClass, HostTopology
+from vmplacer.core.rebalance.frozen_share import UNSAMPLED_KIND
 from vmplacer.core.rebalance.trial import Measured
 from vmplacer.ports import (
     WORKLOAD_CLASS_LABEL,
@@ -75,6 +77,7 @@ ADAPT_WINDOW = 16  # recent ζb samples judged
 ADAPT_EVERY = 8  # valid ζb samples between two decisions
 ADAPT_STABLE_CV = 0.05
 ADAPT_NOISY_CV = 0.25
+LATENCY_FREEZES = 16  # recent freezes whose span tells the frozen-share gate what the next one costs
 
 
 class ProfilerError(RuntimeError):
@@ -237,6 +240,8 @@ class ProfileResult:
     span_ms: list[float] = field(default_factory=list)
     replays: list[dict[str, Any]] = field(default_factory=list)
     stopped_because: str = ""
+    # the frozen-share gate's limit and the guests it kept running (app/observe/frozen_share.py)
+    frozen_share: dict[str, Any] | None = None
 
     @property
     def k_s(self) -> int:
@@ -280,7 +285,7 @@ class ProfileResult:
             "overhead": {k: (round(v, 6) if isinstance(v, float) else v) for k, v in self.overhead().items()},
             "stopped_because": self.stopped_because,
             "vms": {name: vm.summary() for name, vm in sorted(self.vms.items())},
-        }
+        } | ({"frozen_share": self.frozen_share} if self.frozen_share is not None else {})
 
 
 def measured_of(host: str, vms: Mapping[str, VmProfile], message: str) -> Measured:
@@ -365,7 +370,10 @@ class Profiler:
         replay: Callable[[], ReplayReport] | None = None,
         on_progress: Callable[[Progress], None] | None = None,
         on_phase: Callable[[str], None] | None = None,
+        frozen_share: FrozenShareGate | None = None,
     ):
+        """`frozen_share`: the limit on each guest's frozen share of the last hour, checked
+        before every freeze (None: no limit, as for the protection loop's own budgeted runs)."""
         self.host = host
         self.sampler = sampler
         self.freezer = freezer
@@ -377,6 +385,7 @@ class Profiler:
         self.replay = replay
         self.on_progress = on_progress or (lambda _p: None)
         self.on_phase = on_phase or (lambda _p: None)
+        self.frozen_share = frozen_share
         self.rng = random.Random(config.seed)
         self._facts: dict[str, DomainFacts] = {}
         self._facts_at = -math.inf
@@ -384,6 +393,7 @@ class Profiler:
         self._last_replay = -math.inf
         self._last_resume = -math.inf
         self._pairs_probed: Counter[frozenset[str]] = Counter()
+        self._unsampled: ProfileSample | None = None  # the last freeze, until a sample of it is stored
 
     # ----- public ----------------------------------------------------------------------
     def run(self, stop: Callable[[], bool] = lambda: False) -> ProfileResult:
@@ -395,6 +405,8 @@ class Profiler:
         self._check_named_vms(states)
         if self.store is not None:
             result.run_id = self.store.start_run(self.host.name, metric, self.config.to_dict())
+        if self.frozen_share is not None:
+            self.frozen_share.start(self.host.name, result.run_id)
         started = self.clock.now()
         status = "failed"
         try:
@@ -415,6 +427,8 @@ class Profiler:
             raise
         finally:
             result.wall_s = self.clock.now() - started
+            if self.frozen_share is not None:
+                result.frozen_share = self.frozen_share.to_dict()
             if self.store is not None and result.run_id is not None:
                 self.store.finish_run(result.run_id, result.to_dict(), status)
         return result
@@ -491,6 +505,15 @@ class Profiler:
 
     # ----- ζb: the frozen sample -------------------------------------------------------------
     def _sample_isolated(self, result: ProfileResult, name: str) -> list[ProfileSample]:
+        return self._or_unsampled(self._isolated_sample(result, name))
+
+    def _or_unsampled(self, samples: list[ProfileSample]) -> list[ProfileSample]:
+        """The samples a freeze gave, or, when it gave none (dropped, watchdog, aborted halfway),
+        a record of the freeze itself: the frozen-share gate counts every pause that happened."""
+        unsampled, self._unsampled = self._unsampled, None
+        return samples or ([unsampled] if unsampled is not None else [])
+
+    def _isolated_sample(self, result: ProfileResult, name: str) -> list[ProfileSample]:
         vm = result.vms[name]
         t_m = self._t_m(name)
         vm.t_m_s = t_m
@@ -526,6 +549,17 @@ class Profiler:
             return ""
         others = [n for n in states
                   if n not in keep and self.config.in_scope(n) and not self.config.is_excluded(n)]
+        if self.frozen_share is not None:
+            named = set(self.frozen_share.spared)
+            spared = self.frozen_share.spare(others, t_m + self._freeze_latency(result), self.wall())
+            if spared:
+                if set(spared) - named:  # said once per guest and run
+                    log.info("host %s: %s frozen their share of the last hour, left running",
+                             self.host.name, ", ".join(sorted(set(spared) - named)))
+                could = any(states[n].running for n in others)
+                others = [n for n in others if n not in spared]
+                if could and not any(states[n].running for n in others):
+                    return "frozen share"  # nothing left to freeze: the sample would not be isolated
         samples: dict[str, Sample] = {}
         report = None
         try:
@@ -540,13 +574,24 @@ class Profiler:
             return "freeze aborted"
         finally:
             self._account(result, report, pair=len(keep) > 1)
+            self._unsampled = self._freeze_record(result, keep, t_m, report)
         assert report is not None
         if report.watchdog_fired:
             return "watchdog"  # the freeze outlived max_freeze: not isolated to the end
         return samples, report, states
 
+    def _freeze_latency(self, result: ProfileResult) -> float:
+        """What a freeze lasts beyond its window lately (suspend and resume): the median of the
+        last LATENCY_FREEZES spans past t_m, 0 before the first."""
+        recent = sorted(result.span_ms[-LATENCY_FREEZES:])
+        if not recent:
+            return 0.0
+        return max(0.0, recent[len(recent) // 2] / 1e3 - self.config.t_m_s)
+
     def _account(self, result: ProfileResult, report: FreezeReport | None, *, pair: bool = False) -> None:
         if report is not None and report.frozen:
+            if self.frozen_share is not None:
+                self.frozen_share.record(self.wall(), report.span_ms / 1e3, report.frozen)
             self._last_resume = self.clock.now()
             result.freezes += 1
             result.pair_freezes += pair
@@ -556,6 +601,16 @@ class Profiler:
             result.span_ms.append(report.span_ms)
             if report.watchdog_fired:
                 result.watchdog_fired += 1
+
+    def _freeze_record(self, result: ProfileResult, keep: tuple[str, ...], t_m: float,
+                       report: FreezeReport | None) -> ProfileSample | None:
+        """A freeze as the frozen-share history stores it when no sample of it is (only with the
+        gate on: other readers of a store know ζ, ζb and ζp)."""
+        if self.frozen_share is None or report is None or not report.frozen:
+            return None
+        frozen = tuple(Neighbour(name, UNKNOWN_DISTANCE, True) for name in sorted(report.frozen))
+        return ProfileSample(keep[0], UNSAMPLED_KIND, result.metric, report.span_ms / 1e3, t_m, t_m * 1e3,
+                             self.wall(), frozen, freeze_ms=report.span_ms)
 
     # ----- pair probes: one neighbour running -------------------------------------------------
     def _pairs_to_probe(self, sensitive: list[str], running: list[str]) -> list[tuple[str, str]]:
@@ -592,6 +647,9 @@ class Profiler:
         return [tuple(sorted(pair)) for pair in chosen]  # type: ignore[misc]
 
     def _sample_pair(self, result: ProfileResult, first: str, second: str) -> list[ProfileSample]:
+        return self._or_unsampled(self._pair_sample(result, first, second))
+
+    def _pair_sample(self, result: ProfileResult, first: str, second: str) -> list[ProfileSample]:
         pair = (first, second)
         t_m = max(self._t_m(name) for name in pair)
         taken = self._frozen_sample(result, pair, t_m)

@@ -112,6 +112,12 @@ class RebalanceSettings:
     # a guest moved (repinned, its memory moved or migrated) this many times in the last hour stays put (0: no limit);
     # a move a trial undid counts twice: it was made and taken back
     max_moves_per_guest_hour: int = 6
+    # profiling leaves a guest running once it was frozen this share of the last hour (0: no limit;
+    # core/rebalance/frozen_share.py; every stored profile run obeys it, the protection loop has its own)
+    max_frozen_share_per_guest_hour: float = 0.02
+    # migrations one process runs at once, over every host and plan it applies (0: no limit); a host is in at most
+    # one migration at a time anyway (app/apply/migration_slots.py)
+    max_migrations_in_flight: int = 2
     # after k planned layouts of a host in a row measured worse, it waits backoff_s·(2^(k-1)−1) (0: off, the
     # default: trials, their memory and close calls already stop the churn it was made for, and it held back gains)
     backoff_s: float = 0.0
@@ -146,7 +152,8 @@ class RebalanceSettings:
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be a number > 0, got {value!r}")
         for name in ("max_actions", "move_candidates", "swap_candidates", "migration_candidates",
                      "destination_candidates", "max_rounds", "exhaustive_limit", "exact_max_cpus", "trial_max",
-                     "memory_budget_mib", "max_trials", "max_trial_repins", "max_moves_per_guest_hour"):
+                     "memory_budget_mib", "max_trials", "max_trial_repins", "max_moves_per_guest_hour",
+                     "max_migrations_in_flight"):
             value = getattr(self, name)
             if not (isinstance(value, int) and value >= 0):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be an integer >= 0, got {value!r}")
@@ -154,6 +161,11 @@ class RebalanceSettings:
             value = getattr(self, name)
             if not (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
                 raise RebalanceInputError(f"rebalance settings: field {name!r} must be an integer >= 1, got {value!r}")
+        share = self.max_frozen_share_per_guest_hour
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not (math.isfinite(share)
+                                                                                    and 0 <= share <= 1):
+            raise RebalanceInputError("rebalance settings: field 'max_frozen_share_per_guest_hour' must be a number "
+                                      f"in [0, 1] (0: no limit), got {share!r}")
         if self.copy_slowdown > 1:
             raise RebalanceInputError(f"rebalance settings: field 'copy_slowdown' must be <= 1, got {self.copy_slowdown}")
         if not 0 <= self.guess_weight <= 1:
