@@ -191,6 +191,30 @@ def test_a_read_token_signs_in_and_every_page_renders_without_csp_violations(sit
     assert violations == []
 
 
+def test_the_fleet_shows_the_last_plans_gain_the_same_before_and_after_a_refresh(site, browser):
+    from selenium.webdriver.common.by import By
+
+    _sign_in(browser, site, site.read)
+
+    def gain() -> tuple[str, str, str]:
+        link = browser.find_element(By.CSS_SELECTOR, f'#fleet-rows tr[data-host="{EXAMPLE_HOST_NAME}"] .gain')
+        return link.text, link.get_attribute("href"), link.get_attribute("title")
+
+    served = gain()
+    assert served[0] == "+0.250 guest-equivalents" and served[1] == f"{site.url}/ui/plans/1", served
+    assert "guest-equivalents at full speed" in served[2]
+    others = browser.find_elements(By.CSS_SELECTOR, f'#fleet-rows tr[data-host="{BIG}"] .gain')
+    assert others == []  # no plan covers it: a dash, no gain
+    browser.execute_script("document.body.dataset.marker = 'same page'")
+    browser.execute_script("return window.vmplacerRefresh()")
+    _wait(browser, lambda d: d.find_element(By.TAG_NAME, "body").get_attribute("data-refreshes") == "1")
+    assert gain() == served  # the page's script writes what the server wrote
+    assert browser.execute_script("return document.body.dataset.marker") == "same page"
+    browser.find_element(By.CSS_SELECTOR, f'#fleet-rows tr[data-host="{EXAMPLE_HOST_NAME}"] .gain').click()
+    _wait(browser, lambda d: d.current_url == f"{site.url}/ui/plans/1")
+    assert "predicted gain" in browser.find_element(By.TAG_NAME, "main").text
+
+
 def test_the_pcpu_map_shows_each_guest_on_its_pcpus(site, browser):
     from selenium.webdriver.common.by import By
 

@@ -16,7 +16,7 @@ from typing import Any
 import httpx
 import pytest
 import yaml
-from sqlalchemy import select
+from sqlalchemy import select, update
 
 from tests.functional.test_api_helpers import Server, make_container, vmplacer, write_config
 from vmplacer.adapters.db.api import SqlTokenStore
@@ -292,3 +292,119 @@ def test_the_view_sends_an_expired_sign_in_to_the_login_page(sqlite_url, tmp_pat
             assert client.get("/ui/api/fleet").status_code == 401
     finally:
         container.close()
+
+
+# ----- `vmplacer db prune`: ended sign-ins nobody comes back with ------------------------------------
+def _scene(sign_ins: SqlWebSessionStore, clock: Clock, token: Any) -> dict[str, str]:
+    """Three sign-ins, begun by a store that never idles them out (its own prune on the way
+    would take them first); at the end, by `sign_ins`' lifetime of 1 h and idle time of
+    10 min: one past its end though used a moment ago, one idle, one live."""
+    never_idle = SqlWebSessionStore(sign_ins.sessions, lifetime_s=3600, idle_s=86_400, now=clock)
+    start = clock.at
+    began = {}
+    for name, at in (("past-its-end", 0), ("idle", 100), ("live", 3500)):
+        clock.at = start + timedelta(seconds=at)
+        began[name] = never_idle.start(token.name, token.id, token.scope) or ""
+    assert never_idle.find(began["past-its-end"]) is not None  # used at 3500 s: not idle
+    clock.at = start + timedelta(seconds=3650)
+    assert sign_ins.find(began["live"]) is not None  # 150 s after it began
+    return began
+
+
+def test_prune_deletes_ended_sign_ins_by_lifetime_and_idle_time_and_keeps_live_ones(store):
+    """Through the retention pruner, as `vmplacer db prune` calls it, on SQLite and PostgreSQL."""
+    from vmplacer.adapters.db.models import AuditRow
+    from vmplacer.adapters.db.retention import Pruner, RetentionAges
+
+    sign_ins, clock, token, _ = store
+    began = _scene(sign_ins, clock, token)
+    # the configured lifetime was shortened since one began: it ends by the shorter one
+    shorter = SqlWebSessionStore(sign_ins.sessions, lifetime_s=60, idle_s=600, now=clock)
+    ages = RetentionAges(plans_s=86_400, profiles_s=86_400, audit_s=86_400, jobs_s=86_400)
+
+    dry = Pruner(sign_ins.sessions, web_sessions=sign_ins).prune(ages, now=clock(), dry_run=True)
+    assert dry.counts["web_sessions"] == 2  # past its end (1 h), idle (15 min since its last request)
+    assert dry.to_dict()["web_sessions_end_s"] == {"lifetime": 3600.0, "idle": 600.0}
+    assert len(_store_rows(sign_ins)) == 3  # a dry run deletes nothing
+    report = Pruner(sign_ins.sessions, web_sessions=sign_ins, actor="prune-test").prune(ages, now=clock())
+    assert report.counts["web_sessions"] == 2
+    assert [row.id_hash for row in _store_rows(sign_ins)] == [id_hash(began["live"])]
+    assert sign_ins.find(began["live"]) is not None
+    with sign_ins.sessions() as db:
+        entry = db.scalars(select(AuditRow).where(AuditRow.action == "db-prune")).one()
+    assert entry.detail["counts"]["web_sessions"] == 2 and "2 web_sessions" in entry.message
+
+    assert Pruner(sign_ins.sessions, web_sessions=shorter).prune(ages, now=clock()).counts["web_sessions"] == 1
+    assert _store_rows(sign_ins) == [] and sign_ins.find(began["live"]) is None
+
+
+def test_a_shortened_lifetime_ends_a_sign_in_at_once(store):
+    sign_ins, clock, token, _ = store
+    secret = sign_ins.start(token.name, token.id, token.scope) or ""
+    clock.advance(120)
+    assert sign_ins.find(secret) is not None
+    assert SqlWebSessionStore(sign_ins.sessions, lifetime_s=60, idle_s=600, now=clock).find(secret) is None
+
+
+def _store_rows(sign_ins: SqlWebSessionStore) -> list[WebSessionRow]:
+    with sign_ins.sessions() as db:
+        return list(db.scalars(select(WebSessionRow)))
+
+
+def _as_the_prune_unit_runs_it(config: Path) -> Any:
+    """The shipped unit's ExecStart (its words after the program), with its config from
+    VMPLACER_CONFIG as the unit's Environment= sets it."""
+    from tests.support import clean_env, run_vmplacer
+
+    unit = Path(__file__).resolve().parents[2] / "systemd" / "vmplacer-prune.service"
+    [command] = [line.split("=", 1)[1].split() for line in unit.read_text().splitlines()
+                 if line.startswith("ExecStart=")]
+    assert Path(command[0]).name == "vmplacer", command
+    return run_vmplacer(*command[1:], env=clean_env({"VMPLACER_CONFIG": str(config)}))
+
+
+def test_db_prune_deletes_ended_sign_ins_and_reports_them(migrated_url, tmp_path):
+    """The console script, as the shipped prune unit runs it, with the config's `web:` times,
+    on SQLite and PostgreSQL."""
+    import json
+
+    from vmplacer.adapters.db.engine import make_engine, make_session_factory
+
+    config = write_config(tmp_path, migrated_url, HOSTS)
+    document = yaml.safe_load(config.read_text())
+    document["web"] = {"session_lifetime_s": 3600, "session_idle_s": "10m"}
+    config.write_text(yaml.safe_dump(document))
+    engine = make_engine(migrated_url)
+    try:
+        sessions = make_session_factory(engine)
+        tokens = SqlTokenStore(sessions)
+        info = tokens.verify(tokens.create("ops", "read"))
+        assert info is not None and info.id is not None
+        now = datetime.now(timezone.utc)
+        at = {"moment": now}
+        # begun under longer times (the config's were shortened since): ended by the config's
+        sign_ins = SqlWebSessionStore(sessions, lifetime_s=86_400, idle_s=86_400, now=lambda: at["moment"])
+        for ago in (7200, 1200):  # begun 2 h ago, used 5 min ago; idle for 20 minutes
+            at["moment"] = now - timedelta(seconds=ago)
+            assert sign_ins.start(info.name, info.id, info.scope)
+        at["moment"] = now - timedelta(seconds=300)
+        with sessions.begin() as db:  # the first one's last request
+            db.execute(update(WebSessionRow).where(WebSessionRow.created_at < now - timedelta(seconds=3600))
+                       .values(last_seen_at=at["moment"]))
+        at["moment"] = now
+        live = sign_ins.start(info.name, info.id, info.scope) or ""
+
+        done = vmplacer(config, "db", "prune", "--dry-run", "-o", "json")
+        assert done.returncode == 0, done.stderr
+        data = json.loads(done.stdout)
+        assert data["counts"]["web_sessions"] == 2, data
+        assert data["web_sessions_end_s"] == {"lifetime": 3600, "idle": 600}
+        assert len(_store_rows(sign_ins)) == 3
+
+        done = _as_the_prune_unit_runs_it(config)
+        assert done.returncode == 0, done.stderr
+        [line] = [line for line in done.stdout.splitlines() if line.startswith("web_sessions ")]
+        assert line.split()[-1] == "2" and "ended (1h old or 10m idle)" in line, done.stdout
+        assert [row.id_hash for row in _store_rows(sign_ins)] == [id_hash(live)]
+    finally:
+        engine.dispose()

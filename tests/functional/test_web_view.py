@@ -194,6 +194,40 @@ def test_the_fleet_page_shows_the_room_the_placements_leave(web):
     assert row["last_plan"]["id"] == 1 and row["last_plan"]["state"] == "proposed"
 
 
+def _last_plan_cell(html: str, host: str) -> str:
+    row = re.search(rf'<tr data-host="{re.escape(host)}">(.*?)</tr>', html, re.S)
+    assert row, html
+    cell = re.search(r'<td class="last-plan">(.*?)</td>', row.group(1), re.S)
+    assert cell, row.group(1)
+    return cell.group(1)
+
+
+def test_the_fleet_shows_each_hosts_last_plan_gain_in_guest_equivalents_linked_to_the_plan(web):
+    from vmplacer.core.rebalance.plan import Plan
+    from vmplacer.web.glossary import GAIN_UNIT
+
+    client, _, read, _ = web
+    sign_in(client, read)
+    container = client.app.state.services.container
+    row = client.get("/ui/api/fleet").json()["rows"][0]
+    assert row["last_plan"]["gain"] == pytest.approx(0.25)  # store_plan: objective 1.5 -> 1.75
+    cell = _last_plan_cell(client.get("/ui/").text, EXAMPLE_HOST_NAME)
+    assert '<a class="gain" href="/ui/plans/1"' in cell and f">+0.250 {GAIN_UNIT}</a>" in cell
+    assert GAIN_UNIT == "guest-equivalents" and client.get("/ui/plans/1").status_code == 200
+
+    # a newer plan that loses speed is the one shown, signed; an empty plan (nothing to do) is not
+    worse = container.plan_store.save(Plan(actions=(), hosts=(EXAMPLE_HOST_NAME,), state="proposed",
+                                           objective_before=2.0, objective_after=1.875, summary="worse"))
+    container.plan_store.save(Plan(actions=(), hosts=(EXAMPLE_HOST_NAME,), state="empty",
+                                    objective_before=2.0, objective_after=9.0, summary="nothing"))
+    client.app.state.web.newest_plans.invalidate()
+    row = client.get("/ui/api/fleet").json()["rows"][0]
+    assert (row["last_plan"]["id"], row["last_plan"]["gain"]) == (worse.id, pytest.approx(-0.125))
+    cell = _last_plan_cell(client.get("/ui/").text, EXAMPLE_HOST_NAME)
+    assert f'href="/ui/plans/{worse.id}"' in cell and f">-0.125 {GAIN_UNIT}</a>" in cell
+    assert "predicted gain" in client.get("/ui/").text
+
+
 @pytest.mark.parametrize("query, field", [
     ("page=0", "page"), ("page=abc", "page"), ("page=99999999", "page"), ("sort=password", "sort"),
     ("order=up", "order"), ("state=broken", "state"), ("q=%3Cscript%3E", "q"), ("q=" + "a" * 64, "q"),

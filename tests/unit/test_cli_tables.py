@@ -208,19 +208,21 @@ def test_a_line_beside_a_table_is_held_to_the_width(monkeypatch, capsys):
 
 # Every command that lists records as one table takes --columns, its headers declared once.
 def _table_commands() -> list[tuple[list[str], tuple[str, ...]]]:
-    from vmplacer.cli.db import HISTORY_COLUMNS
+    from vmplacer.cli.db import HISTORY_COLUMNS, PRUNE_COLUMNS
+    from vmplacer.cli.eval import MODEL_EVAL_COLUMNS, RANK_COLUMNS, REBALANCE_EVAL_COLUMNS
     from vmplacer.cli.hosts import HOSTS_COLUMNS
     from vmplacer.cli.model import MODEL_COLUMNS
     from vmplacer.cli.place import PLACED_COLUMNS, PLACEMENTS_COLUMNS
     from vmplacer.cli.plan import PLAN_COLUMNS
-    from vmplacer.cli.rebalance import PLANS_COLUMNS
     from vmplacer.cli.reconcile import RECONCILE_COLUMNS
     from vmplacer.cli.token import TOKEN_COLUMNS
 
     return [(["plan"], PLAN_COLUMNS), (["place", "--request", "r.yaml"], PLACED_COLUMNS), (["placements"], PLACEMENTS_COLUMNS),
-            (["hosts"], HOSTS_COLUMNS), (["token", "list"], TOKEN_COLUMNS), (["plans"], PLANS_COLUMNS),
-            (["plans", "list"], PLANS_COLUMNS), (["db", "history"], HISTORY_COLUMNS),
-            (["model", "show"], MODEL_COLUMNS), (["reconcile"], RECONCILE_COLUMNS)]
+            (["hosts"], HOSTS_COLUMNS), (["token", "list"], TOKEN_COLUMNS), (["db", "history"], HISTORY_COLUMNS),
+            (["db", "prune"], PRUNE_COLUMNS), (["model", "show"], MODEL_COLUMNS), (["reconcile"], RECONCILE_COLUMNS),
+            (["eval", "model", "--pairs", "p.csv"], MODEL_EVAL_COLUMNS),
+            (["eval", "rank", "--pairs", "p.csv", "--profiles", "c.csv"], RANK_COLUMNS),
+            (["eval", "rebalance", "--pairs", "p.csv"], REBALANCE_EVAL_COLUMNS)]
 
 
 TABLE_COMMANDS = _table_commands()

@@ -87,11 +87,12 @@ class Container:
 
     def prune(self, *, plans_s: float, profiles_s: float, audit_s: float, jobs_s: float, actor: str,
               dry_run: bool = False) -> Any:
-        """Delete (or with `dry_run` count) finished records older than their ages."""
+        """Delete (or with `dry_run` count) finished records older than their ages, and the web
+        view's sign-ins that ended by the configured lifetime and idle time."""
         from vmplacer.adapters.db.retention import Pruner, RetentionAges
 
         ages = RetentionAges(plans_s=plans_s, profiles_s=profiles_s, audit_s=audit_s, jobs_s=jobs_s)
-        return Pruner(self.sessions, actor=actor).prune(ages, dry_run=dry_run)
+        return Pruner(self.sessions, web_sessions=self.web_session_store, actor=actor).prune(ages, dry_run=dry_run)
 
     def hypervisor(self, name: str) -> LibvirtHost:
         """The libvirt adapter of a configured host (raises ConfigError if unknown); one per host

@@ -13,7 +13,7 @@ import argparse
 import json
 import re
 import sys
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -158,12 +158,16 @@ _LEGACY_FORMATS = ("table", "json")  # what --format took before -o/--output, ke
 
 
 def add_format_argument(parser: argparse.ArgumentParser, *, inherited: bool = False,
-                        columns: Sequence[str] = ()) -> None:
+                        columns: Sequence[str] = (), tables: Mapping[str, Sequence[str]] | None = None,
+                        command: str = "") -> None:
     """`-o/--output table|wide|json|yaml` (and `--format table|json`, as scripts wrote it before).
     `inherited`: the parser is a sub-command's (`hosts disable`) whose parent takes the option
     too: unset here, it leaves the parent's value (`hosts --format json disable X`). `columns`:
     the headers of the command's table, which `--columns` then selects from (checked at parse
-    time, so a placement never runs to have its output refused)."""
+    time, so a placement never runs to have its output refused). `tables`: for a command whose
+    actions print different tables (`plans list`, `plans show`), each action's main table, the
+    one `--columns` selects from; checked by `select_columns` once the action is known, before
+    it runs; an action not named here refuses `--columns`. `command` names it in messages."""
     default = argparse.SUPPRESS if inherited else "table"
     parser.add_argument("-o", "--output", dest="format", choices=OUTPUT_STYLES, default=default,
                         action=_OutputStyle,
@@ -179,6 +183,15 @@ def add_format_argument(parser: argparse.ArgumentParser, *, inherited: bool = Fa
                             help="the table's columns to show, in this order (table and wide output): "
                             + ", ".join(column_key(c) for c in columns))
         parser.set_defaults(table_columns=tuple(columns))
+    elif tables:
+        parser.add_argument("--columns", metavar="A,B,...", type=_column_names, default=None,
+                            action=_ColumnSelection,
+                            help="the columns of the main table to show, in this order (table and wide output; "
+                            "other tables stay whole): "
+                            + "; ".join(f"{action}: " + ", ".join(column_key(c) for c in headers)
+                                        for action, headers in tables.items()))
+        parser.set_defaults(column_tables={action: tuple(headers) for action, headers in tables.items()},
+                            column_command=command or parser.prog.removeprefix("vmplacer ").strip())
 
 
 class _OutputStyle(argparse.Action):
@@ -201,8 +214,10 @@ class _ColumnSelection(argparse.Action):
 
 
 def column_key(header: str) -> str:
-    """How an operator names a column: `memory nodes` is memory-nodes, `node(s)` nodes."""
-    return re.sub(r"[^0-9a-z]+", "-", header.lower().replace("(s)", "s")).strip("-")
+    """How an operator names a column: `memory nodes` is memory-nodes, `node(s)` nodes, `ζb p50`
+    zetab-p50 (in letters a keyboard has), `#` index."""
+    spelt = header.lower().replace("(s)", "s").replace("ζ", "zeta")
+    return "index" if spelt == "#" else re.sub(r"[^0-9a-z]+", "-", spelt).strip("-")
 
 
 def _column_selection(columns: Sequence[str]) -> Callable[[str], tuple[str, ...]]:
@@ -224,6 +239,41 @@ def _column_selection(columns: Sequence[str]) -> Callable[[str], tuple[str, ...]
 
     read.__name__ = "columns"
     return read
+
+
+def _column_names(text: str) -> tuple[str, ...]:
+    """`a,b,c` as names, checked against a table only once the action is known (select_columns)."""
+    names = tuple(name.strip() for name in text.split(","))
+    if not any(names) or not all(names):
+        raise argparse.ArgumentTypeError(f"{text!r}: name the columns, comma-separated")
+    return names
+
+
+_column_names.__name__ = "columns"
+
+
+def select_columns(args: argparse.Namespace, action: str) -> None:
+    """For a command whose actions print different tables (add_format_argument's `tables`): hold
+    `--columns` to the main table of `action` (exit 2 naming the option and that table's columns),
+    or refuse it where `action` has no main table to select from. Call it before the action runs."""
+    tables: Mapping[str, tuple[str, ...]] = getattr(args, "column_tables", None) or {}
+    names = getattr(args, "columns", None)
+    if not tables or names is None:
+        return
+    command = getattr(args, "column_command", "")
+    headers = tables.get(action)
+    if headers is None:
+        takers = ", ".join(f"`{command} {name}`" for name in tables)
+        raise UsageError(f"argument --columns: `{command} {action}` prints no single main table to choose "
+                         f"columns of (--columns applies to {takers})")
+    by_key = {column_key(c): c for c in headers}
+    unknown = [name for name in names if column_key(name) not in by_key]
+    if unknown:
+        raise UsageError(f"argument --columns: unknown column{'s' if len(unknown) > 1 else ''} "
+                         f"{', '.join(repr(n) for n in unknown)} for `{command} {action}` "
+                         f"(columns: {', '.join(by_key)})")
+    args.columns = tuple(dict.fromkeys(by_key[column_key(name)] for name in names))
+    args.table_columns = headers
 
 
 def structured(args: argparse.Namespace) -> bool:
@@ -312,8 +362,10 @@ def emit(args: argparse.Namespace, data: Any, render_table: Callable[[Any], None
     elif style == "yaml":
         print_yaml(data)
     else:
-        token = _rendering.set(_Rendering(style, tuple(getattr(args, "table_columns", ()) or ()),
-                                          getattr(args, "columns", None)))
+        chosen = getattr(args, "columns", None)
+        if chosen and getattr(args, "column_tables", None) and not getattr(args, "table_columns", None):
+            raise RuntimeError("--columns of a command of several tables was not checked (select_columns)")
+        token = _rendering.set(_Rendering(style, tuple(getattr(args, "table_columns", ()) or ()), chosen))
         try:
             render_table(data)
         finally:
@@ -481,14 +533,20 @@ def _rich_table(title: str | None, columns: Sequence[str], rows: Sequence[Sequen
 
 def print_line(text: str) -> None:
     """A line of text beside a table, held to the width the table fits (`table` style: wrapped
-    at blanks, the rest of it indented); as it is in `wide` style or with no width to fit."""
+    at blanks, the rest of it indented two more than the line); as it is in `wide` style or with
+    no width to fit."""
+    from rich.cells import cell_len
+
     width = fit_width() if _rendering.get().style == "table" else None
-    if width is None or len(text) <= width:
+    if width is None or cell_len(text) <= width:
         print(text)
         return
-    first = fold(text, width)[0]
-    rest = fold(text[len(first):].lstrip(" "), max(width - 2, MIN_COLUMN))
-    print("\n  ".join([first, *rest]))
+    words = text.lstrip(" ")
+    lead = " " * min(len(text) - len(words), max(width - MIN_COLUMN, 0))
+    indent = " " * min(len(lead) + 2, max(width - MIN_COLUMN, 0))
+    first = fold(words, width - len(lead))[0]
+    rest = fold(words[len(first):].lstrip(" "), max(width - len(indent), MIN_COLUMN))
+    print(lead + f"\n{indent}".join([first, *rest]))
 
 
 def record_blocks(title: str | None, columns: Sequence[str], rows: Sequence[Sequence[str]], width: int) -> str:

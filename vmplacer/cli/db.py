@@ -22,6 +22,8 @@ from vmplacer.cli.confirm import add_yes_argument, confirm
 from vmplacer.core.text import excerpt
 
 HISTORY_COLUMNS = ("revision", "current", "description")
+# one row per kind; `rows`: deleted, or in a dry run what would be (the title says which)
+PRUNE_COLUMNS = ("kind", "older than", "rows")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -45,15 +47,17 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     add_format_argument(history, columns=HISTORY_COLUMNS)
     history.set_defaults(func=run_history)
     prune = actions.add_parser(
-        "prune", help="delete finished plans, profile runs, audit entries, jobs and expired idempotency keys "
-                      "older than the config's retention ages")
+        "prune", help="delete finished plans, profile runs, audit entries and jobs older than the config's "
+                      "retention ages, expired idempotency keys and ended web sign-ins")
     prune.add_argument("--older-than", type=duration(unit=None, days=True), metavar="DURATION",
                        help="one age for every kind instead of the config's retention section: a number "
-                            "and its unit, s, m, h or d (e.g. 30d, 12h, 90m, 3600s; a bare number is refused)")
+                            "and its unit, s, m, h or d (e.g. 30d, 12h, 90m, 3600s; a bare number is refused). "
+                            "Idempotency keys and web sign-ins keep their own ends (the replay window; "
+                            "web.session_lifetime_s and web.session_idle_s)")
     prune.add_argument("--dry-run", action="store_true", help="count what would go, delete nothing")
     prune.epilog = ("prune does not ask for confirmation (no --yes): it deletes only finished records older than "
                     "the retention ages, as the daily timer does; --dry-run shows what would go.")
-    add_format_argument(prune)
+    add_format_argument(prune, columns=PRUNE_COLUMNS)
     prune.set_defaults(func=run_prune)
 
 
@@ -163,9 +167,11 @@ def _age(seconds: float) -> str:
 def _render_prune(data: dict[str, Any]) -> None:
     ages = data["older_than_s"]
     age_of = {"plans": ages["plans"], "plan_actions": ages["plans"], "profile_runs": ages["profiles"],
-              "profile_samples": ages["profiles"], "audit": ages["audit"], "jobs": ages["jobs"]}
-    verb = "would delete" if data["dry_run"] else "deleted"
-    title = "prune (dry run: nothing deleted)" if data["dry_run"] else "prune"
-    print_table(title, ("kind", "older than", verb),
-                [(kind, _age(age_of[kind]) if kind in age_of else "expired", n)
-                 for kind, n in data["counts"].items()])
+              "profile_samples": ages["profiles"], "audit": ages["audit"], "jobs": ages["jobs"],
+              "rebalance_rounds": ages["plans"], "rebalance_round_hosts": ages["plans"]}
+    ends = data["web_sessions_end_s"]
+    web_end = f"ended ({_age(ends['lifetime'])} old or {_age(ends['idle'])} idle)"
+    title = "prune (dry run: nothing deleted; rows: what would be)" if data["dry_run"] else "prune: rows deleted"
+    print_table(title, PRUNE_COLUMNS,
+                [(kind, _age(age_of[kind]) if kind in age_of else web_end if kind == "web_sessions" else "expired",
+                  n) for kind, n in data["counts"].items()])

@@ -18,6 +18,11 @@ from vmplacer.core.model.counter_profiles import Profiles, parse_profiles
 from vmplacer.core.model.ranking import rank_workloads
 from vmplacer.core.text import plural
 
+# each action's one table, which --columns selects from (`eval rebalance`'s verdict line stays)
+MODEL_EVAL_COLUMNS = ("measure", "value")
+RANK_COLUMNS = ("score", "Spearman", "counters chosen (folds)")
+REBALANCE_EVAL_COLUMNS = ("policy", "mean perf", "worst VM", "actions")
+
 
 def register(subparsers: argparse._SubParsersAction) -> None:
     parser = subparsers.add_parser("eval", help="evaluate the interference model on measured pair data")
@@ -38,7 +43,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
                        help="multiplicative noise of each simulated sample, σ (default 0.03)")
     model.add_argument("--distance-factor", action="append", default=[], metavar="CLASS=F",
                        help="simulator's loss scale at a distance class, e.g. remote-node=0.3 (repeatable)")
-    add_format_argument(model)
+    add_format_argument(model, columns=MODEL_EVAL_COLUMNS)
     model.set_defaults(func=run_model)
 
     rebalance = commands.add_parser(
@@ -58,14 +63,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     rebalance.add_argument("--mix", choices=("any", "hungry-compute"), default="any",
                            help="workloads drawn from the whole matrix, or alternately from its most and least "
                                 "interfering halves (default any)")
-    add_format_argument(rebalance)
+    add_format_argument(rebalance, columns=REBALANCE_EVAL_COLUMNS)
     rebalance.set_defaults(func=run_rebalance)
 
     rank = commands.add_parser("rank", help="predict sensitivity/interference ranks from counter profiles")
     rank.add_argument("--pairs", required=True, metavar="FILE", help="pair matrix or long pair list (CSV)")
     rank.add_argument("--profiles", required=True, metavar="FILE", help="workload,event,value counts (CSV)")
     rank.add_argument("--top-k", type=int, default=2, help="counters used per prediction (default 2)")
-    add_format_argument(rank)
+    add_format_argument(rank, columns=RANK_COLUMNS)
     rank.set_defaults(func=run_rank)
 
 
@@ -163,7 +168,7 @@ def _render_model(data: dict) -> None:
         ("linear R_rmse", data["linear_rrmse"]),
         ("mean confidence", data["mean_confidence"]),
     ]
-    print_table("interference model on held-out placements", ("", "value"), rows)
+    print_table("interference model on held-out placements", MODEL_EVAL_COLUMNS, rows)
 
 
 def run_rank(args: argparse.Namespace, ctx: CliContext) -> int:
@@ -187,7 +192,7 @@ def _render_rank(data: dict) -> None:
         counters = ", ".join(f"{c['event']} ({c['chosen_in']}/{len(data['workloads'])})" for c in part["counters"])
         rows.append((target, part["spearman"], counters))
     print_table(f"leave-one-workload-out ranking: {data['matrix']} with {data['profiles']}",
-                ("score", "Spearman", "counters chosen (folds)"), rows)
+                RANK_COLUMNS, rows)
 
 
 def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
@@ -234,7 +239,7 @@ def _render_rebalance(row: dict) -> None:
     print_table(
         f"{row['matrix']}: {plural(row['vms'], 'VM')} on {plural(row['hosts'], 'host')}, "
         f"start {row['start']}, seed {row['seed']}",
-        ("policy", "mean perf", "worst VM", "actions"),
+        REBALANCE_EVAL_COLUMNS,
         [(p, "-" if row[p] is None else f"{row[p]:.4f}",
           "-" if row["min_vm"][p] is None else f"{row['min_vm'][p]:.4f}", row["actions"].get(p, "-"))
          for p in policies])

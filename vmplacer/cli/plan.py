@@ -191,11 +191,12 @@ def _print_table(data: dict[str, Any], *, with_xml: bool = False) -> None:
 
 
 def _print_others(entry: dict[str, Any]) -> None:
-    print(f"\nguest {entry['guest']} goes to host {entry['host']}; the other hosts:")
+    print()
+    print_line(f"guest {entry['guest']} goes to host {entry['host']}; the other hosts:")
     if not entry["others"]:
         print("  (none)")
     for other in entry["others"]:
         if "score" in other:
-            print(f"  host {other['host']}: fits, but scores {other['score']:.3f}")
+            print_line(f"  host {other['host']}: fits, but scores {other['score']:.3f}")
         else:
-            print(f"  host {other['host']}: {other['kind']}: {other['message']}")
+            print_line(f"  host {other['host']}: {other['kind']}: {other['message']}")

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from vmplacer.cli.common import print_line, print_table
 from vmplacer.core.topology.cpuset import format_cpuset
 from vmplacer.core.placement.interference_scorer import interference_part
 from vmplacer.core.placement.guest_placement import Placement
@@ -56,29 +57,37 @@ def explain(state: Any, scorer: Any, chosen: Placement, candidates: list[Placeme
     return {"model": status, "weight": weight, "identity": identity, "candidates": list(rows.values())}
 
 
+# best first; "joined guests": the guests already there it would hurt, most hurt first
+WHY_COLUMNS = ("chosen", "vcpupin", "node(s)", "score", "guest loss", "joined loss", "total", "joined guests")
+
+
 def print_why(guest: str, why: dict[str, Any]) -> None:
+    """The candidates as a table and the lines above it held to the width the plan's table
+    fits (the terminal's, or $COLUMNS; piped without it one line each, as grep reads them)."""
     identity = why.get("identity")
-    print(f"\ncandidates for guest {guest} (model: {why['model']}"
-          + (f"; weight {why['weight']:g}" if why.get("weight") is not None else "") + ")")
+    print()
+    print_line(f"candidates for guest {guest} (model: {why['model']}"
+               + (f"; weight {why['weight']:g}" if why.get("weight") is not None else "") + ")")
     if identity:
         levels = identity["levels"]
         seen = "" if identity["profiled"] else " (never profiled)"
-        print(f"  predicted as key {identity['key']}{seen}, class {identity['workload_class']}: "
-              f"own {levels['own']:.2f}, class {levels['class']:.2f}, global {levels['global']:.2f}")
-    print(f"  {'':1} {'vcpupin':24} {'node(s)':8} {'score':>7} {'guest loss':>10} {'joined loss':>11} "
-          f"{'total':>7}  guests joined (most hurt first)")
-    for row in why["candidates"]:
-        pins = " ".join(f"{v}→{format_cpuset(c)}" for v, c in row["vcpupin"].items())
-        loss = row["predicted_loss"]
-        if loss is None:
-            numbers = f"{'-':>10} {'-':>11} {'-':>7}"
-            joined = ""
-        else:
-            hurt = sum(loss["joined"].values())
-            numbers = f"{loss['guest']:>10.4f} {hurt:>11.4f} {loss['total']:>7.4f}"
-            names = list(loss["joined"].items())[:MAX_JOINED_SHOWN]
-            joined = ", ".join(f"{n} {v:+.3f}" for n, v in names)
-            if len(loss["joined"]) > MAX_JOINED_SHOWN:
-                joined += f", … {len(loss['joined']) - MAX_JOINED_SHOWN} more"
-        mark = "*" if row["chosen"] else ""
-        print(f"  {mark:1} {pins:24} {format_cpuset(row['nodes']):8} {row['score']:>7.3f} {numbers}  {joined}")
+        print_line(f"  predicted as key {identity['key']}{seen}, class {identity['workload_class']}: "
+                   f"own {levels['own']:.2f}, class {levels['class']:.2f}, global {levels['global']:.2f}")
+    print_table(None, WHY_COLUMNS, [_candidate_row(row) for row in why["candidates"]])
+
+
+def _candidate_row(row: dict[str, Any]) -> tuple[Any, ...]:
+    pins = " ".join(f"{v}→{format_cpuset(c)}" for v, c in row["vcpupin"].items())
+    loss = row["predicted_loss"]
+    if loss is None:
+        numbers = ("-", "-", "-")
+        joined = ""
+    else:
+        hurt = sum(loss["joined"].values())
+        numbers = (f"{loss['guest']:.4f}", f"{hurt:.4f}", f"{loss['total']:.4f}")
+        names = list(loss["joined"].items())[:MAX_JOINED_SHOWN]
+        joined = ", ".join(f"{n} {v:+.3f}" for n, v in names)
+        if len(loss["joined"]) > MAX_JOINED_SHOWN:
+            joined += f", … {len(loss['joined']) - MAX_JOINED_SHOWN} more"
+    return (bool(row["chosen"]), pins, format_cpuset(row["nodes"]), f"{row['score']:.3f}", *numbers,
+            joined)

@@ -40,12 +40,16 @@ from vmplacer.cli.common import (
     print_table,
     refuse_options,
     resolve_host,
+    select_columns,
 )
 from vmplacer.cli.verbs import no_more_words, split_verb, words_anywhere
 
 _PLOT_SUFFIXES = (".png", ".svg", ".pdf")
 DEFAULT_SAMPLES = 20  # when neither --samples nor --duration says when to stop
 VERBS = ("run", "show", "replay")
+# the main table of each action (--columns selects from it); `replay` prints no table to choose from
+RESULT_COLUMNS = ("VM", "sensitive", "ζ p50", "ζb p50", "degradation [95% CI]", "n ζ/ζb", "dropped")
+SHOW_COLUMNS = ("VM", "series", "p10", "p25", "p50", "p75", "p90", "mean ± 95% CI", "n")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -107,13 +111,14 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--run", type=count(1), metavar="ID",
                         help="show: this run id (default: the newest run with the VMs)")
     parser.add_argument("--plot", metavar="FILE", help="show: draw ζ vs ζb box plots per VM into FILE.png")
-    add_format_argument(parser)
+    add_format_argument(parser, tables={"run": RESULT_COLUMNS, "show": SHOW_COLUMNS}, command="profile")
     parser.set_defaults(func=run)
     words_anywhere(parser, "vms", VERBS)
 
 
 def run(args: argparse.Namespace, ctx: CliContext) -> int:
     verb, args.vms = split_verb("profile", args.vms, VERBS, bare="run", other="run")
+    select_columns(args, verb)
     if verb == "show":
         return run_show(args, ctx, args.vms)
     if verb == "replay":
@@ -296,7 +301,7 @@ def _print_result(data: dict[str, Any]) -> None:
             ", ".join(f"{k} {v}" for k, v in vm["dropped"].items()),
         ))
     print_table(f"Freeze'nSense on {data['host']} ({data['metric']}, run {data['run_id']})",
-                ("VM", "sensitive", "ζ p50", "ζb p50", "degradation [95% CI]", "n ζ/ζb", "dropped"), rows)
+                RESULT_COLUMNS, rows)
     overhead = data["overhead"]
     print(f"overhead: measured {overhead['measured'] * 100:.2f}% of the time frozen; "
           f"formula K_s·t_m/(K_s·t_m+t_sleep) = {overhead['formula'] * 100:.2f}% "
@@ -370,7 +375,7 @@ def _print_show(data: dict[str, Any], plot: Path | None = None) -> None:
             rows.append((name, "degradation", "", "", f"{loss['estimate'] * 100:.1f}%", "", "",
                          f"95% CI {loss['ci95_low'] * 100:.1f}–{loss['ci95_high'] * 100:.1f}%", ""))
     print_table(f"run {run['id']} on {run['host']} ({run['metric']}, {run['status']})",
-                ("VM", "series", "p10", "p25", "p50", "p75", "p90", "mean ± 95% CI", "n"), rows)
+                SHOW_COLUMNS, rows)
     for name, vm in data["vms"].items():
         if vm["neighbours"]:
             near = ", ".join(f"{n['name']} ({n['distance']}{'' if n['frozen'] else ', not frozen'})"

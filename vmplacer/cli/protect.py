@@ -36,13 +36,16 @@ from vmplacer.cli.common import (
     duration,
     emit,
     refuse_options,
+    select_columns,
 )
 from vmplacer.core.durations import format_seconds
 from vmplacer.core.text import plural
 
 T_M_RANGE = {"low": 1e-4, "high": 1.0}  # a Freeze'nSense window: 100 us to 1 s
-# What only the loop reads (`protect status` reads --host, --plot, --since, --format).
+# What only the loop reads (`protect status` reads --host, --plot, --since, --format, --columns).
 LOOP_OPTIONS = ("once", "rounds", "interval", "scope", "samples", "tm", "t_m_ms")
+# `protect status`'s main table (--columns selects from it; the freeze budget and throttles stay whole)
+PROTECTED_COLUMNS = ("host", "guest", "ζ/ζb", "floor", "state", "throttles applied", "below floor", "round age")
 
 
 def register(subparsers: argparse._SubParsersAction) -> None:
@@ -88,7 +91,7 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     parser.add_argument("--since", type=duration(), metavar="DURATION",
                         help="status --plot: only the last DURATION (e.g. 30m; "
                         "default all that is recorded)")
-    add_format_argument(parser)
+    add_format_argument(parser, tables={"status": PROTECTED_COLUMNS}, command="protect")
     parser.set_defaults(func=run)
 
 
@@ -102,6 +105,7 @@ def run(args: argparse.Namespace, ctx: CliContext) -> int:
 
         deprecated("protect", [], "run")
         args.what = "run"
+    select_columns(args, args.what)
     if args.what == "status":
         refuse_options(args, LOOP_OPTIONS, "applies to the protection loop, not to `protect status`")
         return _status(args, ctx)
@@ -164,6 +168,8 @@ def _status(args: argparse.Namespace, ctx: CliContext) -> int:
     since_s = args.since
     if args.plot is None:
         refuse_options(args, ("since",), "only with `protect status --plot` (it limits the rounds plotted)")
+    else:
+        refuse_options(args, ("columns",), "applies to the tables of `protect status`, not to --plot (it draws a PNG)")
     if args.plot is not None and not args.plot.lower().endswith(".png"):
         raise UsageError(f"--plot {args.plot!r}: must name a .png file")
     hosts = [args.host] if args.host is not None else known
@@ -190,7 +196,7 @@ def _status(args: argparse.Namespace, ctx: CliContext) -> int:
                      "age_s": round(record.age_s, 1), "plan_id": record.plan_id, "reason": record.reason})
     def table(data: dict[str, Any]) -> None:
         print_table("protected guests (as their loop last saw them)" + ("" if data["guests"] else ": none recorded"),
-                    ("host", "guest", "ζ/ζb", "floor", "state", "throttles applied", "below floor", "round age"),
+                    PROTECTED_COLUMNS,
                     [(g["host"], g["guest"], "-" if g["ratio"] is None else f"{g['ratio']:.2f}", f"{g['floor']:.2f}",
                       g["state"], g["throttles_applied"], f"{g['below_floor_s']:.0f} s", f"{g['round_age_s']:.0f} s")
                      for g in data["guests"]])

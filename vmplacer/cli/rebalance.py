@@ -62,12 +62,16 @@ from vmplacer.cli.common import (
     print_table,
     refuse_options,
     resolve_hosts,
+    select_columns,
 )
 from vmplacer.cli.confirm import add_yes_argument, confirm
 from vmplacer.cli.verbs import no_more_words, split_verb, words_anywhere
 
 DEFAULT_PROFILE_SECONDS = 5.0
-PLANS_COLUMNS = ("id", "state", "hosts", "actions", "summary")  # `rebalance plans`
+PLANS_COLUMNS = ("id", "state", "hosts", "actions", "summary")  # `plans list`
+# a plan's actions: the main table of `plans show` and `plans cancel` (the before / after table stays whole)
+PLAN_ACTION_COLUMNS = ("#", "action", "guest", "host", "change", "gain", "conf.", "after", "state",
+                       "reason / outcome")
 # Options of a rebalancing plan that a placement plan (`plan --request`) never reads, and back.
 REBALANCE_PLAN_OPTIONS = ("drain", "reason", "max_actions", "scope", "min_gain", "cooldown", "backoff", "no_migrate",
                           "no_trials", "no_explore")
@@ -126,7 +130,8 @@ def register(subparsers: argparse._SubParsersAction) -> None:
     which.add_argument("--state", action="append", metavar="STATE",
                        help="list only plans in this state (repeatable): " + ", ".join(_plan_states()))
     plans.add_argument("--reason", metavar="TEXT", help="with cancel: why (kept with the plan and in the audit log)")
-    add_format_argument(plans, columns=PLANS_COLUMNS)
+    add_format_argument(plans, tables={"list": PLANS_COLUMNS, "show": PLAN_ACTION_COLUMNS,
+                                       "cancel": PLAN_ACTION_COLUMNS}, command="plans")
     plans.set_defaults(func=run_plans)
     words_anywhere(plans, "words", PLANS_VERBS)
 
@@ -412,12 +417,13 @@ def run_plans(args: argparse.Namespace, ctx: CliContext) -> int:
     elif len(rest) != 1:
         example = "12 --reason \"...\"" if verb == "cancel" else "12"
         raise UsageError(f"plans {verb}: give exactly one PLAN_ID, e.g. `vmplacer plans {verb} {example}`")
+    select_columns(args, verb)
     cancel = verb == "cancel"
     plan_id = _plan_id(rest[0]) if rest else None
     if not cancel:
         refuse_options(args, ("reason",), "only with `plans cancel PLAN_ID`")
     if plan_id is not None:
-        refuse_options(args, ("all", "state", "limit", "columns"), "only when listing plans (`plans list`)")
+        refuse_options(args, ("all", "state", "limit"), "only when listing plans (`plans list`)")
     unknown = sorted(set(args.state or ()) - set(_plan_states()))
     if unknown:
         raise UsageError(f"--state {unknown[0]!r}: not a plan state (one of {', '.join(_plan_states())})")
@@ -484,7 +490,7 @@ def _render_report(data: dict[str, Any]) -> None:
         return
     print_table(
         f"plan {plan['id']} ({plan['state']}): {plan['summary']}",
-        ("#", "action", "guest", "host", "change", "gain", "conf.", "after", "state", "reason / outcome"),
+        PLAN_ACTION_COLUMNS,
         [(a["index"], a["kind"] + (" (tried)" if a["parameters"].get("tried") else ""), a["guest"] or "", _where(a),
           action_change_text(a), f"{a['predicted_gain']:+.3f}",
           f"{a['confidence']:.2f}", ",".join(map(str, a["depends_on"])), a["state"],

@@ -112,43 +112,55 @@ def _from_host(ctx: CliContext, name: str | None) -> HostTopology:
 
 # ----- the compact form: one line per node ---------------------------------------------
 
+NODE_COLUMNS = ("node", "pCPUs", "cores", "LLC", "memory", "free", "hugepages")
+
+
 def render_nodes(topology: HostTopology) -> None:
     """The summary, a table of nodes, caches, distances: on a terminal as wide as it is; in a
-    pipe or file plain aligned text without box drawing, 80 columns wide (the lines wrap)."""
+    pipe or file plain aligned text without box drawing, $COLUMNS wide or else 80. Lines wrap;
+    a table too wide for the width wraps in its columns or becomes one block per node."""
     from rich import box
     from rich.table import Table
 
-    from vmplacer.cli.common import console
+    from vmplacer.cli.common import console, render_table
 
     out = console()
-    table = Table(box=box.SIMPLE_HEAD if out.is_terminal else None, pad_edge=False, show_edge=False,
-                  padding=(0, 1))
-    for column, justify in (("node", "right"), ("pCPUs", "left"), ("cores", "right"), ("LLC", "left"),
-                            ("memory", "right"), ("free", "right"), ("hugepages", "left")):
-        table.add_column(column, justify=justify, overflow="fold")
-    for row in node_rows(topology):
-        table.add_row(*row)
+    rows = node_rows(topology)
     summary = summary_line(topology)
-    if out.is_terminal:
+    width = out.width if out.is_terminal else plain_width()
+    natural = sum(max(len(text) for text in column) for column in zip(NODE_COLUMNS, *rows))
+    if out.is_terminal and natural + 2 * len(NODE_COLUMNS) <= width:
+        table = Table(box=box.SIMPLE_HEAD, pad_edge=False, show_edge=False, padding=(0, 1))
+        for column, justify in zip(NODE_COLUMNS, ("right", "left", "right", "left", "right", "right", "left")):
+            table.add_column(column, justify=justify, overflow="fold")
+        for row in rows:
+            table.add_row(*row)
         out.print(summary)
         out.print(table)
-        for line in footer_lines(topology):
+        for line in footer_lines(topology, width):
             out.print(line)
         return
-    out.width = min(out.width, PLAIN_WIDTH)
-    with out.capture() as captured:
-        out.print(table)
-    lines = [*_wrapped(summary), *captured.get().splitlines()]
-    for line in footer_lines(topology):
-        lines.extend(_wrapped(line))
+    lines = [*_wrapped(summary, width),
+             *render_table(None, NODE_COLUMNS, rows, width=width, boxed=False).splitlines()]
+    for line in footer_lines(topology, width):
+        lines.extend(_wrapped(line, width))
     sys.stdout.write("".join(line.rstrip() + "\n" for line in lines))
 
 
-PLAIN_WIDTH = 80  # the compact form written to a pipe or file: what a log, a mail or a ticket shows
+PLAIN_WIDTH = 80  # written to a pipe or file without $COLUMNS: what a log, a mail or a ticket shows
+MIN_PLAIN_WIDTH = 20  # a narrower $COLUMNS is taken as this: nothing would read below it
 
 
-def _wrapped(line: str) -> list[str]:
-    return textwrap.wrap(line, PLAIN_WIDTH, subsequent_indent="  ", break_on_hyphens=False) or [""]
+def plain_width() -> int:
+    """The width of the plain form: $COLUMNS when set (`COLUMNS=120 vmplacer topology | less`),
+    else PLAIN_WIDTH; never below MIN_PLAIN_WIDTH, where nothing would read."""
+    from vmplacer.cli.common import fit_width
+
+    return max(fit_width() or PLAIN_WIDTH, MIN_PLAIN_WIDTH)
+
+
+def _wrapped(line: str, width: int) -> list[str]:
+    return textwrap.wrap(line, width, subsequent_indent="  ", break_on_hyphens=False) or [""]
 
 
 def summary_line(topology: HostTopology) -> str:
@@ -219,7 +231,7 @@ def _hugepages(pools) -> str:
                      for p in shown)
 
 
-def footer_lines(topology: HostTopology) -> list[str]:
+def footer_lines(topology: HostTopology, width: int | None = None) -> list[str]:
     """Cache sizes, the pCPUs that are offline, isolated or reserved, and the node distances."""
     lines = [_cache_line(topology)]
     for what, cpus in (("offline", set(topology.cpus) - topology.online_cpus),
@@ -229,7 +241,7 @@ def footer_lines(topology: HostTopology) -> list[str]:
     if topology.memory_only_nodes:
         lines.append("memory-only nodes get guest memory only when a placement names them")
     if len(topology.nodes) > 1:
-        lines.extend(distance_lines(topology))
+        lines.extend(distance_lines(topology, width))
     return lines
 
 
@@ -251,13 +263,19 @@ def _cache_line(topology: HostTopology) -> str:
     return "caches: " + "; ".join(parts)
 
 
-def distance_lines(topology: HostTopology) -> list[str]:
-    """The node distance matrix, as `numactl -H` prints it."""
+def distance_lines(topology: HostTopology, width: int | None = None) -> list[str]:
+    """The node distance matrix, as `numactl -H` prints it; wider than `width`, in blocks of
+    as many columns as fit, each with its own header row."""
     ids = sorted(topology.nodes)
-    width = max(3, *(len(str(i)) for i in ids))
-    lines = ["node distances:", "node " + " ".join(f"{i:>{width}}" for i in ids)]
-    for a in ids:
-        lines.append(f"{a:>3}: " + " ".join(f"{topology.distance(a, b):>{width}}" for b in ids))
+    cell = max(3, *(len(str(i)) for i in ids))
+    label = max(3, *(len(str(i)) for i in ids))
+    per_block = len(ids) if width is None else max(1, (width - label - 2) // (cell + 1))
+    lines = ["node distances:"]
+    for start in range(0, len(ids), per_block):
+        shown = ids[start:start + per_block]
+        lines.append("node".ljust(label + 1) + " " + " ".join(f"{i:>{cell}}" for i in shown))
+        for a in ids:
+            lines.append(f"{a:>{label}}: " + " ".join(f"{topology.distance(a, b):>{cell}}" for b in shown))
     return lines
 
 
@@ -278,17 +296,18 @@ def render_tree(topology: HostTopology) -> None:
     if out.is_terminal:
         out.print(build_tree(topology))
         return
-    sys.stdout.write(plain_tree(build_tree(topology)))
+    sys.stdout.write(plain_tree(build_tree(topology), width=plain_width()))
 
 
-def plain_tree(tree: Tree, depth: int = 0) -> str:
+def plain_tree(tree: Tree, depth: int = 0, *, width: int = PLAIN_WIDTH) -> str:
     """A pipe or a file gets the tree as indented ASCII lines (two spaces a level, no guide
-    lines, wrapped at 80 columns as the compact form): what grep, awk and a log read."""
-    indent = "  " * depth
-    text = "".join(f"{line}\n" for line in textwrap.wrap(str(tree.label), PLAIN_WIDTH, initial_indent=indent,
+    lines, wrapped at `width` as the compact form): what grep, awk and a log read. A level
+    too deep for the width is indented no further, so every line keeps room for its words."""
+    indent = "  " * min(depth, max((width - MIN_PLAIN_WIDTH) // 2, 0))
+    text = "".join(f"{line}\n" for line in textwrap.wrap(str(tree.label), width, initial_indent=indent,
                                                           subsequent_indent=indent + "    ",
                                                           break_on_hyphens=False))
-    return text + "".join(plain_tree(child, depth + 1) for child in tree.children)
+    return text + "".join(plain_tree(child, depth + 1, width=width) for child in tree.children)
 
 
 def build_tree(topology: HostTopology) -> Tree:

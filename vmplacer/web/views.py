@@ -100,13 +100,15 @@ class WebViews:
         return room
 
     def _newest_plans(self) -> dict[str, dict[str, Any]]:
-        """host -> its newest plan that had something to do (id, state, epoch seconds)."""
+        """host -> its newest plan that had something to do (id, state, epoch seconds, and the
+        predicted gain of the whole plan in guest-equivalents: what the fleet page shows)."""
         newest: dict[str, dict[str, Any]] = {}
         for plan in self.services.container.plan_store.recent(RECENT_PLANS, states=None):
             if plan["state"] == "empty":
                 continue
             for host in plan["hosts"] or ():
-                newest.setdefault(host, {"id": plan["id"], "state": plan["state"], "at": plan["created_at"]})
+                newest.setdefault(host, {"id": plan["id"], "state": plan["state"], "at": plan["created_at"],
+                                         "gain": plan["predicted_gain"]})
         return newest
 
     def placed_guests(self) -> list[tuple[str, str]]:

@@ -19,6 +19,10 @@ without end; this keeps the tables bounded. Rules, per kind:
   age; an open round is still shared by the instances working on it.
 * idempotency keys: those past the store's own replay window (SqlIdempotencyStore.purge):
   that window is a promise to API clients, so it does not follow the ages here.
+* web sessions: sign-ins to the web view that have ended, past their lifetime or idle too
+  long (`web.session_lifetime_s`, `web.session_idle_s`; SqlWebSessionStore.prune). A live
+  sign-in is never touched, whatever the ages; the view deletes an ended one it meets, this
+  deletes those nobody comes back with.
 
 Placements are never pruned: they are the live record (`vmplacer reconcile` releases
 the ones whose domains are gone).
@@ -42,6 +46,7 @@ from sqlalchemy import ColumnElement, Select, delete, func, select
 from sqlalchemy.orm import Session, sessionmaker
 
 from vmplacer.adapters.db.api import SqlIdempotencyStore
+from vmplacer.adapters.db.web_sessions import DEFAULT_IDLE_S, DEFAULT_LIFETIME_S, SqlWebSessionStore
 from vmplacer.adapters.db.models import (
     AuditRow,
     IdempotencyKeyRow,
@@ -61,7 +66,7 @@ JOB_FINAL_STATES = ("succeeded", "failed")
 PROFILE_RUN_FINAL_STATES = ("finished", "failed")
 # What a prune reports, in this order; children are counted under their own names.
 KINDS = ("plans", "plan_actions", "profile_runs", "profile_samples", "audit", "jobs", "idempotency_keys",
-         "rebalance_rounds", "rebalance_round_hosts")
+         "rebalance_rounds", "rebalance_round_hosts", "web_sessions")
 
 
 @dataclass(frozen=True)
@@ -85,6 +90,8 @@ class PruneReport:
     dry_run: bool
     now: datetime
     ages: RetentionAges
+    web_session_lifetime_s: float = DEFAULT_LIFETIME_S
+    web_session_idle_s: float = DEFAULT_IDLE_S
     counts: dict[str, int] = field(default_factory=lambda: dict.fromkeys(KINDS, 0))
 
     def to_dict(self) -> dict[str, Any]:
@@ -93,6 +100,7 @@ class PruneReport:
             "now": self.now.isoformat(),
             "older_than_s": {"plans": self.ages.plans_s, "profiles": self.ages.profiles_s,
                              "audit": self.ages.audit_s, "jobs": self.ages.jobs_s},
+            "web_sessions_end_s": {"lifetime": self.web_session_lifetime_s, "idle": self.web_session_idle_s},
             "counts": dict(self.counts),
         }
 
@@ -101,12 +109,16 @@ class Pruner:
     """Deletes (or, in a dry run, counts) what retention no longer keeps."""
 
     def __init__(self, sessions: sessionmaker[Session], *, batch_size: int = DEFAULT_BATCH,
-                 idempotency: SqlIdempotencyStore | None = None, actor: str = "vmplacer"):
+                 idempotency: SqlIdempotencyStore | None = None, web_sessions: SqlWebSessionStore | None = None,
+                 actor: str = "vmplacer"):
         if batch_size < 1:
             raise ValueError(f"batch_size must be at least 1, got {batch_size}")
         self.sessions = sessions
         self.batch_size = batch_size
         self.idempotency = idempotency or SqlIdempotencyStore(sessions)
+        # the configured lifetimes come with the store (Container.web_session_store)
+        self.web_sessions = web_sessions or SqlWebSessionStore(sessions, lifetime_s=DEFAULT_LIFETIME_S,
+                                                               idle_s=DEFAULT_IDLE_S)
         self.actor = actor
 
     def prune(self, ages: RetentionAges, *, now: datetime | None = None, dry_run: bool = False) -> PruneReport:
@@ -115,7 +127,9 @@ class Pruner:
         if now is not None and now.tzinfo is None:
             raise ValueError("now must carry a time zone (rows are stored in UTC)")
         moment = (now or utcnow()).astimezone(timezone.utc)
-        report = PruneReport(dry_run=dry_run, now=moment, ages=ages)
+        report = PruneReport(dry_run=dry_run, now=moment, ages=ages,
+                             web_session_lifetime_s=self.web_sessions.lifetime.total_seconds(),
+                             web_session_idle_s=self.web_sessions.idle.total_seconds())
         counts = report.counts
 
         def cutoff(seconds: float) -> datetime:
@@ -137,6 +151,7 @@ class Pruner:
             rounds = _rounds(session, cutoff(ages.plans_s))
         counts["rebalance_rounds"], (counts["rebalance_round_hosts"],) = self._batches(
             RebalanceRoundRow.id, rounds, dry_run, children=[RebalanceRoundHostRow.round_id])
+        counts["web_sessions"] = self.web_sessions.prune(now=moment, dry_run=dry_run)
         if not dry_run and any(counts.values()):
             self._audit_prune(report)
         return report

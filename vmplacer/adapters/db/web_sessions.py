@@ -2,7 +2,8 @@
 
 A sign-in is a random 256-bit id handed to the browser in its cookie; the database holds only
 the id's SHA-256, the token's owner and scope and three moments. It ends at the first of:
-its absolute end (`lifetime_s` after it began), `idle_s` without a request, sign-out (the row
+its absolute end (`lifetime_s` after it began, by the lifetime it was given or the configured one,
+whichever is shorter), `idle_s` without a request, sign-out (the row
 is deleted, so a copied cookie is dead too), or the token's revocation (the row goes with the
 token's, and every look-up joins the token's row, so none outlives it even for a moment).
 
@@ -19,7 +20,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
-from sqlalchemy import delete, or_, select, update
+from sqlalchemy import ColumnElement, delete, func, or_, select, update
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session, sessionmaker
 
@@ -32,6 +33,9 @@ MAX_PER_TOKEN = 20  # live sign-ins one token may hold; a new one ends the oldes
 # Last use is written at most this often (and at least 10 times per idle period): a sign-in may
 # end up to this much before idle_s after its very last request, for one write a minute at most.
 TOUCH_EVERY_S = 60.0
+# The defaults of the `web:` config section (config.WebSettings), for callers without settings.
+DEFAULT_LIFETIME_S = 12 * 3600.0
+DEFAULT_IDLE_S = 30 * 60.0
 
 
 @dataclass(frozen=True)
@@ -103,7 +107,7 @@ class SqlWebSessionStore:
                             .where(WebSessionRow.id_hash == digest))
             if row is None or not hmac.compare_digest(row.id_hash, digest):
                 return None
-            if _aware(row.expires_at) <= now or _aware(row.last_seen_at) + self.idle <= now:
+            if self._ended(_aware(row.expires_at), _aware(row.created_at), _aware(row.last_seen_at), now):
                 db.execute(delete(WebSessionRow).where(WebSessionRow.id_hash == digest))
                 db.commit()
                 return None
@@ -122,13 +126,25 @@ class SqlWebSessionStore:
             db.commit()
         return bool(deleted)
 
-    def prune(self) -> int:
-        """Delete every ended sign-in (past its end, or idle too long); returns how many."""
+    def prune(self, *, now: datetime | None = None, dry_run: bool = False) -> int:
+        """Delete (with `dry_run` only count) every ended sign-in: past its end, begun more than
+        the configured lifetime ago, or idle too long at `now` (default: the store's clock)."""
         with self.sessions() as db:
-            count = self._prune(db, self.now())
+            moment = now or self.now()
+            if dry_run:
+                return int(db.scalar(select(func.count()).select_from(WebSessionRow)
+                                     .where(self._ended_rows(moment))) or 0)
+            count = self._prune(db, moment)
             db.commit()
         return count
 
+    def _ended(self, expires_at: datetime, created_at: datetime, last_seen_at: datetime, now: datetime) -> bool:
+        """The one rule, for one row (what `_ended_rows` says in SQL)."""
+        return expires_at <= now or created_at + self.lifetime <= now or last_seen_at + self.idle <= now
+
+    def _ended_rows(self, now: datetime) -> ColumnElement[bool]:
+        return or_(WebSessionRow.expires_at <= now, WebSessionRow.created_at <= now - self.lifetime,
+                   WebSessionRow.last_seen_at <= now - self.idle)
+
     def _prune(self, db: Session, now: datetime) -> int:
-        return int(db.execute(delete(WebSessionRow).where(or_(
-            WebSessionRow.expires_at <= now, WebSessionRow.last_seen_at <= now - self.idle))).rowcount or 0)
+        return int(db.execute(delete(WebSessionRow).where(self._ended_rows(now))).rowcount or 0)

@@ -57,10 +57,15 @@
       isolation.textContent = row.checked ? "unreadable" : "not checked";
     }
     tr.appendChild(isolation);
-    const plan = el("td");
+    const plan = el("td", { class: "last-plan" });
     if (row.last_plan) {
-      plan.appendChild(el("a", { href: prefix + "/plans/" + row.last_plan.id }, "#" + row.last_plan.id));
-      plan.appendChild(document.createTextNode(" " + row.last_plan.state));
+      const planUrl = prefix + "/plans/" + row.last_plan.id;
+      plan.appendChild(el("a", { href: planUrl }, "#" + row.last_plan.id));
+      plan.appendChild(document.createTextNode(" " + row.last_plan.state + " "));
+      const gain = row.last_plan.gain;
+      const table = document.getElementById("fleet");
+      plan.appendChild(el("a", { class: "gain", href: planUrl, title: table ? table.dataset.gainTitle : "" },
+        (gain >= 0 ? "+" : "") + gain.toFixed(3) + " " + (table ? table.dataset.gainUnit : "")));
     } else {
       plan.textContent = "—";
     }
