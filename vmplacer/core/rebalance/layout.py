@@ -455,7 +455,7 @@ class HostLayout:
         """`result` is the evaluation of the layout as it is, and one of its recent ones (fewer
         of them on big layouts: each holds several piece × piece arrays)."""
         self._pieces = result
-        kept = max(1, min(_RECENT_LAYOUTS, RECENT_CELLS // max(len(result.cpu) ** 2, 1)))
+        kept = max(1, min(_RECENT_LAYOUTS, RECENT_CELLS // max(self._cells_of(result), 1)))
         while len(self._recent) >= kept:
             del self._recent[next(iter(self._recent))]
         self._recent[signature] = result
@@ -464,10 +464,16 @@ class HostLayout:
 
     def kept_cells(self) -> int:
         """Pair entries (piece × piece) of the evaluations this host keeps."""
-        kept = {id(pieces): len(pieces.cpu) ** 2 for pieces in self._recent.values()}
+        kept = {id(pieces): self._cells_of(pieces) for pieces in self._recent.values()}
         if self._pieces is not None:
-            kept[id(self._pieces)] = len(self._pieces.cpu) ** 2
+            kept[id(self._pieces)] = self._cells_of(self._pieces)
         return sum(kept.values())
+
+    def _cells_of(self, pieces: LayoutPieces) -> int:
+        """Entries an evaluation of `pieces` may hold: piece × piece arrays, or on a big layout
+        (`layout_moves`) pCPU × piece ones, for the layout and its blind view."""
+        size = len(pieces.cpu)
+        return 2 * len(self.cpus) * size if layout_moves.is_big(pieces) else size * size
 
     def holds(self, pieces: LayoutPieces) -> None:
         """A piece × piece array was just computed on `pieces`: when they are an evaluation this host
@@ -816,8 +822,8 @@ class HostLayout:
         `_moved_reach`, which a layout and its blind view share)."""
         assert pieces.table is not None
         if layout_moves.scored_big(self, pieces):
-            loss = self._big_moved_loss(pieces, np.full(len(granted), m), targets, granted)
-            return self._per_guest(pieces, granted * remaining(loss, self.betas.form))
+            big = self._big_moved_loss(pieces, np.full(len(granted), m), targets, granted)
+            return self._per_guest(pieces, granted * remaining(big, self.betas.form))
         matrix = _interference_matrix(self, pieces)
         loss = self._moved_loss(pieces, matrix, np.full(len(granted), m), targets, granted)
         if loss is None:
@@ -926,6 +932,34 @@ class HostLayout:
             # its own squared term's over m, per side of the pair
             variance /= np.outer(pieces.vcpus_per_piece, pieces.vcpus_per_piece)
         return keys, terms, variance
+
+    def pair_spread_lines(self, pieces: LayoutPieces, which: np.ndarray,
+                          columns: bool) -> tuple[np.ndarray, np.ndarray]:
+        """The rows (with `columns`: the columns, one line per piece) of `pair_spread`'s terms and
+        variances for the pieces `which`: the same arithmetic on those lines alone, no P × P array."""
+        terms, confidence = self.pair_lines(pieces, which, columns)
+        if pieces.table is None or not terms.size:
+            return terms, np.zeros_like(terms)
+        model = self.betas.model
+        k = max(model.config.confidence_evidence, 1e-9)
+        granted, scale = self._pair_scale(pieces)
+        cpu, vm, key = pieces.cpu, pieces.vm, pieces.key
+        biggest = np.abs(pieces.table).max(axis=0)
+        if columns:  # line j is column `which[j]`: pairs [x, which[j]]
+            dist = self.dist[cpu[None, :], cpu[which][:, None]]
+            other = (vm[which][:, None] != vm[None, :]) & (dist != 0)
+            reach = scale[None, :] * granted[which][:, None] * other
+            largest = biggest[key[which][:, None], key[None, :]]
+        else:  # line j is row `which[j]`: pairs [which[j], y]
+            dist = self.dist[cpu[which][:, None], cpu[None, :]]
+            other = (vm[which][:, None] != vm[None, :]) & (dist != 0)
+            reach = scale[which][:, None] * granted[None, :] * other
+            largest = biggest[key[None, :], key[which][:, None]]
+        doubt = np.clip(1.0 - confidence, 0.0, 1.0)
+        variance = (reach * model.noise_sd) ** 2 * doubt / k + (doubt * reach * largest) ** 2
+        if pieces.vcpus_per_piece is not None:
+            variance /= np.outer(pieces.vcpus_per_piece[which], pieces.vcpus_per_piece)
+        return terms, variance
 
     def pair_factors(self, pieces: LayoutPieces) -> tuple[np.ndarray, np.ndarray]:
         """Per piece, what its row and column of `pair_terms` are made of besides the pairs'

@@ -201,6 +201,11 @@ def _own_caused(host: HostLayout, pieces: LayoutPieces, s: GuestSums, moved: np.
 MOST_MOVED = 8
 
 
+def is_big(pieces: LayoutPieces) -> bool:
+    """Whether `pieces` is a big layout: more than `PER_GUEST_ABOVE` pieces, whatever the model."""
+    return len(pieces.cpu) > PER_GUEST_ABOVE
+
+
 def scored_big(host: HostLayout, pieces: LayoutPieces) -> bool:
     """Whether `pieces` is a big layout whose candidates are scored from `GuestSums` (either form:
     `moved_loss` is per piece) rather than from its piece × piece interference matrix."""
@@ -269,4 +274,5 @@ def moved_loss(host: HostLayout, pieces: LayoutPieces, cpu: np.ndarray, granted:
 
 def _step_at(spots: np.ndarray, live: np.ndarray, step: np.ndarray, where: np.ndarray) -> np.ndarray:
     """Per candidate: how the speed of pCPU `where` changed (0 when its load did not)."""
-    return np.where(live & (spots == where[:, None]), step, 0.0).sum(axis=1)
+    changed: np.ndarray = np.where(live & (spots == where[:, None]), step, 0.0).sum(axis=1)
+    return changed

@@ -295,7 +295,7 @@ def _assess(draft: Draft, inputs: PlanInputs, move: CandidateMove) -> None:
     total = weighted = 0.0
     # each layout's evaluation stands on its own pieces: read after the move is taken back
     for (host_b, pieces_b, keys_b, factors_b), (host_a, pieces_a, keys_a, factors_a) in zip(before, after):
-        big = layout_moves.scored_big(host_b, pieces_b) or layout_moves.scored_big(host_a, pieces_a)
+        big = layout_moves.is_big(pieces_b) or layout_moves.is_big(pieces_a)
         changed = changed_pieces(keys_b, factors_b, keys_a, factors_a, 1.0 if big else SPARSE_SHARE)
         if changed is not None:
             found = pair_line_sums(keys_b, _lines_of(host_b, pieces_b), keys_a, _lines_of(host_a, pieces_a), changed)
