@@ -272,15 +272,17 @@ def test_states_kinds_and_statuses_are_enums_one_schema_per_concept(spec):
         assert _named(schemas[model]["properties"][field]) == concept, (model, field)
     # the query parameters filter by the same schemas
     filters = {("/v1/placements", "state"): "PlacementState", ("/v1/plans", "state"): "PlanState",
-               ("/v1/jobs", "status"): "JobStatus"}
+               ("/v1/jobs", "status"): "JobStatus", ("/v1/jobs", "kind"): "JobKind"}
     for (path, name), concept in filters.items():
         [parameter] = [p for p in spec["paths"][path]["get"]["parameters"] if p.get("name") == name]
         assert _named(parameter["schema"]) == concept, (path, name)
-    # no state, status or kind of any model is a bare string
+    # no state, status or kind of any model is a bare string, but what a protection loop's round recorded on
+    # disk says of a guest (written by whichever version ran the loop: an enum would refuse an older word)
+    recorded = {("ProtectedGuest", "state")}
     for model, schema in schemas.items():
         for field in ("state", "status", "kind"):
             prop = schema.get("properties", {}).get(field)
-            if prop is not None:
+            if prop is not None and (model, field) not in recorded:
                 options = [o for o in prop.get("anyOf", [prop]) if o.get("type") != "null"]
                 assert all("enum" in o or "const" in o or "$ref" in o for o in options), (model, field, prop)
 
@@ -306,6 +308,33 @@ def test_a_job_result_carries_its_kinds_typed_keys_and_no_other_kinds(spec):
     old = _job(PROFILE_JOB, {"host": "t", "stopped_because": "samples reached"})  # stored before `empty` existed
     assert old["result"] == {"empty": False, "empty_reason": None, "host": "t", "stopped_because": "samples reached"}
     assert "plan_id" not in _job(APPLY_JOB, {"id": None, "state": "cancelled"})["result"]
+
+
+def test_links_name_real_operations_and_their_parameters(spec):
+    """The links a stateful client follows: each from an answer to an operation of the document,
+    filling that operation's own path parameters from a field the answer's schema has."""
+    operations = {op["operationId"]: op for path in spec["paths"].values() for op in path.values()}
+    schemas = spec["components"]["schemas"]
+    followed = set()
+    for path, methods in spec["paths"].items():
+        for method, operation in methods.items():
+            for status, response in operation["responses"].items():
+                for name, link in response.get("links", {}).items():
+                    target = operations[link["operationId"]]
+                    wanted = {p["name"] for p in target.get("parameters", []) if p.get("in") == "path"}
+                    assert set(link["parameters"]) == wanted, (path, method, status, name)
+                    for expression in link["parameters"].values():
+                        if expression.startswith("$request.path."):
+                            assert "{" + expression.rsplit(".", 1)[1] + "}" in path, (path, name)
+                            continue
+                        assert expression.startswith("$response.body#/"), expression
+                        schema = response["content"]["application/json"]["schema"]
+                        for step in expression.split("#/", 1)[1].split("/"):
+                            schema = schemas[schema["$ref"].rsplit("/", 1)[1]] if "$ref" in schema else schema
+                            schema = schema["items"] if step.isdigit() else schema["properties"][step]
+                    followed.add(link["operationId"])
+    assert {"getPlacement", "deletePlacement", "getPlan", "applyPlan", "cancelPlan", "getJob", "cancelJob",
+            "getProtection", "stopProtection", "getHostTopology", "enterMaintenance", "leaveMaintenance"} <= followed
 
 
 def test_the_cancel_body_is_optional_and_is_the_model_itself(spec):
@@ -421,7 +450,7 @@ def test_audit_until_bounds_the_entries_and_times_are_iso(api):
     first = client.get("/v1/audit", params={"action": "probe", "until": "2026-03-01T16:00:00Z", "limit": "2"})
     older = first.json()["entries"][-1]["id"]
     assert guests(until="2026-03-01T16:00:00Z", before_id=str(older)) == ["g2", "g1", "g0"]
-    for bad in ("yesterday", "2026-13-01"):
+    for bad in ("yesterday", "2026-13-01", "2023-02-29", "0000-01-01", "9999-12-31T23:59-01:00"):
         refused = client.get("/v1/audit", params={"until": bad})
         assert refused.status_code == 422 and _error(refused)["details"][0]["field"] == "query.until"
 
@@ -468,3 +497,104 @@ def test_hosts_named_in_bodies_are_checked_by_the_server(api):
         [problem] = _error(response)["details"]
         assert (problem["field"], problem["rule"]) == (field, "not_configured") and "elsewhere" in problem["reason"]
     assert client.post("/v1/placements", json={**GUEST, "host": "t"}).status_code == 200
+
+
+# ----- the typed parts of answers the server builds as dicts
+
+
+def _plan_with_every_shape():  # type: ignore[no-untyped-def]
+    from vmplacer.core.placement.guest_placement import GuestCell, Placement
+    from vmplacer.core.rebalance.plan import Action, Plan
+
+    def at(host: str, cpus: dict[int, set[int]], memory_node: int | None = None) -> Placement:
+        cells = (GuestCell(id=0, vcpus=frozenset(cpus), memory_kib=1024, host_node=0, memory_node=memory_node),)
+        return Placement(guest="g1", host=host, vcpupin={v: frozenset(c) for v, c in cpus.items()},
+                         memory_nodes=frozenset({0}), cells=cells, memory_kib=1024, score=2)
+
+    actions = (
+        Action(0, "migrate", "h1", "g1", "h2", at("h1", {0: {0}}), at("h2", {0: {1}}, memory_node=2),
+               reason="crowded", predicted_gain=0.4, cost={"downtime_s": 0.1, "perf_s": 3}, confidence=0.5),
+        Action(1, "repin", "h2", "g1", None, at("h2", {0: {1}}, memory_node=2), at("h2", {0: {3}}),
+               depends_on=(0,), state="succeeded", message="done"),
+        Action(2, "probe", "h2", depends_on=(0, 1), parameters={"seconds": 5}),
+    )
+    return Plan(actions, ("h1", "h2"), id=7, objective_before=1.0, objective_after=1.6, created_at=1700000000.0)
+
+
+def _sent_as(body: bytes, key: str, value: Any) -> bool:
+    """Whether `body` carries `value` under `key` byte for byte as the untyped dict would be sent."""
+    import pydantic_core
+
+    return f'"{key}":'.encode() + pydantic_core.to_json(value) in body
+
+
+def test_plan_actions_protected_guests_and_reconciled_hosts_are_named_schemas(spec):
+    schemas = spec["components"]["schemas"]
+    refs = {("PlanView", "actions"): "PlanAction", ("ProtectView", "guests"): "ProtectedGuest",
+            ("ProtectView", "throttles"): "ProtectThrottle", ("ReconcileView", "hosts"): "ReconciledHost",
+            ("ReconciledHost", "findings"): "ReconcileFinding", ("PlanAction", "before"): "GuestPinning",
+            ("GuestPinning", "cells"): "GuestCell"}
+    for (model, field), name in refs.items():
+        assert _named(schemas[model]["properties"][field]) == name, (model, field)
+    assert _named(schemas["PlanAction"]["properties"]["kind"]) == "ActionKind"
+    assert _named(schemas["PlanAction"]["properties"]["state"]) == "ActionState"
+    assert _named(schemas["ReconcileFinding"]["properties"]["kind"]) == "FindingKind"
+    for name in ("PlanAction", "GuestPinning", "GuestCell", "ProtectedGuest", "ProtectThrottle", "ReconciledHost",
+                 "ReconcileFinding"):  # the server builds these with exactly the declared keys
+        assert schemas[name]["additionalProperties"] is False, name
+    assert "memory_node" not in schemas["GuestCell"]["required"]  # sent only when a cell has one
+    assert "default" not in schemas["GuestCell"]["properties"]["memory_node"]
+
+
+def test_typed_parts_of_answers_are_the_bytes_the_server_built():
+    from vmplacer.api.responses import validated_json
+    from vmplacer.api.routes.plans import plan_view
+    from vmplacer.api.schemas import ProtectView, PlanView, ReconcileView
+    from vmplacer.app.observe.reconcile import HostResult, Outcome, ReconcileReport
+    from vmplacer.core.protect.decisions import ThrottleFinding
+    from vmplacer.core.reconcile import Finding
+
+    plan = plan_view(_plan_with_every_shape())
+    body = validated_json(PlanView, plan).body
+    assert _sent_as(body, "actions", plan["actions"])
+    assert b'"memory_node":2' in body and body.count(b'"memory_node"') == 2  # only where a cell has one
+    assert b'"score":2}' in body  # an int stays an int
+
+    guests = [{"guest": "web", "ratio": 0.83, "ratio_raw": None, "floor": 1, "state": "held",
+               "throttles_applied": 5, "below_floor_s": 0}]
+    throttles = [{"guest": "batch", "share": 0.3, "original_share": 1, "protects": "web", "plan_id": None,
+                  "age_s": 95.0}]
+    job = _job(PROTECT_JOB, None)
+    protect = {"job": job, "host": "t", "last_round_at": None, "guests": guests, "budget": None, "pace": None,
+               "throttles": throttles}
+    body = validated_json(ProtectView, protect).body
+    assert _sent_as(body, "guests", guests) and _sent_as(body, "throttles", throttles)
+
+    finding = Finding(guest="old", host="t", kind="gone", action="release", detail="domain undefined",
+                      recorded_state="running", age_s=12.5)
+    hosts = [HostResult("t", "reconciled", "", [Outcome(finding, "would-apply")],
+                        [ThrottleFinding("t", "batch", "throttle-gone", "no longer throttled")]),
+             HostResult("u", "busy", "another run holds its lease")]
+    report = ReconcileReport(dry_run=True, at=1.0, hosts=hosts).to_dict()
+    body = validated_json(ReconcileView, report).body
+    assert _sent_as(body, "hosts", report["hosts"])
+
+
+def test_the_token_is_checked_before_the_idempotency_key_and_integers_take_whole_numbers(api):
+    """What schemathesis holds the server to: a request without a valid token is a 401 whatever
+    else is wrong with it (a malformed key too); an `integer` is any JSON number without a
+    fractional part, as JSON Schema has it, never a string or a fraction."""
+    client, container = api
+    from vmplacer.adapters.db.api import SqlTokenStore
+
+    reader = SqlTokenStore(container.sessions).create("reader", "read")
+    for token, status in (("Bearer wrong", 401), (f"Bearer {reader}", 403)):
+        refused = client.post("/v1/reconcile", json={}, headers={"Authorization": token, "Idempotency-Key": "two words"})
+        assert refused.status_code == status, refused.text
+    bad_key = client.post("/v1/reconcile", json={"dry_run": True}, headers={"Idempotency-Key": "two words"})
+    assert bad_key.status_code == 422 and _error(bad_key)["details"][0]["field"] == "Idempotency-Key"
+    whole = client.post("/v1/placements", json={**GUEST, "vcpus": 1.0, "memory_mib": 64.0})
+    assert whole.status_code == 200, whole.text
+    for vcpus in ("1", 1.5, True):
+        refused = client.post("/v1/placements", json={**GUEST, "vcpus": vcpus})
+        assert refused.status_code == 422 and _error(refused)["details"][0]["field"] == "vcpus", vcpus

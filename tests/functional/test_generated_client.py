@@ -4,8 +4,8 @@ generated functions and models only: authenticate, place with an Idempotency-Key
 handle 409 and 422, list a page at a time to the end, dry-run a fleet's plan as a job, poll it
 as `Retry-After` says, apply it or read why not, cancel a running job, delete a placement and
 see what a replay of its key means then. States, statuses and kinds arrive as the generated
-enums, a job's result with its kind's typed keys, and a status no operation lists (a 405) as
-the one error shape.
+enums, a job's result with its kind's typed keys, a plan's actions and a reconcile's hosts and
+findings as typed models, and a status no operation lists (a 405) as the one error shape.
 
 Hosts: two libvirt test-driver nodes without domains ("a", "b"), their pCPUs read from a
 capabilities file of 8 pCPUs on one NUMA node, so guests fit and nothing is worth moving.
@@ -136,6 +136,68 @@ def test_a_reconcile_reports_its_status_as_an_enum(generated, admin):
                                      idempotency_key="reconcile-dry-1")
     assert report.status_code == 200, report.content
     assert report.parsed.status == generated.models.ReconcileViewStatus.COMPLETE and report.parsed.dry_run is True
+
+
+def test_a_reconcile_finding_is_a_typed_model(generated, admin):
+    """A reservation whose domain never came (grace 0) is a finding: each host of the report, each
+    finding and its kind, action and states arrive as generated models and enums."""
+    create_placement = generated.operation("placements", "create_placement")
+    delete_placement = generated.operation("placements", "delete_placement")
+    reconcile = generated.operation("reconcile", "reconcile_hosts")
+    models = generated.models
+    reserved = create_placement.sync_detailed(client=admin, body=_guest(generated, "resv1", host="b", define=False))
+    assert reserved.status_code == 201, reserved.content
+    try:
+        answer = reconcile.sync_detailed(client=admin, body=models.ReconcileRequest(
+            hosts=["b"], dry_run=True, reservation_grace_s=0, settle_s=0))
+        assert answer.status_code == 200, answer.content
+        [host] = answer.parsed.hosts
+        assert isinstance(host, models.ReconciledHost) and host.host == "b"
+        assert host.status == models.ReconciledHostStatus.RECONCILED and host.message == ""
+        [finding] = [f for f in host.findings if f.guest == "resv1"]
+        assert isinstance(finding, models.ReconcileFinding) and isinstance(finding.kind, models.FindingKind)
+        assert (finding.kind, finding.action) == (models.FindingKind.STALE_RESERVATION, models.ReconcileAction.RELEASE)
+        assert finding.recorded_state == models.PlacementState.PLANNED and finding.outcome == "would-apply"
+        assert isinstance(finding.age_s, (int, float)) and finding.age_s >= 0
+        assert host.counts.to_dict() == {"stale-reservation": 1} and host.throttles == []
+    finally:
+        assert delete_placement.sync_detailed("resv1", client=admin).status_code == 200
+
+
+def test_a_drain_plans_typed_actions(generated, admin):
+    """A host in maintenance drained: the plan's actions, each a generated `PlanAction` with its kind
+    and state as enums and the guest's pinning before and after as `GuestPinning` and `GuestCell`."""
+    create_placement = generated.operation("placements", "create_placement")
+    delete_placement = generated.operation("placements", "delete_placement")
+    enter = generated.operation("hosts", "enter_maintenance")
+    leave = generated.operation("hosts", "leave_maintenance")
+    create_plan = generated.operation("plans", "create_plan")
+    cancel_plan = generated.operation("plans", "cancel_plan")
+    models = generated.models
+    placed = create_placement.sync_detailed(client=admin, body=_guest(generated, "mover", host="a", start=True))
+    assert placed.status_code == 201, placed.content
+    try:
+        assert enter.sync_detailed("a", client=admin, body=models.MaintenanceRequest(reason="drain test")
+                                   ).status_code == 200
+        answer = create_plan.sync_detailed(client=admin, body=models.PlanRequest(drain="a", hosts=list(HOSTS)))
+        assert answer.status_code == 201, answer.content
+        plan = answer.parsed
+        assert isinstance(plan, models.PlanView)
+        [action] = [a for a in plan.actions if a.guest == "mover"]
+        assert isinstance(action, models.PlanAction)
+        assert (action.kind, action.state, action.host, action.target_host) == (
+            models.ActionKind.MIGRATE, models.ActionState.PENDING, "a", "b")
+        before, after = action.before, action.after
+        assert isinstance(before, models.GuestPinning) and isinstance(after, models.GuestPinning)
+        assert (before.host, after.host, before.guest) == ("a", "b", "mover")
+        assert sorted(before.vcpupin.to_dict()) == ["0", "1"] and before.memory_kib == 256 * 1024
+        assert all(isinstance(cell, models.GuestCell) for cell in after.cells) and after.cells
+        assert isinstance(after.cells[0].memory_node, generated.types.Unset)  # sent only when a cell has one
+        assert 0 <= action.confidence <= 1 and isinstance(action.cost.to_dict(), dict)
+        assert cancel_plan.sync_detailed(plan.id, client=admin).status_code == 200
+    finally:
+        assert leave.sync_detailed("a", client=admin).status_code == 200
+        assert delete_placement.sync_detailed("mover", client=admin).status_code == 200
 
 
 # ----- authentication ----------------------------------------------------------------------------------
@@ -310,7 +372,8 @@ def test_a_fleets_dry_run_is_a_job_polled_to_its_plan_and_applying_it_is_explain
     assert not {"rounds", "stopped_because", "run_id", "released"} & set(result.to_dict())
     # the status filter takes the same enum the job shows
     list_jobs = generated.operation("jobs", "list_jobs")
-    done = list_jobs.sync_detailed(client=admin, status=[generated.models.JobStatus.SUCCEEDED], kind="plan")
+    done = list_jobs.sync_detailed(client=admin, status=[generated.models.JobStatus.SUCCEEDED],
+                                   kind=generated.models.JobKind.PLAN)
     assert job.id in [j.id for j in done.parsed.jobs]
     assert {(j.kind, j.status) for j in done.parsed.jobs} == {(generated.models.JobKind.PLAN,
                                                               generated.models.JobStatus.SUCCEEDED)}

@@ -11,11 +11,13 @@ field (`vms.0`) and the rule, never a 500 from below.
   '/' (it would be a directory in that file name), no control characters.
 - `FreeText`: reasons and patterns: the control-character rule of labels.
 - `LabelFilter`: `KEY=VALUE` in a list's query, by the rules of guest labels.
+- `whole_number`: an integer field of a strict body takes `4.0` as 4 (JSON has one number
+  type, and JSON Schema's `integer` is any number without a fractional part), never `"4"`.
 """
 
 from __future__ import annotations
 
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, Field
 from pydantic_core import PydanticCustomError
@@ -32,6 +34,14 @@ DOMAIN_NAME_RULE = (f"a libvirt domain name is 1-{DOMAIN_NAME_MAX_BYTES} bytes o
 # no JSON encoder produces them from text; the validators above refuse them all the same.
 DOMAIN_NAME_PATTERN = r"^[^\x00-\x1f\x7f-\x9f/]+$"
 FREE_TEXT_PATTERN = r"^[^\x00-\x1f\x7f-\x9f]*$"
+
+
+def whole_number(value: Any) -> Any:
+    """A float without a fractional part as the integer it is; anything else as it came (the
+    strict integer check then refuses it, naming the field)."""
+    if isinstance(value, float) and value.is_integer():
+        return int(value)
+    return value
 
 
 def _refuse(rule: str, problem: str) -> PydanticCustomError:

@@ -102,6 +102,14 @@ class IdempotencyMiddleware:
             await self.app(scope, receive, send)
             return
         key = raw_key.decode("latin-1")
+        services = self._services()
+        verifier: TokenVerifier = services.tokens
+        token = bearer_token(headers.get(b"authorization", b"").decode("latin-1"))
+        principal = await run_in_threadpool(verifier.verify, token) if token else None
+        if token is None or principal is None or not principal.admin:
+            # the token check answers first (401, 403), as for every other part of the request
+            await self.app(scope, receive, send)
+            return
         if not KEY_RE.match(key):
             await self._send(send, *_json(422, "validation", f"Idempotency-Key must be {KEY_RULE}",
                                           "Idempotency-Key", rule="string_pattern_mismatch"))
@@ -109,13 +117,6 @@ class IdempotencyMiddleware:
 
         body = await _read_body(receive)
         replay_receive = _replaying(body)
-        services = self._services()
-        verifier: TokenVerifier = services.tokens
-        token = bearer_token(headers.get(b"authorization", b"").decode("latin-1"))
-        principal = await run_in_threadpool(verifier.verify, token) if token else None
-        if token is None or principal is None or not principal.admin:
-            await self.app(scope, replay_receive, send)
-            return
 
         store = services.idempotency
         digest = fingerprint(scope["method"], scope["path"], scope.get("query_string", b"").decode("latin-1"), body)

@@ -12,7 +12,9 @@ routes' own signatures cannot:
   `Idempotent-Replayed` on POSTs, `Link` to a list's next page, `Allow` on a 405 (the
   `default` answer: any status an operation does not list, in the one error shape);
 - an optional body as optional (`required: false`, the model itself), not as a
-  required "model or null" a generator turns into a mandatory argument.
+  required "model or null" a generator turns into a mandatory argument;
+- links: which answer names what another operation takes (a placement made → read it or
+  remove it; a job accepted → poll it or cancel it), so a client can follow them.
 """
 
 from __future__ import annotations
@@ -97,6 +99,88 @@ POLLED = {"/v1/jobs/{job_id}"}
 PAGED = {"/v1/placements", "/v1/jobs", "/v1/plans", "/v1/audit"}
 
 
+
+def _link(operation: str, description: str, **parameters: str) -> dict[str, Any]:
+    return {"operationId": operation, "parameters": parameters, "description": description}
+
+
+_JOB_LINKS = {
+    "GetJob": _link("getJob", "poll the job", job_id="$response.body#/job/id"),
+    "CancelJob": _link("cancelJob", "cancel the job", job_id="$response.body#/job/id"),
+}
+# (path, method, status) -> the links of that answer: each names the operation and where its
+# parameters come from (a runtime expression on this request or answer).
+LINKS: dict[tuple[str, str, str], dict[str, dict[str, Any]]] = {
+    ("/v1/placements", "post", "201"): {
+        "GetPlacement": _link("getPlacement", "the recorded placement", guest="$response.body#/guest"),
+        "DeletePlacement": _link("deletePlacement", "remove it again", guest="$response.body#/guest"),
+    },
+    ("/v1/placements", "get", "200"): {
+        "GetPlacement": _link("getPlacement", "the first placement listed",
+                              guest="$response.body#/placements/0/guest"),
+    },
+    ("/v1/placements/{guest}", "get", "200"): {
+        "DeletePlacement": _link("deletePlacement", "remove it", guest="$response.body#/guest"),
+    },
+    ("/v1/hosts", "get", "200"): {
+        "GetHostTopology": _link("getHostTopology", "the first host's topology", host="$response.body#/hosts/0/name"),
+        "EnterMaintenance": _link("enterMaintenance", "put the first host into maintenance",
+                                  host="$response.body#/hosts/0/name"),
+        "LeaveMaintenance": _link("leaveMaintenance", "bring the first host back into service",
+                                  host="$response.body#/hosts/0/name"),
+    },
+    ("/v1/hosts/{host}/maintenance", "put", "200"): {
+        "LeaveMaintenance": _link("leaveMaintenance", "bring the host back into service", host="$response.body#/host"),
+    },
+    ("/v1/hosts/{host}/maintenance", "delete", "200"): {
+        "EnterMaintenance": _link("enterMaintenance", "put the host into maintenance again",
+                                  host="$response.body#/host"),
+    },
+    ("/v1/plans", "post", "201"): {
+        "GetPlan": _link("getPlan", "the stored plan", plan_id="$response.body#/id"),
+        "ApplyPlan": _link("applyPlan", "apply it (a job)", plan_id="$response.body#/id"),
+        "CancelPlan": _link("cancelPlan", "cancel it", plan_id="$response.body#/id"),
+    },
+    ("/v1/plans", "post", "202"): _JOB_LINKS,
+    ("/v1/plans", "get", "200"): {
+        "GetPlan": _link("getPlan", "the newest plan listed", plan_id="$response.body#/plans/0/id"),
+    },
+    ("/v1/plans/{plan_id}", "get", "200"): {
+        "ApplyPlan": _link("applyPlan", "apply it (a job)", plan_id="$response.body#/id"),
+        "CancelPlan": _link("cancelPlan", "cancel it", plan_id="$response.body#/id"),
+    },
+    ("/v1/plans/{plan_id}/apply", "post", "202"): {
+        **_JOB_LINKS, "GetPlan": _link("getPlan", "the plan being applied", plan_id="$request.path.plan_id"),
+        "CancelPlan": _link("cancelPlan", "cancel the plan (and its job)", plan_id="$request.path.plan_id"),
+    },
+    ("/v1/plans/{plan_id}/cancel", "post", "200"): {
+        "GetPlan": _link("getPlan", "the plan", plan_id="$response.body#/plan/id"),
+    },
+    ("/v1/profiles", "post", "202"): _JOB_LINKS,
+    ("/v1/protect", "post", "202"): {
+        **_JOB_LINKS,
+        "GetProtection": _link("getProtection", "the loop's state", job_id="$response.body#/job/id"),
+        "StopProtection": _link("stopProtection", "stop the loop", job_id="$response.body#/job/id"),
+    },
+    ("/v1/protect/{job_id}", "delete", "202"): {
+        "GetJob": _link("getJob", "how the stop goes", job_id="$response.body#/job/id"),
+    },
+    ("/v1/jobs", "get", "200"): {
+        "GetJob": _link("getJob", "the newest job listed", job_id="$response.body#/jobs/0/id"),
+        "CancelJob": _link("cancelJob", "cancel it", job_id="$response.body#/jobs/0/id"),
+    },
+    ("/v1/jobs/{job_id}", "get", "200"): {
+        "CancelJob": _link("cancelJob", "cancel it", job_id="$response.body#/id"),
+    },
+    ("/v1/jobs/{job_id}/cancel", "post", "200"): {
+        "GetJob": _link("getJob", "the cancelled job", job_id="$response.body#/job/id"),
+    },
+    ("/v1/jobs/{job_id}/cancel", "post", "202"): {
+        "GetJob": _link("getJob", "poll it until it stops", job_id="$response.body#/job/id"),
+    },
+}
+
+
 def operation_id(route: APIRoute) -> str:
     """The route's own name as a camelCase operationId (`create_placement` → `createPlacement`): stable
     as long as the route keeps its name, whatever its path or method (routes set theirs explicitly)."""
@@ -129,6 +213,9 @@ def finish(schema: dict[str, Any]) -> dict[str, Any]:
             _optional_body(operation)
             for status, response in operation.get("responses", {}).items():
                 response["headers"] = _headers(method, status)
+                links = LINKS.get((path, method, status))
+                if links:
+                    response["links"] = links
                 if method == "get" and status == "200" and path in PAGED:
                     response["headers"]["Link"] = {"$ref": "#/components/headers/Link"}
                 if method == "get" and status == "200" and path in POLLED:

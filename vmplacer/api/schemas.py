@@ -19,11 +19,12 @@ from pydantic import (
     GetJsonSchemaHandler,
     SerializerFunctionWrapHandler,
     WithJsonSchema,
+    field_validator,
     model_serializer,
 )
 from pydantic_core import CoreSchema
 
-from vmplacer.api.fields import DomainName, Glob, Reason, SelectorText, SpecText, SpecValue
+from vmplacer.api.fields import DomainName, Glob, Reason, SelectorText, SpecText, SpecValue, whole_number
 from vmplacer.api.times import ApiTime
 
 from vmplacer.core.placement.guest import (
@@ -37,7 +38,10 @@ from vmplacer.core.placement.guest import (
     WORKLOAD_CLASSES,
 )
 from vmplacer.core.placement.guest_placement import MEM_MODES
-from vmplacer.core.rebalance.plan import PLAN_STATES
+from vmplacer.core.protect.decisions import THROTTLE_FINDINGS
+from vmplacer.core.rebalance.plan import ACTION_KINDS, ACTION_STATES, PLAN_STATES
+from vmplacer.core.reconcile import ACTIONS as RECONCILE_ACTIONS
+from vmplacer.core.reconcile import KINDS as FINDING_KINDS
 
 GUEST_NAME = r"^[A-Za-z0-9_.+][A-Za-z0-9_.+-]{0,63}$"
 HOST_NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$"
@@ -54,6 +58,20 @@ _NODE_ID = {"type": "integer", "minimum": 0, "maximum": MAX_HOST_NODE}
 # schema still tells clients the shape: one node id, or guest cell -> node id.
 MemoryNode = Annotated[Any, WithJsonSchema({"anyOf": [
     _NODE_ID, {"type": "object", "additionalProperties": _NODE_ID}, {"type": "null"}]})]
+_CPU_LIST: dict[str, Any] = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "integer"}}]}
+# The flat per-cell keys of a request file (`numa_cpus.1`, `numa_mem.1`, `memory_node.1`): the
+# only further keys a placement request takes.
+FLAT_CELL_KEYS: dict[str, Any] = {r"^numa_cpus\.[0-9]+$": _CPU_LIST, r"^numa_mem\.[0-9]+$": {"type": "integer"},
+                  r"^memory_node\.[0-9]+$": _NODE_ID}
+
+
+def _whole_numbers(cls: Any, value: Any) -> Any:
+    """Integer fields of strict bodies take `4.0` as 4 (`whole_number`), in lists and mappings too."""
+    if isinstance(value, dict):
+        return {key: _whole_numbers(cls, item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_whole_numbers(cls, item) for item in value]
+    return whole_number(value)
 
 CpuPolicy = Literal[CPU_POLICIES]  # type: ignore[valid-type]
 ThreadPolicy = Literal[THREAD_POLICIES]  # type: ignore[valid-type]
@@ -95,11 +113,32 @@ class _Strict(BaseModel):
     model_config = ConfigDict(strict=True, extra="forbid")
 
 
+# A number the server sends as it computed it: an int stays an int, a float a float (the JSON
+# is the same bytes as before these answers were typed); "number" to a client.
+Number = Annotated[int | float, WithJsonSchema({"type": "number"})]
+
+
+class _Sent(BaseModel):
+    """A part of an answer the server builds as a dict, typed for clients. Its fields are declared
+    in the order the server writes them, so the JSON is the same bytes as the dict; a field the
+    server leaves out stays out (not null)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    @model_serializer(mode="wrap")
+    def _as_sent(self, handler: SerializerFunctionWrapHandler):  # type: ignore[no-untyped-def]
+        """(No return annotation: one would replace this model's schema in the document.)"""
+        data = handler(self)
+        return {key: value for key, value in data.items()
+                if key in self.model_fields_set or key not in type(self).model_fields}
+
+
 class PlacementRequest(BaseModel):
     """A guest to place, plus where and how. Extra keys `numa_cpus.N` / `numa_mem.N` /
     `memory_node.N` (flat form of the request file) are accepted too."""
 
-    model_config = ConfigDict(strict=True, extra="allow", json_schema_extra={"additionalProperties": True})
+    model_config = ConfigDict(strict=True, extra="allow", json_schema_extra={
+        "additionalProperties": False, "patternProperties": FLAT_CELL_KEYS})
 
     name: str = Field(pattern=GUEST_NAME, max_length=64, description="the domain name")
     vcpus: int = Field(ge=1, le=MAX_VCPUS)
@@ -135,9 +174,12 @@ class PlacementRequest(BaseModel):
                                  "server takes at most half of its api.max_request_bytes (422 naming base_xml "
                                  "beyond that)")
 
+    _whole_numbers = field_validator("vcpus", "memory_mib", "dedicated_vcpus", "numa_nodes", "numa_cpus", "numa_mem",
+                                     "memory_node", "mem_page_size", mode="before")(_whole_numbers)
+
     def guest_fields(self) -> dict[str, Any]:
         data = self.model_dump(exclude_none=True, exclude=set(ROUTING_FIELDS))
-        data.update({k: v for k, v in (self.model_extra or {}).items()})
+        data.update({k: _whole_numbers(None, v) for k, v in (self.model_extra or {}).items()})
         return data
 
 
@@ -389,9 +431,10 @@ class ProfileRequest(_Strict):
                            description="sensitive VMs (sampled with neighbours frozen); empty: all running")
     sensitive: SelectorText = Field(default="all",
                            description="all, label:KEY=VALUE or class:NAME (e.g. class:latency-critical)")
-    t_m_ms: float | None = Field(default=None, gt=0, le=10_000)
+    # a microsecond at least: below it the window rounds to nothing in seconds
+    t_m_ms: float | None = Field(default=None, ge=0.001, le=10_000)
     t_sleep_s: float | None = Field(default=None, ge=0, le=86_400)
-    max_freeze_ms: float | None = Field(default=None, gt=0, le=60_000)
+    max_freeze_ms: float | None = Field(default=None, ge=0.001, le=60_000)
     samples: int | None = Field(default=None, ge=1, le=100_000)
     duration_s: float | None = Field(default=None, gt=0, le=86_400)
     metric: Literal["auto", "ipc", "cpu"] | None = None
@@ -402,6 +445,8 @@ class ProfileRequest(_Strict):
                                     description="pair probes per round (all but a VM and one neighbour frozen); "
                                                 "default: profiler.pair_probes, 0: none")
 
+    _whole_numbers = field_validator("samples", "pair_probes", mode="before")(_whole_numbers)
+
 
 class ProtectRequest(_Strict):
     host: HostName | None = Field(default=None, description="a configured host (another name: 422 naming `host`); "
@@ -411,6 +456,32 @@ class ProtectRequest(_Strict):
     samples: int = Field(default=5, ge=1, le=100, description="ζ and ζb samples per protected guest per fast round")
     t_m_ms: float | None = Field(default=None, ge=0.1, le=1000, description="Freeze'nSense window")
 
+    _whole_numbers = field_validator("samples", mode="before")(_whole_numbers)
+
+
+class ProtectedGuest(_Sent):
+    """A protected guest as the loop's last recorded round saw it (null: not recorded)."""
+
+    guest: str
+    ratio: Number | None = Field(description="ζ/ζb smoothed: the share of its solo performance it gets")
+    ratio_raw: Number | None = Field(description="the last round's ζ/ζb, unsmoothed")
+    floor: Number | None = Field(description="the ratio it is protected at")
+    state: str | None = Field(description="what the loop judged: below | held | headroom | unmeasured | "
+                              "cannot-hold | idle (as its recorded round has it)")
+    throttles_applied: int | None = Field(description="throttles applied for it since the loop started")
+    below_floor_s: Number | None = Field(description="seconds it spent below its floor since the loop started")
+
+
+class ProtectThrottle(_Sent):
+    """A throttle vmplacer set on the host and has not released."""
+
+    guest: str
+    share: Number = Field(description="the CPU share it is held at")
+    original_share: Number = Field(description="its share before vmplacer first throttled it")
+    protects: str = Field(description="the protected guest it serves")
+    plan_id: int | None = Field(description="the stored plan that set it")
+    age_s: Number = Field(description="seconds since it last changed")
+
 
 class ProtectView(BaseModel):
     model_config = ConfigDict(extra="allow")
@@ -418,8 +489,8 @@ class ProtectView(BaseModel):
     job: JobView
     host: str
     last_round_at: ApiTime | None = Field(default=None, description="the loop's last recorded round (null: none yet)")
-    guests: list[dict[str, Any]]
-    throttles: list[dict[str, Any]]
+    guests: list[ProtectedGuest]
+    throttles: list[ProtectThrottle]
 
 
 class Distribution(BaseModel):
@@ -503,6 +574,8 @@ class PlanRequest(_Strict):
                               description="a host in maintenance to empty: the plan live-migrates its guests "
                                           "away instead of rebalancing")
 
+    _whole_numbers = field_validator("max_actions", mode="before")(_whole_numbers)
+
 
 class ReconcileRequest(_Strict):
     hosts: list[HostName] | None = Field(default=None, max_length=256,
@@ -514,6 +587,54 @@ class ReconcileRequest(_Strict):
                             description="records changed this recently are never written to")
 
 
+FindingKind = Annotated[Literal[FINDING_KINDS], Named(  # type: ignore[valid-type]
+    "FindingKind", "how a record and libvirt disagree (docs/operations.md, Reconcile, lists every kind)")]
+ReconcileAction = Annotated[Literal[RECONCILE_ACTIONS], Named(  # type: ignore[valid-type]
+    "ReconcileAction", "what reconciling does about a finding: release the record, follow the domain to its "
+                       "host, set the recorded state, restore or adopt drifted pins, or none (reported only)")]
+
+
+class ReconcileFinding(_Sent):
+    """One record that disagrees with libvirt (or a domain without one), and what became of it."""
+
+    guest: str
+    host: str
+    kind: FindingKind
+    action: ReconcileAction
+    detail: str
+    recorded_state: PlacementState | None
+    live_state: str | None = Field(description="the domain's state as libvirt reports it (running, paused, "
+                                   "shutoff, ...)")
+    state: PlacementState | None = Field(description="the state a set_state writes")
+    domain_uuid: str | None
+    age_s: Number | None = Field(description="seconds since the record last changed")
+    deferred: str | None = Field(description="settling: the kind it is judged as once the record has settled")
+    target_host: str | None = Field(description="moved: the host the domain runs on now")
+    outcome: str = Field(description="applied, would-apply (dry run), reported, skipped or failed")
+    outcome_message: str
+
+
+class ThrottleFinding(_Sent):
+    """A throttle the ledger and the host disagree on (reported, never acted on by reconcile)."""
+
+    host: str
+    guest: str
+    kind: Literal[THROTTLE_FINDINGS]  # type: ignore[valid-type]
+    detail: str
+
+
+class ReconciledHost(_Sent):
+    """One host's part of a reconcile run."""
+
+    host: str
+    status: Literal["reconciled", "busy", "unreachable"] = Field(
+        description="reconciled | busy (another run holds its lease) | unreachable: nothing of it was changed")
+    message: str
+    counts: dict[str, int] = Field(description="findings per kind (kinds without findings left out)")
+    findings: list[ReconcileFinding]
+    throttles: list[ThrottleFinding]
+
+
 class ReconcileView(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -522,7 +643,7 @@ class ReconcileView(BaseModel):
     dry_run: bool
     released: int
     updated: int
-    hosts: list[dict[str, Any]]
+    hosts: list[ReconciledHost]
     problems: list[str]
 
 
@@ -543,6 +664,68 @@ class CancelRequest(BaseModel):
     at: ApiTime | None = None
 
 
+ActionKind = Annotated[Literal[ACTION_KINDS], Named(  # type: ignore[valid-type]
+    "ActionKind", "repin (new pCPUs on its host) | set_memory_nodes | migrate (live, to target_host) | probe "
+                  "(a measurement) | throttle | release (a guest's CPU bandwidth down, or back up)")]
+ActionState = Annotated[Literal[ACTION_STATES], Named(  # type: ignore[valid-type]
+    "ActionState", "pending | running (not final); succeeded | failed | skipped | rolled_back (final)")]
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    """A field the server leaves out rather than sending a default: the document names none."""
+    schema.pop("default", None)
+
+
+class GuestCell(_Sent):
+    """A guest NUMA cell and the host node it is on."""
+
+    id: int
+    vcpus: list[int]
+    memory_kib: int
+    host_node: int
+    memory_node: int = Field(default=None, json_schema_extra=_no_default,  # type: ignore[assignment]
+                             description="the host memory-only node holding its memory (present only when one does)")
+
+
+class GuestPinning(_Sent):
+    """Where a guest's vCPUs, emulator threads and memory are (before or after an action)."""
+
+    guest: str
+    host: str
+    vcpupin: dict[str, list[int]] = Field(description="vCPU -> pCPUs")
+    emulatorpin: list[int]
+    memory_nodes: list[int]
+    mem_mode: str
+    cells: list[GuestCell]
+    memory_kib: int
+    hugepage_kib: int | None
+    threads_per_core: int
+    dedicated: bool
+    exclusive_cpus: list[int]
+    score: Number
+
+
+class PlanAction(_Sent):
+    """One change to one host, and how it went (`state`, `message`)."""
+
+    index: int
+    kind: ActionKind
+    host: str = Field(description="where it runs (a migration's source)")
+    guest: str | None
+    target_host: str | None = Field(description="migrate: the host it goes to")
+    before: GuestPinning | None = Field(description="null for probes and bandwidth changes")
+    after: GuestPinning | None
+    reason: str
+    predicted_gain: Number = Field(description="the change of the plan's objective it brings")
+    cost: dict[str, Number] = Field(description="what it costs (migration time and downtime, perf-seconds lost)")
+    confidence: Number = Field(description="0..1: how much of the gain rests on observed data")
+    depends_on: list[int] = Field(description="indexes of the actions that must succeed first")
+    parameters: dict[str, Any] = Field(description="kind-specific (a bandwidth change: bandwidth_before, "
+                                       "bandwidth_after)")
+    state: ActionState
+    message: str
+
+
 class PlanView(BaseModel):
     model_config = ConfigDict(extra="allow")
 
@@ -551,7 +734,7 @@ class PlanView(BaseModel):
     hosts: list[str]
     predicted_gain: float
     summary: str
-    actions: list[dict[str, Any]]
+    actions: list[PlanAction]
     diff: list[dict[str, Any]]
     created_at: ApiTime | None = None
     cancel_request: CancelRequest | None = Field(

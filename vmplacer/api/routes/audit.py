@@ -20,7 +20,14 @@ from vmplacer.api.strict_json import StrictJsonRoute
 from vmplacer.api.times import with_api_times
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"], route_class=StrictJsonRoute)
-ISO_8601 = r"^\d{4}-\d{2}-\d{2}([T ]\d{2}:\d{2}(:\d{2}(\.\d{1,6})?)?(Z|[+-]\d{2}:?\d{2})?)?$"
+# A calendar date of the years 1000-8999 (so that no offset moves it out of Python's range),
+# then optionally a time of day and an offset below a day: exactly what the route accepts.
+_YEAR = "[1-8][0-9]{3}"
+_LEAP_YEAR = "(?:[1-8][0-9](?:0[48]|[2468][048]|[13579][26])|(?:[2468][048]|[1357][26])00)"
+_MONTH_DAY = ("(?:(?:0[13578]|1[02])-(?:0[1-9]|[12][0-9]|3[01])|(?:0[469]|11)-(?:0[1-9]|[12][0-9]|30)"
+              "|02-(?:0[1-9]|1[0-9]|2[0-8]))")
+_TIME = "[T ](?:[01][0-9]|2[0-3]):[0-5][0-9](?::[0-5][0-9](?:\\.[0-9]{1,6})?)?(?:Z|[+-](?:[01][0-9]|2[0-3]):?[0-5][0-9])?"
+ISO_8601 = f"^(?:{_YEAR}-{_MONTH_DAY}|{_LEAP_YEAR}-02-29)(?:{_TIME})?$"
 MOMENT_HELP = "ISO 8601 date or date-time; without an offset: UTC"
 
 

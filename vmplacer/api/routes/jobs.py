@@ -23,7 +23,7 @@ from vmplacer.api.errors import COMMON_RESPONSES, CONFLICT, NOT_FOUND, ApiError
 from vmplacer.api.job_views import JOB_ID, POLL_AFTER_S, following, job_view
 from vmplacer.api.paging import CursorQuery, decode, paged
 from vmplacer.api.routes.plans import APPLY_JOB, cancel_plan_of_job
-from vmplacer.api.schemas import JobCancelView, JobList, JobStatus, JobView
+from vmplacer.api.schemas import JobCancelView, JobKind, JobList, JobStatus, JobView
 from vmplacer.api.strict_json import StrictJsonRoute
 
 router = APIRouter(prefix="/v1/jobs", tags=["jobs"], route_class=StrictJsonRoute)
@@ -49,7 +49,7 @@ def get_job(services: Services, response: Response,
 def list_jobs(request: Request, services: Services, response: Response,
               status: list[JobStatus] | None = Query(default=None, description="only jobs in these states "
                                                      "(repeatable; default: every state)"),
-              kind: str | None = Query(default=None, pattern=r"^[a-z-]{1,32}$"),
+              kind: JobKind | None = Query(default=None, description="only jobs of this kind"),
               limit: int = Query(default=100, ge=1, le=1000),
               cursor: str | None = CursorQuery) -> dict[str, Any]:
     statuses = sorted(set(status or ()))
