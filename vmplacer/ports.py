@@ -179,7 +179,9 @@ class ProfileSample:
     """One stored Freeze'nSense measurement: ζ (shared), ζb (neighbours frozen) or ζp (all but one frozen)."""
 
     guest: str
-    kind: str  # "zeta" | "zeta_b" | "zeta_p" (a pair probe: one neighbour running)
+    # "zeta" | "zeta_b" | "zeta_p" (a pair probe: one neighbour running) | "frozen" (a freeze that gave no
+    # sample, stored only to count the guests' frozen time: core/rebalance/frozen_share.py)
+    kind: str
     metric: str
     value: float
     window_s: float

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
@@ -54,6 +54,29 @@ def _learning(container: Container, hosts: dict[str, RebalanceHost],
     return container.load_model, learn, {}
 
 
+SPARED_SHOWN = 10  # guests a one-line message names before it only counts the rest
+
+
+def spared_text(frozen_share: Mapping[str, Any] | None) -> str:
+    """The guests a profile run left running because of their frozen share of the last hour,
+    with the seconds each had been frozen ("" when none): what its `frozen_share.spared` holds
+    (app/observe/frozen_share.py), in one line for the run's and the rebalance report's text."""
+    spared = (frozen_share or {}).get("spared")
+    if not isinstance(spared, Mapping) or not spared:
+        return ""
+    share = (frozen_share or {}).get("max_share_per_hour")
+    limit = (f" (max_frozen_share_per_guest_hour {share * 100:g} % of the hour)"
+             if isinstance(share, (int, float)) and not isinstance(share, bool) else "")
+    names = sorted(spared)
+    shown = ", ".join(f"{name} ({_seconds(spared[name])} frozen)" for name in names[:SPARED_SHOWN])
+    more = f" and {len(names) - SPARED_SHOWN} more" if len(names) > SPARED_SHOWN else ""
+    return f"left running for their frozen share{limit}: {shown}{more}"
+
+
+def _seconds(value: Any) -> str:
+    return f"{value:.1f} s" if isinstance(value, (int, float)) and not isinstance(value, bool) else "? s"
+
+
 def _profiler(container: Container) -> tuple[Callable[[str, float, Sequence[str]], Measured] | None, str]:
     try:
         from vmplacer.bootstrap.profiler import build_profiler
@@ -76,6 +99,9 @@ def _profiler(container: Container) -> tuple[Callable[[str, float, Sequence[str]
             freezer.close()
         message = (f"run {result.run_id}: {plural(len(result.vms), 'VM')}, {plural(result.freezes, 'freeze')}, "
                    f"{result.stopped_because or 'done'}")
+        spared = spared_text(result.frozen_share)
+        if spared:
+            message += f"; {spared}"
         return measured_of(host, result.vms, message)
 
     return profile, ""

@@ -308,6 +308,11 @@ def _print_result(data: dict[str, Any]) -> None:
           f"({overhead['formula_with_latency'] * 100:.2f}% with the measured "
           f"{overhead['freeze_latency_ms']:.1f} ms freeze latency); K_s = {overhead['k_s']}, "
           f"{data['freezes']} freezes, stopped: {data['stopped_because']}")
+    from vmplacer.bootstrap.rebalance import spared_text
+
+    spared = spared_text(data.get("frozen_share"))
+    if spared:
+        print(spared)
 
 
 # ----- show ----------------------------------------------------------------------------------------

@@ -66,6 +66,7 @@ from vmplacer.cli.common import (
 )
 from vmplacer.cli.confirm import add_yes_argument, confirm
 from vmplacer.cli.verbs import no_more_words, split_verb, words_anywhere
+from vmplacer.core.text import plural
 
 DEFAULT_PROFILE_SECONDS = 5.0
 PLANS_COLUMNS = ("id", "state", "hosts", "actions", "summary")  # `plans list`
@@ -481,8 +482,11 @@ def _render_report(data: dict[str, Any]) -> None:
             print(note)
         print(f"status: {data['status']}")
         return
+    disruption = disruption_line(plan)
     if not plan["actions"]:
         print(f"plan {plan['id']} ({plan['state']}): {plan['summary']}")
+        if disruption:
+            print(disruption)
         _render_outcome(plan)
         for note in data.get("notes", []):
             sys.stderr.write(f"note: {note}\n")
@@ -501,10 +505,35 @@ def _render_report(data: dict[str, Any]) -> None:
                     [(d["guest"], d["host_before"] if d["host_before"] == d["host_after"]
                       else f"{d['host_before']} → {d['host_after']}", d["pins_before"], d["pins_after"],
                       _perf(d)) for d in plan["diff"]])
+    if disruption:
+        print(disruption)
     _render_outcome(plan)
     for note in data.get("notes", []):
         sys.stderr.write(f"note: {note}\n")
     print(f"status: {data['status']}")
+
+
+WAITING_HOSTS_SHOWN = 5  # hosts of waiting trials the disruption line names before "…"
+
+
+def disruption_line(plan: dict[str, Any]) -> str:
+    """What the plan's trials spent of the disruption budget, from its notes (docs/disruption.md):
+    "disruption: 2 of 20 trials kept, 96 of 400 trial repins; 3 trials waiting: h1, h2, h3"; ""
+    for a plan whose notes hold none (a drain, a plan made before the budget)."""
+    notes = (plan.get("settings") or {}).get("notes")
+    notes = notes if isinstance(notes, dict) else {}
+    spent = notes.get("disruption")
+    if not isinstance(spent, dict) or not spent:
+        return ""
+    line = (f"disruption: {spent.get('trials', '?')} of {spent.get('max_trials', '?')} trials kept, "
+            f"{spent.get('trial_repins', '?')} of {spent.get('max_trial_repins', '?')} trial repins")
+    waiting = spent.get("trials_waiting") or 0
+    if not waiting:
+        return line + "; no trial waiting"
+    hosts = sorted({str(h) for entry in notes.get("over_budget") or () if isinstance(entry, dict)
+                    for h in entry.get("hosts") or ()})
+    named = ", ".join(hosts[:WAITING_HOSTS_SHOWN]) + (" …" if len(hosts) > WAITING_HOSTS_SHOWN else "")
+    return line + f"; {plural(waiting, 'trial')} waiting" + (f" on {named}" if named else "")
 
 
 def _render_outcome(plan: dict[str, Any]) -> None:

@@ -17,6 +17,7 @@ from vmplacer.core.topology.cpuset import format_cpuset
 from vmplacer.core.placement.guest_placement import Placement, placement_from_dict
 from vmplacer.ports import HypervisorError
 from vmplacer.web import hostmap
+from vmplacer.web.disruption import plan_disruption
 from vmplacer.web.memory import node_memory
 
 if TYPE_CHECKING:
@@ -39,9 +40,10 @@ class WebViews:
     fleet of a thousand hosts costs a thousand dictionary reads per refresh, not a thousand
     allocator views."""
 
-    def __init__(self, services: ApiServices, clock: Any = time.monotonic):
+    def __init__(self, services: ApiServices, clock: Any = time.monotonic, wall: Any = time.time):
         self.services = services
         self._clock = clock
+        self._wall = wall  # epoch seconds: the hour a guest's moves are counted over
         self._unreadable: dict[str, tuple[float, str]] = {}  # host -> (when, why) of its last failed read
         self._rooms: dict[str, tuple[Any, Any, dict[str, Any]]] = {}
         self._lock = threading.Lock()
@@ -136,6 +138,7 @@ class WebViews:
             action["trial"] = ({"succeeded": "kept", "rolled_back": "rolled back"}.get(action["state"], "")
                                if action["kind"] == "probe" else "")
             action["pins"] = _pins_change(action)
+        data["disruption"] = plan_disruption(plan.settings)
         return data
 
     # ----- one host ----------------------------------------------------------------------------
@@ -260,7 +263,20 @@ class WebViews:
             "predicted": predicted,
             "model_observations": model.observations,
             "plans": container.plan_store.touching(name, GUEST_PLANS),
+            "moves": self._moves_this_hour(name),
         }
+
+    def _moves_this_hour(self, name: str) -> dict[str, Any]:
+        """The guest's moves in the last hour, counted as the planner and the executor count them
+        (every process's stored plans; an undone move twice), against the configured
+        `max_moves_per_guest_hour` (0: no limit). One grouped query over the hour's moves."""
+        from vmplacer.app.apply.move_budget import SETTING, WINDOW_S
+
+        since = self._wall() - WINDOW_S
+        moves = self.services.container.plan_store.moves_since([name], since).get(name, 0)
+        limit = self.services.container.settings.rebalance.max_moves_per_guest_hour
+        return {"count": moves, "limit": limit, "setting": SETTING, "since": since,
+                "at_limit": 0 < limit <= moves}
 
     # ----- the model -----------------------------------------------------------------------------
     def model(self) -> Any:
