@@ -6,6 +6,7 @@ every other pCPU, with the model's table and the blind view's, compared to 1e-9 
 from __future__ import annotations
 
 import random
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -230,3 +231,62 @@ def test_line_sums_of_many_changed_pieces_equal_the_whole_arrays(seed: int, monk
     assert change is not None
     assert lines[0] == pytest.approx(float(change.sum()), rel=1e-9)
     assert lines[1] == pytest.approx(float((change * trust).sum()), rel=1e-9)
+
+
+def test_big_layouts_need_memory_in_proportion_to_their_pieces() -> None:
+    """Past `DENSE_JUDGE_PIECES` a layout's need grows with pCPUs × pieces, not pieces²: a
+    512-pCPU host of 200 guests, 40 of them floating over the whole host (20,640 pieces: a
+    piece × piece array alone would be 3.2 GiB), fits 1 GiB; what leaves it out is the time one
+    judged change would take, over the host's search budget, and a longer budget lets it in."""
+    from vmplacer.core.rebalance import budget
+
+    small, big = layout_moves.DENSE_JUDGE_PIECES + 1, 4 * (layout_moves.DENSE_JUDGE_PIECES + 1)
+    grown = budget.host_need_mib(big, True, 512, 200) - budget.host_need_mib(small, True, 512, 200)
+    per_piece = (budget.host_need_mib(small, True, 512, 200) - budget.BASE_MIB - budget.LINES_MIB) / small
+    assert grown == pytest.approx(per_piece * (big - small))
+    topology = uniform_topology(nodes=16, cores_per_node=16, threads_per_core=2, name="h")
+    guests = {}
+    for index in range(200):
+        pins = {v: frozenset() for v in range(2)} if index % 5 == 4 else {0: frozenset({index})}
+        placement = Placement(guest=f"g{index}", host="h", vcpupin=pins, memory_kib=1024 * 1024)
+        guests[f"g{index}"] = describe_guest(placement, labels={"workload": "a"})
+    state = ClusterState({"h": HostState("h", topology)}, guests)
+    pieces = 40 * 512 + 160
+    assert budget.host_need_mib(pieces, True, 512, 200) < 1024
+    slow = budget.hosts_over_budget(state, RebalanceSettings())
+    assert list(slow) == ["h"] and f"{pieces} pieces" in slow["h"] and "host_budget_s" in slow["h"]
+    roomy = RebalanceSettings(host_budget_s=pieces * pieces / budget.WORK_PER_SECOND + 1)
+    assert budget.hosts_over_budget(state, roomy) == {}
+    tight = budget.hosts_over_budget(state, replace(roomy, memory_budget_mib=400))
+    assert list(tight) == ["h"] and "memory_budget_mib" in tight["h"]
+
+
+@pytest.mark.parametrize("seed", range(10))
+def test_sums_of_a_derived_layout_equal_sums_made_whole(seed: int, monkeypatch) -> None:
+    """A layout derived from another by moving one-pCPU vCPUs updates the other's per-guest sums
+    (the rows and columns the moves touch, the pieces whose share changed); a chain of such moves
+    gives what computing the sums whole gives."""
+    monkeypatch.setattr(layout_moves, "PER_GUEST_ABOVE", 0)
+    state = host_state(seed, guests=random.Random(seed).randint(5, 14)) if seed % 2 else _crowded(seed, 16)
+    host = _layout(state, model(seed), False)
+    rng = random.Random(seed)
+    layout_moves.guest_sums(host, host.pieces())
+    derived = 0
+    for _ in range(6):
+        singles = sorted(host.pieces().slot_of())
+        if not singles:
+            return
+        for name, vcpu in rng.sample(singles, min(len(singles), rng.randint(1, 2))):
+            pins = dict(host.pins[name])
+            pins[vcpu] = frozenset({rng.choice(host.cpus)})
+            host.set_pins(name, pins)
+        pieces = host.pieces()
+        got = layout_moves.guest_sums(host, pieces)
+        derived += got.generation > 0
+        whole = layout_moves.guest_sums(host, layout_module.replace(pieces, guest_sums=None, parent=None))
+        assert whole.generation == 0
+        for field in ("speed", "granted", "loss", "by_cpu", "kept", "granted_sum", "from_load", "from_unit", "caused"):
+            np.testing.assert_allclose(getattr(got, field), getattr(whole, field), rtol=1e-9, atol=1e-12,
+                                       err_msg=field)
+        assert np.array_equal(got.slots, whole.slots)
+    assert derived >= 3

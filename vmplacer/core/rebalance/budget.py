@@ -1,22 +1,35 @@
 """The memory a plan may take: which hosts' layouts fit, decided before any is evaluated.
 
-Scoring a host's layout holds arrays of piece × piece entries (`rebalance/layout`: the
+Scoring a small host's layout holds arrays of piece × piece entries (`rebalance/layout`: the
 interference matrix, its blind view, pair terms and their spread, the kept recent layouts, a
 judged move's before and after); their count per host is bounded (`PAIR_ARRAYS`, measured on
-big hosts, docs/big-hosts.md), so a host's need follows from its pieces alone. A host whose
-need exceeds the plan's budget (`memory_budget_mib`) is left out of the plan, named with its
-need, rather than let the planner run out of memory; the others' kept evaluations share the
-same budget (`BetaTable.keep_cells`).
+big hosts, docs/big-hosts.md). A big layout (more than `layout_moves.PER_GUEST_ABOVE` pieces:
+floating vCPUs × the pCPUs they may run on) scores its moves from per-guest sums of pCPU × piece
+entries, and a move's doubt (past `DENSE_JUDGE_PIECES` pieces, its confidence too) from a bounded
+number of changed pieces' lines at a time (`layout_moves`, `doubt`, `whatif`): its need grows
+with pCPUs × pieces (`LINE_ARRAYS`), plus the confidence's pair arrays up to `DENSE_JUDGE_PIECES`.
+A host whose need exceeds the plan's budget (`memory_budget_mib`) is left out of the plan, named
+with its need, rather than let the planner run out of memory — and so is a big layout one of whose
+judged changes alone (about pieces² pair entries) would exceed the host's search budget
+(`host_budget_s`), rather than let its plan run for minutes; the others' kept
+evaluations share the same budget (`BetaTable.keep_cells`).
 """
 
 from __future__ import annotations
 
 from vmplacer.core.rebalance.layout import piece_count
+from vmplacer.core.rebalance.layout_moves import DENSE_JUDGE_PIECES, PER_GUEST_ABOVE
 from vmplacer.core.rebalance.state import EXCLUSIVE, PINNED, ClusterState, RebalanceSettings
 
 PAIR_ARRAYS = 16  # piece × piece float arrays a host's search holds at its peak (measured, docs/big-hosts.md)
 STILL_ARRAYS = 4  # … on a host where nothing moves within it (its layout is only evaluated)
 BASE_MIB = 96  # what a search holds whatever its pieces: candidate batches, pCPU tables (measured)
+# a big layout's pCPU × piece arrays at its peak (per-guest sums of the layout and its blind view
+# while they are made, kept evaluations), and its piece × guest ones (the layout's and its blind view's)
+LINE_ARRAYS = 8
+GUEST_ARRAYS = 2
+LINES_MIB = 128  # changed pieces' lines read at once (`doubt.LINE_CELLS`, `whatif.LINE_CELLS`: a few arrays)
+JUDGE_ARRAYS = 8  # piece × piece arrays judging a move's confidence holds, up to `DENSE_JUDGE_PIECES`
 _CELL_BYTES = 8
 # candidate × piece entries the search scores per second of `host_budget_s` (`HostLayout.work`):
 # 11–16 million measured on the reference machine (docs/big-hosts.md), so that a budget means the
@@ -31,9 +44,14 @@ def budget_cells(settings: RebalanceSettings) -> int:
     return left // (_CELL_BYTES * PAIR_ARRAYS)
 
 
-def host_need_mib(pieces: int, moves: bool = True) -> float:
-    """MiB planning a host of `pieces` pieces takes at its peak; `moves`: something on it may
-    move within it (else its layout is only evaluated)."""
+def host_need_mib(pieces: int, moves: bool = True, cpus: int = 0, guests: int = 0) -> float:
+    """MiB planning a host of `pieces` pieces (`cpus` pCPUs, `guests` guests) takes at its peak;
+    `moves`: something on it may move within it (else its layout is only evaluated)."""
+    if pieces > PER_GUEST_ABOVE:
+        entries = pieces * (cpus * LINE_ARRAYS + guests * GUEST_ARRAYS)
+        if pieces <= DENSE_JUDGE_PIECES:  # a move's confidence still judged on whole pair arrays
+            entries += pieces * pieces * JUDGE_ARRAYS
+        return BASE_MIB + LINES_MIB + entries * _CELL_BYTES / (1 << 20)
     arrays = PAIR_ARRAYS if moves else STILL_ARRAYS
     return BASE_MIB + pieces * pieces * _CELL_BYTES * arrays / (1 << 20)
 
@@ -52,7 +70,14 @@ def hosts_over_budget(state: ClusterState, settings: RebalanceSettings) -> dict[
     for name, layout in layouts.items():
         usable = len(state.hosts[name].topology.usable_cpus) or len(state.hosts[name].topology.cpus)
         pieces = piece_count(layout, usable)
-        need = host_need_mib(pieces, name in moving)
+        need = host_need_mib(pieces, name in moving, len(state.hosts[name].topology.cpus), len(layout))
+        if pieces > DENSE_JUDGE_PIECES and pieces * pieces > host_work_limit(settings):
+            left_out[name] = (f"host {name}: its layout is {pieces} pieces (floating vCPUs × the pCPUs they may "
+                              f"run on): judging one change reads about {pieces * pieces:,} pair entries, more "
+                              f"than the host's whole search budget of {settings.host_budget_s:g} s "
+                              f"({host_work_limit(settings):,.0f} entries, rebalance.search.host_budget_s); "
+                              "left as it is")
+            continue
         if need > settings.memory_budget_mib:
             left_out[name] = (f"host {name}: its layout is {pieces} pieces (floating vCPUs × the pCPUs they may "
                               f"run on), about {need:.0f} MiB to plan, over the plan's memory budget of "
@@ -65,6 +90,8 @@ def layout_fits(layout: dict[str, dict[int, frozenset[int]]], usable: int, setti
     """Whether a candidate layout (e.g. a pool: pinned vCPUs floating over a node) may be
     evaluated within the budget."""
     pieces = piece_count(layout, usable)
+    if pieces > PER_GUEST_ABOVE:
+        return host_need_mib(pieces, True, usable, len(layout)) <= settings.memory_budget_mib
     return pieces * pieces <= budget_cells(settings)
 
 

@@ -470,10 +470,10 @@ class HostLayout:
         return sum(kept.values())
 
     def _cells_of(self, pieces: LayoutPieces) -> int:
-        """Entries an evaluation of `pieces` may hold: piece × piece arrays, or on a big layout
-        (`layout_moves`) pCPU × piece ones, for the layout and its blind view."""
+        """Entries an evaluation of `pieces` may hold: piece × piece arrays, or past
+        `layout_moves.DENSE_JUDGE_PIECES` pCPU × piece ones, for the layout and its blind view."""
         size = len(pieces.cpu)
-        return 2 * len(self.cpus) * size if layout_moves.is_big(pieces) else size * size
+        return 2 * len(self.cpus) * size if size > layout_moves.DENSE_JUDGE_PIECES else size * size
 
     def holds(self, pieces: LayoutPieces) -> None:
         """A piece × piece array was just computed on `pieces`: when they are an evaluation this host
@@ -1048,7 +1048,7 @@ def _derived(base: LayoutPieces, moved: Mapping[tuple[str, int], int]) -> Layout
         base.blind.parent = None
     return replace(base, cpu=cpu, matrix=None, current=None, blind=None, terms=None, spread=None, load=None,
                    blind_base=None, reach=None, piece_keys=None, by_cpu=None, guest_sums=None,
-                   parent=(base, changed) if base.matrix is not None else None)
+                   parent=(base, changed) if base.matrix is not None or base.guest_sums is not None else None)
 
 
 _FEW_ROWS = 8  # a derived layout moving at most this many pieces gets its matrix by update

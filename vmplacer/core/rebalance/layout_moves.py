@@ -27,6 +27,9 @@ if TYPE_CHECKING:
 # layouts of more pieces than this judge one-vCPU moves per guest (smaller ones keep the
 # piece-by-piece arithmetic, whose floats the plans of small hosts were made with)
 PER_GUEST_ABOVE = 512
+# layouts of at most this many pieces still judge a move's confidence on whole pair arrays, kept
+# with the layout (`whatif`); above it, piece × piece arrays are never made
+DENSE_JUDGE_PIECES = 2048
 # candidates × pieces-per-pCPU entries gathered at once (memory stays near 8 MiB an array)
 _CHUNK_CELLS = 1 << 20
 
@@ -45,6 +48,7 @@ class GuestSums:
     from_unit: np.ndarray  # [pCPU, key, guest]: Σ g·β(a unit of key on that pCPU) over the guest's pieces
     caused: np.ndarray  # [pCPU, key]: Σ β·g a piece of key on that pCPU would suffer from every piece
     slots: np.ndarray  # [pCPU, j]: the pieces on each pCPU, -1 padded
+    generation: int = 0  # updates since the sums were last made whole (`_derived_sums`)
 
 
 def applies(host: HostLayout, pieces: LayoutPieces) -> bool:
@@ -71,6 +75,13 @@ def guest_sums(host: HostLayout, pieces: LayoutPieces) -> GuestSums:
     if isinstance(found, GuestSums):
         return found
     assert pieces.table is not None
+    parent = pieces.parent
+    if parent is not None and isinstance(parent[0].guest_sums, GuestSums) and 0 < len(parent[1]) <= _FEW_MOVED \
+            and parent[0].table is pieces.table and parent[0].guest_sums.generation < _GENERATIONS:
+        sums = _derived_sums(host, pieces, parent[0], parent[0].guest_sums, parent[1])
+        pieces.guest_sums = sums
+        host.holds(pieces)
+        return sums
     n, size = len(host.cpus), len(pieces.cpu)
     table, key, cpu, vm = pieces.table, pieces.key, pieces.cpu, pieces.vm
     keys, guests = table.shape[1], len(pieces.guests)
@@ -96,15 +107,72 @@ def guest_sums(host: HostLayout, pieces: LayoutPieces) -> GuestSums:
     kept = np.bincount(vm, weights=granted * (1.0 - loss), minlength=guests)
     granted_sum = np.bincount(vm, weights=granted, minlength=guests)
     from_load = _guest_sum(by_cpu * granted[None, :], vm, starts, guests, order_ok)
+    sums = GuestSums(speed, granted, loss, by_cpu, kept, granted_sum, from_load, from_unit, caused,
+                     _slots(cpu, n))
+    pieces.guest_sums = sums
+    host.holds(pieces)
+    return sums
+
+
+def _slots(cpu: np.ndarray, n: int) -> np.ndarray:
+    """[pCPU, j]: the pieces on each pCPU, in piece order, -1 padded."""
     counts = np.bincount(cpu, minlength=n)
     slots = np.full((n, max(int(counts.max(initial=0)), 1)), -1, dtype=np.int64)
     order = np.argsort(cpu, kind="stable")
     first = np.cumsum(counts) - counts
-    slots[cpu[order], np.arange(size) - first[cpu[order]]] = order
-    sums = GuestSums(speed, granted, loss, by_cpu, kept, granted_sum, from_load, from_unit, caused, slots)
-    pieces.guest_sums = sums
-    host.holds(pieces)
-    return sums
+    slots[cpu[order], np.arange(len(cpu)) - first[cpu[order]]] = order
+    return slots
+
+
+_FEW_MOVED = 8  # a layout derived from another by moving at most this many pieces updates its sums
+_GENERATIONS = 32  # … at most this many times in a row before they are made whole again (rounding)
+
+
+def _derived_sums(host: HostLayout, pieces: LayoutPieces, base: LayoutPieces, old: GuestSums,
+                  moved: np.ndarray) -> GuestSums:
+    """`GuestSums` of `pieces`, which differ from `base` only in the pCPUs of the one-pCPU pieces
+    `moved`: the pCPU rows those pieces leave and join, the moved pieces' own columns, and the
+    pieces whose time share changed are weighed again; the rest is `old`'s. O(pCPUs × pieces)
+    copies and sums, O(moved × pieces) look-ups — not O(pCPUs × pieces × keys) of look-ups."""
+    assert pieces.table is not None
+    n = len(host.cpus)
+    table, key, vm, demand, cpu, was = pieces.table, pieces.key, pieces.vm, pieces.demand, pieces.cpu, base.cpu
+    keys, guests = table.shape[1], len(pieces.guests)
+    load = np.bincount(cpu, weights=demand, minlength=n)
+    speed = np.minimum(1.0, 1.0 / np.maximum(load, 1e-12))
+    granted = demand * speed[cpu]
+    by_cpu = old.by_cpu.copy()
+    for y in moved.tolist():  # y's demand leaves its old pCPU's row and joins its new one's
+        other = vm != vm[y]
+        for where, positions, sign in ((was[y], was, -1.0), (cpu[y], cpu, 1.0)):
+            dist = host.dist[positions, where]
+            by_cpu[where] += sign * demand[y] * np.where(other & (dist != 0), table[dist, key[y], key], 0.0)
+    demand_on = np.bincount(cpu * keys + key, weights=demand, minlength=n * keys).reshape(n, keys)
+    for x in moved.tolist():  # x's own column, where it now is
+        dist = host.dist[:, cpu[x]]
+        near = dist != 0
+        own = np.bincount(cpu[vm == vm[x]], weights=demand[vm == vm[x]], minlength=n)
+        by_cpu[:, x] = (np.where(near[:, None], table[dist, :, key[x]], 0.0) * demand_on).sum(axis=1) \
+            - np.where(near, table[dist, key[x], key[x]], 0.0) * own
+    loss = speed @ by_cpu
+    starts = np.flatnonzero(np.r_[True, vm[1:] != vm[:-1]])
+    order_ok = len(starts) == guests and bool((vm[starts] == np.arange(guests)).all())
+    # the pieces whose share or pCPU changed: each one's part of the per-key sums, out and in again
+    touched = np.isin(cpu, np.concatenate([was[moved], cpu[moved]])) | np.isin(np.arange(len(cpu)), moved)
+    xs = np.flatnonzero(touched | np.isin(was, was[moved]))
+    from_unit, caused = old.from_unit.copy(), old.caused.copy()
+    every = np.arange(keys)
+    for positions, weight, sign in ((was, old.granted, -1.0), (cpu, granted, 1.0)):
+        dist = host.dist[:, positions[xs]]  # [c, x]
+        near = (dist != 0)[:, :, None]
+        suffered = np.where(near, table[dist[:, :, None], every[None, None, :], key[xs][None, :, None]], 0.0)
+        np.add.at(from_unit.transpose(2, 0, 1), vm[xs], sign * (suffered * weight[xs][None, :, None]).transpose(1, 0, 2))
+        hurt = np.where(near, table[dist[:, :, None], key[xs][None, :, None], every[None, None, :]], 0.0)
+        caused += sign * (hurt * weight[xs][None, :, None]).sum(axis=1)
+    return GuestSums(speed, granted, loss, by_cpu, np.bincount(vm, weights=granted * (1.0 - loss), minlength=guests),
+                     np.bincount(vm, weights=granted, minlength=guests),
+                     _guest_sum(by_cpu * granted[None, :], vm, starts, guests, order_ok),
+                     from_unit, caused, _slots(cpu, n), old.generation + 1)
 
 
 def _guest_sum(values: np.ndarray, vm: np.ndarray, starts: np.ndarray, guests: int, order_ok: bool) -> np.ndarray:

@@ -295,7 +295,7 @@ def _assess(draft: Draft, inputs: PlanInputs, move: CandidateMove) -> None:
     total = weighted = 0.0
     # each layout's evaluation stands on its own pieces: read after the move is taken back
     for (host_b, pieces_b, keys_b, factors_b), (host_a, pieces_a, keys_a, factors_a) in zip(before, after):
-        big = layout_moves.is_big(pieces_b) or layout_moves.is_big(pieces_a)
+        big = max(len(pieces_b.cpu), len(pieces_a.cpu)) > layout_moves.DENSE_JUDGE_PIECES
         changed = changed_pieces(keys_b, factors_b, keys_a, factors_a, 1.0 if big else SPARSE_SHARE)
         if changed is not None:
             found = pair_line_sums(keys_b, _lines_of(host_b, pieces_b), keys_a, _lines_of(host_a, pieces_a), changed)
@@ -331,8 +331,8 @@ def _array_lines(terms: np.ndarray, conf: np.ndarray) -> Lines:
 
 
 # a move that changes more pieces than this share of a layout is judged on the whole pair arrays
-# (a big layout's never are: `layout_moves.scored_big`)
 SPARSE_SHARE = 0.25
+# (… unless the layout has more than `layout_moves.DENSE_JUDGE_PIECES`)
 LINE_CELLS = 1 << 21  # changed pieces' lines × pieces read at once (16 MiB an array)
 
 
