@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from vmplacer.core.rebalance.draft import RunHistory
+from vmplacer.core.rebalance.offers import HostTrial, TrialKind
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
 from vmplacer.core.rebalance.policy import RebalanceSettings
 from vmplacer.core.rebalance.explore import offer_optimistic_layouts
@@ -47,8 +48,8 @@ def test_a_pairing_never_observed_is_tried_when_nothing_else_is():
     draft, inputs = search(sibling_rounds=0)
     offer_optimistic_layouts(draft, inputs)
     trial = draft.trials["h"]
-    assert trial["what"] == "optimistic"
-    cores = cores_of(trial["layout"])
+    assert trial.kind is TrialKind.OPTIMISTIC
+    cores = cores_of(trial.layout)
     assert len(set(cores.values())) < len(cores), f"no pair on one core's siblings: {cores}"
 
 
@@ -58,12 +59,12 @@ def test_no_exploration_when_switched_off_capped_already_measured_or_another_tri
     assert not _offered(search(sibling_rounds=0, history=RunHistory.of(tried={"h": RebalanceSettings().trial_max})))
     first, inputs = search(sibling_rounds=0)
     offer_optimistic_layouts(first, inputs)
-    here, there = first.trials["h"]["from_key"], first.trials["h"]["to_key"]
+    here, there = first.trials["h"].from_key, first.trials["h"].to_key
     assert not _offered(search(sibling_rounds=0, history=RunHistory.of(measured={(here, there)})))
     busy, inputs = search(sibling_rounds=0)
-    busy.trials["h"] = {"layout": {}, "what": "spread", "label": "blind spread", "from_key": "x", "to_key": "y"}
+    busy.trials["h"] = HostTrial("h", {}, TrialKind.SPREAD, "blind spread", "x", "y", 0.0)
     offer_optimistic_layouts(busy, inputs)
-    assert busy.trials["h"]["what"] == "spread"
+    assert busy.trials["h"].kind is TrialKind.SPREAD
 
 
 def _offered(planning: tuple[Draft, PlanInputs]) -> bool:

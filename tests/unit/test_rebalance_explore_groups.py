@@ -9,6 +9,7 @@ import random
 from dataclasses import replace
 
 from vmplacer.core.rebalance.draft import RunHistory
+from vmplacer.core.rebalance.offers import HostTrial, TrialKind
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
 from vmplacer.core.model.interference import Exposure, InterferenceModel, Observation
 from vmplacer.core.rebalance.policy import RebalanceSettings, plan_rebalance
@@ -97,7 +98,7 @@ def test_no_joint_trial_when_switched_off_capped_measured_protected_or_the_plan_
     first, inputs = search()
     offer_optimistic_groups(first, inputs)
     (trial,) = first.group_trials.values()
-    for measured in ({(trial["from_key"], trial["to_key"])}, {(trial["to_key"], trial["from_key"])}):
+    for measured in ({(trial.from_key, trial.to_key)}, {(trial.to_key, trial.from_key)}):
         again = search(RunHistory.of(measured=measured))
         assert not offered(again), "a joint layout measured either way lately is not tried again"
     protected, inputs = search()
@@ -107,7 +108,7 @@ def test_no_joint_trial_when_switched_off_capped_measured_protected_or_the_plan_
     busy.touched.add("a")  # the plan moves a guest of h1: its moves are confirmed, not mixed with a trial
     assert not offered((busy, inputs))
     own, inputs = search()
-    own.trials["h2"] = {"layout": {}, "what": "spread", "label": "blind spread", "from_key": "x", "to_key": "y"}
+    own.trials["h2"] = HostTrial("h2", {}, TrialKind.SPREAD, "blind spread", "x", "y", 0.0)
     assert not offered((own, inputs))
 
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import random
 
 from vmplacer.core.rebalance.draft import Draft, RunHistory
+from vmplacer.core.rebalance.offers import TrialKind
 from vmplacer.adapters.cpsat_layout import CpSatLayoutSolver
 from vmplacer.core.model.interference import Exposure, InterferenceModel, Observation
 from vmplacer.core.placement.guest_placement import Placement
@@ -270,9 +271,9 @@ def test_when_the_planned_layout_measured_worse_the_exact_layout_is_tried_from_w
         return draft
 
     trial = after_revert(exact, set()).trials["h"]
-    assert trial["what"] == "exact" and trial["layout"] == exact
-    assert trial["from_key"] == layout_key("h", start) and trial["to_key"] == layout_key("h", exact)
-    assert "from where h stays" in trial["label"]
+    assert trial.kind is TrialKind.EXACT and trial.layout == exact
+    assert trial.from_key == layout_key("h", start) and trial.to_key == layout_key("h", exact)
+    assert "from where h stays" in trial.label
     assert "h" not in after_revert(climbed, set()).trials  # the solver's layout is the one measured worse
     assert "h" not in after_revert(exact, {(layout_key("h", start), layout_key("h", exact))}).trials
 

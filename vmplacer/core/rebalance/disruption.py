@@ -69,20 +69,19 @@ def trial_costs(draft: Draft) -> list[TrialCost]:
     costs = []
     for host_name, trial in draft.trials.items():
         host = draft.hosts[host_name]
-        repins = sum(1 for guest, pins in trial["layout"].items() for vcpu, cpus in pins.items()
+        repins = sum(1 for guest, pins in trial.layout.items() for vcpu, cpus in pins.items()
                      if host.pins.get(guest, {}).get(vcpu) != cpus)
-        costs.append(TrialCost(host_name, (host_name,), trial["what"], float(trial.get("value", 0.0)), repins, 0))
-    for label, trial in draft.group_trials.items():
+        costs.append(TrialCost(host_name, (host_name,), trial.kind.value, trial.value, repins, 0))
+    for label, joint in draft.group_trials.items():
         repins = migrations = 0
-        for guest, (target, pins) in trial["changes"].items():
+        for guest, (target, pins) in joint.changes.items():
             if target != draft.host_of[guest]:
                 migrations += 1
                 repins += len(pins)
                 continue
             now = draft.hosts[target].pins.get(guest, {})
             repins += sum(1 for vcpu, cpus in pins.items() if now.get(vcpu) != cpus)
-        costs.append(TrialCost(label, tuple(trial["hosts"]), trial["what"], float(trial.get("value", 0.0)),
-                               repins, migrations))
+        costs.append(TrialCost(label, joint.hosts, joint.kind.value, joint.value, repins, migrations))
     return costs
 
 

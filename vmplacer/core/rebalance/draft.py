@@ -1,10 +1,13 @@
 """What a rebalancing plan is made of while its stages refine it, and what they are given.
 
 The stages (core/rebalance/policy.py `PIPELINE`) run in order, each a function
-`refine(draft, inputs) -> Draft`. The `Draft` is the plan so far: the what-if host
-layouts (`HostLayout`, one per host) with the moves taken on them, and what the stages
-decided about them — the reports each stage writes, the trials it offers, the gains it
-declines; the plan's actions and notes are built from it (core/rebalance/actions.py).
+`refine(draft, inputs) -> Draft`. The `Draft` is the plan so far, in three kinds of parts
+(core/rebalance/pipeline.py names them; each stage declares which it reads and writes): the
+what-if state (the host layouts, `HostLayout` one per host, where each guest is and how it
+does, with memos beside them), the log of the moves taken on it, and what the stages decided —
+the reports each stage writes, the trials it offers (core/rebalance/offers.py), the gains it
+declines. The planner turns the moves and offers into the plan's actions
+(core/rebalance/planner.py, through the view core/rebalance/actions.py builds).
 `PlanInputs` is what every stage is given and none changes: the cluster state, the
 model and its coefficients, the settings, the solver, and the `RunHistory` (what
 earlier runs measured and did).
@@ -22,6 +25,7 @@ if TYPE_CHECKING:
     from vmplacer.core.model.interference import InterferenceModel
     from vmplacer.core.rebalance.layout import BetaTable, HostLayout
     from vmplacer.core.rebalance.layout_problem import LayoutSolver
+    from vmplacer.core.rebalance.offers import GroupTrial, HostTrial
     from vmplacer.core.rebalance.whatif import CandidateMove
     from vmplacer.core.rebalance.state import ClusterState, GuestState, RebalanceSettings
 
@@ -49,8 +53,8 @@ class Draft:
     declined: list[dict] = field(default_factory=list)  # gains the search saw and did not take, and why
     rejected: list[str] = field(default_factory=list)  # moves a rule refused, in words
     pessimistic: list[dict] = field(default_factory=list)  # each host's layout against the blind spread
-    trials: dict[str, dict] = field(default_factory=dict)  # host -> the layout to try after the plan's moves
-    group_trials: dict[str, dict] = field(default_factory=dict)  # "h1+h2" -> small hosts' layout to try
+    trials: dict[str, HostTrial] = field(default_factory=dict)  # host -> the layout to try after the plan's moves
+    group_trials: dict[str, GroupTrial] = field(default_factory=dict)  # "h1+h2" -> small hosts' layout to try
     layout_guests: dict[str, list[str]] = field(default_factory=dict)  # host -> the guests its layout keys name
     declined_layouts: dict[str, Layout] = field(default_factory=dict)  # host -> exact layout declined
     exact_layouts: dict[str, Layout] = field(default_factory=dict)  # host -> the solver's layout

@@ -36,6 +36,7 @@ from vmplacer.core.rebalance.exact import (
     relayout_move,
     solve_hosts,
 )
+from vmplacer.core.rebalance.offers import GroupTrial, TrialKind
 from vmplacer.core.rebalance.pessimistic import offer_trial
 from vmplacer.core.rebalance.state import ClusterState
 from vmplacer.core.text import plural
@@ -50,7 +51,7 @@ def explorable_hosts(draft: Draft, inputs: PlanInputs) -> Iterator[str]:
     known), not ruled, not moved or grouped by this plan, and without a trial of their own yet."""
     settings = inputs.settings
     moved_hosts = {draft.host_of[g] for g in draft.migrated} | set(draft.migrated.values())
-    grouped = {h for trial in draft.group_trials.values() for h in trial["hosts"]}
+    grouped = {h for trial in draft.group_trials.values() for h in trial.hosts}
     for name in sorted(draft.hosts):
         host = draft.hosts[name]
         if (name in draft.trials or name in moved_hosts or name in grouped or name in draft.ruled or not host.guests
@@ -77,7 +78,7 @@ def offer_optimistic_layouts(draft: Draft, inputs: PlanInputs) -> None:
         gain = what_if_gain(*optimist, name, layout)
         if here == layout or gain < min_gain_on(draft, inputs, [name]):
             continue  # nothing the optimist would gain by (a layout as good as this one, relabelled)
-        offer_trial(draft, inputs, name, {"here": layout_key(name, here)}, "here", layout, "optimistic",
+        offer_trial(draft, inputs, name, {"here": layout_key(name, here)}, "here", layout, TrialKind.OPTIMISTIC,
                      "layout the model would choose were its doubtful pairs harmless", value=gain)
 
 
@@ -120,14 +121,14 @@ def _offer_group_trial(draft: Draft, inputs: PlanInputs, group: list[str], chang
     from_key, to_key = hosts_key(group, here), hosts_key(group, there)
     if from_key == to_key or (from_key, to_key) in inputs.history.measured_better or (to_key, from_key) in inputs.history.measured_better:
         return
-    label = "+".join(group)
-    draft.group_trials[label] = {
-        "hosts": list(group), "changes": changes, "what": "optimistic", "from_key": from_key, "to_key": to_key,
-        "value": max(float(gain), 0.0),
-        "label": (f"joint layout of {', '.join(group)} the model would choose were its doubtful pairs harmless "
-                  f"({plural(len(changes), 'guest')} move, "
-                  f"{sum(1 for g, (h, _) in changes.items() if h != here[g][0])} "
-                  f"to another host; optimistic {gain:+.3f})")}
+    trial = GroupTrial(
+        tuple(group), changes, TrialKind.OPTIMISTIC,
+        (f"joint layout of {', '.join(group)} the model would choose were its doubtful pairs harmless "
+         f"({plural(len(changes), 'guest')} move, "
+         f"{sum(1 for g, (h, _) in changes.items() if h != here[g][0])} "
+         f"to another host; optimistic {gain:+.3f})"),
+        from_key, to_key, max(float(gain), 0.0))
+    draft.group_trials[trial.name] = trial
 
 
 def _optimist(draft: Draft, inputs: PlanInputs, host_names: list[str]) -> tuple[Draft, PlanInputs]:

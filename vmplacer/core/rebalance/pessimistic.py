@@ -28,12 +28,12 @@ import heapq
 import math
 from dataclasses import replace
 
-import numpy as np
-
 from vmplacer.core.rebalance.layout import HostLayout, locality_nodes
 from vmplacer.core.rebalance.state import PINNED
 from vmplacer.core.rebalance.disruption import expected_improvement
+from vmplacer.core.rebalance.doubt import change_sd
 from vmplacer.core.rebalance.draft import Draft, PlanInputs
+from vmplacer.core.rebalance.offers import HostTrial, TrialKind
 from vmplacer.core.rebalance.search import actions_if, min_gain_on, take_move
 from vmplacer.core.rebalance.trial import layout_key
 from vmplacer.core.rebalance.whatif import (
@@ -132,34 +132,18 @@ class LeastLoadedPicker:
 
 
 def doubt(draft: Draft, inputs: PlanInputs, move: CandidateMove) -> float:
-    """Standard deviation of the move's predicted interference change: every pair term that
-    changes (who hurts whom, at which distance, with what share of time) counts the variance
-    of its coefficient before and after."""
+    """Standard deviation of the move's predicted interference change: every vCPU pair whose
+    term changes (who hurts whom, at which distance, with what share of time) counts the
+    variance of its coefficients before and after (`doubt.change_sd`, from the changed
+    vCPUs' lines alone)."""
     hosts = sorted({draft.host_of[c.guest] for c in move.changes} | {c.host for c in move.changes})
-    before = [draft.hosts[h].pair_spread(draft.hosts[h].pieces()) for h in hosts]
+    before = [(draft.hosts[h], draft.hosts[h].pieces()) for h in hosts]
     undo = try_move(draft, move)
     try:
-        after = [draft.hosts[h].pair_spread(draft.hosts[h].pieces()) for h in hosts]
+        after = [(draft.hosts[h], draft.hosts[h].pieces()) for h in hosts]
     finally:
         undo()
-    variance = 0.0
-    for (keys_b, terms_b, var_b), (keys_a, terms_a, var_a) in zip(before, after):
-        # a piece is (guest, vCPU) wherever it runs: a pair at the same distance before and after
-        # has the same coefficient, and its change is known exactly
-        union = {k: i for i, k in enumerate(dict.fromkeys([k[:2] for k in keys_b + keys_a]))}
-        n = len(union)
-        if n == 0:
-            continue
-        delta = np.zeros((n, n))
-        spread = np.zeros((n, n))
-        for keys, terms, var, sign in ((keys_b, terms_b, var_b, -1.0), (keys_a, terms_a, var_a, 1.0)):
-            if not keys:
-                continue
-            at = np.array([union[k[:2]] for k in keys])
-            delta[np.ix_(at, at)] += sign * terms
-            spread[np.ix_(at, at)] += var
-        variance += float(spread[np.abs(delta) > 1e-12].sum())
-    return math.sqrt(variance)
+    return change_sd(before, after)
 
 
 def choose_pessimistically(draft: Draft, inputs: PlanInputs) -> bool:
@@ -211,7 +195,7 @@ def choose_pessimistically(draft: Draft, inputs: PlanInputs) -> bool:
                     report["kept"] = "model (the spread does not clear the minimum gain from the start)"
                     draft.pessimistic.append(report)
                     if trial:
-                        offer_trial(draft, inputs, name, keys, "model", layout, "spread", "blind spread",
+                        offer_trial(draft, inputs, name, keys, "model", layout, TrialKind.SPREAD, "blind spread",
                                     value=expected_improvement(-advantage, sigma))
                     continue
                 # the host is spread already (an earlier run spread it): leaving it must pass the same bound
@@ -226,7 +210,7 @@ def choose_pessimistically(draft: Draft, inputs: PlanInputs) -> bool:
         if bound >= 0 or (advantage <= 1e-9 and "measured" not in report):  # surely better, or no worse
             report["kept"] = "model"
             if trial and model_layout != layout:
-                offer_trial(draft, inputs, name, keys, "model", layout, "spread", "blind spread",
+                offer_trial(draft, inputs, name, keys, "model", layout, TrialKind.SPREAD, "blind spread",
                             value=expected_improvement(-advantage, sigma))
             continue
         if actions_if(draft, move) > settings.max_actions:
@@ -245,7 +229,7 @@ def choose_pessimistically(draft: Draft, inputs: PlanInputs) -> bool:
         changed = True
         if trial and advantage > 1e-9:
             offer_trial(draft, inputs, name, keys, "spread" if target == "spread" else "start", model_layout,
-                         "model", "model's layout", value=expected_improvement(advantage, sigma))
+                         TrialKind.MODEL, "model's layout", value=expected_improvement(advantage, sigma))
     return keep_what_measured_better(draft, inputs) or changed
 
 
@@ -269,7 +253,7 @@ def offer_declined_layouts(draft: Draft, inputs: PlanInputs) -> None:
         label = ("exact layout of a host in back-off (its planned layouts measured worse lately)"
                  if name in inputs.history.held else "exact layout whose predicted gain the model's confidence declined")
         found = compare_layout(draft, inputs, host, layout, "relayout")  # its predicted gain: its promise
-        offer_trial(draft, inputs, name, {"here": layout_key(name, here)}, "here", layout, "exact", label,
+        offer_trial(draft, inputs, name, {"here": layout_key(name, here)}, "here", layout, TrialKind.EXACT, label,
                     value=0.0 if found is None else -found[0])
 
 
@@ -315,7 +299,7 @@ def _offer_exact_from_start(draft: Draft, inputs: PlanInputs, name: str, start: 
     found = compare_layout(draft, inputs, host, layout, "relayout")
     if found is None or -found[0] < min_gain_on(draft, inputs, [name]):
         return
-    offer_trial(draft, inputs, name, {"here": here}, "here", layout, "exact",
+    offer_trial(draft, inputs, name, {"here": here}, "here", layout, TrialKind.EXACT,
                 f"exact layout (predicted {-found[0]:+.3f} from where {name} stays)", value=-found[0])
 
 
@@ -328,7 +312,7 @@ def _restore_modes(draft: Draft, inputs: PlanInputs, host: HostLayout, guests) -
 
 
 def offer_trial(draft: Draft, inputs: PlanInputs, host: str, keys: dict[str, str], at: str,
-                layout: dict[str, dict[int, frozenset[int]]], what: str, label: str,
+                layout: dict[str, dict[int, frozenset[int]]], kind: TrialKind, label: str,
                 budget: int | None = None, value: float = 0.0) -> None:
     """Note the layout to try after the plan's moves, unless a measurement already compared it with
     the one the host ends at (either way round) or the host tried `budget` layouts lately (default
@@ -338,10 +322,10 @@ def offer_trial(draft: Draft, inputs: PlanInputs, host: str, keys: dict[str, str
     here, there = keys[at], layout_key(host, layout)
     if here == there or (here, there) in inputs.history.measured_better or (there, here) in inputs.history.measured_better:
         return
-    if what == "spread" and any(loser == there for _, loser in inputs.history.measured_better):
+    if kind is TrialKind.SPREAD and any(loser == there for _, loser in inputs.history.measured_better):
         return  # the spread measured worse than the model's layout lately: the model's later layouts keep it
-    draft.trials[host] = {"layout": {g: dict(p) for g, p in layout.items()}, "what": what, "label": label,
-                           "from_key": here, "to_key": there, "value": max(float(value), 0.0)}
+    draft.trials[host] = HostTrial(host, {g: dict(p) for g, p in layout.items()}, kind, label, here, there,
+                                   max(float(value), 0.0))
 
 
 def compare_layout(draft: Draft, inputs: PlanInputs, host: HostLayout, layout: dict[str, dict[int, frozenset[int]]],

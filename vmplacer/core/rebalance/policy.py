@@ -46,8 +46,10 @@ so far and what every stage reads), `rebalance/layout` (a host's what-if layout 
 its predicted performance), `rebalance/whatif` (a layout's objective, rules and how
 sure a move's gain is), `rebalance/local_moves` and `rebalance/migration` (the candidate
 moves), `rebalance/search` (the local search), `rebalance/exact`, `pessimistic`,
-`explore` (the later stages), `rebalance/actions` (the plan's actions from the moves
-found). This module holds the entry points and the stages' order.
+`explore` (the later stages, their trials typed in `rebalance/offers`), `rebalance/pipeline`
+(the stages' declared reads and writes), `rebalance/planner` (the plan's actions from the
+moves and offers) and `rebalance/actions` (its view of the draft). This module holds the entry
+points and the stages' order.
 """
 
 from __future__ import annotations
@@ -61,7 +63,9 @@ from vmplacer.core.model.interference import InterferenceModel
 from vmplacer.core.text import plural
 from vmplacer.core.rebalance.layout_problem import LayoutSolver
 from vmplacer.core.rebalance.plan import Plan
-from vmplacer.core.rebalance.draft import NamedStage, RunHistory, Stage
+from vmplacer.core.rebalance.draft import RunHistory
+from vmplacer.core.rebalance.offers import TrialOffer
+from vmplacer.core.rebalance.declined import DeclinedGain
 from vmplacer.core.rebalance.explore import offer_optimistic_groups, offer_optimistic_layouts
 from vmplacer.core.rebalance.pessimistic import choose_pessimistically, offer_declined_layouts
 from vmplacer.core.rebalance.actions import build_actions, plan_from_search
@@ -70,7 +74,8 @@ from vmplacer.core.rebalance.disruption import spend_disruption_budget
 from vmplacer.core.rebalance.layout import BetaTable, locality_nodes
 from vmplacer.core.rebalance.layout import utility  # noqa: F401  (still importable from here)
 from vmplacer.core.rebalance.exact import climb_after_polish, polish
-from vmplacer.core.rebalance.search import climb, run_stages, start_search
+from vmplacer.core.rebalance.search import climb, start_search
+from vmplacer.core.rebalance.pipeline import SEARCH, StageSpec, run_pipeline
 from vmplacer.core.rebalance.whatif import host_objective, perf_by_guest, total_objective, violations
 from vmplacer.core.rebalance.state import (
     EXCLUSIVE,
@@ -93,17 +98,33 @@ __all__ = [
 
 
 # --------------------------------------------------------------------------- the stages, in order
-# Each refines the draft the one before left (core/rebalance/draft.py); the stage timer reports
-# them by these names (a name listed twice adds up).
-PIPELINE: tuple[Stage, ...] = (
-    NamedStage("climb", climb),  # local search: moves, swaps, pools, relocations, migrations
-    NamedStage("exact", polish),  # small hosts: the exact solver's layout (rebalance/exact)
-    NamedStage("climb", climb_after_polish),  # climb on from the solver's layouts
-    NamedStage("pessimistic", choose_pessimistically),  # each host against the blind spread, at the lower bound
-    NamedStage("declined_layouts", offer_declined_layouts),  # exact layouts not sure enough: tried instead
-    NamedStage("optimistic_groups", offer_optimistic_groups),  # small hosts together, optimistic β (explore)
-    NamedStage("optimistic_layouts", offer_optimistic_layouts),  # each host alone, optimistic β (explore)
-    NamedStage("disruption", spend_disruption_budget),  # trials within the plan's disruption budget
+# Each refines the draft the one before left (core/rebalance/draft.py), reading and writing the
+# parts it declares (core/rebalance/pipeline.py; the tests check the declarations); the stage
+# timer reports them by these names (a name listed twice adds up).
+_FOUND = ("declined", "rejected", "cut_short")  # what a search of moves reports besides the moves
+PIPELINE: tuple[StageSpec, ...] = (
+    # local search: moves, swaps, pools, relocations, migrations
+    StageSpec("climb", climb, reads=(), writes=SEARCH + _FOUND),
+    # small hosts: the exact solver's layout (rebalance/exact)
+    StageSpec("exact", polish, reads=(),
+              writes=SEARCH + _FOUND + ("exact", "exact_layouts", "declined_layouts")),
+    # climb on from the solver's layouts
+    StageSpec("climb", climb_after_polish, reads=("exact",), writes=SEARCH + _FOUND),
+    # each host against the blind spread, at the lower bound
+    StageSpec("pessimistic", choose_pessimistically, reads=("exact_layouts",),
+              writes=SEARCH + _FOUND + ("pessimistic", "layout_guests", "trials", "ruled")),
+    # exact layouts not sure enough: tried instead
+    StageSpec("declined_layouts", offer_declined_layouts, reads=SEARCH + ("declined_layouts", "ruled"),
+              writes=("trials",)),
+    # small hosts together, optimistic β (explore)
+    StageSpec("optimistic_groups", offer_optimistic_groups, reads=SEARCH + ("trials", "ruled"),
+              writes=("group_trials",)),
+    # each host alone, optimistic β (explore)
+    StageSpec("optimistic_layouts", offer_optimistic_layouts, reads=SEARCH + ("group_trials", "ruled"),
+              writes=("trials",)),
+    # trials within the plan's disruption budget
+    StageSpec("disruption", spend_disruption_budget, reads=SEARCH,
+              writes=("trials", "group_trials", "over_budget", "disruption")),
 )
 
 
@@ -175,7 +196,7 @@ def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSett
                                      times=times)
     with times.stage("setup"):
         before = total_objective(draft, inputs)
-    draft = run_stages(draft, inputs, PIPELINE)
+    draft = run_pipeline(draft, inputs, PIPELINE)
     with times.stage("actions"):
         after = total_objective(draft, inputs)
         actions, predicted = build_actions(draft, inputs, model)
@@ -195,14 +216,15 @@ def _plan(state: ClusterState, model: InterferenceModel, settings: RebalanceSett
         summary += (f"; {plural(len(draft.over_budget), 'trial')} left for later rounds by the disruption budget "
                     f"({settings.max_trials} trials, {settings.max_trial_repins} repins per plan): "
                     f"{_first_hosts(t['trial'] for t in draft.over_budget)}")
+    offers: dict[str, TrialOffer] = {**draft.trials, **draft.group_trials}
     notes = {"fixed": fixed, "held": sorted(inputs.history.held.values()), "rejected": draft.rejected[:20],
              "declined": draft.declined[-5:],
              "exact": draft.exact, "pessimistic": draft.pessimistic,
              "refuted": sorted(inputs.history.refuted),
              "left_out": [{"host": host, "why": why} for host, why in sorted(left_out.items())],
              "cut_short": [{"host": host, "why": why} for host, why in sorted(draft.cut_short.items())],
-             "trials": [{"host": h, "what": t["what"], "from_key": t["from_key"], "to_key": t["to_key"]}
-                        for h, t in sorted({**draft.trials, **draft.group_trials}.items())],
+             "trials": [{"host": h, "what": t.kind.value, "from_key": t.from_key, "to_key": t.to_key}
+                        for h, t in sorted(offers.items(), key=lambda item: item[0])],
              "disruption": draft.disruption, "over_budget": draft.over_budget[:50]}
     return plan_from_search(draft, inputs, actions, predicted, before=before, after=after, summary=summary, notes=notes,
                             now=now)
@@ -220,17 +242,7 @@ def _per_guest(settings: RebalanceSettings) -> str:
 
 def declined_text(declined: Mapping[str, object]) -> str:
     """One declined gain in words: what, how much, and what declined it."""
-    by = declined["declined_by"]
-    why = {
-        "min_gain": f"below the minimum gain {declined['threshold']:g}",
-        "min_migration_gain": f"below the minimum migration gain {declined['threshold']:g}",
-        "confidence": (f"only +{declined['sure_gain']:.3f} of it is sure at confidence {declined['confidence']:.2f}, "
-                       f"below {declined['threshold']:g}"),
-        "migration_cost": f"the migration costs {declined['cost']:.3f}, leaving less than {declined['threshold']:g}",
-        "max_actions": "the action budget is spent",
-        "backoff": "its host's recent planned layouts measured worse (back-off): only tried, kept if measured better",
-    }.get(str(by), str(by))
-    return f"{declined['move']} (predicted +{float(declined['predicted_gain']):.3f}): {why}"
+    return DeclinedGain.of(declined).text()
 
 
 def evaluate_cluster(state: ClusterState, model: InterferenceModel,
