@@ -32,7 +32,7 @@ from vmplacer.api.job_views import job_view
 from vmplacer.api.routes.plans import APPLY_JOB, PLAN_JOB
 from vmplacer.api.routes.profiles import PROFILE_JOB
 from vmplacer.api.routes.protect import PROTECT_JOB
-from vmplacer.api.schemas import JOB_KINDS, JOB_STATUSES, PLACEMENT_STATES, JobView
+from vmplacer.api.schemas import JOB_KINDS, JOB_STATUSES, PLACEMENT_STATES, JobResult, JobView, PlanView
 from vmplacer.api.services import ApiOptions
 from vmplacer.core.rebalance.plan import PLAN_STATES
 from vmplacer.ports import JobRecord
@@ -533,17 +533,22 @@ def test_plan_actions_protected_guests_and_reconciled_hosts_are_named_schemas(sp
     refs = {("PlanView", "actions"): "PlanAction", ("ProtectView", "guests"): "ProtectedGuest",
             ("ProtectView", "throttles"): "ProtectThrottle", ("ReconcileView", "hosts"): "ReconciledHost",
             ("ReconciledHost", "findings"): "ReconcileFinding", ("PlanAction", "before"): "GuestPinning",
-            ("GuestPinning", "cells"): "GuestCell"}
+            ("GuestPinning", "cells"): "GuestCell", ("PlanView", "diff"): "GuestDiff",
+            ("JobResult", "actions"): "PlanAction"}
     for (model, field), name in refs.items():
         assert _named(schemas[model]["properties"][field]) == name, (model, field)
     assert _named(schemas["PlanAction"]["properties"]["kind"]) == "ActionKind"
     assert _named(schemas["PlanAction"]["properties"]["state"]) == "ActionState"
     assert _named(schemas["ReconcileFinding"]["properties"]["kind"]) == "FindingKind"
-    for name in ("PlanAction", "GuestPinning", "GuestCell", "ProtectedGuest", "ProtectThrottle", "ReconciledHost",
-                 "ReconcileFinding"):  # the server builds these with exactly the declared keys
+    for name in ("PlanAction", "GuestPinning", "GuestCell", "GuestDiff", "ProtectedGuest", "ProtectThrottle",
+                 "ReconciledHost", "ReconcileFinding"):  # the server builds these with exactly the declared keys
         assert schemas[name]["additionalProperties"] is False, name
     assert "memory_node" not in schemas["GuestCell"]["required"]  # sent only when a cell has one
     assert "default" not in schemas["GuestCell"]["properties"]["memory_node"]
+    diff = schemas["GuestDiff"]  # every key always sent, the predictions null when there are none
+    assert set(diff["required"]) == set(diff["properties"]) == set(_plan_with_every_shape().diff()[0].to_dict())
+    for side in ("perf_before", "perf_after"):
+        assert {"type": "null"} in diff["properties"][side]["anyOf"]
 
 
 def test_typed_parts_of_answers_are_the_bytes_the_server_built():
@@ -578,6 +583,50 @@ def test_typed_parts_of_answers_are_the_bytes_the_server_built():
     report = ReconcileReport(dry_run=True, at=1.0, hosts=hosts).to_dict()
     body = validated_json(ReconcileView, report).body
     assert _sent_as(body, "hosts", report["hosts"])
+
+
+class _UntypedJobResult(JobResult):
+    actions: list[dict[str, Any]] | None = None
+
+
+class _UntypedJobView(JobView):
+    result: _UntypedJobResult | None = None
+
+
+class _UntypedPlanView(PlanView):
+    actions: list[dict[str, Any]]
+    diff: list[dict[str, Any]]
+
+
+def test_a_plans_diff_and_a_plan_jobs_actions_are_the_bytes_they_were_untyped():
+    """The whole answer, typed, is byte for byte the answer with these lists as free-form objects:
+    the keys in the server's order, a prediction that is an int stays one, a missing one is null."""
+    from dataclasses import replace
+
+    from vmplacer.api.job_views import outcome
+    from vmplacer.api.responses import validated_json
+    from vmplacer.api.routes.plans import plan_view
+
+    predicted = replace(_plan_with_every_shape(), predicted={"g1": {"before": 0.55, "after": 1}})
+    for plan in (plan_view(_plan_with_every_shape()), plan_view(predicted)):
+        body = validated_json(PlanView, plan).body
+        assert body == validated_json(_UntypedPlanView, plan).body
+        assert _sent_as(body, "diff", plan["diff"]) and plan["diff"]
+    assert b'"perf_before":null,"perf_after":null}' in validated_json(PlanView, plan_view(_plan_with_every_shape())
+                                                                      ).body
+    assert b'"perf_before":0.55,"perf_after":1}' in validated_json(PlanView, plan_view(predicted)).body
+
+    for kind in (PLAN_JOB, APPLY_JOB):  # the result as the job store keeps it: JSON
+        result = json.loads(json.dumps(outcome(plan_view(predicted), None)))
+        record = JobRecord(id="00000000-0000-0000-0000-000000000002", kind=kind, hosts=("h1", "h2"),
+                           status="succeeded", progress=1.0, message="", parameters={}, result=result,
+                           created_by="ops", created_at=1.0)
+        body = validated_json(JobView, job_view(record)).body
+        assert body == validated_json(_UntypedJobView, job_view(record)).body
+        assert _sent_as(body, "actions", result["actions"]) and len(result["actions"]) == 3
+        typed = JobView.model_validate(job_view(record)).result
+        assert typed is not None and typed.actions is not None
+        assert [action.kind for action in typed.actions] == ["migrate", "repin", "probe"]
 
 
 def test_the_token_is_checked_before_the_idempotency_key_and_integers_take_whole_numbers(api):

@@ -4,8 +4,9 @@ generated functions and models only: authenticate, place with an Idempotency-Key
 handle 409 and 422, list a page at a time to the end, dry-run a fleet's plan as a job, poll it
 as `Retry-After` says, apply it or read why not, cancel a running job, delete a placement and
 see what a replay of its key means then. States, statuses and kinds arrive as the generated
-enums, a job's result with its kind's typed keys, a plan's actions and a reconcile's hosts and
-findings as typed models, and a status no operation lists (a 405) as the one error shape.
+enums, a job's result with its kind's typed keys, a plan's actions and diff (in a plan job's result
+too: its actions) and a reconcile's hosts and findings as typed models, and a status no operation
+lists (a 405) as the one error shape.
 
 Hosts: two libvirt test-driver nodes without domains ("a", "b"), their pCPUs read from a
 capabilities file of 8 pCPUs on one NUMA node, so guests fit and nothing is worth moving.
@@ -166,7 +167,8 @@ def test_a_reconcile_finding_is_a_typed_model(generated, admin):
 
 def test_a_drain_plans_typed_actions(generated, admin):
     """A host in maintenance drained: the plan's actions, each a generated `PlanAction` with its kind
-    and state as enums and the guest's pinning before and after as `GuestPinning` and `GuestCell`."""
+    and state as enums and the guest's pinning before and after as `GuestPinning` and `GuestCell`;
+    its diff as `GuestDiff`s; run as a job, the job's result carries the same `PlanAction`s."""
     create_placement = generated.operation("placements", "create_placement")
     delete_placement = generated.operation("placements", "delete_placement")
     enter = generated.operation("hosts", "enter_maintenance")
@@ -194,7 +196,25 @@ def test_a_drain_plans_typed_actions(generated, admin):
         assert all(isinstance(cell, models.GuestCell) for cell in after.cells) and after.cells
         assert isinstance(after.cells[0].memory_node, generated.types.Unset)  # sent only when a cell has one
         assert 0 <= action.confidence <= 1 and isinstance(action.cost.to_dict(), dict)
+        [moved] = [row for row in plan.diff if row.guest == "mover"]
+        assert isinstance(moved, models.GuestDiff) and (moved.host_before, moved.host_after) == ("a", "b")
+        assert moved.pins_before and moved.pins_after
+        assert all(p is None or isinstance(p, (int, float)) for p in (moved.perf_before, moved.perf_after))
         assert cancel_plan.sync_detailed(plan.id, client=admin).status_code == 200
+
+        # the same dry run as a job: its result's actions are the same generated models
+        queued = create_plan.sync_detailed(client=admin, body=models.PlanRequest(drain="a", hosts=list(HOSTS)), wait=0)
+        assert queued.status_code == 202, queued.content
+        job = _poll(generated, admin, queued.parsed.job.id, lambda j: j.status not in (
+            models.JobStatus.QUEUED, models.JobStatus.RUNNING))
+        assert job.status == models.JobStatus.SUCCEEDED, job.error
+        result = job.result
+        [migrate] = [a for a in result.actions if a.guest == "mover"]
+        assert isinstance(migrate, models.PlanAction) and isinstance(migrate.after, models.GuestPinning)
+        assert (migrate.kind, migrate.state, migrate.host, migrate.target_host) == (
+            models.ActionKind.MIGRATE, models.ActionState.PENDING, "a", "b")
+        assert all(isinstance(cell, models.GuestCell) for cell in migrate.before.cells)
+        assert cancel_plan.sync_detailed(result.plan_id, client=admin).status_code == 200
     finally:
         assert leave.sync_detailed("a", client=admin).status_code == 200
         assert delete_placement.sync_detailed("mover", client=admin).status_code == 200

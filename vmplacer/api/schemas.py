@@ -300,6 +300,68 @@ class HostList(BaseModel):
     hosts: list[HostView]
 
 
+ActionKind = Annotated[Literal[ACTION_KINDS], Named(  # type: ignore[valid-type]
+    "ActionKind", "repin (new pCPUs on its host) | set_memory_nodes | migrate (live, to target_host) | probe "
+                  "(a measurement) | throttle | release (a guest's CPU bandwidth down, or back up)")]
+ActionState = Annotated[Literal[ACTION_STATES], Named(  # type: ignore[valid-type]
+    "ActionState", "pending | running (not final); succeeded | failed | skipped | rolled_back (final)")]
+
+
+def _no_default(schema: dict[str, Any]) -> None:
+    """A field the server leaves out rather than sending a default: the document names none."""
+    schema.pop("default", None)
+
+
+class GuestCell(_Sent):
+    """A guest NUMA cell and the host node it is on."""
+
+    id: int
+    vcpus: list[int]
+    memory_kib: int
+    host_node: int
+    memory_node: int = Field(default=None, json_schema_extra=_no_default,  # type: ignore[assignment]
+                             description="the host memory-only node holding its memory (present only when one does)")
+
+
+class GuestPinning(_Sent):
+    """Where a guest's vCPUs, emulator threads and memory are (before or after an action)."""
+
+    guest: str
+    host: str
+    vcpupin: dict[str, list[int]] = Field(description="vCPU -> pCPUs")
+    emulatorpin: list[int]
+    memory_nodes: list[int]
+    mem_mode: str
+    cells: list[GuestCell]
+    memory_kib: int
+    hugepage_kib: int | None
+    threads_per_core: int
+    dedicated: bool
+    exclusive_cpus: list[int]
+    score: Number
+
+
+class PlanAction(_Sent):
+    """One change to one host, and how it went (`state`, `message`)."""
+
+    index: int
+    kind: ActionKind
+    host: str = Field(description="where it runs (a migration's source)")
+    guest: str | None
+    target_host: str | None = Field(description="migrate: the host it goes to")
+    before: GuestPinning | None = Field(description="null for probes and bandwidth changes")
+    after: GuestPinning | None
+    reason: str
+    predicted_gain: Number = Field(description="the change of the plan's objective it brings")
+    cost: dict[str, Number] = Field(description="what it costs (migration time and downtime, perf-seconds lost)")
+    confidence: Number = Field(description="0..1: how much of the gain rests on observed data")
+    depends_on: list[int] = Field(description="indexes of the actions that must succeed first")
+    parameters: dict[str, Any] = Field(description="kind-specific (a bandwidth change: bandwidth_before, "
+                                       "bandwidth_after)")
+    state: ActionState
+    message: str
+
+
 JOB_STATUS_HELP = ("queued | running (not final); succeeded | failed | cancelled (final: `cancelled` = stopped by "
                    "POST /v1/jobs/{id}/cancel, before it started or between its steps)")
 JOB_STATUSES = ("queued", "running", "succeeded", "failed", "cancelled")
@@ -323,7 +385,7 @@ class JobResult(BaseModel):
     plan's diff and objective, a profile's overheads and settings), kept as further properties.
 
     - plan, apply-plan: the plan (as GET /v1/plans/{id} shows it): `plan_id`, `state`, `hosts`,
-      `summary`, `predicted_gain`, `actions`; a dry run's `notes`;
+      `summary`, `predicted_gain`, `actions` (`PlanAction`s); a dry run's `notes`;
     - profile: `host`, `metric`, `run_id`, `stopped_because`, `freezes`, `pair_freezes`, `wall_s`,
       and per guest its distributions (`vms`);
     - protect: `host`, `rounds`, `released`; once stopped, `stopped_by` and `release_plan`."""
@@ -342,8 +404,8 @@ class JobResult(BaseModel):
     summary: str | None = Field(default=None, description="plan, apply-plan: the plan in one line")
     predicted_gain: float | None = Field(default=None, description="plan, apply-plan: the gain the planner "
                                          "predicted")
-    actions: list[dict[str, Any]] | None = Field(default=None, description="plan, apply-plan: the plan's actions, "
-                                                 "each with its `state` (an applied plan: how each went)")
+    actions: list[PlanAction] | None = Field(default=None, description="plan, apply-plan: the plan's actions, "
+                                             "each with its `state` (an applied plan: how each went)")
     notes: list[str] | None = Field(default=None, description="plan: what the dry run noted (hosts or guests "
                                     "left out, and why)")
     # profile, protect
@@ -664,66 +726,18 @@ class CancelRequest(BaseModel):
     at: ApiTime | None = None
 
 
-ActionKind = Annotated[Literal[ACTION_KINDS], Named(  # type: ignore[valid-type]
-    "ActionKind", "repin (new pCPUs on its host) | set_memory_nodes | migrate (live, to target_host) | probe "
-                  "(a measurement) | throttle | release (a guest's CPU bandwidth down, or back up)")]
-ActionState = Annotated[Literal[ACTION_STATES], Named(  # type: ignore[valid-type]
-    "ActionState", "pending | running (not final); succeeded | failed | skipped | rolled_back (final)")]
-
-
-def _no_default(schema: dict[str, Any]) -> None:
-    """A field the server leaves out rather than sending a default: the document names none."""
-    schema.pop("default", None)
-
-
-class GuestCell(_Sent):
-    """A guest NUMA cell and the host node it is on."""
-
-    id: int
-    vcpus: list[int]
-    memory_kib: int
-    host_node: int
-    memory_node: int = Field(default=None, json_schema_extra=_no_default,  # type: ignore[assignment]
-                             description="the host memory-only node holding its memory (present only when one does)")
-
-
-class GuestPinning(_Sent):
-    """Where a guest's vCPUs, emulator threads and memory are (before or after an action)."""
+class GuestDiff(_Sent):
+    """One guest a plan moves, before the plan and after all of it (a trial's moves count only once
+    kept): what `vmplacer rebalance` prints as the plan's diff."""
 
     guest: str
-    host: str
-    vcpupin: dict[str, list[int]] = Field(description="vCPU -> pCPUs")
-    emulatorpin: list[int]
-    memory_nodes: list[int]
-    mem_mode: str
-    cells: list[GuestCell]
-    memory_kib: int
-    hugepage_kib: int | None
-    threads_per_core: int
-    dedicated: bool
-    exclusive_cpus: list[int]
-    score: Number
-
-
-class PlanAction(_Sent):
-    """One change to one host, and how it went (`state`, `message`)."""
-
-    index: int
-    kind: ActionKind
-    host: str = Field(description="where it runs (a migration's source)")
-    guest: str | None
-    target_host: str | None = Field(description="migrate: the host it goes to")
-    before: GuestPinning | None = Field(description="null for probes and bandwidth changes")
-    after: GuestPinning | None
-    reason: str
-    predicted_gain: Number = Field(description="the change of the plan's objective it brings")
-    cost: dict[str, Number] = Field(description="what it costs (migration time and downtime, perf-seconds lost)")
-    confidence: Number = Field(description="0..1: how much of the gain rests on observed data")
-    depends_on: list[int] = Field(description="indexes of the actions that must succeed first")
-    parameters: dict[str, Any] = Field(description="kind-specific (a bandwidth change: bandwidth_before, "
-                                       "bandwidth_after)")
-    state: ActionState
-    message: str
+    host_before: str
+    host_after: str
+    pins_before: str = Field(description="its pinning as text, e.g. `0→2 1→3 emu→0-1 mem→0`; `(unpinned)`: none")
+    pins_after: str
+    perf_before: Number | None = Field(description="its predicted performance before the plan (1: as fast as "
+                                       "alone); null: not predicted")
+    perf_after: Number | None = Field(description="its predicted performance after the plan")
 
 
 class PlanView(BaseModel):
@@ -735,7 +749,8 @@ class PlanView(BaseModel):
     predicted_gain: float
     summary: str
     actions: list[PlanAction]
-    diff: list[dict[str, Any]]
+    diff: list[GuestDiff] = Field(description="per guest the plan moves: where it is and how it is pinned before "
+                                  "the plan and after it")
     created_at: ApiTime | None = None
     cancel_request: CancelRequest | None = Field(
         default=None, description="a running plan someone asked to stop: it stops before its next action")
