@@ -16,8 +16,8 @@ from vmplacer.app.observe.frozen_share import FrozenShareGate
 from vmplacer.app.observe.profiler import Profiler, ProfilerConfig
 from vmplacer.app.rebalance.rebalancer import RunReport, Step
 from vmplacer.bootstrap.rebalance import spared_text
-from vmplacer.cli.profile import _print_result
-from vmplacer.cli.rebalance import _render_report, disruption_line
+from vmplacer.cli.profile import print_result
+from vmplacer.cli.rebalance import render_report, disruption_line
 from vmplacer.core.rebalance.frozen_share import HOUR_S
 from vmplacer.core.rebalance.plan import Plan
 
@@ -50,7 +50,7 @@ def test_profile_run_names_the_guests_it_left_running_for_their_frozen_share(cap
     data = result.to_dict()
     spared = data["frozen_share"]["spared"]
     assert set(spared) == {"db-1", "web-1", "web-2"}  # each frozen once, then held to its share
-    _print_result(data)
+    print_result(data)
     out = capsys.readouterr().out
     line = next(line for line in out.splitlines() if line.startswith("left running for their frozen share"))
     assert f"max_frozen_share_per_guest_hour {ONE_FREEZE_SHARE * 100:g} % of the hour" in line
@@ -65,7 +65,7 @@ def test_profile_run_without_a_spared_guest_prints_no_such_line(capsys):
     finally:
         freezer.close()
     assert result.to_dict()["frozen_share"]["spared"] == {}
-    _print_result(result.to_dict())
+    print_result(result.to_dict())
     assert "frozen share" not in capsys.readouterr().out
 
 
@@ -98,7 +98,7 @@ def test_the_rebalance_report_names_spared_guests_and_prints_the_disruption_line
     """The profile step's message is the one the rebalancer's profile step gets from the
     composition root (bootstrap/rebalance.py), over a run of the real profiler."""
     import vmplacer.bootstrap.profiler as bootstrap_profiler
-    from vmplacer.bootstrap.rebalance import _profiler as compose_profile_step
+    from vmplacer.bootstrap.rebalance import profile_step as compose_profile_step
     from vmplacer.config import settings_from_mapping
 
     built: list[FakeHost] = []
@@ -118,7 +118,7 @@ def test_the_rebalance_report_names_spared_guests_and_prints_the_disruption_line
     assert "left running for their frozen share" in measured.message
     report = RunReport(status="nothing-to-do", plan=_plan(WAITING_NOTES),
                        steps=[Step("profile h1", "ok", 5.0, measured.message)])
-    _render_report(report.to_dict())
+    render_report(report.to_dict())
     lines = capsys.readouterr().out.splitlines()
     step = next(line for line in lines if line.startswith("profile h1: ok"))
     for guest in ("db-1", "web-1", "web-2"):
@@ -142,6 +142,6 @@ def test_the_rebalance_report_names_spared_guests_and_prints_the_disruption_line
 def test_the_disruption_line_says_what_the_plans_trials_spent(notes, expected, capsys):
     plan = _plan(notes).to_dict()
     assert disruption_line(plan) == expected
-    _render_report({"status": "nothing-to-do", "plan": plan, "notes": []})
+    render_report({"status": "nothing-to-do", "plan": plan, "notes": []})
     out = capsys.readouterr().out
     assert (expected in out.splitlines()) if expected else "disruption:" not in out

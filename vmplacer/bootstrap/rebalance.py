@@ -77,7 +77,7 @@ def _seconds(value: Any) -> str:
     return f"{value:.1f} s" if isinstance(value, (int, float)) and not isinstance(value, bool) else "? s"
 
 
-def _profiler(container: Container) -> tuple[Callable[[str, float, Sequence[str]], Measured] | None, str]:
+def profile_step(container: Container) -> tuple[Callable[[str, float, Sequence[str]], Measured] | None, str]:
     try:
         from vmplacer.bootstrap.profiler import build_profiler
         from vmplacer.bootstrap.profiler_config import profiler_config
@@ -120,7 +120,7 @@ def build_rebalancer(
     trial verdict while a plan is applied (the API counts them)."""
     hosts = {h.name: RebalanceHost(container.hypervisor(h.name)) for h in container.settings.hosts}
     load_model, learn, unavailable = _learning(container, hosts)
-    profile, why = _profiler(container)
+    profile, why = profile_step(container)
     if profile is None:
         unavailable["profile"] = why
     store = container.placement_store

@@ -240,7 +240,7 @@ def run_profile(args: argparse.Namespace, ctx: CliContext) -> int:
         raise OperationalError(str(exc)) from None
     finally:
         freezer.close()
-    emit(args, result.to_dict(), _print_result)
+    emit(args, result.to_dict(), print_result)
     return 0
 
 
@@ -286,7 +286,7 @@ def _fmt(value: Any, digits: int = 3) -> str:
     return "" if value is None else f"{value:.{digits}f}"
 
 
-def _print_result(data: dict[str, Any]) -> None:
+def print_result(data: dict[str, Any]) -> None:
     rows = []
     for name, vm in data["vms"].items():
         zeta, zeta_b, loss = vm["zeta"], vm["zeta_b"], vm["degradation"]

@@ -286,7 +286,7 @@ def run_rebalance_plan(args: argparse.Namespace, ctx: CliContext) -> int:
                                                  drain=drain))
     data = {"status": "planned" if plan.state == "proposed" else "nothing-to-do", "plan": plan.to_dict(),
             "notes": notes + _stuck_notes(plan) + _held_notes(plan)}
-    emit(args, data, _render_report)
+    emit(args, data, render_report)
     return EXIT_OK
 
 
@@ -364,7 +364,7 @@ def run_rebalance(args: argparse.Namespace, ctx: CliContext) -> int:
     report = _guarded(lambda: rebalancer.run(options))
     stuck = _stuck_notes(report.plan) if report.plan is not None else []
     report.notes.extend(stuck + (_held_notes(report.plan) if report.plan is not None else []))
-    emit(args, report.to_dict(), _render_report)
+    emit(args, report.to_dict(), render_report)
     if report.status == "failed" or (stuck and report.status in ("applied", "nothing-to-do")):
         return EXIT_OPERATIONAL
     return EXIT_OK
@@ -392,7 +392,7 @@ def _share(args: argparse.Namespace, drain: str | None, selected: int) -> bool:
 def run_apply(args: argparse.Namespace, ctx: CliContext) -> int:
     rebalancer = _rebalancer(ctx, args, executor=True)
     plan = _guarded(lambda: rebalancer.apply(args.plan_id, wait_s=args.wait))
-    emit(args, {"status": plan.state, "plan": plan.to_dict(), "notes": []}, _render_report)
+    emit(args, {"status": plan.state, "plan": plan.to_dict(), "notes": []}, render_report)
     return EXIT_OK if plan.state in ("succeeded", "cancelled") else EXIT_OPERATIONAL
 
 
@@ -443,7 +443,7 @@ def run_plans(args: argparse.Namespace, ctx: CliContext) -> int:
         plan = _guarded(lambda: store.get(plan_id))
         if plan is None:
             raise UsageError(f"PLAN_ID: plan {plan_id} does not exist")
-        emit(args, {"status": plan.state, "plan": plan.to_dict(), "notes": []}, _render_report)
+        emit(args, {"status": plan.state, "plan": plan.to_dict(), "notes": []}, render_report)
         return EXIT_OK
     if args.all:
         states = None
@@ -468,12 +468,12 @@ def _cancel(args: argparse.Namespace, store: Any, container: Any, plan_id: int) 
     if outcome.status == "cancel-requested":
         notes.append(f"plan {plan_id} is running: it stops before its next action; actions already done stay "
                      f"applied (`vmplacer plans show {plan_id}` shows the outcome)")
-    emit(args, {"status": outcome.status, "plan": outcome.plan.to_dict(), "notes": notes}, _render_report)
+    emit(args, {"status": outcome.status, "plan": outcome.plan.to_dict(), "notes": notes}, render_report)
     return EXIT_OK
 
 
 # ----- output -----------------------------------------------------------------------------------------------
-def _render_report(data: dict[str, Any]) -> None:
+def render_report(data: dict[str, Any]) -> None:
     for step in data.get("steps", []):
         print(f"{step['name']}: {step['status']} ({step['seconds']:.1f} s) {step['message']}")
     plan = data.get("plan")
